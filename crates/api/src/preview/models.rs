@@ -1,0 +1,114 @@
+//! Model records: create (idempotent with `return_existing`), get, list, delete.
+
+use super::owned_model;
+use crate::auth::Caller;
+use crate::body::{page_request, PreviewJson};
+use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::views;
+use crate::AppState;
+use axum::extract::{Extension, Path, Query, State};
+use axum::Json;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use tandem_core::names::name_problem;
+use tandem_core::validate::{optional, Validator};
+use tandem_store::NewModel;
+
+/// A validated create request.
+struct CreateModel {
+    entity: Option<String>,
+    new: NewModel,
+    return_existing: bool,
+}
+
+fn validate_create(body: &Value, served: &[String]) -> Result<CreateModel, ApiError> {
+    let mut v = Validator::new("body");
+    let Some(obj) = v.object(body) else { return Err(ApiError::validation(v.into_errors())) };
+    let name_field = |v: &mut Validator, key: &str| -> Option<String> {
+        let value = v.required(obj, key)?;
+        v.at(key, |v| {
+            let s = v.string(value)?;
+            match name_problem(s) {
+                Some(why) => {
+                    v.value_error(value, &format!("{key} {why}"));
+                    None
+                }
+                None => Some(s.to_string()),
+            }
+        })
+    };
+    let project = name_field(&mut v, "project");
+    let name = name_field(&mut v, "name");
+    let entity = optional(obj, "entity").and_then(|e| v.at("entity", |v| v.string(e).map(str::to_string)));
+    let served_refs: Vec<&str> = served.iter().map(String::as_str).collect();
+    let base_model = v
+        .required(obj, "base_model")
+        .and_then(|b| v.at("base_model", |v| v.literal(b, &served_refs)).map(str::to_string));
+    let return_existing = optional(obj, "return_existing").and_then(|r| v.at("return_existing", |v| v.boolean(r)));
+    if v.has_errors() {
+        return Err(ApiError::validation(v.into_errors()));
+    }
+    let (Some(project), Some(name), Some(base_model)) = (project, name, base_model) else {
+        return Err(ApiError::validation(v.into_errors()));
+    };
+    Ok(CreateModel {
+        entity,
+        new: NewModel { entity: String::new(), project, name, base_model },
+        return_existing: return_existing.unwrap_or(false),
+    })
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    PreviewJson(body): PreviewJson,
+) -> Result<Json<Value>, PreviewError> {
+    let mut req = validate_create(&body, state.served_models())?;
+    if let Some(entity) = req.entity.filter(|e| *e != caller.entity) {
+        let msg =
+            format!("this API key belongs to entity '{}' and cannot create models in entity '{entity}'", caller.entity);
+        return Err(ApiError::new(ErrorKind::Forbidden, msg).into());
+    }
+    req.new.entity = caller.entity;
+    let (model, created) = state.store().create_model(&req.new, req.return_existing).await?;
+    if created {
+        tracing::info!(model_id = %model.id, project = %model.project, name = %model.name, "model created");
+    }
+    Ok(Json(views::model(&model)))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model_id): Path<String>,
+) -> Result<Json<Value>, PreviewError> {
+    let model = owned_model(&state, &caller, &model_id).await?;
+    Ok(Json(views::model(&model)))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, PreviewError> {
+    let page = page_request(&query, true)?;
+    let project = query.get("project").map(String::as_str);
+    let models = state.store().list_models(&caller.entity, project, page).await?;
+    Ok(Json(views::list(&models, |m| m.id, views::model)))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model_id): Path<String>,
+) -> Result<Json<Value>, PreviewError> {
+    let model = owned_model(&state, &caller, &model_id).await?;
+    let deleted = state.store().delete_model(&caller.entity, model.id).await?;
+    super::checkpoints::remove_files(&state, &deleted.deleted_checkpoints).await;
+    tracing::info!(model_id = %model.id, checkpoints = deleted.deleted_checkpoints.len(), "model deleted");
+    Ok(Json(json!({
+        "model_id": model.id,
+        "deleted_checkpoints": deleted.deleted_checkpoints.len(),
+        "deleted_run": true,
+    })))
+}

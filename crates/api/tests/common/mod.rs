@@ -1,0 +1,104 @@
+//! Helpers for driving the router without a socket.
+
+#![allow(dead_code)]
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use std::sync::Arc;
+use tandem_api::auth::StaticKeys;
+use tandem_api::{AppConfig, AppState, Limits};
+use tandem_store::{CheckpointDir, SqliteStore, Store};
+use tower::ServiceExt;
+
+pub const KEY_A: &str = "key-of-entity-a";
+pub const KEY_B: &str = "key-of-entity-b";
+pub const BASE: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
+pub struct TestApp {
+    pub router: Router,
+    pub store: Arc<SqliteStore>,
+    pub checkpoints: CheckpointDir,
+    pub waker: Arc<tokio::sync::Notify>,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn test_app_with(limits: Limits) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
+    let checkpoints = CheckpointDir::open(dir.path().join("checkpoints")).unwrap();
+    let mut keys = StaticKeys::default();
+    keys.add(KEY_A, "a");
+    keys.add(KEY_B, "b");
+    let waker = Arc::new(tokio::sync::Notify::new());
+    let state = AppState::new(AppConfig {
+        store: store.clone() as Arc<dyn Store>,
+        checkpoints: checkpoints.clone(),
+        static_keys: keys,
+        served_models: vec![BASE.to_string()],
+        limits,
+        jobs_waker: waker.clone(),
+    });
+    TestApp { router: tandem_api::app(state), store, checkpoints, waker, _dir: dir }
+}
+
+pub async fn test_app() -> TestApp {
+    test_app_with(Limits::default()).await
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub bytes: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.bytes)
+            .unwrap_or_else(|_| panic!("not json: {}", String::from_utf8_lossy(&self.bytes)))
+    }
+}
+
+impl TestApp {
+    pub async fn raw(&self, method: &str, path: &str, key: Option<&str>, body: Option<Vec<u8>>) -> Reply {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req.body(body.map(Body::from).unwrap_or_else(Body::empty)).unwrap();
+        let res = self.router.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        let headers = res.headers().clone();
+        let bytes = res.into_body().collect().await.unwrap().to_bytes().to_vec();
+        Reply { status, headers, bytes }
+    }
+
+    pub async fn call(&self, method: &str, path: &str, key: &str, body: Option<Value>) -> Reply {
+        self.raw(method, path, Some(key), body.map(|b| serde_json::to_vec(&b).unwrap())).await
+    }
+
+    pub async fn ok(&self, method: &str, path: &str, key: &str, body: Option<Value>) -> Value {
+        let r = self.call(method, path, key, body).await;
+        assert_eq!(r.status, 200, "{method} {path}: {}", String::from_utf8_lossy(&r.bytes));
+        r.json()
+    }
+
+    pub async fn create_model(&self, key: &str, name: &str) -> Value {
+        let body = serde_json::json!({"project": "proj", "name": name, "base_model": BASE, "return_existing": true});
+        self.ok("POST", "/v1/preview/models", key, Some(body)).await
+    }
+}
+
+/// A small valid group: rewards as given, one user message each.
+pub fn group(rewards: &[f64]) -> Value {
+    let trajectories: Vec<Value> = rewards
+        .iter()
+        .map(|r| serde_json::json!({"messages_and_choices": [{"role": "user", "content": "2+2?"}], "reward": r}))
+        .collect();
+    serde_json::json!({ "trajectories": trajectories })
+}

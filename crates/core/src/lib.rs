@@ -1,0 +1,20 @@
+//! tandem's domain: types and pure rules shared by every other crate. No I/O, no async.
+//!
+//! - [`validate`]: walking JSON bodies and collecting pydantic-shaped field errors.
+//! - [`trajectory`]: validating ART trajectory groups into summaries.
+//! - [`metrics`]: the metrics a trajectory log computes.
+//! - [`train_config`]: the typed `experimental_config`.
+//! - [`records`]: models, checkpoints, logs, jobs and events as the store keeps them.
+//! - [`names`]: what a model address may contain.
+
+pub mod metrics;
+pub mod names;
+pub mod records;
+pub mod train_config;
+pub mod trajectory;
+pub mod validate;
+
+/// A new time-ordered id (UUIDv7).
+pub fn new_id() -> uuid::Uuid {
+    uuid::Uuid::now_v7()
+}

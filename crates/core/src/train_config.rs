@@ -1,0 +1,248 @@
+//! `experimental_config` of a training job, parsed once into a typed, fully defaulted config.
+//!
+//! ART sends every key it knows, with `null` for unset ones, and adds keys with each release, so:
+//! `null` or absent means the default, unknown keys are ignored, and known keys are range-checked.
+//! Defaults follow ART's RL trainer (contract §3); `kimi_k2_tau` is accepted for `variant_k2_tau`.
+
+use crate::validate::{optional, Validator};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// How the probability ratio of a token is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingLevel {
+    Token,
+    Sequence,
+    Average,
+    GeometricAverage,
+}
+
+/// The policy loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// PPO-clip: gradient through the ratio.
+    Ppo,
+    /// CISPO: clipped, detached ratio times advantage times the new log-probability.
+    Cispo,
+}
+
+/// The typed training configuration with every default resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub learning_rate: f64,
+    pub loss: LossKind,
+    pub epsilon: f64,
+    pub epsilon_high: f64,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub advantage_balance: f64,
+    pub variant_k2_tau: Option<f64>,
+    pub mask_prob_ratio: bool,
+    pub max_negative_advantage_importance_sampling_weight: Option<f64>,
+    pub precalculate_logprobs: bool,
+    pub scale_rewards: bool,
+    pub allow_training_without_logprobs: bool,
+    pub truncated_importance_sampling: Option<f64>,
+    pub num_trajectories_learning_rate_multiplier_power: f64,
+    pub packed_sequence_length: Option<u32>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            learning_rate: 5e-6,
+            loss: LossKind::Cispo,
+            epsilon: 1.0,
+            epsilon_high: 4.0,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            advantage_balance: 0.0,
+            variant_k2_tau: None,
+            mask_prob_ratio: false,
+            max_negative_advantage_importance_sampling_weight: None,
+            precalculate_logprobs: false,
+            scale_rewards: true,
+            allow_training_without_logprobs: false,
+            truncated_importance_sampling: None,
+            num_trajectories_learning_rate_multiplier_power: 0.0,
+            packed_sequence_length: None,
+        }
+    }
+}
+
+const LEVELS: [&str; 4] = ["token", "sequence", "average", "geometric_average"];
+
+/// Parses `experimental_config` (the caller has stepped into its location). `None` on error.
+pub fn parse_train_config(v: &mut Validator, value: Option<&Value>) -> Option<TrainConfig> {
+    let empty = Map::new();
+    let obj = match value.filter(|x| !x.is_null()) {
+        Some(x) => v.object(x)?,
+        None => &empty,
+    };
+    let errors_before = v.error_count();
+    let mut c = TrainConfig::default();
+
+    let num =
+        |v: &mut Validator, key: &str| -> Option<f64> { optional(obj, key).and_then(|x| v.at(key, |v| v.number(x))) };
+    let flag =
+        |v: &mut Validator, key: &str| -> Option<bool> { optional(obj, key).and_then(|x| v.at(key, |v| v.boolean(x))) };
+    let ranged = |v: &mut Validator, key: &str, lo: f64, hi: Option<f64>| -> Option<f64> {
+        let x = optional(obj, key)?;
+        v.at(key, |v| {
+            let n = v.number(x)?;
+            v.range_f64(x, n, Some(lo), hi).then_some(n)
+        })
+    };
+
+    if let Some(x) = optional(obj, "learning_rate") {
+        if let Some(lr) = v.at("learning_rate", |v| v.number(x).filter(|n| v.greater_than(x, *n, 0.0))) {
+            let ok = v.at("learning_rate", |v| v.range_f64(x, lr, None, Some(1.0)));
+            if ok {
+                c.learning_rate = lr;
+            }
+        }
+    }
+
+    // `ppo` decides the loss; 0.5.23 also sends `loss_fn`, which is used only when `ppo` is null.
+    let ppo = flag(v, "ppo");
+    let loss_fn = optional(obj, "loss_fn").and_then(|x| v.at("loss_fn", |v| v.literal(x, &["cispo", "ppo"])));
+    c.loss = match (ppo, loss_fn) {
+        (Some(true), _) | (None, Some("ppo")) => LossKind::Ppo,
+        _ => LossKind::Cispo,
+    };
+    let (eps_default, eps_high_default) = match c.loss {
+        LossKind::Ppo => (0.2, None),
+        LossKind::Cispo => (1.0, Some(4.0)),
+    };
+    c.epsilon = ranged(v, "epsilon", 0.0, None).unwrap_or(eps_default);
+    // An unset epsilon_high falls back to epsilon under PPO, to 4.0 under CISPO (ART's defaults).
+    c.epsilon_high = ranged(v, "epsilon_high", 0.0, None)
+        .or(eps_high_default.filter(|_| optional(obj, "epsilon").is_none()))
+        .unwrap_or(c.epsilon);
+
+    if let Some(x) = optional(obj, "importance_sampling_level") {
+        if let Some(level) = v.at("importance_sampling_level", |v| v.literal(x, &LEVELS)) {
+            c.importance_sampling_level = match level {
+                "token" => ImportanceSamplingLevel::Token,
+                "sequence" => ImportanceSamplingLevel::Sequence,
+                "average" => ImportanceSamplingLevel::Average,
+                _ => ImportanceSamplingLevel::GeometricAverage,
+            };
+        }
+    }
+    c.advantage_balance = ranged(v, "advantage_balance", -1.0, Some(1.0)).unwrap_or(0.0);
+    c.variant_k2_tau = ranged(v, "variant_k2_tau", 0.0, None).or_else(|| ranged(v, "kimi_k2_tau", 0.0, None));
+    c.mask_prob_ratio = flag(v, "mask_prob_ratio").unwrap_or(false);
+    // 0 means "not set", as in ART ("if set and non-zero").
+    c.max_negative_advantage_importance_sampling_weight =
+        ranged(v, "max_negative_advantage_importance_sampling_weight", 0.0, None).filter(|m| *m > 0.0);
+    c.precalculate_logprobs = flag(v, "precalculate_logprobs").unwrap_or(false);
+    c.scale_rewards = flag(v, "scale_rewards").unwrap_or(true);
+    c.allow_training_without_logprobs = flag(v, "allow_training_without_logprobs").unwrap_or(false);
+    if let Some(x) = optional(obj, "truncated_importance_sampling") {
+        c.truncated_importance_sampling =
+            v.at("truncated_importance_sampling", |v| v.number(x).filter(|n| v.greater_than(x, *n, 0.0)));
+    }
+    c.num_trajectories_learning_rate_multiplier_power =
+        num(v, "num_trajectories_learning_rate_multiplier_power").unwrap_or(0.0);
+    if let Some(x) = optional(obj, "packed_sequence_length") {
+        c.packed_sequence_length = v.at("packed_sequence_length", |v| {
+            let n = v.integer(x)?;
+            v.range_i64(x, n, 1, 1 << 20).then_some(n as u32)
+        });
+    }
+    // A KL penalty needs a reference policy that this server does not keep: refuse it openly
+    // rather than train without it.
+    if let Some(x) = optional(obj, "kl_penalty_coef") {
+        if let Some(coef) = v.at("kl_penalty_coef", |v| v.number(x)) {
+            if coef != 0.0 {
+                v.at("kl_penalty_coef", |v| {
+                    v.value_error(x, "a KL penalty (kl_penalty_coef > 0) is not supported by this server")
+                });
+            }
+        }
+    }
+    (v.error_count() == errors_before).then_some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(value: Value) -> Result<TrainConfig, Value> {
+        let mut v = Validator::new("body");
+        let c = v.at("experimental_config", |v| parse_train_config(v, Some(&value)));
+        let e = v.into_errors();
+        match c {
+            Some(c) if e.is_empty() => Ok(c),
+            _ => Err(serde_json::to_value(e).unwrap()),
+        }
+    }
+
+    #[test]
+    fn art_0_5_23_default_body_gives_the_defaults() {
+        let body = json!({
+            "advantage_balance": 0.0, "allow_training_without_logprobs": false, "epsilon": null,
+            "epsilon_high": null, "importance_sampling_level": "token", "kimi_k2_tau": null,
+            "kl_penalty_coef": 0.0, "kl_penalty_reference_step": null,
+            "kl_penalty_source": "current_learner", "kl_penalty_step_lag": null,
+            "kl_ref_adapter_path": null, "learning_rate": 5e-6,
+            "logprob_calculation_chunk_size": 1024, "loss_fn": "cispo", "mask_prob_ratio": false,
+            "max_negative_advantage_importance_sampling_weight": null, "normalize_advantages": true,
+            "num_trajectories_learning_rate_multiplier_power": 0.0, "packed_sequence_length": null,
+            "plot_tensors": false, "ppo": false, "precalculate_logprobs": false,
+            "scale_learning_rate_by_reward_std_dev": false, "scale_rewards": true,
+            "truncated_importance_sampling": null
+        });
+        assert_eq!(parse(body).unwrap(), TrainConfig::default());
+        assert_eq!(parse(json!({})).unwrap(), TrainConfig::default());
+    }
+
+    #[test]
+    fn epsilon_defaults_follow_the_loss() {
+        let ppo = parse(json!({"ppo": true})).unwrap();
+        assert_eq!((ppo.loss, ppo.epsilon, ppo.epsilon_high), (LossKind::Ppo, 0.2, 0.2));
+        let ppo = parse(json!({"ppo": null, "loss_fn": "ppo", "epsilon": 0.3})).unwrap();
+        assert_eq!((ppo.loss, ppo.epsilon, ppo.epsilon_high), (LossKind::Ppo, 0.3, 0.3));
+        let cispo = parse(json!({"epsilon": 0.5})).unwrap();
+        assert_eq!((cispo.epsilon, cispo.epsilon_high), (0.5, 0.5));
+        let cispo = parse(json!({"epsilon_high": 2.0})).unwrap();
+        assert_eq!((cispo.epsilon, cispo.epsilon_high), (1.0, 2.0));
+    }
+
+    #[test]
+    fn aliases_and_typed_fields() {
+        let c = parse(json!({"kimi_k2_tau": 0.1, "importance_sampling_level": "geometric_average",
+                             "max_negative_advantage_importance_sampling_weight": 0,
+                             "packed_sequence_length": 4096, "unknown": [1]}))
+        .unwrap();
+        assert_eq!(c.variant_k2_tau, Some(0.1));
+        assert_eq!(c.importance_sampling_level, ImportanceSamplingLevel::GeometricAverage);
+        assert_eq!(c.max_negative_advantage_importance_sampling_weight, None);
+        assert_eq!(c.packed_sequence_length, Some(4096));
+        let c = parse(json!({"variant_k2_tau": 0.2, "kimi_k2_tau": 0.1})).unwrap();
+        assert_eq!(c.variant_k2_tau, Some(0.2));
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let e = parse(json!({"advantage_balance": 2, "learning_rate": -1, "importance_sampling_level": "x",
+                             "kl_penalty_coef": 0.5, "ppo": "yes"}))
+        .unwrap_err();
+        let locs: Vec<Value> = e.as_array().unwrap().iter().map(|x| x["loc"].clone()).collect();
+        assert!(locs.contains(&json!(["body", "experimental_config", "advantage_balance"])));
+        assert!(locs.contains(&json!(["body", "experimental_config", "learning_rate"])));
+        assert!(locs.contains(&json!(["body", "experimental_config", "importance_sampling_level"])));
+        assert!(locs.contains(&json!(["body", "experimental_config", "kl_penalty_coef"])));
+        assert!(locs.contains(&json!(["body", "experimental_config", "ppo"])));
+        assert_eq!(locs.len(), 5);
+    }
+
+    #[test]
+    fn not_an_object_is_an_error_and_null_is_default() {
+        assert!(parse(json!([1])).is_err());
+        let mut v = Validator::new("body");
+        assert_eq!(parse_train_config(&mut v, Some(&Value::Null)), Some(TrainConfig::default()));
+    }
+}

@@ -1,0 +1,78 @@
+//! The training worker: claims queued jobs one at a time, runs a [`Trainer`] on a blocking
+//! thread, streams its events into the store, writes the checkpoint durably and ends the job.
+//!
+//! The worker owns the job state machine's driving side (`queued → running → succeeded | failed |
+//! cancelled`); the store owns its transitions. It never touches HTTP or tensors: the trainer is
+//! a trait object, so the api crate can be tested with the worker and no model at all.
+
+mod worker;
+
+pub use worker::{Worker, WorkerConfig};
+
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tandem_core::records::ModelRecord;
+use tandem_core::train_config::TrainConfig;
+use uuid::Uuid;
+
+/// Everything a trainer needs to run one job.
+#[derive(Debug, Clone)]
+pub struct TrainJob {
+    pub job_id: Uuid,
+    pub model: ModelRecord,
+    pub config: TrainConfig,
+    pub trajectory_groups: Value,
+    /// The step training continues from (0 = the base model) and its adapter directory.
+    pub base_step: i64,
+    pub base_checkpoint: Option<PathBuf>,
+}
+
+/// What a successful run produces: the adapter files and summary metrics for the checkpoint.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOutput {
+    pub files: Vec<(String, Vec<u8>)>,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// This build has no trainer; the job fails with this message.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The job asked for something it cannot train on (bad trajectories, say).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("training job cancelled")]
+    Cancelled,
+    /// The server is shutting down; the job is left for recovery at the next start.
+    #[error("server shutting down")]
+    Interrupted,
+    #[error("training failed: {0}")]
+    Failed(String),
+}
+
+/// Where a trainer reports progress. Calls block briefly on the store.
+pub trait TrainSink {
+    /// Must be called once, before any gradient step: `num_sequences` gradient steps will follow.
+    fn started(&mut self, num_sequences: u64, extra: Map<String, Value>);
+    /// One optimizer step; every value a number (ART converts each with `float()`).
+    fn gradient_step(&mut self, metrics: BTreeMap<String, f64>);
+    /// Whether the trainer should stop at this step: the job was cancelled or the server stops.
+    fn should_stop(&mut self) -> Option<TrainError>;
+}
+
+/// Trains one job. Runs on a blocking thread, never on the async executor.
+pub trait Trainer: Send + Sync + 'static {
+    fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError>;
+}
+
+/// The trainer of a build without one: every job fails honestly, saying so.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoTrainer;
+
+impl Trainer for NoTrainer {
+    fn train(&self, _job: &TrainJob, _sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
+        Err(TrainError::Unavailable("no trainer is available in this build".into()))
+    }
+}

@@ -1,0 +1,271 @@
+//! The worker loop: wait for work, claim, train, finish.
+
+use crate::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tandem_core::records::event_type;
+use tandem_core::train_config::TrainConfig;
+use tandem_store::{CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// How often to look for jobs queued by another process, besides being notified.
+    pub poll_interval: Duration,
+    /// A job interrupted by restarts this many times is failed instead of re-run.
+    pub max_attempts: i64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig { poll_interval: Duration::from_secs(1), max_attempts: 3 }
+    }
+}
+
+/// Runs training jobs, one at a time (the trainer uses every core it is given).
+#[derive(Clone)]
+pub struct Worker {
+    store: Arc<dyn Store>,
+    checkpoints: CheckpointDir,
+    trainer: Arc<dyn Trainer>,
+    wake: Arc<Notify>,
+    stopping: Arc<AtomicBool>,
+    config: WorkerConfig,
+}
+
+impl Worker {
+    pub fn new(
+        store: Arc<dyn Store>,
+        checkpoints: CheckpointDir,
+        trainer: Arc<dyn Trainer>,
+        config: WorkerConfig,
+    ) -> Self {
+        Worker {
+            store,
+            checkpoints,
+            trainer,
+            wake: Arc::new(Notify::new()),
+            stopping: Arc::new(AtomicBool::new(false)),
+            config,
+        }
+    }
+
+    /// Notified by the api when a job is queued, so it starts without waiting for the poll.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Asks the loop to stop after (or, through the sink, during) the current job.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Start-up recovery: re-queue or fail jobs a previous process left `running`, and remove
+    /// checkpoint files that no checkpoint owns.
+    pub async fn recover(&self) -> Result<(), StoreError> {
+        let r = self.store.recover_interrupted_jobs(self.config.max_attempts).await?;
+        if !r.requeued.is_empty() || !r.failed.is_empty() {
+            tracing::warn!(requeued = r.requeued.len(), failed = r.failed.len(), "recovered interrupted training jobs");
+        }
+        let live = self.store.live_checkpoint_paths().await?;
+        let swept = self.checkpoints.sweep(&live)?;
+        if swept > 0 {
+            tracing::warn!(swept, "removed checkpoint files that no checkpoint owns");
+        }
+        Ok(())
+    }
+
+    /// The loop, until [`Worker::stop`].
+    pub async fn run(self) {
+        while !self.stopping.load(Ordering::SeqCst) {
+            match self.run_once().await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => tracing::error!(error = %e, "training worker error"),
+            }
+            let _ = tokio::time::timeout(self.config.poll_interval, self.wake.notified()).await;
+        }
+        tracing::info!("training worker stopped");
+    }
+
+    /// Claims and runs one job. `Ok(false)` when none was waiting.
+    pub async fn run_once(&self) -> Result<bool, StoreError> {
+        let Some(claimed) = self.store.claim_next_job().await? else { return Ok(false) };
+        let job_id = claimed.job.id;
+        tracing::info!(%job_id, model_id = %claimed.model.id, attempt = claimed.job.attempts, "training job started");
+        match self.run_claimed(claimed).await {
+            Ok(()) | Err(StoreError::NotFound) => Ok(true), // NotFound: the model was deleted meanwhile
+            Err(e) => {
+                tracing::error!(%job_id, error = %e, "training job could not be finished");
+                let outcome = JobOutcome::Failed { error_message: format!("internal error: {e}") };
+                ignore_gone(self.store.finish_job(job_id, &outcome).await)?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn run_claimed(&self, claimed: ClaimedJob) -> Result<(), StoreError> {
+        let job_id = claimed.job.id;
+        let config: TrainConfig = match serde_json::from_value(claimed.config.clone()) {
+            Ok(c) => c,
+            Err(e) => return self.fail(job_id, false, format!("stored training config is unreadable: {e}")).await,
+        };
+        let base_step = self.store.latest_step(claimed.model.id).await?;
+        let base_checkpoint = if base_step > 0 {
+            let cp = self.store.get_checkpoint(claimed.model.id, base_step).await?;
+            self.checkpoints.resolve(&cp.path)
+        } else {
+            None
+        };
+        let train_job = TrainJob {
+            job_id,
+            model: claimed.model.clone(),
+            config,
+            trajectory_groups: claimed.trajectory_groups,
+            base_step,
+            base_checkpoint,
+        };
+        let mut sink = StoreSink {
+            store: self.store.clone(),
+            handle: Handle::current(),
+            job_id,
+            started: false,
+            stopping: self.stopping.clone(),
+            last_cancel_check: None,
+        };
+        let trainer = self.trainer.clone();
+        let (result, sink) = tokio::task::spawn_blocking(move || {
+            let result = trainer.train(&train_job, &mut sink);
+            (result, sink)
+        })
+        .await
+        .map_err(|e| StoreError::Io(format!("trainer thread panicked: {e}")))?;
+        match result {
+            Ok(output) => self.succeed(&claimed.model.id, job_id, sink.started, output).await,
+            Err(TrainError::Interrupted) => {
+                tracing::warn!(%job_id, "training job interrupted by shutdown; it resumes at the next start");
+                Ok(())
+            }
+            Err(TrainError::Cancelled) => {
+                self.ensure_started(job_id, sink.started).await?;
+                let outcome = JobOutcome::Cancelled { error_message: "training job cancelled".into() };
+                ignore_gone(self.store.finish_job(job_id, &outcome).await).map(|_| ())
+            }
+            Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
+        }
+    }
+
+    async fn succeed(
+        &self,
+        model_id: &Uuid,
+        job_id: Uuid,
+        started: bool,
+        output: TrainOutput,
+    ) -> Result<(), StoreError> {
+        self.ensure_started(job_id, started).await?;
+        let checkpoint_id = tandem_core::new_id();
+        let path = CheckpointDir::relative_path(*model_id, checkpoint_id);
+        let TrainOutput { files, metrics } = output;
+        let (dir, p) = (self.checkpoints.clone(), path.clone());
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+            dir.write_atomic(&p, &refs)
+        })
+        .await
+        .map_err(|e| StoreError::Io(e.to_string()))??;
+        let step = self.store.latest_step(*model_id).await? + 1;
+        let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path: path.clone(), metrics };
+        let outcome = JobOutcome::Succeeded { checkpoint, event_data: json!({ "step": step }) };
+        match self.store.finish_job(job_id, &outcome).await {
+            Ok(_) => {
+                tracing::info!(%job_id, step, "training job succeeded");
+                Ok(())
+            }
+            Err(e) => {
+                // The row was never recorded, so the files belong to nothing.
+                let _ = self.checkpoints.remove(&path);
+                Err(e)
+            }
+        }
+    }
+
+    async fn fail(&self, job_id: Uuid, started: bool, error_message: String) -> Result<(), StoreError> {
+        tracing::warn!(%job_id, %error_message, "training job failed");
+        self.ensure_started(job_id, started).await?;
+        ignore_gone(self.store.finish_job(job_id, &JobOutcome::Failed { error_message }).await).map(|_| ())
+    }
+
+    /// Every job's events begin with `training_started` (ART requires it before anything else).
+    async fn ensure_started(&self, job_id: Uuid, started: bool) -> Result<(), StoreError> {
+        if !started {
+            self.store.append_event(job_id, event_type::TRAINING_STARTED, &json!({ "num_sequences": 0 })).await?;
+        }
+        Ok(())
+    }
+}
+
+fn ignore_gone<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match r {
+        Ok(t) => Ok(Some(t)),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The sink a trainer writes through: each call is a short blocking store write.
+struct StoreSink {
+    store: Arc<dyn Store>,
+    handle: Handle,
+    job_id: Uuid,
+    started: bool,
+    stopping: Arc<AtomicBool>,
+    last_cancel_check: Option<Instant>,
+}
+
+impl StoreSink {
+    fn append(&self, kind: &str, data: Value) {
+        if let Err(e) = self.handle.block_on(self.store.append_event(self.job_id, kind, &data)) {
+            tracing::error!(job_id = %self.job_id, error = %e, "could not append training event");
+        }
+    }
+}
+
+impl TrainSink for StoreSink {
+    fn started(&mut self, num_sequences: u64, mut extra: Map<String, Value>) {
+        if self.started {
+            return;
+        }
+        extra.insert("num_sequences".into(), json!(num_sequences));
+        self.append(event_type::TRAINING_STARTED, Value::Object(extra));
+        self.started = true;
+    }
+
+    fn gradient_step(&mut self, metrics: BTreeMap<String, f64>) {
+        // JSON has no NaN: a non-finite value is dropped rather than sent as null, which ART's
+        // client would reject.
+        let data: Map<String, Value> =
+            metrics.into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
+        self.append(event_type::GRADIENT_STEP, Value::Object(data));
+    }
+
+    fn should_stop(&mut self) -> Option<TrainError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Some(TrainError::Interrupted);
+        }
+        // Cancellation is a store read: at most a few per second.
+        let due = self.last_cancel_check.is_none_or(|t| t.elapsed() >= Duration::from_millis(250));
+        if due {
+            self.last_cancel_check = Some(Instant::now());
+            if let Ok(true) = self.handle.block_on(self.store.is_cancel_requested(self.job_id)) {
+                return Some(TrainError::Cancelled);
+            }
+        }
+        None
+    }
+}

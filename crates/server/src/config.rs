@@ -1,0 +1,161 @@
+//! The one typed configuration of `tandem serve`: defaults < TOML file < `TANDEM_*` env < flags.
+//!
+//! clap already merges flags over environment variables; the TOML file fills only what neither
+//! gave, and defaults fill the rest.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Where the bundled model lives after `make model`, relative to the working directory.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The id the bundled model is served under.
+pub const BUNDLED_MODEL_ID: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (flags and TANDEM_* variables override it).
+    #[arg(long, env = "TANDEM_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "TANDEM_HOST")]
+    pub host: Option<String>,
+    /// Port to listen on (0 picks a free one and prints it).
+    #[arg(long, env = "TANDEM_PORT")]
+    pub port: Option<u16>,
+    /// Directory for the database, checkpoints and the first API key.
+    #[arg(long, env = "TANDEM_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// GGUF file of a base model to serve; repeat for several.
+    #[arg(long = "model", env = "TANDEM_MODEL", value_delimiter = ',')]
+    pub models: Vec<PathBuf>,
+    /// Id to serve each --model under, in the same order.
+    #[arg(long = "served-model-name", env = "TANDEM_SERVED_MODEL_NAME", value_delimiter = ',')]
+    pub served_model_names: Vec<String>,
+    /// An API key that is valid for entity `local` (for scripts and tests).
+    #[arg(long, env = "TANDEM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The TOML file: the same settings, all optional.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    host: Option<String>,
+    port: Option<u16>,
+    data_dir: Option<PathBuf>,
+    models: Option<Vec<PathBuf>>,
+    served_model_names: Option<Vec<String>>,
+    api_key: Option<String>,
+    max_body_bytes: Option<usize>,
+}
+
+/// One base model to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseModel {
+    pub id: String,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub models: Vec<BaseModel>,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+}
+
+impl ServeConfig {
+    pub fn resolve(args: ServeArgs) -> anyhow::Result<Self> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                toml::from_str::<FileConfig>(&text).with_context(|| format!("parsing {}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let paths = non_empty(args.models).or(file.models).unwrap_or_else(|| vec![PathBuf::from(DEFAULT_MODEL)]);
+        let names = non_empty(args.served_model_names).or(file.served_model_names).unwrap_or_default();
+        if names.len() > paths.len() {
+            bail!("{} --served-model-name values for {} --model files", names.len(), paths.len());
+        }
+        let models: Vec<BaseModel> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, path)| BaseModel {
+                id: names.get(i).cloned().unwrap_or_else(|| default_model_id(path)),
+                path: path.clone(),
+            })
+            .collect();
+        let mut ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            bail!("two models are served under the same id; use --served-model-name");
+        }
+        Ok(ServeConfig {
+            host: args.host.or(file.host).unwrap_or_else(|| "127.0.0.1".into()),
+            port: args.port.or(file.port).unwrap_or(8000),
+            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("data")),
+            models,
+            api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+            max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(64 << 20),
+        })
+    }
+}
+
+fn non_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
+    (!v.is_empty()).then_some(v)
+}
+
+/// The bundled SmolLM2 GGUF is served under its Hugging Face id; any other file under its stem.
+fn default_model_id(path: &Path) -> String {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    if stem.to_ascii_lowercase().starts_with("smollm2-135m-instruct") {
+        BUNDLED_MODEL_ID.to_string()
+    } else {
+        stem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_file_and_flags_layer() {
+        let c = ServeConfig::resolve(ServeArgs::default()).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 8000));
+        assert_eq!(c.models, vec![BaseModel { id: BUNDLED_MODEL_ID.into(), path: DEFAULT_MODEL.into() }]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tandem.toml");
+        std::fs::write(&file, "port = 9000\nhost = \"0.0.0.0\"\nmodels = [\"a/tiny.gguf\"]\n").unwrap();
+        let args = ServeArgs { config: Some(file.clone()), port: Some(9100), ..Default::default() };
+        let c = ServeConfig::resolve(args).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 9100));
+        assert_eq!(c.models[0].id, "tiny");
+
+        std::fs::write(&file, "prot = 1\n").unwrap();
+        assert!(ServeConfig::resolve(ServeArgs { config: Some(file), ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn served_names_pair_with_models() {
+        let args = ServeArgs {
+            models: vec!["x.gguf".into(), "y.gguf".into()],
+            served_model_names: vec!["org/x".into()],
+            ..Default::default()
+        };
+        let c = ServeConfig::resolve(args).unwrap();
+        assert_eq!(c.models[0].id, "org/x");
+        assert_eq!(c.models[1].id, "y");
+        let args = ServeArgs { models: vec!["a/m.gguf".into(), "b/m.gguf".into()], ..Default::default() };
+        assert!(ServeConfig::resolve(args).is_err());
+    }
+}

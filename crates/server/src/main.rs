@@ -1,0 +1,37 @@
+//! The `tandem` binary: thin wiring over the library crates.
+
+mod config;
+mod keys;
+mod serve;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "tandem", version, about = "Serve chat completions and fine-tune them with RL, in one server.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP API.
+    Serve(config::ServeArgs),
+    /// Manage API keys.
+    Keys(keys::KeysArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // Logs go to stderr; stdout carries only what scripts read (the address, a new key).
+    let filter = EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(config::ServeConfig::resolve(args)?).await,
+            Command::Keys(args) => keys::run(args).await,
+        }
+    })
+}

@@ -1,0 +1,98 @@
+//! `tandem serve`: open the store, start the training worker, serve HTTP until SIGTERM/SIGINT.
+
+use crate::config::ServeConfig;
+use crate::keys::open_store;
+use anyhow::{bail, Context};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tandem_api::auth::{generate_key, StaticKeys};
+use tandem_api::{AppConfig, AppState, Limits};
+use tandem_jobs::{NoTrainer, Worker, WorkerConfig};
+use tandem_store::{CheckpointDir, Store};
+
+pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
+    for m in &config.models {
+        if !m.path.is_file() {
+            bail!("model file {} not found (for the bundled model, run `make model`)", m.path.display());
+        }
+    }
+    let store = Arc::new(open_store(&config.data_dir).await?);
+    let checkpoints = CheckpointDir::open(config.data_dir.join("checkpoints"))?;
+
+    let mut static_keys = StaticKeys::default();
+    if let Some(key) = &config.api_key {
+        static_keys.add(key, "local");
+    } else if store.list_keys().await?.is_empty() {
+        first_key(store.as_ref(), &config.data_dir).await?;
+    }
+
+    let worker = Worker::new(store.clone(), checkpoints.clone(), Arc::new(NoTrainer), WorkerConfig::default());
+    worker.recover().await.context("recovering interrupted training jobs")?;
+    let state = AppState::new(AppConfig {
+        store: store.clone(),
+        checkpoints,
+        static_keys,
+        served_models: config.models.iter().map(|m| m.id.clone()).collect(),
+        limits: Limits { max_body_bytes: config.max_body_bytes, ..Limits::default() },
+        jobs_waker: worker.waker(),
+    });
+    let worker_task = tokio::spawn(worker.clone().run());
+
+    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .with_context(|| format!("binding {}:{}", config.host, config.port))?;
+    let addr = listener.local_addr()?;
+    // Scripts and tests read this line to learn the port.
+    println!("tandem listening on http://{addr}");
+    let served: Vec<&str> = config.models.iter().map(|m| m.id.as_str()).collect();
+    tracing::info!(%addr, models = ?served, data_dir = %config.data_dir.display(), "serving");
+    std::io::stdout().flush().ok();
+
+    axum::serve(listener, tandem_api::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("http server stopped; stopping the training worker");
+    worker.stop();
+    if tokio::time::timeout(Duration::from_secs(30), worker_task).await.is_err() {
+        tracing::warn!("training worker did not stop in 30 s; its job resumes at the next start");
+    }
+    Ok(())
+}
+
+/// On first start with no keys, creates one for entity `local`, prints it once and writes it to
+/// `<data-dir>/api-key`, readable by the owner only.
+async fn first_key(store: &dyn Store, data_dir: &Path) -> anyhow::Result<()> {
+    let (key, record) = generate_key("local");
+    let path = data_dir.join("api-key");
+    write_private(&path, &format!("{key}\n")).with_context(|| format!("writing {}", path.display()))?;
+    store.insert_key(&record).await?;
+    println!("created the first API key (entity `local`); it is also in {}:", path.display());
+    println!("{key}");
+    Ok(())
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received; draining connections");
+}

@@ -1,0 +1,205 @@
+//! End-to-end tests of the real `tandem` binary over loopback HTTP: first start and keys,
+//! graceful shutdown, and durability of acknowledged trajectory logs across `kill -9`.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tandem");
+const KEY: &str = "e2e-test-key";
+
+/// The model file the server is started with (`make test` sets TANDEM_TEST_MODEL).
+fn model_path() -> PathBuf {
+    let path = std::env::var_os("TANDEM_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    assert!(path.is_file(), "{} is missing: run `make model` (or `make test`)", path.display());
+    path
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    /// Lines the server printed on stdout before the address line.
+    banner: Vec<String>,
+}
+
+impl Server {
+    fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let model = model_path();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--data-dir"])
+            .arg(data_dir)
+            .arg("--model")
+            .arg(&model)
+            .args(extra)
+            .env("TANDEM_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tandem");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut banner = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(Instant::now() < deadline, "server did not start");
+            let line = lines.next().expect("server exited before listening").unwrap();
+            if let Some(url) = line.strip_prefix("tandem listening on ") {
+                let url = url.trim().to_string();
+                // Keep draining stdout so the server never blocks on a full pipe.
+                std::thread::spawn(move || for _ in lines.by_ref() {});
+                return Server { child, url, banner };
+            }
+            banner.push(line);
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap(); // SIGKILL on Unix
+        self.child.wait().unwrap();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+async fn post(c: &reqwest::Client, url: &str, key: &str, body: &Value) -> reqwest::Result<(u16, Value)> {
+    let r = c.post(url).bearer_auth(key).json(body).send().await?;
+    let status = r.status().as_u16();
+    Ok((status, r.json().await.unwrap_or(Value::Null)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_start_creates_a_key_and_keys_cli_works_alongside() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let key = server.banner.last().expect("the first key is printed").trim().to_string();
+    let key_file = dir.path().join("api-key");
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap().trim(), key);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let c = client();
+    let health = c.get(format!("{}/health", server.url)).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let models = format!("{}/v1/preview/models", server.url);
+    assert_eq!(c.get(&models).bearer_auth(&key).send().await.unwrap().status(), 200);
+
+    // `tandem keys create` against the data dir of the running server.
+    let out =
+        Command::new(BIN).args(["keys", "create", "--entity", "team2", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key2 = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    let (status, m) = post(
+        &c,
+        &models,
+        &key2,
+        &json!({"project": "p", "name": "n", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, m["entity"].as_str()), (200, Some("team2")));
+
+    let list = Command::new(BIN).args(["keys", "list", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let listing = String::from_utf8(list.stdout).unwrap();
+    assert!(listing.contains("team2") && listing.contains("local"));
+    assert!(!listing.contains(&key2), "keys are never shown again");
+    let prefix = &key2[..12];
+    let rev = Command::new(BIN).args(["keys", "revoke", prefix, "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert!(rev.status.success(), "{}", String::from_utf8_lossy(&rev.stderr));
+    assert_eq!(c.get(&models).bearer_auth(&key2).send().await.unwrap().status(), 401);
+    server.kill9();
+
+    // A second start finds the key and does not print a new one.
+    let again = Server::start(dir.path(), &[]);
+    assert!(again.banner.is_empty(), "{:?}", again.banner);
+    again.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_down_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &["--api-key", KEY]);
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "server did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_logs_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--api-key", KEY]);
+    let c = client();
+    let (status, model) = post(
+        &c,
+        &format!("{}/v1/preview/models", server.url),
+        KEY,
+        &json!({"project": "p", "name": "crash", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    let model_id = model["id"].as_str().unwrap().to_string();
+
+    let acked: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
+    let mut url = server.url.clone();
+    let mut server = Some(server);
+    for round in 0..3 {
+        let log_url = format!("{url}/v1/preview/models/{model_id}/log");
+        let mut clients = Vec::new();
+        for client_no in 0..4 {
+            let (c, log_url, acked) = (c.clone(), log_url.clone(), acked.clone());
+            clients.push(tokio::spawn(async move {
+                for seq in 0.. {
+                    let groups = json!([{"trajectories": [
+                        {"messages_and_choices": [{"role": "user", "content": format!("r{round} c{client_no} s{seq}")}],
+                         "reward": seq as f64 / 7.0, "metrics": {"client": client_no}},
+                        {"messages_and_choices": [], "reward": 0.25}]}]);
+                    match post(&c, &log_url, KEY, &json!({"split": "train", "trajectory_groups": groups})).await {
+                        Ok((200, out)) => acked.lock().unwrap().push((out["id"].as_str().unwrap().to_string(), groups)),
+                        Ok((status, out)) => panic!("unexpected {status}: {out}"),
+                        Err(_) => break, // the server is gone
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        server.take().unwrap().kill9();
+        for t in clients {
+            t.await.unwrap();
+        }
+        let restarted = Server::start(dir.path(), &["--api-key", KEY]);
+        url = restarted.url.clone();
+        server = Some(restarted);
+    }
+
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 10, "too few logs acknowledged to mean anything: {}", acked.len());
+    for (id, groups) in &acked {
+        let r = c.get(format!("{url}/v1/preview/models/{model_id}/logs/{id}")).bearer_auth(KEY).send().await.unwrap();
+        assert_eq!(r.status(), 200, "acknowledged log {id} is missing after kill -9");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(&body["trajectory_groups"], groups, "log {id} changed");
+    }
+    server.take().unwrap().kill9();
+    let store = tandem_store_check(dir.path()).await;
+    assert_eq!(store, "ok");
+}
+
+async fn tandem_store_check(data_dir: &Path) -> String {
+    // Open the database the way the server does and ask SQLite to check every page.
+    let store = tandem_store::SqliteStore::open(&data_dir.join("tandem.db")).await.unwrap();
+    store.integrity_check().await.unwrap()
+}

@@ -1,0 +1,215 @@
+//! tandem's durable state behind one [`Store`] trait: API keys, models, checkpoints, trajectory
+//! logs, training jobs and their events.
+//!
+//! The trait speaks domain records (`tandem_core::records`); SQL stays inside the backends.
+//! SQLite ([`SqliteStore`]) is the default; a PostgreSQL backend must pass the same behaviour test
+//! (`tests/behaviour.rs`). Entity scoping happens here: every read that takes an `entity` treats
+//! another entity's object exactly like a missing one. Checkpoint files live beside the database
+//! ([`CheckpointDir`]); the store only records their relative paths.
+
+mod blobs;
+mod sqlite;
+
+pub use blobs::CheckpointDir;
+pub use sqlite::SqliteStore;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use tandem_core::records::{Checkpoint, Job, JobEvent, LogEntry, ModelRecord, Page, PageRequest};
+use uuid::Uuid;
+
+/// What can go wrong in the store, in terms the api can map to statuses.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// A page cursor that names no item of this list.
+    #[error("unknown cursor")]
+    InvalidCursor,
+    #[error("database error: {0}")]
+    Database(String),
+    #[error("i/o error: {0}")]
+    Io(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        use sqlx::error::ErrorKind;
+        let kind = e.as_database_error().map(|d| d.kind());
+        match (e, kind) {
+            (sqlx::Error::RowNotFound, _) => StoreError::NotFound,
+            // The row it refers to (a model, a job) was deleted meanwhile.
+            (_, Some(ErrorKind::ForeignKeyViolation)) => StoreError::NotFound,
+            (other, Some(ErrorKind::UniqueViolation)) => StoreError::Conflict(other.to_string()),
+            (other, _) => StoreError::Database(other.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        StoreError::Io(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// An API key as stored: its hash, never the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub id: Uuid,
+    pub entity: String,
+    pub key_hash: [u8; 32],
+    pub prefix: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+/// Fields of a model to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewModel {
+    pub entity: String,
+    pub project: String,
+    pub name: String,
+    pub base_model: String,
+}
+
+/// What deleting a model removed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeletedModel {
+    pub model_id: Uuid,
+    pub deleted_checkpoints: Vec<Checkpoint>,
+}
+
+/// What deleting checkpoints by step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeletedCheckpoints {
+    pub deleted: Vec<Checkpoint>,
+    pub not_found_steps: Vec<i64>,
+}
+
+/// A trajectory log to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewLog {
+    pub model_id: Uuid,
+    pub split: String,
+    pub metrics: BTreeMap<String, f64>,
+    pub num_groups: i64,
+    pub num_trajectories: i64,
+    /// The groups exactly as received.
+    pub trajectory_groups: Value,
+}
+
+/// A training job to enqueue; `config` is the serialised `TrainConfig`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub model_id: Uuid,
+    pub config: Value,
+    pub trajectory_groups: Value,
+}
+
+/// A job the worker has claimed, with the inputs it needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedJob {
+    pub job: Job,
+    pub model: ModelRecord,
+    pub config: Value,
+    pub trajectory_groups: Value,
+}
+
+/// How a job ended. `Succeeded` records the new checkpoint in the same transaction as the
+/// terminal event, so `training_ended` is never visible before the checkpoint is listed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobOutcome {
+    Succeeded { checkpoint: NewCheckpoint, event_data: Value },
+    Failed { error_message: String },
+    Cancelled { error_message: String },
+}
+
+/// A checkpoint to record: its files must already be durable under `path`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCheckpoint {
+    pub id: Uuid,
+    pub model_id: Uuid,
+    pub step: i64,
+    pub path: String,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// What start-up recovery did with jobs left `running` by a previous process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub requeued: Vec<Uuid>,
+    pub failed: Vec<Uuid>,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Cheap round trip, for health checks.
+    async fn ping(&self) -> Result<()>;
+
+    // --- API keys ---
+    async fn insert_key(&self, key: &ApiKeyRecord) -> Result<()>;
+    /// The unrevoked key with this hash, if any.
+    async fn find_active_key(&self, key_hash: &[u8; 32]) -> Result<Option<ApiKeyRecord>>;
+    async fn list_keys(&self) -> Result<Vec<ApiKeyRecord>>;
+    /// Revokes the key whose id or prefix is `id_or_prefix`; `NotFound` if none, `Conflict` if
+    /// several keys share that prefix.
+    async fn revoke_key(&self, id_or_prefix: &str) -> Result<ApiKeyRecord>;
+
+    // --- models ---
+    /// Creates a model, or with `return_existing` returns the existing one of the same name
+    /// (`Ok((model, false))`). Without it a duplicate is `Conflict`.
+    async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)>;
+    async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord>;
+    async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>>;
+    /// Deletes the model with its checkpoints, logs, jobs and events. Returns the checkpoints
+    /// whose files the caller must remove.
+    async fn delete_model(&self, entity: &str, id: Uuid) -> Result<DeletedModel>;
+
+    // --- checkpoints (the caller has checked that the model is the entity's) ---
+    async fn list_checkpoints(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Checkpoint>>;
+    async fn get_checkpoint(&self, model_id: Uuid, step: i64) -> Result<Checkpoint>;
+    /// The highest live step, or 0 when the model has no checkpoint.
+    async fn latest_step(&self, model_id: Uuid) -> Result<i64>;
+    async fn delete_checkpoints(&self, model_id: Uuid, steps: &[i64]) -> Result<DeletedCheckpoints>;
+    /// Every live checkpoint's path, to sweep files no checkpoint owns.
+    async fn live_checkpoint_paths(&self) -> Result<Vec<String>>;
+
+    // --- trajectory logs ---
+    /// Appends a log at the model's latest step and merges its metrics into that checkpoint.
+    async fn append_log(&self, new: &NewLog) -> Result<LogEntry>;
+    async fn list_logs(&self, model_id: Uuid, split: Option<&str>, page: PageRequest) -> Result<Page<LogEntry>>;
+    /// One log entry with its groups exactly as stored.
+    async fn get_log(&self, model_id: Uuid, log_id: Uuid) -> Result<(LogEntry, Value)>;
+
+    // --- training jobs ---
+    async fn create_job(&self, new: &NewJob) -> Result<Job>;
+    /// The job, if its model belongs to `entity`.
+    async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job>;
+    /// Cancels a queued job at once (with its `training_failed` event); marks a running one for
+    /// the worker to stop at its next step; leaves a finished one as it is.
+    async fn cancel_job(&self, entity: &str, id: Uuid) -> Result<Job>;
+    async fn list_events(&self, entity: &str, job_id: Uuid, page: PageRequest) -> Result<Page<JobEvent>>;
+
+    // --- the worker's side ---
+    /// Atomically moves the oldest queued job whose model has no running job to `running`.
+    async fn claim_next_job(&self) -> Result<Option<ClaimedJob>>;
+    async fn append_event(&self, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent>;
+    async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool>;
+    /// Ends a running job with its terminal event (and, on success, its checkpoint) in one
+    /// transaction.
+    async fn finish_job(&self, job_id: Uuid, outcome: &JobOutcome) -> Result<Job>;
+    /// At start-up: jobs left `running` are re-queued with a `training_restarted` event, or failed
+    /// with `training_failed` once they have been attempted `max_attempts` times.
+    async fn recover_interrupted_jobs(&self, max_attempts: i64) -> Result<Recovery>;
+}
+
+/// Current time in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    d.as_millis() as i64
+}

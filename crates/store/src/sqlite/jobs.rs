@@ -1,0 +1,203 @@
+//! Training jobs and their events in SQLite: the job state machine's transitions, each with its
+//! event written in the same transaction, so the status and the event log never disagree.
+
+use super::rows;
+use crate::{now_ms, ClaimedJob, JobOutcome, NewJob, Recovery, Result, StoreError};
+use serde_json::{json, Value};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tandem_core::records::{event_type, Job, JobEvent, JobStatus, Page};
+use uuid::Uuid;
+
+pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
+    let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));
+    let row = sqlx::query(
+        "INSERT INTO training_jobs (id, model_id, status, config, trajectory_groups, created_at)
+         VALUES (?, ?, 'queued', ?, ?, ?) RETURNING *",
+    )
+    .bind(tandem_core::new_id().to_string())
+    .bind(new.model_id.to_string())
+    .bind(text(&new.config)?)
+    .bind(text(&new.trajectory_groups)?)
+    .bind(now_ms())
+    .fetch_one(pool)
+    .await?;
+    rows::job(&row)
+}
+
+pub(crate) async fn get_job<'e, E: sqlx::SqliteExecutor<'e>>(ex: E, entity: &str, id: Uuid) -> Result<Job> {
+    let row = sqlx::query(
+        "SELECT j.* FROM training_jobs j JOIN models m ON m.id = j.model_id WHERE j.id = ? AND m.entity = ?",
+    )
+    .bind(id.to_string())
+    .bind(entity)
+    .fetch_one(ex)
+    .await?;
+    rows::job(&row)
+}
+
+async fn job_by_id(conn: &mut SqliteConnection, id: Uuid) -> Result<Job> {
+    let row = sqlx::query("SELECT * FROM training_jobs WHERE id = ?").bind(id.to_string()).fetch_one(conn).await?;
+    rows::job(&row)
+}
+
+pub(crate) async fn cancel_job(tx: &mut Transaction<'_, Sqlite>, entity: &str, id: Uuid) -> Result<Job> {
+    let job = get_job(&mut **tx, entity, id).await?;
+    match job.status {
+        JobStatus::Queued => {
+            let msg = "training job cancelled before it started";
+            set_terminal(tx, id, JobStatus::Cancelled, None, Some(msg)).await?;
+            insert_event(tx, id, event_type::TRAINING_FAILED, &json!({ "error_message": msg })).await?;
+        }
+        JobStatus::Running => {
+            sqlx::query("UPDATE training_jobs SET cancel_requested = 1 WHERE id = ?")
+                .bind(id.to_string())
+                .execute(&mut **tx)
+                .await?;
+        }
+        _ => {}
+    }
+    job_by_id(tx, id).await
+}
+
+pub(crate) async fn list_events(
+    pool: &SqlitePool,
+    job_id: Uuid,
+    after_seq: Option<i64>,
+    limit: u32,
+) -> Result<Page<JobEvent>> {
+    let rows =
+        sqlx::query("SELECT * FROM job_events WHERE job_id = ? AND (? IS NULL OR seq > ?) ORDER BY seq ASC LIMIT ?")
+            .bind(job_id.to_string())
+            .bind(after_seq)
+            .bind(after_seq)
+            .bind(limit as i64 + 1)
+            .fetch_all(pool)
+            .await?;
+    let items = rows.iter().map(rows::event).collect::<Result<Vec<_>>>()?;
+    Ok(rows::page(items, limit))
+}
+
+pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJob>> {
+    // One statement, so the claim is atomic without an explicit transaction.
+    let row = sqlx::query(
+        "UPDATE training_jobs SET status = 'running', started_at = ?, attempts = attempts + 1
+         WHERE id = (
+            SELECT j.id FROM training_jobs j
+            WHERE j.status = 'queued' AND NOT EXISTS (
+                SELECT 1 FROM training_jobs r WHERE r.model_id = j.model_id AND r.status = 'running')
+            ORDER BY j.seq LIMIT 1)
+         RETURNING *",
+    )
+    .bind(now_ms())
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let job = rows::job(&row)?;
+    let model = sqlx::query("SELECT * FROM models WHERE id = ?").bind(job.model_id.to_string()).fetch_one(pool).await?;
+    Ok(Some(ClaimedJob {
+        model: rows::model(&model)?,
+        config: rows::json(&row, "config")?,
+        trajectory_groups: rows::json(&row, "trajectory_groups")?,
+        job,
+    }))
+}
+
+pub(crate) async fn append_event(pool: &SqlitePool, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent> {
+    let mut conn = pool.acquire().await?;
+    insert_event(&mut conn, job_id, kind, data).await
+}
+
+async fn insert_event(conn: &mut SqliteConnection, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent> {
+    let data = serde_json::to_string(data).map_err(|e| StoreError::Database(e.to_string()))?;
+    let row =
+        sqlx::query("INSERT INTO job_events (id, job_id, type, data, created_at) VALUES (?, ?, ?, ?, ?) RETURNING *")
+            .bind(tandem_core::new_id().to_string())
+            .bind(job_id.to_string())
+            .bind(kind)
+            .bind(data)
+            .bind(now_ms())
+            .fetch_one(conn)
+            .await?;
+    rows::event(&row)
+}
+
+async fn set_terminal(
+    conn: &mut SqliteConnection,
+    id: Uuid,
+    status: JobStatus,
+    step: Option<i64>,
+    error: Option<&str>,
+) -> Result<()> {
+    sqlx::query("UPDATE training_jobs SET status = ?, step = ?, error_message = ?, finished_at = ? WHERE id = ?")
+        .bind(status.as_str())
+        .bind(step)
+        .bind(error)
+        .bind(now_ms())
+        .bind(id.to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn finish_job(tx: &mut Transaction<'_, Sqlite>, id: Uuid, outcome: &JobOutcome) -> Result<Job> {
+    let job = job_by_id(tx, id).await?;
+    if job.status != JobStatus::Running {
+        return Err(StoreError::Conflict(format!("job {id} is {}, not running", job.status.as_str())));
+    }
+    match outcome {
+        JobOutcome::Succeeded { checkpoint, event_data } => {
+            sqlx::query(
+                "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(checkpoint.id.to_string())
+            .bind(checkpoint.model_id.to_string())
+            .bind(checkpoint.step)
+            .bind(&checkpoint.path)
+            .bind(rows::metrics_text(&checkpoint.metrics))
+            .bind(now_ms())
+            .execute(&mut **tx)
+            .await?;
+            set_terminal(tx, id, JobStatus::Succeeded, Some(checkpoint.step), None).await?;
+            insert_event(tx, id, event_type::TRAINING_ENDED, event_data).await?;
+        }
+        JobOutcome::Failed { error_message } | JobOutcome::Cancelled { error_message } => {
+            let status = match outcome {
+                JobOutcome::Cancelled { .. } => JobStatus::Cancelled,
+                _ => JobStatus::Failed,
+            };
+            set_terminal(tx, id, status, None, Some(error_message)).await?;
+            let data = json!({ "error_message": error_message });
+            insert_event(tx, id, event_type::TRAINING_FAILED, &data).await?;
+        }
+    }
+    job_by_id(tx, id).await
+}
+
+pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64) -> Result<Recovery> {
+    let rows =
+        sqlx::query("SELECT * FROM training_jobs WHERE status = 'running' ORDER BY seq").fetch_all(&mut **tx).await?;
+    let mut out = Recovery::default();
+    for row in &rows {
+        let job = rows::job(row)?;
+        if job.cancel_requested {
+            let msg = "training job cancelled";
+            set_terminal(tx, job.id, JobStatus::Cancelled, None, Some(msg)).await?;
+            insert_event(tx, job.id, event_type::TRAINING_FAILED, &json!({ "error_message": msg })).await?;
+            out.failed.push(job.id);
+        } else if job.attempts >= max_attempts {
+            let msg = format!("training job was interrupted {} times by a server restart; giving up", job.attempts);
+            set_terminal(tx, job.id, JobStatus::Failed, None, Some(&msg)).await?;
+            insert_event(tx, job.id, event_type::TRAINING_FAILED, &json!({ "error_message": msg })).await?;
+            out.failed.push(job.id);
+        } else {
+            sqlx::query("UPDATE training_jobs SET status = 'queued' WHERE id = ?")
+                .bind(job.id.to_string())
+                .execute(&mut **tx)
+                .await?;
+            let data = json!({ "attempt": job.attempts + 1, "reason": "server restarted while the job was running" });
+            insert_event(tx, job.id, event_type::TRAINING_RESTARTED, &data).await?;
+            out.requeued.push(job.id);
+        }
+    }
+    Ok(out)
+}

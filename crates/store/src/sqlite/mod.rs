@@ -1,0 +1,436 @@
+//! The SQLite backend: one file in the data directory, WAL mode, `synchronous=FULL` (an
+//! acknowledged write survives power loss), foreign keys on, migrations embedded in the binary.
+//!
+//! Multi-statement writes open `BEGIN IMMEDIATE` so that they take the write lock up front and
+//! wait on the busy timeout, instead of failing on a lock upgrade when another process (the
+//! `tandem keys` command) writes at the same time.
+
+mod jobs;
+mod rows;
+
+use crate::{now_ms, ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, Result, StoreError};
+use serde_json::Value;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+use tandem_core::records::{Checkpoint, LogEntry, ModelRecord, Order, Page, PageRequest};
+use uuid::Uuid;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// The default store: SQLite through sqlx.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and brings its schema up to date.
+    pub async fn open(path: &Path) -> Result<Self> {
+        let url = format!("sqlite://{}", path.display());
+        let options = SqliteConnectOptions::from_str(&url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
+        Ok(SqliteStore { pool })
+    }
+
+    /// An in-memory database, for tests. One connection, since each would be its own database.
+    pub async fn in_memory() -> Result<Self> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
+        Ok(SqliteStore { pool })
+    }
+
+    async fn write_tx(&self) -> Result<sqlx::Transaction<'_, sqlx::Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// `PRAGMA integrity_check`, for crash tests.
+    pub async fn integrity_check(&self) -> Result<String> {
+        let row = sqlx::query("PRAGMA integrity_check").fetch_one(&self.pool).await?;
+        Ok(row.try_get::<String, _>(0)?)
+    }
+}
+
+/// Resolves a cursor id to its `seq` within one list, or `InvalidCursor`.
+async fn cursor_seq(pool: &SqlitePool, table: &str, scope_col: &str, scope: &str, after: Uuid) -> Result<i64> {
+    let sql = format!("SELECT seq FROM {table} WHERE id = ? AND {scope_col} = ?");
+    let row = sqlx::query(&sql).bind(after.to_string()).bind(scope).fetch_optional(pool).await?;
+    row.map(|r| r.get::<i64, _>(0)).ok_or(StoreError::InvalidCursor)
+}
+
+fn seq_clause(order: Order) -> (&'static str, &'static str) {
+    match order {
+        Order::Asc => ("seq > ?", "seq ASC"),
+        Order::Desc => ("seq < ?", "seq DESC"),
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::Store for SqliteStore {
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").fetch_one(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn insert_key(&self, key: &ApiKeyRecord) -> Result<()> {
+        sqlx::query("INSERT INTO api_keys (id, entity, key_hash, prefix, created_at) VALUES (?, ?, ?, ?, ?)")
+            .bind(key.id.to_string())
+            .bind(&key.entity)
+            .bind(key.key_hash.as_slice())
+            .bind(&key.prefix)
+            .bind(key.created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn find_active_key(&self, key_hash: &[u8; 32]) -> Result<Option<ApiKeyRecord>> {
+        let row = sqlx::query("SELECT * FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL")
+            .bind(key_hash.as_slice())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(rows::key).transpose()
+    }
+
+    async fn list_keys(&self) -> Result<Vec<ApiKeyRecord>> {
+        let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, id").fetch_all(&self.pool).await?;
+        rows.iter().map(rows::key).collect()
+    }
+
+    async fn revoke_key(&self, id_or_prefix: &str) -> Result<ApiKeyRecord> {
+        let mut tx = self.write_tx().await?;
+        let found = sqlx::query("SELECT * FROM api_keys WHERE id = ? OR prefix = ?")
+            .bind(id_or_prefix)
+            .bind(id_or_prefix)
+            .fetch_all(&mut *tx)
+            .await?;
+        let key = match found.as_slice() {
+            [] => return Err(StoreError::NotFound),
+            [one] => rows::key(one)?,
+            _ => return Err(StoreError::Conflict(format!("several keys match {id_or_prefix}; use the id"))),
+        };
+        sqlx::query("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?")
+            .bind(now_ms())
+            .bind(key.id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(ApiKeyRecord { revoked_at: Some(key.revoked_at.unwrap_or_else(now_ms)), ..key })
+    }
+
+    async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)> {
+        let id = tandem_core::new_id();
+        let run_id = format!("{:08x}", rand_u32(id));
+        let inserted = sqlx::query(
+            "INSERT INTO models (id, entity, project, name, base_model, run_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
+        )
+        .bind(id.to_string())
+        .bind(&new.entity)
+        .bind(&new.project)
+        .bind(&new.name)
+        .bind(&new.base_model)
+        .bind(run_id)
+        .bind(now_ms())
+        .fetch_one(&self.pool)
+        .await;
+        match inserted.map_err(StoreError::from) {
+            Ok(row) => Ok((rows::model(&row)?, true)),
+            Err(StoreError::Conflict(_)) if return_existing => {
+                let row = sqlx::query("SELECT * FROM models WHERE entity = ? AND project = ? AND name = ?")
+                    .bind(&new.entity)
+                    .bind(&new.project)
+                    .bind(&new.name)
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok((rows::model(&row)?, false))
+            }
+            Err(StoreError::Conflict(_)) => {
+                Err(StoreError::Conflict(format!("model {}/{}/{} already exists", new.entity, new.project, new.name)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord> {
+        let row = sqlx::query("SELECT * FROM models WHERE id = ? AND entity = ?")
+            .bind(id.to_string())
+            .bind(entity)
+            .fetch_one(&self.pool)
+            .await?;
+        rows::model(&row)
+    }
+
+    async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>> {
+        let (cmp, order) = seq_clause(page.order);
+        let after = match page.after {
+            Some(a) => Some(cursor_seq(&self.pool, "models", "entity", entity, a).await?),
+            None => None,
+        };
+        let sql = format!(
+            "SELECT * FROM models WHERE entity = ? AND (? IS NULL OR project = ?) AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(entity)
+            .bind(project)
+            .bind(project)
+            .bind(after)
+            .bind(after)
+            .bind(page.limit as i64 + 1)
+            .fetch_all(&self.pool)
+            .await?;
+        let items = rows.iter().map(rows::model).collect::<Result<Vec<_>>>()?;
+        Ok(rows::page(items, page.limit))
+    }
+
+    async fn delete_model(&self, entity: &str, id: Uuid) -> Result<DeletedModel> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("SELECT id FROM models WHERE id = ? AND entity = ?")
+            .bind(id.to_string())
+            .bind(entity)
+            .fetch_one(&mut *tx)
+            .await?;
+        let live = sqlx::query("SELECT * FROM checkpoints WHERE model_id = ? AND deleted_at IS NULL ORDER BY step")
+            .bind(id.to_string())
+            .fetch_all(&mut *tx)
+            .await?;
+        let deleted_checkpoints = live.iter().map(rows::checkpoint).collect::<Result<Vec<_>>>()?;
+        sqlx::query("DELETE FROM models WHERE id = ?").bind(id.to_string()).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(DeletedModel { model_id: id, deleted_checkpoints })
+    }
+
+    async fn list_checkpoints(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Checkpoint>> {
+        // Ordered by step; a cursor may name a deleted checkpoint (its tombstone keeps its step).
+        let cursor = match page.after {
+            Some(a) => {
+                let row = sqlx::query("SELECT step, seq FROM checkpoints WHERE id = ? AND model_id = ?")
+                    .bind(a.to_string())
+                    .bind(model_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .ok_or(StoreError::InvalidCursor)?;
+                Some((row.get::<i64, _>(0), row.get::<i64, _>(1)))
+            }
+            None => None,
+        };
+        let (cmp, order) = match page.order {
+            Order::Asc => ("(step > ? OR (step = ? AND seq > ?))", "step ASC, seq ASC"),
+            Order::Desc => ("(step < ? OR (step = ? AND seq < ?))", "step DESC, seq DESC"),
+        };
+        let (step, seq) = cursor.unzip();
+        let sql = format!(
+            "SELECT * FROM checkpoints WHERE model_id = ? AND deleted_at IS NULL AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(model_id.to_string())
+            .bind(step)
+            .bind(step)
+            .bind(step)
+            .bind(seq)
+            .bind(page.limit as i64 + 1)
+            .fetch_all(&self.pool)
+            .await?;
+        let items = rows.iter().map(rows::checkpoint).collect::<Result<Vec<_>>>()?;
+        Ok(rows::page(items, page.limit))
+    }
+
+    async fn get_checkpoint(&self, model_id: Uuid, step: i64) -> Result<Checkpoint> {
+        let row = sqlx::query("SELECT * FROM checkpoints WHERE model_id = ? AND step = ? AND deleted_at IS NULL")
+            .bind(model_id.to_string())
+            .bind(step)
+            .fetch_one(&self.pool)
+            .await?;
+        rows::checkpoint(&row)
+    }
+
+    async fn latest_step(&self, model_id: Uuid) -> Result<i64> {
+        latest_step(&self.pool, model_id).await
+    }
+
+    async fn delete_checkpoints(&self, model_id: Uuid, steps: &[i64]) -> Result<DeletedCheckpoints> {
+        let mut unique: Vec<i64> = steps.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        let mut tx = self.write_tx().await?;
+        let mut out = DeletedCheckpoints { deleted: Vec::new(), not_found_steps: Vec::new() };
+        for step in unique {
+            let row = sqlx::query(
+                "UPDATE checkpoints SET deleted_at = ? WHERE model_id = ? AND step = ? AND deleted_at IS NULL RETURNING *",
+            )
+            .bind(now_ms())
+            .bind(model_id.to_string())
+            .bind(step)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match row {
+                Some(r) => out.deleted.push(rows::checkpoint(&r)?),
+                None => out.not_found_steps.push(step),
+            }
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn live_checkpoint_paths(&self) -> Result<Vec<String>> {
+        let rows = sqlx::query("SELECT path FROM checkpoints WHERE deleted_at IS NULL").fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+    }
+
+    async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
+        let groups = serde_json::to_string(&new.trajectory_groups).map_err(|e| StoreError::Database(e.to_string()))?;
+        let mut tx = self.write_tx().await?;
+        let step = latest_step(&mut *tx, new.model_id).await?;
+        let row = sqlx::query(
+            "INSERT INTO trajectory_logs (id, model_id, split, step, metrics, num_groups, num_trajectories, trajectory_groups, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+        )
+        .bind(tandem_core::new_id().to_string())
+        .bind(new.model_id.to_string())
+        .bind(&new.split)
+        .bind(step)
+        .bind(rows::metrics_text(&new.metrics))
+        .bind(new.num_groups)
+        .bind(new.num_trajectories)
+        .bind(groups)
+        .bind(now_ms())
+        .fetch_one(&mut *tx)
+        .await?;
+        if step > 0 {
+            // Later logs at the same step overwrite equal keys, as a history row would.
+            let cp =
+                sqlx::query("SELECT metrics FROM checkpoints WHERE model_id = ? AND step = ? AND deleted_at IS NULL")
+                    .bind(new.model_id.to_string())
+                    .bind(step)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let mut metrics = rows::metrics(&cp, "metrics")?;
+            metrics.extend(new.metrics.iter().map(|(k, v)| (k.clone(), *v)));
+            sqlx::query("UPDATE checkpoints SET metrics = ? WHERE model_id = ? AND step = ? AND deleted_at IS NULL")
+                .bind(rows::metrics_text(&metrics))
+                .bind(new.model_id.to_string())
+                .bind(step)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        rows::log_entry(&row)
+    }
+
+    async fn list_logs(&self, model_id: Uuid, split: Option<&str>, page: PageRequest) -> Result<Page<LogEntry>> {
+        let (cmp, order) = seq_clause(page.order);
+        let after = match page.after {
+            Some(a) => Some(cursor_seq(&self.pool, "trajectory_logs", "model_id", &model_id.to_string(), a).await?),
+            None => None,
+        };
+        let sql = format!(
+            "SELECT id, model_id, split, step, metrics, num_groups, num_trajectories, created_at FROM trajectory_logs
+             WHERE model_id = ? AND (? IS NULL OR split = ?) AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(model_id.to_string())
+            .bind(split)
+            .bind(split)
+            .bind(after)
+            .bind(after)
+            .bind(page.limit as i64 + 1)
+            .fetch_all(&self.pool)
+            .await?;
+        let items = rows.iter().map(rows::log_entry).collect::<Result<Vec<_>>>()?;
+        Ok(rows::page(items, page.limit))
+    }
+
+    async fn get_log(&self, model_id: Uuid, log_id: Uuid) -> Result<(LogEntry, Value)> {
+        let row = sqlx::query("SELECT * FROM trajectory_logs WHERE id = ? AND model_id = ?")
+            .bind(log_id.to_string())
+            .bind(model_id.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((rows::log_entry(&row)?, rows::json(&row, "trajectory_groups")?))
+    }
+
+    async fn create_job(&self, new: &crate::NewJob) -> Result<tandem_core::records::Job> {
+        jobs::create_job(&self.pool, new).await
+    }
+
+    async fn get_job(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Job> {
+        jobs::get_job(&self.pool, entity, id).await
+    }
+
+    async fn cancel_job(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Job> {
+        let mut tx = self.write_tx().await?;
+        let job = jobs::cancel_job(&mut tx, entity, id).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    async fn list_events(
+        &self,
+        entity: &str,
+        job_id: Uuid,
+        page: PageRequest,
+    ) -> Result<Page<tandem_core::records::JobEvent>> {
+        jobs::get_job(&self.pool, entity, job_id).await?;
+        let after = match page.after {
+            Some(a) => Some(cursor_seq(&self.pool, "job_events", "job_id", &job_id.to_string(), a).await?),
+            None => None,
+        };
+        jobs::list_events(&self.pool, job_id, after, page.limit).await
+    }
+
+    async fn claim_next_job(&self) -> Result<Option<crate::ClaimedJob>> {
+        jobs::claim_next_job(&self.pool).await
+    }
+
+    async fn append_event(&self, job_id: Uuid, kind: &str, data: &Value) -> Result<tandem_core::records::JobEvent> {
+        jobs::append_event(&self.pool, job_id, kind, data).await
+    }
+
+    async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool> {
+        let row = sqlx::query("SELECT cancel_requested FROM training_jobs WHERE id = ?")
+            .bind(job_id.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.get::<i64, _>(0) != 0)
+    }
+
+    async fn finish_job(&self, job_id: Uuid, outcome: &crate::JobOutcome) -> Result<tandem_core::records::Job> {
+        let mut tx = self.write_tx().await?;
+        let job = jobs::finish_job(&mut tx, job_id, outcome).await?;
+        tx.commit().await?;
+        Ok(job)
+    }
+
+    async fn recover_interrupted_jobs(&self, max_attempts: i64) -> Result<crate::Recovery> {
+        let mut tx = self.write_tx().await?;
+        let recovery = jobs::recover(&mut tx, max_attempts).await?;
+        tx.commit().await?;
+        Ok(recovery)
+    }
+}
+
+async fn latest_step<'e, E: sqlx::SqliteExecutor<'e>>(ex: E, model_id: Uuid) -> Result<i64> {
+    let row = sqlx::query("SELECT COALESCE(MAX(step), 0) FROM checkpoints WHERE model_id = ? AND deleted_at IS NULL")
+        .bind(model_id.to_string())
+        .fetch_one(ex)
+        .await?;
+    Ok(row.get::<i64, _>(0))
+}
+
+/// Eight hex digits for a run id, taken from the random bits of a fresh UUIDv7.
+fn rand_u32(id: Uuid) -> u32 {
+    let b = id.as_bytes();
+    u32::from_be_bytes([b[12], b[13], b[14], b[15]])
+}

@@ -1,0 +1,253 @@
+//! The behaviour every `Store` backend must have. It runs against SQLite (in memory and on disk)
+//! always; a PostgreSQL backend, when it exists, must be added to `backends()` and pass the same
+//! checks.
+
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tandem_core::records::{event_type, JobStatus, Order, PageRequest};
+use tandem_store::{ApiKeyRecord, JobOutcome, NewCheckpoint, NewJob, NewLog, NewModel, SqliteStore, Store, StoreError};
+use uuid::Uuid;
+
+async fn backends() -> Vec<(String, Arc<dyn Store>, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
+    vec![
+        ("sqlite-memory".into(), Arc::new(SqliteStore::in_memory().await.unwrap()), None),
+        ("sqlite-file".into(), Arc::new(file), Some(dir)),
+    ]
+}
+
+fn new_model(entity: &str, name: &str) -> NewModel {
+    NewModel { entity: entity.into(), project: "p".into(), name: name.into(), base_model: "base".into() }
+}
+
+async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
+    let job = store.create_job(&NewJob { model_id, config: json!({}), trajectory_groups: json!([]) }).await.unwrap();
+    let claimed = store.claim_next_job().await.unwrap().unwrap();
+    assert_eq!(claimed.job.id, job.id);
+    let cp = NewCheckpoint {
+        id: Uuid::now_v7(),
+        model_id,
+        step,
+        path: format!("{model_id}/{step}"),
+        metrics: BTreeMap::from([("train/loss".to_string(), 0.5)]),
+    };
+    let outcome = JobOutcome::Succeeded { checkpoint: cp.clone(), event_data: json!({ "step": step }) };
+    let done = store.finish_job(job.id, &outcome).await.unwrap();
+    assert_eq!((done.status, done.step), (JobStatus::Succeeded, Some(step)));
+    cp.id
+}
+
+#[tokio::test]
+async fn keys() {
+    for (name, store, _dir) in backends().await {
+        let rec = |id: Uuid, prefix: &str, hash: u8| ApiKeyRecord {
+            id,
+            entity: "e".into(),
+            key_hash: [hash; 32],
+            prefix: prefix.into(),
+            created_at: 1,
+            revoked_at: None,
+        };
+        let a = rec(Uuid::now_v7(), "tdm_aaaa", 1);
+        store.insert_key(&a).await.unwrap();
+        store.insert_key(&rec(Uuid::now_v7(), "tdm_bbbb", 2)).await.unwrap();
+        store.insert_key(&rec(Uuid::now_v7(), "tdm_bbbb", 3)).await.unwrap();
+        assert_eq!(store.find_active_key(&[1; 32]).await.unwrap().unwrap().id, a.id, "{name}");
+        assert!(store.find_active_key(&[9; 32]).await.unwrap().is_none());
+        assert!(matches!(store.revoke_key("tdm_bbbb").await, Err(StoreError::Conflict(_))), "{name}");
+        assert!(matches!(store.revoke_key("nope").await, Err(StoreError::NotFound)));
+        store.revoke_key("tdm_aaaa").await.unwrap();
+        assert!(store.find_active_key(&[1; 32]).await.unwrap().is_none(), "{name}: revoked key still valid");
+        assert_eq!(store.list_keys().await.unwrap().len(), 3);
+    }
+}
+
+#[tokio::test]
+async fn models_are_unique_and_scoped() {
+    for (name, store, _dir) in backends().await {
+        let (m, created) = store.create_model(&new_model("a", "m1"), false).await.unwrap();
+        assert!(created);
+        assert!(matches!(store.create_model(&new_model("a", "m1"), false).await, Err(StoreError::Conflict(_))));
+        let (again, created) = store.create_model(&new_model("a", "m1"), true).await.unwrap();
+        assert_eq!((again.id, created), (m.id, false), "{name}");
+        let (other, _) = store.create_model(&new_model("b", "m1"), false).await.unwrap();
+        assert_ne!(other.id, m.id);
+        assert!(matches!(store.get_model("b", m.id).await, Err(StoreError::NotFound)), "{name}: cross-entity read");
+        for i in 2..=5 {
+            store.create_model(&new_model("a", &format!("m{i}")), false).await.unwrap();
+        }
+        let p1 = store.list_models("a", None, PageRequest::first(2)).await.unwrap();
+        assert_eq!((p1.items.len(), p1.has_more), (2, true));
+        let p2 = store
+            .list_models("a", Some("p"), PageRequest { after: Some(p1.items[1].id), ..PageRequest::first(10) })
+            .await
+            .unwrap();
+        assert_eq!((p2.items.len(), p2.has_more), (3, false));
+        assert_eq!(store.list_models("a", Some("q"), PageRequest::first(10)).await.unwrap().items.len(), 0);
+        let bad = PageRequest { after: Some(other.id), ..PageRequest::first(2) };
+        assert!(matches!(store.list_models("a", None, bad).await, Err(StoreError::InvalidCursor)));
+        assert!(matches!(store.delete_model("b", m.id).await, Err(StoreError::NotFound)));
+        store.delete_model("a", m.id).await.unwrap();
+        assert!(matches!(store.get_model("a", m.id).await, Err(StoreError::NotFound)));
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_logs_and_deletion() {
+    for (name, store, _dir) in backends().await {
+        let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
+        assert_eq!(store.latest_step(m.id).await.unwrap(), 0);
+        // A log before any checkpoint sits at step 0.
+        let log0 = NewLog {
+            model_id: m.id,
+            split: "val".into(),
+            metrics: BTreeMap::from([("val/reward".to_string(), 0.25)]),
+            num_groups: 1,
+            num_trajectories: 2,
+            trajectory_groups: json!([{"trajectories": [{"reward": 0.25, "messages_and_choices": []}]}]),
+        };
+        assert_eq!(store.append_log(&log0).await.unwrap().step, 0);
+        let c1 = succeed(store.as_ref(), m.id, 1).await;
+        succeed(store.as_ref(), m.id, 2).await;
+        succeed(store.as_ref(), m.id, 3).await;
+        assert_eq!(store.latest_step(m.id).await.unwrap(), 3);
+
+        // A log attaches its metrics to the latest checkpoint, next to the training summary.
+        let entry = store.append_log(&NewLog { split: "val".into(), ..log0.clone() }).await.unwrap();
+        assert_eq!(entry.step, 3, "{name}");
+        let cp3 = store.get_checkpoint(m.id, 3).await.unwrap();
+        assert_eq!(cp3.metrics["val/reward"], 0.25);
+        assert_eq!(cp3.metrics["train/loss"], 0.5);
+        let (got, groups) = store.get_log(m.id, entry.id).await.unwrap();
+        assert_eq!((got.id, groups), (entry.id, log0.trajectory_groups.clone()));
+        let logs = store.list_logs(m.id, Some("val"), PageRequest::first(1)).await.unwrap();
+        assert_eq!((logs.items.len(), logs.has_more), (1, true));
+        assert_eq!(store.list_logs(m.id, Some("train"), PageRequest::first(5)).await.unwrap().items.len(), 0);
+
+        // Latest first, as ART asks for it.
+        let desc = PageRequest { after: None, limit: 1, order: Order::Desc };
+        let latest = store.list_checkpoints(m.id, desc).await.unwrap();
+        assert_eq!((latest.items[0].step, latest.has_more), (3, true));
+
+        let out = store.delete_checkpoints(m.id, &[1, 3, 7, 3]).await.unwrap();
+        assert_eq!(out.deleted.iter().map(|c| c.step).collect::<Vec<_>>(), vec![1, 3]);
+        assert_eq!(out.not_found_steps, vec![7]);
+        assert_eq!(store.latest_step(m.id).await.unwrap(), 2, "{name}: latest after deleting the top");
+        assert!(matches!(store.get_checkpoint(m.id, 3).await, Err(StoreError::NotFound)));
+        // A cursor naming a deleted checkpoint still pages on from its step.
+        let after_deleted = PageRequest { after: Some(c1), limit: 10, order: Order::Asc };
+        let rest = store.list_checkpoints(m.id, after_deleted).await.unwrap();
+        assert_eq!(rest.items.iter().map(|c| c.step).collect::<Vec<_>>(), vec![2]);
+        // The next job after deleting the top step reuses it: latest + 1.
+        succeed(store.as_ref(), m.id, 3).await;
+        assert_eq!(store.live_checkpoint_paths().await.unwrap().len(), 2);
+
+        let deleted = store.delete_model("a", m.id).await.unwrap();
+        assert_eq!(deleted.deleted_checkpoints.len(), 2);
+        assert!(store.live_checkpoint_paths().await.unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn job_state_machine() {
+    for (name, store, _dir) in backends().await {
+        let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
+        let (m2, _) = store.create_model(&new_model("a", "m2"), false).await.unwrap();
+        let new = |model_id| NewJob { model_id, config: json!({"lr": 1}), trajectory_groups: json!([1]) };
+        let j1 = store.create_job(&new(m.id)).await.unwrap();
+        let j2 = store.create_job(&new(m.id)).await.unwrap();
+        let j3 = store.create_job(&new(m2.id)).await.unwrap();
+        assert_eq!(j1.status, JobStatus::Queued);
+        assert!(matches!(store.get_job("b", j1.id).await, Err(StoreError::NotFound)), "{name}");
+
+        // One job per model at a time, oldest first; another model's job may run meanwhile.
+        let c1 = store.claim_next_job().await.unwrap().unwrap();
+        assert_eq!((c1.job.id, c1.job.attempts, c1.config.clone()), (j1.id, 1, json!({"lr": 1})));
+        let c3 = store.claim_next_job().await.unwrap().unwrap();
+        assert_eq!(c3.job.id, j3.id, "{name}: j2 must wait for j1");
+        assert!(store.claim_next_job().await.unwrap().is_none());
+
+        store.append_event(j1.id, event_type::TRAINING_STARTED, &json!({"num_sequences": 1})).await.unwrap();
+        // Cancelling a running job only flags it; the worker ends it.
+        let flagged = store.cancel_job("a", j1.id).await.unwrap();
+        assert_eq!((flagged.status, flagged.cancel_requested), (JobStatus::Running, true));
+        assert!(store.is_cancel_requested(j1.id).await.unwrap());
+        let done = store.finish_job(j1.id, &JobOutcome::Cancelled { error_message: "cancelled".into() }).await.unwrap();
+        assert_eq!(done.status, JobStatus::Cancelled);
+        assert!(matches!(
+            store.finish_job(j1.id, &JobOutcome::Failed { error_message: "x".into() }).await,
+            Err(StoreError::Conflict(_))
+        ));
+        let events = store.list_events("a", j1.id, PageRequest::first(10)).await.unwrap();
+        let kinds: Vec<&str> = events.items.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, vec!["training_started", "training_failed"]);
+
+        // Cancelling a queued job ends it at once, with its terminal event.
+        let j4 = store.create_job(&new(m2.id)).await.unwrap();
+        let c = store.cancel_job("a", j4.id).await.unwrap();
+        assert_eq!(c.status, JobStatus::Cancelled);
+        let ev = store.list_events("a", j4.id, PageRequest::first(10)).await.unwrap();
+        assert_eq!(ev.items[0].kind, "training_failed");
+        assert!(matches!(store.list_events("b", j4.id, PageRequest::first(10)).await, Err(StoreError::NotFound)));
+
+        // Restart recovery: j3 (running) is re-queued, then failed after too many attempts.
+        let r = store.recover_interrupted_jobs(2).await.unwrap();
+        assert_eq!(r.requeued, vec![j3.id], "{name}");
+        assert_eq!(store.get_job("a", j3.id).await.unwrap().status, JobStatus::Queued);
+        let again = store.claim_next_job().await.unwrap().unwrap();
+        assert!(again.job.id == j2.id || again.job.id == j3.id);
+        let again2 = store.claim_next_job().await.unwrap().unwrap();
+        let r = store.recover_interrupted_jobs(2).await.unwrap();
+        let j3_now = store.get_job("a", j3.id).await.unwrap();
+        assert_eq!(j3_now.attempts, 2);
+        assert!(r.failed.contains(&j3.id), "{name}: {r:?}");
+        assert_eq!(j3_now.status, JobStatus::Failed);
+        let ids = [again.job.id, again2.job.id];
+        assert!(ids.contains(&j2.id) && ids.contains(&j3.id));
+        let ev = store.list_events("a", j3.id, PageRequest::first(10)).await.unwrap();
+        let kinds: Vec<&str> = ev.items.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, vec!["training_restarted", "training_failed"]);
+    }
+}
+
+#[tokio::test]
+async fn event_pages_under_concurrent_appends() {
+    for (name, store, _dir) in backends().await {
+        let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
+        let job = store
+            .create_job(&NewJob { model_id: m.id, config: json!({}), trajectory_groups: json!([]) })
+            .await
+            .unwrap();
+        const N: usize = 200;
+        let writer = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..N {
+                    store.append_event(job.id, "gradient_step", &json!({ "i": i })).await.unwrap();
+                    if i % 7 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        };
+        // Page through while the writer appends, as ART's poller does, until all are seen.
+        let mut seen = Vec::new();
+        let mut after = None;
+        for limit in [1u32, 3, 20, 100].iter().cycle() {
+            let page =
+                store.list_events("a", job.id, PageRequest { after, limit: *limit, order: Order::Asc }).await.unwrap();
+            if let Some(last) = page.items.last() {
+                after = Some(last.id);
+            }
+            seen.extend(page.items.iter().map(|e| e.data["i"].as_u64().unwrap() as usize));
+            if seen.len() >= N {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        writer.await.unwrap();
+        assert_eq!(seen, (0..N).collect::<Vec<_>>(), "{name}: every event exactly once, in order");
+    }
+}
