@@ -30,6 +30,7 @@ struct Server {
 impl Server {
     fn start(data_dir: &Path, extra: &[&str]) -> Server {
         let model = model_path();
+        #[allow(clippy::zombie_processes)] // waited for in Drop
         let mut child = Command::new(BIN)
             .args(["serve", "--host", "127.0.0.1", "--port", "0", "--data-dir"])
             .arg(data_dir)
@@ -57,9 +58,16 @@ impl Server {
         }
     }
 
-    fn kill9(mut self) {
-        self.child.kill().unwrap(); // SIGKILL on Unix
-        self.child.wait().unwrap();
+    fn kill9(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Server {
+    /// A test that fails midway still leaves no server behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // SIGKILL on Unix
+        let _ = self.child.wait();
     }
 }
 

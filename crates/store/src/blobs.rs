@@ -112,7 +112,7 @@ mod tests {
         let pa = dir.write_atomic(&ra, &[("adapter_config.json", b"{}")]).unwrap();
         dir.write_atomic(&rb, &[("x", b"1")]).unwrap();
         assert_eq!(fs::read(pa.join("adapter_config.json")).unwrap(), b"{}");
-        assert_eq!(dir.sweep(&[ra.clone()]).unwrap(), 1);
+        assert_eq!(dir.sweep(std::slice::from_ref(&ra)).unwrap(), 1);
         assert!(pa.exists());
         dir.remove(&ra).unwrap();
         dir.remove(&ra).unwrap();

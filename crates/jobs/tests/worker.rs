@@ -1,0 +1,183 @@
+//! The worker's side of the job state machine, driven by scripted trainers (test doubles that
+//! stand in for the real trainer, which is not part of this crate).
+
+use serde_json::{json, Map};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tandem_core::records::{JobStatus, Order, PageRequest};
+use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer, Worker, WorkerConfig};
+use tandem_store::{CheckpointDir, NewJob, NewModel, SqliteStore, Store};
+use uuid::Uuid;
+
+/// What a scripted trainer does.
+#[derive(Clone, Copy)]
+enum Script {
+    /// Two gradient steps, then adapter files.
+    Succeed,
+    /// Starts, then waits for should_stop() to say stop.
+    WaitForStop,
+    /// Refuses the input.
+    Invalid,
+}
+
+struct Scripted {
+    script: Script,
+    seen: Mutex<Vec<(i64, bool)>>, // (base_step, had base checkpoint dir)
+}
+
+impl Trainer for Scripted {
+    fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
+        self.seen.lock().unwrap().push((job.base_step, job.base_checkpoint.as_ref().is_some_and(|p| p.is_dir())));
+        match self.script {
+            Script::Succeed => {
+                sink.started(2, Map::from_iter([("num_trajectories".to_string(), json!(4))]));
+                for i in 0..2 {
+                    sink.gradient_step(BTreeMap::from([
+                        ("loss".into(), 0.5 - i as f64 * 0.1),
+                        ("grad_norm".into(), f64::NAN),
+                    ]));
+                }
+                let files = vec![("adapter_config.json".to_string(), b"{\"r\": 8}".to_vec())];
+                Ok(TrainOutput { files, metrics: BTreeMap::from([("train/loss".into(), 0.45)]) })
+            }
+            Script::WaitForStop => {
+                sink.started(100, Map::new());
+                for _ in 0..500 {
+                    if let Some(stop) = sink.should_stop() {
+                        return Err(stop);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(TrainError::Failed("never told to stop".into()))
+            }
+            Script::Invalid => Err(TrainError::Invalid("trajectory 0 has no token ids".into())),
+        }
+    }
+}
+
+struct Fixture {
+    store: Arc<SqliteStore>,
+    checkpoints: CheckpointDir,
+    model_id: Uuid,
+    _dir: tempfile::TempDir,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
+    let checkpoints = CheckpointDir::open(dir.path().join("checkpoints")).unwrap();
+    let new = NewModel { entity: "e".into(), project: "p".into(), name: "m".into(), base_model: "b".into() };
+    let (model, _) = store.create_model(&new, false).await.unwrap();
+    Fixture { store, checkpoints, model_id: model.id, _dir: dir }
+}
+
+impl Fixture {
+    fn worker(&self, script: Script) -> (Worker, Arc<Scripted>) {
+        let trainer = Arc::new(Scripted { script, seen: Mutex::default() });
+        let store = self.store.clone() as Arc<dyn Store>;
+        (Worker::new(store, self.checkpoints.clone(), trainer.clone(), WorkerConfig::default()), trainer)
+    }
+
+    async fn queue(&self) -> Uuid {
+        let config = serde_json::to_value(tandem_core::train_config::TrainConfig::default()).unwrap();
+        let new = NewJob { model_id: self.model_id, config, trajectory_groups: json!([]) };
+        self.store.create_job(&new).await.unwrap().id
+    }
+
+    async fn events(&self, job: Uuid) -> Vec<(String, serde_json::Value)> {
+        let page = PageRequest { after: None, limit: 100, order: Order::Asc };
+        let events = self.store.list_events("e", job, page).await.unwrap();
+        events.items.into_iter().map(|e| (e.kind, e.data)).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_job_records_its_checkpoint_before_training_ended() {
+    let f = fixture().await;
+    let (worker, trainer) = f.worker(Script::Succeed);
+    let job = f.queue().await;
+    assert!(worker.run_once().await.unwrap());
+    let events = f.events(job).await;
+    let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, vec!["training_started", "gradient_step", "gradient_step", "training_ended"]);
+    assert_eq!(events[0].1, json!({"num_trajectories": 4, "num_sequences": 2}));
+    assert_eq!(events[1].1, json!({"loss": 0.5}), "non-finite values are dropped, never sent as null");
+    assert_eq!(events[3].1, json!({"step": 1}));
+    let done = f.store.get_job("e", job).await.unwrap();
+    assert_eq!((done.status, done.step), (JobStatus::Succeeded, Some(1)));
+    let cp = f.store.get_checkpoint(f.model_id, 1).await.unwrap();
+    assert_eq!(cp.metrics["train/loss"], 0.45);
+    let files = f.checkpoints.resolve(&cp.path).unwrap();
+    assert_eq!(std::fs::read(files.join("adapter_config.json")).unwrap(), b"{\"r\": 8}");
+
+    // The next job continues from the latest checkpoint and produces latest + 1.
+    let job2 = f.queue().await;
+    assert!(worker.run_once().await.unwrap());
+    assert_eq!(f.store.get_job("e", job2).await.unwrap().step, Some(2));
+    assert_eq!(*trainer.seen.lock().unwrap(), vec![(0, false), (1, true)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_stops_when_cancelled() {
+    let f = fixture().await;
+    let (worker, _) = f.worker(Script::WaitForStop);
+    let job = f.queue().await;
+    let run = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.run_once().await }
+    });
+    while f.store.get_job("e", job).await.unwrap().status != JobStatus::Running {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.store.cancel_job("e", job).await.unwrap();
+    assert!(run.await.unwrap().unwrap());
+    assert_eq!(f.store.get_job("e", job).await.unwrap().status, JobStatus::Cancelled);
+    let kinds: Vec<String> = f.events(job).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kinds, vec!["training_started", "training_failed"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_the_job_for_recovery() {
+    let f = fixture().await;
+    let (worker, _) = f.worker(Script::WaitForStop);
+    let job = f.queue().await;
+    let run = tokio::spawn(worker.clone().run());
+    while f.store.get_job("e", job).await.unwrap().status != JobStatus::Running {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    worker.stop();
+    run.await.unwrap();
+    assert_eq!(f.store.get_job("e", job).await.unwrap().status, JobStatus::Running);
+
+    // The next process re-queues it, and it runs to the end.
+    let (next, _) = f.worker(Script::Succeed);
+    next.recover().await.unwrap();
+    assert!(next.run_once().await.unwrap());
+    let kinds: Vec<String> = f.events(job).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "training_started",
+            "training_restarted",
+            "training_started",
+            "gradient_step",
+            "gradient_step",
+            "training_ended"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_error_fails_the_job_with_its_message() {
+    let f = fixture().await;
+    let (worker, _) = f.worker(Script::Invalid);
+    let job = f.queue().await;
+    worker.run_once().await.unwrap();
+    let done = f.store.get_job("e", job).await.unwrap();
+    assert_eq!(done.status, JobStatus::Failed);
+    assert_eq!(done.error_message.as_deref(), Some("trajectory 0 has no token ids"));
+    let events = f.events(job).await;
+    assert_eq!(events[0], ("training_started".to_string(), json!({"num_sequences": 0})));
+    assert_eq!(events[1].1, json!({"error_message": "trajectory 0 has no token ids"}));
+}
