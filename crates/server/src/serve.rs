@@ -40,6 +40,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     });
     let worker_task = tokio::spawn(worker.clone().run());
 
+    // Signal handlers are installed before the address is announced, so that a SIGTERM sent as
+    // soon as the server is up is a graceful stop, not the default kill.
+    let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("binding {}:{}", config.host, config.port))?;
@@ -50,7 +53,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     tracing::info!(%addr, models = ?served, data_dir = %config.data_dir.display(), "serving");
     std::io::stdout().flush().ok();
 
-    axum::serve(listener, tandem_api::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    axum::serve(listener, tandem_api::app(state)).with_graceful_shutdown(shutdown).await?;
     tracing::info!("http server stopped; stopping the training worker");
     worker.stop();
     if tokio::time::timeout(Duration::from_secs(30), worker_task).await.is_err() {
@@ -78,21 +81,15 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     f.sync_all()
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutdown signal received; draining connections");
+        tracing::info!("shutdown signal received; draining connections");
+    })
 }
