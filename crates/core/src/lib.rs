@@ -6,7 +6,9 @@
 //! - [`train_config`]: the typed `experimental_config`.
 //! - [`records`]: models, checkpoints, logs, jobs and events as the store keeps them.
 //! - [`names`]: what a model address may contain.
+//! - [`inference`]: the port between the api and the inference engine.
 
+pub mod inference;
 pub mod metrics;
 pub mod names;
 pub mod records;

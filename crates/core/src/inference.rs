@@ -1,0 +1,201 @@
+//! The inference port: what the api hands the engine, and the events it gets back.
+//!
+//! The api validates a chat request into a [`GenerateRequest`] (every default resolved, the
+//! prompt already tokenized through [`InferenceBackend`]); the engine streams [`InferEvent`]s on
+//! a channel. Dropping the receiver cancels the request.
+
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Sampling and stopping, with vLLM's defaults resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Below 1e-5 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 means off.
+    pub top_k: usize,
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
+    /// Added to the logits, clamped to [-100, 100].
+    pub logit_bias: Vec<(u32, f32)>,
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Token sequences whose last token is banned after the rest was generated.
+    pub bad_words: Vec<Vec<u32>>,
+    pub seed: Option<u64>,
+    pub max_tokens: usize,
+    pub min_tokens: usize,
+    pub ignore_eos: bool,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub include_stop_str_in_output: bool,
+    /// Number of top logprobs per token, or `None` for no logprobs.
+    pub logprobs: Option<usize>,
+    pub skip_special_tokens: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            allowed_token_ids: None,
+            bad_words: Vec::new(),
+            seed: None,
+            max_tokens: 16,
+            min_tokens: 0,
+            ignore_eos: false,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            include_stop_str_in_output: false,
+            logprobs: None,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < 1e-5
+    }
+}
+
+/// A LoRA adapter to run the request with, identified by its checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AdapterRef {
+    /// Unique per checkpoint (a re-created step gets a new id), so caches never mix them up.
+    pub checkpoint_id: String,
+    pub path: std::path::PathBuf,
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub request_id: String,
+    /// Index of the base model in the backend's list.
+    pub base: usize,
+    pub adapter: Option<AdapterRef>,
+    pub prompt: Vec<u32>,
+    /// Number of choices; choice i samples with seed + i.
+    pub n: usize,
+    pub params: SamplingParams,
+    /// Lower runs first; ties by arrival.
+    pub priority: i64,
+    pub cache_salt: Option<String>,
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// What matched when a choice stopped: a stop string or a stop token id (null for EOS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Text(String),
+    Token(u32),
+}
+
+/// One alternative of a logprob entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    pub token_id: u32,
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// The raw-model logprob of a generated token and, first among `top`, itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: TopLogprob,
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum InferEvent {
+    /// The prompt was admitted: how many of its tokens came from the prefix cache.
+    Started { cached_tokens: usize },
+    /// One generated token of a choice, with the text it completed (possibly empty while a
+    /// multi-byte character or a possible stop string is held back).
+    Token { choice: usize, token_id: u32, text: String, logprob: Option<TokenLogprob> },
+    /// A choice ended; `text` is whatever held-back text belongs to it.
+    Finished { choice: usize, reason: FinishReason, stop_reason: Option<StopReason>, text: String },
+    /// The request failed after it was accepted.
+    Error(String),
+}
+
+/// A base model as the backend serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BaseModelInfo {
+    pub id: String,
+    pub path: String,
+    pub context_len: usize,
+    pub vocab_size: usize,
+}
+
+/// Why a request could not be accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the server is at capacity; retry shortly")]
+    Overloaded,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the inference engine has stopped")]
+    Stopped,
+}
+
+/// Everything a chat render needs (the template inputs of the request).
+#[derive(Debug, Clone, Default)]
+pub struct ChatRender {
+    pub messages: Vec<serde_json::Value>,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    pub tools: Option<serde_json::Value>,
+    pub documents: Option<serde_json::Value>,
+    pub reasoning_effort: Option<String>,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// A per-request template, replacing the model's.
+    pub chat_template: Option<String>,
+    pub add_special_tokens: bool,
+}
+
+/// The engine, as the api sees it.
+pub trait InferenceBackend: Send + Sync + 'static {
+    fn models(&self) -> Vec<BaseModelInfo>;
+    /// Renders and tokenizes a chat for base model `base`; the error says what failed.
+    fn render_chat(&self, base: usize, chat: &ChatRender) -> Result<Vec<u32>, String>;
+    fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
+    fn detokenize(&self, base: usize, tokens: &[u32]) -> Result<String, String>;
+    fn token_text(&self, base: usize, token: u32) -> String;
+    fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
+    /// Drops any cached copy of a checkpoint's adapter (after deletion).
+    fn forget_adapter(&self, checkpoint_id: &str);
+    /// Whether the engine loop is alive and making progress.
+    fn healthy(&self) -> bool;
+    /// Prometheus text of the engine's metrics.
+    fn metrics_text(&self) -> String;
+}
+
+pub type SharedBackend = Arc<dyn InferenceBackend>;

@@ -1,0 +1,221 @@
+//! The continuous-batching loop of one base model, on its own thread.
+//!
+//! Each iteration: take new requests, drop abandoned ones (their receiver was dropped: the client
+//! went away), let the pure scheduler pick this step's work, run one batched forward pass, then
+//! sample, detokenize, check stops and send events per sequence. Requests join and leave between
+//! steps; a request's n choices share one prefill and are forked from its KV cache.
+
+use crate::metrics::EngineMetrics;
+use crate::prefix::PrefixCache;
+use crate::scheduler::{self, Budget, Running, Waiting};
+use crate::sequence::Seq;
+use crate::tokenizer::TextTokenizer;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+use tandem_core::inference::{GenerateRequest, InferEvent};
+use tandem_model::{KvCache, Llama, LoraAdapter, SeqInput};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Limits of one engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// New tokens per step: decode tokens plus prefill chunks.
+    pub step_tokens: usize,
+    /// Sequences decoding at once.
+    pub max_seqs: usize,
+    /// Requests waiting for admission before new ones get 503.
+    pub max_waiting: usize,
+    /// KV positions all running sequences may reserve.
+    pub kv_tokens: usize,
+    /// Prompt positions kept for prefix reuse.
+    pub prefix_cache_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { step_tokens: 512, max_seqs: 32, max_waiting: 256, kv_tokens: 64 * 1024, prefix_cache_tokens: 16 * 1024 }
+    }
+}
+
+/// A request handed to the loop.
+pub(crate) struct Job {
+    pub req: GenerateRequest,
+    pub adapter: Option<Arc<LoraAdapter>>,
+    pub tx: UnboundedSender<InferEvent>,
+    pub received: Instant,
+}
+
+struct Queued {
+    id: u64,
+    arrival: u64,
+    job: Job,
+}
+
+pub(crate) struct EngineLoop {
+    pub model: Arc<Llama>,
+    pub tok: Arc<TextTokenizer>,
+    pub config: EngineConfig,
+    pub rx: Receiver<Job>,
+    pub metrics: Arc<EngineMetrics>,
+    pub prefix: PrefixCache,
+    waiting: Vec<Queued>,
+    running: Vec<Seq>,
+    next_id: u64,
+}
+
+impl EngineLoop {
+    pub fn new(model: Arc<Llama>, tok: Arc<TextTokenizer>, config: EngineConfig, rx: Receiver<Job>, metrics: Arc<EngineMetrics>) -> Self {
+        let prefix = PrefixCache::new(config.prefix_cache_tokens);
+        EngineLoop { model, tok, config, rx, metrics, prefix, waiting: Vec::new(), running: Vec::new(), next_id: 0 }
+    }
+
+    /// Runs until every sender is gone.
+    pub fn run(mut self) {
+        loop {
+            self.metrics.beat();
+            if !self.receive() {
+                break;
+            }
+            self.step();
+            self.metrics.set_gauges(self.running.len(), self.waiting.len());
+        }
+        tracing::info!("engine loop stopped");
+    }
+
+    /// Takes new requests; waits for one when idle. False when the engine should stop.
+    fn receive(&mut self) -> bool {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            match self.rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(job) => self.enqueue(job),
+                Err(RecvTimeoutError::Timeout) => return true,
+                Err(RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+        loop {
+            match self.rx.try_recv() {
+                Ok(job) => self.enqueue(job),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return !(self.running.is_empty() && self.waiting.is_empty()),
+            }
+        }
+    }
+
+    fn enqueue(&mut self, job: Job) {
+        self.next_id += 1;
+        // The low 8 bits number a request's choices (see `sequence`).
+        self.waiting.push(Queued { id: self.next_id << 8, arrival: self.next_id, job });
+    }
+
+    fn step(&mut self) {
+        // A closed channel means the client is gone: free its sequences now.
+        let before = self.running.len() + self.waiting.len();
+        self.running.retain(|s| !s.tx.is_closed());
+        self.waiting.retain(|q| !q.job.tx.is_closed());
+        let dropped = before - self.running.len() - self.waiting.len();
+        if dropped > 0 {
+            self.metrics.aborted(dropped);
+        }
+        let plan = self.plan();
+        for id in &plan.admit {
+            self.admit(*id);
+        }
+        let work: std::collections::HashMap<u64, usize> = plan.work.iter().copied().collect();
+        if work.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
+        let result = {
+            let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(order.len());
+            for seq in self.running.iter_mut().filter(|s| work.contains_key(&s.id)) {
+                let n = work[&seq.id].min(seq.prefill_left.max(1));
+                inputs.push(seq.input(n));
+            }
+            self.model.forward(&mut inputs)
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed");
+                for i in order.iter().rev() {
+                    let seq = self.running.remove(*i);
+                    let _ = seq.tx.send(InferEvent::Error(e.to_string()));
+                }
+                return;
+            }
+        };
+        let mut finished = Vec::new();
+        let mut forks = Vec::new();
+        for (slot, i) in order.iter().enumerate() {
+            let seq = &mut self.running[*i];
+            let n = work[&seq.id].min(seq.prefill_left.max(1));
+            let was_prefill = seq.prefill_left > 0;
+            if was_prefill {
+                seq.prefill_left -= n;
+                self.metrics.prompt_tokens(n);
+                if seq.prefill_left > 0 {
+                    continue;
+                }
+                self.prefix.insert(std::mem::take(&mut seq.block_hashes), &seq.cache);
+                forks.extend(seq.fork_choices());
+            }
+            let Some(row) = logits[slot].last() else { continue };
+            let parent = seq.id;
+            if seq.sample_and_emit(row, &self.tok, &self.model.config, &self.metrics) {
+                finished.push(parent);
+            }
+            if was_prefill {
+                // The other choices sample their first token from the same prompt logits.
+                for f in forks.iter_mut().filter(|f| f.fork_of == Some(parent)) {
+                    if f.sample_and_emit(row, &self.tok, &self.model.config, &self.metrics) {
+                        finished.push(f.id);
+                    }
+                }
+            }
+        }
+        self.running.extend(forks);
+        self.running.retain(|s| !finished.contains(&s.id));
+        self.metrics.step(started.elapsed());
+    }
+
+    fn plan(&mut self) -> scheduler::Plan {
+        let running: Vec<Running> = self
+            .running
+            .iter()
+            .map(|s| Running { id: s.id, prefill_left: s.prefill_left, priority: s.priority, arrival: s.arrival })
+            .collect();
+        let waiting: Vec<Waiting> = self
+            .waiting
+            .iter()
+            .map(|q| {
+                let p = &q.job.req;
+                let expected_out = p.params.max_tokens.min(512);
+                Waiting { id: q.id, priority: p.priority, arrival: q.arrival, prefill: p.prompt.len(), reserve: p.n * (p.prompt.len() + expected_out), seqs: p.n }
+            })
+            .collect();
+        let reserved: usize = self.running.iter().map(|s| s.reserve).sum();
+        let budget = Budget { step_tokens: self.config.step_tokens, max_seqs: self.config.max_seqs, kv_tokens: self.config.kv_tokens };
+        scheduler::schedule(&running, &waiting, reserved, &budget)
+    }
+
+    /// Moves a waiting request into the running set, reusing a cached prefix if there is one.
+    fn admit(&mut self, id: u64) {
+        let Some(pos) = self.waiting.iter().position(|q| q.id == id) else { return };
+        let q = self.waiting.remove(pos);
+        let cfg = &self.model.config;
+        let req = &q.job.req;
+        let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
+        let hashes = self.prefix.block_hashes(&req.prompt, adapter_key, req.cache_salt.as_deref());
+        let mut cache = KvCache::new(cfg.n_layer, cfg.kv_dim());
+        let hit = self.prefix.lookup(&hashes, req.prompt.len().saturating_sub(1));
+        let cached = hit.as_ref().map_or(0, |(_, n)| *n);
+        if let Some((kv, n)) = hit {
+            cache.copy_prefix(&kv, n);
+        }
+        self.metrics.prefix_lookup(req.prompt.len(), cached);
+        self.metrics.queued_for(q.job.received.elapsed());
+        let _ = q.job.tx.send(InferEvent::Started { cached_tokens: cached });
+        self.running.push(Seq::new(q.id, q.arrival, q.job, cache, cached, hashes));
+    }
+}

@@ -1,0 +1,170 @@
+//! Prefix cache: KV of recent prompts, reused by later prompts that start the same way.
+//!
+//! Prompts are cut into blocks of [`BLOCK`] tokens and each block gets a chained hash (its tokens,
+//! the previous block's hash). The first link also mixes in what changes the KV for equal tokens
+//! or must isolate tenants: the adapter and the request's `cache_salt`. So two prompts share cache
+//! only with the same salt, adapter and prefix. Hashes are keyed per process (unpredictable from
+//! outside). An entry keeps one prompt's KV; every block boundary of it is indexed, so a prompt
+//! sharing only part of it still reuses that part (copied into the new sequence's own cache).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::Arc;
+use tandem_model::KvCache;
+
+pub const BLOCK: usize = 16;
+
+pub struct PrefixCache {
+    hasher: RandomState,
+    /// Chain hash of a block boundary -> (entry, tokens covered).
+    index: HashMap<u64, (u64, usize)>,
+    entries: HashMap<u64, Entry>,
+    next_id: u64,
+    clock: u64,
+    tokens: usize,
+    capacity_tokens: usize,
+}
+
+struct Entry {
+    cache: Arc<KvCache>,
+    hashes: Vec<u64>,
+    last_used: u64,
+}
+
+impl PrefixCache {
+    pub fn new(capacity_tokens: usize) -> Self {
+        PrefixCache {
+            hasher: RandomState::new(),
+            index: HashMap::new(),
+            entries: HashMap::new(),
+            next_id: 0,
+            clock: 0,
+            tokens: 0,
+            capacity_tokens,
+        }
+    }
+
+    /// Chain hashes of every full block of `tokens`.
+    pub fn block_hashes(&self, tokens: &[u32], adapter: Option<&str>, salt: Option<&str>) -> Vec<u64> {
+        let mut out = Vec::with_capacity(tokens.len() / BLOCK);
+        let mut prev = {
+            let mut h = self.hasher.build_hasher();
+            (adapter, salt).hash(&mut h);
+            h.finish()
+        };
+        for block in tokens.chunks_exact(BLOCK) {
+            let mut h = self.hasher.build_hasher();
+            prev.hash(&mut h);
+            block.hash(&mut h);
+            prev = h.finish();
+            out.push(prev);
+        }
+        out
+    }
+
+    /// The longest cached prefix of at most `max_tokens` tokens: (its KV, tokens covered).
+    pub fn lookup(&mut self, hashes: &[u64], max_tokens: usize) -> Option<(Arc<KvCache>, usize)> {
+        self.clock += 1;
+        let usable = (max_tokens / BLOCK).min(hashes.len());
+        for i in (0..usable).rev() {
+            if let Some((id, n)) = self.index.get(&hashes[i]).copied() {
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.last_used = self.clock;
+                    return Some((e.cache.clone(), n));
+                }
+            }
+        }
+        None
+    }
+
+    /// Keeps the KV of a prompt whose blocks hash to `hashes` (cache holds at least those tokens).
+    pub fn insert(&mut self, hashes: Vec<u64>, cache: &KvCache) {
+        let n = hashes.len() * BLOCK;
+        if n == 0 || n > self.capacity_tokens || hashes.last().is_some_and(|h| self.index.contains_key(h)) {
+            return;
+        }
+        self.clock += 1;
+        let mut copy = KvCache::new(0, 0);
+        copy.clone_from(cache);
+        copy.truncate(n);
+        let id = self.next_id;
+        self.next_id += 1;
+        for (i, h) in hashes.iter().enumerate() {
+            self.index.insert(*h, (id, (i + 1) * BLOCK));
+        }
+        self.tokens += n;
+        self.entries.insert(id, Entry { cache: Arc::new(copy), hashes, last_used: self.clock });
+        while self.tokens > self.capacity_tokens {
+            let Some(oldest) = self.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(id, _)| *id) else { break };
+            self.evict(oldest);
+        }
+    }
+
+    fn evict(&mut self, id: u64) {
+        if let Some(e) = self.entries.remove(&id) {
+            self.tokens -= e.hashes.len() * BLOCK;
+            for h in e.hashes {
+                if self.index.get(&h).is_some_and(|(owner, _)| *owner == id) {
+                    self.index.remove(&h);
+                }
+            }
+        }
+    }
+
+    /// Drops every entry made with an adapter (its hashes are unknown here, so all go).
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.entries.clear();
+        self.tokens = 0;
+    }
+
+    pub fn cached_tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_of(n: usize) -> KvCache {
+        let mut c = KvCache::new(1, 2);
+        c.fill_for_test(n);
+        c
+    }
+
+    #[test]
+    fn shares_only_equal_prefix_salt_and_adapter() {
+        let mut pc = PrefixCache::new(1000);
+        let prompt: Vec<u32> = (0..40).collect();
+        let h = pc.block_hashes(&prompt, None, None);
+        assert_eq!(h.len(), 2);
+        pc.insert(h.clone(), &cache_of(40));
+        // Same first 20 tokens: one block (16) reusable.
+        let mut other: Vec<u32> = (0..20).collect();
+        other.extend([99; 20]);
+        let ho = pc.block_hashes(&other, None, None);
+        assert_eq!(pc.lookup(&ho, 39).map(|(_, n)| n), Some(16));
+        assert_eq!(pc.lookup(&h, 39).map(|(_, n)| n), Some(32));
+        // Never the whole prompt: at least one token must be computed.
+        assert_eq!(pc.lookup(&h, 31).map(|(_, n)| n), Some(16));
+        assert!(pc.lookup(&pc.block_hashes(&prompt, None, Some("salt")), 39).is_none());
+        assert!(pc.lookup(&pc.block_hashes(&prompt, Some("ckpt"), None), 39).is_none());
+    }
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let mut pc = PrefixCache::new(32);
+        let a: Vec<u32> = (0..16).collect();
+        let b: Vec<u32> = (100..116).collect();
+        let c: Vec<u32> = (200..216).collect();
+        let (ha, hb, hc) = (pc.block_hashes(&a, None, None), pc.block_hashes(&b, None, None), pc.block_hashes(&c, None, None));
+        pc.insert(ha.clone(), &cache_of(16));
+        pc.insert(hb.clone(), &cache_of(16));
+        assert!(pc.lookup(&ha, 100).is_some()); // a is now more recent than b
+        pc.insert(hc.clone(), &cache_of(16));
+        assert!(pc.lookup(&hb, 100).is_none());
+        assert!(pc.lookup(&ha, 100).is_some() && pc.lookup(&hc, 100).is_some());
+        assert_eq!(pc.cached_tokens(), 32);
+    }
+}

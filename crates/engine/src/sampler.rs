@@ -1,0 +1,253 @@
+//! Turning logits into the next token: pure functions over a logits vector, in vLLM's order
+//! (constraints and bias, penalties, then temperature, min-p, top-k, top-p and a seeded draw).
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use tandem_core::inference::SamplingParams;
+
+/// What the sequence has produced so far, for penalties and constraints.
+pub struct History<'a> {
+    pub prompt: &'a [u32],
+    pub generated: &'a [u32],
+}
+
+/// Masks, biases and penalties, applied in place to raw logits.
+pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, eos: u32) {
+    let banned = f32::NEG_INFINITY;
+    if let Some(allowed) = &p.allowed_token_ids {
+        let mut keep = vec![false; logits.len()];
+        for t in allowed {
+            if let Some(k) = keep.get_mut(*t as usize) {
+                *k = true;
+            }
+        }
+        for (l, k) in logits.iter_mut().zip(keep) {
+            if !k {
+                *l = banned;
+            }
+        }
+    }
+    // min_tokens: no EOS and no stop token before enough tokens exist.
+    if h.generated.len() < p.min_tokens {
+        if !p.ignore_eos {
+            ban(logits, eos);
+        }
+        for t in &p.stop_token_ids {
+            ban(logits, *t);
+        }
+    }
+    for word in &p.bad_words {
+        let (last, prefix) = word.split_last().expect("bad words are non-empty");
+        if h.generated.ends_with(prefix) {
+            ban(logits, *last);
+        }
+    }
+    for (t, bias) in &p.logit_bias {
+        if let Some(l) = logits.get_mut(*t as usize) {
+            *l += bias.clamp(-100.0, 100.0);
+        }
+    }
+    if p.repetition_penalty != 1.0 {
+        let mut seen = vec![false; logits.len()];
+        for t in h.prompt.iter().chain(h.generated) {
+            if let Some(s) = seen.get_mut(*t as usize) {
+                *s = true;
+            }
+        }
+        for (l, s) in logits.iter_mut().zip(seen) {
+            if s {
+                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+            }
+        }
+    }
+    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for t in h.generated {
+            *counts.entry(*t).or_default() += 1;
+        }
+        for (t, c) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            }
+        }
+    }
+}
+
+fn ban(logits: &mut [f32], t: u32) {
+    if let Some(l) = logits.get_mut(t as usize) {
+        *l = f32::NEG_INFINITY;
+    }
+}
+
+/// Picks the next token from processed logits.
+pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
+    if p.is_greedy() {
+        return argmax(logits);
+    }
+    // Candidates sorted by logit, best first (ties by id, so the order is deterministic).
+    let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|i| logits[*i as usize] > f32::NEG_INFINITY).collect();
+    if idx.is_empty() {
+        return argmax(logits);
+    }
+    idx.sort_unstable_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+    let max = logits[idx[0] as usize];
+    let mut probs: Vec<f64> = idx.iter().map(|i| (((logits[*i as usize] - max) / p.temperature) as f64).exp()).collect();
+    // min-p: drop tokens below min_p times the top probability.
+    if p.min_p > 0.0 {
+        let keep = probs.iter().take_while(|q| **q >= p.min_p as f64 * probs[0]).count().max(1);
+        probs.truncate(keep);
+    }
+    if p.top_k > 0 {
+        probs.truncate(p.top_k.max(1));
+    }
+    if p.top_p < 1.0 {
+        let total: f64 = probs.iter().sum();
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (i, q) in probs.iter().enumerate() {
+            acc += q / total;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep.max(1));
+    }
+    let total: f64 = probs.iter().sum();
+    let mut u = rng.random::<f64>() * total;
+    for (i, q) in probs.iter().enumerate() {
+        u -= q;
+        if u < 0.0 {
+            return idx[i];
+        }
+    }
+    idx[probs.len() - 1]
+}
+
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate() {
+        if *l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// log-softmax of raw logits: returns the log normaliser, so `logprob(t) = logit[t] - lse`.
+pub fn log_normalizer(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|l| ((l - max) as f64).exp()).sum();
+    max + sum.ln() as f32
+}
+
+/// The `k` largest raw logits' ids, best first (ties by id).
+pub fn top_k_ids(logits: &[f32], k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(idx.len());
+    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    idx.select_nth_unstable_by(k - 1, cmp);
+    idx.truncate(k);
+    idx.sort_unstable_by(cmp);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn params() -> SamplingParams {
+        SamplingParams { max_tokens: 10, ..Default::default() }
+    }
+
+    fn no_history() -> History<'static> {
+        History { prompt: &[], generated: &[] }
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        let p = SamplingParams { temperature: 0.0, ..params() };
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        assert_eq!(sample(&[0.1, 2.0, 1.9], &p, &mut rng), 1);
+    }
+
+    #[test]
+    fn top_k_one_and_tiny_top_p_are_greedy() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let logits = [1.0, 3.0, 2.9, 0.0];
+        for _ in 0..50 {
+            assert_eq!(sample(&logits, &SamplingParams { top_k: 1, ..params() }, &mut rng), 1);
+            assert_eq!(sample(&logits, &SamplingParams { top_p: 0.01, ..params() }, &mut rng), 1);
+        }
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_follows_probabilities() {
+        let logits = [0.0, (3.0f32).ln()]; // probabilities 1/4, 3/4
+        let p = params();
+        let draw = |seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            (0..4000).map(|_| sample(&logits, &p, &mut rng)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+        let ones = draw(7).iter().filter(|t| **t == 1).count() as f64 / 4000.0;
+        assert!((ones - 0.75).abs() < 0.03, "{ones}");
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        // probs ∝ 1, 0.5, 0.01: min_p 0.1 keeps the first two only
+        let logits = [0.0, (0.5f32).ln(), (0.01f32).ln()];
+        let p = SamplingParams { min_p: 0.1, ..params() };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        assert!((0..2000).all(|_| sample(&logits, &p, &mut rng) != 2));
+    }
+
+    #[test]
+    fn penalties_by_hand() {
+        let mut logits = vec![2.0, -2.0, 1.0, 1.0];
+        let p = SamplingParams { repetition_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 0.25, ..params() };
+        let h = History { prompt: &[0], generated: &[1, 2, 2] };
+        process(&mut logits, &p, &h, 99);
+        // token 0: in prompt -> 2/2 = 1; no output count
+        // token 1: -2*2 = -4, then -0.5*1 - 0.25 = -4.75
+        // token 2: 1/2 = 0.5, then -0.5*2 - 0.25 = -0.75
+        assert_eq!(logits, vec![1.0, -4.75, -0.75, 1.0]);
+    }
+
+    #[test]
+    fn masks_bias_min_tokens_and_bad_words() {
+        let p = SamplingParams {
+            allowed_token_ids: Some(vec![0, 1, 2]),
+            logit_bias: vec![(1, 500.0)],
+            min_tokens: 2,
+            stop_token_ids: vec![2],
+            bad_words: vec![vec![0], vec![5, 1]],
+            ..params()
+        };
+        let mut logits = vec![0.0; 6];
+        process(&mut logits, &p, &History { prompt: &[], generated: &[5] }, 3);
+        // 0 banned (one-token bad word), 1 banned (after 5), 2 banned (stop token under min_tokens),
+        // 3..5 not allowed
+        assert!(logits.iter().all(|l| *l == f32::NEG_INFINITY), "{logits:?}");
+        let mut logits = vec![0.0; 6];
+        process(&mut logits, &p, &History { prompt: &[], generated: &[4, 4] }, 3);
+        assert_eq!(&logits[..3], &[f32::NEG_INFINITY, 100.0, 0.0]);
+        let _ = no_history();
+    }
+
+    #[test]
+    fn logprob_helpers() {
+        let logits = [0.0f32, 0.0, (2.0f32).ln()];
+        let lse = log_normalizer(&logits);
+        assert!((lse - (4.0f32).ln()).abs() < 1e-6);
+        assert_eq!(top_k_ids(&logits, 2), vec![2, 0]);
+        assert_eq!(top_k_ids(&logits, 0), Vec::<u32>::new());
+        assert_eq!(top_k_ids(&logits, 9).len(), 3);
+    }
+}

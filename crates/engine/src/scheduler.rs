@@ -1,0 +1,135 @@
+//! The step scheduler: which sequences run this step and with how many tokens. Pure.
+//!
+//! Decoding sequences always get their one token (so streams never stall behind a long prompt);
+//! prompts are then prefilled in chunks from what is left of the step's token budget, and waiting
+//! requests are admitted in (priority, arrival) order while sequences, tokens and KV memory allow.
+
+/// A running sequence as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub id: u64,
+    /// Prompt tokens not yet in the KV cache (0 = decoding).
+    pub prefill_left: usize,
+    pub priority: i64,
+    pub arrival: u64,
+}
+
+/// A request waiting for admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub id: u64,
+    pub priority: i64,
+    pub arrival: u64,
+    /// Prompt tokens to prefill (after any prefix-cache hit).
+    pub prefill: usize,
+    /// KV positions it reserves (all its choices, prompt and expected output).
+    pub reserve: usize,
+    /// Sequences it becomes (its n).
+    pub seqs: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// New tokens per step (decode tokens plus prefill chunks).
+    pub step_tokens: usize,
+    pub max_seqs: usize,
+    /// KV positions all sequences may reserve.
+    pub kv_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Waiting ids to admit, in order.
+    pub admit: Vec<u64>,
+    /// (id, new tokens this step), for running and newly admitted sequences.
+    pub work: Vec<(u64, usize)>,
+}
+
+/// Plans one step. `kv_reserved` is what running sequences already hold.
+pub fn schedule(running: &[Running], waiting: &[Waiting], kv_reserved: usize, budget: &Budget) -> Plan {
+    let mut plan = Plan::default();
+    let mut tokens = budget.step_tokens;
+    for r in running.iter().filter(|r| r.prefill_left == 0) {
+        if tokens == 0 {
+            break;
+        }
+        plan.work.push((r.id, 1));
+        tokens -= 1;
+    }
+    let mut prefilling: Vec<&Running> = running.iter().filter(|r| r.prefill_left > 0).collect();
+    prefilling.sort_by_key(|r| (r.priority, r.arrival, r.id));
+    for r in prefilling {
+        if tokens == 0 {
+            break;
+        }
+        let n = r.prefill_left.min(tokens);
+        plan.work.push((r.id, n));
+        tokens -= n;
+    }
+    let mut queue: Vec<&Waiting> = waiting.iter().collect();
+    queue.sort_by_key(|w| (w.priority, w.arrival, w.id));
+    let mut seqs = running.len();
+    let mut kv = kv_reserved;
+    for w in queue {
+        // Strict order: a request that does not fit blocks those behind it, so a large
+        // high-priority request is not starved by a stream of small ones.
+        let fits_kv = kv + w.reserve <= budget.kv_tokens || (seqs == 0 && kv == 0);
+        if tokens == 0 || seqs + w.seqs > budget.max_seqs.max(w.seqs) || !fits_kv {
+            break;
+        }
+        let n = w.prefill.min(tokens);
+        plan.admit.push(w.id);
+        plan.work.push((w.id, n));
+        tokens -= n;
+        seqs += w.seqs;
+        kv += w.reserve;
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(id: u64, prefill_left: usize, priority: i64) -> Running {
+        Running { id, prefill_left, priority, arrival: id }
+    }
+
+    fn wait(id: u64, prefill: usize, priority: i64) -> Waiting {
+        Waiting { id, priority, arrival: id, prefill, reserve: prefill + 16, seqs: 1 }
+    }
+
+    const B: Budget = Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000 };
+
+    #[test]
+    fn decodes_first_then_chunked_prefill() {
+        let plan = schedule(&[run(1, 0, 0), run(2, 250, 0), run(3, 0, 0)], &[], 0, &B);
+        assert_eq!(plan.work, vec![(1, 1), (3, 1), (2, 98)]);
+    }
+
+    #[test]
+    fn admission_by_priority_then_arrival_within_budgets() {
+        let waiting = [wait(10, 30, 5), wait(11, 30, -1), wait(12, 30, 0), wait(13, 30, 0)];
+        let plan = schedule(&[run(1, 0, 0)], &waiting, 0, &B);
+        assert_eq!(plan.admit, vec![11, 12, 13]); // max 4 sequences
+        assert_eq!(plan.work, vec![(1, 1), (11, 30), (12, 30), (13, 30)]);
+        // Token budget: the third admitted gets only what is left, the rest waits.
+        let plan = schedule(&[], &[wait(1, 60, 0), wait(2, 60, 0), wait(3, 5, 0)], 0, &B);
+        assert_eq!(plan.work, vec![(1, 60), (2, 40)]);
+        assert_eq!(plan.admit, vec![1, 2]);
+    }
+
+    #[test]
+    fn kv_budget_blocks_admission_but_never_deadlocks_an_empty_engine() {
+        let big = Waiting { reserve: 5000, ..wait(1, 10, 0) };
+        assert_eq!(schedule(&[run(9, 0, 0)], &[big.clone()], 900, &B).admit, Vec::<u64>::new());
+        assert_eq!(schedule(&[], &[big], 0, &B).admit, vec![1]);
+    }
+
+    #[test]
+    fn n_greater_than_one_counts_its_sequences() {
+        let w = Waiting { seqs: 3, ..wait(1, 10, 0) };
+        assert!(schedule(&[run(7, 0, 0), run(8, 0, 0)], &[w.clone()], 0, &B).admit.is_empty());
+        assert_eq!(schedule(&[run(7, 0, 0)], &[w], 0, &B).admit, vec![1]);
+    }
+}

@@ -1,0 +1,192 @@
+//! One choice of a request as it runs: its KV cache, sampler state, text state, and the rules
+//! that end it. Ids: a request's choice 0 has an id whose low 8 bits are zero; choice c of the
+//! same request is that id plus c (so n is at most 255).
+
+use crate::engine::Job;
+use crate::metrics::EngineMetrics;
+use crate::sampler::{self, History};
+use crate::stop::StopStrings;
+use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use std::time::Instant;
+use tandem_core::inference::{FinishReason, InferEvent, SamplingParams, StopReason, TokenLogprob, TopLogprob};
+use tandem_model::{KvCache, LlamaConfig, Logits, LoraAdapter, SeqInput};
+use tokio::sync::mpsc::UnboundedSender;
+
+pub(crate) struct Seq {
+    pub id: u64,
+    pub arrival: u64,
+    pub priority: i64,
+    pub choice: usize,
+    /// Choices still to fork from this one once its prompt is in the cache.
+    pub n: usize,
+    pub fork_of: Option<u64>,
+    pub prompt: Arc<Vec<u32>>,
+    pub generated: Vec<u32>,
+    pub cache: KvCache,
+    pub prefill_left: usize,
+    pub block_hashes: Vec<u64>,
+    pub reserve: usize,
+    pub params: Arc<SamplingParams>,
+    pub adapter: Option<Arc<LoraAdapter>>,
+    pub tx: UnboundedSender<InferEvent>,
+    rng: ChaCha8Rng,
+    decoder: IncrementalDecoder,
+    stops: StopStrings,
+    last_token_at: Option<Instant>,
+    received: Instant,
+}
+
+fn rng_for(seed: Option<u64>, choice: usize) -> ChaCha8Rng {
+    match seed {
+        Some(s) => ChaCha8Rng::seed_from_u64(s.wrapping_add(choice as u64)),
+        None => ChaCha8Rng::from_rng(&mut rand::rng()),
+    }
+}
+
+impl Seq {
+    pub fn new(id: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, block_hashes: Vec<u64>) -> Self {
+        let req = job.req;
+        let params = Arc::new(req.params);
+        let reserve = req.prompt.len() + params.max_tokens.min(512);
+        Seq {
+            id,
+            arrival,
+            priority: req.priority,
+            choice: 0,
+            n: req.n,
+            fork_of: None,
+            prefill_left: req.prompt.len() - cached,
+            prompt: Arc::new(req.prompt),
+            generated: Vec::new(),
+            cache,
+            block_hashes,
+            reserve,
+            rng: rng_for(params.seed, 0),
+            stops: StopStrings::new(&params.stop, params.include_stop_str_in_output),
+            params,
+            adapter: job.adapter,
+            tx: job.tx,
+            decoder: IncrementalDecoder::default(),
+            last_token_at: None,
+            received: job.received,
+        }
+    }
+
+    /// Choices 1..n, each with a copy of this prompt's KV cache, made when the prefill ends.
+    pub fn fork_choices(&mut self) -> Vec<Seq> {
+        let n = std::mem::replace(&mut self.n, 1);
+        (1..n)
+            .map(|c| Seq {
+                id: self.id + c as u64,
+                choice: c,
+                n: 1,
+                fork_of: Some(self.id),
+                generated: Vec::new(),
+                cache: self.cache.clone(),
+                block_hashes: Vec::new(),
+                rng: rng_for(self.params.seed, c),
+                decoder: IncrementalDecoder::default(),
+                stops: StopStrings::new(&self.params.stop, self.params.include_stop_str_in_output),
+                prompt: self.prompt.clone(),
+                params: self.params.clone(),
+                adapter: self.adapter.clone(),
+                tx: self.tx.clone(),
+                arrival: self.arrival,
+                priority: self.priority,
+                prefill_left: 0,
+                reserve: self.reserve,
+                last_token_at: None,
+                received: self.received,
+            })
+            .collect()
+    }
+
+    /// This step's model input: a chunk of the prompt, or the last generated token.
+    pub fn input(&mut self, n: usize) -> SeqInput<'_> {
+        let Seq { prompt, generated, cache, adapter, prefill_left, .. } = self;
+        if *prefill_left > 0 {
+            let start = cache.len();
+            let end = start + n;
+            let logits = if end == prompt.len() { Logits::Last } else { Logits::None };
+            SeqInput { tokens: &prompt[start..end], cache, adapter: adapter.as_deref(), logits }
+        } else {
+            let last = generated.len() - 1;
+            SeqInput { tokens: &generated[last..], cache, adapter: adapter.as_deref(), logits: Logits::Last }
+        }
+    }
+
+    /// Samples the next token from raw logits, sends its event, and reports whether it ended.
+    pub fn sample_and_emit(&mut self, raw: &[f32], tok: &TextTokenizer, config: &LlamaConfig, metrics: &EngineMetrics) -> bool {
+        let p = self.params.clone();
+        let mut logits = raw.to_vec();
+        sampler::process(&mut logits, &p, &History { prompt: &self.prompt, generated: &self.generated }, tok.eos_id);
+        let token = sampler::sample(&logits, &p, &mut self.rng);
+        let logprob = p.logprobs.map(|k| logprob_entry(raw, token, k, tok));
+        self.generated.push(token);
+        let now = Instant::now();
+        match self.last_token_at {
+            None => metrics.first_token(now - self.received),
+            Some(t) => metrics.inter_token(now - t),
+        }
+        self.last_token_at = Some(now);
+        metrics.generation_tokens(1);
+
+        let may_stop = self.generated.len() > p.min_tokens;
+        let is_eos = token == tok.eos_id && !p.ignore_eos;
+        let is_stop_token = p.stop_token_ids.contains(&token);
+        let mut finish: Option<(FinishReason, Option<StopReason>)> = None;
+        let mut text = String::new();
+        if may_stop && (is_eos || is_stop_token) {
+            // The stop token is counted and returned as an id, but its text is not content
+            // (unless asked for, for stop_token_ids).
+            if is_stop_token && !is_eos && p.include_stop_str_in_output {
+                text.push_str(&self.stops.push(&self.decoder.push(tok, token, false), false).emit);
+            }
+            let reason = if is_eos { None } else { Some(StopReason::Token(token)) };
+            finish = Some((FinishReason::Stop, reason));
+        } else {
+            let piece = self.decoder.push(tok, token, p.skip_special_tokens);
+            let pushed = self.stops.push(&piece, may_stop);
+            text = pushed.emit;
+            if let Some(s) = pushed.matched {
+                finish = Some((FinishReason::Stop, Some(StopReason::Text(s))));
+            }
+        }
+        if finish.is_none() && (self.generated.len() >= p.max_tokens || self.prompt.len() + self.generated.len() >= config.context_len) {
+            finish = Some((FinishReason::Length, None));
+        }
+        let _ = self.tx.send(InferEvent::Token { choice: self.choice, token_id: token, text, logprob });
+        let Some((reason, stop_reason)) = finish else { return false };
+        let mut tail = String::new();
+        if !matches!(stop_reason, Some(StopReason::Text(_))) {
+            let rest = self.decoder.flush();
+            tail.push_str(&self.stops.push(&rest, false).emit);
+            tail.push_str(&self.stops.flush());
+        }
+        metrics.finished(reason);
+        let _ = self.tx.send(InferEvent::Finished { choice: self.choice, reason, stop_reason, text: tail });
+        true
+    }
+}
+
+/// vLLM's entry: the chosen token's raw logprob, and the chosen token first among the top `k`.
+fn logprob_entry(raw: &[f32], chosen: u32, k: usize, tok: &TextTokenizer) -> TokenLogprob {
+    let lse = sampler::log_normalizer(raw);
+    let entry = |id: u32| TopLogprob {
+        token_id: id,
+        token: tok.token_text(id),
+        bytes: tok.token_bytes(id).to_vec(),
+        logprob: (raw[id as usize] - lse).max(-9999.0),
+    };
+    let mut top = vec![entry(chosen)];
+    for id in sampler::top_k_ids(raw, k) {
+        if id != chosen {
+            top.push(entry(id));
+        }
+    }
+    top.truncate(k);
+    TokenLogprob { token: entry(chosen), top }
+}

@@ -1,0 +1,173 @@
+//! The model's tokenizer, built from GGUF metadata, and exact incremental detokenization.
+//!
+//! candle's GGUF tokenizer is wrong for SmolLM2 (it adds a prefix space and mangles text after
+//! special tokens), so the tokenizer is assembled here as a Hugging Face `tokenizer.json` from the
+//! metadata and loaded with the `tokenizers` crate: byte-level BPE from `tokenizer.ggml.tokens` and
+//! `merges`, the pre-tokenizer that `tokenizer.ggml.pre` names, and token types 3 (control) and 4
+//! (user-defined) as special added tokens.
+//!
+//! Decoding does not go through `tokenizers`: every token's raw bytes are computed once (the
+//! inverse of GPT-2's byte-to-character map), so text is produced from bytes and a multi-byte
+//! character split across tokens is held back until complete, never emitted broken.
+
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use tandem_model::TokenizerMeta;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("unsupported tokenizer: {0}")]
+    Unsupported(String),
+    #[error("tokenizer error: {0}")]
+    Build(String),
+}
+
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    token_bytes: Vec<Vec<u8>>,
+    special: Vec<bool>,
+    by_text: HashMap<String, u32>,
+    pub eos_id: u32,
+    pub bos_id: Option<u32>,
+    pub add_bos: bool,
+}
+
+/// GPT-2's byte-to-character map: printable bytes map to themselves, the rest to U+0100 onwards.
+fn byte_to_char() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..256u32 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        table[b as usize] = if printable {
+            char::from_u32(b).unwrap_or('\0')
+        } else {
+            let c = char::from_u32(next).unwrap_or('\0');
+            next += 1;
+            c
+        };
+    }
+    table
+}
+
+impl TextTokenizer {
+    pub fn from_meta(meta: &TokenizerMeta) -> Result<Self, TokenizerError> {
+        if meta.model != "gpt2" {
+            return Err(TokenizerError::Unsupported(format!("tokenizer.ggml.model = {:?} (only byte-level BPE, gpt2)", meta.model)));
+        }
+        let pre = match meta.pre.as_str() {
+            // SmolLM2: every digit on its own, then GPT-2's byte-level split without prefix space.
+            "smollm" => json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
+            "gpt2" | "default" | "" => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+            other => return Err(TokenizerError::Unsupported(format!("pre-tokenizer {other:?}"))),
+        };
+        let is_special = |i: usize| matches!(meta.token_types.get(i), Some(3) | Some(4));
+        let vocab: serde_json::Map<String, Value> = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+        let added: Vec<Value> = (0..meta.tokens.len())
+            .filter(|i| is_special(*i))
+            .map(|i| json!({"id": i, "content": meta.tokens[i], "single_word": false, "lstrip": false,
+                            "rstrip": false, "normalized": false, "special": true}))
+            .collect();
+        let spec = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": pre, "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "vocab": vocab, "merges": meta.merges},
+        });
+        let inner: tokenizers::Tokenizer =
+            spec.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
+        let table = byte_to_char();
+        let mut inverse: HashMap<char, u8> = HashMap::new();
+        for (b, c) in table.iter().enumerate() {
+            inverse.insert(*c, b as u8);
+        }
+        let mut token_bytes = Vec::with_capacity(meta.tokens.len());
+        let mut special = Vec::with_capacity(meta.tokens.len());
+        for (i, t) in meta.tokens.iter().enumerate() {
+            let sp = is_special(i);
+            special.push(sp);
+            token_bytes.push(if sp { t.as_bytes().to_vec() } else { t.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect() });
+        }
+        let eos_id = meta.eos_id.ok_or_else(|| TokenizerError::Unsupported("no tokenizer.ggml.eos_token_id".into()))?;
+        let by_text = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        Ok(TextTokenizer { inner, token_bytes, special, by_text, eos_id, bos_id: meta.bos_id, add_bos: meta.add_bos })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.token_bytes.len()
+    }
+
+    /// Token ids of `text`; special tokens written in the text are recognised.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.inner.encode(text, false).map_err(|e| TokenizerError::Build(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// The raw bytes of one token (a special token's bytes are its text).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.token_bytes.get(id as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// One token as text, lossy (for logprob entries, as vLLM shows split characters).
+    pub fn token_text(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.token_bytes(id)).into_owned()
+    }
+
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.by_text.get(text).copied()
+    }
+
+    /// Whole-sequence decoding.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut d = IncrementalDecoder::default();
+        let mut out = String::new();
+        for id in ids {
+            out.push_str(&d.push(self, *id, skip_special));
+        }
+        out.push_str(&d.flush());
+        out
+    }
+}
+
+/// Turns a stream of tokens into text, holding back bytes of an incomplete UTF-8 character.
+#[derive(Debug, Default, Clone)]
+pub struct IncrementalDecoder {
+    pending: Vec<u8>,
+}
+
+impl IncrementalDecoder {
+    /// The text completed by this token (possibly empty).
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32, skip_special: bool) -> String {
+        if skip_special && tok.is_special(id) {
+            return String::new();
+        }
+        self.pending.extend_from_slice(tok.token_bytes(id));
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(), // incomplete tail: wait for more
+            Err(_) => {
+                // Invalid bytes can never complete: emit them replaced, as a lossy decode would.
+                let text = String::from_utf8_lossy(&self.pending).into_owned();
+                self.pending.clear();
+                return text;
+            }
+        };
+        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        text
+    }
+
+    /// Whatever is left at the end of a sequence (an incomplete character becomes U+FFFD).
+    pub fn flush(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}

@@ -1,0 +1,138 @@
+//! Reading a Llama GGUF file: metadata once into typed values, tensors dequantised by candle.
+
+use crate::{LlamaConfig, ModelError};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::Device;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+/// What the tokenizer and chat template need from the file's metadata.
+#[derive(Debug, Clone, Default)]
+pub struct TokenizerMeta {
+    /// `tokenizer.ggml.model`, e.g. `gpt2` (byte-level BPE).
+    pub model: String,
+    /// `tokenizer.ggml.pre`, e.g. `smollm`.
+    pub pre: String,
+    pub tokens: Vec<String>,
+    /// GGUF token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+    pub token_types: Vec<i32>,
+    pub merges: Vec<String>,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub unk_id: Option<u32>,
+    pub pad_id: Option<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+/// An open GGUF file with its parsed header.
+pub struct GgufFile {
+    content: Content,
+    reader: BufReader<File>,
+}
+
+fn err(e: impl std::fmt::Display) -> ModelError {
+    ModelError::Gguf(e.to_string())
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let file = File::open(path).map_err(|e| ModelError::Gguf(format!("{}: {e}", path.display())))?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(err)?;
+        Ok(GgufFile { content, reader })
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    fn get(&self, key: &str) -> Result<&Value, ModelError> {
+        self.content.metadata.get(key).ok_or_else(|| ModelError::Gguf(format!("metadata key {key} is missing")))
+    }
+
+    fn u32(&self, key: &str) -> Result<u32, ModelError> {
+        self.get(key)?.to_u32().map_err(err)
+    }
+
+    fn opt_u32(&self, key: &str) -> Option<u32> {
+        self.content.metadata.get(key).and_then(|v| v.to_u32().ok())
+    }
+
+    fn f32(&self, key: &str) -> Result<f32, ModelError> {
+        self.get(key)?.to_f32().map_err(err)
+    }
+
+    fn string(&self, key: &str) -> Option<String> {
+        self.content.metadata.get(key).and_then(|v| v.to_string().ok()).cloned()
+    }
+
+    fn strings(&self, key: &str) -> Vec<String> {
+        match self.content.metadata.get(key) {
+            Some(Value::Array(items)) => items.iter().filter_map(|v| v.to_string().ok().cloned()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The model's shape, read once.
+    pub fn llama_config(&self) -> Result<LlamaConfig, ModelError> {
+        let arch = self.string("general.architecture").unwrap_or_default();
+        if arch != "llama" {
+            return Err(ModelError::Unsupported(format!("architecture {arch:?} (only llama is supported)")));
+        }
+        let hidden = self.u32("llama.embedding_length")? as usize;
+        let n_head = self.u32("llama.attention.head_count")? as usize;
+        let head_dim = self.opt_u32("llama.rope.dimension_count").map_or(hidden / n_head, |d| d as usize);
+        let vocab = match self.content.metadata.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(t)) => t.len(),
+            _ => self.u32("llama.vocab_size")? as usize,
+        };
+        Ok(LlamaConfig {
+            n_layer: self.u32("llama.block_count")? as usize,
+            hidden,
+            ffn: self.u32("llama.feed_forward_length")? as usize,
+            n_head,
+            n_kv_head: self.opt_u32("llama.attention.head_count_kv").map_or(n_head, |v| v as usize),
+            head_dim,
+            rope_base: self.f32("llama.rope.freq_base").unwrap_or(10_000.0),
+            rms_eps: self.f32("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            vocab,
+            context_len: self.opt_u32("llama.context_length").unwrap_or(2048) as usize,
+        })
+    }
+
+    pub fn tokenizer_meta(&self) -> TokenizerMeta {
+        let token_types = match self.content.metadata.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(t)) => t.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
+            _ => Vec::new(),
+        };
+        TokenizerMeta {
+            model: self.string("tokenizer.ggml.model").unwrap_or_default(),
+            pre: self.string("tokenizer.ggml.pre").unwrap_or_default(),
+            tokens: self.strings("tokenizer.ggml.tokens"),
+            token_types,
+            merges: self.strings("tokenizer.ggml.merges"),
+            bos_id: self.opt_u32("tokenizer.ggml.bos_token_id"),
+            eos_id: self.opt_u32("tokenizer.ggml.eos_token_id"),
+            unk_id: self.opt_u32("tokenizer.ggml.unknown_token_id"),
+            pad_id: self.opt_u32("tokenizer.ggml.padding_token_id"),
+            add_bos: matches!(self.content.metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
+            chat_template: self.string("tokenizer.chat_template"),
+        }
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// A tensor dequantised to f32, with its dims (outermost first; weights are (out, in)).
+    pub fn tensor_f32(&mut self, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
+        let q = self.content.tensor(&mut self.reader, name, &Device::Cpu).map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
+        let t = q.dequantize(&Device::Cpu).map_err(err)?;
+        let dims = t.dims().to_vec();
+        let data = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;
+        Ok((data, dims))
+    }
+}

@@ -1,0 +1,165 @@
+//! CPU kernels of the inference forward pass, on plain slices.
+//!
+//! The hot operation is [`matmul_q8`]: int8 weights (Q8_0-style blocks of 32 with one f32 scale)
+//! times int8-quantized activations. For a batch of T rows it loads each weight block once and
+//! uses it for every row, so batched decode costs little more memory traffic than one stream;
+//! that is what candle's quantized matmul does not do (its cost per token stays flat with batch
+//! size). Each (row, output) value is computed by the same instruction sequence whatever T is,
+//! so batched results equal unbatched ones bit for bit.
+//!
+//! x86-64 with AVX2+FMA takes the SIMD path, chosen at run time; anything else the scalar path.
+//! Both are tested against each other.
+#![allow(unsafe_code)] // SIMD intrinsics, each call guarded by run-time feature detection
+
+mod q8;
+mod simd;
+
+pub use q8::{Q8Acts, Q8Matrix, QK};
+
+use rayon::prelude::*;
+
+/// True when the SIMD kernels can run on this CPU.
+pub fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `out[t, n] = sum_k w[n, k] * a[t, k]` for quantized weights and activations.
+/// `out` is row-major (T, N).
+pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
+    let (n_out, t_rows) = (w.rows(), a.rows());
+    assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), n_out * t_rows);
+    let avx2 = has_avx2();
+    // Split the weight rows into chunks, one task each; a task writes a (T, chunk) tile.
+    let chunk = chunk_rows(n_out, t_rows);
+    let tiles: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(chunk))
+        .into_par_iter()
+        .map(|c| {
+            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
+            let mut tile = vec![0f32; (n1 - n0) * t_rows];
+            for n in n0..n1 {
+                for t in 0..t_rows {
+                    tile[t * (n1 - n0) + (n - n0)] = dot_row(w, n, a, t, avx2);
+                }
+            }
+            (n0, tile)
+        })
+        .collect();
+    for (n0, tile) in tiles {
+        let width = tile.len() / t_rows.max(1);
+        for t in 0..t_rows {
+            out[t * n_out + n0..t * n_out + n0 + width].copy_from_slice(&tile[t * width..(t + 1) * width]);
+        }
+    }
+}
+
+/// Rows per task: enough work per task to amortise the hand-off, enough tasks to balance 2+ cores.
+fn chunk_rows(n_out: usize, t_rows: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_balance = n_out.div_ceil(threads * 4);
+    let by_work = (16_384 / t_rows.max(1)).max(8);
+    by_balance.min(by_work).max(1)
+}
+
+#[inline]
+fn dot_row(w: &Q8Matrix, n: usize, a: &Q8Acts, t: usize, avx2: bool) -> f32 {
+    let (wq, ws) = w.row(n);
+    let (aq, as_) = a.row(t);
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { simd::dot_q8_avx2(wq, ws, aq, as_) };
+    }
+    let _ = avx2;
+    q8::dot_q8_scalar(wq, ws, aq, as_)
+}
+
+/// `sum(a[i] * b[i])` in f32, vectorised where the CPU allows.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { simd::dot_f32_avx2(a, b) };
+    }
+    dot_generic(a, b)
+}
+
+/// Eight independent accumulators, so the compiler can vectorise without reassociating.
+#[inline(always)]
+pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s = 0f32;
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
+}
+
+/// `y += alpha * x`.
+#[inline]
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// RMS-normalises `x` in place and multiplies by `weight`.
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mean_sq = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for (xi, wi) in x.iter_mut().zip(weight) {
+        *xi *= inv * wi;
+    }
+}
+
+/// Softmax in place over `x`.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `gate <- silu(gate) * up`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Rotates adjacent pairs `(x[2i], x[2i+1])` of every head by the angle whose cosine and sine are
+/// `cos[i]`, `sin[i]` (GGUF's Llama layout: llama.cpp's converter permutes q/k rows so that the
+/// rotated pairs are adjacent).
+pub fn rope_inplace(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..head_dim / 2 {
+            let (a, b) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = a * cos[i] - b * sin[i];
+            head[2 * i + 1] = a * sin[i] + b * cos[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

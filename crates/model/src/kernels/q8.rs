@@ -1,0 +1,132 @@
+//! Q8 storage: rows of blocks of [`QK`] signed bytes, each block with an f32 scale.
+//!
+//! Values are quantised symmetrically to [-127, 127] (never -128, so that the SIMD kernel may
+//! take absolute values in 8 bits).
+
+/// Values per block.
+pub const QK: usize = 32;
+
+/// A quantised (rows, cols) weight matrix; `cols` is a multiple of [`QK`].
+#[derive(Debug, Clone)]
+pub struct Q8Matrix {
+    rows: usize,
+    cols: usize,
+    quants: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl Q8Matrix {
+    /// Quantises a row-major f32 matrix.
+    pub fn from_f32(data: &[f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols);
+        assert_eq!(cols % QK, 0, "columns must be a multiple of {QK}");
+        let mut quants = vec![0i8; rows * cols];
+        let mut scales = vec![0f32; rows * cols / QK];
+        quantize_into(data, &mut quants, &mut scales);
+        Q8Matrix { rows, cols, quants, scales }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Quants and scales of one row.
+    #[inline]
+    pub fn row(&self, r: usize) -> (&[i8], &[f32]) {
+        let bpr = self.cols / QK;
+        (&self.quants[r * self.cols..(r + 1) * self.cols], &self.scales[r * bpr..(r + 1) * bpr])
+    }
+
+    /// One row back in f32 (for embedding lookups).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let (q, s) = self.row(r);
+        for (b, scale) in s.iter().enumerate() {
+            for i in 0..QK {
+                out[b * QK + i] = q[b * QK + i] as f32 * scale;
+            }
+        }
+    }
+
+    /// Bytes of weight data, for reporting.
+    pub fn bytes(&self) -> usize {
+        self.quants.len() + self.scales.len() * 4
+    }
+
+    /// Stacks matrices with equal `cols` vertically (to fuse q/k/v or gate/up into one matmul).
+    pub fn vstack(parts: &[Q8Matrix]) -> Q8Matrix {
+        let cols = parts[0].cols;
+        assert!(parts.iter().all(|p| p.cols == cols));
+        let mut out = Q8Matrix { rows: 0, cols, quants: Vec::new(), scales: Vec::new() };
+        for p in parts {
+            out.rows += p.rows;
+            out.quants.extend_from_slice(&p.quants);
+            out.scales.extend_from_slice(&p.scales);
+        }
+        out
+    }
+}
+
+/// Activations quantised per row and block, reused across every weight row of one matmul.
+#[derive(Debug, Clone, Default)]
+pub struct Q8Acts {
+    rows: usize,
+    cols: usize,
+    quants: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl Q8Acts {
+    /// Quantises (rows, cols) activations, reusing this buffer's allocation.
+    pub fn quantize(&mut self, data: &[f32], rows: usize, cols: usize) {
+        assert_eq!(data.len(), rows * cols);
+        assert_eq!(cols % QK, 0);
+        self.rows = rows;
+        self.cols = cols;
+        self.quants.resize(rows * cols, 0);
+        self.scales.resize(rows * cols / QK, 0.0);
+        quantize_into(data, &mut self.quants, &mut self.scales);
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    #[inline]
+    pub fn row(&self, r: usize) -> (&[i8], &[f32]) {
+        let bpr = self.cols / QK;
+        (&self.quants[r * self.cols..(r + 1) * self.cols], &self.scales[r * bpr..(r + 1) * bpr])
+    }
+}
+
+fn quantize_into(data: &[f32], quants: &mut [i8], scales: &mut [f32]) {
+    for ((block, q), s) in data.chunks_exact(QK).zip(quants.chunks_exact_mut(QK)).zip(scales.iter_mut()) {
+        let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (qi, x) in q.iter_mut().zip(block) {
+            *qi = (x * inv).round().clamp(-127.0, 127.0) as i8;
+        }
+        *s = d;
+    }
+}
+
+/// The reference dot product of one weight row and one activation row.
+pub(crate) fn dot_q8_scalar(wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, (w_scale, a_scale)) in ws.iter().zip(as_).enumerate() {
+        let mut isum = 0i32;
+        for i in b * QK..(b + 1) * QK {
+            isum += wq[i] as i32 * aq[i] as i32;
+        }
+        acc += isum as f32 * (w_scale * a_scale);
+    }
+    acc
+}

@@ -1,0 +1,50 @@
+//! AVX2 + FMA versions of the kernels. Every function here must only be called after
+//! `has_avx2()` returned true.
+#![allow(unsafe_code)]
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// One weight row times one activation row, 32 int8 pairs per step.
+///
+/// `maddubs` multiplies unsigned by signed bytes, so the weight's sign is moved onto the
+/// activation (`sign_epi8`) and its absolute value used; values never reach -128, so the absolute
+/// value fits. Pairs of i16 products are then widened to i32 (`madd` with ones), converted to f32
+/// and accumulated with the block's combined scale, lane-wise; the 8 lanes are summed at the end.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_q8_avx2(wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) -> f32 {
+    debug_assert_eq!(wq.len(), aq.len());
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..ws.len() {
+        // SAFETY: each block is 32 bytes inside the slices (len = blocks * 32).
+        let w = unsafe { _mm256_loadu_si256(wq.as_ptr().add(b * 32) as *const __m256i) };
+        let a = unsafe { _mm256_loadu_si256(aq.as_ptr().add(b * 32) as *const __m256i) };
+        let w_abs = _mm256_sign_epi8(w, w);
+        let a_signed = _mm256_sign_epi8(a, w);
+        let pairs = _mm256_maddubs_epi16(w_abs, a_signed);
+        let sums = _mm256_madd_epi16(pairs, ones);
+        let scale = _mm256_set1_ps(ws[b] * as_[b]);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
+    }
+    hsum(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps(v, 1);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// The generic f32 dot product, compiled with AVX2/FMA enabled so that it vectorises to 256 bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+    super::dot_generic(a, b)
+}

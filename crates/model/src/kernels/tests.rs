@@ -1,0 +1,107 @@
+use super::*;
+
+/// A deterministic pseudo-random sequence (no RNG crate needed for fixtures).
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2654435761).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn q8_matmul_matches_f32_within_quantisation_error() {
+    let (n, k, t) = (37, 96, 5);
+    let w = values(n * k, 1);
+    let x = values(t * k, 2);
+    let wq = Q8Matrix::from_f32(&w, n, k);
+    let mut a = Q8Acts::default();
+    a.quantize(&x, t, k);
+    let mut out = vec![0f32; t * n];
+    matmul_q8(&wq, &a, &mut out);
+    for ti in 0..t {
+        for ni in 0..n {
+            let exact: f32 = (0..k).map(|i| w[ni * k + i] * x[ti * k + i]).sum();
+            let got = out[ti * n + ni];
+            assert!((got - exact).abs() < 0.05, "({ti},{ni}): {got} vs {exact}");
+        }
+    }
+}
+
+#[test]
+fn batched_rows_equal_single_rows_exactly() {
+    let (n, k, t) = (64, 128, 7);
+    let wq = Q8Matrix::from_f32(&values(n * k, 3), n, k);
+    let x = values(t * k, 4);
+    let mut all = Q8Acts::default();
+    all.quantize(&x, t, k);
+    let mut batched = vec![0f32; t * n];
+    matmul_q8(&wq, &all, &mut batched);
+    for ti in 0..t {
+        let mut one = Q8Acts::default();
+        one.quantize(&x[ti * k..(ti + 1) * k], 1, k);
+        let mut single = vec![0f32; n];
+        matmul_q8(&wq, &one, &mut single);
+        assert_eq!(&batched[ti * n..(ti + 1) * n], &single[..], "row {ti}");
+    }
+}
+
+#[test]
+fn simd_and_scalar_paths_agree() {
+    let k = 576;
+    let wq = Q8Matrix::from_f32(&values(k, 5), 1, k);
+    let mut a = Q8Acts::default();
+    a.quantize(&values(k, 6), 1, k);
+    let (w_q, w_s) = wq.row(0);
+    let (a_q, a_s) = a.row(0);
+    let scalar = q8::dot_q8_scalar(w_q, w_s, a_q, a_s);
+    let dispatched = dot_row(&wq, 0, &a, 0, has_avx2());
+    assert!((scalar - dispatched).abs() <= 1e-4 * scalar.abs().max(1.0), "{scalar} vs {dispatched}");
+    let (x, y) = (values(100, 7), values(100, 8));
+    let plain: f32 = x.iter().zip(&y).map(|(a, b)| a * b).sum();
+    assert!((dot(&x, &y) - plain).abs() < 1e-4);
+}
+
+#[test]
+fn quantisation_round_trip_and_extremes() {
+    let mut row = vec![0f32; 32];
+    row[0] = -1.27;
+    row[1] = 1.27;
+    row[2] = 0.5;
+    let q = Q8Matrix::from_f32(&row, 1, 32);
+    let (quants, scales) = q.row(0);
+    assert_eq!((quants[0], quants[1]), (-127, 127));
+    assert!((scales[0] - 0.01).abs() < 1e-7);
+    let mut back = vec![0f32; 32];
+    q.dequantize_row(0, &mut back);
+    assert!((back[2] - 0.5).abs() <= 0.005);
+    let zero = Q8Matrix::from_f32(&[0f32; 32], 1, 32);
+    assert_eq!(zero.row(0).1[0], 0.0);
+}
+
+#[test]
+fn norm_softmax_silu_rope_by_hand() {
+    // rms of [3, 4] = sqrt(12.5); weights [1, 2]
+    let mut x = vec![3.0, 4.0];
+    rms_norm(&mut x, &[1.0, 2.0], 0.0);
+    let r = 12.5f32.sqrt();
+    assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 8.0 / r).abs() < 1e-6);
+
+    let mut s = vec![0.0, (2.0f32).ln()];
+    softmax(&mut s);
+    assert!((s[0] - 1.0 / 3.0).abs() < 1e-6 && (s[1] - 2.0 / 3.0).abs() < 1e-6);
+
+    let mut g = vec![0.0, 1.0];
+    silu_mul(&mut g, &[5.0, 2.0]);
+    assert_eq!(g[0], 0.0);
+    assert!((g[1] - 2.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+
+    // A quarter turn maps (1, 0) to (0, 1) and (0, 1) to (-1, 0).
+    let mut h = vec![1.0, 0.0, 0.0, 1.0];
+    rope_inplace(&mut h, 2, &[0.0], &[1.0]);
+    assert_eq!(h, vec![0.0, 1.0, -1.0, 0.0]);
+}

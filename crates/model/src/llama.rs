@@ -1,0 +1,275 @@
+//! The Llama architecture: config, weights, and a forward pass over a ragged batch.
+//!
+//! A batch is a list of sequences, each contributing some new tokens (a prefill chunk or one
+//! decode token) at positions that continue its own KV cache. All tokens of the batch are packed
+//! into one (T, hidden) matrix for the linear layers, so each weight is read once per step for the
+//! whole batch; attention runs per token against its own sequence's cache.
+
+use crate::kernels::{self, Q8Acts, Q8Matrix};
+use crate::kv::KvCache;
+use crate::lora::LoraAdapter;
+use crate::ModelError;
+use rayon::prelude::*;
+
+/// Shape of a Llama model, read from GGUF metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    pub n_layer: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    pub vocab: usize,
+    pub context_len: usize,
+}
+
+impl LlamaConfig {
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
+
+/// One transformer block. q/k/v and gate/up are fused into one matrix each.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub qkv: Q8Matrix,
+    pub o: Q8Matrix,
+    pub ffn_norm: Vec<f32>,
+    pub gate_up: Q8Matrix,
+    pub down: Q8Matrix,
+}
+
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub embed: Q8Matrix,
+    pub layers: Vec<Layer>,
+    pub out_norm: Vec<f32>,
+    /// `None` when the output head is tied to the embedding.
+    pub lm_head: Option<Q8Matrix>,
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+/// Which logits a sequence wants from this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    /// Only after its last new token (decode, or the end of a prefill).
+    Last,
+    /// After every new token (prompt logprobs).
+    All,
+}
+
+/// One sequence's part of a batch.
+pub struct SeqInput<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+    pub adapter: Option<&'a LoraAdapter>,
+    pub logits: Logits,
+}
+
+/// Where each packed row comes from.
+#[derive(Clone, Copy)]
+struct RowInfo {
+    seq: usize,
+    pos: usize,
+}
+
+impl Llama {
+    pub fn new(config: LlamaConfig, embed: Q8Matrix, layers: Vec<Layer>, out_norm: Vec<f32>, lm_head: Option<Q8Matrix>) -> Self {
+        let half = config.head_dim / 2;
+        let mut rope_cos = vec![0f32; config.context_len * half];
+        let mut rope_sin = vec![0f32; config.context_len * half];
+        for pos in 0..config.context_len {
+            for i in 0..half {
+                let inv_freq = 1.0 / (config.rope_base as f64).powf(2.0 * i as f64 / config.head_dim as f64);
+                let (s, c) = (pos as f64 * inv_freq).sin_cos();
+                rope_cos[pos * half + i] = c as f32;
+                rope_sin[pos * half + i] = s as f32;
+            }
+        }
+        Llama { config, embed, layers, out_norm, lm_head, rope_cos, rope_sin }
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
+        l + self.embed.bytes() + self.lm_head.as_ref().map_or(0, Q8Matrix::bytes)
+    }
+
+    /// Runs one step. Returns, per sequence, its requested logits rows (vocab floats each).
+    pub fn forward(&self, seqs: &mut [SeqInput<'_>]) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+        let c = &self.config;
+        let mut rows = Vec::new();
+        for (s, seq) in seqs.iter().enumerate() {
+            let start = seq.cache.len();
+            if start + seq.tokens.len() > c.context_len {
+                return Err(ModelError::ContextOverflow { needed: start + seq.tokens.len(), limit: c.context_len });
+            }
+            if let Some(&bad) = seq.tokens.iter().find(|t| **t as usize >= c.vocab) {
+                return Err(ModelError::TokenOutOfRange(bad));
+            }
+            rows.extend((0..seq.tokens.len()).map(|i| RowInfo { seq: s, pos: start + i }));
+        }
+        let t_rows = rows.len();
+        let h = c.hidden;
+        let mut x = vec![0f32; t_rows * h];
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        for (row, tok) in x.chunks_exact_mut(h).zip(&tokens) {
+            self.embed.dequantize_row(*tok as usize, row);
+        }
+        let mut acts = Q8Acts::default();
+        for (li, layer) in self.layers.iter().enumerate() {
+            self.attention_block(li, layer, seqs, &rows, &mut x, &mut acts);
+            self.ffn_block(li, layer, seqs, &rows, &mut x, &mut acts);
+        }
+        for seq in seqs.iter_mut() {
+            seq.cache.commit(seq.tokens.len());
+        }
+        Ok(self.logits(seqs, &rows, &x, &mut acts))
+    }
+
+    fn attention_block(&self, li: usize, layer: &Layer, seqs: &mut [SeqInput<'_>], rows: &[RowInfo], x: &mut [f32], acts: &mut Q8Acts) {
+        let c = &self.config;
+        let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
+        let t_rows = rows.len();
+        let mut xn = x.to_vec();
+        xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, &layer.attn_norm, c.rms_eps));
+        acts.quantize(&xn, t_rows, h);
+        let width = qd + 2 * kvd;
+        let mut qkv = vec![0f32; t_rows * width];
+        kernels::matmul_q8(&layer.qkv, acts, &mut qkv);
+        self.apply_lora(seqs, rows, &xn, h, &mut qkv, width, |a| {
+            [(a.layer(li).q.as_ref(), 0), (a.layer(li).k.as_ref(), qd), (a.layer(li).v.as_ref(), qd + kvd)]
+        });
+        // RoPE on q and k, then append k and v to each sequence's cache.
+        let half = hd / 2;
+        qkv.par_chunks_exact_mut(width).zip(rows.par_iter()).for_each(|(r, info)| {
+            let (cos, sin) = (&self.rope_cos[info.pos * half..][..half], &self.rope_sin[info.pos * half..][..half]);
+            kernels::rope_inplace(&mut r[..qd + kvd], hd, cos, sin);
+        });
+        for (r, info) in qkv.chunks_exact(width).zip(rows) {
+            seqs[info.seq].cache.write(li, info.pos, &r[qd..qd + kvd], &r[qd + kvd..]);
+        }
+        // Causal attention, one packed row at a time (rows are independent once caches hold k/v).
+        let group = c.n_head / c.n_kv_head;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
+        let mut attn = vec![0f32; t_rows * qd];
+        attn.par_chunks_exact_mut(qd).zip(rows.par_iter()).enumerate().for_each(|(t, (out, info))| {
+            let q_row = &qkv[t * width..t * width + qd];
+            let cache = caches[info.seq];
+            let n_ctx = info.pos + 1;
+            let mut scores = vec![0f32; n_ctx];
+            for head in 0..c.n_head {
+                let kvh = head / group;
+                let q = &q_row[head * hd..(head + 1) * hd];
+                for (p, s) in scores.iter_mut().enumerate() {
+                    *s = kernels::dot(q, cache.k(li, p, kvh, hd)) * scale;
+                }
+                kernels::softmax(&mut scores);
+                let o = &mut out[head * hd..(head + 1) * hd];
+                for (p, w) in scores.iter().enumerate() {
+                    kernels::axpy(*w, cache.v(li, p, kvh, hd), o);
+                }
+            }
+        });
+        acts.quantize(&attn, t_rows, qd);
+        let mut proj = vec![0f32; t_rows * h];
+        kernels::matmul_q8(&layer.o, acts, &mut proj);
+        self.apply_lora(seqs, rows, &attn, qd, &mut proj, h, |a| [(a.layer(li).o.as_ref(), 0), (None, 0), (None, 0)]);
+        for (xi, pi) in x.iter_mut().zip(&proj) {
+            *xi += pi;
+        }
+    }
+
+    fn ffn_block(&self, li: usize, layer: &Layer, seqs: &mut [SeqInput<'_>], rows: &[RowInfo], x: &mut [f32], acts: &mut Q8Acts) {
+        let c = &self.config;
+        let (h, f) = (c.hidden, c.ffn);
+        let t_rows = rows.len();
+        let mut xn = x.to_vec();
+        xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, &layer.ffn_norm, c.rms_eps));
+        acts.quantize(&xn, t_rows, h);
+        let mut gu = vec![0f32; t_rows * 2 * f];
+        kernels::matmul_q8(&layer.gate_up, acts, &mut gu);
+        self.apply_lora(seqs, rows, &xn, h, &mut gu, 2 * f, |a| {
+            [(a.layer(li).gate.as_ref(), 0), (a.layer(li).up.as_ref(), f), (None, 0)]
+        });
+        let mut hidden = vec![0f32; t_rows * f];
+        hidden.par_chunks_exact_mut(f).zip(gu.par_chunks_exact(2 * f)).for_each(|(out, r)| {
+            out.copy_from_slice(&r[..f]);
+            kernels::silu_mul(out, &r[f..]);
+        });
+        acts.quantize(&hidden, t_rows, f);
+        let mut down = vec![0f32; t_rows * h];
+        kernels::matmul_q8(&layer.down, acts, &mut down);
+        self.apply_lora(seqs, rows, &hidden, f, &mut down, h, |a| [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]);
+        for (xi, di) in x.iter_mut().zip(&down) {
+            *xi += di;
+        }
+    }
+
+    /// Adds each sequence's LoRA deltas `scale * B (A x)` to its rows of `out`. `pick` names up to
+    /// three (adapter matrix, column offset) pairs for this projection.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_lora<'a>(
+        &self,
+        seqs: &[SeqInput<'a>],
+        rows: &[RowInfo],
+        input: &[f32],
+        in_dim: usize,
+        out: &mut [f32],
+        out_dim: usize,
+        pick: impl Fn(&'a LoraAdapter) -> [(Option<&'a crate::lora::LoraPair>, usize); 3],
+    ) {
+        if seqs.iter().all(|s| s.adapter.is_none()) {
+            return;
+        }
+        for (t, info) in rows.iter().enumerate() {
+            let Some(adapter) = seqs[info.seq].adapter else { continue };
+            let x_row = &input[t * in_dim..(t + 1) * in_dim];
+            let out_row = &mut out[t * out_dim..(t + 1) * out_dim];
+            for (pair, offset) in pick(adapter) {
+                if let Some(pair) = pair {
+                    pair.apply(x_row, &mut out_row[offset..offset + pair.out_dim()], adapter.scale);
+                }
+            }
+        }
+    }
+
+    fn logits(&self, seqs: &[SeqInput<'_>], rows: &[RowInfo], x: &[f32], acts: &mut Q8Acts) -> Vec<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let h = c.hidden;
+        let mut wanted = Vec::new(); // (seq, packed row)
+        for (t, info) in rows.iter().enumerate() {
+            let seq = &seqs[info.seq];
+            let last = rows.get(t + 1).is_none_or(|n| n.seq != info.seq);
+            if seq.logits == Logits::All || (seq.logits == Logits::Last && last) {
+                wanted.push((info.seq, t));
+            }
+        }
+        let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
+        if wanted.is_empty() {
+            return out;
+        }
+        let mut xs = Vec::with_capacity(wanted.len() * h);
+        for (_, t) in &wanted {
+            xs.extend_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        xs.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, &self.out_norm, c.rms_eps));
+        acts.quantize(&xs, wanted.len(), h);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0f32; wanted.len() * c.vocab];
+        kernels::matmul_q8(head, acts, &mut logits);
+        for (i, (s, _)) in wanted.iter().enumerate() {
+            out[*s].push(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
+        }
+        out
+    }
+}
