@@ -117,3 +117,15 @@ mod tests {
         assert_eq!(s.find(&hash_key(&b)), None);
     }
 }
+
+/// Middleware for the OpenAI-compatible area: the same check, rendered in its error shape.
+pub async fn require_openai(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let token = bearer(&req).map(str::to_owned);
+    match authenticate(&state, token.as_deref()).await {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => e.into_openai_response().into_response(),
+    }
+}

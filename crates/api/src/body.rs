@@ -1,7 +1,7 @@
 //! Request input at the edge: JSON bodies (with size limits and FastAPI-style decode errors),
 //! path ids and cursor-page query parameters.
 
-use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::error::{ApiError, ErrorKind, OpenAiError, PreviewError};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use serde_json::{json, Value};
@@ -56,6 +56,28 @@ impl<S: Send + Sync> FromRequest<S> for PreviewJson {
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
         Ok(PreviewJson(read_json(req).await?))
+    }
+}
+
+/// A JSON body for an OpenAI-compatible handler (errors in that area's shape).
+pub struct OpenAiJson(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for OpenAiJson {
+    type Rejection = OpenAiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        // vLLM accepts only JSON bodies.
+        if let Some(ct) = req.headers().get(axum::http::header::CONTENT_TYPE) {
+            let ct = ct.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            if ct != "application/json" {
+                return Err(ApiError::bad_param("Content-Type", "Unsupported Media Type: Only 'application/json' is allowed").into());
+            }
+        }
+        let value = read_json(req).await?;
+        if !value.is_object() {
+            return Err(ApiError::bad_param("body", "the request body must be a JSON object").into());
+        }
+        Ok(OpenAiJson(value))
     }
 }
 

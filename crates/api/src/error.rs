@@ -28,13 +28,15 @@ pub enum ErrorKind {
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
+    /// The request field at fault (OpenAI shape's `param`).
+    pub param: Option<String>,
     pub fields: Vec<FieldError>,
     pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        ApiError { kind, message: message.into(), fields: Vec::new(), retry_after_secs: None }
+        ApiError { kind, message: message.into(), param: None, fields: Vec::new(), retry_after_secs: None }
     }
 
     pub fn validation(fields: Vec<FieldError>) -> Self {
@@ -45,6 +47,16 @@ impl ApiError {
     /// A single field error at `loc`.
     pub fn field(loc: Vec<Loc>, kind: &str, msg: impl Into<String>, input: Value) -> Self {
         ApiError::validation(vec![FieldError::new(loc, kind, msg, input)])
+    }
+
+    /// A 400-class problem with one named field, for the OpenAI-compatible area.
+    pub fn bad_param(param: &str, message: impl Into<String>) -> Self {
+        ApiError { param: Some(param.to_string()), ..ApiError::new(ErrorKind::Validation, message) }
+    }
+
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
     }
 
     /// Unknown ids and other entities' ids produce exactly this, byte for byte.
@@ -93,6 +105,58 @@ impl ApiError {
         let mut response = (self.status(), axum::Json(body)).into_response();
         self.decorate(&mut response);
         response
+    }
+}
+
+impl ApiError {
+    /// The OpenAI/vLLM body: `{"error": {message, type, param, code}}`; validation is a 400.
+    pub fn into_openai_response(self) -> Response {
+        let status = match self.kind {
+            ErrorKind::Validation => StatusCode::BAD_REQUEST,
+            _ => self.status(),
+        };
+        let kind = match self.kind {
+            ErrorKind::Validation => "BadRequestError",
+            ErrorKind::Unauthorized => "AuthenticationError",
+            ErrorKind::Forbidden => "PermissionDeniedError",
+            ErrorKind::NotFound => "NotFoundError",
+            ErrorKind::Conflict => "ConflictError",
+            ErrorKind::PayloadTooLarge => "RequestTooLargeError",
+            ErrorKind::TooManyRequests => "RateLimitError",
+            ErrorKind::Unavailable => "ServiceUnavailableError",
+            ErrorKind::Internal => "InternalServerError",
+        };
+        let mut message = self.message.clone();
+        if self.kind == ErrorKind::Validation && !self.fields.is_empty() {
+            let parts: Vec<String> = self.fields.iter().take(10).map(|f| {
+                let loc: Vec<String> = f.loc.iter().map(|l| match l { Loc::Key(k) => k.clone(), Loc::Index(i) => i.to_string() }).collect();
+                format!("{}: {}", loc.join("."), f.msg)
+            }).collect();
+            message = format!("{} validation error{}: {}", self.fields.len(), if self.fields.len() == 1 { "" } else { "s" }, parts.join("; "));
+        }
+        let param = self.param.clone().or_else(|| {
+            self.fields.first().map(|f| f.loc.iter().skip(1).map(|l| match l { Loc::Key(k) => k.clone(), Loc::Index(i) => i.to_string() }).collect::<Vec<_>>().join("."))
+        });
+        let body = json!({ "error": { "message": message, "type": kind, "param": param, "code": status.as_u16() } });
+        let mut response = (status, axum::Json(body)).into_response();
+        self.decorate(&mut response);
+        response
+    }
+}
+
+/// An [`ApiError`] rendered in the OpenAI-compatible area's shape.
+#[derive(Debug)]
+pub struct OpenAiError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for OpenAiError {
+    fn from(e: E) -> Self {
+        OpenAiError(e.into())
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        self.0.into_openai_response()
     }
 }
 

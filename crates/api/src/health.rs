@@ -1,4 +1,5 @@
-//! `GET /health` (and `/v1/health`): no auth; 200 while the store answers, else 503.
+//! `GET /health` (and `/v1/health`): no auth; 200 while the store answers and the inference
+//! engine makes progress, else 503.
 
 use crate::{AppState, HEALTH_TIMEOUT};
 use axum::extract::State;
@@ -13,6 +14,9 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    if state.backend().is_some_and(|b| !b.healthy()) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": "the inference engine is not making progress" })));
+    }
     match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
         Ok(Ok(())) => (StatusCode::OK, Json(json!({ "status": "ok" }))),
         Ok(Err(e)) => {

@@ -13,14 +13,17 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod limiter;
+pub mod openai;
 pub mod preview;
-mod views;
+pub(crate) mod views;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderName, Request};
 use axum::Router;
 use std::sync::Arc;
 use std::time::Duration;
+use tandem_core::inference::SharedBackend;
 use tandem_core::trajectory::TrajectoryLimits;
 use tandem_store::{CheckpointDir, Store};
 use tokio::sync::Notify;
@@ -53,15 +56,34 @@ pub struct AppConfig {
     pub limits: Limits,
     /// Woken when a training job is queued.
     pub jobs_waker: Arc<Notify>,
+    /// The inference engine; `None` serves only the preview area (chat answers 503).
+    pub backend: Option<SharedBackend>,
+    /// Requests one entity may have in flight on the inference routes (429 beyond).
+    pub per_entity_limit: usize,
+    /// `fcfs` refuses a non-zero `priority`, as the interface requires of such servers.
+    pub priority_scheduling: bool,
 }
 
 /// Shared, cheap-to-clone handler state.
 #[derive(Clone)]
-pub struct AppState(Arc<AppConfig>);
+pub struct AppState(Arc<AppConfig>, Arc<limiter::EntityLimiter>);
 
 impl AppState {
     pub fn new(config: AppConfig) -> Self {
-        AppState(Arc::new(config))
+        let limiter = Arc::new(limiter::EntityLimiter::new(config.per_entity_limit));
+        AppState(Arc::new(config), limiter)
+    }
+
+    pub fn backend(&self) -> Option<&SharedBackend> {
+        self.0.backend.as_ref()
+    }
+
+    pub fn limiter(&self) -> &Arc<limiter::EntityLimiter> {
+        &self.1
+    }
+
+    pub fn priority_scheduling(&self) -> bool {
+        self.0.priority_scheduling
     }
 
     pub fn store(&self) -> &dyn Store {
@@ -96,6 +118,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(health::router())
         .nest("/v1/preview", preview::router(state.clone()))
+        .merge(openai::router(state.clone()))
         .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body))

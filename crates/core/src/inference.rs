@@ -189,6 +189,8 @@ pub trait InferenceBackend: Send + Sync + 'static {
     fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
     fn detokenize(&self, base: usize, tokens: &[u32]) -> Result<String, String>;
     fn token_text(&self, base: usize, token: u32) -> String;
+    /// Whether a request for `base` would be queued now; checked before any rendering.
+    fn has_capacity(&self, base: usize) -> bool;
     fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
     /// Drops any cached copy of a checkpoint's adapter (after deletion).
     fn forget_adapter(&self, checkpoint_id: &str);

@@ -173,6 +173,10 @@ impl InferenceBackend for Engine {
         self.slot(base).map(|s| s.tok.token_text(token)).unwrap_or_default()
     }
 
+    fn has_capacity(&self, base: usize) -> bool {
+        self.slots.get(base).is_some_and(|s| (s.metrics.waiting() as usize) < s.max_waiting)
+    }
+
     fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {
         let slot = self.slot(request.base).map_err(SubmitError::Invalid)?;
         if slot.metrics.waiting() as usize >= slot.max_waiting {
@@ -200,9 +204,3 @@ impl InferenceBackend for Engine {
     }
 }
 
-impl Engine {
-    /// Whether a new request for `base` would be queued (checked before any tokenizing).
-    pub fn has_capacity(&self, base: usize) -> bool {
-        self.slots.get(base).is_some_and(|s| (s.metrics.waiting() as usize) < s.max_waiting)
-    }
-}

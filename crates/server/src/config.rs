@@ -39,6 +39,18 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "TANDEM_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// `priority` (lower `priority` first, then arrival) or `fcfs` (non-zero priority is a 400).
+    #[arg(long, env = "TANDEM_SCHEDULING")]
+    pub scheduling: Option<String>,
+    /// Sequences decoded together in one step.
+    #[arg(long, env = "TANDEM_MAX_NUM_SEQS")]
+    pub max_num_seqs: Option<usize>,
+    /// Requests that may wait for admission before new ones get 503.
+    #[arg(long, env = "TANDEM_MAX_WAITING")]
+    pub max_waiting: Option<usize>,
+    /// Inference requests one entity may have in flight before new ones get 429.
+    #[arg(long, env = "TANDEM_PER_ENTITY_LIMIT")]
+    pub per_entity_limit: Option<usize>,
 }
 
 /// The TOML file: the same settings, all optional.
@@ -52,6 +64,10 @@ struct FileConfig {
     served_model_names: Option<Vec<String>>,
     api_key: Option<String>,
     max_body_bytes: Option<usize>,
+    scheduling: Option<String>,
+    max_num_seqs: Option<usize>,
+    max_waiting: Option<usize>,
+    per_entity_limit: Option<usize>,
 }
 
 /// One base model to serve.
@@ -69,6 +85,10 @@ pub struct ServeConfig {
     pub models: Vec<BaseModel>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    pub priority_scheduling: bool,
+    pub max_num_seqs: usize,
+    pub max_waiting: usize,
+    pub per_entity_limit: usize,
 }
 
 impl ServeConfig {
@@ -105,6 +125,14 @@ impl ServeConfig {
             models,
             api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(64 << 20),
+            priority_scheduling: match args.scheduling.or(file.scheduling).as_deref() {
+                None | Some("priority") => true,
+                Some("fcfs") => false,
+                Some(other) => bail!("--scheduling must be `priority` or `fcfs`, not {other:?}"),
+            },
+            max_num_seqs: args.max_num_seqs.or(file.max_num_seqs).unwrap_or(32).max(1),
+            max_waiting: args.max_waiting.or(file.max_waiting).unwrap_or(256).max(1),
+            per_entity_limit: args.per_entity_limit.or(file.per_entity_limit).unwrap_or(256).max(1),
         })
     }
 }

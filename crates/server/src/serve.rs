@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tandem_api::auth::{generate_key, StaticKeys};
 use tandem_api::{AppConfig, AppState, Limits};
+use tandem_engine::{Engine, EngineConfig};
 use tandem_jobs::{NoTrainer, Worker, WorkerConfig};
 use tandem_store::{CheckpointDir, Store};
 
@@ -19,6 +20,18 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         }
     }
     let store = Arc::new(open_store(&config.data_dir).await?);
+    let engine_config = EngineConfig { max_seqs: config.max_num_seqs, max_waiting: config.max_waiting, ..EngineConfig::default() };
+    let models = config.models.clone();
+    let started = std::time::Instant::now();
+    let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
+        let mut engine = Engine::new();
+        for m in &models {
+            engine.add_gguf(&m.id, &m.path, engine_config.clone()).with_context(|| format!("loading {}", m.path.display()))?;
+        }
+        Ok(engine)
+    })
+    .await??;
+    tracing::info!(secs = started.elapsed().as_secs_f32(), "models loaded");
     let checkpoints = CheckpointDir::open(config.data_dir.join("checkpoints"))?;
 
     let mut static_keys = StaticKeys::default();
@@ -37,6 +50,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         served_models: config.models.iter().map(|m| m.id.clone()).collect(),
         limits: Limits { max_body_bytes: config.max_body_bytes, ..Limits::default() },
         jobs_waker: worker.waker(),
+        backend: Some(Arc::new(engine)),
+        per_entity_limit: config.per_entity_limit,
+        priority_scheduling: config.priority_scheduling,
     });
     let worker_task = tokio::spawn(worker.clone().run());
 

@@ -165,6 +165,8 @@ pub trait Store: Send + Sync + 'static {
     /// (`Ok((model, false))`). Without it a duplicate is `Conflict`.
     async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)>;
     async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord>;
+    /// The model named `{entity}/{project}/{name}`.
+    async fn find_model(&self, entity: &str, project: &str, name: &str) -> Result<ModelRecord>;
     async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>>;
     /// Deletes the model with its checkpoints, logs, jobs and events. Returns the checkpoints
     /// whose files the caller must remove.

@@ -59,6 +59,11 @@ pub async fn delete(
 /// Removes deleted checkpoints' files. The rows are already gone, so nothing serves them; a file
 /// that cannot be removed now is swept at the next start.
 pub(crate) async fn remove_files(state: &AppState, deleted: &[Checkpoint]) {
+    if let Some(backend) = state.backend() {
+        for c in deleted {
+            backend.forget_adapter(&c.id.to_string());
+        }
+    }
     let dir = state.checkpoints().clone();
     let paths: Vec<String> = deleted.iter().map(|c| c.path.clone()).collect();
     let result = tokio::task::spawn_blocking(move || {

@@ -40,6 +40,9 @@ pub async fn test_app_with(limits: Limits) -> TestApp {
         served_models: vec![BASE.to_string()],
         limits,
         jobs_waker: waker.clone(),
+        backend: None,
+        per_entity_limit: 64,
+        priority_scheduling: true,
     });
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, _dir: dir }
 }

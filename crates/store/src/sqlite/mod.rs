@@ -173,6 +173,16 @@ impl crate::Store for SqliteStore {
         rows::model(&row)
     }
 
+    async fn find_model(&self, entity: &str, project: &str, name: &str) -> Result<ModelRecord> {
+        let row = sqlx::query("SELECT * FROM models WHERE entity = ? AND project = ? AND name = ?")
+            .bind(entity)
+            .bind(project)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        rows::model(&row)
+    }
+
     async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>> {
         let (cmp, order) = seq_clause(page.order);
         let after = match page.after {

@@ -1,0 +1,217 @@
+//! `POST /v1/chat/completions`: validate, resolve the model, admit, render and tokenize (on a
+//! blocking thread), submit to the engine, then answer with one response or an SSE stream.
+
+use super::request::{self, ChatPlan};
+use super::resolve::{Target, resolve};
+use super::response::{Collected, Renderer};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::body::OpenAiJson;
+use crate::error::{ApiError, ErrorKind, OpenAiError};
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use std::convert::Infallible;
+use tandem_core::inference::{GenerateRequest, InferEvent, SharedBackend, SubmitError};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    OpenAiJson(body): OpenAiJson,
+) -> Result<Response, OpenAiError> {
+    let backend = state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let plan = request::validate(&body, state.priority_scheduling())?;
+    let target = resolve(&state, &caller.entity, plan.model.as_deref()).await?;
+    // Admission comes before any rendering or tokenizing.
+    let permit = state
+        .limiter()
+        .acquire(&caller.entity)
+        .ok_or_else(|| ApiError::new(ErrorKind::TooManyRequests, "too many concurrent requests for this API key's entity").with_retry_after(1))?;
+    if !backend.has_capacity(target.base) {
+        return Err(ApiError::new(ErrorKind::Unavailable, "the server is at capacity; retry shortly").with_retry_after(1).into());
+    }
+    let request_id = plan
+        .request_id
+        .clone()
+        .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string))
+        .unwrap_or_else(|| tandem_core::new_id().simple().to_string());
+    let (generate, prompt) = prepare(backend.clone(), &plan, &target, request_id.clone()).await?;
+    let rx = backend.submit(generate).map_err(|e| match e {
+        SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
+        SubmitError::Invalid(m) => ApiError::bad_param("model", m),
+        SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
+    })?;
+    let echo = echo_text(&plan);
+    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo, backend, target.base);
+    let mut response = if plan.stream {
+        stream(renderer, rx, permit)
+    } else {
+        let collected = collect(rx, plan.n).await?;
+        drop(permit);
+        axum::Json(renderer.full(collected)).into_response()
+    };
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    Ok(response)
+}
+
+/// The model-dependent half of validation, on a blocking thread: render, tokenize, check ids
+/// against the vocabulary and the prompt against the context.
+async fn prepare(backend: SharedBackend, plan: &ChatPlan, target: &Target, request_id: String) -> Result<(GenerateRequest, Vec<u32>), ApiError> {
+    let plan = plan.clone();
+    let target = target.clone();
+    tokio::task::spawn_blocking(move || {
+        let info = backend.models().get(target.base).cloned().ok_or_else(|| ApiError::new(ErrorKind::Internal, "base model vanished"))?;
+        let mut prompt = backend.render_chat(target.base, &plan.render).map_err(|m| ApiError::bad_param("messages", m))?;
+        if let Some(t) = plan.truncate_prompt_tokens {
+            let keep = if t == -1 { info.context_len } else { t as usize };
+            if prompt.len() > keep {
+                prompt.drain(..prompt.len() - keep);
+            }
+        }
+        let mut params = plan.params.clone();
+        let vocab = info.vocab_size as u32;
+        let check = |name: &str, ids: &[u32]| match ids.iter().find(|t| **t >= vocab) {
+            Some(bad) => Err(ApiError::bad_param(name, format!("token id {bad} is out of vocabulary (size {vocab})"))),
+            None => Ok(()),
+        };
+        check("stop_token_ids", &params.stop_token_ids)?;
+        check("allowed_token_ids", params.allowed_token_ids.as_deref().unwrap_or(&[]))?;
+        check("logit_bias", &params.logit_bias.iter().map(|(t, _)| *t).collect::<Vec<_>>())?;
+        for word in &plan.bad_words {
+            let w = word.trim_start();
+            for variant in [w.to_string(), format!(" {w}")] {
+                let ids = backend.tokenize(target.base, &variant, false).map_err(|m| ApiError::bad_param("bad_words", m))?;
+                if !ids.is_empty() {
+                    params.bad_words.push(ids);
+                }
+            }
+        }
+        if prompt.len() >= info.context_len {
+            return Err(ApiError::bad_param(
+                "messages",
+                format!("This model's maximum context length is {} tokens. However, your prompt contains {} tokens.", info.context_len, prompt.len()),
+            ));
+        }
+        let room = info.context_len - prompt.len();
+        params.max_tokens = match plan.max_tokens {
+            Some(m) if m > info.context_len => {
+                return Err(ApiError::bad_param("max_completion_tokens", format!("max_completion_tokens={m} cannot be greater than max_model_len={}", info.context_len)));
+            }
+            Some(m) => m.min(room),
+            None => room,
+        };
+        params.min_tokens = params.min_tokens.min(params.max_tokens);
+        let req = GenerateRequest {
+            request_id,
+            base: target.base,
+            adapter: target.adapter.clone(),
+            prompt: prompt.clone(),
+            n: plan.n,
+            params,
+            priority: plan.priority,
+            cache_salt: plan.cache_salt.clone(),
+        };
+        Ok((req, prompt))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("render task failed: {e}")))?
+}
+
+/// With `echo`, the last message's text is prepended when its role is the reply's role.
+fn echo_text(plan: &ChatPlan) -> Option<String> {
+    if !plan.echo {
+        return None;
+    }
+    let last = plan.render.messages.last()?;
+    (last.get("role").and_then(|r| r.as_str()) == Some(plan.role.as_str()))
+        .then(|| flatten(last.get("content").unwrap_or(&serde_json::Value::Null)))
+}
+
+fn flatten(content: &serde_json::Value) -> String {
+    match content {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(parts) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(|t| t.as_str())).collect::<Vec<_>>().join("\n")
+        }
+        _ => String::new(),
+    }
+}
+
+/// Waits for every choice to finish.
+async fn collect(mut rx: UnboundedReceiver<InferEvent>, n: usize) -> Result<Collected, ApiError> {
+    let mut c = Collected::new(n);
+    while !c.done() {
+        match rx.recv().await {
+            Some(InferEvent::Error(m)) => return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}"))),
+            Some(ev) => c.push(ev),
+            None => return Err(ApiError::new(ErrorKind::Internal, "the inference engine stopped during generation")),
+        }
+    }
+    Ok(c)
+}
+
+/// SSE: a task turns engine events into frames; dropping the body (client gone) ends the task,
+/// which drops the engine receiver, which cancels the generation.
+fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit: crate::limiter::Permit) -> Response {
+    let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let frame = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
+        for chunk in renderer.opening() {
+            if tx.send(frame(chunk)).await.is_err() {
+                return;
+            }
+        }
+        while !renderer.done() {
+            let chunks = match rx.recv().await {
+                Some(InferEvent::Error(m)) => vec![error_frame(&format!("generation failed: {m}"))],
+                Some(ev) => renderer.event(ev),
+                None => vec![error_frame("the inference engine stopped during generation")],
+            };
+            let failed = chunks.iter().any(|c| c.get("error").is_some());
+            for chunk in chunks {
+                if tx.send(frame(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            if failed {
+                let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                return;
+            }
+        }
+        for chunk in renderer.closing() {
+            if tx.send(frame(chunk)).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    });
+    let body = Body::from_stream(ReceiverStream { rx: out });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn error_frame(message: &str) -> serde_json::Value {
+    serde_json::json!({"error": {"message": message, "type": "InternalServerError", "param": null, "code": 500}})
+}
+
+/// A bounded receiver as a body stream.
+struct ReceiverStream {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+}
+
+impl futures_core::Stream for ReceiverStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|o| o.map(Ok))
+    }
+}

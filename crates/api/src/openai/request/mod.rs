@@ -1,0 +1,406 @@
+//! Validation of a chat-completion body into a [`ChatPlan`]: every field typed, ranged and
+//! defaulted as vLLM does, in one place. Checks that need the model (vocabulary, prompt length)
+//! happen in `chat` once the model is resolved.
+
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+use tandem_core::inference::{ChatRender, SamplingParams};
+use tandem_core::validate::{Validator, optional};
+
+/// Most choices one request may ask for (ids reserve 8 bits for them).
+pub const MAX_N: i64 = 128;
+/// Most top logprobs per token, as vLLM's default `--max-logprobs`.
+pub const MAX_LOGPROBS: i64 = 20;
+
+/// A validated chat request, before the model is consulted.
+#[derive(Debug, Clone)]
+pub struct ChatPlan {
+    pub model: Option<String>,
+    pub render: ChatRender,
+    pub params: SamplingParams,
+    /// `max_completion_tokens` (or `max_tokens`), clamped later to the context left.
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+    pub logprobs: bool,
+    pub return_token_ids: bool,
+    pub tokens_as_ids: bool,
+    pub echo: bool,
+    pub priority: i64,
+    pub request_id: Option<String>,
+    pub cache_salt: Option<String>,
+    pub truncate_prompt_tokens: Option<i64>,
+    /// `bad_words` as text; tokenized once the model is known.
+    pub bad_words: Vec<String>,
+    /// The role of the reply: assistant, or the last message's role without a generation prompt.
+    pub role: String,
+}
+
+/// Fields this server does not implement yet; each is refused with a 400 naming it, never
+/// silently ignored (an ignored constraint would return unconstrained output as if it held).
+const NOT_YET: [(&str, &str); 4] = [
+    ("structured_outputs", "structured outputs are not supported by this server yet"),
+    ("guided_json", "guided decoding is not supported by this server yet"),
+    ("guided_regex", "guided decoding is not supported by this server yet"),
+    ("guided_choice", "guided decoding is not supported by this server yet"),
+];
+
+fn num(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<f64> {
+    optional(obj, key).and_then(|x| v.at(key, |v| v.number(x)))
+}
+
+fn int(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<i64> {
+    optional(obj, key).and_then(|x| v.at(key, |v| v.integer(x)))
+}
+
+fn flag(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<bool> {
+    optional(obj, key).and_then(|x| v.at(key, |v| v.boolean(x)))
+}
+
+fn string(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<String> {
+    optional(obj, key).and_then(|x| v.at(key, |v| v.string(x).map(str::to_string)))
+}
+
+fn bad(param: &str, msg: impl Into<String>) -> ApiError {
+    ApiError::bad_param(param, msg)
+}
+
+/// Validates the body. Errors name the field (`param`).
+pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, ApiError> {
+    let mut v = Validator::new("body");
+    let Some(obj) = v.object(body) else { return Err(ApiError::validation(v.into_errors())) };
+    for (key, why) in NOT_YET {
+        if optional(obj, key).is_some() {
+            return Err(bad(key, why));
+        }
+    }
+    let messages = match v.required(obj, "messages") {
+        Some(m) => v.at("messages", |v| messages(v, m)),
+        None => None,
+    };
+    let model = string(&mut v, obj, "model");
+    let temperature = num(&mut v, obj, "temperature");
+    let top_p = num(&mut v, obj, "top_p");
+    let top_k = int(&mut v, obj, "top_k");
+    let min_p = num(&mut v, obj, "min_p");
+    let presence = num(&mut v, obj, "presence_penalty");
+    let frequency = num(&mut v, obj, "frequency_penalty");
+    let repetition = num(&mut v, obj, "repetition_penalty");
+    let seed = int(&mut v, obj, "seed");
+    let n = int(&mut v, obj, "n");
+    let max_completion = int(&mut v, obj, "max_completion_tokens").or_else(|| int(&mut v, obj, "max_tokens"));
+    let min_tokens = int(&mut v, obj, "min_tokens");
+    let logprobs = flag(&mut v, obj, "logprobs").unwrap_or(false);
+    let top_logprobs = int(&mut v, obj, "top_logprobs");
+    let stream = flag(&mut v, obj, "stream").unwrap_or(false);
+    let priority = int(&mut v, obj, "priority").unwrap_or(0);
+    let truncate = int(&mut v, obj, "truncate_prompt_tokens");
+    let mut render = ChatRender {
+        add_generation_prompt: flag(&mut v, obj, "add_generation_prompt").unwrap_or(true),
+        continue_final_message: flag(&mut v, obj, "continue_final_message").unwrap_or(false),
+        add_special_tokens: flag(&mut v, obj, "add_special_tokens").unwrap_or(false),
+        chat_template: string(&mut v, obj, "chat_template"),
+        reasoning_effort: string(&mut v, obj, "reasoning_effort"),
+        documents: optional(obj, "documents").cloned(),
+        ..Default::default()
+    };
+    if let Some(k) = optional(obj, "chat_template_kwargs") {
+        render.kwargs = v.at("chat_template_kwargs", |v| v.dict(k).cloned()).unwrap_or_default();
+    }
+    let mut p = SamplingParams {
+        ignore_eos: flag(&mut v, obj, "ignore_eos").unwrap_or(false),
+        include_stop_str_in_output: flag(&mut v, obj, "include_stop_str_in_output").unwrap_or(false),
+        skip_special_tokens: flag(&mut v, obj, "skip_special_tokens").unwrap_or(true),
+        ..Default::default()
+    };
+    let stop = optional(obj, "stop").cloned();
+    let stop_token_ids = optional(obj, "stop_token_ids").cloned();
+    let allowed = optional(obj, "allowed_token_ids").cloned();
+    let bias = optional(obj, "logit_bias").cloned();
+    let bad_words = optional(obj, "bad_words").cloned();
+    let stream_options = optional(obj, "stream_options").cloned();
+    if v.has_errors() {
+        return Err(ApiError::validation(v.into_errors()));
+    }
+    let messages = messages.ok_or_else(|| bad("messages", "messages must be a non-empty list"))?;
+
+    // Ranges, as vLLM's SamplingParams checks them.
+    if let Some(t) = temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(bad("temperature", format!("temperature must be in [0, 2], got {t}.")));
+        }
+        // vLLM raises tiny positive temperatures to 0.01.
+        p.temperature = if t > 0.0 && t < 0.01 { 0.01 } else { t as f32 };
+    }
+    if let Some(tp) = top_p {
+        if !(tp > 0.0 && tp <= 1.0) {
+            return Err(bad("top_p", format!("top_p must be in (0, 1], got {tp}.")));
+        }
+        p.top_p = tp as f32;
+    }
+    if let Some(k) = top_k {
+        if k < -1 {
+            return Err(bad("top_k", format!("top_k must be -1 (disable), or at least 1, got {k}.")));
+        }
+        p.top_k = k.max(0) as usize;
+    }
+    if let Some(m) = min_p {
+        if !(0.0..=1.0).contains(&m) {
+            return Err(bad("min_p", format!("min_p must be in [0, 1], got {m}.")));
+        }
+        p.min_p = m as f32;
+    }
+    for (name, value, slot) in [("presence_penalty", presence, &mut p.presence_penalty), ("frequency_penalty", frequency, &mut p.frequency_penalty)] {
+        if let Some(x) = value {
+            if !(-2.0..=2.0).contains(&x) {
+                return Err(bad(name, format!("{name} must be in [-2, 2], got {x}.")));
+            }
+            *slot = x as f32;
+        }
+    }
+    if let Some(r) = repetition {
+        if r <= 0.0 {
+            return Err(bad("repetition_penalty", format!("repetition_penalty must be greater than zero, got {r}.")));
+        }
+        p.repetition_penalty = r as f32;
+    }
+    p.seed = seed.map(|s| s as u64);
+    let n = n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(bad("n", format!("n must be between 1 and {MAX_N}, got {n}.")));
+    }
+    if n > 1 && p.is_greedy() {
+        return Err(bad("n", format!("n must be 1 when using greedy sampling, got {n}.")));
+    }
+    let max_tokens = match max_completion {
+        Some(m) if m < 1 => return Err(bad("max_completion_tokens", format!("max_tokens must be at least 1, got {m}."))),
+        Some(m) => Some(m as usize),
+        None => None,
+    };
+    if let Some(m) = min_tokens {
+        if m < 0 || max_tokens.is_some_and(|mx| m as usize > mx) {
+            return Err(bad("min_tokens", format!("min_tokens must be between 0 and max_tokens, got {m}.")));
+        }
+        p.min_tokens = m as usize;
+    }
+    match top_logprobs {
+        Some(k) if !(0..=MAX_LOGPROBS).contains(&k) => {
+            return Err(bad("top_logprobs", format!("top_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}.")));
+        }
+        Some(k) if k > 0 && !logprobs => return Err(bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")),
+        _ => {}
+    }
+    if logprobs {
+        p.logprobs = Some(top_logprobs.unwrap_or(0) as usize);
+    }
+    if priority != 0 && !priority_scheduling {
+        return Err(bad("priority", format!("Got priority {priority} but priority scheduling is not enabled.")));
+    }
+    if let Some(t) = truncate {
+        if t < -1 {
+            return Err(bad("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or positive."));
+        }
+    }
+    p.stop = stop_strings(stop)?;
+    p.stop_token_ids = id_list("stop_token_ids", stop_token_ids)?.unwrap_or_default();
+    p.allowed_token_ids = id_list("allowed_token_ids", allowed)?;
+    if p.allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
+        return Err(bad("allowed_token_ids", "allowed_token_ids is not None and empty!"));
+    }
+    p.logit_bias = logit_bias(bias)?;
+    let bad_words = string_list("bad_words", bad_words)?;
+    if bad_words.iter().any(String::is_empty) {
+        return Err(bad("bad_words", "bad_words cannot contain an empty string."));
+    }
+    let (include_usage, continuous_usage) = stream_opts(stream_options, stream)?;
+    if render.continue_final_message && render.add_generation_prompt {
+        return Err(bad(
+            "continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True (add_generation_prompt defaults to true: send it as false).",
+        ));
+    }
+    if render.continue_final_message && messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) != Some("assistant") {
+        return Err(bad("continue_final_message", "continue_final_message requires the last message to be an assistant message."));
+    }
+    let cache_salt = match optional(obj, "cache_salt") {
+        None => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 && !s.contains(['@', '/', '\\', '\0']) => Some(s.clone()),
+        Some(_) => return Err(bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string of at most 128 characters without @ / \\ or NUL.")),
+    };
+    tools(obj, &mut render)?;
+    check_unsupported(obj)?;
+    let role = if render.add_generation_prompt {
+        "assistant".to_string()
+    } else {
+        messages.last().and_then(|m| m.get("role")).and_then(Value::as_str).unwrap_or("assistant").to_string()
+    };
+    render.messages = messages;
+    Ok(ChatPlan {
+        model,
+        render,
+        params: p,
+        max_tokens,
+        n: n as usize,
+        stream,
+        include_usage,
+        continuous_usage,
+        logprobs,
+        return_token_ids: optional(obj, "return_token_ids").and_then(Value::as_bool).unwrap_or(false),
+        tokens_as_ids: optional(obj, "return_tokens_as_token_ids").and_then(Value::as_bool).unwrap_or(false),
+        echo: optional(obj, "echo").and_then(Value::as_bool).unwrap_or(false),
+        priority,
+        request_id: optional(obj, "request_id").and_then(Value::as_str).map(str::to_string),
+        cache_salt,
+        truncate_prompt_tokens: truncate,
+        bad_words,
+        role,
+    })
+}
+
+/// A non-empty list of message objects, each with a string role; content a string, a list of
+/// parts or null.
+fn messages(v: &mut Validator, value: &Value) -> Option<Vec<Value>> {
+    let items = v.array(value)?;
+    if items.is_empty() {
+        v.value_error(value, "messages must not be empty");
+        return None;
+    }
+    let before = v.error_count();
+    for (i, m) in items.iter().enumerate() {
+        v.at(i, |v| {
+            let Some(obj) = v.object(m) else { return };
+            if let Some(role) = v.required(obj, "role") {
+                v.at("role", |v| v.string(role));
+            }
+            if let Some(c) = optional(obj, "content") {
+                if !(c.is_string() || c.is_array()) {
+                    v.at("content", |v| v.error("string_type", "Input should be a valid string or list of content parts", c));
+                }
+            }
+        });
+    }
+    (v.error_count() == before).then(|| items.clone())
+}
+
+fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s],
+        Some(other) => string_list("stop", Some(other))?,
+    };
+    if list.len() > 4 {
+        return Err(bad("stop", format!("at most 4 stop strings are allowed, got {}.", list.len())));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(bad("stop", "stop cannot contain an empty string."));
+    }
+    Ok(list)
+}
+
+fn string_list(name: &str, value: Option<Value>) -> Result<Vec<String>, ApiError> {
+    match value {
+        None => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|x| match x {
+                Value::String(s) => Ok(s),
+                _ => Err(bad(name, format!("{name} must be a list of strings."))),
+            })
+            .collect(),
+        Some(_) => Err(bad(name, format!("{name} must be a list of strings."))),
+    }
+}
+
+fn id_list(name: &str, value: Option<Value>) -> Result<Option<Vec<u32>>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|x| x.as_u64().filter(|i| *i <= u32::MAX as u64).map(|i| i as u32).ok_or_else(|| bad(name, format!("{name} must be a list of token ids."))))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => Err(bad(name, format!("{name} must be a list of token ids."))),
+    }
+}
+
+fn logit_bias(value: Option<Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(value) = value else { return Ok(Vec::new()) };
+    let Value::Object(map) = value else { return Err(bad("logit_bias", "logit_bias must be an object of token id to bias.")) };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, b) in map {
+        let id: u32 = k.parse().map_err(|_| bad("logit_bias", format!("logit_bias contains key(s) that cannot be converted to integer token IDs: {k}")))?;
+        let b = b.as_f64().ok_or_else(|| bad("logit_bias", "logit_bias values must be numbers."))?;
+        out.push((id, b.clamp(-100.0, 100.0) as f32));
+    }
+    Ok(out)
+}
+
+fn stream_opts(value: Option<Value>, stream: bool) -> Result<(bool, bool), ApiError> {
+    let Some(value) = value else { return Ok((false, false)) };
+    let Value::Object(o) = &value else { return Err(bad("stream_options", "stream_options must be an object.")) };
+    if !stream {
+        return Err(bad("stream_options", "Stream options can only be defined when `stream=True`."));
+    }
+    let include = o.get("include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let continuous = o.get("continuous_usage_stats").and_then(Value::as_bool).unwrap_or(false);
+    Ok((include, include && continuous))
+}
+
+/// Tools: with `tool_choice: "none"` they reach the template and the output is plain text; any
+/// other choice needs tool-call parsing, which this server does not have yet.
+fn tools(obj: &Map<String, Value>, render: &mut ChatRender) -> Result<(), ApiError> {
+    let tools = optional(obj, "tools");
+    let choice = optional(obj, "tool_choice");
+    if let Some(t) = tools {
+        let Value::Array(items) = t else { return Err(bad("tools", "tools must be a list.")) };
+        if items.is_empty() {
+            return Err(bad("tools", "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."));
+        }
+    }
+    match (tools, choice) {
+        (None, Some(c)) if c.as_str() != Some("none") => Err(bad("tool_choice", "When using `tool_choice`, `tools` must be set.")),
+        (Some(t), Some(c)) if c.as_str() == Some("none") => {
+            render.tools = Some(t.clone());
+            Ok(())
+        }
+        (Some(_), _) => Err(bad(
+            "tool_choice",
+            "tool calling (tool_choice \"auto\", \"required\" or a named function) is not supported by this server yet; send tool_choice \"none\" to pass tools to the template only",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    if optional(obj, "use_beam_search").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("use_beam_search", "beam search is not supported by this server yet"));
+    }
+    if optional(obj, "prompt_logprobs").is_some() {
+        return Err(bad("prompt_logprobs", "prompt_logprobs is not supported by this server yet"));
+    }
+    if let Some(rf) = optional(obj, "response_format") {
+        match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some(other) => return Err(bad("response_format", format!("response_format type {other:?} is not supported by this server yet"))),
+            None => return Err(bad("response_format", "response_format needs a type")),
+        }
+    }
+    if let Some(lp) = optional(obj, "logits_processors") {
+        let names: Vec<String> = match lp {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().or_else(|| i.get("qualname").and_then(Value::as_str)).unwrap_or("?").to_string())
+                .collect(),
+            _ => vec!["?".into()],
+        };
+        if let Some(first) = names.first() {
+            return Err(bad("logits_processors", format!("unknown logits processor {first:?}: this server has no built-in processors yet")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

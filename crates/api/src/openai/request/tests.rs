@@ -1,0 +1,100 @@
+use super::*;
+use serde_json::json;
+
+fn ok(body: Value) -> ChatPlan {
+    validate(&body, true).unwrap_or_else(|e| panic!("{}: {}", e.message, body))
+}
+
+fn err(body: Value) -> (Option<String>, String) {
+    let e = validate(&body, true).expect_err("should be rejected");
+    (e.param.clone().or_else(|| e.fields.first().map(|f| format!("{:?}", f.loc))), e.message)
+}
+
+fn msgs() -> Value {
+    json!([{"role": "user", "content": "hi"}])
+}
+
+#[test]
+fn defaults_follow_vllm() {
+    let p = ok(json!({"messages": msgs()}));
+    assert_eq!((p.n, p.stream, p.logprobs, p.priority), (1, false, false, 0));
+    assert_eq!(p.params.temperature, 1.0);
+    assert_eq!(p.params.top_k, 0);
+    assert!(p.render.add_generation_prompt && !p.render.add_special_tokens);
+    assert_eq!(p.max_tokens, None);
+    assert_eq!(p.role, "assistant");
+    assert!(p.params.skip_special_tokens);
+}
+
+#[test]
+fn fields_map_onto_params() {
+    let p = ok(json!({"messages": msgs(), "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1,
+        "max_tokens": 10, "max_completion_tokens": 7, "stop": "END", "seed": 3, "n": 2,
+        "logprobs": true, "top_logprobs": 5, "logit_bias": {"5": 200}, "stop_token_ids": [2],
+        "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true},
+        "return_token_ids": true, "return_tokens_as_token_ids": true, "nvext": {"x": 1},
+        "chat_template_kwargs": {"preserve_thinking": true}, "priority": -3, "cache_salt": "abc"}));
+    assert_eq!(p.max_tokens, Some(7), "max_completion_tokens wins");
+    assert_eq!(p.params.stop, vec!["END".to_string()]);
+    assert_eq!(p.params.logprobs, Some(5));
+    assert_eq!(p.params.logit_bias, vec![(5, 100.0)], "bias clamped to 100");
+    assert_eq!((p.n, p.include_usage, p.continuous_usage, p.tokens_as_ids), (2, true, true, true));
+    assert_eq!(p.render.kwargs["preserve_thinking"], json!(true));
+    assert_eq!(p.priority, -3);
+}
+
+#[test]
+fn rejections_name_the_field() {
+    let cases = [
+        (json!({}), "messages"),
+        (json!({"messages": []}), "messages"),
+        (json!({"messages": msgs(), "temperature": 3}), "temperature"),
+        (json!({"messages": msgs(), "top_p": 0}), "top_p"),
+        (json!({"messages": msgs(), "n": 2, "temperature": 0}), "n"),
+        (json!({"messages": msgs(), "max_completion_tokens": 0}), "max_completion_tokens"),
+        (json!({"messages": msgs(), "top_logprobs": 21, "logprobs": true}), "top_logprobs"),
+        (json!({"messages": msgs(), "top_logprobs": 2}), "top_logprobs"),
+        (json!({"messages": msgs(), "stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        (json!({"messages": msgs(), "stop": [""]}), "stop"),
+        (json!({"messages": msgs(), "stream_options": {"include_usage": true}}), "stream_options"),
+        (json!({"messages": msgs(), "logit_bias": {"x": 1}}), "logit_bias"),
+        (json!({"messages": msgs(), "allowed_token_ids": []}), "allowed_token_ids"),
+        (json!({"messages": msgs(), "continue_final_message": true}), "continue_final_message"),
+        (json!({"messages": msgs(), "continue_final_message": true, "add_generation_prompt": false}), "continue_final_message"),
+        (json!({"messages": msgs(), "cache_salt": ""}), "cache_salt"),
+        (json!({"messages": msgs(), "tools": []}), "tools"),
+        (json!({"messages": msgs(), "tool_choice": "auto"}), "tool_choice"),
+        (json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}]}), "tool_choice"),
+        (json!({"messages": msgs(), "use_beam_search": true}), "use_beam_search"),
+        (json!({"messages": msgs(), "structured_outputs": {"regex": "a+"}}), "structured_outputs"),
+        (json!({"messages": msgs(), "response_format": {"type": "json_object"}}), "response_format"),
+        (json!({"messages": msgs(), "logits_processors": ["my.mod.Proc"]}), "logits_processors"),
+        (json!({"messages": msgs(), "prompt_logprobs": 1}), "prompt_logprobs"),
+        (json!({"messages": msgs(), "min_tokens": 5, "max_tokens": 2}), "min_tokens"),
+        (json!({"messages": msgs(), "repetition_penalty": 0}), "repetition_penalty"),
+    ];
+    for (body, param) in cases {
+        let (got, msg) = err(body.clone());
+        let got = got.unwrap_or_default();
+        assert!(got.contains(param), "{body}: param {got:?} ({msg})");
+    }
+    let e = validate(&json!({"messages": [{"content": "x"}]}), true).unwrap_err();
+    assert_eq!(serde_json::to_value(&e.fields[0].loc).unwrap(), json!(["body", "messages", 0, "role"]));
+}
+
+#[test]
+fn priority_needs_priority_scheduling() {
+    assert!(validate(&json!({"messages": msgs(), "priority": 1}), false).is_err());
+    assert!(validate(&json!({"messages": msgs(), "priority": 0}), false).is_ok());
+}
+
+#[test]
+fn role_and_tools_none() {
+    let p = ok(json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+                      "add_generation_prompt": false, "continue_final_message": true}));
+    assert_eq!(p.role, "assistant");
+    let p = ok(json!({"messages": msgs(), "add_generation_prompt": false}));
+    assert_eq!(p.role, "user");
+    let p = ok(json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"}));
+    assert!(p.render.tools.is_some());
+}

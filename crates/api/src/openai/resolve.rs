@@ -1,0 +1,59 @@
+//! Model addressing (contract §2): a served base id (the default), or a trained model of the
+//! caller's entity as `wandb-artifact:///{entity}/{project}/{name}[:stepN]` (two slashes too) or
+//! `{entity}/{project}/{name}[:stepN]`. No suffix = the latest checkpoint (the base if none),
+//! `:step0` = the base. Anything else, another entity's model or a deleted step is a 404.
+
+use crate::AppState;
+use crate::error::{ApiError, ErrorKind};
+use tandem_core::inference::AdapterRef;
+use tandem_core::names::split_step_suffix;
+use tandem_store::StoreError;
+
+/// What a `model` string resolves to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub base: usize,
+    pub adapter: Option<AdapterRef>,
+    /// The name echoed in responses.
+    pub name: String,
+}
+
+fn not_found(model: &str, state: &AppState) -> ApiError {
+    let aliases = state.served_models().join(", ");
+    ApiError { param: Some("model".into()), ..ApiError::new(ErrorKind::NotFound, format!("The model `{model}` does not exist. Valid aliases: {aliases}.")) }
+}
+
+pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Result<Target, ApiError> {
+    let served = state.served_models();
+    let Some(model) = model else {
+        return Ok(Target { base: 0, adapter: None, name: served.first().cloned().unwrap_or_default() });
+    };
+    if let Some(i) = served.iter().position(|m| m == model) {
+        return Ok(Target { base: i, adapter: None, name: model.to_string() });
+    }
+    let path = model.strip_prefix("wandb-artifact:///").or_else(|| model.strip_prefix("wandb-artifact://")).unwrap_or(model);
+    let (path, step) = split_step_suffix(path);
+    let parts: Vec<&str> = path.split('/').collect();
+    let [e, project, name] = parts.as_slice() else { return Err(not_found(model, state)) };
+    if *e != entity {
+        return Err(not_found(model, state));
+    }
+    let record = state.store().find_model(entity, project, name).await.map_err(|e| match e {
+        StoreError::NotFound => not_found(model, state),
+        other => other.into(),
+    })?;
+    let base = served.iter().position(|m| *m == record.base_model).ok_or_else(|| not_found(model, state))?;
+    let step = match step {
+        Some(s) => s,
+        None => state.store().latest_step(record.id).await?,
+    };
+    if step == 0 {
+        return Ok(Target { base, adapter: None, name: model.to_string() });
+    }
+    let cp = state.store().get_checkpoint(record.id, step).await.map_err(|e| match e {
+        StoreError::NotFound => not_found(model, state),
+        other => other.into(),
+    })?;
+    let path = state.checkpoints().resolve(&cp.path).ok_or_else(|| not_found(model, state))?;
+    Ok(Target { base, adapter: Some(AdapterRef { checkpoint_id: cp.id.to_string(), path }), name: model.to_string() })
+}

@@ -1,0 +1,240 @@
+//! Engine events as OpenAI/vLLM chat responses: one `chat.completion`, or `chat.completion.chunk`
+//! frames (role chunk per choice first, content chunks, one finish chunk per choice, an optional
+//! usage chunk).
+
+use super::request::ChatPlan;
+use serde_json::{Value, json};
+use tandem_core::inference::{FinishReason, InferEvent, SharedBackend, StopReason, TokenLogprob, TopLogprob};
+
+/// Everything generated for one choice.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceOut {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<(FinishReason, Option<StopReason>)>,
+}
+
+/// A whole non-streamed result.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    pub choices: Vec<ChoiceOut>,
+    pub cached_tokens: usize,
+}
+
+impl Collected {
+    pub fn new(n: usize) -> Self {
+        Collected { choices: vec![ChoiceOut::default(); n], cached_tokens: 0 }
+    }
+
+    pub fn done(&self) -> bool {
+        self.choices.iter().all(|c| c.finish.is_some())
+    }
+
+    pub fn push(&mut self, ev: InferEvent) {
+        match ev {
+            InferEvent::Started { cached_tokens } => self.cached_tokens = cached_tokens,
+            InferEvent::Token { choice, token_id, text, logprob } => {
+                if let Some(c) = self.choices.get_mut(choice) {
+                    c.token_ids.push(token_id);
+                    c.text.push_str(&text);
+                    c.logprobs.extend(logprob);
+                }
+            }
+            InferEvent::Finished { choice, reason, stop_reason, text } => {
+                if let Some(c) = self.choices.get_mut(choice) {
+                    c.text.push_str(&text);
+                    c.finish = Some((reason, stop_reason));
+                }
+            }
+            InferEvent::Error(_) => {}
+        }
+    }
+}
+
+/// Builds response bodies for one request.
+pub struct Renderer {
+    id: String,
+    created: u64,
+    model: String,
+    role: String,
+    n: usize,
+    prompt: Vec<u32>,
+    echo: Option<String>,
+    logprobs: bool,
+    return_token_ids: bool,
+    tokens_as_ids: bool,
+    include_usage: bool,
+    continuous_usage: bool,
+    // streaming state
+    state: Collected,
+    finished: Vec<bool>,
+    _backend: SharedBackend,
+    _base: usize,
+}
+
+fn stop_reason_json(s: &Option<StopReason>) -> Value {
+    match s {
+        None => Value::Null,
+        Some(StopReason::Text(t)) => json!(t),
+        Some(StopReason::Token(id)) => json!(id),
+    }
+}
+
+impl Renderer {
+    pub fn new(plan: &ChatPlan, model: &str, request_id: &str, prompt: Vec<u32>, echo: Option<String>, backend: SharedBackend, base: usize) -> Self {
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Renderer {
+            id: format!("chatcmpl-{request_id}"),
+            created,
+            model: model.to_string(),
+            role: plan.role.clone(),
+            n: plan.n,
+            prompt,
+            echo,
+            logprobs: plan.logprobs,
+            return_token_ids: plan.return_token_ids,
+            tokens_as_ids: plan.tokens_as_ids,
+            include_usage: plan.include_usage,
+            continuous_usage: plan.continuous_usage,
+            state: Collected::new(plan.n),
+            finished: vec![false; plan.n],
+            _backend: backend,
+            _base: base,
+        }
+    }
+
+    fn top_json(&self, t: &TopLogprob) -> Value {
+        let token = if self.tokens_as_ids { format!("token_id:{}", t.token_id) } else { t.token.clone() };
+        let bytes: Vec<u8> = token.as_bytes().to_vec();
+        json!({ "token": token, "logprob": t.logprob, "bytes": bytes })
+    }
+
+    fn logprob_json(&self, lp: &TokenLogprob) -> Value {
+        let mut entry = self.top_json(&lp.token);
+        entry["top_logprobs"] = Value::Array(lp.top.iter().map(|t| self.top_json(t)).collect());
+        entry
+    }
+
+    fn usage(&self, completion: usize, cached: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt.len(),
+            "completion_tokens": completion,
+            "total_tokens": self.prompt.len() + completion,
+            "prompt_tokens_details": { "cached_tokens": cached },
+        })
+    }
+
+    /// The non-streamed `chat.completion`.
+    pub fn full(&self, c: Collected) -> Value {
+        let completion: usize = c.choices.iter().map(|ch| ch.token_ids.len()).sum();
+        let choices: Vec<Value> = c
+            .choices
+            .iter()
+            .enumerate()
+            .map(|(i, ch)| {
+                let (reason, stop) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
+                let content = format!("{}{}", self.echo.as_deref().unwrap_or(""), ch.text);
+                json!({
+                    "index": i,
+                    "message": {
+                        "role": self.role, "content": content, "refusal": null, "annotations": null,
+                        "audio": null, "function_call": null, "reasoning": null,
+                    },
+                    "logprobs": if self.logprobs { json!({ "content": ch.logprobs.iter().map(|l| self.logprob_json(l)).collect::<Vec<_>>() }) } else { Value::Null },
+                    "finish_reason": reason.as_str(),
+                    "stop_reason": stop_reason_json(&stop),
+                    "token_ids": if self.return_token_ids { json!(ch.token_ids) } else { Value::Null },
+                })
+            })
+            .collect();
+        json!({
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": choices, "usage": self.usage(completion, c.cached_tokens),
+            "system_fingerprint": null, "service_tier": null, "prompt_logprobs": null,
+            "prompt_token_ids": if self.return_token_ids { json!(self.prompt) } else { Value::Null },
+            "kv_transfer_params": null,
+        })
+    }
+
+    fn chunk(&self, choice: Value) -> Value {
+        json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [choice] })
+    }
+
+    fn completion_so_far(&self, choice: usize) -> usize {
+        self.state.choices.get(choice).map_or(0, |c| c.token_ids.len())
+    }
+
+    fn with_usage(&self, mut chunk: Value, choice: usize) -> Value {
+        if self.continuous_usage {
+            chunk["usage"] = self.usage(self.completion_so_far(choice), self.state.cached_tokens);
+        }
+        chunk
+    }
+
+    /// The role chunk of every choice (and echo chunks), before any token.
+    pub fn opening(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for i in 0..self.n {
+            let mut c = self.chunk(json!({ "index": i, "delta": { "role": self.role, "content": "" }, "logprobs": null, "finish_reason": null }));
+            if i == 0 && self.return_token_ids {
+                c["prompt_token_ids"] = json!(self.prompt);
+            }
+            out.push(self.with_usage(c, i));
+        }
+        if let Some(echo) = &self.echo {
+            for i in 0..self.n {
+                let c = self.chunk(json!({ "index": i, "delta": { "content": echo }, "logprobs": null, "finish_reason": null }));
+                out.push(self.with_usage(c, i));
+            }
+        }
+        out
+    }
+
+    pub fn done(&self) -> bool {
+        self.finished.iter().all(|f| *f)
+    }
+
+    /// Frames for one engine event.
+    pub fn event(&mut self, ev: InferEvent) -> Vec<Value> {
+        self.state.push(ev.clone());
+        match ev {
+            InferEvent::Token { choice, token_id, text, logprob } => {
+                if text.is_empty() && !self.logprobs && !self.return_token_ids {
+                    return Vec::new();
+                }
+                let mut body = json!({ "index": choice, "delta": { "content": text }, "finish_reason": null });
+                body["logprobs"] = match (&logprob, self.logprobs) {
+                    (Some(lp), true) => json!({ "content": [self.logprob_json(lp)] }),
+                    _ => Value::Null,
+                };
+                if self.return_token_ids {
+                    body["token_ids"] = json!([token_id]);
+                }
+                vec![self.with_usage(self.chunk(body), choice)]
+            }
+            InferEvent::Finished { choice, reason, stop_reason, text } => {
+                if let Some(f) = self.finished.get_mut(choice) {
+                    *f = true;
+                }
+                let mut body = json!({ "index": choice, "delta": { "content": text }, "logprobs": null,
+                                       "finish_reason": reason.as_str(), "stop_reason": stop_reason_json(&stop_reason) });
+                if self.return_token_ids {
+                    body["token_ids"] = json!([]);
+                }
+                vec![self.with_usage(self.chunk(body), choice)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The usage chunk, when asked for.
+    pub fn closing(&self) -> Vec<Value> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        let completion: usize = self.state.choices.iter().map(|c| c.token_ids.len()).sum();
+        vec![json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                     "choices": [], "usage": self.usage(completion, self.state.cached_tokens) })]
+    }
+}
