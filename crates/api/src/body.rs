@@ -70,7 +70,11 @@ impl<S: Send + Sync> FromRequest<S> for OpenAiJson {
         if let Some(ct) = req.headers().get(axum::http::header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
             if ct != "application/json" {
-                return Err(ApiError::bad_param("Content-Type", "Unsupported Media Type: Only 'application/json' is allowed").into());
+                return Err(ApiError::bad_param(
+                    "Content-Type",
+                    "Unsupported Media Type: Only 'application/json' is allowed",
+                )
+                .into());
             }
         }
         let value = read_json(req).await?;

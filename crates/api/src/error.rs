@@ -128,14 +128,41 @@ impl ApiError {
         };
         let mut message = self.message.clone();
         if self.kind == ErrorKind::Validation && !self.fields.is_empty() {
-            let parts: Vec<String> = self.fields.iter().take(10).map(|f| {
-                let loc: Vec<String> = f.loc.iter().map(|l| match l { Loc::Key(k) => k.clone(), Loc::Index(i) => i.to_string() }).collect();
-                format!("{}: {}", loc.join("."), f.msg)
-            }).collect();
-            message = format!("{} validation error{}: {}", self.fields.len(), if self.fields.len() == 1 { "" } else { "s" }, parts.join("; "));
+            let parts: Vec<String> = self
+                .fields
+                .iter()
+                .take(10)
+                .map(|f| {
+                    let loc: Vec<String> = f
+                        .loc
+                        .iter()
+                        .map(|l| match l {
+                            Loc::Key(k) => k.clone(),
+                            Loc::Index(i) => i.to_string(),
+                        })
+                        .collect();
+                    format!("{}: {}", loc.join("."), f.msg)
+                })
+                .collect();
+            message = format!(
+                "{} validation error{}: {}",
+                self.fields.len(),
+                if self.fields.len() == 1 { "" } else { "s" },
+                parts.join("; ")
+            );
         }
         let param = self.param.clone().or_else(|| {
-            self.fields.first().map(|f| f.loc.iter().skip(1).map(|l| match l { Loc::Key(k) => k.clone(), Loc::Index(i) => i.to_string() }).collect::<Vec<_>>().join("."))
+            self.fields.first().map(|f| {
+                f.loc
+                    .iter()
+                    .skip(1)
+                    .map(|l| match l {
+                        Loc::Key(k) => k.clone(),
+                        Loc::Index(i) => i.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(".")
+            })
         });
         let body = json!({ "error": { "message": message, "type": kind, "param": param, "code": status.as_u16() } });
         let mut response = (status, axum::Json(body)).into_response();

@@ -15,7 +15,10 @@ pub fn router() -> Router<AppState> {
 
 async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     if state.backend().is_some_and(|b| !b.healthy()) {
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": "the inference engine is not making progress" })));
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "unavailable", "detail": "the inference engine is not making progress" })),
+        );
     }
     match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
         Ok(Ok(())) => (StatusCode::OK, Json(json!({ "status": "ok" }))),

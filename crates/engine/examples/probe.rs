@@ -12,7 +12,10 @@ fn main() {
     let c = &loaded.model.config;
     let mut cache = KvCache::new(c.n_layer, c.kv_dim());
     let t = std::time::Instant::now();
-    let out = loaded.model.forward(&mut [SeqInput { tokens: &ids, cache: &mut cache, adapter: None, logits: Logits::Last }]).unwrap();
+    let out = loaded
+        .model
+        .forward(&mut [SeqInput { tokens: &ids, cache: &mut cache, adapter: None, logits: Logits::Last }])
+        .unwrap();
     println!("prefill {:?}", t.elapsed());
     let logits = &out[0][0];
     let lse = tandem_engine::sampler::log_normalizer(logits);

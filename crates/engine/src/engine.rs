@@ -10,8 +10,8 @@ use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::Seq;
 use crate::tokenizer::TextTokenizer;
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_core::inference::{GenerateRequest, InferEvent};
 use tandem_model::{KvCache, Llama, LoraAdapter, SeqInput};
@@ -34,7 +34,13 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { step_tokens: 512, max_seqs: 32, max_waiting: 256, kv_tokens: 64 * 1024, prefix_cache_tokens: 16 * 1024 }
+        EngineConfig {
+            step_tokens: 512,
+            max_seqs: 32,
+            max_waiting: 256,
+            kv_tokens: 64 * 1024,
+            prefix_cache_tokens: 16 * 1024,
+        }
     }
 }
 
@@ -65,7 +71,13 @@ pub(crate) struct EngineLoop {
 }
 
 impl EngineLoop {
-    pub fn new(model: Arc<Llama>, tok: Arc<TextTokenizer>, config: EngineConfig, rx: Receiver<Job>, metrics: Arc<EngineMetrics>) -> Self {
+    pub fn new(
+        model: Arc<Llama>,
+        tok: Arc<TextTokenizer>,
+        config: EngineConfig,
+        rx: Receiver<Job>,
+        metrics: Arc<EngineMetrics>,
+    ) -> Self {
         let prefix = PrefixCache::new(config.prefix_cache_tokens);
         EngineLoop { model, tok, config, rx, metrics, prefix, waiting: Vec::new(), running: Vec::new(), next_id: 0 }
     }
@@ -191,11 +203,22 @@ impl EngineLoop {
             .map(|q| {
                 let p = &q.job.req;
                 let expected_out = p.params.max_tokens.min(512);
-                Waiting { id: q.id, priority: p.priority, arrival: q.arrival, prefill: p.prompt.len(), reserve: p.n * (p.prompt.len() + expected_out), seqs: p.n }
+                Waiting {
+                    id: q.id,
+                    priority: p.priority,
+                    arrival: q.arrival,
+                    prefill: p.prompt.len(),
+                    reserve: p.n * (p.prompt.len() + expected_out),
+                    seqs: p.n,
+                }
             })
             .collect();
         let reserved: usize = self.running.iter().map(|s| s.reserve).sum();
-        let budget = Budget { step_tokens: self.config.step_tokens, max_seqs: self.config.max_seqs, kv_tokens: self.config.kv_tokens };
+        let budget = Budget {
+            step_tokens: self.config.step_tokens,
+            max_seqs: self.config.max_seqs,
+            kv_tokens: self.config.kv_tokens,
+        };
         scheduler::schedule(&running, &waiting, reserved, &budget)
     }
 

@@ -32,7 +32,7 @@ use tandem_core::inference::{
 use tandem_model::{Llama, LoraAdapter, TokenizerMeta};
 use template::{ChatTemplate, RenderInputs};
 use tokenizer::TextTokenizer;
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -75,10 +75,22 @@ impl Engine {
     }
 
     /// Serves an already built model (tests use tiny random ones).
-    pub fn add_model(&mut self, id: &str, path: &str, model: Llama, meta: &TokenizerMeta, config: EngineConfig) -> Result<(), EngineError> {
+    pub fn add_model(
+        &mut self,
+        id: &str,
+        path: &str,
+        model: Llama,
+        meta: &TokenizerMeta,
+        config: EngineConfig,
+    ) -> Result<(), EngineError> {
         let tok = Arc::new(TextTokenizer::from_meta(meta)?);
         let template = meta.chat_template.as_deref().map(ChatTemplate::new).transpose()?;
-        let info = BaseModelInfo { id: id.to_string(), path: path.to_string(), context_len: model.config.context_len, vocab_size: model.config.vocab };
+        let info = BaseModelInfo {
+            id: id.to_string(),
+            path: path.to_string(),
+            context_len: model.config.context_len,
+            vocab_size: model.config.vocab,
+        };
         tracing::info!(model = id, weights_mb = model.weight_bytes() / (1 << 20), "model loaded");
         let model = Arc::new(model);
         let metrics = Arc::new(EngineMetrics::default());
@@ -86,10 +98,9 @@ impl Engine {
         let (tx, rx) = std::sync::mpsc::channel();
         let max_waiting = config.max_waiting;
         let lp = EngineLoop::new(model.clone(), tok.clone(), config, rx, metrics.clone());
-        std::thread::Builder::new()
-            .name(format!("engine-{}", self.slots.len()))
-            .spawn(move || lp.run())
-            .map_err(|e| EngineError::Model(tandem_model::ModelError::Unsupported(format!("cannot start engine thread: {e}"))))?;
+        std::thread::Builder::new().name(format!("engine-{}", self.slots.len())).spawn(move || lp.run()).map_err(
+            |e| EngineError::Model(tandem_model::ModelError::Unsupported(format!("cannot start engine thread: {e}"))),
+        )?;
         self.slots.push(Slot { info, model, tok, template, tx: Mutex::new(tx), metrics, max_waiting });
         Ok(())
     }
@@ -104,7 +115,8 @@ impl Engine {
             *used = Instant::now();
             return Ok(adapter.clone());
         }
-        let adapter = LoraAdapter::load(&a.path, &base.model.config).map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        let adapter =
+            LoraAdapter::load(&a.path, &base.model.config).map_err(|e| SubmitError::Invalid(e.to_string()))?;
         let adapter = Arc::new(adapter);
         if cache.len() >= ADAPTER_CACHE {
             if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
@@ -203,4 +215,3 @@ impl InferenceBackend for Engine {
         self.slots.iter().map(|s| s.metrics.render(&s.info.id)).collect()
     }
 }
-

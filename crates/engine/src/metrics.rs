@@ -1,8 +1,8 @@
 //! Engine metrics in Prometheus text format, kept in atomics so the api reads them without
 //! touching the loop. Names follow vLLM's (`vllm:` prefix dropped for `tandem:`).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tandem_core::inference::FinishReason;
 
@@ -30,7 +30,10 @@ impl Histogram {
             out.push_str(&format!("{name}_bucket{{{labels},le=\"{b}\"}} {acc}\n"));
         }
         acc += self.counts[BUCKETS.len()];
-        out.push_str(&format!("{name}_bucket{{{labels},le=\"+Inf\"}} {acc}\n{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {acc}\n", self.sum));
+        out.push_str(&format!(
+            "{name}_bucket{{{labels},le=\"+Inf\"}} {acc}\n{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {acc}\n",
+            self.sum
+        ));
     }
 }
 
@@ -138,12 +141,16 @@ impl EngineMetrics {
         line("counter", "tandem:prefix_cache_hits_total", g(&self.prefix_hits));
         line("counter", "tandem:engine_steps_total", g(&self.steps));
         out.push_str("# TYPE tandem:request_success_total counter\n");
-        for (reason, v) in [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)] {
+        for (reason, v) in
+            [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)]
+        {
             out.push_str(&format!("tandem:request_success_total{{{l},finished_reason=\"{reason}\"}} {}\n", g(v)));
         }
         let q = g(&self.prefix_queries);
         let rate = if q == 0 { 0.0 } else { g(&self.prefix_hits) as f64 / q as f64 };
-        out.push_str(&format!("# TYPE tandem:prefix_cache_hit_rate gauge\ntandem:prefix_cache_hit_rate{{{l}}} {rate}\n"));
+        out.push_str(&format!(
+            "# TYPE tandem:prefix_cache_hit_rate gauge\ntandem:prefix_cache_hit_rate{{{l}}} {rate}\n"
+        ));
         self.ttft.lock().unwrap_or_else(|e| e.into_inner()).render("tandem:time_to_first_token_seconds", &l, &mut out);
         self.itl.lock().unwrap_or_else(|e| e.into_inner()).render("tandem:inter_token_latency_seconds", &l, &mut out);
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).render("tandem:request_queue_time_seconds", &l, &mut out);

@@ -158,7 +158,8 @@ mod tests {
         let a: Vec<u32> = (0..16).collect();
         let b: Vec<u32> = (100..116).collect();
         let c: Vec<u32> = (200..216).collect();
-        let (ha, hb, hc) = (pc.block_hashes(&a, None, None), pc.block_hashes(&b, None, None), pc.block_hashes(&c, None, None));
+        let (ha, hb, hc) =
+            (pc.block_hashes(&a, None, None), pc.block_hashes(&b, None, None), pc.block_hashes(&c, None, None));
         pc.insert(ha.clone(), &cache_of(16));
         pc.insert(hb.clone(), &cache_of(16));
         assert!(pc.lookup(&ha, 100).is_some()); // a is now more recent than b

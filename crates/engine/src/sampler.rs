@@ -91,7 +91,8 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     }
     idx.sort_unstable_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
     let max = logits[idx[0] as usize];
-    let mut probs: Vec<f64> = idx.iter().map(|i| (((logits[*i as usize] - max) / p.temperature) as f64).exp()).collect();
+    let mut probs: Vec<f64> =
+        idx.iter().map(|i| (((logits[*i as usize] - max) / p.temperature) as f64).exp()).collect();
     // min-p: drop tokens below min_p times the top probability.
     if p.min_p > 0.0 {
         let keep = probs.iter().take_while(|q| **q >= p.min_p as f64 * probs[0]).count().max(1);

@@ -119,7 +119,13 @@ impl Seq {
     }
 
     /// Samples the next token from raw logits, sends its event, and reports whether it ended.
-    pub fn sample_and_emit(&mut self, raw: &[f32], tok: &TextTokenizer, config: &LlamaConfig, metrics: &EngineMetrics) -> bool {
+    pub fn sample_and_emit(
+        &mut self,
+        raw: &[f32],
+        tok: &TextTokenizer,
+        config: &LlamaConfig,
+        metrics: &EngineMetrics,
+    ) -> bool {
         let p = self.params.clone();
         let mut logits = raw.to_vec();
         sampler::process(&mut logits, &p, &History { prompt: &self.prompt, generated: &self.generated }, tok.eos_id);
@@ -155,7 +161,9 @@ impl Seq {
                 finish = Some((FinishReason::Stop, Some(StopReason::Text(s))));
             }
         }
-        if finish.is_none() && (self.generated.len() >= p.max_tokens || self.prompt.len() + self.generated.len() >= config.context_len) {
+        if finish.is_none()
+            && (self.generated.len() >= p.max_tokens || self.prompt.len() + self.generated.len() >= config.context_len)
+        {
             finish = Some((FinishReason::Length, None));
         }
         let _ = self.tx.send(InferEvent::Token { choice: self.choice, token_id: token, text, logprob });

@@ -10,7 +10,7 @@
 //! inverse of GPT-2's byte-to-character map), so text is produced from bytes and a multi-byte
 //! character split across tokens is held back until complete, never emitted broken.
 
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use tandem_model::TokenizerMeta;
 
@@ -52,22 +52,30 @@ fn byte_to_char() -> [char; 256] {
 impl TextTokenizer {
     pub fn from_meta(meta: &TokenizerMeta) -> Result<Self, TokenizerError> {
         if meta.model != "gpt2" {
-            return Err(TokenizerError::Unsupported(format!("tokenizer.ggml.model = {:?} (only byte-level BPE, gpt2)", meta.model)));
+            return Err(TokenizerError::Unsupported(format!(
+                "tokenizer.ggml.model = {:?} (only byte-level BPE, gpt2)",
+                meta.model
+            )));
         }
         let pre = match meta.pre.as_str() {
             // SmolLM2: every digit on its own, then GPT-2's byte-level split without prefix space.
             "smollm" => json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true},
                 {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-            "gpt2" | "default" | "" => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+            "gpt2" | "default" | "" => {
+                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+            }
             other => return Err(TokenizerError::Unsupported(format!("pre-tokenizer {other:?}"))),
         };
         let is_special = |i: usize| matches!(meta.token_types.get(i), Some(3) | Some(4));
-        let vocab: serde_json::Map<String, Value> = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+        let vocab: serde_json::Map<String, Value> =
+            meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
         let added: Vec<Value> = (0..meta.tokens.len())
             .filter(|i| is_special(*i))
-            .map(|i| json!({"id": i, "content": meta.tokens[i], "single_word": false, "lstrip": false,
-                            "rstrip": false, "normalized": false, "special": true}))
+            .map(|i| {
+                json!({"id": i, "content": meta.tokens[i], "single_word": false, "lstrip": false,
+                            "rstrip": false, "normalized": false, "special": true})
+            })
             .collect();
         let spec = json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
@@ -89,7 +97,11 @@ impl TextTokenizer {
         for (i, t) in meta.tokens.iter().enumerate() {
             let sp = is_special(i);
             special.push(sp);
-            token_bytes.push(if sp { t.as_bytes().to_vec() } else { t.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect() });
+            token_bytes.push(if sp {
+                t.as_bytes().to_vec()
+            } else {
+                t.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect()
+            });
         }
         let eos_id = meta.eos_id.ok_or_else(|| TokenizerError::Unsupported("no tokenizer.ggml.eos_token_id".into()))?;
         let by_text = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();

@@ -6,9 +6,9 @@ use tandem_core::inference::{ChatRender, FinishReason, GenerateRequest, InferEve
 use tandem_engine::{Engine, EngineConfig};
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("TANDEM_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let path = std::env::var_os("TANDEM_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
     assert!(path.is_file(), "{} is missing: run `make model`", path.display());
     path
 }
@@ -20,11 +20,24 @@ fn engine() -> Engine {
 }
 
 fn chat(user: &str) -> ChatRender {
-    ChatRender { messages: vec![serde_json::json!({"role": "user", "content": user})], add_generation_prompt: true, ..Default::default() }
+    ChatRender {
+        messages: vec![serde_json::json!({"role": "user", "content": user})],
+        add_generation_prompt: true,
+        ..Default::default()
+    }
 }
 
 async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<u32>, String, FinishReason) {
-    let req = GenerateRequest { request_id: "t".into(), base: 0, adapter: None, prompt, n: 1, params, priority: 0, cache_salt: None };
+    let req = GenerateRequest {
+        request_id: "t".into(),
+        base: 0,
+        adapter: None,
+        prompt,
+        n: 1,
+        params,
+        priority: 0,
+        cache_salt: None,
+    };
     let mut rx = e.submit(req).unwrap();
     let (mut ids, mut text) = (Vec::new(), String::new());
     while let Some(ev) = rx.recv().await {
@@ -55,7 +68,9 @@ fn tokenizer_matches_the_model() {
     let hello = e.tokenize(0, "Hello", false).unwrap();
     assert_eq!(hello.len(), 1);
     assert_eq!(e.token_text(0, hello[0]), "Hello");
-    for s in ["Hello, world!", "naïve café 日本語 🎉", "  two  spaces\n\nand tabs\t", "<|im_start|>assistant\nHi<|im_end|>"] {
+    for s in
+        ["Hello, world!", "naïve café 日本語 🎉", "  two  spaces\n\nand tabs\t", "<|im_start|>assistant\nHi<|im_end|>"]
+    {
         let ids = e.tokenize(0, s, false).unwrap();
         assert_eq!(e.detokenize(0, &ids).unwrap(), s);
     }

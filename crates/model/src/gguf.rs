@@ -129,7 +129,10 @@ impl GgufFile {
 
     /// A tensor dequantised to f32, with its dims (outermost first; weights are (out, in)).
     pub fn tensor_f32(&mut self, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
-        let q = self.content.tensor(&mut self.reader, name, &Device::Cpu).map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
+        let q = self
+            .content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
         let t = q.dequantize(&Device::Cpu).map_err(err)?;
         let dims = t.dims().to_vec();
         let data = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;

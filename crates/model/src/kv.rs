@@ -41,16 +41,13 @@ impl KvCache {
         self.len += n;
     }
 
+    /// Keys and values of `layer` from position 0 on, for one kv head: slices starting at that
+    /// head, positions `kv_dim` floats apart.
     #[inline]
-    pub(crate) fn k(&self, layer: usize, pos: usize, kv_head: usize, head_dim: usize) -> &[f32] {
-        let start = pos * self.kv_dim + kv_head * head_dim;
-        &self.layers[layer].0[start..start + head_dim]
-    }
-
-    #[inline]
-    pub(crate) fn v(&self, layer: usize, pos: usize, kv_head: usize, head_dim: usize) -> &[f32] {
-        let start = pos * self.kv_dim + kv_head * head_dim;
-        &self.layers[layer].1[start..start + head_dim]
+    pub(crate) fn head_rows(&self, layer: usize, kv_head: usize, head_dim: usize) -> (&[f32], &[f32], usize) {
+        let off = kv_head * head_dim;
+        let (k, v) = &self.layers[layer];
+        (&k[off..], &v[off..], self.kv_dim)
     }
 
     /// Forgets every position from `len` on (to reuse a cached prefix).

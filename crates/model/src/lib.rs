@@ -55,9 +55,19 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             matrix(&mut file, &format!("{p}.attn_v.weight"), kvd, h)?,
         ]);
         let o = matrix(&mut file, &format!("{p}.attn_output.weight"), h, qd)?;
-        let gate_up = Q8Matrix::vstack(&[matrix(&mut file, &format!("{p}.ffn_gate.weight"), f, h)?, matrix(&mut file, &format!("{p}.ffn_up.weight"), f, h)?]);
+        let gate_up = Q8Matrix::vstack(&[
+            matrix(&mut file, &format!("{p}.ffn_gate.weight"), f, h)?,
+            matrix(&mut file, &format!("{p}.ffn_up.weight"), f, h)?,
+        ]);
         let down = matrix(&mut file, &format!("{p}.ffn_down.weight"), h, f)?;
-        layers.push(Layer { attn_norm: vector(&mut file, &format!("{p}.attn_norm.weight"), h)?, qkv, o, ffn_norm: vector(&mut file, &format!("{p}.ffn_norm.weight"), h)?, gate_up, down });
+        layers.push(Layer {
+            attn_norm: vector(&mut file, &format!("{p}.attn_norm.weight"), h)?,
+            qkv,
+            o,
+            ffn_norm: vector(&mut file, &format!("{p}.ffn_norm.weight"), h)?,
+            gate_up,
+            down,
+        });
     }
     let out_norm = vector(&mut file, "output_norm.weight", h)?;
     let lm_head = if file.has_tensor("output.weight") {

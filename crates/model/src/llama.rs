@@ -83,7 +83,13 @@ struct RowInfo {
 }
 
 impl Llama {
-    pub fn new(config: LlamaConfig, embed: Q8Matrix, layers: Vec<Layer>, out_norm: Vec<f32>, lm_head: Option<Q8Matrix>) -> Self {
+    pub fn new(
+        config: LlamaConfig,
+        embed: Q8Matrix,
+        layers: Vec<Layer>,
+        out_norm: Vec<f32>,
+        lm_head: Option<Q8Matrix>,
+    ) -> Self {
         let half = config.head_dim / 2;
         let mut rope_cos = vec![0f32; config.context_len * half];
         let mut rope_sin = vec![0f32; config.context_len * half];
@@ -99,7 +105,8 @@ impl Llama {
     }
 
     pub fn weight_bytes(&self) -> usize {
-        let l: usize = self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
+        let l: usize =
+            self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
         l + self.embed.bytes() + self.lm_head.as_ref().map_or(0, Q8Matrix::bytes)
     }
 
@@ -135,7 +142,15 @@ impl Llama {
         Ok(self.logits(seqs, &rows, &x, &mut acts))
     }
 
-    fn attention_block(&self, li: usize, layer: &Layer, seqs: &mut [SeqInput<'_>], rows: &[RowInfo], x: &mut [f32], acts: &mut Q8Acts) {
+    fn attention_block(
+        &self,
+        li: usize,
+        layer: &Layer,
+        seqs: &mut [SeqInput<'_>],
+        rows: &[RowInfo],
+        x: &mut [f32],
+        acts: &mut Q8Acts,
+    ) {
         let c = &self.config;
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let t_rows = rows.len();
@@ -168,16 +183,18 @@ impl Llama {
             let n_ctx = info.pos + 1;
             let mut scores = vec![0f32; n_ctx];
             for head in 0..c.n_head {
-                let kvh = head / group;
                 let q = &q_row[head * hd..(head + 1) * hd];
-                for (p, s) in scores.iter_mut().enumerate() {
-                    *s = kernels::dot(q, cache.k(li, p, kvh, hd)) * scale;
-                }
-                kernels::softmax(&mut scores);
-                let o = &mut out[head * hd..(head + 1) * hd];
-                for (p, w) in scores.iter().enumerate() {
-                    kernels::axpy(*w, cache.v(li, p, kvh, hd), o);
-                }
+                let (keys, values, stride) = cache.head_rows(li, head / group, hd);
+                kernels::attend(
+                    q,
+                    keys,
+                    values,
+                    stride,
+                    n_ctx,
+                    scale,
+                    &mut scores,
+                    &mut out[head * hd..(head + 1) * hd],
+                );
             }
         });
         acts.quantize(&attn, t_rows, qd);
@@ -189,7 +206,15 @@ impl Llama {
         }
     }
 
-    fn ffn_block(&self, li: usize, layer: &Layer, seqs: &mut [SeqInput<'_>], rows: &[RowInfo], x: &mut [f32], acts: &mut Q8Acts) {
+    fn ffn_block(
+        &self,
+        li: usize,
+        layer: &Layer,
+        seqs: &mut [SeqInput<'_>],
+        rows: &[RowInfo],
+        x: &mut [f32],
+        acts: &mut Q8Acts,
+    ) {
         let c = &self.config;
         let (h, f) = (c.hidden, c.ffn);
         let t_rows = rows.len();
@@ -209,7 +234,9 @@ impl Llama {
         acts.quantize(&hidden, t_rows, f);
         let mut down = vec![0f32; t_rows * h];
         kernels::matmul_q8(&layer.down, acts, &mut down);
-        self.apply_lora(seqs, rows, &hidden, f, &mut down, h, |a| [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]);
+        self.apply_lora(seqs, rows, &hidden, f, &mut down, h, |a| {
+            [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]
+        });
         for (xi, di) in x.iter_mut().zip(&down) {
             *xi += di;
         }

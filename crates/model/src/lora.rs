@@ -63,11 +63,14 @@ impl LoraAdapter {
     /// Loads a PEFT adapter directory for a model of shape `config`.
     pub fn load(dir: &Path, config: &LlamaConfig) -> Result<Self, ModelError> {
         let bad = |m: String| ModelError::Adapter(format!("{}: {m}", dir.display()));
-        let cfg_text = std::fs::read_to_string(dir.join("adapter_config.json")).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
-        let cfg: serde_json::Value = serde_json::from_str(&cfg_text).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
+        let cfg_text = std::fs::read_to_string(dir.join("adapter_config.json"))
+            .map_err(|e| bad(format!("adapter_config.json: {e}")))?;
+        let cfg: serde_json::Value =
+            serde_json::from_str(&cfg_text).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
         let rank = cfg["r"].as_u64().ok_or_else(|| bad("adapter_config.json has no integer r".into()))? as usize;
         let alpha = cfg["lora_alpha"].as_f64().unwrap_or(rank as f64) as f32;
-        let scale = if cfg["use_rslora"].as_bool() == Some(true) { alpha / (rank as f32).sqrt() } else { alpha / rank as f32 };
+        let scale =
+            if cfg["use_rslora"].as_bool() == Some(true) { alpha / (rank as f32).sqrt() } else { alpha / rank as f32 };
         let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
             .map_err(|e| bad(format!("adapter_model.safetensors: {e}")))?;
         let get = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
@@ -95,7 +98,9 @@ impl LoraAdapter {
             ];
             for (module, in_dim, out_dim, slot, permute) in projections {
                 let prefix = format!("base_model.model.model.layers.{i}.{module}");
-                let (Some(a), Some(mut b)) = (get(&format!("{prefix}.lora_A.weight"))?, get(&format!("{prefix}.lora_B.weight"))?) else {
+                let (Some(a), Some(mut b)) =
+                    (get(&format!("{prefix}.lora_A.weight"))?, get(&format!("{prefix}.lora_B.weight"))?)
+                else {
                     continue;
                 };
                 if a.len() != rank * in_dim || b.len() != out_dim * rank {

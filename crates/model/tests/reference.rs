@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use tandem_model::{GgufFile, KvCache, Logits, SeqInput};
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("TANDEM_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let path = std::env::var_os("TANDEM_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
     assert!(path.is_file(), "{} is missing: run `make model`", path.display());
     path
 }
@@ -29,12 +29,19 @@ fn naive_logits(path: &PathBuf, tokens: &[u32]) -> Vec<f32> {
     let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
     let mut t = |name: &str| f.tensor_f32(name).unwrap().0;
     let embed = t("token_embd.weight");
-    let mut xs: Vec<Vec<f32>> = tokens.iter().map(|id| embed[*id as usize * c.hidden..(*id as usize + 1) * c.hidden].to_vec()).collect();
+    let mut xs: Vec<Vec<f32>> =
+        tokens.iter().map(|id| embed[*id as usize * c.hidden..(*id as usize + 1) * c.hidden].to_vec()).collect();
     for l in 0..c.n_layer {
         let p = format!("blk.{l}");
-        let (wq, wk, wv, wo) = (t(&format!("{p}.attn_q.weight")), t(&format!("{p}.attn_k.weight")), t(&format!("{p}.attn_v.weight")), t(&format!("{p}.attn_output.weight")));
+        let (wq, wk, wv, wo) = (
+            t(&format!("{p}.attn_q.weight")),
+            t(&format!("{p}.attn_k.weight")),
+            t(&format!("{p}.attn_v.weight")),
+            t(&format!("{p}.attn_output.weight")),
+        );
         let (an, fnw) = (t(&format!("{p}.attn_norm.weight")), t(&format!("{p}.ffn_norm.weight")));
-        let (wg, wu, wd) = (t(&format!("{p}.ffn_gate.weight")), t(&format!("{p}.ffn_up.weight")), t(&format!("{p}.ffn_down.weight")));
+        let (wg, wu, wd) =
+            (t(&format!("{p}.ffn_gate.weight")), t(&format!("{p}.ffn_up.weight")), t(&format!("{p}.ffn_down.weight")));
         let rope = |v: &mut [f32], pos: usize| {
             for head in v.chunks_mut(hd) {
                 for i in 0..hd / 2 {
@@ -61,7 +68,12 @@ fn naive_logits(path: &PathBuf, tokens: &[u32]) -> Vec<f32> {
             for h in 0..nh {
                 let kh = h / (nh / nkv);
                 let q = &qs[pos][h * hd..(h + 1) * hd];
-                let scores: Vec<f32> = (0..=pos).map(|j| q.iter().zip(&ks[j][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()).collect();
+                let scores: Vec<f32> = (0..=pos)
+                    .map(|j| {
+                        q.iter().zip(&ks[j][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f32>()
+                            / (hd as f32).sqrt()
+                    })
+                    .collect();
                 let m = scores.iter().cloned().fold(f32::MIN, f32::max);
                 let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
                 let z: f32 = e.iter().sum();
@@ -110,12 +122,17 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
     let m = &loaded.model;
     m.forward(&mut [SeqInput { tokens: &a[..2], cache: &mut ca, adapter: None, logits: Logits::None }]).unwrap();
     m.forward(&mut [SeqInput { tokens: &a[2..4], cache: &mut ca, adapter: None, logits: Logits::None }]).unwrap();
-    let alone = m.forward(&mut [SeqInput { tokens: &a[4..], cache: &mut ca, adapter: None, logits: Logits::Last }]).unwrap();
+    let alone =
+        m.forward(&mut [SeqInput { tokens: &a[4..], cache: &mut ca, adapter: None, logits: Logits::Last }]).unwrap();
     let alone = &alone[0][0];
 
     let max_ref = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     let max_diff = reference.iter().zip(alone).fold(0f32, |m, (r, o)| m.max((r - o).abs()));
-    eprintln!("max |diff| {max_diff}, max |logit| {max_ref}; top ref {:?} ours {:?}", top(&reference, 5).iter().map(|i| reference[*i]).collect::<Vec<_>>(), top(alone, 5).iter().map(|i| alone[*i]).collect::<Vec<_>>());
+    eprintln!(
+        "max |diff| {max_diff}, max |logit| {max_ref}; top ref {:?} ours {:?}",
+        top(&reference, 5).iter().map(|i| reference[*i]).collect::<Vec<_>>(),
+        top(alone, 5).iter().map(|i| alone[*i]).collect::<Vec<_>>()
+    );
     assert!(max_diff < 0.05 * max_ref, "int8 forward drifts from f32: {max_diff} (scale {max_ref})");
     // int8 activations (as llama.cpp's Q8 dot products) move logits by a few percent: the
     // leading tokens agree, the tail of the ranking may swap.
@@ -137,4 +154,55 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
         ])
         .unwrap();
     assert_eq!(&batched[0][0], alone, "batched output must equal unbatched output");
+}
+
+#[test]
+fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
+    use tandem_model::lora::{LoraAdapter, LoraLayer, LoraPair};
+    let loaded = tandem_model::load_gguf(&model_path()).unwrap();
+    let (m, c) = (&loaded.model, loaded.model.config.clone());
+    let tokens: Vec<u32> = vec![504, 3575, 282, 4649, 314];
+    let pair = |i: usize, o: usize, b: f32| {
+        Some(LoraPair {
+            rank: 8,
+            in_dim: i,
+            a: (0..8 * i).map(|x| ((x % 7) as f32 - 3.0) * 0.01).collect(),
+            b: vec![b; o * 8],
+        })
+    };
+    let adapter = |b: f32| LoraAdapter {
+        layers: (0..c.n_layer)
+            .map(|_| LoraLayer {
+                q: pair(c.hidden, c.q_dim(), b),
+                k: pair(c.hidden, c.kv_dim(), b),
+                v: pair(c.hidden, c.kv_dim(), b),
+                o: pair(c.q_dim(), c.hidden, b),
+                gate: pair(c.hidden, c.ffn, b),
+                up: pair(c.hidden, c.ffn, b),
+                down: pair(c.ffn, c.hidden, b),
+            })
+            .collect(),
+        scale: 2.0,
+    };
+    let run = |a: Option<&LoraAdapter>| {
+        let mut cache = KvCache::new(c.n_layer, c.kv_dim());
+        m.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: a, logits: Logits::Last }]).unwrap()[0]
+            [0]
+        .clone()
+    };
+    let base = run(None);
+    let zero = adapter(0.0);
+    assert_eq!(run(Some(&zero)), base, "B = 0 must leave the model unchanged");
+    let trained = adapter(0.01);
+    assert_ne!(run(Some(&trained)), base);
+    // Mixed in one batch with the base model, each sequence keeps its own adapter.
+    let (mut c1, mut c2) = (KvCache::new(c.n_layer, c.kv_dim()), KvCache::new(c.n_layer, c.kv_dim()));
+    let out = m
+        .forward(&mut [
+            SeqInput { tokens: &tokens, cache: &mut c1, adapter: Some(&trained), logits: Logits::Last },
+            SeqInput { tokens: &tokens, cache: &mut c2, adapter: None, logits: Logits::Last },
+        ])
+        .unwrap();
+    assert_eq!(out[0][0], run(Some(&trained)));
+    assert_eq!(out[1][0], base);
 }

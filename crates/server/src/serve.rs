@@ -20,13 +20,16 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         }
     }
     let store = Arc::new(open_store(&config.data_dir).await?);
-    let engine_config = EngineConfig { max_seqs: config.max_num_seqs, max_waiting: config.max_waiting, ..EngineConfig::default() };
+    let engine_config =
+        EngineConfig { max_seqs: config.max_num_seqs, max_waiting: config.max_waiting, ..EngineConfig::default() };
     let models = config.models.clone();
     let started = std::time::Instant::now();
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
         let mut engine = Engine::new();
         for m in &models {
-            engine.add_gguf(&m.id, &m.path, engine_config.clone()).with_context(|| format!("loading {}", m.path.display()))?;
+            engine
+                .add_gguf(&m.id, &m.path, engine_config.clone())
+                .with_context(|| format!("loading {}", m.path.display()))?;
         }
         Ok(engine)
     })
@@ -98,7 +101,7 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 }
 
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
+    use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     Ok(async move {

@@ -2,15 +2,15 @@
 //! blocking thread), submit to the engine, then answer with one response or an SSE stream.
 
 use super::request::{self, ChatPlan};
-use super::resolve::{Target, resolve};
+use super::resolve::{resolve, Target};
 use super::response::{Collected, Renderer};
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::OpenAiJson;
 use crate::error::{ApiError, ErrorKind, OpenAiError};
+use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use std::convert::Infallible;
 use tandem_core::inference::{GenerateRequest, InferEvent, SharedBackend, SubmitError};
@@ -22,16 +22,21 @@ pub async fn create(
     headers: HeaderMap,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Response, OpenAiError> {
-    let backend = state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let backend = state
+        .backend()
+        .cloned()
+        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
     let plan = request::validate(&body, state.priority_scheduling())?;
     let target = resolve(&state, &caller.entity, plan.model.as_deref()).await?;
     // Admission comes before any rendering or tokenizing.
-    let permit = state
-        .limiter()
-        .acquire(&caller.entity)
-        .ok_or_else(|| ApiError::new(ErrorKind::TooManyRequests, "too many concurrent requests for this API key's entity").with_retry_after(1))?;
+    let permit = state.limiter().acquire(&caller.entity).ok_or_else(|| {
+        ApiError::new(ErrorKind::TooManyRequests, "too many concurrent requests for this API key's entity")
+            .with_retry_after(1)
+    })?;
     if !backend.has_capacity(target.base) {
-        return Err(ApiError::new(ErrorKind::Unavailable, "the server is at capacity; retry shortly").with_retry_after(1).into());
+        return Err(ApiError::new(ErrorKind::Unavailable, "the server is at capacity; retry shortly")
+            .with_retry_after(1)
+            .into());
     }
     let request_id = plan
         .request_id
@@ -61,12 +66,22 @@ pub async fn create(
 
 /// The model-dependent half of validation, on a blocking thread: render, tokenize, check ids
 /// against the vocabulary and the prompt against the context.
-async fn prepare(backend: SharedBackend, plan: &ChatPlan, target: &Target, request_id: String) -> Result<(GenerateRequest, Vec<u32>), ApiError> {
+async fn prepare(
+    backend: SharedBackend,
+    plan: &ChatPlan,
+    target: &Target,
+    request_id: String,
+) -> Result<(GenerateRequest, Vec<u32>), ApiError> {
     let plan = plan.clone();
     let target = target.clone();
     tokio::task::spawn_blocking(move || {
-        let info = backend.models().get(target.base).cloned().ok_or_else(|| ApiError::new(ErrorKind::Internal, "base model vanished"))?;
-        let mut prompt = backend.render_chat(target.base, &plan.render).map_err(|m| ApiError::bad_param("messages", m))?;
+        let info = backend
+            .models()
+            .get(target.base)
+            .cloned()
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "base model vanished"))?;
+        let mut prompt =
+            backend.render_chat(target.base, &plan.render).map_err(|m| ApiError::bad_param("messages", m))?;
         if let Some(t) = plan.truncate_prompt_tokens {
             let keep = if t == -1 { info.context_len } else { t as usize };
             if prompt.len() > keep {
@@ -85,7 +100,8 @@ async fn prepare(backend: SharedBackend, plan: &ChatPlan, target: &Target, reque
         for word in &plan.bad_words {
             let w = word.trim_start();
             for variant in [w.to_string(), format!(" {w}")] {
-                let ids = backend.tokenize(target.base, &variant, false).map_err(|m| ApiError::bad_param("bad_words", m))?;
+                let ids =
+                    backend.tokenize(target.base, &variant, false).map_err(|m| ApiError::bad_param("bad_words", m))?;
                 if !ids.is_empty() {
                     params.bad_words.push(ids);
                 }
@@ -94,13 +110,20 @@ async fn prepare(backend: SharedBackend, plan: &ChatPlan, target: &Target, reque
         if prompt.len() >= info.context_len {
             return Err(ApiError::bad_param(
                 "messages",
-                format!("This model's maximum context length is {} tokens. However, your prompt contains {} tokens.", info.context_len, prompt.len()),
+                format!(
+                    "This model's maximum context length is {} tokens. However, your prompt contains {} tokens.",
+                    info.context_len,
+                    prompt.len()
+                ),
             ));
         }
         let room = info.context_len - prompt.len();
         params.max_tokens = match plan.max_tokens {
             Some(m) if m > info.context_len => {
-                return Err(ApiError::bad_param("max_completion_tokens", format!("max_completion_tokens={m} cannot be greater than max_model_len={}", info.context_len)));
+                return Err(ApiError::bad_param(
+                    "max_completion_tokens",
+                    format!("max_completion_tokens={m} cannot be greater than max_model_len={}", info.context_len),
+                ));
             }
             Some(m) => m.min(room),
             None => room,
@@ -147,7 +170,9 @@ async fn collect(mut rx: UnboundedReceiver<InferEvent>, n: usize) -> Result<Coll
     let mut c = Collected::new(n);
     while !c.done() {
         match rx.recv().await {
-            Some(InferEvent::Error(m)) => return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}"))),
+            Some(InferEvent::Error(m)) => {
+                return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}")))
+            }
             Some(ev) => c.push(ev),
             None => return Err(ApiError::new(ErrorKind::Internal, "the inference engine stopped during generation")),
         }
@@ -211,7 +236,10 @@ struct ReceiverStream {
 impl futures_core::Stream for ReceiverStream {
     type Item = Result<Bytes, Infallible>;
 
-    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx).map(|o| o.map(Ok))
     }
 }

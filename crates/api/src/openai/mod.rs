@@ -7,20 +7,20 @@ mod resolve;
 mod response;
 mod tokenize;
 
-use crate::AppState;
-use crate::auth::{Caller, require_openai};
+use crate::auth::{require_openai, Caller};
 use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::views::timestamp;
-use axum::Json;
-use axum::Router;
+use crate::AppState;
 use axum::extract::{Extension, State};
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use serde_json::{Value, json};
+use axum::Json;
+use axum::Router;
+use serde_json::{json, Value};
 use tandem_core::records::PageRequest;
 
-pub use resolve::{Target, resolve};
+pub use resolve::{resolve, Target};
 
 pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
@@ -34,7 +34,10 @@ pub fn router(state: AppState) -> Router<AppState> {
 }
 
 /// Base models, then the caller's trained models: each model's latest alias and every step.
-async fn models(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> Result<Json<Value>, OpenAiError> {
+async fn models(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, OpenAiError> {
     let mut data = Vec::new();
     let infos = state.backend().map(|b| b.models()).unwrap_or_default();
     for (i, id) in state.served_models().iter().enumerate() {
@@ -74,6 +77,7 @@ async fn models(State(state): State<AppState>, Extension(caller): Extension<Call
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, OpenAiError> {
-    let backend = state.backend().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let backend =
+        state.backend().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], backend.metrics_text()))
 }

@@ -3,8 +3,8 @@
 //! `{entity}/{project}/{name}[:stepN]`. No suffix = the latest checkpoint (the base if none),
 //! `:step0` = the base. Anything else, another entity's model or a deleted step is a 404.
 
-use crate::AppState;
 use crate::error::{ApiError, ErrorKind};
+use crate::AppState;
 use tandem_core::inference::AdapterRef;
 use tandem_core::names::split_step_suffix;
 use tandem_store::StoreError;
@@ -20,7 +20,10 @@ pub struct Target {
 
 fn not_found(model: &str, state: &AppState) -> ApiError {
     let aliases = state.served_models().join(", ");
-    ApiError { param: Some("model".into()), ..ApiError::new(ErrorKind::NotFound, format!("The model `{model}` does not exist. Valid aliases: {aliases}.")) }
+    ApiError {
+        param: Some("model".into()),
+        ..ApiError::new(ErrorKind::NotFound, format!("The model `{model}` does not exist. Valid aliases: {aliases}."))
+    }
 }
 
 pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Result<Target, ApiError> {
@@ -31,7 +34,8 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
     if let Some(i) = served.iter().position(|m| m == model) {
         return Ok(Target { base: i, adapter: None, name: model.to_string() });
     }
-    let path = model.strip_prefix("wandb-artifact:///").or_else(|| model.strip_prefix("wandb-artifact://")).unwrap_or(model);
+    let path =
+        model.strip_prefix("wandb-artifact:///").or_else(|| model.strip_prefix("wandb-artifact://")).unwrap_or(model);
     let (path, step) = split_step_suffix(path);
     let parts: Vec<&str> = path.split('/').collect();
     let [e, project, name] = parts.as_slice() else { return Err(not_found(model, state)) };

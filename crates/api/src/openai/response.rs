@@ -3,7 +3,7 @@
 //! usage chunk).
 
 use super::request::ChatPlan;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 use tandem_core::inference::{FinishReason, InferEvent, SharedBackend, StopReason, TokenLogprob, TopLogprob};
 
 /// Everything generated for one choice.
@@ -82,7 +82,15 @@ fn stop_reason_json(s: &Option<StopReason>) -> Value {
 }
 
 impl Renderer {
-    pub fn new(plan: &ChatPlan, model: &str, request_id: &str, prompt: Vec<u32>, echo: Option<String>, backend: SharedBackend, base: usize) -> Self {
+    pub fn new(
+        plan: &ChatPlan,
+        model: &str,
+        request_id: &str,
+        prompt: Vec<u32>,
+        echo: Option<String>,
+        backend: SharedBackend,
+        base: usize,
+    ) -> Self {
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Renderer {
             id: format!("chatcmpl-{request_id}"),
@@ -184,7 +192,9 @@ impl Renderer {
         }
         if let Some(echo) = &self.echo {
             for i in 0..self.n {
-                let c = self.chunk(json!({ "index": i, "delta": { "content": echo }, "logprobs": null, "finish_reason": null }));
+                let c = self.chunk(
+                    json!({ "index": i, "delta": { "content": echo }, "logprobs": null, "finish_reason": null }),
+                );
                 out.push(self.with_usage(c, i));
             }
         }

@@ -3,16 +3,23 @@
 
 use super::request;
 use super::resolve::resolve;
-use crate::AppState;
 use crate::auth::Caller;
 use crate::body::OpenAiJson;
 use crate::error::{ApiError, ErrorKind, OpenAiError};
-use axum::Json;
+use crate::AppState;
 use axum::extract::{Extension, State};
-use serde_json::{Value, json};
+use axum::Json;
+use serde_json::{json, Value};
 
-pub async fn tokenize(State(state): State<AppState>, Extension(caller): Extension<Caller>, OpenAiJson(body): OpenAiJson) -> Result<Json<Value>, OpenAiError> {
-    let backend = state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+pub async fn tokenize(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    OpenAiJson(body): OpenAiJson,
+) -> Result<Json<Value>, OpenAiError> {
+    let backend = state
+        .backend()
+        .cloned()
+        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
     let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
     let return_strs = body.get("return_token_strs").and_then(Value::as_bool).unwrap_or(false);
     let base = target.base;
@@ -27,7 +34,11 @@ pub async fn tokenize(State(state): State<AppState>, Extension(caller): Extensio
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
         .map_err(|m| ApiError::bad_param("messages", m))?
     } else {
-        let prompt = body.get("prompt").and_then(Value::as_str).ok_or_else(|| ApiError::bad_param("prompt", "either `prompt` (a string) or `messages` is required"))?.to_string();
+        let prompt = body
+            .get("prompt")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::bad_param("prompt", "either `prompt` (a string) or `messages` is required"))?
+            .to_string();
         let special = body.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
         let b = backend.clone();
         tokio::task::spawn_blocking(move || b.tokenize(base, &prompt, special))
@@ -36,12 +47,23 @@ pub async fn tokenize(State(state): State<AppState>, Extension(caller): Extensio
             .map_err(|m| ApiError::bad_param("prompt", m))?
     };
     let max_model_len = backend.models().get(base).map(|m| m.context_len);
-    let strs: Value = if return_strs { json!(ids.iter().map(|t| backend.token_text(base, *t)).collect::<Vec<_>>()) } else { Value::Null };
+    let strs: Value = if return_strs {
+        json!(ids.iter().map(|t| backend.token_text(base, *t)).collect::<Vec<_>>())
+    } else {
+        Value::Null
+    };
     Ok(Json(json!({ "count": ids.len(), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs })))
 }
 
-pub async fn detokenize(State(state): State<AppState>, Extension(caller): Extension<Caller>, OpenAiJson(body): OpenAiJson) -> Result<Json<Value>, OpenAiError> {
-    let backend = state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+pub async fn detokenize(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    OpenAiJson(body): OpenAiJson,
+) -> Result<Json<Value>, OpenAiError> {
+    let backend = state
+        .backend()
+        .cloned()
+        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
     let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
     let tokens: Vec<u32> = match body.get("tokens") {
         Some(Value::Array(items)) => items

@@ -65,7 +65,20 @@ fn strftime_now(format: String) -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
     let days = secs.div_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     format
         .replace("%Y", &y.to_string())
         .replace("%m", &format!("{m:02}"))
@@ -90,10 +103,18 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 /// Whether a template walks over content parts (vLLM's "openai" content format).
 pub fn detect_content_format(source: &str) -> ContentFormat {
     let compact: String = source.chars().filter(|c| !c.is_whitespace()).collect();
-    let iterates = ["in message['content']", "in message[\"content\"]", "in message.content", "inm['content']", "inmsg['content']"]
-        .iter()
-        .any(|p| compact.contains(&p.replace(' ', "")));
-    let checks_type = compact.contains("contentisstring") || compact.contains("contentisnotstring") || compact.contains("contentisiterable");
+    let iterates = [
+        "in message['content']",
+        "in message[\"content\"]",
+        "in message.content",
+        "inm['content']",
+        "inmsg['content']",
+    ]
+    .iter()
+    .any(|p| compact.contains(&p.replace(' ', "")));
+    let checks_type = compact.contains("contentisstring")
+        || compact.contains("contentisnotstring")
+        || compact.contains("contentisiterable");
     if iterates || checks_type {
         ContentFormat::OpenAi
     } else {
@@ -141,7 +162,9 @@ impl ChatTemplate {
             ctx.insert("reasoning_effort".into(), Value::String(r.clone()));
         }
         let template = self.env.get_template("chat").map_err(|e| TemplateError::Render(describe(&e)))?;
-        let rendered = template.render(JValue::from(Serde(Value::Object(ctx)))).map_err(|e| TemplateError::Render(describe(&e)))?;
+        let rendered = template
+            .render(JValue::from(Serde(Value::Object(ctx))))
+            .map_err(|e| TemplateError::Render(describe(&e)))?;
         if rendered.len() > MAX_OUTPUT {
             return Err(TemplateError::Render(format!("the rendered prompt exceeds {MAX_OUTPUT} bytes")));
         }

@@ -17,7 +17,9 @@ fn smollm2_renders_chatml_with_default_system() {
         out,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
-    let out = t.render(&[json!({"role": "system", "content": "S"}), json!({"role": "user", "content": "U"})], &inputs(false)).unwrap();
+    let out = t
+        .render(&[json!({"role": "system", "content": "S"}), json!({"role": "user", "content": "U"})], &inputs(false))
+        .unwrap();
     assert_eq!(out, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n");
 }
 
@@ -78,6 +80,11 @@ fn openai_format_templates_get_parts() {
     let src = "{% for m in messages %}{% for p in m['content'] %}[{{ p.text }}]{% endfor %}{% endfor %}";
     let t = ChatTemplate::new(src).unwrap();
     assert_eq!(t.format, ContentFormat::OpenAi);
-    let out = t.render(&[json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})], &inputs(false)).unwrap();
+    let out = t
+        .render(
+            &[json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})],
+            &inputs(false),
+        )
+        .unwrap();
     assert_eq!(out, "[a][b]");
 }

@@ -43,10 +43,33 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
         .into_par_iter()
         .map(|c| {
             let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
-            let mut tile = vec![0f32; (n1 - n0) * t_rows];
-            for n in n0..n1 {
+            let width = n1 - n0;
+            let mut tile = vec![0f32; width * t_rows];
+            let mut n = n0;
+            // Four weight rows at a time where possible (same per-row arithmetic as one at a time).
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                while n + 4 <= n1 {
+                    let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
+                    for t in 0..t_rows {
+                        let (aq, as_) = a.row(t);
+                        // SAFETY: AVX2 and FMA were detected at run time.
+                        let d = unsafe {
+                            simd::dot_q8x4_avx2(
+                                [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
+                                [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
+                                aq,
+                                as_,
+                            )
+                        };
+                        tile[t * width + (n - n0)..t * width + (n - n0) + 4].copy_from_slice(&d);
+                    }
+                    n += 4;
+                }
+            }
+            for n in n..n1 {
                 for t in 0..t_rows {
-                    tile[t * (n1 - n0) + (n - n0)] = dot_row(w, n, a, t, avx2);
+                    tile[t * width + (n - n0)] = dot_row(w, n, a, t, avx2);
                 }
             }
             (n0, tile)
@@ -108,6 +131,63 @@ pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
         s += a[i] * b[i];
     }
     (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
+}
+
+/// Causal attention of one query head over positions `0..n_ctx`: `keys`/`values` start at this
+/// head's first position and consecutive positions are `stride` floats apart. `scores` holds at
+/// least `n_ctx` floats of scratch; `out` (head_dim) receives the weighted sum of values.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    n_ctx: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { simd::attend_avx2(q, keys, values, stride, n_ctx, scale, scores, out) };
+    }
+    attend_generic(q, keys, values, stride, n_ctx, scale, scores, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn attend_generic(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    n_ctx: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let scores = &mut scores[..n_ctx];
+    for (p, s) in scores.iter_mut().enumerate() {
+        *s = dot_generic(q, &keys[p * stride..p * stride + hd]) * scale;
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    out.fill(0.0);
+    for (p, s) in scores.iter().enumerate() {
+        let w = s * inv;
+        let v = &values[p * stride..p * stride + hd];
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += w * x;
+        }
+    }
 }
 
 /// `y += alpha * x`.

@@ -31,6 +31,28 @@ pub(crate) unsafe fn dot_q8_avx2(wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) 
     hsum(acc)
 }
 
+/// Four weight rows times one activation row: four independent accumulator chains hide the FMA
+/// latency that a single dot product waits on, and the activation block is loaded once for all
+/// four. Each row's result is computed exactly as [`dot_q8_avx2`] computes it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_q8x4_avx2(w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], as_: &[f32]) -> [f32; 4] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..as_.len() {
+        // SAFETY: each block is 32 bytes inside the slices (len = blocks * 32).
+        let a = unsafe { _mm256_loadu_si256(aq.as_ptr().add(b * 32) as *const __m256i) };
+        for r in 0..4 {
+            let wv = unsafe { _mm256_loadu_si256(w[r].as_ptr().add(b * 32) as *const __m256i) };
+            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(a, wv));
+            let sums = _mm256_madd_epi16(pairs, ones);
+            let scale = _mm256_set1_ps(ws[r][b] * as_[b]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
+        }
+    }
+    [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {
@@ -47,4 +69,21 @@ fn hsum(v: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     super::dot_generic(a, b)
+}
+
+/// One query row's attention over `n_ctx` cached positions, compiled for AVX2 (see
+/// [`super::attend_generic`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn attend_avx2(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    n_ctx: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    super::attend_generic(q, keys, values, stride, n_ctx, scale, scores, out)
 }

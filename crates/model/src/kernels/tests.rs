@@ -105,3 +105,31 @@ fn norm_softmax_silu_rope_by_hand() {
     rope_inplace(&mut h, 2, &[0.0], &[1.0]);
     assert_eq!(h, vec![0.0, 1.0, -1.0, 0.0]);
 }
+
+#[test]
+fn four_row_path_equals_row_by_row_exactly() {
+    let (n, k, t) = (37, 64, 3); // 9 groups of four rows and one left over
+    let wq = Q8Matrix::from_f32(&values(n * k, 9), n, k);
+    let mut a = Q8Acts::default();
+    a.quantize(&values(t * k, 10), t, k);
+    let mut out = vec![0f32; t * n];
+    matmul_q8(&wq, &a, &mut out);
+    for ti in 0..t {
+        for ni in 0..n {
+            assert_eq!(out[ti * n + ni], dot_row(&wq, ni, &a, ti, has_avx2()), "({ti},{ni})");
+        }
+    }
+}
+
+#[test]
+fn attention_matches_softmax_by_hand() {
+    // Two positions, head_dim 2, stride 4 (another head's values interleaved and ignored).
+    let q = [1.0, 0.0];
+    let keys = [0.0, 0.0, 9.0, 9.0, (3.0f32).ln(), 0.0, 9.0, 9.0];
+    let values = [1.0, 2.0, 9.0, 9.0, 5.0, 6.0, 9.0, 9.0];
+    let mut scores = vec![0f32; 2];
+    let mut out = vec![0f32; 2];
+    attend(&q, &keys, &values, 4, 2, 1.0, &mut scores, &mut out);
+    // weights 1/4 and 3/4
+    assert!((out[0] - 4.0).abs() < 1e-5 && (out[1] - 5.0).abs() < 1e-5, "{out:?}");
+}

@@ -5,7 +5,7 @@
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 use tandem_core::inference::{ChatRender, SamplingParams};
-use tandem_core::validate::{Validator, optional};
+use tandem_core::validate::{optional, Validator};
 
 /// Most choices one request may ask for (ids reserve 8 bits for them).
 pub const MAX_N: i64 = 128;
@@ -152,7 +152,10 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         }
         p.min_p = m as f32;
     }
-    for (name, value, slot) in [("presence_penalty", presence, &mut p.presence_penalty), ("frequency_penalty", frequency, &mut p.frequency_penalty)] {
+    for (name, value, slot) in [
+        ("presence_penalty", presence, &mut p.presence_penalty),
+        ("frequency_penalty", frequency, &mut p.frequency_penalty),
+    ] {
         if let Some(x) = value {
             if !(-2.0..=2.0).contains(&x) {
                 return Err(bad(name, format!("{name} must be in [-2, 2], got {x}.")));
@@ -175,7 +178,9 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         return Err(bad("n", format!("n must be 1 when using greedy sampling, got {n}.")));
     }
     let max_tokens = match max_completion {
-        Some(m) if m < 1 => return Err(bad("max_completion_tokens", format!("max_tokens must be at least 1, got {m}."))),
+        Some(m) if m < 1 => {
+            return Err(bad("max_completion_tokens", format!("max_tokens must be at least 1, got {m}.")))
+        }
         Some(m) => Some(m as usize),
         None => None,
     };
@@ -189,7 +194,9 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         Some(k) if !(0..=MAX_LOGPROBS).contains(&k) => {
             return Err(bad("top_logprobs", format!("top_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}.")));
         }
-        Some(k) if k > 0 && !logprobs => return Err(bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")),
+        Some(k) if k > 0 && !logprobs => {
+            return Err(bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true."))
+        }
         _ => {}
     }
     if logprobs {
@@ -221,14 +228,25 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True (add_generation_prompt defaults to true: send it as false).",
         ));
     }
-    if render.continue_final_message && messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) != Some("assistant") {
-        return Err(bad("continue_final_message", "continue_final_message requires the last message to be an assistant message."));
+    if render.continue_final_message
+        && messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) != Some("assistant")
+    {
+        return Err(bad(
+            "continue_final_message",
+            "continue_final_message requires the last message to be an assistant message.",
+        ));
     }
-    let cache_salt = match optional(obj, "cache_salt") {
-        None => None,
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 && !s.contains(['@', '/', '\\', '\0']) => Some(s.clone()),
-        Some(_) => return Err(bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string of at most 128 characters without @ / \\ or NUL.")),
-    };
+    let cache_salt =
+        match optional(obj, "cache_salt") {
+            None => None,
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 && !s.contains(['@', '/', '\\', '\0']) => {
+                Some(s.clone())
+            }
+            Some(_) => return Err(bad(
+                "cache_salt",
+                "Parameter 'cache_salt' must be a non-empty string of at most 128 characters without @ / \\ or NUL.",
+            )),
+        };
     tools(obj, &mut render)?;
     check_unsupported(obj)?;
     let role = if render.add_generation_prompt {
@@ -276,7 +294,9 @@ fn messages(v: &mut Validator, value: &Value) -> Option<Vec<Value>> {
             }
             if let Some(c) = optional(obj, "content") {
                 if !(c.is_string() || c.is_array()) {
-                    v.at("content", |v| v.error("string_type", "Input should be a valid string or list of content parts", c));
+                    v.at("content", |v| {
+                        v.error("string_type", "Input should be a valid string or list of content parts", c)
+                    });
                 }
             }
         });
@@ -318,7 +338,12 @@ fn id_list(name: &str, value: Option<Value>) -> Result<Option<Vec<u32>>, ApiErro
         None => Ok(None),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|x| x.as_u64().filter(|i| *i <= u32::MAX as u64).map(|i| i as u32).ok_or_else(|| bad(name, format!("{name} must be a list of token ids."))))
+            .map(|x| {
+                x.as_u64()
+                    .filter(|i| *i <= u32::MAX as u64)
+                    .map(|i| i as u32)
+                    .ok_or_else(|| bad(name, format!("{name} must be a list of token ids.")))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Some),
         Some(_) => Err(bad(name, format!("{name} must be a list of token ids."))),
@@ -327,10 +352,14 @@ fn id_list(name: &str, value: Option<Value>) -> Result<Option<Vec<u32>>, ApiErro
 
 fn logit_bias(value: Option<Value>) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(value) = value else { return Ok(Vec::new()) };
-    let Value::Object(map) = value else { return Err(bad("logit_bias", "logit_bias must be an object of token id to bias.")) };
+    let Value::Object(map) = value else {
+        return Err(bad("logit_bias", "logit_bias must be an object of token id to bias."));
+    };
     let mut out = Vec::with_capacity(map.len());
     for (k, b) in map {
-        let id: u32 = k.parse().map_err(|_| bad("logit_bias", format!("logit_bias contains key(s) that cannot be converted to integer token IDs: {k}")))?;
+        let id: u32 = k.parse().map_err(|_| {
+            bad("logit_bias", format!("logit_bias contains key(s) that cannot be converted to integer token IDs: {k}"))
+        })?;
         let b = b.as_f64().ok_or_else(|| bad("logit_bias", "logit_bias values must be numbers."))?;
         out.push((id, b.clamp(-100.0, 100.0) as f32));
     }
@@ -356,7 +385,10 @@ fn tools(obj: &Map<String, Value>, render: &mut ChatRender) -> Result<(), ApiErr
     if let Some(t) = tools {
         let Value::Array(items) = t else { return Err(bad("tools", "tools must be a list.")) };
         if items.is_empty() {
-            return Err(bad("tools", "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."));
+            return Err(bad(
+                "tools",
+                "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
+            ));
         }
     }
     match (tools, choice) {
@@ -383,7 +415,12 @@ fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     if let Some(rf) = optional(obj, "response_format") {
         match rf.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some(other) => return Err(bad("response_format", format!("response_format type {other:?} is not supported by this server yet"))),
+            Some(other) => {
+                return Err(bad(
+                    "response_format",
+                    format!("response_format type {other:?} is not supported by this server yet"),
+                ))
+            }
             None => return Err(bad("response_format", "response_format needs a type")),
         }
     }
@@ -396,7 +433,10 @@ fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             _ => vec!["?".into()],
         };
         if let Some(first) = names.first() {
-            return Err(bad("logits_processors", format!("unknown logits processor {first:?}: this server has no built-in processors yet")));
+            return Err(bad(
+                "logits_processors",
+                format!("unknown logits processor {first:?}: this server has no built-in processors yet"),
+            ));
         }
     }
     Ok(())

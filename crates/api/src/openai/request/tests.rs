@@ -60,7 +60,10 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "logit_bias": {"x": 1}}), "logit_bias"),
         (json!({"messages": msgs(), "allowed_token_ids": []}), "allowed_token_ids"),
         (json!({"messages": msgs(), "continue_final_message": true}), "continue_final_message"),
-        (json!({"messages": msgs(), "continue_final_message": true, "add_generation_prompt": false}), "continue_final_message"),
+        (
+            json!({"messages": msgs(), "continue_final_message": true, "add_generation_prompt": false}),
+            "continue_final_message",
+        ),
         (json!({"messages": msgs(), "cache_salt": ""}), "cache_salt"),
         (json!({"messages": msgs(), "tools": []}), "tools"),
         (json!({"messages": msgs(), "tool_choice": "auto"}), "tool_choice"),
@@ -95,6 +98,8 @@ fn role_and_tools_none() {
     assert_eq!(p.role, "assistant");
     let p = ok(json!({"messages": msgs(), "add_generation_prompt": false}));
     assert_eq!(p.role, "user");
-    let p = ok(json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"}));
+    let p = ok(
+        json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"}),
+    );
     assert!(p.render.tools.is_some());
 }

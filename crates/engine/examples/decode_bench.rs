@@ -1,0 +1,36 @@
+//! Times single-sequence decode on the model: `cargo run --release -p tandem-engine --example decode_bench`.
+use tandem_model::{KvCache, Logits, SeqInput};
+
+fn main() {
+    let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
+    let batch: usize = std::env::var("BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(1);
+    let loaded = tandem_model::load_gguf(std::path::Path::new(&path)).unwrap();
+    let m = &loaded.model;
+    let c = &m.config;
+    let mut caches: Vec<KvCache> = (0..batch).map(|_| KvCache::new(c.n_layer, c.kv_dim())).collect();
+    let prompt: Vec<u32> = (100..132).collect();
+    for cache in caches.iter_mut() {
+        m.forward(&mut [SeqInput { tokens: &prompt, cache, adapter: None, logits: Logits::Last }]).unwrap();
+    }
+    let steps = 64;
+    let t = std::time::Instant::now();
+    let tok = [200u32];
+    for _ in 0..steps {
+        let mut inputs: Vec<SeqInput> = caches
+            .iter_mut()
+            .map(|cache| SeqInput { tokens: &tok, cache, adapter: None, logits: Logits::Last })
+            .collect();
+        m.forward(&mut inputs).unwrap();
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "batch {batch}: {:.1} ms/step, {:.1} tok/s aggregate",
+        secs * 1000.0 / steps as f64,
+        (steps * batch) as f64 / secs
+    );
+    let long: Vec<u32> = (0..512).map(|i| 100 + (i % 1000) as u32).collect();
+    let mut cache = KvCache::new(c.n_layer, c.kv_dim());
+    let t = std::time::Instant::now();
+    m.forward(&mut [SeqInput { tokens: &long, cache: &mut cache, adapter: None, logits: Logits::Last }]).unwrap();
+    println!("prefill 512: {:.1} tok/s", 512.0 / t.elapsed().as_secs_f64());
+}
