@@ -25,9 +25,20 @@ run: model build
 	@echo "         more with: ./target/release/tandem keys create --data-dir $(DATA_DIR) --entity NAME"
 	./target/release/tandem serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --model $(MODEL)
 
-## test: the whole test suite (unit, api, store, and end-to-end tests against the real binary)
-test: model
+# The official OpenAI SDK, pinned, in a virtualenv of its own (created once).
+PYENV := target/pyenv
+OPENAI_VERSION := 3.54.0
+
+$(PYENV)/.ok-$(OPENAI_VERSION):
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
+	touch $@
+
+## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK)
+test: model $(PYENV)/.ok-$(OPENAI_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
+	$(CARGO) build --bin tandem
+	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
 
 ## check: formatting and lints
 check:

@@ -1,0 +1,132 @@
+"""The official `openai` Python package, unchanged, against a running tandem.
+
+Usage: python test_openai_sdk.py <path to tandem binary> <model gguf>
+Starts its own server on a free port with a temporary data dir, runs the checks, stops it, and
+prints 'N passed, M failed'.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import openai
+
+KEY = "sdk-test-key"
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+checks = []
+
+
+def check(fn):
+    checks.append(fn)
+    return fn
+
+
+@check
+def non_streaming_with_logprobs_and_token_ids(client):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 2+2?"}],
+        temperature=0, max_tokens=16, logprobs=True, top_logprobs=2,
+        extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True},
+    )
+    c = r.choices[0]
+    assert c.message.role == "assistant" and c.message.content
+    extra = c.model_extra or {}
+    token_ids = extra["token_ids"]
+    assert len(token_ids) == r.usage.completion_tokens == len(c.logprobs.content)
+    assert all(e.token == f"token_id:{t}" for e, t in zip(c.logprobs.content, token_ids))
+    assert len((r.model_extra or {})["prompt_token_ids"]) == r.usage.prompt_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+@check
+def streaming_matches_non_streaming(client):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], temperature=0, max_tokens=12)
+    full = client.chat.completions.create(**args).choices[0].message.content
+    text, usage = "", None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == full, (text, full)
+    assert usage is not None and usage.completion_tokens > 0
+
+
+@check
+def n_choices_and_seed(client):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Say a word."}], n=3, seed=5, temperature=1.0, max_tokens=8)
+    a = client.chat.completions.create(**args)
+    b = client.chat.completions.create(**args)
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    assert [c.index for c in a.choices] == [0, 1, 2]
+
+
+@check
+def stop_strings(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count: 1, 2, 3"}], temperature=0,
+                                       max_tokens=30, stop=[","])
+    assert "," not in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@check
+def errors_raise_the_sdk_exceptions(client):
+    try:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], temperature=9)
+        raise AssertionError("expected BadRequestError")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "temperature" in str(e)
+    try:
+        client.chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
+        raise AssertionError("expected NotFoundError")
+    except openai.NotFoundError:
+        pass
+    bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
+    try:
+        bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        raise AssertionError("expected AuthenticationError")
+    except openai.AuthenticationError:
+        pass
+
+
+@check
+def models_list(client):
+    ids = [m.id for m in client.models.list()]
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in ids
+
+
+def main():
+    binary, model = sys.argv[1], sys.argv[2]
+    data = tempfile.mkdtemp()
+    proc = subprocess.Popen([binary, "serve", "--port", "0", "--data-dir", data, "--model", model, "--api-key", KEY],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "TANDEM_LOG": "warn"})
+    try:
+        url = None
+        for line in proc.stdout:
+            if line.startswith("tandem listening on "):
+                url = line.split()[-1]
+                break
+        assert url, "server did not start"
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        passed = failed = 0
+        for fn in checks:
+            try:
+                fn(client)
+                passed += 1
+                print(f"ok   {fn.__name__}")
+            except Exception:
+                failed += 1
+                print(f"FAIL {fn.__name__}")
+                traceback.print_exc()
+        print(f"openai-sdk: {passed} passed, {failed} failed")
+        return 1 if failed else 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
