@@ -1,0 +1,110 @@
+"""Inference benchmark through HTTP: the same client against every server given, in one run.
+
+    python bench/inference.py NAME=URL [NAME=URL ...] [--rounds 3] [--key KEY]
+
+For each server (OpenAI-compatible `/v1/chat/completions`, non-streaming): prefill tokens/s on a
+~512-token prompt (max_tokens 1), single-stream decode tokens/s over 128 tokens, and aggregate
+generated tokens/s with 1, 4 and 16 concurrent streams of 64 tokens. Rounds alternate between
+servers and medians are reported; prompts start with a fresh random prefix so no prefix cache
+helps. With two servers, the ratios first/second are printed. Peak RSS is read from
+/proc/<pid>/status when a PID is given as NAME=URL@PID.
+"""
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.request
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+
+
+def prompt(n_words, rng):
+    salt = " ".join(str(rng.randrange(10**6)) for _ in range(4))
+    return salt + " " + " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def chat(url, key, content, max_tokens):
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "n_predict": max_tokens}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.load(r)
+    return time.perf_counter() - t0, out["usage"]
+
+
+def prefill_rate(url, key, rng):
+    secs, usage = chat(url, key, prompt(430, rng), 1)
+    return usage["prompt_tokens"] / secs
+
+
+def decode_rate(url, key, rng):
+    short = prompt(8, rng)
+    t1, _ = chat(url, key, short, 1)
+    t128, usage = chat(url, key, short + " again", 129)
+    return (usage["completion_tokens"] - 1) / max(t128 - t1, 1e-9)
+
+
+def aggregate_rate(url, key, rng, streams):
+    results = []
+    prompts = [prompt(16, rng) for _ in range(streams)]
+
+    def run(p):
+        _, usage = chat(url, key, p, 64)
+        results.append(usage["completion_tokens"])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(results) / (time.perf_counter() - t0)
+
+
+def peak_rss_mb(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("servers", nargs="+")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--key", default="bench")
+    args = ap.parse_args()
+    servers = []
+    for s in args.servers:
+        name, rest = s.split("=", 1)
+        url, _, pid = rest.partition("@")
+        servers.append((name, url.rstrip("/"), pid or None))
+    metrics = ["prefill_512", "decode_1", "aggregate_1", "aggregate_4", "aggregate_16"]
+    samples = {name: {m: [] for m in metrics} for name, _, _ in servers}
+    rng = random.Random(1)
+    for name, url, _ in servers:  # warm-up
+        chat(url, args.key, "hello", 4)
+    for _ in range(args.rounds):
+        for name, url, _ in servers:
+            s = samples[name]
+            s["prefill_512"].append(prefill_rate(url, args.key, rng))
+            s["decode_1"].append(decode_rate(url, args.key, rng))
+            for n in (1, 4, 16):
+                s[f"aggregate_{n}"].append(aggregate_rate(url, args.key, rng, n))
+    print(f"{'metric (tok/s, median)':<24}" + "".join(f"{n:>14}" for n, _, _ in servers) + ("     ratio" if len(servers) == 2 else ""))
+    for m in metrics:
+        vals = [statistics.median(samples[n][m]) for n, _, _ in servers]
+        ratio = f"{vals[0] / vals[1]:>10.2f}" if len(vals) == 2 else ""
+        print(f"{m:<24}" + "".join(f"{v:>14.1f}" for v in vals) + ratio)
+    rss = [peak_rss_mb(pid) if pid else None for _, _, pid in servers]
+    print(f"{'peak RSS (MB)':<24}" + "".join(f"{(r or float('nan')):>14.0f}" for r in rss))
+
+
+if __name__ == "__main__":
+    main()
