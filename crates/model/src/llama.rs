@@ -142,6 +142,15 @@ impl Llama {
         Ok(self.logits(seqs, &rows, &x, &mut acts))
     }
 
+    /// RMS-normalised copy of the residual stream, also quantised into `acts` for the next matmul.
+    fn normed(&self, x: &[f32], weight: &[f32], acts: &mut Q8Acts) -> Vec<f32> {
+        let h = self.config.hidden;
+        let mut xn = x.to_vec();
+        xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, weight, self.config.rms_eps));
+        acts.quantize(&xn, x.len() / h, h);
+        xn
+    }
+
     fn attention_block(
         &self,
         li: usize,
@@ -154,9 +163,7 @@ impl Llama {
         let c = &self.config;
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let t_rows = rows.len();
-        let mut xn = x.to_vec();
-        xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, &layer.attn_norm, c.rms_eps));
-        acts.quantize(&xn, t_rows, h);
+        let xn = self.normed(x, &layer.attn_norm, acts);
         let width = qd + 2 * kvd;
         let mut qkv = vec![0f32; t_rows * width];
         kernels::matmul_q8(&layer.qkv, acts, &mut qkv);
@@ -218,9 +225,7 @@ impl Llama {
         let c = &self.config;
         let (h, f) = (c.hidden, c.ffn);
         let t_rows = rows.len();
-        let mut xn = x.to_vec();
-        xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, &layer.ffn_norm, c.rms_eps));
-        acts.quantize(&xn, t_rows, h);
+        let xn = self.normed(x, &layer.ffn_norm, acts);
         let mut gu = vec![0f32; t_rows * 2 * f];
         kernels::matmul_q8(&layer.gate_up, acts, &mut gu);
         self.apply_lora(seqs, rows, &xn, h, &mut gu, 2 * f, |a| {

@@ -22,10 +22,7 @@ pub async fn create(
     headers: HeaderMap,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Response, OpenAiError> {
-    let backend = state
-        .backend()
-        .cloned()
-        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let backend = super::engine(&state)?;
     let plan = request::validate(&body, state.priority_scheduling())?;
     let target = resolve(&state, &caller.entity, plan.model.as_deref()).await?;
     // Admission comes before any rendering or tokenizing.

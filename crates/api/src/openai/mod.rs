@@ -22,6 +22,11 @@ use tandem_core::records::PageRequest;
 
 pub use resolve::{resolve, Target};
 
+/// The inference engine, or a 503 when this server runs without one.
+pub(crate) fn engine(state: &AppState) -> Result<tandem_core::inference::SharedBackend, ApiError> {
+    state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))
+}
+
 pub fn router(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/v1/chat/completions", post(chat::create))
@@ -77,7 +82,6 @@ async fn models(
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, OpenAiError> {
-    let backend =
-        state.backend().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let backend = engine(&state)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], backend.metrics_text()))
 }

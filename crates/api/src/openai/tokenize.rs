@@ -16,10 +16,7 @@ pub async fn tokenize(
     Extension(caller): Extension<Caller>,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Json<Value>, OpenAiError> {
-    let backend = state
-        .backend()
-        .cloned()
-        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let backend = super::engine(&state)?;
     let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
     let return_strs = body.get("return_token_strs").and_then(Value::as_bool).unwrap_or(false);
     let base = target.base;
@@ -60,10 +57,7 @@ pub async fn detokenize(
     Extension(caller): Extension<Caller>,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Json<Value>, OpenAiError> {
-    let backend = state
-        .backend()
-        .cloned()
-        .ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))?;
+    let backend = super::engine(&state)?;
     let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
     let tokens: Vec<u32> = match body.get("tokens") {
         Some(Value::Array(items)) => items
