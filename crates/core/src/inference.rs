@@ -34,6 +34,24 @@ pub struct SamplingParams {
     /// Number of top logprobs per token, or `None` for no logprobs.
     pub logprobs: Option<usize>,
     pub skip_special_tokens: bool,
+    /// Built-in logits processors, applied after the other masks (see `LogitsProcessor`).
+    pub processors: Vec<LogitsProcessor>,
+}
+
+/// The built-in logits processors a request may name in `logits_processors`. Code is never
+/// loaded: an unknown name is a 400.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogitsProcessor {
+    /// `no_repeat_ngram` `{n}`: bans any token that would repeat an n-gram already present in
+    /// the prompt and output (as Hugging Face's `no_repeat_ngram_size`).
+    NoRepeatNgram { n: usize },
+    /// `suppress_tokens` `{token_ids}`: these tokens are never sampled.
+    SuppressTokens { token_ids: Vec<u32> },
+}
+
+impl LogitsProcessor {
+    /// Names accepted in `logits_processors`.
+    pub const NAMES: [&'static str; 2] = ["no_repeat_ngram", "suppress_tokens"];
 }
 
 impl Default for SamplingParams {
@@ -58,6 +76,7 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             logprobs: None,
             skip_special_tokens: true,
+            processors: Vec::new(),
         }
     }
 }

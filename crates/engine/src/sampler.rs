@@ -3,7 +3,7 @@
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use tandem_core::inference::SamplingParams;
+use tandem_core::inference::{LogitsProcessor, SamplingParams};
 
 /// What the sequence has produced so far, for penalties and constraints.
 pub struct History<'a> {
@@ -42,6 +42,9 @@ pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, eos: u32
             ban(logits, *last);
         }
     }
+    for proc in &p.processors {
+        apply_processor(logits, proc, h);
+    }
     for (t, bias) in &p.logit_bias {
         if let Some(l) = logits.get_mut(*t as usize) {
             *l += bias.clamp(-100.0, 100.0);
@@ -68,6 +71,30 @@ pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, eos: u32
         for (t, c) in counts {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            }
+        }
+    }
+}
+
+fn apply_processor(logits: &mut [f32], proc: &LogitsProcessor, h: &History<'_>) {
+    match proc {
+        LogitsProcessor::SuppressTokens { token_ids } => {
+            for t in token_ids {
+                ban(logits, *t);
+            }
+        }
+        LogitsProcessor::NoRepeatNgram { n } => {
+            let n = *n;
+            let all: Vec<u32> = h.prompt.iter().chain(h.generated).copied().collect();
+            if n == 0 || all.len() < n {
+                return;
+            }
+            // The last n-1 tokens, followed by any token that followed them before, would repeat.
+            let tail = &all[all.len() + 1 - n..];
+            for w in all.windows(n) {
+                if &w[..n - 1] == tail {
+                    ban(logits, w[n - 1]);
+                }
             }
         }
     }
@@ -240,6 +267,21 @@ mod tests {
         process(&mut logits, &p, &History { prompt: &[], generated: &[4, 4] }, 3);
         assert_eq!(&logits[..3], &[f32::NEG_INFINITY, 100.0, 0.0]);
         let _ = no_history();
+    }
+
+    #[test]
+    fn builtin_processors() {
+        let p = SamplingParams {
+            processors: vec![
+                LogitsProcessor::SuppressTokens { token_ids: vec![4] },
+                LogitsProcessor::NoRepeatNgram { n: 2 },
+            ],
+            ..params()
+        };
+        // History 1 2 3 1: the bigram "1 2" exists, so after a trailing 1 token 2 is banned.
+        let mut logits = vec![0.0; 6];
+        process(&mut logits, &p, &History { prompt: &[1, 2], generated: &[3, 1] }, 5);
+        assert_eq!(logits, vec![0.0, 0.0, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, 0.0]);
     }
 
     #[test]

@@ -94,6 +94,11 @@ async fn prepare(
         check("stop_token_ids", &params.stop_token_ids)?;
         check("allowed_token_ids", params.allowed_token_ids.as_deref().unwrap_or(&[]))?;
         check("logit_bias", &params.logit_bias.iter().map(|(t, _)| *t).collect::<Vec<_>>())?;
+        for proc in &params.processors {
+            if let tandem_core::inference::LogitsProcessor::SuppressTokens { token_ids } = proc {
+                check("logits_processors", token_ids)?;
+            }
+        }
         for word in &plan.bad_words {
             let w = word.trim_start();
             for variant in [w.to_string(), format!(" {w}")] {

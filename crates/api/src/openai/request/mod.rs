@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use serde_json::{Map, Value};
-use tandem_core::inference::{ChatRender, SamplingParams};
+use tandem_core::inference::{ChatRender, LogitsProcessor, SamplingParams};
 use tandem_core::validate::{optional, Validator};
 
 /// Most choices one request may ask for (ids reserve 8 bits for them).
@@ -249,6 +249,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         };
     tools(obj, &mut render)?;
     check_unsupported(obj)?;
+    p.processors = processors(optional(obj, "logits_processors"))?;
     let role = if render.add_generation_prompt {
         "assistant".to_string()
     } else {
@@ -424,22 +425,57 @@ fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             None => return Err(bad("response_format", "response_format needs a type")),
         }
     }
-    if let Some(lp) = optional(obj, "logits_processors") {
-        let names: Vec<String> = match lp {
-            Value::Array(items) => items
-                .iter()
-                .map(|i| i.as_str().or_else(|| i.get("qualname").and_then(Value::as_str)).unwrap_or("?").to_string())
-                .collect(),
-            _ => vec!["?".into()],
-        };
-        if let Some(first) = names.first() {
-            return Err(bad(
-                "logits_processors",
-                format!("unknown logits processor {first:?}: this server has no built-in processors yet"),
-            ));
-        }
-    }
     Ok(())
+}
+
+/// `logits_processors`: names (or `{qualname, args, kwargs}`) of built-in processors only.
+fn processors(value: Option<&Value>) -> Result<Vec<LogitsProcessor>, ApiError> {
+    let Some(value) = value else { return Ok(Vec::new()) };
+    let Value::Array(items) = value else { return Err(bad("logits_processors", "logits_processors must be a list.")) };
+    let known = LogitsProcessor::NAMES.join(", ");
+    let mut out = Vec::new();
+    for item in items {
+        let (name, args, kwargs) = match item {
+            Value::String(s) => (s.as_str(), None, None),
+            Value::Object(o) => (
+                o.get("qualname")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad("logits_processors", "each processor needs a `qualname`"))?,
+                o.get("args").and_then(Value::as_array),
+                o.get("kwargs").and_then(Value::as_object),
+            ),
+            _ => return Err(bad("logits_processors", "each processor is a name or {qualname, args, kwargs}")),
+        };
+        let arg = |key: &str| kwargs.and_then(|k| k.get(key)).or_else(|| args.and_then(|a| a.first()));
+        let proc = match name {
+            "no_repeat_ngram" => {
+                let n = arg("n")
+                    .and_then(Value::as_u64)
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| bad("logits_processors", "no_repeat_ngram needs n, an integer from 1 to 64"))?;
+                LogitsProcessor::NoRepeatNgram { n: n as usize }
+            }
+            "suppress_tokens" => {
+                let ids = arg("token_ids")
+                    .and_then(Value::as_array)
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|v| v.as_u64().filter(|i| *i <= u32::MAX as u64).map(|i| i as u32))
+                            .collect::<Option<Vec<_>>>()
+                    })
+                    .ok_or_else(|| bad("logits_processors", "suppress_tokens needs token_ids, a list of token ids"))?;
+                LogitsProcessor::SuppressTokens { token_ids: ids }
+            }
+            other => {
+                return Err(bad(
+                    "logits_processors",
+                    format!("unknown logits processor {other:?}; built-in processors: {known}"),
+                ))
+            }
+        };
+        out.push(proc);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -72,6 +72,10 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "structured_outputs": {"regex": "a+"}}), "structured_outputs"),
         (json!({"messages": msgs(), "response_format": {"type": "json_object"}}), "response_format"),
         (json!({"messages": msgs(), "logits_processors": ["my.mod.Proc"]}), "logits_processors"),
+        (
+            json!({"messages": msgs(), "logits_processors": [{"qualname": "no_repeat_ngram", "kwargs": {"n": 0}}]}),
+            "logits_processors",
+        ),
         (json!({"messages": msgs(), "prompt_logprobs": 1}), "prompt_logprobs"),
         (json!({"messages": msgs(), "min_tokens": 5, "max_tokens": 2}), "min_tokens"),
         (json!({"messages": msgs(), "repetition_penalty": 0}), "repetition_penalty"),
@@ -102,4 +106,15 @@ fn role_and_tools_none() {
         json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"}),
     );
     assert!(p.render.tools.is_some());
+}
+
+#[test]
+fn builtin_logits_processors_by_name() {
+    let p = ok(json!({"messages": msgs(), "logits_processors": [
+        {"qualname": "no_repeat_ngram", "kwargs": {"n": 3}},
+        {"qualname": "suppress_tokens", "args": [[5, 6]]}]}));
+    assert_eq!(
+        p.params.processors,
+        vec![LogitsProcessor::NoRepeatNgram { n: 3 }, LogitsProcessor::SuppressTokens { token_ids: vec![5, 6] }]
+    );
 }
