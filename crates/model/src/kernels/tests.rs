@@ -133,3 +133,19 @@ fn attention_matches_softmax_by_hand() {
     // weights 1/4 and 3/4
     assert!((out[0] - 4.0).abs() < 1e-5 && (out[1] - 5.0).abs() < 1e-5, "{out:?}");
 }
+
+#[test]
+fn exp_approx_is_accurate_over_the_softmax_range() {
+    // Near 0 (where softmax weight is) the polynomial dominates the error; far out, the f32
+    // rounding of x * log2(e) does, and those weights are negligible anyway.
+    let worst = |lo: f32| {
+        (0..=100_000)
+            .map(|i| lo * i as f32 / 100_000.0)
+            .map(|x| ((exp_approx(x) as f64 - (x as f64).exp()) / (x as f64).exp()).abs())
+            .fold(0f64, f64::max)
+    };
+    assert!(worst(-20.0) < 2e-6, "relative error {}", worst(-20.0));
+    assert!(worst(-85.0) < 1e-5, "relative error {}", worst(-85.0));
+    assert_eq!(exp_approx(0.0), 1.0);
+    assert!(exp_approx(-200.0) >= 0.0 && exp_approx(-200.0) < 1e-37);
+}
