@@ -109,6 +109,17 @@ pub struct GenerateRequest {
     /// Lower runs first; ties by arrival.
     pub priority: i64,
     pub cache_salt: Option<String>,
+    /// Top-k logprobs at every prompt position (non-streaming only); disables prefix-cache reuse.
+    pub prompt_logprobs: Option<usize>,
+}
+
+/// One token's candidate at a prompt position: id, raw logprob, rank (1 = most likely) and text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankedLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    pub rank: usize,
+    pub decoded: String,
 }
 
 /// Why a choice ended.
@@ -161,6 +172,8 @@ pub enum InferEvent {
     Token { choice: usize, token_id: u32, text: String, logprob: Option<TokenLogprob> },
     /// A choice ended; `text` is whatever held-back text belongs to it.
     Finished { choice: usize, reason: FinishReason, stop_reason: Option<StopReason>, text: String },
+    /// Per prompt position: `None` for the first, else the actual token followed by the top-k.
+    PromptLogprobs(Vec<Option<Vec<RankedLogprob>>>),
     /// The request failed after it was accepted.
     Error(String),
 }

@@ -164,6 +164,7 @@ impl EngineLoop {
             let n = work[&seq.id].min(seq.prefill_left.max(1));
             let was_prefill = seq.prefill_left > 0;
             if was_prefill {
+                seq.record_prompt_logprobs(seq.cache.len() - n, &logits[slot], &self.tok);
                 seq.prefill_left -= n;
                 self.metrics.prompt_tokens(n);
                 if seq.prefill_left > 0 {
@@ -231,7 +232,12 @@ impl EngineLoop {
         let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
         let hashes = self.prefix.block_hashes(&req.prompt, adapter_key, req.cache_salt.as_deref());
         let mut cache = KvCache::new(cfg.n_layer, cfg.kv_dim());
-        let hit = self.prefix.lookup(&hashes, req.prompt.len().saturating_sub(1));
+        // Prompt logprobs need every prompt position computed, so no cache is reused for them.
+        let hit = if req.prompt_logprobs.is_some() {
+            None
+        } else {
+            self.prefix.lookup(&hashes, req.prompt.len().saturating_sub(1))
+        };
         let cached = hit.as_ref().map_or(0, |(_, n)| *n);
         if let Some((kv, n)) = hit {
             cache.copy_prefix(&kv, n);

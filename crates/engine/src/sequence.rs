@@ -11,7 +11,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use std::time::Instant;
-use tandem_core::inference::{FinishReason, InferEvent, SamplingParams, StopReason, TokenLogprob, TopLogprob};
+use tandem_core::inference::{
+    FinishReason, InferEvent, RankedLogprob, SamplingParams, StopReason, TokenLogprob, TopLogprob,
+};
 use tandem_model::{KvCache, LlamaConfig, Logits, LoraAdapter, SeqInput};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -32,6 +34,9 @@ pub(crate) struct Seq {
     pub params: Arc<SamplingParams>,
     pub adapter: Option<Arc<LoraAdapter>>,
     pub tx: UnboundedSender<InferEvent>,
+    /// Requested prompt logprobs and those computed so far (position 0 has none).
+    pub prompt_logprobs: Option<usize>,
+    prompt_lp: Vec<Option<Vec<RankedLogprob>>>,
     rng: ChaCha8Rng,
     decoder: IncrementalDecoder,
     stops: StopStrings,
@@ -69,6 +74,8 @@ impl Seq {
             params,
             adapter: job.adapter,
             tx: job.tx,
+            prompt_logprobs: req.prompt_logprobs,
+            prompt_lp: vec![None],
             decoder: IncrementalDecoder::default(),
             last_token_at: None,
             received: job.received,
@@ -94,6 +101,8 @@ impl Seq {
                 params: self.params.clone(),
                 adapter: self.adapter.clone(),
                 tx: self.tx.clone(),
+                prompt_logprobs: None,
+                prompt_lp: Vec::new(),
                 arrival: self.arrival,
                 priority: self.priority,
                 prefill_left: 0,
@@ -106,15 +115,46 @@ impl Seq {
 
     /// This step's model input: a chunk of the prompt, or the last generated token.
     pub fn input(&mut self, n: usize) -> SeqInput<'_> {
-        let Seq { prompt, generated, cache, adapter, prefill_left, .. } = self;
+        let Seq { prompt, generated, cache, adapter, prefill_left, prompt_logprobs, .. } = self;
         if *prefill_left > 0 {
             let start = cache.len();
             let end = start + n;
-            let logits = if end == prompt.len() { Logits::Last } else { Logits::None };
+            let logits = if prompt_logprobs.is_some() {
+                Logits::All
+            } else if end == prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
             SeqInput { tokens: &prompt[start..end], cache, adapter: adapter.as_deref(), logits }
         } else {
             let last = generated.len() - 1;
             SeqInput { tokens: &generated[last..], cache, adapter: adapter.as_deref(), logits: Logits::Last }
+        }
+    }
+
+    /// Records prompt logprobs from a prefill chunk's rows (row j follows position `start + j`),
+    /// and sends them all once the prompt is complete.
+    pub fn record_prompt_logprobs(&mut self, start: usize, rows: &[Vec<f32>], tok: &TextTokenizer) {
+        let Some(k) = self.prompt_logprobs else { return };
+        for (j, row) in rows.iter().enumerate() {
+            let Some(&actual) = self.prompt.get(start + j + 1) else { break };
+            let lse = sampler::log_normalizer(row);
+            let ranked = |id: u32| {
+                let l = row[id as usize];
+                RankedLogprob {
+                    token_id: id,
+                    logprob: (l - lse).max(-9999.0),
+                    rank: 1 + row.iter().filter(|x| **x > l).count(),
+                    decoded: tok.token_text(id),
+                }
+            };
+            let mut entries = vec![ranked(actual)];
+            entries.extend(sampler::top_k_ids(row, k).into_iter().filter(|id| *id != actual).map(ranked));
+            self.prompt_lp.push(Some(entries));
+        }
+        if self.prompt_lp.len() >= self.prompt.len() {
+            let _ = self.tx.send(InferEvent::PromptLogprobs(std::mem::take(&mut self.prompt_lp)));
         }
     }
 

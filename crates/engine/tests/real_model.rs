@@ -37,6 +37,7 @@ async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<
         params,
         priority: 0,
         cache_salt: None,
+        prompt_logprobs: None,
     };
     let mut rx = e.submit(req).unwrap();
     let (mut ids, mut text) = (Vec::new(), String::new());
@@ -50,7 +51,7 @@ async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<
                 text.push_str(&t);
                 return (ids, text, reason);
             }
-            InferEvent::Started { .. } => {}
+            InferEvent::Started { .. } | InferEvent::PromptLogprobs(_) => {}
             InferEvent::Error(e) => panic!("{e}"),
         }
     }

@@ -172,6 +172,22 @@ async fn chat_completions_end_to_end() {
         .unwrap();
     assert_eq!(r.status(), 400);
 
+    // Prompt logprobs: null first, then the actual token (with its rank) and the top-k.
+    let pl = api.ok(json!({"messages": user("Name three colors."), "max_tokens": 1, "prompt_logprobs": 2})).await;
+    let positions = pl["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(positions.len() as u64, pl["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert!(positions[0].is_null());
+    let prompt_ids = full["prompt_token_ids"].as_array().unwrap();
+    for (i, pos) in positions.iter().enumerate().skip(1) {
+        let entry = pos.as_object().unwrap();
+        let actual = prompt_ids[i].to_string();
+        assert!(entry.contains_key(&actual), "position {i} lacks the prompt token");
+        assert!((2..=3).contains(&entry.len()));
+        assert!(entry[&actual]["rank"].as_u64().unwrap() >= 1);
+    }
+    let (s, _) = api.chat(json!({"messages": user("x"), "prompt_logprobs": 1, "stream": true})).await;
+    assert_eq!(s, 400);
+
     // Continuing a final assistant message, echoed.
     let cont = api
         .ok(json!({"messages": [{"role": "user", "content": "Greet me."}, {"role": "assistant", "content": "Hello"}],

@@ -140,6 +140,7 @@ async fn prepare(
             params,
             priority: plan.priority,
             cache_salt: plan.cache_salt.clone(),
+            prompt_logprobs: plan.prompt_logprobs,
         };
         Ok((req, prompt))
     })

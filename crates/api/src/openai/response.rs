@@ -4,7 +4,9 @@
 
 use super::request::ChatPlan;
 use serde_json::{json, Value};
-use tandem_core::inference::{FinishReason, InferEvent, SharedBackend, StopReason, TokenLogprob, TopLogprob};
+use tandem_core::inference::{
+    FinishReason, InferEvent, RankedLogprob, SharedBackend, StopReason, TokenLogprob, TopLogprob,
+};
 
 /// Everything generated for one choice.
 #[derive(Debug, Clone, Default)]
@@ -20,11 +22,12 @@ pub struct ChoiceOut {
 pub struct Collected {
     pub choices: Vec<ChoiceOut>,
     pub cached_tokens: usize,
+    pub prompt_logprobs: Option<Vec<Option<Vec<RankedLogprob>>>>,
 }
 
 impl Collected {
     pub fn new(n: usize) -> Self {
-        Collected { choices: vec![ChoiceOut::default(); n], cached_tokens: 0 }
+        Collected { choices: vec![ChoiceOut::default(); n], cached_tokens: 0, prompt_logprobs: None }
     }
 
     pub fn done(&self) -> bool {
@@ -47,6 +50,7 @@ impl Collected {
                     c.finish = Some((reason, stop_reason));
                 }
             }
+            InferEvent::PromptLogprobs(p) => self.prompt_logprobs = Some(p),
             InferEvent::Error(_) => {}
         }
     }
@@ -71,6 +75,30 @@ pub struct Renderer {
     finished: Vec<bool>,
     _backend: SharedBackend,
     _base: usize,
+}
+
+/// vLLM's shape: null for the first position, then `{"<id>": {logprob, rank, decoded_token}}`.
+fn prompt_logprobs_json(p: &Option<Vec<Option<Vec<RankedLogprob>>>>) -> Value {
+    let Some(positions) = p else { return Value::Null };
+    Value::Array(
+        positions
+            .iter()
+            .map(|pos| match pos {
+                None => Value::Null,
+                Some(entries) => Value::Object(
+                    entries
+                        .iter()
+                        .map(|e| {
+                            (
+                                e.token_id.to_string(),
+                                json!({ "logprob": e.logprob, "rank": e.rank, "decoded_token": e.decoded }),
+                            )
+                        })
+                        .collect(),
+                ),
+            })
+            .collect(),
+    )
 }
 
 fn stop_reason_json(s: &Option<StopReason>) -> Value {
@@ -159,7 +187,7 @@ impl Renderer {
         json!({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "choices": choices, "usage": self.usage(completion, c.cached_tokens),
-            "system_fingerprint": null, "service_tier": null, "prompt_logprobs": null,
+            "system_fingerprint": null, "service_tier": null, "prompt_logprobs": prompt_logprobs_json(&c.prompt_logprobs),
             "prompt_token_ids": if self.return_token_ids { json!(self.prompt) } else { Value::Null },
             "kv_transfer_params": null,
         })

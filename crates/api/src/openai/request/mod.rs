@@ -32,6 +32,7 @@ pub struct ChatPlan {
     pub request_id: Option<String>,
     pub cache_salt: Option<String>,
     pub truncate_prompt_tokens: Option<i64>,
+    pub prompt_logprobs: Option<usize>,
     /// `bad_words` as text; tokenized once the model is known.
     pub bad_words: Vec<String>,
     /// The role of the reply: assistant, or the last message's role without a generation prompt.
@@ -97,6 +98,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
     let stream = flag(&mut v, obj, "stream").unwrap_or(false);
     let priority = int(&mut v, obj, "priority").unwrap_or(0);
     let truncate = int(&mut v, obj, "truncate_prompt_tokens");
+    let prompt_logprobs = int(&mut v, obj, "prompt_logprobs");
     let mut render = ChatRender {
         add_generation_prompt: flag(&mut v, obj, "add_generation_prompt").unwrap_or(true),
         continue_final_message: flag(&mut v, obj, "continue_final_message").unwrap_or(false),
@@ -202,6 +204,17 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
     if logprobs {
         p.logprobs = Some(top_logprobs.unwrap_or(0) as usize);
     }
+    if let Some(k) = prompt_logprobs {
+        if !(0..=MAX_LOGPROBS).contains(&k) {
+            return Err(bad(
+                "prompt_logprobs",
+                format!("prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}."),
+            ));
+        }
+        if stream {
+            return Err(bad("prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`."));
+        }
+    }
     if priority != 0 && !priority_scheduling {
         return Err(bad("priority", format!("Got priority {priority} but priority scheduling is not enabled.")));
     }
@@ -273,6 +286,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         request_id: optional(obj, "request_id").and_then(Value::as_str).map(str::to_string),
         cache_salt,
         truncate_prompt_tokens: truncate,
+        prompt_logprobs: prompt_logprobs.map(|k| k as usize),
         bad_words,
         role,
     })
@@ -409,9 +423,6 @@ fn tools(obj: &Map<String, Value>, render: &mut ChatRender) -> Result<(), ApiErr
 fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     if optional(obj, "use_beam_search").and_then(Value::as_bool) == Some(true) {
         return Err(bad("use_beam_search", "beam search is not supported by this server yet"));
-    }
-    if optional(obj, "prompt_logprobs").is_some() {
-        return Err(bad("prompt_logprobs", "prompt_logprobs is not supported by this server yet"));
     }
     if let Some(rf) = optional(obj, "response_format") {
         match rf.get("type").and_then(Value::as_str) {

@@ -76,7 +76,8 @@ fn rejections_name_the_field() {
             json!({"messages": msgs(), "logits_processors": [{"qualname": "no_repeat_ngram", "kwargs": {"n": 0}}]}),
             "logits_processors",
         ),
-        (json!({"messages": msgs(), "prompt_logprobs": 1}), "prompt_logprobs"),
+        (json!({"messages": msgs(), "prompt_logprobs": 1, "stream": true}), "prompt_logprobs"),
+        (json!({"messages": msgs(), "prompt_logprobs": 21}), "prompt_logprobs"),
         (json!({"messages": msgs(), "min_tokens": 5, "max_tokens": 2}), "min_tokens"),
         (json!({"messages": msgs(), "repetition_penalty": 0}), "repetition_penalty"),
     ];
