@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
 
-.PHONY: all model build run test check fmt clean
+.PHONY: all model build run test check fmt clean bench
 
 all: build
 
@@ -39,6 +39,10 @@ test: model $(PYENV)/.ok-$(OPENAI_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
 	$(CARGO) build --bin tandem
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
+
+## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
+bench: model
+	bash bench/run-inference.sh
 
 ## check: formatting and lints
 check:

@@ -21,7 +21,11 @@ if [ ! -x "$server" ]; then
   mkdir -p target/llama
   (cd target/llama && "../benchenv/bin/pip" download --quiet --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$LLAMA_VERSION" \
      && tar xzf "llama_cpp_python-$LLAMA_VERSION.tar.gz")
-  PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$src/build" -G Ninja -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  # Not GGML_NATIVE: on CPUs that report AMX inside a VM that does not enable it, -march=native
+  # code dies with SIGILL. The x86 features are listed instead (AMX left out); on a CPU without
+  # AVX-512 drop those flags.
+  PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$src/build" -G Ninja -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+    -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
   PATH="$PWD/$venv/bin:$PATH" cmake --build "$src/build" --target llama-server -j2 >/dev/null
 fi
@@ -36,6 +40,7 @@ llama_pid=$!
 trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
 for port in 8101 8102; do
   for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "the server on port $port did not start" >&2; exit 1; }
 done
 python3 bench/inference.py --rounds "$ROUNDS" --key bench \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
