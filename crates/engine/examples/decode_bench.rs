@@ -2,6 +2,11 @@
 use tandem_model::{KvCache, Logits, SeqInput};
 
 fn main() {
+    // As the engine does: run on a worker of the pool the kernels use.
+    rayon::ThreadPoolBuilder::new().build().unwrap().install(run)
+}
+
+fn run() {
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let batch: usize = std::env::var("BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(1);
     let loaded = tandem_model::load_gguf(std::path::Path::new(&path)).unwrap();
