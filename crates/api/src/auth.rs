@@ -99,6 +99,18 @@ pub async fn require_preview(State(state): State<AppState>, mut req: Request, ne
     }
 }
 
+/// Middleware for the OpenAI-compatible area: the same check, rendered in its error shape.
+pub async fn require_openai(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let token = bearer(&req).map(str::to_owned);
+    match authenticate(&state, token.as_deref()).await {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => e.into_openai_response().into_response(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,17 +127,5 @@ mod tests {
         s.add(&a, "local");
         assert_eq!(s.find(&hash_key(&a)), Some("local"));
         assert_eq!(s.find(&hash_key(&b)), None);
-    }
-}
-
-/// Middleware for the OpenAI-compatible area: the same check, rendered in its error shape.
-pub async fn require_openai(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let token = bearer(&req).map(str::to_owned);
-    match authenticate(&state, token.as_deref()).await {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Err(e) => e.into_openai_response().into_response(),
     }
 }

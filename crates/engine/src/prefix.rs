@@ -47,11 +47,7 @@ impl PrefixCache {
     /// Chain hashes of every full block of `tokens`.
     pub fn block_hashes(&self, tokens: &[u32], adapter: Option<&str>, salt: Option<&str>) -> Vec<u64> {
         let mut out = Vec::with_capacity(tokens.len() / BLOCK);
-        let mut prev = {
-            let mut h = self.hasher.build_hasher();
-            (adapter, salt).hash(&mut h);
-            h.finish()
-        };
+        let mut prev = self.hasher.hash_one((adapter, salt));
         for block in tokens.chunks_exact(BLOCK) {
             let mut h = self.hasher.build_hasher();
             prev.hash(&mut h);

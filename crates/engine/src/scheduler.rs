@@ -122,14 +122,14 @@ mod tests {
     #[test]
     fn kv_budget_blocks_admission_but_never_deadlocks_an_empty_engine() {
         let big = Waiting { reserve: 5000, ..wait(1, 10, 0) };
-        assert_eq!(schedule(&[run(9, 0, 0)], &[big.clone()], 900, &B).admit, Vec::<u64>::new());
+        assert_eq!(schedule(&[run(9, 0, 0)], std::slice::from_ref(&big), 900, &B).admit, Vec::<u64>::new());
         assert_eq!(schedule(&[], &[big], 0, &B).admit, vec![1]);
     }
 
     #[test]
     fn n_greater_than_one_counts_its_sequences() {
         let w = Waiting { seqs: 3, ..wait(1, 10, 0) };
-        assert!(schedule(&[run(7, 0, 0), run(8, 0, 0)], &[w.clone()], 0, &B).admit.is_empty());
+        assert!(schedule(&[run(7, 0, 0), run(8, 0, 0)], std::slice::from_ref(&w), 0, &B).admit.is_empty());
         assert_eq!(schedule(&[run(7, 0, 0)], &[w], 0, &B).admit, vec![1]);
     }
 }

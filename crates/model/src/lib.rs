@@ -83,7 +83,7 @@ fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Q
     if dims.iter().product::<usize>() != rows * cols {
         return Err(ModelError::Gguf(format!("{name} has shape {dims:?}, expected ({rows}, {cols})")));
     }
-    if cols % kernels::QK != 0 {
+    if !cols.is_multiple_of(kernels::QK) {
         return Err(ModelError::Unsupported(format!("{name}: {cols} columns is not a multiple of {}", kernels::QK)));
     }
     Ok(Q8Matrix::from_f32(&data, rows, cols))

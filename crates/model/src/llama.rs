@@ -194,9 +194,7 @@ impl Llama {
                 let (keys, values, stride) = cache.head_rows(li, head / group, hd);
                 kernels::attend(
                     q,
-                    keys,
-                    values,
-                    stride,
+                    kernels::HeadKv { keys, values, stride },
                     n_ctx,
                     scale,
                     &mut scores,

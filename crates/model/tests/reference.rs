@@ -23,7 +23,7 @@ fn rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 }
 
 /// Logits after the last of `tokens`, computed the slow, obvious way.
-fn naive_logits(path: &PathBuf, tokens: &[u32]) -> Vec<f32> {
+fn naive_logits(path: &std::path::Path, tokens: &[u32]) -> Vec<f32> {
     let mut f = GgufFile::open(path).unwrap();
     let c = f.llama_config().unwrap();
     let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);

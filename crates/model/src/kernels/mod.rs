@@ -133,41 +133,30 @@ pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
 }
 
-/// Causal attention of one query head over positions `0..n_ctx`: `keys`/`values` start at this
-/// head's first position and consecutive positions are `stride` floats apart. `scores` holds at
-/// least `n_ctx` floats of scratch; `out` (head_dim) receives the weighted sum of values.
-#[allow(clippy::too_many_arguments)]
+/// One kv head's cached keys and values: slices starting at the head's first position, with
+/// consecutive positions `stride` floats apart.
+#[derive(Clone, Copy)]
+pub struct HeadKv<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub stride: usize,
+}
+
+/// Causal attention of one query head over positions `0..n_ctx` of `kv`. `scores` holds at least
+/// `n_ctx` floats of scratch; `out` (head_dim) receives the weighted sum of values.
 #[inline]
-pub fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    n_ctx: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { simd::attend_avx2(q, keys, values, stride, n_ctx, scale, scores, out) };
+        return unsafe { simd::attend_avx2(q, kv, n_ctx, scale, scores, out) };
     }
-    attend_generic(q, keys, values, stride, n_ctx, scale, scores, out)
+    attend_generic(q, kv, n_ctx, scale, scores, out)
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) fn attend_generic(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    n_ctx: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let HeadKv { keys, values, stride } = kv;
     let hd = q.len();
     let scores = &mut scores[..n_ctx];
     for (p, s) in scores.iter_mut().enumerate() {

@@ -77,13 +77,11 @@ pub(crate) unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn attend_avx2(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
+    kv: super::HeadKv<'_>,
     n_ctx: usize,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    super::attend_generic(q, keys, values, stride, n_ctx, scale, scores, out)
+    super::attend_generic(q, kv, n_ctx, scale, scores, out)
 }

@@ -129,7 +129,7 @@ fn attention_matches_softmax_by_hand() {
     let values = [1.0, 2.0, 9.0, 9.0, 5.0, 6.0, 9.0, 9.0];
     let mut scores = vec![0f32; 2];
     let mut out = vec![0f32; 2];
-    attend(&q, &keys, &values, 4, 2, 1.0, &mut scores, &mut out);
+    attend(&q, HeadKv { keys: &keys, values: &values, stride: 4 }, 2, 1.0, &mut scores, &mut out);
     // weights 1/4 and 3/4
     assert!((out[0] - 4.0).abs() < 1e-5 && (out[1] - 5.0).abs() < 1e-5, "{out:?}");
 }
