@@ -127,6 +127,16 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
+    /// A tensor's GGML type and raw bytes, as stored.
+    pub fn tensor_raw(&mut self, name: &str) -> Result<(candle_core::quantized::GgmlDType, Vec<u8>), ModelError> {
+        let q = self
+            .content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
+        let data = q.data().map_err(err)?.into_owned();
+        Ok((q.dtype(), data))
+    }
+
     /// A tensor dequantised to f32, with its dims (outermost first; weights are (out, in)).
     pub fn tensor_f32(&mut self, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
         let q = self

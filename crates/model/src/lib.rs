@@ -16,7 +16,7 @@ pub use kv::KvCache;
 pub use llama::{Layer, Llama, LlamaConfig, Logits, SeqInput};
 pub use lora::LoraAdapter;
 
-use kernels::Q8Matrix;
+use kernels::{Q4Matrix, Q8Matrix, Weights};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +49,13 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let p = format!("blk.{i}");
-        let qkv = Q8Matrix::vstack(&[
+        let qkv = Weights::vstack(vec![
             matrix(&mut file, &format!("{p}.attn_q.weight"), qd, h)?,
             matrix(&mut file, &format!("{p}.attn_k.weight"), kvd, h)?,
             matrix(&mut file, &format!("{p}.attn_v.weight"), kvd, h)?,
         ]);
         let o = matrix(&mut file, &format!("{p}.attn_output.weight"), h, qd)?;
-        let gate_up = Q8Matrix::vstack(&[
+        let gate_up = Weights::vstack(vec![
             matrix(&mut file, &format!("{p}.ffn_gate.weight"), f, h)?,
             matrix(&mut file, &format!("{p}.ffn_up.weight"), f, h)?,
         ]);
@@ -78,7 +78,16 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     Ok(LoadedModel { model: Llama::new(config, embed, layers, out_norm, lm_head), tokenizer })
 }
 
-fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Q8Matrix, ModelError> {
+/// A weight matrix: Q4_1 tensors stay as stored, anything else becomes int8 blocks.
+fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
+    if cols.is_multiple_of(kernels::QK) {
+        let (dtype, raw) = file.tensor_raw(name)?;
+        if dtype == candle_core::quantized::GgmlDType::Q4_1 {
+            return Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4).ok_or_else(|| {
+                ModelError::Gguf(format!("{name}: {} bytes do not make a ({rows}, {cols}) Q4_1 matrix", raw.len()))
+            });
+        }
+    }
     let (data, dims) = file.tensor_f32(name)?;
     if dims.iter().product::<usize>() != rows * cols {
         return Err(ModelError::Gguf(format!("{name} has shape {dims:?}, expected ({rows}, {cols})")));
@@ -86,7 +95,7 @@ fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Q
     if !cols.is_multiple_of(kernels::QK) {
         return Err(ModelError::Unsupported(format!("{name}: {cols} columns is not a multiple of {}", kernels::QK)));
     }
-    Ok(Q8Matrix::from_f32(&data, rows, cols))
+    Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols)))
 }
 
 fn vector(file: &mut GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {

@@ -5,7 +5,7 @@
 //! into one (T, hidden) matrix for the linear layers, so each weight is read once per step for the
 //! whole batch; attention runs per token against its own sequence's cache.
 
-use crate::kernels::{self, Q8Acts, Q8Matrix};
+use crate::kernels::{self, Q8Acts, Weights};
 use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
 use crate::ModelError;
@@ -39,20 +39,20 @@ impl LlamaConfig {
 /// One transformer block. q/k/v and gate/up are fused into one matrix each.
 pub struct Layer {
     pub attn_norm: Vec<f32>,
-    pub qkv: Q8Matrix,
-    pub o: Q8Matrix,
+    pub qkv: Weights,
+    pub o: Weights,
     pub ffn_norm: Vec<f32>,
-    pub gate_up: Q8Matrix,
-    pub down: Q8Matrix,
+    pub gate_up: Weights,
+    pub down: Weights,
 }
 
 pub struct Llama {
     pub config: LlamaConfig,
-    pub embed: Q8Matrix,
+    pub embed: Weights,
     pub layers: Vec<Layer>,
     pub out_norm: Vec<f32>,
     /// `None` when the output head is tied to the embedding.
-    pub lm_head: Option<Q8Matrix>,
+    pub lm_head: Option<Weights>,
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
 }
@@ -85,10 +85,10 @@ struct RowInfo {
 impl Llama {
     pub fn new(
         config: LlamaConfig,
-        embed: Q8Matrix,
+        embed: Weights,
         layers: Vec<Layer>,
         out_norm: Vec<f32>,
-        lm_head: Option<Q8Matrix>,
+        lm_head: Option<Weights>,
     ) -> Self {
         let half = config.head_dim / 2;
         let mut rope_cos = vec![0f32; config.context_len * half];
@@ -107,7 +107,7 @@ impl Llama {
     pub fn weight_bytes(&self) -> usize {
         let l: usize =
             self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
-        l + self.embed.bytes() + self.lm_head.as_ref().map_or(0, Q8Matrix::bytes)
+        l + self.embed.bytes() + self.lm_head.as_ref().map_or(0, Weights::bytes)
     }
 
     /// Runs one step. Returns, per sequence, its requested logits rows (vocab floats each).
@@ -166,7 +166,7 @@ impl Llama {
         let xn = self.normed(x, &layer.attn_norm, acts);
         let width = qd + 2 * kvd;
         let mut qkv = vec![0f32; t_rows * width];
-        kernels::matmul_q8(&layer.qkv, acts, &mut qkv);
+        kernels::matmul(&layer.qkv, acts, &mut qkv);
         self.apply_lora(seqs, rows, &xn, h, &mut qkv, width, |a| {
             [(a.layer(li).q.as_ref(), 0), (a.layer(li).k.as_ref(), qd), (a.layer(li).v.as_ref(), qd + kvd)]
         });
@@ -204,7 +204,7 @@ impl Llama {
         });
         acts.quantize(&attn, t_rows, qd);
         let mut proj = vec![0f32; t_rows * h];
-        kernels::matmul_q8(&layer.o, acts, &mut proj);
+        kernels::matmul(&layer.o, acts, &mut proj);
         self.apply_lora(seqs, rows, &attn, qd, &mut proj, h, |a| [(a.layer(li).o.as_ref(), 0), (None, 0), (None, 0)]);
         for (xi, pi) in x.iter_mut().zip(&proj) {
             *xi += pi;
@@ -225,7 +225,7 @@ impl Llama {
         let t_rows = rows.len();
         let xn = self.normed(x, &layer.ffn_norm, acts);
         let mut gu = vec![0f32; t_rows * 2 * f];
-        kernels::matmul_q8(&layer.gate_up, acts, &mut gu);
+        kernels::matmul(&layer.gate_up, acts, &mut gu);
         self.apply_lora(seqs, rows, &xn, h, &mut gu, 2 * f, |a| {
             [(a.layer(li).gate.as_ref(), 0), (a.layer(li).up.as_ref(), f), (None, 0)]
         });
@@ -236,7 +236,7 @@ impl Llama {
         });
         acts.quantize(&hidden, t_rows, f);
         let mut down = vec![0f32; t_rows * h];
-        kernels::matmul_q8(&layer.down, acts, &mut down);
+        kernels::matmul(&layer.down, acts, &mut down);
         self.apply_lora(seqs, rows, &hidden, f, &mut down, h, |a| {
             [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]
         });
@@ -296,7 +296,7 @@ impl Llama {
         acts.quantize(&xs, wanted.len(), h);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0f32; wanted.len() * c.vocab];
-        kernels::matmul_q8(head, acts, &mut logits);
+        kernels::matmul(head, acts, &mut logits);
         for (i, (s, _)) in wanted.iter().enumerate() {
             out[*s].push(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
         }

@@ -11,10 +11,153 @@
 //! Both are tested against each other.
 #![allow(unsafe_code)] // SIMD intrinsics, each call guarded by run-time feature detection
 
+mod q4;
 mod q8;
 mod simd;
 
+pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
+
+/// A weight matrix in one of the kernels' formats.
+#[derive(Debug, Clone)]
+pub enum Weights {
+    Q8(Q8Matrix),
+    /// GGUF Q4_1 as stored (decode reads half the bytes).
+    Q4(Q4Matrix),
+}
+
+impl Weights {
+    pub fn rows(&self) -> usize {
+        match self {
+            Weights::Q8(w) => w.rows(),
+            Weights::Q4(w) => w.rows(),
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Weights::Q8(w) => w.cols(),
+            Weights::Q4(w) => w.cols(),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            Weights::Q8(w) => w.bytes(),
+            Weights::Q4(w) => w.bytes(),
+        }
+    }
+
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Weights::Q8(w) => w.dequantize_row(r, out),
+            Weights::Q4(w) => w.dequantize_row(r, out),
+        }
+    }
+
+    /// Stacks matrices vertically (fused q/k/v, gate/up); mixed formats become int8.
+    pub fn vstack(parts: Vec<Weights>) -> Weights {
+        if parts.iter().all(|p| matches!(p, Weights::Q4(_))) {
+            let q4: Vec<Q4Matrix> =
+                parts.into_iter().filter_map(|p| if let Weights::Q4(w) = p { Some(w) } else { None }).collect();
+            return Weights::Q4(Q4Matrix::vstack(&q4));
+        }
+        let q8: Vec<Q8Matrix> = parts.into_iter().map(|p| p.into_q8()).collect();
+        Weights::Q8(Q8Matrix::vstack(&q8))
+    }
+
+    fn into_q8(self) -> Q8Matrix {
+        match self {
+            Weights::Q8(w) => w,
+            Weights::Q4(w) => {
+                let mut data = vec![0f32; w.rows() * w.cols()];
+                for (r, row) in data.chunks_exact_mut(w.cols()).enumerate() {
+                    w.dequantize_row(r, row);
+                }
+                Q8Matrix::from_f32(&data, w.rows(), w.cols())
+            }
+        }
+    }
+}
+
+/// `out[t, n] = sum_k w[n, k] * a[t, k]` for any weight format. `out` is row-major (T, N).
+pub fn matmul(w: &Weights, a: &Q8Acts, out: &mut [f32]) {
+    match w {
+        Weights::Q8(w) => matmul_q8(w, a, out),
+        Weights::Q4(w) => matmul_q4(w, a, out),
+    }
+}
+
+/// The Q4_1 matmul: same tiling as [`matmul_q8`].
+pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
+    let (n_out, t_rows) = (w.rows(), a.rows());
+    assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), n_out * t_rows);
+    let avx2 = has_avx2();
+    let chunk = chunk_rows(n_out, t_rows);
+    let tiles: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(chunk))
+        .into_par_iter()
+        .map(|c| {
+            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
+            let width = n1 - n0;
+            let mut tile = vec![0f32; width * t_rows];
+            let mut n = n0;
+            while n < n1 {
+                let four = avx2 && n + 4 <= n1;
+                for t in 0..t_rows {
+                    let (aq, as_) = a.row(t);
+                    let sums = a.sums(t);
+                    let at = t * width + (n - n0);
+                    if four {
+                        let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
+                        #[cfg(target_arch = "x86_64")]
+                        {
+                            // SAFETY: AVX2 and FMA were detected at run time.
+                            let r = unsafe {
+                                simd::dot_q4_avx2::<4>(
+                                    [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
+                                    [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
+                                    [rows[0].2, rows[1].2, rows[2].2, rows[3].2],
+                                    aq,
+                                    as_,
+                                    sums,
+                                )
+                            };
+                            tile[at..at + 4].copy_from_slice(&r);
+                        }
+                    } else {
+                        tile[at] = dot_q4_row(w, n, aq, as_, sums, avx2);
+                    }
+                }
+                n += if four { 4 } else { 1 };
+            }
+            (n0, tile)
+        })
+        .collect();
+    scatter(tiles, t_rows, n_out, out);
+}
+
+#[inline]
+fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2: bool) -> f32 {
+    let (q, d, m) = w.row(n);
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { simd::dot_q4_avx2::<1>([q], [d], [m], aq, as_, sums)[0] };
+    }
+    let _ = avx2;
+    q4::dot_q4_scalar(q, d, m, aq, as_, sums)
+}
+
+/// Copies per-task (T, chunk) tiles into the (T, N) output.
+fn scatter(tiles: Vec<(usize, Vec<f32>)>, t_rows: usize, n_out: usize, out: &mut [f32]) {
+    for (n0, tile) in tiles {
+        let width = tile.len() / t_rows.max(1);
+        for t in 0..t_rows {
+            out[t * n_out + n0..t * n_out + n0 + width].copy_from_slice(&tile[t * width..(t + 1) * width]);
+        }
+    }
+}
 
 use rayon::prelude::*;
 
@@ -75,12 +218,7 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
             (n0, tile)
         })
         .collect();
-    for (n0, tile) in tiles {
-        let width = tile.len() / t_rows.max(1);
-        for t in 0..t_rows {
-            out[t * n_out + n0..t * n_out + n0 + width].copy_from_slice(&tile[t * width..(t + 1) * width]);
-        }
-    }
+    scatter(tiles, t_rows, n_out, out);
 }
 
 /// Rows per task: enough work per task to amortise the hand-off, enough tasks to balance 2+ cores.

@@ -77,6 +77,8 @@ pub struct Q8Acts {
     cols: usize,
     quants: Vec<i8>,
     scales: Vec<f32>,
+    /// Sum of each block's quants (Q4_1 weights need it for their per-block minimum).
+    sums: Vec<i32>,
 }
 
 impl Q8Acts {
@@ -89,6 +91,15 @@ impl Q8Acts {
         self.quants.resize(rows * cols, 0);
         self.scales.resize(rows * cols / QK, 0.0);
         quantize_into(data, &mut self.quants, &mut self.scales);
+        self.sums.clear();
+        self.sums.extend(self.quants.chunks_exact(QK).map(|b| b.iter().map(|q| *q as i32).sum::<i32>()));
+    }
+
+    /// Per-block sums of one row.
+    #[inline]
+    pub fn sums(&self, r: usize) -> &[i32] {
+        let bpr = self.cols / QK;
+        &self.sums[r * bpr..(r + 1) * bpr]
     }
 
     pub fn rows(&self) -> usize {

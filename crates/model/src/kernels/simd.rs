@@ -53,6 +53,39 @@ pub(crate) unsafe fn dot_q8x4_avx2(w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], as
     [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
 }
 
+/// R Q4_1 weight rows times one activation row. Nibbles are unsigned, so `maddubs` takes them
+/// directly (no sign trick); the per-block minimum is added through the activation block sums.
+/// Each row's result is computed the same way whatever R is.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_q4_avx2<const R: usize>(
+    q: [&[u8]; R],
+    d: [&[f32]; R],
+    m: [&[f32]; R],
+    aq: &[i8],
+    as_: &[f32],
+    sums: &[i32],
+) -> [f32; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mask = _mm_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut bias = [0f32; R];
+    for b in 0..as_.len() {
+        // SAFETY: 32 activation bytes and 16 nibble bytes per block lie inside the slices.
+        let a = unsafe { _mm256_loadu_si256(aq.as_ptr().add(b * 32) as *const __m256i) };
+        for r in 0..R {
+            let raw = unsafe { _mm_loadu_si128(q[r].as_ptr().add(b * 16) as *const __m128i) };
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+            let pairs = _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), a);
+            let sums32 = _mm256_madd_epi16(pairs, ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums32), _mm256_set1_ps(d[r][b] * as_[b]), acc[r]);
+            bias[r] += m[r][b] * as_[b] * sums[b] as f32;
+        }
+    }
+    std::array::from_fn(|r| hsum(acc[r]) + bias[r])
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {

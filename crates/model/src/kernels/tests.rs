@@ -149,3 +149,50 @@ fn exp_approx_is_accurate_over_the_softmax_range() {
     assert_eq!(exp_approx(0.0), 1.0);
     assert!(exp_approx(-200.0) >= 0.0 && exp_approx(-200.0) < 1e-37);
 }
+
+/// A (rows, cols) Q4_1 matrix with pseudo-random nibbles, scales and minimums, as GGUF bytes.
+fn q4_bytes(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+    let v = values(rows * cols / QK * 18, seed);
+    let mut out = Vec::new();
+    for (b, chunk) in v.chunks_exact(18).enumerate() {
+        out.extend_from_slice(&half::f16::from_f32(0.01 + chunk[0].abs() * 0.05).to_le_bytes());
+        out.extend_from_slice(&half::f16::from_f32(chunk[1] * 0.3).to_le_bytes());
+        for j in 0..16 {
+            out.push(((b * 7 + j * 13) % 256) as u8 ^ ((chunk[2 + j] * 100.0) as i32 as u8));
+        }
+    }
+    out
+}
+
+#[test]
+fn q4_matmul_matches_its_dequantised_weights_and_rows_agree() {
+    let (n, k, t) = (37, 96, 3);
+    let w = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 11), n, k).unwrap();
+    let x = values(t * k, 12);
+    let mut a = Q8Acts::default();
+    a.quantize(&x, t, k);
+    let mut out = vec![0f32; t * n];
+    matmul(&Weights::Q4(w.clone()), &a, &mut out);
+    let mut row = vec![0f32; k];
+    for ni in 0..n {
+        w.dequantize_row(ni, &mut row);
+        for ti in 0..t {
+            let exact: f32 = (0..k).map(|i| row[i] * x[ti * k + i]).sum();
+            let got = out[ti * n + ni];
+            assert!((got - exact).abs() < 0.02 * exact.abs().max(1.0), "({ti},{ni}): {got} vs {exact}");
+            // The four-row path equals the one-row path, and the SIMD path the scalar one closely.
+            let (aq, as_) = a.row(ti);
+            assert_eq!(got, dot_q4_row(&w, ni, aq, as_, a.sums(ti), has_avx2()));
+            let (q, d, m) = w.row(ni);
+            let scalar = q4::dot_q4_scalar(q, d, m, aq, as_, a.sums(ti));
+            assert!((scalar - got).abs() <= 1e-4 * scalar.abs().max(1.0));
+        }
+    }
+    // Stacking keeps rows intact.
+    let both = Weights::vstack(vec![Weights::Q4(w.clone()), Weights::Q4(w.clone())]);
+    let mut r2 = vec![0f32; k];
+    both.dequantize_row(n + 5, &mut r2);
+    w.dequantize_row(5, &mut row);
+    assert_eq!(row, r2);
+    assert!(Q4Matrix::from_q4_1_bytes(&[0u8; 19], 1, 32).is_none());
+}

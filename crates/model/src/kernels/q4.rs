@@ -1,0 +1,107 @@
+//! Q4_1 weights kept as the GGUF stores them: blocks of 32 four-bit values `q` with an f32 scale
+//! `d` and minimum `m` (value = d * q + m). Half the bytes of int8 weights, which is what a
+//! memory-bound decode step pays for.
+//!
+//! Dot with int8 activations (scale `s`, quants `a`, block sum `S`):
+//! `sum_i (d q_i + m) s a_i = d s (sum_i q_i a_i) + m s S`.
+
+use super::QK;
+
+/// Bytes of one GGUF Q4_1 block: f16 d, f16 m, 16 bytes of nibbles.
+const BLOCK_BYTES: usize = 20;
+
+#[derive(Debug, Clone)]
+pub struct Q4Matrix {
+    rows: usize,
+    cols: usize,
+    /// 16 bytes per block: low nibbles are values 0..16, high nibbles 16..32.
+    nibbles: Vec<u8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+}
+
+impl Q4Matrix {
+    /// From the raw bytes of a GGUF Q4_1 tensor of shape (rows, cols).
+    pub fn from_q4_1_bytes(raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let blocks = rows * cols / QK;
+        if !cols.is_multiple_of(QK) || raw.len() != blocks * BLOCK_BYTES {
+            return None;
+        }
+        let mut out = Q4Matrix {
+            rows,
+            cols,
+            nibbles: Vec::with_capacity(blocks * 16),
+            d: Vec::with_capacity(blocks),
+            m: Vec::with_capacity(blocks),
+        };
+        for b in raw.chunks_exact(BLOCK_BYTES) {
+            out.d.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+            out.m.push(half::f16::from_le_bytes([b[2], b[3]]).to_f32());
+            out.nibbles.extend_from_slice(&b[4..20]);
+        }
+        Some(out)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Nibbles, scales and minimums of one row.
+    #[inline]
+    pub fn row(&self, r: usize) -> (&[u8], &[f32], &[f32]) {
+        let bpr = self.cols / QK;
+        (
+            &self.nibbles[r * bpr * 16..(r + 1) * bpr * 16],
+            &self.d[r * bpr..(r + 1) * bpr],
+            &self.m[r * bpr..(r + 1) * bpr],
+        )
+    }
+
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let (q, d, m) = self.row(r);
+        for b in 0..d.len() {
+            for j in 0..16 {
+                let byte = q[b * 16 + j];
+                out[b * QK + j] = (byte & 0x0F) as f32 * d[b] + m[b];
+                out[b * QK + j + 16] = (byte >> 4) as f32 * d[b] + m[b];
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.nibbles.len() + (self.d.len() + self.m.len()) * 4
+    }
+
+    pub fn vstack(parts: &[Q4Matrix]) -> Q4Matrix {
+        let cols = parts[0].cols;
+        assert!(parts.iter().all(|p| p.cols == cols));
+        let mut out = Q4Matrix { rows: 0, cols, nibbles: Vec::new(), d: Vec::new(), m: Vec::new() };
+        for p in parts {
+            out.rows += p.rows;
+            out.nibbles.extend_from_slice(&p.nibbles);
+            out.d.extend_from_slice(&p.d);
+            out.m.extend_from_slice(&p.m);
+        }
+        out
+    }
+}
+
+/// The reference dot product of one Q4_1 row and one activation row.
+pub(crate) fn dot_q4_scalar(q: &[u8], d: &[f32], m: &[f32], aq: &[i8], as_: &[f32], sums: &[i32]) -> f32 {
+    let mut acc = 0f32;
+    let mut bias = 0f32;
+    for b in 0..d.len() {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            let byte = q[b * 16 + j];
+            isum += (byte & 0x0F) as i32 * aq[b * QK + j] as i32 + (byte >> 4) as i32 * aq[b * QK + j + 16] as i32;
+        }
+        acc += isum as f32 * (d[b] * as_[b]);
+        bias += m[b] * as_[b] * sums[b] as f32;
+    }
+    acc + bias
+}
