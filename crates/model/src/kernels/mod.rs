@@ -94,47 +94,39 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
     let avx2 = has_avx2();
-    let chunk = chunk_rows(n_out, t_rows);
-    let tiles: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(chunk))
-        .into_par_iter()
-        .map(|c| {
-            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
-            let width = n1 - n0;
-            let mut tile = vec![0f32; width * t_rows];
-            let mut n = n0;
-            while n < n1 {
-                let four = avx2 && n + 4 <= n1;
-                for t in 0..t_rows {
-                    let (aq, as_) = a.row(t);
-                    let sums = a.sums(t);
-                    let at = t * width + (n - n0);
-                    if four {
-                        let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
-                        #[cfg(target_arch = "x86_64")]
-                        {
-                            // SAFETY: AVX2 and FMA were detected at run time.
-                            let r = unsafe {
-                                simd::dot_q4_avx2::<4>(
-                                    [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
-                                    [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
-                                    [rows[0].2, rows[1].2, rows[2].2, rows[3].2],
-                                    aq,
-                                    as_,
-                                    sums,
-                                )
-                            };
-                            tile[at..at + 4].copy_from_slice(&r);
-                        }
-                    } else {
-                        tile[at] = dot_q4_row(w, n, aq, as_, sums, avx2);
+    tiled(n_out, t_rows, out, |n0, n1, tile| {
+        let width = n1 - n0;
+        let mut n = n0;
+        while n < n1 {
+            let four = avx2 && n + 4 <= n1;
+            for t in 0..t_rows {
+                let (aq, as_) = a.row(t);
+                let sums = a.sums(t);
+                let at = t * width + (n - n0);
+                if four {
+                    let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        // SAFETY: AVX2 and FMA were detected at run time.
+                        let r = unsafe {
+                            simd::dot_q4_avx2::<4>(
+                                [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
+                                [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
+                                [rows[0].2, rows[1].2, rows[2].2, rows[3].2],
+                                aq,
+                                as_,
+                                sums,
+                            )
+                        };
+                        tile[at..at + 4].copy_from_slice(&r);
                     }
+                } else {
+                    tile[at] = dot_q4_row(w, n, aq, as_, sums, avx2);
                 }
-                n += if four { 4 } else { 1 };
             }
-            (n0, tile)
-        })
-        .collect();
-    scatter(tiles, t_rows, n_out, out);
+            n += if four { 4 } else { 1 };
+        }
+    });
 }
 
 #[inline]
@@ -147,6 +139,22 @@ fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2
     }
     let _ = avx2;
     q4::dot_q4_scalar(q, d, m, aq, as_, sums)
+}
+
+/// Splits the N weight rows into chunks, one parallel task each; `fill(n0, n1, tile)` computes the
+/// (T, n1 - n0) tile of rows `n0..n1`, and the tiles are copied into the (T, N) output.
+fn tiled(n_out: usize, t_rows: usize, out: &mut [f32], fill: impl Fn(usize, usize, &mut [f32]) + Sync) {
+    let chunk = chunk_rows(n_out, t_rows);
+    let tiles: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(chunk))
+        .into_par_iter()
+        .map(|c| {
+            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
+            let mut tile = vec![0f32; (n1 - n0) * t_rows];
+            fill(n0, n1, &mut tile);
+            (n0, tile)
+        })
+        .collect();
+    scatter(tiles, t_rows, n_out, out);
 }
 
 /// Copies per-task (T, chunk) tiles into the (T, N) output.
@@ -180,45 +188,36 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
     let avx2 = has_avx2();
-    // Split the weight rows into chunks, one task each; a task writes a (T, chunk) tile.
-    let chunk = chunk_rows(n_out, t_rows);
-    let tiles: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(chunk))
-        .into_par_iter()
-        .map(|c| {
-            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
-            let width = n1 - n0;
-            let mut tile = vec![0f32; width * t_rows];
-            let mut n = n0;
-            // Four weight rows at a time where possible (same per-row arithmetic as one at a time).
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                while n + 4 <= n1 {
-                    let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
-                    for t in 0..t_rows {
-                        let (aq, as_) = a.row(t);
-                        // SAFETY: AVX2 and FMA were detected at run time.
-                        let d = unsafe {
-                            simd::dot_q8x4_avx2(
-                                [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
-                                [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
-                                aq,
-                                as_,
-                            )
-                        };
-                        tile[t * width + (n - n0)..t * width + (n - n0) + 4].copy_from_slice(&d);
-                    }
-                    n += 4;
-                }
-            }
-            for n in n..n1 {
+    tiled(n_out, t_rows, out, |n0, n1, tile| {
+        let width = n1 - n0;
+        let mut n = n0;
+        // Four weight rows at a time where possible (same per-row arithmetic as one at a time).
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            while n + 4 <= n1 {
+                let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
                 for t in 0..t_rows {
-                    tile[t * width + (n - n0)] = dot_row(w, n, a, t, avx2);
+                    let (aq, as_) = a.row(t);
+                    // SAFETY: AVX2 and FMA were detected at run time.
+                    let d = unsafe {
+                        simd::dot_q8x4_avx2(
+                            [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
+                            [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
+                            aq,
+                            as_,
+                        )
+                    };
+                    tile[t * width + (n - n0)..t * width + (n - n0) + 4].copy_from_slice(&d);
                 }
+                n += 4;
             }
-            (n0, tile)
-        })
-        .collect();
-    scatter(tiles, t_rows, n_out, out);
+        }
+        for n in n..n1 {
+            for t in 0..t_rows {
+                tile[t * width + (n - n0)] = dot_row(w, n, a, t, avx2);
+            }
+        }
+    });
 }
 
 /// Rows per task: enough work per task to amortise the hand-off, enough tasks to balance 2+ cores.
