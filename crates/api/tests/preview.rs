@@ -371,3 +371,17 @@ async fn training_job_validation() {
         .await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test]
+async fn health_is_503_when_the_store_does_not_answer() {
+    let app = test_app().await;
+    assert_eq!(app.raw("GET", "/health", None, None).await.status, 200);
+    app.store.close().await;
+    let r = app.raw("GET", "/health", None, None).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["status"], "unavailable");
+    // Requests that need the store fail cleanly, not with a hang or a panic.
+    let r = app.call("GET", "/v1/preview/models", KEY_A, None).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.json(), json!({"detail": "internal server error"}));
+}

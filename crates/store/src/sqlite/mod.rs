@@ -57,6 +57,11 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// Closes every connection; later calls fail (health checks and shutdown tests use it).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
     /// `PRAGMA integrity_check`, for crash tests.
     pub async fn integrity_check(&self) -> Result<String> {
         let row = sqlx::query("PRAGMA integrity_check").fetch_one(&self.pool).await?;
