@@ -37,7 +37,8 @@ $(PYENV)/.ok-$(OPENAI_VERSION):
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK)
 test: model $(PYENV)/.ok-$(OPENAI_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
-	$(CARGO) build --bin tandem
+	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
+	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
