@@ -62,7 +62,7 @@ fn write_tiny_gguf(path: &Path) {
         ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
         ("llama.rope.freq_base", Value::F32(10000.0)),
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.context_length", Value::U32(512)),
+        ("llama.context_length", Value::U32(8192)),
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("default".into())),
         ("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect())),
@@ -185,13 +185,16 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     assert_ne!(with_lora, alone, "a trained adapter must change greedy output");
 
     // A dropped receiver frees its sequence within a step or two.
-    let mut rx = e.submit(request(&prompt, 400, None)).unwrap();
+    let mut rx = e.submit(request(&prompt, 8000, None)).unwrap();
     while !matches!(rx.recv().await, Some(InferEvent::Token { .. })) {}
     drop(rx);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !e.metrics_text().contains("tandem:num_requests_running{model_name=\"tiny\"} 0") {
+    // The gauge may still read 0 from before this request ran, so wait for the abort as well.
+    let freed = |m: String| {
+        m.contains("tandem:num_requests_running{model_name=\"tiny\"} 0") && m.contains("finished_reason=\"abort\"} 1")
+    };
+    while !freed(e.metrics_text()) {
         assert!(Instant::now() < deadline, "the cancelled sequence is still running");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(e.metrics_text().contains("finished_reason=\"abort\"} 1"));
 }
