@@ -233,3 +233,21 @@ pub trait InferenceBackend: Send + Sync + 'static {
 }
 
 pub type SharedBackend = Arc<dyn InferenceBackend>;
+
+/// Text of a message content (shared by the template's string format and `echo`): a string as
+/// is, text parts joined with "\n", anything else "".
+pub fn content_text(content: &serde_json::Value) -> String {
+    match content {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| match p {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Object(o) => o.get("text").and_then(serde_json::Value::as_str).map(str::to_string),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}

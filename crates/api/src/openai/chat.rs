@@ -47,7 +47,7 @@ pub async fn create(
         SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
     })?;
     let echo = echo_text(&plan);
-    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo, backend, target.base);
+    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo);
     let mut response = if plan.stream {
         stream(renderer, rx, permit)
     } else {
@@ -155,17 +155,7 @@ fn echo_text(plan: &ChatPlan) -> Option<String> {
     }
     let last = plan.render.messages.last()?;
     (last.get("role").and_then(|r| r.as_str()) == Some(plan.role.as_str()))
-        .then(|| flatten(last.get("content").unwrap_or(&serde_json::Value::Null)))
-}
-
-fn flatten(content: &serde_json::Value) -> String {
-    match content {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Array(parts) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(|t| t.as_str())).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
+        .then(|| tandem_core::inference::content_text(last.get("content").unwrap_or(&serde_json::Value::Null)))
 }
 
 /// Waits for every choice to finish.

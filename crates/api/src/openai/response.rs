@@ -4,9 +4,7 @@
 
 use super::request::ChatPlan;
 use serde_json::{json, Value};
-use tandem_core::inference::{
-    FinishReason, InferEvent, RankedLogprob, SharedBackend, StopReason, TokenLogprob, TopLogprob,
-};
+use tandem_core::inference::{FinishReason, InferEvent, RankedLogprob, StopReason, TokenLogprob, TopLogprob};
 
 /// Everything generated for one choice.
 #[derive(Debug, Clone, Default)]
@@ -73,8 +71,6 @@ pub struct Renderer {
     // streaming state
     state: Collected,
     finished: Vec<bool>,
-    _backend: SharedBackend,
-    _base: usize,
 }
 
 /// vLLM's shape: null for the first position, then `{"<id>": {logprob, rank, decoded_token}}`.
@@ -110,15 +106,7 @@ fn stop_reason_json(s: &Option<StopReason>) -> Value {
 }
 
 impl Renderer {
-    pub fn new(
-        plan: &ChatPlan,
-        model: &str,
-        request_id: &str,
-        prompt: Vec<u32>,
-        echo: Option<String>,
-        backend: SharedBackend,
-        base: usize,
-    ) -> Self {
+    pub fn new(plan: &ChatPlan, model: &str, request_id: &str, prompt: Vec<u32>, echo: Option<String>) -> Self {
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Renderer {
             id: format!("chatcmpl-{request_id}"),
@@ -135,8 +123,6 @@ impl Renderer {
             continuous_usage: plan.continuous_usage,
             state: Collected::new(plan.n),
             finished: vec![false; plan.n],
-            _backend: backend,
-            _base: base,
         }
     }
 

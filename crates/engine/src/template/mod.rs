@@ -180,32 +180,15 @@ impl ChatTemplate {
         if self.format == ContentFormat::String {
             if let Some(obj) = m.as_object_mut() {
                 let content = obj.get("content").cloned().unwrap_or(Value::Null);
-                obj.insert("content".into(), Value::String(flatten_content(&content)));
+                obj.insert("content".into(), Value::String(tandem_core::inference::content_text(&content)));
             }
         }
         m
     }
 }
 
-/// Text of a content value: a string as is, text parts joined with "\n", null as "".
-pub fn flatten_content(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| match p {
-                Value::String(s) => Some(s.clone()),
-                Value::Object(o) => o.get("text").and_then(Value::as_str).map(str::to_string),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 fn final_text(message: &Value) -> String {
-    flatten_content(message.get("content").unwrap_or(&Value::Null))
+    tandem_core::inference::content_text(message.get("content").unwrap_or(&Value::Null))
 }
 
 /// transformers' rule: keep everything up to the last occurrence of the final message's text, so
