@@ -185,6 +185,8 @@ pub struct BaseModelInfo {
     pub path: String,
     pub context_len: usize,
     pub vocab_size: usize,
+    /// The end-of-sequence token (beam search ends a hypothesis on it).
+    pub eos_token_id: u32,
 }
 
 /// Why a request could not be accepted.
@@ -219,7 +221,7 @@ pub trait InferenceBackend: Send + Sync + 'static {
     /// Renders and tokenizes a chat for base model `base`; the error says what failed.
     fn render_chat(&self, base: usize, chat: &ChatRender) -> Result<Vec<u32>, String>;
     fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
-    fn detokenize(&self, base: usize, tokens: &[u32]) -> Result<String, String>;
+    fn detokenize(&self, base: usize, tokens: &[u32], skip_special_tokens: bool) -> Result<String, String>;
     fn token_text(&self, base: usize, token: u32) -> String;
     /// Whether a request for `base` would be queued now; checked before any rendering.
     fn has_capacity(&self, base: usize) -> bool;

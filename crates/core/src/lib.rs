@@ -7,7 +7,9 @@
 //! - [`records`]: models, checkpoints, logs, jobs and events as the store keeps them.
 //! - [`names`]: what a model address may contain.
 //! - [`inference`]: the port between the api and the inference engine.
+//! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 
+pub mod beam;
 pub mod inference;
 pub mod metrics;
 pub mod names;

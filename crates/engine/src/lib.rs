@@ -90,6 +90,7 @@ impl Engine {
             path: path.to_string(),
             context_len: model.config.context_len,
             vocab_size: model.config.vocab,
+            eos_token_id: tok.eos_id,
         };
         tracing::info!(model = id, weights_mb = model.weight_bytes() / (1 << 20), "model loaded");
         let model = Arc::new(model);
@@ -173,12 +174,12 @@ impl InferenceBackend for Engine {
         Ok(ids)
     }
 
-    fn detokenize(&self, base: usize, tokens: &[u32]) -> Result<String, String> {
+    fn detokenize(&self, base: usize, tokens: &[u32], skip_special_tokens: bool) -> Result<String, String> {
         let slot = self.slot(base)?;
         if let Some(bad) = tokens.iter().find(|t| **t as usize >= slot.tok.vocab_size()) {
             return Err(format!("token id {bad} is out of vocabulary"));
         }
-        Ok(slot.tok.decode(tokens, false))
+        Ok(slot.tok.decode(tokens, skip_special_tokens))
     }
 
     fn token_text(&self, base: usize, token: u32) -> String {

@@ -73,11 +73,11 @@ fn tokenizer_matches_the_model() {
         ["Hello, world!", "naïve café 日本語 🎉", "  two  spaces\n\nand tabs\t", "<|im_start|>assistant\nHi<|im_end|>"]
     {
         let ids = e.tokenize(0, s, false).unwrap();
-        assert_eq!(e.detokenize(0, &ids).unwrap(), s);
+        assert_eq!(e.detokenize(0, &ids, false).unwrap(), s);
     }
     let prompt = e.render_chat(0, &chat("Hi")).unwrap();
     assert_eq!(
-        e.detokenize(0, &prompt).unwrap(),
+        e.detokenize(0, &prompt, false).unwrap(),
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
 }

@@ -135,6 +135,52 @@ async fn chat_completions_end_to_end() {
         (Some("length"), Some(3))
     );
 
+    // Beam search: width 1 without EOS is greedy decoding; width 3 returns three different
+    // hypotheses ranked by cumulative logprob (length_penalty 0), each logprob the raw model's.
+    let greedy = api
+        .ok(json!({"messages": user("Name a fruit."), "temperature": 0, "max_tokens": 6, "ignore_eos": true,
+                   "return_token_ids": true, "logprobs": true}))
+        .await;
+    let beam1 = api
+        .ok(json!({"messages": user("Name a fruit."), "use_beam_search": true, "n": 1, "max_tokens": 6,
+                   "ignore_eos": true, "return_token_ids": true}))
+        .await;
+    assert_eq!(beam1["choices"][0]["token_ids"], greedy["choices"][0]["token_ids"]);
+    assert_eq!(beam1["choices"][0]["message"]["content"], greedy["choices"][0]["message"]["content"]);
+    let beam_body = json!({"messages": user("Name a fruit."), "use_beam_search": true, "n": 3, "max_tokens": 6,
+                           "length_penalty": 0.0, "logprobs": true, "top_logprobs": 2, "return_token_ids": true});
+    let beams = api.ok(beam_body.clone()).await;
+    let choices = beams["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let cum = |c: &Value| -> f64 {
+        c["logprobs"]["content"].as_array().unwrap().iter().map(|e| e["logprob"].as_f64().unwrap()).sum()
+    };
+    for pair in choices.windows(2) {
+        assert!(cum(&pair[0]) >= cum(&pair[1]) - 1e-4, "ranked by cumulative logprob: {beams}");
+        assert_ne!(pair[0]["token_ids"], pair[1]["token_ids"]);
+    }
+    // The first step's logprobs are the greedy request's first-position ones.
+    let first_greedy = &greedy["choices"][0]["logprobs"]["content"][0];
+    let best_first = &choices[0]["logprobs"]["content"][0];
+    if best_first["token"] == first_greedy["token"] {
+        assert!((best_first["logprob"].as_f64().unwrap() - first_greedy["logprob"].as_f64().unwrap()).abs() < 1e-4);
+    }
+    let total: u64 = choices.iter().map(|c| c["token_ids"].as_array().unwrap().len() as u64).sum();
+    assert_eq!(beams["usage"]["completion_tokens"], total);
+    let mut sbeam = beam_body.clone();
+    sbeam["stream"] = json!(true);
+    let (chunks, done) = api.stream(sbeam).await;
+    assert!(done);
+    for (i, c) in choices.iter().enumerate() {
+        let text: String = chunks
+            .iter()
+            .filter_map(|ch| ch["choices"].get(0))
+            .filter(|ch| ch["index"] == i)
+            .filter_map(|ch| ch["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, c["message"]["content"].as_str().unwrap(), "streamed beam {i}");
+    }
+
     // Errors, in the OpenAI shape.
     for (body, status, param) in [
         (json!({"messages": user("x"), "temperature": 5}), 400, "temperature"),

@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: validate, resolve the model, admit, render and tokenize (on a
 //! blocking thread), submit to the engine, then answer with one response or an SSE stream.
 
+use super::beam;
 use super::request::{self, ChatPlan};
 use super::resolve::{resolve, Target};
 use super::response::{Collected, Renderer};
@@ -41,11 +42,34 @@ pub async fn create(
         .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string))
         .unwrap_or_else(|| tandem_core::new_id().simple().to_string());
     let (generate, prompt) = prepare(backend.clone(), &plan, &target, request_id.clone()).await?;
-    let rx = backend.submit(generate).map_err(|e| match e {
-        SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
-        SubmitError::Invalid(m) => ApiError::bad_param("model", m),
-        SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
-    })?;
+    let rx = match plan.beam {
+        // The search runs to the end first; its result then flows through the same renderers.
+        Some(length_penalty) => {
+            let info = backend.models().get(target.base).cloned();
+            let (eos, vocab) = info.map_or((0, 0), |m| (m.eos_token_id, m.vocab_size));
+            // Each beam extends by 2n candidates; fewer tokens than that would leave beams unfilled.
+            if 2 * plan.n > vocab {
+                return Err(ApiError::bad_param(
+                    "n",
+                    format!("a beam width of {} needs a vocabulary of at least {} tokens", plan.n, 2 * plan.n),
+                )
+                .into());
+            }
+            let job =
+                beam::BeamJob { width: plan.n, length_penalty, top_logprobs: plan.params.logprobs.unwrap_or(0), eos };
+            let events = beam::run(&backend, &generate, job).await?;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            for ev in events {
+                let _ = tx.send(ev);
+            }
+            rx
+        }
+        None => backend.submit(generate).map_err(|e| match e {
+            SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
+            SubmitError::Invalid(m) => ApiError::bad_param("model", m),
+            SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
+        })?,
+    };
     let echo = echo_text(&plan);
     let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo);
     let mut response = if plan.stream {

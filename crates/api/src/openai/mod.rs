@@ -1,6 +1,7 @@
 //! The OpenAI/vLLM-compatible area: `/v1/chat/completions` (also with a trailing slash),
 //! `/v1/models`, `/tokenize`, `/detokenize` and `/metrics`. Errors use the OpenAI body shape.
 
+mod beam;
 mod chat;
 mod request;
 mod resolve;

@@ -67,6 +67,6 @@ pub async fn detokenize(
             .ok_or_else(|| ApiError::bad_param("tokens", "tokens must be a list of non-negative integers"))?,
         _ => return Err(ApiError::bad_param("tokens", "tokens (a list of token ids) is required").into()),
     };
-    let prompt = backend.detokenize(target.base, &tokens).map_err(|m| ApiError::bad_param("tokens", m))?;
+    let prompt = backend.detokenize(target.base, &tokens, false).map_err(|m| ApiError::bad_param("tokens", m))?;
     Ok(Json(json!({ "prompt": prompt })))
 }

@@ -37,6 +37,8 @@ pub struct ChatPlan {
     pub bad_words: Vec<String>,
     /// The role of the reply: assistant, or the last message's role without a generation prompt.
     pub role: String,
+    /// `use_beam_search`: the `length_penalty`; `n` is the beam width.
+    pub beam: Option<f64>,
 }
 
 /// Fields this server does not implement yet; each is refused with a 400 naming it, never
@@ -99,6 +101,8 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
     let priority = int(&mut v, obj, "priority").unwrap_or(0);
     let truncate = int(&mut v, obj, "truncate_prompt_tokens");
     let prompt_logprobs = int(&mut v, obj, "prompt_logprobs");
+    let use_beam = flag(&mut v, obj, "use_beam_search").unwrap_or(false);
+    let length_penalty = num(&mut v, obj, "length_penalty");
     let mut render = ChatRender {
         add_generation_prompt: flag(&mut v, obj, "add_generation_prompt").unwrap_or(true),
         continue_final_message: flag(&mut v, obj, "continue_final_message").unwrap_or(false),
@@ -176,7 +180,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
     if !(1..=MAX_N).contains(&n) {
         return Err(bad("n", format!("n must be between 1 and {MAX_N}, got {n}.")));
     }
-    if n > 1 && p.is_greedy() {
+    if n > 1 && p.is_greedy() && !use_beam {
         return Err(bad("n", format!("n must be 1 when using greedy sampling, got {n}.")));
     }
     let max_tokens = match max_completion {
@@ -263,6 +267,12 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
     tools(obj, &mut render)?;
     check_unsupported(obj)?;
     p.processors = processors(optional(obj, "logits_processors"))?;
+    let beam = if use_beam {
+        beam_compatible(&p, prompt_logprobs.is_some(), !bad_words.is_empty())?;
+        Some(length_penalty.unwrap_or(1.0))
+    } else {
+        None
+    };
     let role = if render.add_generation_prompt {
         "assistant".to_string()
     } else {
@@ -289,6 +299,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         prompt_logprobs: prompt_logprobs.map(|k| k as usize),
         bad_words,
         role,
+        beam,
     })
 }
 
@@ -420,10 +431,36 @@ fn tools(obj: &Map<String, Value>, render: &mut ChatRender) -> Result<(), ApiErr
     }
 }
 
-fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    if optional(obj, "use_beam_search").and_then(Value::as_bool) == Some(true) {
-        return Err(bad("use_beam_search", "beam search is not supported by this server yet"));
+/// Beam search ranks hypotheses by the raw model's logprobs, so fields that change sampling or
+/// cut text would be silently ignored (vLLM ignores them); they are refused instead.
+fn beam_compatible(p: &SamplingParams, prompt_logprobs: bool, bad_words: bool) -> Result<(), ApiError> {
+    let d = SamplingParams::default();
+    let ignored = [
+        ("stop", !p.stop.is_empty()),
+        ("stop_token_ids", !p.stop_token_ids.is_empty()),
+        ("min_tokens", p.min_tokens != 0),
+        ("logit_bias", !p.logit_bias.is_empty()),
+        ("allowed_token_ids", p.allowed_token_ids.is_some()),
+        ("bad_words", bad_words),
+        ("logits_processors", !p.processors.is_empty()),
+        ("presence_penalty", p.presence_penalty != d.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty != d.frequency_penalty),
+        ("repetition_penalty", p.repetition_penalty != d.repetition_penalty),
+        ("top_p", p.top_p != d.top_p),
+        ("top_k", p.top_k != d.top_k),
+        ("min_p", p.min_p != d.min_p),
+        ("prompt_logprobs", prompt_logprobs),
+    ];
+    match ignored.iter().find(|(_, set)| *set) {
+        Some((name, _)) => Err(bad(
+            name,
+            format!("`{name}` cannot be combined with use_beam_search (beam search ranks by the raw model's logprobs)"),
+        )),
+        None => Ok(()),
     }
+}
+
+fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     if let Some(rf) = optional(obj, "response_format") {
         match rf.get("type").and_then(Value::as_str) {
             Some("text") => {}

@@ -68,7 +68,11 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "tools": []}), "tools"),
         (json!({"messages": msgs(), "tool_choice": "auto"}), "tool_choice"),
         (json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}]}), "tool_choice"),
-        (json!({"messages": msgs(), "use_beam_search": true}), "use_beam_search"),
+        (json!({"messages": msgs(), "use_beam_search": true, "stop": ["x"]}), "stop"),
+        (json!({"messages": msgs(), "use_beam_search": true, "top_p": 0.5}), "top_p"),
+        (json!({"messages": msgs(), "use_beam_search": true, "prompt_logprobs": 1}), "prompt_logprobs"),
+        (json!({"messages": msgs(), "use_beam_search": true, "bad_words": ["x"]}), "bad_words"),
+        (json!({"messages": msgs(), "use_beam_search": "yes"}), "use_beam_search"),
         (json!({"messages": msgs(), "structured_outputs": {"regex": "a+"}}), "structured_outputs"),
         (json!({"messages": msgs(), "response_format": {"type": "json_object"}}), "response_format"),
         (json!({"messages": msgs(), "logits_processors": ["my.mod.Proc"]}), "logits_processors"),
@@ -118,4 +122,14 @@ fn builtin_logits_processors_by_name() {
         p.params.processors,
         vec![LogitsProcessor::NoRepeatNgram { n: 3 }, LogitsProcessor::SuppressTokens { token_ids: vec![5, 6] }]
     );
+}
+
+#[test]
+fn beam_search_takes_n_as_its_width() {
+    // n > 1 with greedy defaults is fine for beam search (vLLM refuses it otherwise).
+    let p = ok(json!({"messages": msgs(), "use_beam_search": true, "n": 3, "length_penalty": 0.5}));
+    assert_eq!((p.n, p.beam), (3, Some(0.5)));
+    let p = ok(json!({"messages": msgs(), "use_beam_search": true}));
+    assert_eq!(p.beam, Some(1.0));
+    assert_eq!(ok(json!({"messages": msgs()})).beam, None);
 }

@@ -1,0 +1,132 @@
+//! `use_beam_search`: drives [`tandem_core::beam`] with the engine the way vLLM's OpenAI server
+//! does: each step submits one single-token request per live beam (prompt + that beam's tokens,
+//! greedy, with the top `2 * width` raw logprobs), so the engine batches the beams and its prefix
+//! cache serves the shared prompt. The result comes back as ordinary engine events, so the JSON
+//! and SSE renderers treat it like any other generation.
+
+use crate::error::{ApiError, ErrorKind};
+use tandem_core::beam::{BeamParams, BeamSearch};
+use tandem_core::inference::{
+    FinishReason, GenerateRequest, InferEvent, SamplingParams, SharedBackend, SubmitError, TokenLogprob,
+};
+
+/// What the search needs beyond the request.
+pub struct BeamJob {
+    pub width: usize,
+    pub length_penalty: f64,
+    /// `top_logprobs` asked for (shown with each chosen token).
+    pub top_logprobs: usize,
+    pub eos: u32,
+}
+
+/// Runs the search to the end and returns its result as engine events: `Started`, then for each
+/// of the `width` best beams its tokens and a `Finished`.
+pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -> Result<Vec<InferEvent>, ApiError> {
+    let p = &req.params;
+    let params = BeamParams {
+        width: job.width,
+        length_penalty: job.length_penalty,
+        eos: job.eos,
+        ignore_eos: p.ignore_eos,
+        include_eos: p.include_stop_str_in_output,
+    };
+    let mut search = BeamSearch::<TokenLogprob>::new(params);
+    let k = search.candidates_per_beam().max(job.top_logprobs);
+    let mut cached_tokens = None;
+    for step in 0..p.max_tokens {
+        if search.live.is_empty() {
+            break;
+        }
+        let mut receivers = Vec::with_capacity(search.live.len());
+        for (i, beam) in search.live.iter().enumerate() {
+            let mut prompt = req.prompt.clone();
+            prompt.extend_from_slice(&beam.tokens);
+            let one = GenerateRequest {
+                request_id: format!("{}-beam{step}.{i}", req.request_id),
+                prompt,
+                n: 1,
+                params: SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: 1,
+                    ignore_eos: true,
+                    logprobs: Some(k),
+                    skip_special_tokens: p.skip_special_tokens,
+                    ..SamplingParams::default()
+                },
+                prompt_logprobs: None,
+                ..req.clone()
+            };
+            receivers.push(backend.submit(one).map_err(submit_error)?);
+        }
+        let mut candidates = Vec::with_capacity(receivers.len());
+        for mut rx in receivers {
+            let mut top = None;
+            loop {
+                match rx.recv().await {
+                    Some(InferEvent::Started { cached_tokens: c }) => {
+                        cached_tokens.get_or_insert(c);
+                    }
+                    Some(InferEvent::Token { logprob, .. }) => top = logprob.map(|l| l.top),
+                    Some(InferEvent::Finished { .. }) => break,
+                    Some(InferEvent::Error(m)) => {
+                        return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}")))
+                    }
+                    Some(InferEvent::PromptLogprobs(_)) => {}
+                    None => {
+                        return Err(ApiError::new(
+                            ErrorKind::Internal,
+                            "the inference engine stopped during generation",
+                        ))
+                    }
+                }
+            }
+            let mut top = top.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the engine returned no logprobs"))?;
+            top.sort_by(|a, b| b.logprob.total_cmp(&a.logprob));
+            let shown: Vec<_> = top.iter().take(job.top_logprobs).cloned().collect();
+            candidates.push(
+                top.iter()
+                    .take(2 * job.width)
+                    .map(|t| (t.token_id, t.logprob, TokenLogprob { token: t.clone(), top: shown.clone() }))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        search.step(&candidates);
+    }
+    let best = search.best(req.prompt.len());
+    let mut events = vec![InferEvent::Started { cached_tokens: cached_tokens.unwrap_or(0) }];
+    for (choice, beam) in best.into_iter().enumerate() {
+        // Text per token as the difference of decoded prefixes; a prefix that ends inside a
+        // multi-byte character decodes to U+FFFD and is held back until it completes.
+        let mut shown = String::new();
+        for (i, (id, lp)) in beam.tokens.iter().zip(beam.payloads).enumerate() {
+            let text = decode(backend, req, &beam.tokens[..=i])?;
+            let delta = if !text.ends_with('\u{FFFD}') && text.starts_with(&shown) {
+                let d = text[shown.len()..].to_string();
+                shown = text;
+                d
+            } else {
+                String::new()
+            };
+            events.push(InferEvent::Token { choice, token_id: *id, text: delta, logprob: Some(lp) });
+        }
+        let full = decode(backend, req, &beam.tokens)?;
+        let rest = full.strip_prefix(shown.as_str()).unwrap_or("").to_string();
+        let reason = if beam.finished { FinishReason::Stop } else { FinishReason::Length };
+        events.push(InferEvent::Finished { choice, reason, stop_reason: None, text: rest });
+    }
+    Ok(events)
+}
+
+fn decode(backend: &SharedBackend, req: &GenerateRequest, tokens: &[u32]) -> Result<String, ApiError> {
+    backend
+        .detokenize(req.base, tokens, req.params.skip_special_tokens)
+        .map_err(|m| ApiError::new(ErrorKind::Internal, format!("detokenize failed: {m}")))
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
+        SubmitError::Invalid(m) => ApiError::bad_param("model", m),
+        SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
+    }
+}
