@@ -4,6 +4,7 @@
 //! - [`trajectory`]: validating ART trajectory groups into summaries.
 //! - [`metrics`]: the metrics a trajectory log computes.
 //! - [`train_config`]: the typed `experimental_config`.
+//! - [`sequences`]: ART trajectories to the token sequences a trainer trains on.
 //! - [`records`]: models, checkpoints, logs, jobs and events as the store keeps them.
 //! - [`names`]: what a model address may contain.
 //! - [`inference`]: the port between the api and the inference engine.
@@ -14,6 +15,7 @@ pub mod inference;
 pub mod metrics;
 pub mod names;
 pub mod records;
+pub mod sequences;
 pub mod train_config;
 pub mod trajectory;
 pub mod validate;

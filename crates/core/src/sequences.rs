@@ -1,0 +1,185 @@
+//! From ART trajectories to token sequences (contract §3, ART 0.5.23's legacy path).
+//!
+//! Only Choices are trained: each trainable Choice contributes its `prompt_token_ids` as context
+//! and its `token_ids` as trained tokens, with the Choice's logprobs as old logprobs. A Choice
+//! whose prompt begins with the whole sequence built so far is appended to it (a multi-turn chat
+//! becomes one sequence); otherwise a new sequence starts. Choices without token ids (older ART
+//! clients) are re-rendered with the model's chat template, their completion ids taken from
+//! `token_id:N` logprob tokens. Plain messages are context only. `additional_histories` are
+//! tokenized the same way and belong to the same trajectory.
+
+use crate::inference::content_text;
+use serde_json::Value;
+
+/// Renders a conversation with the served model's chat template (generation prompt added) and
+/// tokenizes text; the trainer gets it from the inference engine.
+pub trait ChatTokenizer {
+    fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String>;
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String>;
+}
+
+/// One token sequence: context and trained tokens, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sequence {
+    pub tokens: Vec<u32>,
+    /// Whether token i is trained (predicted from the tokens before it).
+    pub trained: Vec<bool>,
+    /// The behaviour logprob of each trained token (NaN: unknown, treated as on-policy).
+    pub old_lp: Vec<f64>,
+}
+
+impl Sequence {
+    pub fn trained_count(&self) -> usize {
+        self.trained.iter().filter(|t| **t).count()
+    }
+
+    fn push(&mut self, tokens: &[u32], trained: bool, lps: Option<&[f64]>) {
+        for (i, t) in tokens.iter().enumerate() {
+            self.tokens.push(*t);
+            self.trained.push(trained);
+            self.old_lp.push(lps.map_or(f64::NAN, |l| l[i]));
+        }
+    }
+}
+
+/// A Choice's parts, as the trainer uses them.
+struct ChoiceTokens {
+    prompt: Vec<u32>,
+    completion: Vec<u32>,
+    logprobs: Option<Vec<f64>>,
+}
+
+fn is_choice(item: &Value) -> bool {
+    item.get("message").is_some_and(Value::is_object) && item.get("role").is_none()
+}
+
+fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
+    v?.as_array()?.iter().map(|x| x.as_u64().filter(|i| *i <= u32::MAX as u64).map(|i| i as u32)).collect()
+}
+
+/// `logprobs.content[*]`: (token text, logprob) per generated token, or None without logprobs.
+fn logprob_entries(choice: &Value) -> Option<Vec<(String, f64)>> {
+    let content = choice.get("logprobs")?.get("content")?.as_array()?;
+    Some(
+        content
+            .iter()
+            .map(|e| {
+                let token = e.get("token").and_then(Value::as_str).unwrap_or_default().to_string();
+                (token, e.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN))
+            })
+            .collect(),
+    )
+}
+
+/// Tokenizes one history (`messages_and_choices` and its `tools`) into sequences. `at` names the
+/// history in error messages.
+pub fn tokenize_history(
+    items: &[Value],
+    tools: Option<&Value>,
+    tok: &dyn ChatTokenizer,
+    allow_without_logprobs: bool,
+    at: &str,
+) -> Result<Vec<Sequence>, String> {
+    let mut out = Vec::new();
+    let mut current: Option<Sequence> = None;
+    let mut context: Vec<Value> = Vec::new();
+    for (k, item) in items.iter().enumerate() {
+        if !is_choice(item) {
+            context.push(item.clone());
+            continue;
+        }
+        let here = format!("{at}.messages_and_choices[{k}]");
+        let entries = logprob_entries(item);
+        if entries.is_none() && !allow_without_logprobs {
+            // ART skips Choices it cannot train on; the message is still context.
+            context.push(item["message"].clone());
+            continue;
+        }
+        let c = choice_tokens(item, entries, &context, tools, tok, allow_without_logprobs, &here)?;
+        context.push(item["message"].clone());
+        match current.as_mut() {
+            Some(seq) if c.prompt.starts_with(&seq.tokens) => {
+                let new_context = c.prompt[seq.tokens.len()..].to_vec();
+                seq.push(&new_context, false, None);
+                seq.push(&c.completion, true, c.logprobs.as_deref());
+            }
+            _ => {
+                out.extend(current.take());
+                let mut seq = Sequence::default();
+                seq.push(&c.prompt, false, None);
+                seq.push(&c.completion, true, c.logprobs.as_deref());
+                current = Some(seq);
+            }
+        }
+    }
+    out.extend(current);
+    Ok(out)
+}
+
+fn choice_tokens(
+    item: &Value,
+    entries: Option<Vec<(String, f64)>>,
+    context: &[Value],
+    tools: Option<&Value>,
+    tok: &dyn ChatTokenizer,
+    allow_without_logprobs: bool,
+    here: &str,
+) -> Result<ChoiceTokens, String> {
+    let (prompt, completion) = match (ids(item.get("prompt_token_ids")), ids(item.get("token_ids"))) {
+        (Some(p), Some(c)) => (p, c),
+        _ => {
+            // An older client: render the conversation so far, and take the completion's ids from
+            // `token_id:N` logprob tokens, else from its text.
+            let prompt = tok.render(context, tools).map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
+            let from_logprobs: Option<Vec<u32>> = entries.as_ref().and_then(|es| {
+                es.iter().map(|(t, _)| t.strip_prefix("token_id:").and_then(|n| n.parse().ok())).collect()
+            });
+            let completion = match from_logprobs {
+                Some(c) => c,
+                None => {
+                    let text = content_text(&item["message"]["content"]);
+                    tok.tokenize(&text).map_err(|e| format!("{here}: cannot tokenize the message: {e}"))?
+                }
+            };
+            (prompt, completion)
+        }
+    };
+    if completion.is_empty() {
+        return Err(format!("{here}: the choice has no completion tokens"));
+    }
+    let logprobs = match entries {
+        Some(es) if es.len() == completion.len() => Some(es.into_iter().map(|(_, lp)| lp).collect()),
+        Some(es) if !allow_without_logprobs => {
+            return Err(format!(
+                "{here}: the choice has {} logprobs for {} token ids (request logprobs with return_token_ids)",
+                es.len(),
+                completion.len()
+            ))
+        }
+        _ => None,
+    };
+    Ok(ChoiceTokens { prompt, completion, logprobs })
+}
+
+/// Every sequence of one trajectory: its main history and its `additional_histories`.
+pub fn tokenize_trajectory(
+    traj: &Value,
+    tok: &dyn ChatTokenizer,
+    allow_without_logprobs: bool,
+    at: &str,
+) -> Result<Vec<Sequence>, String> {
+    let empty = Vec::new();
+    let items = traj.get("messages_and_choices").and_then(Value::as_array).unwrap_or(&empty);
+    let mut out = tokenize_history(items, traj.get("tools"), tok, allow_without_logprobs, at)?;
+    if let Some(extra) = traj.get("additional_histories").and_then(Value::as_array) {
+        for (h, hist) in extra.iter().enumerate() {
+            let items = hist.get("messages_and_choices").and_then(Value::as_array).unwrap_or(&empty);
+            let here = format!("{at}.additional_histories[{h}]");
+            out.extend(tokenize_history(items, hist.get("tools"), tok, allow_without_logprobs, &here)?);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+//! Packing trajectory sequences into rows, one optimizer step per row (contract §3).
+//!
+//! A row holds whole sequences (segments) up to the row length; each segment attends only to
+//! itself with positions starting at 0, so a row computes exactly what its sequences would
+//! alone. (ART also shares a group's prompt between its segments in a prefix tree; that saves
+//! compute, not a different loss.) Trajectories with advantage 0 are dropped; the weights and
+//! advantages of all trained tokens are then normalised together (see [`crate::advantage`]).
+
+use crate::advantage::normalise;
+use tandem_core::sequences::Sequence;
+
+/// One trajectory ready to pack.
+#[derive(Debug, Clone)]
+pub struct TrajectoryInput {
+    pub advantage: f64,
+    pub sequences: Vec<Sequence>,
+}
+
+/// One trained token of a row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    /// Index in the row of the trained token; it is predicted from position `pos - 1`.
+    pub pos: usize,
+    pub segment: usize,
+    pub old_lp: f64,
+    pub advantage: f64,
+    pub weight: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Row {
+    pub tokens: Vec<u32>,
+    /// (start, length) of each segment in `tokens`.
+    pub segments: Vec<(usize, usize)>,
+    pub targets: Vec<Target>,
+    pub trajectories: usize,
+}
+
+/// ART's default row length: the longest sequence rounded up to a multiple of 2048, capped at the
+/// context; `packed_sequence_length` overrides it.
+pub fn row_length(longest: usize, configured: Option<u32>, context: usize) -> usize {
+    match configured {
+        Some(n) => n as usize,
+        None => longest.div_ceil(2048).max(1).saturating_mul(2048).min(context),
+    }
+}
+
+/// Packs trajectories into rows of at most `row_len` tokens, in order (a sequence goes into the
+/// current row if it fits, else it starts a new one).
+pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64) -> Result<Vec<Row>, String> {
+    let mut rows: Vec<Row> = Vec::new();
+    let mut current = Row::default();
+    for (ti, t) in trajs.iter().enumerate() {
+        if t.advantage == 0.0 {
+            continue;
+        }
+        // Tokens at position 0 have nothing to be predicted from and are not trained.
+        let trained: usize = t.sequences.iter().map(|s| s.trained.iter().skip(1).filter(|x| **x).count()).sum();
+        if trained == 0 {
+            continue;
+        }
+        let weight = 1.0 / (trained as f64 + 1e-6);
+        let mut counted = false;
+        for s in &t.sequences {
+            if s.tokens.len() > row_len {
+                return Err(format!(
+                    "trajectory {ti} has a sequence of {} tokens, longer than the packed sequence length {row_len}",
+                    s.tokens.len()
+                ));
+            }
+            if s.trained.iter().skip(1).all(|x| !*x) {
+                continue;
+            }
+            if current.tokens.len() + s.tokens.len() > row_len {
+                rows.push(std::mem::take(&mut current));
+                counted = false;
+            }
+            let start = current.tokens.len();
+            let segment = current.segments.len();
+            current.segments.push((start, s.tokens.len()));
+            current.tokens.extend_from_slice(&s.tokens);
+            for (i, _) in s.trained.iter().enumerate().skip(1).filter(|(_, x)| **x) {
+                current.targets.push(Target {
+                    pos: start + i,
+                    segment,
+                    old_lp: s.old_lp[i],
+                    advantage: t.advantage,
+                    weight,
+                });
+            }
+            if !counted {
+                current.trajectories += 1;
+                counted = true;
+            }
+        }
+    }
+    if !current.tokens.is_empty() {
+        rows.push(current);
+    }
+    let (mut a, mut w): (Vec<f64>, Vec<f64>) =
+        rows.iter().flat_map(|r| r.targets.iter().map(|t| (t.advantage, t.weight))).unzip();
+    normalise(&mut a, &mut w, balance);
+    let mut k = 0;
+    for t in rows.iter_mut().flat_map(|r| r.targets.iter_mut()) {
+        (t.advantage, t.weight) = (a[k], w[k]);
+        k += 1;
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(tokens: &[u32], trained: &[bool]) -> Sequence {
+        let old_lp = trained.iter().map(|t| if *t { -0.5 } else { f64::NAN }).collect();
+        Sequence { tokens: tokens.to_vec(), trained: trained.to_vec(), old_lp }
+    }
+
+    #[test]
+    fn rows_fill_in_order_and_skip_zero_advantage() {
+        let a = TrajectoryInput { advantage: 1.0, sequences: vec![seq(&[1, 2, 3], &[false, true, true])] };
+        let zero = TrajectoryInput { advantage: 0.0, sequences: vec![seq(&[4, 5], &[false, true])] };
+        let b = TrajectoryInput {
+            advantage: -1.0,
+            sequences: vec![seq(&[6, 7], &[false, true]), seq(&[8, 9, 10], &[false, false, true])],
+        };
+        let rows = pack(&[a, zero, b], 5, 0.0).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].tokens, vec![1, 2, 3, 6, 7]);
+        assert_eq!(rows[0].segments, vec![(0, 3), (3, 2)]);
+        assert_eq!(rows[0].targets.iter().map(|t| (t.pos, t.segment)).collect::<Vec<_>>(), vec![(1, 0), (2, 0), (4, 1)]);
+        assert_eq!((rows[0].trajectories, rows[1].trajectories), (2, 1));
+        assert_eq!(rows[1].targets.iter().map(|t| t.pos).collect::<Vec<_>>(), vec![2]);
+        // Weights: a has 2 tokens (1/2 each), b has 2 (1/2 each): all equal -> normalised to 1.
+        // Advantages +1, +1, -1, -1: mean(|A| w) = 1, unchanged.
+        let all: Vec<(f64, f64)> = rows.iter().flat_map(|r| r.targets.iter().map(|t| (t.advantage, t.weight))).collect();
+        for (got, want) in all.iter().zip([(1.0, 1.0), (1.0, 1.0), (-1.0, 1.0), (-1.0, 1.0)]) {
+            assert!((got.0 - want.0).abs() < 1e-5 && (got.1 - want.1).abs() < 1e-5, "{all:?}");
+        }
+    }
+
+    #[test]
+    fn too_long_sequences_and_row_lengths() {
+        let a = TrajectoryInput { advantage: 1.0, sequences: vec![seq(&[1, 2, 3], &[false, true, true])] };
+        assert!(pack(&[a], 2, 0.0).unwrap_err().contains("longer than the packed sequence length 2"));
+        assert_eq!(row_length(10, None, 8192), 2048);
+        assert_eq!(row_length(2049, None, 8192), 4096);
+        assert_eq!(row_length(8000, None, 8192), 8192);
+        assert_eq!(row_length(10, Some(512), 8192), 512);
+    }
+}
