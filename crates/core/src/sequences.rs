@@ -130,7 +130,8 @@ fn choice_tokens(
         _ => {
             // An older client: render the conversation so far, and take the completion's ids from
             // `token_id:N` logprob tokens, else from its text.
-            let prompt = tok.render(context, tools).map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
+            let prompt =
+                tok.render(context, tools).map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
             let from_logprobs: Option<Vec<u32>> = entries.as_ref().and_then(|es| {
                 es.iter().map(|(t, _)| t.strip_prefix("token_id:").and_then(|n| n.parse().ok())).collect()
             });

@@ -1,8 +1,6 @@
-//! The engine on a tiny random-weight Llama written as GGUF by the test itself (2 layers, hidden
-//! 64, byte-level vocabulary): batching, LoRA and cancellation, fast and without the real model.
+//! The engine on a tiny random-weight Llama written as GGUF by the test itself
+//! (`tandem_model::testing`): batching, LoRA and cancellation, fast and without the real model.
 
-use candle_core::quantized::gguf_file::{self, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -10,95 +8,7 @@ use std::time::{Duration, Instant};
 use tandem_core::inference::{AdapterRef, GenerateRequest, InferEvent, InferenceBackend, SamplingParams};
 use tandem_engine::{Engine, EngineConfig};
 
-const HIDDEN: usize = 64;
-const FFN: usize = 128;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const LAYERS: usize = 2;
-
-/// Deterministic weights in [-0.5, 0.5).
-fn weights(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
-
-/// GPT-2's printable form of each byte, so that the byte-level tokenizer maps bytes 1:1.
-fn byte_tokens() -> Vec<String> {
-    let mut next = 256u32;
-    (0..256u32)
-        .map(|b| {
-            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-            let c = if printable {
-                char::from_u32(b).unwrap()
-            } else {
-                let c = char::from_u32(next).unwrap();
-                next += 1;
-                c
-            };
-            c.to_string()
-        })
-        .collect()
-}
-
-fn write_tiny_gguf(path: &Path) {
-    let mut tokens = byte_tokens();
-    tokens.push("<|im_start|>".into());
-    tokens.push("<|im_end|>".into());
-    let vocab = tokens.len(); // 258
-    let mut types = vec![Value::I32(1); 256];
-    types.extend([Value::I32(3), Value::I32(3)]);
-    let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    let meta: Vec<(&str, Value)> = vec![
-        ("general.architecture", Value::String("llama".into())),
-        ("llama.block_count", Value::U32(LAYERS as u32)),
-        ("llama.embedding_length", Value::U32(HIDDEN as u32)),
-        ("llama.feed_forward_length", Value::U32(FFN as u32)),
-        ("llama.attention.head_count", Value::U32(HEADS as u32)),
-        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("llama.rope.freq_base", Value::F32(10000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.context_length", Value::U32(8192)),
-        ("tokenizer.ggml.model", Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre", Value::String("default".into())),
-        ("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect())),
-        ("tokenizer.ggml.token_type", Value::Array(types)),
-        ("tokenizer.ggml.merges", Value::Array(Vec::new())),
-        ("tokenizer.ggml.eos_token_id", Value::U32(257)),
-        ("tokenizer.chat_template", Value::String(template.into())),
-    ];
-    let head_dim = HIDDEN / HEADS;
-    let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    let mut seed = 0;
-    let mut add = |name: String, rows: usize, cols: usize, dtype: GgmlDType, scale: f32| {
-        seed += 1;
-        let data: Vec<f32> = weights(rows * cols, seed).into_iter().map(|w| w * scale).collect();
-        let shape: Vec<usize> = if rows == 1 { vec![cols] } else { vec![rows, cols] };
-        let t = Tensor::from_vec(data, shape, &Device::Cpu).unwrap();
-        tensors.push((name, QTensor::quantize(&t, dtype).unwrap()));
-    };
-    add("token_embd.weight".into(), vocab, HIDDEN, GgmlDType::Q8_0, 1.0);
-    for l in 0..LAYERS {
-        add(format!("blk.{l}.attn_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
-        add(format!("blk.{l}.attn_q.weight"), HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.attn_k.weight"), KV_HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.attn_v.weight"), KV_HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.attn_output.weight"), HIDDEN, HEADS * head_dim, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.ffn_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
-        add(format!("blk.{l}.ffn_gate.weight"), FFN, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.ffn_up.weight"), FFN, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.ffn_down.weight"), HIDDEN, FFN, GgmlDType::Q4_1, 0.5);
-    }
-    add("output_norm.weight".into(), 1, HIDDEN, GgmlDType::F32, 2.0);
-    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
-    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut f = std::fs::File::create(path).unwrap();
-    gguf_file::write(&mut f, &meta_refs, &tensor_refs).unwrap();
-}
+use tandem_model::testing::{weights, write_tiny_gguf, FFN, HIDDEN, LAYERS};
 
 /// A PEFT adapter on q and down of every layer, with `b_value` in every B entry (0 = no-op).
 fn write_adapter(dir: &Path, b_value: f32) {

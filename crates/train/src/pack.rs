@@ -100,10 +100,8 @@ pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64) -> Result<V
     let (mut a, mut w): (Vec<f64>, Vec<f64>) =
         rows.iter().flat_map(|r| r.targets.iter().map(|t| (t.advantage, t.weight))).unzip();
     normalise(&mut a, &mut w, balance);
-    let mut k = 0;
-    for t in rows.iter_mut().flat_map(|r| r.targets.iter_mut()) {
+    for (k, t) in rows.iter_mut().flat_map(|r| r.targets.iter_mut()).enumerate() {
         (t.advantage, t.weight) = (a[k], w[k]);
-        k += 1;
     }
     Ok(rows)
 }
@@ -129,12 +127,16 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].tokens, vec![1, 2, 3, 6, 7]);
         assert_eq!(rows[0].segments, vec![(0, 3), (3, 2)]);
-        assert_eq!(rows[0].targets.iter().map(|t| (t.pos, t.segment)).collect::<Vec<_>>(), vec![(1, 0), (2, 0), (4, 1)]);
+        assert_eq!(
+            rows[0].targets.iter().map(|t| (t.pos, t.segment)).collect::<Vec<_>>(),
+            vec![(1, 0), (2, 0), (4, 1)]
+        );
         assert_eq!((rows[0].trajectories, rows[1].trajectories), (2, 1));
         assert_eq!(rows[1].targets.iter().map(|t| t.pos).collect::<Vec<_>>(), vec![2]);
         // Weights: a has 2 tokens (1/2 each), b has 2 (1/2 each): all equal -> normalised to 1.
         // Advantages +1, +1, -1, -1: mean(|A| w) = 1, unchanged.
-        let all: Vec<(f64, f64)> = rows.iter().flat_map(|r| r.targets.iter().map(|t| (t.advantage, t.weight))).collect();
+        let all: Vec<(f64, f64)> =
+            rows.iter().flat_map(|r| r.targets.iter().map(|t| (t.advantage, t.weight))).collect();
         for (got, want) in all.iter().zip([(1.0, 1.0), (1.0, 1.0), (-1.0, 1.0), (-1.0, 1.0)]) {
             assert!((got.0 - want.0).abs() < 1e-5 && (got.1 - want.1).abs() < 1e-5, "{all:?}");
         }

@@ -66,7 +66,8 @@ fn older_clients_are_rendered_with_the_template() {
     let mut c = choice(&[], &[], &[]);
     c.as_object_mut().unwrap().remove("prompt_token_ids");
     c.as_object_mut().unwrap().remove("token_ids");
-    c["logprobs"] = json!({"content": [{"token": "token_id:42", "logprob": -0.7}, {"token": "token_id:43", "logprob": -0.8}]});
+    c["logprobs"] =
+        json!({"content": [{"token": "token_id:42", "logprob": -0.7}, {"token": "token_id:43", "logprob": -0.8}]});
     let items = vec![json!({"role": "user", "content": "hi"}), c.clone()];
     let seqs = tokenize_history(&items, Some(&json!([{"type": "function"}])), &Fake, false, "t").unwrap();
     assert_eq!(seqs[0].tokens, vec![7, 100, 99, 42, 43]);

@@ -1,0 +1,166 @@
+//! Two candle custom ops with written backward passes, where the stock ops cost too much:
+//!
+//! - [`FrozenLinear`]: `y = x W^T` for a frozen base weight. candle's matmul backward would also
+//!   compute `dW` (a full extra GEMM and a weight-sized buffer per layer) for a tensor that is
+//!   never updated; this op returns only `dx = dy W`.
+//! - [`HeadLogprob`]: the tied output head, log-softmax and gather in one op, over row chunks:
+//!   `lp_i = h_i . E[t_i] - logsumexp(h_i E^T)`. The (tokens x 49,152) logits are never kept;
+//!   the backward recomputes each chunk's softmax: `dh_i = g_i (E[t_i] - softmax_i E)`. The
+//!   forward also records each row's entropy (a logged metric that needs no gradient).
+
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use std::sync::{Arc, Mutex};
+
+/// Rows of the head processed at once: 64 x 49,152 f32 logits = 12 MB per chunk.
+const HEAD_CHUNK: usize = 64;
+
+fn input_tensor(storage: &CpuStorage, layout: &Layout) -> candle_core::Result<Tensor> {
+    let data = storage.as_slice::<f32>()?;
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("custom op input must be contiguous".into()))?;
+    Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)
+}
+
+fn output_storage(t: &Tensor) -> candle_core::Result<(CpuStorage, Shape)> {
+    let shape = t.shape().clone();
+    Ok((CpuStorage::F32(t.flatten_all()?.to_vec1::<f32>()?), shape))
+}
+
+/// `x (T, in) -> x W^T (T, out)` for a frozen `W (out, in)`.
+pub struct FrozenLinear {
+    pub w: Tensor,
+}
+
+impl CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "frozen-linear"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = input_tensor(storage, layout)?;
+        output_storage(&x.matmul(&self.w.t()?)?)
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad_res.matmul(&self.w)?))
+    }
+}
+
+/// `h (N, H) -> lp (N)`: log-probability of `targets[i]` under the head `E (V, H)`.
+pub struct HeadLogprob {
+    pub head: Tensor,
+    pub targets: Vec<u32>,
+    /// Filled by the forward pass: the entropy of each row's distribution (nats).
+    pub entropy: Arc<Mutex<Vec<f32>>>,
+}
+
+impl HeadLogprob {
+    /// (logits (c, V), their softmax, their logsumexp (c, 1)) for rows `start..start + c` of `h`.
+    fn chunk(&self, h: &Tensor, start: usize, c: usize) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let logits = h.narrow(0, start, c)?.matmul(&self.head.t()?)?;
+        let max = logits.max_keepdim(1)?;
+        let e = logits.broadcast_sub(&max)?.exp()?;
+        let sum = e.sum_keepdim(1)?;
+        let lse = max.add(&sum.log()?)?;
+        Ok((logits, e.broadcast_div(&sum)?, lse))
+    }
+
+    fn target_rows(&self, start: usize, c: usize) -> candle_core::Result<Tensor> {
+        let ids = Tensor::from_slice(&self.targets[start..start + c], c, &Device::Cpu)?;
+        self.head.index_select(&ids, 0)
+    }
+}
+
+impl CustomOp1 for HeadLogprob {
+    fn name(&self) -> &'static str {
+        "head-logprob"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let h = input_tensor(storage, layout)?;
+        let n = h.dim(0)?;
+        let mut lps = Vec::with_capacity(n);
+        let mut entropy = Vec::with_capacity(n);
+        for start in (0..n).step_by(HEAD_CHUNK) {
+            let c = HEAD_CHUNK.min(n - start);
+            let (logits, p, lse) = self.chunk(&h, start, c)?;
+            let picked =
+                logits.gather(&Tensor::from_slice(&self.targets[start..start + c], (c, 1), &Device::Cpu)?, 1)?;
+            lps.extend(picked.sub(&lse)?.flatten_all()?.to_vec1::<f32>()?);
+            // H = lse - sum(p * logits)
+            let mean_logit = p.mul(&logits)?.sum_keepdim(1)?;
+            entropy.extend(lse.sub(&mean_logit)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        if let Ok(mut slot) = self.entropy.lock() {
+            *slot = entropy;
+        }
+        Ok((CpuStorage::F32(lps), Shape::from(n)))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let h = arg.detach();
+        let n = h.dim(0)?;
+        let g = grad_res.to_dtype(DType::F32)?;
+        let mut parts = Vec::new();
+        for start in (0..n).step_by(HEAD_CHUNK) {
+            let c = HEAD_CHUNK.min(n - start);
+            let (_, p, _) = self.chunk(&h, start, c)?;
+            let expected = p.matmul(&self.head)?;
+            let dh =
+                self.target_rows(start, c)?.sub(&expected)?.broadcast_mul(&g.narrow(0, start, c)?.unsqueeze(1)?)?;
+            parts.push(dh);
+        }
+        Ok(Some(Tensor::cat(&parts, 0)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn randn(shape: (usize, usize), seed: u64) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0..1.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// Both ops against the same computation in stock candle ops (whose backward is trusted).
+    #[test]
+    fn custom_ops_match_stock_autograd() {
+        let w = randn((5, 3), 1);
+        let head = randn((70, 5), 2);
+        // 67 rows: more than one HEAD_CHUNK.
+        let x = Var::from_tensor(&randn((67, 3), 3)).unwrap();
+        let targets: Vec<u32> = (0..67).map(|i| (i * 7 % 70) as u32).collect();
+        let coef = randn((67, 1), 4).flatten_all().unwrap();
+
+        let entropy = Arc::new(Mutex::new(Vec::new()));
+        let h = x.apply_op1(FrozenLinear { w: w.clone() }).unwrap();
+        let lp = h
+            .apply_op1(HeadLogprob { head: head.clone(), targets: targets.clone(), entropy: entropy.clone() })
+            .unwrap();
+        let ours = lp.mul(&coef).unwrap().sum_all().unwrap();
+        let g_ours = ours.backward().unwrap().get(&x).unwrap().clone();
+
+        let h = x.matmul(&w.t().unwrap()).unwrap();
+        let logits = h.matmul(&head.t().unwrap()).unwrap();
+        let logp = candle_nn::ops::log_softmax(&logits, 1).unwrap();
+        let ids = Tensor::from_slice(&targets, (67, 1), &Device::Cpu).unwrap();
+        let lp_ref = logp.gather(&ids, 1).unwrap().flatten_all().unwrap();
+        let stock = lp_ref.mul(&coef).unwrap().sum_all().unwrap();
+        let g_stock = stock.backward().unwrap().get(&x).unwrap().clone();
+
+        let diff =
+            |a: &Tensor, b: &Tensor| a.sub(b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff(&lp, &lp_ref) < 1e-4);
+        assert!(diff(&g_ours, &g_stock) < 1e-4, "gradient differs by {}", diff(&g_ours, &g_stock));
+        let p = logp.exp().unwrap();
+        let ent_ref = p.mul(&logp).unwrap().sum(1).unwrap().neg().unwrap().to_vec1::<f32>().unwrap();
+        for (a, b) in entropy.lock().unwrap().iter().zip(ent_ref) {
+            assert!((a - b).abs() < 1e-4);
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! [`LoraTrainer`]: one training job from trajectory groups to adapter files.
+//!
+//! Tokenize every trajectory, compute group advantages, pack rows, then per row: forward,
+//! policy loss and its per-token gradient ([`crate::loss`]), backward through the surrogate
+//! `sum(g * new_lp)`, gradient clipping, one AdamW step. The job continues from the model's
+//! latest checkpoint, or from a fresh adapter (equal to the base model).
+
+use crate::advantage::group_advantages;
+use crate::loss::{policy_loss, LossConfig, TokenInput};
+use crate::net::{forward, Base, Lora};
+use crate::pack::{pack, row_length, Row, TrajectoryInput};
+use crate::{adapter, TrainTokenizer};
+use candle_core::{backprop::GradStore, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tandem_core::sequences::tokenize_trajectory;
+use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+
+/// ART's optimizer settings (contract §3).
+const BETAS: (f64, f64) = (0.9, 0.99);
+const WEIGHT_DECAY: f64 = 0.1;
+const MAX_GRAD_NORM: f64 = 0.1;
+/// The seed of a fresh adapter's A matrices (ART's `random_state`).
+const INIT_SEED: u64 = 3407;
+
+/// One base model the trainer can train: its GGUF and its tokenizer/template.
+pub struct TrainBase {
+    pub id: String,
+    pub path: PathBuf,
+    pub tokenizer: Arc<dyn TrainTokenizer>,
+}
+
+/// Trains LoRA adapters for the served base models. The f32 base weights are loaded on first
+/// use and kept.
+pub struct LoraTrainer {
+    bases: Vec<TrainBase>,
+    loaded: Mutex<BTreeMap<String, Arc<Base>>>,
+}
+
+impl LoraTrainer {
+    pub fn new(bases: Vec<TrainBase>) -> Self {
+        LoraTrainer { bases, loaded: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn base(&self, id: &str) -> Result<(Arc<Base>, &TrainBase), TrainError> {
+        let tb = self
+            .bases
+            .iter()
+            .find(|b| b.id == id)
+            .ok_or_else(|| TrainError::Invalid(format!("base model {id:?} is not served by this server")))?;
+        let mut loaded = self.loaded.lock().map_err(|_| TrainError::Failed("trainer state poisoned".into()))?;
+        if let Some(b) = loaded.get(id) {
+            return Ok((b.clone(), tb));
+        }
+        let b = Arc::new(Base::load(&tb.path).map_err(|e| TrainError::Failed(format!("loading the base model: {e}")))?);
+        loaded.insert(id.to_string(), b.clone());
+        Ok((b, tb))
+    }
+}
+
+/// Trajectories of the job, tokenized, with their group advantages.
+fn prepare(job: &TrainJob, tok: &dyn TrainTokenizer) -> Result<(Vec<TrajectoryInput>, Map<String, Value>), TrainError> {
+    let groups = job
+        .trajectory_groups
+        .as_array()
+        .ok_or_else(|| TrainError::Invalid("trajectory_groups must be a list".into()))?;
+    let mut out = Vec::new();
+    let (mut n_traj, mut trainable_groups) = (0usize, 0usize);
+    for (g, group) in groups.iter().enumerate() {
+        let trajs = group.get("trajectories").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        let rewards: Vec<f64> = trajs.iter().map(|t| t.get("reward").and_then(Value::as_f64).unwrap_or(0.0)).collect();
+        let adv = group_advantages(&rewards, job.config.scale_rewards);
+        n_traj += trajs.len();
+        if adv.iter().any(|a| *a != 0.0) {
+            trainable_groups += 1;
+        }
+        for (t, (traj, a)) in trajs.iter().zip(adv).enumerate() {
+            let at = format!("trajectory_groups[{g}].trajectories[{t}]");
+            let sequences = tokenize_trajectory(traj, tok, job.config.allow_training_without_logprobs, &at)
+                .map_err(TrainError::Invalid)?;
+            out.push(TrajectoryInput { advantage: a, sequences });
+        }
+    }
+    let mut extra = Map::new();
+    extra.insert("num_groups".into(), json!(groups.len()));
+    extra.insert("num_groups_trainable".into(), json!(trainable_groups));
+    extra.insert("num_trajectories".into(), json!(n_traj));
+    Ok((out, extra))
+}
+
+fn failed(e: candle_core::Error) -> TrainError {
+    TrainError::Failed(e.to_string())
+}
+
+/// Scales the gradients so their global L2 norm is at most `max` (PyTorch's
+/// `clip_grad_norm_`); returns the norm before clipping.
+fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Result<f64, candle_core::Error> {
+    let mut sq = 0.0f64;
+    for v in vars {
+        if let Some(g) = grads.get(v.as_tensor()) {
+            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        }
+    }
+    let norm = sq.sqrt();
+    let coef = max / (norm + 1e-6);
+    if coef < 1.0 {
+        for v in vars {
+            if let Some(g) = grads.remove(v.as_tensor()) {
+                grads.insert(v.as_tensor(), (g * coef)?);
+            }
+        }
+    }
+    Ok(norm)
+}
+
+/// Each target's new logprob under the current weights, without building a graph for it.
+fn logprobs(base: &Base, lora: &Lora, row: &Row) -> Result<Vec<f64>, TrainError> {
+    let out = forward(base, lora, row).map_err(failed)?;
+    Ok(out.logprobs.detach().to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect())
+}
+
+impl Trainer for LoraTrainer {
+    fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
+        let (base, tb) = self.base(&job.model.base_model)?;
+        let (trajs, mut extra) = prepare(job, tb.tokenizer.as_ref())?;
+        let longest = trajs.iter().flat_map(|t| t.sequences.iter().map(|s| s.tokens.len())).max().unwrap_or(0);
+        let row_len = row_length(longest, job.config.packed_sequence_length, base.config.context_len);
+        let mut rows = pack(&trajs, row_len, job.config.advantage_balance).map_err(TrainError::Invalid)?;
+        let lora = match &job.base_checkpoint {
+            Some(dir) => adapter::load(dir, &base).map_err(TrainError::Failed)?,
+            None => adapter::init(&base, INIT_SEED).map_err(failed)?,
+        };
+        let trainable: usize = rows.iter().map(|r| r.targets.len()).sum();
+        extra.insert("num_trainable_tokens".into(), json!(trainable));
+        sink.started(rows.len() as u64, extra);
+
+        // With precalculate_logprobs the ratio is taken against the weights at the start of this
+        // job; the sampler's logprobs stay as the originals for truncated importance sampling.
+        let mut originals: Vec<Vec<f64>> = rows.iter().map(|r| vec![f64::NAN; r.targets.len()]).collect();
+        if job.config.precalculate_logprobs {
+            for (row, orig) in rows.iter_mut().zip(originals.iter_mut()) {
+                let lps = logprobs(&base, &lora, row)?;
+                for ((t, o), lp) in row.targets.iter_mut().zip(orig.iter_mut()).zip(lps) {
+                    *o = t.old_lp;
+                    t.old_lp = lp;
+                }
+            }
+        }
+
+        let vars = lora.vars();
+        let params = ParamsAdamW {
+            lr: job.config.learning_rate,
+            beta1: BETAS.0,
+            beta2: BETAS.1,
+            eps: 1e-8,
+            weight_decay: WEIGHT_DECAY,
+        };
+        let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
+        let loss_cfg = LossConfig::from_train(&job.config);
+        let mut summary: BTreeMap<String, f64> = BTreeMap::new();
+        for (row, orig) in rows.iter().zip(&originals) {
+            if let Some(stop) = sink.should_stop() {
+                return Err(stop);
+            }
+            let started = Instant::now();
+            let out = forward(&base, &lora, row).map_err(failed)?;
+            let new_lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
+            let inputs: Vec<TokenInput> = row
+                .targets
+                .iter()
+                .zip(&new_lp)
+                .zip(orig)
+                .map(|((t, lp), o)| TokenInput {
+                    new_lp: *lp as f64,
+                    old_lp: t.old_lp,
+                    original_lp: *o,
+                    advantage: t.advantage,
+                    weight: t.weight,
+                    segment: t.segment,
+                })
+                .collect();
+            let l = policy_loss(&inputs, &loss_cfg);
+            let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
+            let g = Tensor::from_vec(g, new_lp.len(), out.logprobs.device()).map_err(failed)?;
+            let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
+            let mut grads = surrogate.backward().map_err(failed)?;
+            let grad_norm = clip(&mut grads, &vars, MAX_GRAD_NORM).map_err(failed)?;
+            let lr = job.config.learning_rate
+                * (row.trajectories.max(1) as f64).powf(job.config.num_trajectories_learning_rate_multiplier_power);
+            opt.set_learning_rate(lr);
+            opt.step(&grads).map_err(failed)?;
+            let secs = started.elapsed().as_secs_f64();
+            let n = row.targets.len().max(1) as f64;
+            let entropy = out.entropy.iter().map(|e| *e as f64).sum::<f64>() / n;
+            let metrics = BTreeMap::from([
+                ("loss".to_string(), l.loss),
+                ("policy_loss".to_string(), l.loss),
+                ("grad_norm".to_string(), grad_norm),
+                ("learning_rate".to_string(), lr),
+                ("entropy".to_string(), entropy),
+                ("num_trainable_tokens".to_string(), row.targets.len() as f64),
+                ("clip_fraction_low".to_string(), l.clip_low),
+                ("clip_fraction_high".to_string(), l.clip_high),
+                ("clip_fraction".to_string(), l.clip_low + l.clip_high),
+                ("mean_ratio".to_string(), l.mean_ratio),
+                ("tokens_per_second".to_string(), row.tokens.len() as f64 / secs.max(1e-9)),
+                ("step_seconds".to_string(), secs),
+            ]);
+            for (k, v) in &metrics {
+                *summary.entry(k.clone()).or_default() += v / rows.len() as f64;
+            }
+            sink.gradient_step(metrics);
+        }
+        let scratch = std::env::temp_dir().join(format!("tandem-train-{}", job.job_id));
+        std::fs::create_dir_all(&scratch).map_err(|e| TrainError::Failed(e.to_string()))?;
+        let files = adapter::save(&lora, &base, &job.model.base_model, &scratch);
+        let _ = std::fs::remove_dir_all(&scratch);
+        let files = files.map_err(TrainError::Failed)?;
+        summary.insert("num_gradient_steps".into(), rows.len() as f64);
+        Ok(TrainOutput { files, metrics: summary })
+    }
+}

@@ -1,0 +1,263 @@
+//! The trainer on the tiny random-weight GGUF of `tandem_model::testing`: the training forward
+//! agrees with the inference model, the whole loss gradient agrees with finite differences, and
+//! a job moves probability towards the advantaged completion and saves a loadable adapter.
+
+use candle_core::{Tensor, Var};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tandem_core::sequences::ChatTokenizer;
+use tandem_core::train_config::{ImportanceSamplingLevel, LossKind, TrainConfig};
+use tandem_jobs::{TrainError, TrainJob, TrainSink, Trainer};
+use tandem_model::{KvCache, Logits, SeqInput};
+use tandem_train::loss::{policy_loss, LossConfig, TokenInput};
+use tandem_train::net::{forward, Base};
+use tandem_train::pack::{Row, Target};
+use tandem_train::{adapter, LoraTrainer, TrainBase};
+
+fn tiny() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    tandem_model::testing::write_tiny_gguf(&path);
+    (dir, path)
+}
+
+/// A row of two segments, every token after the first of a segment trained.
+fn row(a: &[u32], b: &[u32]) -> Row {
+    let mut r = Row { tokens: a.iter().chain(b).copied().collect(), trajectories: 2, ..Row::default() };
+    r.segments = vec![(0, a.len()), (a.len(), b.len())];
+    for (seg, (start, len)) in r.segments.clone().into_iter().enumerate() {
+        for pos in start + 1..start + len {
+            let adv = if seg == 0 { 1.0 } else { -0.7 };
+            r.targets.push(Target { pos, segment: seg, old_lp: -5.0 + 0.1 * pos as f64, advantage: adv, weight: 1.0 });
+        }
+    }
+    r
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().cloned().fold(f32::MIN, f32::max);
+    let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f32>().ln();
+    x.iter().map(|v| v - lse).collect()
+}
+
+#[test]
+fn training_forward_agrees_with_the_inference_model() {
+    let (_dir, path) = tiny();
+    let base = Base::load(&path).unwrap();
+    let lora = adapter::init(&base, 1).unwrap();
+    let (a, b): (Vec<u32>, Vec<u32>) = ((10..40).collect(), (50..62).collect());
+    let r = row(&a, &b);
+    let ours = forward(&base, &lora, &r).unwrap().logprobs.to_vec1::<f32>().unwrap();
+
+    let model = tandem_model::load_gguf(&path).unwrap().model;
+    let mut k = 0;
+    for seq in [&a, &b] {
+        let mut cache = KvCache::new(model.config.n_layer, model.config.kv_dim());
+        let logits = model
+            .forward(&mut [SeqInput { tokens: seq, cache: &mut cache, adapter: None, logits: Logits::All }])
+            .unwrap();
+        for i in 1..seq.len() {
+            let lp = log_softmax(&logits[0][i - 1])[seq[i] as usize];
+            // The inference kernels quantise activations to int8: a few hundredths at most.
+            assert!((lp - ours[k]).abs() < 0.05, "token {i}: inference {lp}, training {}", ours[k]);
+            k += 1;
+        }
+    }
+    assert_eq!(k, ours.len());
+}
+
+#[test]
+fn loss_gradient_through_the_model_matches_finite_differences() {
+    let (_dir, path) = tiny();
+    let base = Base::load(&path).unwrap();
+    let lora = adapter::init(&base, 2).unwrap();
+    // Non-zero B so that A gets gradients too.
+    for layer in &lora.pairs {
+        for (_, b) in layer {
+            let shape = b.as_tensor().dims().to_vec();
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = tandem_model::testing::weights(n, 7).into_iter().map(|x| x * 0.2).collect();
+            b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
+        }
+    }
+    let r = row(&[3, 40, 41, 42, 43, 44], &[5, 60, 61, 62]);
+    let cfg = LossConfig {
+        kind: LossKind::Ppo,
+        epsilon: 10.0,
+        epsilon_high: 10.0,
+        level: ImportanceSamplingLevel::Average,
+        max_ratio: None,
+        mask_prob_ratio: false,
+        k2_tau: None,
+        truncated_is: None,
+    };
+    let loss_of = |lps: &[f32]| {
+        let inputs: Vec<TokenInput> = r
+            .targets
+            .iter()
+            .zip(lps)
+            .map(|(t, lp)| TokenInput {
+                new_lp: *lp as f64,
+                old_lp: t.old_lp,
+                original_lp: f64::NAN,
+                advantage: t.advantage,
+                weight: t.weight,
+                segment: t.segment,
+            })
+            .collect();
+        policy_loss(&inputs, &cfg)
+    };
+    let out = forward(&base, &lora, &r).unwrap();
+    let lps = out.logprobs.to_vec1::<f32>().unwrap();
+    let g = Tensor::from_vec(
+        loss_of(&lps).grad.iter().map(|x| *x as f32).collect::<Vec<_>>(),
+        lps.len(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let grads = out.logprobs.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+
+    let probe = |var: &Var, idx: usize| -> (f64, f64) {
+        let analytic = grads.get(var.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()[idx] as f64;
+        let orig = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let shape = var.as_tensor().dims().to_vec();
+        let at = |delta: f32| {
+            let mut v = orig.clone();
+            v[idx] += delta;
+            var.set(&Tensor::from_vec(v, shape.clone(), &candle_core::Device::Cpu).unwrap()).unwrap();
+            let lps = forward(&base, &lora, &r).unwrap().logprobs.to_vec1::<f32>().unwrap();
+            loss_of(&lps).loss
+        };
+        let h = 1e-2;
+        let fd = (at(h) - at(-h)) / (2.0 * h as f64);
+        var.set(&Tensor::from_vec(orig, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
+        (analytic, fd)
+    };
+    // A and B of q (RoPE), v, o and down, in both layers.
+    for (layer, module, ab, idx) in
+        [(0, 0, 0, 5), (0, 0, 1, 17), (1, 2, 1, 3), (0, 3, 0, 40), (1, 6, 1, 9), (1, 4, 0, 77)]
+    {
+        let pair = &lora.pairs[layer][module];
+        let var = if ab == 0 { &pair.0 } else { &pair.1 };
+        let (analytic, fd) = probe(var, idx);
+        let tol = 2e-2 * fd.abs().max(analytic.abs()).max(1e-3);
+        eprintln!("layer {layer} module {module} {ab}: autograd {analytic:.6} fd {fd:.6}");
+        assert!((analytic - fd).abs() < tol, "layer {layer} module {module} {ab}: autograd {analytic} vs fd {fd}");
+    }
+}
+
+struct Bytes;
+impl ChatTokenizer for Bytes {
+    fn render(&self, _m: &[Value], _t: Option<&Value>) -> Result<Vec<u32>, String> {
+        Err("not used".into())
+    }
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+}
+
+#[derive(Default)]
+struct Sink {
+    started: Option<u64>,
+    steps: Vec<BTreeMap<String, f64>>,
+}
+impl TrainSink for Sink {
+    fn started(&mut self, n: u64, _extra: Map<String, Value>) {
+        self.started = Some(n);
+    }
+    fn gradient_step(&mut self, m: BTreeMap<String, f64>) {
+        self.steps.push(m);
+    }
+    fn should_stop(&mut self) -> Option<TrainError> {
+        None
+    }
+}
+
+fn choice(prompt: &[u32], ids: &[u32], lp: f64) -> Value {
+    json!({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": ""},
+           "prompt_token_ids": prompt, "token_ids": ids,
+           "logprobs": {"content": ids.iter().map(|i| json!({"token": format!("token_id:{i}"), "logprob": lp})).collect::<Vec<_>>()}})
+}
+
+#[test]
+fn a_job_moves_probability_towards_the_rewarded_completion() {
+    let (dir, path) = tiny();
+    let trainer =
+        LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
+    let prompt: Vec<u32> = (20..30).collect();
+    let (good, bad): (Vec<u32>, Vec<u32>) = (vec![70, 71, 72], vec![90, 91, 92]);
+    let base = Base::load(&path).unwrap();
+    let score = |lora: &tandem_train::net::Lora| {
+        let mut r =
+            Row { tokens: prompt.iter().chain(&good).chain(&prompt).chain(&bad).copied().collect(), ..Row::default() };
+        r.segments = vec![(0, 13), (13, 13)];
+        for pos in [10, 11, 12] {
+            r.targets.push(Target { pos, segment: 0, old_lp: 0.0, advantage: 0.0, weight: 0.0 });
+        }
+        for pos in [23, 24, 25] {
+            r.targets.push(Target { pos, segment: 1, old_lp: 0.0, advantage: 0.0, weight: 0.0 });
+        }
+        let lp = forward(&base, lora, &r).unwrap().logprobs.to_vec1::<f32>().unwrap();
+        (lp[..3].iter().sum::<f32>(), lp[3..].iter().sum::<f32>())
+    };
+    let before = score(&adapter::init(&base, 3407).unwrap());
+    let model = tandem_core::records::ModelRecord {
+        id: uuid::Uuid::nil(),
+        entity: "e".into(),
+        project: "p".into(),
+        name: "m".into(),
+        base_model: "tiny".into(),
+        run_id: "r".into(),
+        created_at: 0,
+    };
+    let groups = json!([{"trajectories": [
+        {"reward": 1.0, "messages_and_choices": [{"role": "user", "content": "x"}, choice(&prompt, &good, -3.0)]},
+        {"reward": 0.0, "messages_and_choices": [{"role": "user", "content": "x"}, choice(&prompt, &bad, -3.0)]},
+    ]}]);
+    let config = TrainConfig { learning_rate: 1e-2, ..TrainConfig::default() };
+    let mut job = TrainJob {
+        job_id: uuid::Uuid::now_v7(),
+        model,
+        config,
+        trajectory_groups: groups,
+        base_step: 0,
+        base_checkpoint: None,
+    };
+    let mut sink = Sink::default();
+    let out = trainer.train(&job, &mut sink).unwrap();
+    assert_eq!(sink.started, Some(1));
+    assert_eq!(sink.steps.len(), 1);
+    for key in
+        ["loss", "grad_norm", "learning_rate", "entropy", "num_trainable_tokens", "tokens_per_second", "step_seconds"]
+    {
+        assert!(sink.steps[0][key].is_finite(), "{key}");
+    }
+    assert!(sink.steps[0]["grad_norm"] > 0.0);
+    // Save the checkpoint, load it back as the next job would, and as PEFT files.
+    let ckpt = dir.path().join("step1");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for (name, bytes) in &out.files {
+        std::fs::write(ckpt.join(name), bytes).unwrap();
+    }
+    let trained = adapter::load(&ckpt, &base).unwrap();
+    let after = score(&trained);
+    assert!(after.0 > before.0, "rewarded completion: {} -> {}", before.0, after.0);
+    assert!(after.1 < before.1, "unrewarded completion: {} -> {}", before.1, after.1);
+    // The inference side reads the same adapter (PEFT layout, q/k rows converted back).
+    let cfg = base.config.clone();
+    tandem_model::LoraAdapter::load(&ckpt, &cfg).unwrap();
+
+    // Continuing from the checkpoint: a second job starts where the first ended.
+    job.base_checkpoint = Some(ckpt.clone());
+    job.base_step = 1;
+    let mut sink = Sink::default();
+    let out2 = trainer.train(&job, &mut sink).unwrap();
+    let ckpt2 = dir.path().join("step2");
+    std::fs::create_dir_all(&ckpt2).unwrap();
+    for (name, bytes) in &out2.files {
+        std::fs::write(ckpt2.join(name), bytes).unwrap();
+    }
+    let again = score(&adapter::load(&ckpt2, &base).unwrap());
+    assert!(again.0 > after.0, "second job continues: {} -> {}", after.0, again.0);
+}
