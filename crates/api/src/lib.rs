@@ -78,6 +78,11 @@ impl AppState {
         self.0.backend.as_ref()
     }
 
+    /// The engine's index of a served base model.
+    pub fn base_index(&self, id: &str) -> Option<usize> {
+        self.backend()?.models().iter().position(|m| m.id == id)
+    }
+
     pub fn limiter(&self) -> &Arc<limiter::EntityLimiter> {
         &self.1
     }

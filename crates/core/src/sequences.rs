@@ -8,7 +8,7 @@
 //! `token_id:N` logprob tokens. Plain messages are context only. `additional_histories` are
 //! tokenized the same way and belong to the same trajectory.
 
-use crate::inference::content_text;
+use crate::inference::{content_text, ChatRender, SharedBackend};
 use serde_json::Value;
 
 /// Renders a conversation with the served model's chat template (generation prompt added) and
@@ -16,6 +16,29 @@ use serde_json::Value;
 pub trait ChatTokenizer {
     fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String>;
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String>;
+}
+
+/// The inference engine's template and tokenizer for base model `base`: Choices that came
+/// without token ids are re-rendered exactly as serving rendered the prompt.
+pub struct BackendTokenizer {
+    pub backend: SharedBackend,
+    pub base: usize,
+}
+
+impl ChatTokenizer for BackendTokenizer {
+    fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String> {
+        let chat = ChatRender {
+            messages: messages.to_vec(),
+            add_generation_prompt: true,
+            tools: tools.cloned(),
+            ..ChatRender::default()
+        };
+        self.backend.render_chat(self.base, &chat)
+    }
+
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.backend.tokenize(self.base, text, false)
+    }
 }
 
 /// One token sequence: context and trained tokens, in order.

@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tandem_api::auth::{generate_key, StaticKeys};
 use tandem_api::{AppConfig, AppState, Limits};
+use tandem_core::inference::SharedBackend;
 use tandem_engine::{Engine, EngineConfig};
-use tandem_jobs::{NoTrainer, Worker, WorkerConfig};
+use tandem_jobs::{Worker, WorkerConfig};
 use tandem_store::{CheckpointDir, Store};
+use tandem_train::{BackendTokenizer, LoraTrainer, TrainBase};
 
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     for m in &config.models {
@@ -44,7 +46,21 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         first_key(store.as_ref(), &config.data_dir).await?;
     }
 
-    let worker = Worker::new(store.clone(), checkpoints.clone(), Arc::new(NoTrainer), WorkerConfig::default());
+    let backend: SharedBackend = Arc::new(engine);
+    // The trainer renders and tokenizes with the engine's own template and tokenizer, so training
+    // sees exactly the prompts serving saw.
+    let bases = config
+        .models
+        .iter()
+        .enumerate()
+        .map(|(i, m)| TrainBase {
+            id: m.id.clone(),
+            path: m.path.clone(),
+            tokenizer: Arc::new(BackendTokenizer { backend: backend.clone(), base: i }),
+        })
+        .collect();
+    let trainer = Arc::new(LoraTrainer::new(bases));
+    let worker = Worker::new(store.clone(), checkpoints.clone(), trainer, WorkerConfig::default());
     worker.recover().await.context("recovering interrupted training jobs")?;
     let state = AppState::new(AppConfig {
         store: store.clone(),
@@ -53,7 +69,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         served_models: config.models.iter().map(|m| m.id.clone()).collect(),
         limits: Limits { max_body_bytes: config.max_body_bytes, ..Limits::default() },
         jobs_waker: worker.waker(),
-        backend: Some(Arc::new(engine)),
+        backend: Some(backend),
         per_entity_limit: config.per_entity_limit,
         priority_scheduling: config.priority_scheduling,
     });

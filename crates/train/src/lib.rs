@@ -21,33 +21,9 @@ pub mod trainer;
 
 pub use trainer::{LoraTrainer, TrainBase};
 
-use serde_json::Value;
-use tandem_core::inference::{ChatRender, SharedBackend};
+pub use tandem_core::sequences::BackendTokenizer;
 use tandem_core::sequences::ChatTokenizer;
 
 /// A chat tokenizer the trainer can share across threads.
 pub trait TrainTokenizer: ChatTokenizer + Send + Sync {}
 impl<T: ChatTokenizer + Send + Sync> TrainTokenizer for T {}
-
-/// The inference engine's template and tokenizer for base model `base`, used to re-render
-/// Choices that came without token ids (so training sees the prompt serving saw).
-pub struct BackendTokenizer {
-    pub backend: SharedBackend,
-    pub base: usize,
-}
-
-impl ChatTokenizer for BackendTokenizer {
-    fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String> {
-        let chat = ChatRender {
-            messages: messages.to_vec(),
-            add_generation_prompt: true,
-            tools: tools.cloned(),
-            ..ChatRender::default()
-        };
-        self.backend.render_chat(self.base, &chat)
-    }
-
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.backend.tokenize(self.base, text, false)
-    }
-}

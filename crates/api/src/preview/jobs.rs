@@ -12,6 +12,7 @@ use axum::Json;
 use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::records::Order;
+use tandem_core::sequences::{tokenize_trajectory, BackendTokenizer};
 use tandem_core::train_config::parse_train_config;
 use tandem_core::validate::{optional, Validator};
 use tandem_store::{NewJob, StoreError};
@@ -41,6 +42,8 @@ pub async fn create(
         other => other.into(),
     })?;
     let trajectory_groups = body.as_object_mut().and_then(|o| o.remove("trajectory_groups")).unwrap_or(Value::Null);
+    let trajectory_groups =
+        check_tokenizable(&state, &model.base_model, trajectory_groups, config.allow_training_without_logprobs).await?;
     let new =
         NewJob { model_id: model.id, config: serde_json::to_value(&config).unwrap_or(Value::Null), trajectory_groups };
     let job = state.store().create_job(&new).await.map_err(|e| match e {
@@ -50,6 +53,44 @@ pub async fn create(
     tracing::info!(job_id = %job.id, model_id = %model.id, "training job queued");
     state.wake_jobs();
     Ok(Json(views::job(&job)))
+}
+
+/// Tokenizes every trajectory as the trainer will, so that one it cannot train on is a 422 now
+/// (naming the trajectory and why) rather than a failed job later. Rendering runs on a blocking
+/// thread.
+async fn check_tokenizable(
+    state: &AppState,
+    base_model: &str,
+    groups: Value,
+    allow_without_logprobs: bool,
+) -> Result<Value, ApiError> {
+    let (Some(backend), Some(base)) = (state.backend().cloned(), state.base_index(base_model)) else {
+        return Ok(groups);
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        let tok = BackendTokenizer { backend, base };
+        let empty = Vec::new();
+        let mut v = Validator::new("body");
+        v.at("trajectory_groups", |v| {
+            for (g, group) in groups.as_array().unwrap_or(&empty).iter().enumerate() {
+                let trajs = group.get("trajectories").and_then(Value::as_array).unwrap_or(&empty);
+                for (t, traj) in trajs.iter().enumerate() {
+                    let at = format!("trajectory_groups[{g}].trajectories[{t}]");
+                    if let Err(msg) = tokenize_trajectory(traj, &tok, allow_without_logprobs, &at) {
+                        v.at(g, |v| v.at("trajectories", |v| v.at(t, |v| v.value_error(traj, &msg))));
+                    }
+                }
+            }
+        });
+        (groups, v)
+    })
+    .await
+    .map_err(|e| ApiError::new(crate::error::ErrorKind::Internal, format!("tokenize task failed: {e}")))?;
+    let (groups, v) = result;
+    if v.has_errors() {
+        return Err(ApiError::validation(v.into_errors()));
+    }
+    Ok(groups)
 }
 
 pub async fn get(
