@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
 
-.PHONY: all model build run test check fmt clean bench
+.PHONY: all model build run test check fmt clean bench bench-training
 
 all: build
 
@@ -44,6 +44,10 @@ test: model $(PYENV)/.ok-$(OPENAI_VERSION)
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model
 	bash bench/run-inference.sh
+
+## bench-training: training step against PyTorch + PEFT, and inference slowdown while training
+bench-training: model
+	bash bench/run-training.sh
 
 ## check: formatting and lints
 check:

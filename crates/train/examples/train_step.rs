@@ -28,7 +28,9 @@ fn main() {
     }
     let vars = lora.vars();
     let mut opt =
-        AdamW::new(vars, ParamsAdamW { lr: 1e-5, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 }).unwrap();
+        AdamW::new(vars.clone(), ParamsAdamW { lr: 1e-5, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 })
+            .unwrap();
+    let mut times = Vec::new();
     for step in 0..steps {
         let t = std::time::Instant::now();
         let out = forward(&base, &lora, &row).unwrap();
@@ -36,7 +38,12 @@ fn main() {
         let g = Tensor::ones(out.logprobs.dims(), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
         let grads = out.logprobs.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
         let bwd = t.elapsed().as_secs_f64() - fwd;
+        let mut grads = grads;
+        tandem_train::trainer::clip(&mut grads, &vars, 0.1).unwrap();
         opt.step(&grads).unwrap();
-        println!("step {step}: {:.2} s (forward {fwd:.2}, backward {bwd:.2})", t.elapsed().as_secs_f64());
+        eprintln!("step {step}: {:.2} s (forward {fwd:.2}, backward {bwd:.2})", t.elapsed().as_secs_f64());
+        times.push(t.elapsed().as_secs_f64());
     }
+    // One JSON line for bench/run-training.sh.
+    println!("{{\"step_seconds\": {times:?}}}");
 }

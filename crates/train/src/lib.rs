@@ -13,6 +13,7 @@
 
 pub mod adapter;
 pub mod advantage;
+pub mod fused;
 pub mod loss;
 pub mod net;
 pub mod ops;

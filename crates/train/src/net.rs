@@ -2,14 +2,16 @@
 //! dequantized to f32 and frozen (never candle variables; their matmuls go through
 //! [`FrozenLinear`]), LoRA A/B matrices on q, k, v, o, gate, up and down are the only variables.
 //!
-//! Only ops with a correct backward are used (stack notes, pitfall 4): RMS norm, softmax and RoPE
-//! are written out of elementary ops, and the output head is [`HeadLogprob`]. Weights stay in the
+//! Only ops with a correct backward are used (stack notes, pitfall 4): RMS norm, RoPE, the masked
+//! softmax and SiLU are fused ops with written backward passes ([`crate::fused`]), and the output
+//! head is [`HeadLogprob`]. Weights stay in the
 //! GGUF row layout of the inference model (q/k rows interleaved for RoPE); the adapter is
 //! converted to PEFT's layout only when saved.
 
+use crate::fused::{CausalSoftmax, RmsNorm, Rope, SiluMul};
 use crate::ops::{FrozenLinear, HeadLogprob};
 use crate::pack::Row;
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use tandem_model::gguf::GgufFile;
 use tandem_model::LlamaConfig;
@@ -28,8 +30,8 @@ pub const MODULES: [&str; 7] = [
 ];
 
 struct BaseLayer {
-    attn_norm: Tensor,
-    ffn_norm: Tensor,
+    attn_norm: Arc<Vec<f32>>,
+    ffn_norm: Arc<Vec<f32>>,
     /// q, k, v, o, gate, up, down as (out, in), in [`MODULES`] order.
     w: [Tensor; 7],
 }
@@ -40,10 +42,10 @@ pub struct Base {
     embed: Tensor,
     head: Tensor,
     layers: Vec<BaseLayer>,
-    out_norm: Tensor,
-    /// cos / sin of position p and pair i at [p, i] (context x head_dim / 2).
-    cos: Tensor,
-    sin: Tensor,
+    out_norm: Arc<Vec<f32>>,
+    /// cos / sin of position p and pair i at [p * head_dim / 2 + i].
+    cos: Vec<f32>,
+    sin: Vec<f32>,
 }
 
 impl Base {
@@ -68,13 +70,13 @@ impl Base {
             }
             let w: [Tensor; 7] = w.try_into().map_err(|_| "layer weights".to_string())?;
             layers.push(BaseLayer {
-                attn_norm: t(&format!("{p}.attn_norm.weight"))?,
-                ffn_norm: t(&format!("{p}.ffn_norm.weight"))?,
+                attn_norm: vector(t(&format!("{p}.attn_norm.weight"))?)?,
+                ffn_norm: vector(t(&format!("{p}.ffn_norm.weight"))?)?,
                 w,
             });
         }
-        let out_norm = t("output_norm.weight")?;
-        let (cos, sin) = rope_tables(&config).map_err(|e| e.to_string())?;
+        let out_norm = vector(t("output_norm.weight")?)?;
+        let (cos, sin) = rope_tables(&config);
         Ok(Base { config, embed, head, layers, out_norm, cos, sin })
     }
 
@@ -91,7 +93,11 @@ impl Base {
     }
 }
 
-fn rope_tables(c: &LlamaConfig) -> Res<(Tensor, Tensor)> {
+fn vector(t: Tensor) -> Result<Arc<Vec<f32>>, String> {
+    t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map(Arc::new).map_err(|e| e.to_string())
+}
+
+fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
     let half = c.head_dim / 2;
     let (mut cos, mut sin) = (Vec::with_capacity(c.context_len * half), Vec::with_capacity(c.context_len * half));
     for p in 0..c.context_len {
@@ -101,8 +107,7 @@ fn rope_tables(c: &LlamaConfig) -> Res<(Tensor, Tensor)> {
             sin.push(theta.sin() as f32);
         }
     }
-    let dev = Device::Cpu;
-    Ok((Tensor::from_vec(cos, (c.context_len, half), &dev)?, Tensor::from_vec(sin, (c.context_len, half), &dev)?))
+    (cos, sin)
 }
 
 /// The trainable adapter: `A (r, in)` and `B (out, r)` per layer and module; delta = scale B A.
@@ -130,21 +135,8 @@ fn linear(x: &Tensor, w: &Tensor, lora: &(Var, Var), scale: f64) -> Res<Tensor> 
     base.add(&(delta * scale)?)
 }
 
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Res<Tensor> {
-    let r = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-    x.broadcast_mul(&r)?.broadcast_mul(w)
-}
-
-/// RoPE on adjacent pairs (GGUF layout): x (T, heads * hd), cos/sin (T, hd / 2).
-fn rope(x: &Tensor, heads: usize, hd: usize, cos: &Tensor, sin: &Tensor) -> Res<Tensor> {
-    let t = x.dim(0)?;
-    let x = x.reshape((t, heads, hd / 2, 2))?;
-    let (x0, x1) = (x.narrow(3, 0, 1)?, x.narrow(3, 1, 1)?);
-    let cos = cos.reshape((t, 1, hd / 2, 1))?;
-    let sin = sin.reshape((t, 1, hd / 2, 1))?;
-    let o0 = x0.broadcast_mul(&cos)?.sub(&x1.broadcast_mul(&sin)?)?;
-    let o1 = x0.broadcast_mul(&sin)?.add(&x1.broadcast_mul(&cos)?)?;
-    Tensor::cat(&[o0, o1], 3)?.reshape((t, heads * hd))
+fn rms_norm(x: &Tensor, weight: &Arc<Vec<f32>>, eps: f32) -> Res<Tensor> {
+    x.contiguous()?.apply_op1(RmsNorm { weight: weight.clone(), eps })
 }
 
 /// Causal attention within one segment: q (s, nh * hd), k / v (s, nkv * hd) -> (s, nh * hd).
@@ -157,13 +149,7 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, c: &LlamaConfig) -> Res<Tensor> {
         x.reshape((s, nkv, hd))?.transpose(0, 1)?.unsqueeze(1)?.broadcast_as((nkv, group, s, hd))?.reshape((nh, s, hd))
     };
     let (k, v) = (expand(k)?, expand(v)?);
-    let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-    let mask: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
-    let mask = Tensor::from_vec(mask, (s, s), q.device())?;
-    let scores = scores.broadcast_add(&mask)?;
-    let max = scores.max_keepdim(D::Minus1)?.detach();
-    let e = scores.broadcast_sub(&max)?.exp()?;
-    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    let p = q.matmul(&k.t()?)?.apply_op1(CausalSoftmax { scale: 1.0 / (hd as f32).sqrt() })?;
     p.matmul(&v)?.transpose(0, 1)?.reshape((s, nh * hd))
 }
 
@@ -180,15 +166,23 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
     let dev = Device::Cpu;
     let ids = Tensor::from_slice(&row.tokens, row.tokens.len(), &dev)?;
     let mut x = base.embed.index_select(&ids, 0)?;
-    let positions: Vec<u32> = row.segments.iter().flat_map(|(_, len)| 0..*len as u32).collect();
-    let pos = Tensor::from_slice(&positions, positions.len(), &dev)?;
-    let (cos, sin) = (base.cos.index_select(&pos, 0)?, base.sin.index_select(&pos, 0)?);
+    // Each segment's positions start at 0: the RoPE angles of every row token, once per row.
+    let half = c.head_dim / 2;
+    let (mut cos, mut sin) = (Vec::with_capacity(row.tokens.len() * half), Vec::with_capacity(row.tokens.len() * half));
+    for &(_, len) in &row.segments {
+        cos.extend_from_slice(&base.cos[..len * half]);
+        sin.extend_from_slice(&base.sin[..len * half]);
+    }
+    let rope = Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim };
+    let rotate = |x: Tensor| -> Res<Tensor> {
+        x.contiguous()?.apply_op1(Rope { cos: rope.cos.clone(), sin: rope.sin.clone(), head_dim: rope.head_dim })
+    };
     let scale = lora.scale();
-    let eps = c.rms_eps as f64;
+    let eps = c.rms_eps;
     for (layer, pairs) in base.layers.iter().zip(&lora.pairs) {
         let h = rms_norm(&x, &layer.attn_norm, eps)?;
-        let q = rope(&linear(&h, &layer.w[0], &pairs[0], scale)?, c.n_head, c.head_dim, &cos, &sin)?;
-        let k = rope(&linear(&h, &layer.w[1], &pairs[1], scale)?, c.n_kv_head, c.head_dim, &cos, &sin)?;
+        let q = rotate(linear(&h, &layer.w[0], &pairs[0], scale)?)?;
+        let k = rotate(linear(&h, &layer.w[1], &pairs[1], scale)?)?;
         let v = linear(&h, &layer.w[2], &pairs[2], scale)?;
         let mut parts = Vec::with_capacity(row.segments.len());
         for &(start, len) in &row.segments {
@@ -199,7 +193,7 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
         let h = rms_norm(&x, &layer.ffn_norm, eps)?;
         let g = linear(&h, &layer.w[4], &pairs[4], scale)?;
         let u = linear(&h, &layer.w[5], &pairs[5], scale)?;
-        x = x.add(&linear(&g.silu()?.mul(&u)?, &layer.w[6], &pairs[6], scale)?)?;
+        x = x.add(&linear(&g.contiguous()?.apply_op2(&u.contiguous()?, SiluMul)?, &layer.w[6], &pairs[6], scale)?)?;
     }
     let h = rms_norm(&x, &base.out_norm, eps)?;
     let from: Vec<u32> = row.targets.iter().map(|t| (t.pos - 1) as u32).collect();

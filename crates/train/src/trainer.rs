@@ -98,7 +98,7 @@ fn failed(e: candle_core::Error) -> TrainError {
 
 /// Scales the gradients so their global L2 norm is at most `max` (PyTorch's
 /// `clip_grad_norm_`); returns the norm before clipping.
-fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Result<f64, candle_core::Error> {
+pub fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Result<f64, candle_core::Error> {
     let mut sq = 0.0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {

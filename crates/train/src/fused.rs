@@ -1,0 +1,211 @@
+//! Element-wise parts of the Llama block as single candle custom ops with written backward passes.
+//!
+//! Written out of stock candle ops, RMS norm, RoPE, the masked softmax and SiLU-times-up cost 5-10
+//! ops each, every one a full pass over memory and a fresh allocation (on this VM fresh memory is
+//! slow to touch, stack notes); the backward doubles that. Here each is one pass forward and one
+//! backward over row slices, parallel over rows. The formulas (per row of n values, upstream
+//! gradient g):
+//!
+//! - RMS norm `y = x r w`, `r = (mean(x^2) + eps)^-1/2`: `dx = r w g - x r^3 sum(x w g) / n`
+//!   (the weight is frozen: no `dw`).
+//! - RoPE on adjacent pairs `(a, b) -> (a c - b s, a s + b c)`: the backward rotates `g` by `-theta`.
+//! - Causal softmax of `scale * x` (row i of a segment sees columns `0..=i`):
+//!   `dx = scale p (g - sum(p g))`.
+//! - `silu(a) * u`: `da = g u sig(a) (1 + a (1 - sig(a)))`, `du = g silu(a)`.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+type Res<T> = candle_core::Result<T>;
+
+fn slice<'a>(storage: &'a CpuStorage, layout: &Layout) -> Res<&'a [f32]> {
+    let data = storage.as_slice::<f32>()?;
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("fused op input must be contiguous".into()))?;
+    Ok(&data[start..end])
+}
+
+fn values(t: &Tensor) -> Res<Vec<f32>> {
+    t.contiguous()?.flatten_all()?.to_vec1::<f32>()
+}
+
+fn tensor(v: Vec<f32>, like: &Tensor) -> Res<Tensor> {
+    Tensor::from_vec(v, like.shape(), &Device::Cpu)
+}
+
+/// RMS norm over the last dimension with a frozen weight.
+pub struct RmsNorm {
+    pub weight: Arc<Vec<f32>>,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    fn inv_rms(&self, row: &[f32]) -> f32 {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+        1.0 / (ms + self.eps).sqrt()
+    }
+}
+
+impl CustomOp1 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Res<(CpuStorage, Shape)> {
+        let x = slice(storage, layout)?;
+        let n = self.weight.len();
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(n).zip(x.par_chunks(n)).for_each(|(y, x)| {
+            let r = self.inv_rms(x);
+            for ((y, x), w) in y.iter_mut().zip(x).zip(self.weight.iter()) {
+                *y = x * r * w;
+            }
+        });
+        Ok((CpuStorage::F32(y), layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Res<Option<Tensor>> {
+        let (x, g) = (values(arg)?, values(grad_res)?);
+        let n = self.weight.len();
+        let mut dx = vec![0f32; x.len()];
+        dx.par_chunks_mut(n).zip(x.par_chunks(n).zip(g.par_chunks(n))).for_each(|(dx, (x, g))| {
+            let r = self.inv_rms(x);
+            let s: f32 = x.iter().zip(g).zip(self.weight.iter()).map(|((x, g), w)| x * w * g).sum();
+            let c = r * r * r * s / n as f32;
+            for (((d, x), g), w) in dx.iter_mut().zip(x).zip(g).zip(self.weight.iter()) {
+                *d = r * w * g - x * c;
+            }
+        });
+        Ok(Some(tensor(dx, arg)?))
+    }
+}
+
+/// RoPE on adjacent pairs for a (T, heads * head_dim) matrix; `cos`/`sin` are (T, head_dim / 2).
+pub struct Rope {
+    pub cos: Arc<Vec<f32>>,
+    pub sin: Arc<Vec<f32>>,
+    pub head_dim: usize,
+}
+
+impl Rope {
+    /// Rotates every row by +theta (forward) or -theta (backward).
+    fn rotate(&self, x: &[f32], width: usize, sign: f32) -> Vec<f32> {
+        let half = self.head_dim / 2;
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(width).zip(x.par_chunks(width)).enumerate().for_each(|(t, (o, x))| {
+            let (cos, sin) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);
+            for (oh, xh) in o.chunks_mut(self.head_dim).zip(x.chunks(self.head_dim)) {
+                for i in 0..half {
+                    let (a, b, c, s) = (xh[2 * i], xh[2 * i + 1], cos[i], sign * sin[i]);
+                    oh[2 * i] = a * c - b * s;
+                    oh[2 * i + 1] = a * s + b * c;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "rope"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Res<(CpuStorage, Shape)> {
+        let x = slice(storage, layout)?;
+        let width = layout.shape().dims()[1];
+        Ok((CpuStorage::F32(self.rotate(x, width, 1.0)), layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Res<Option<Tensor>> {
+        let g = values(grad_res)?;
+        Ok(Some(tensor(self.rotate(&g, arg.dim(1)?, -1.0), arg)?))
+    }
+}
+
+/// Softmax of `scale * x` over the last dimension of (heads, s, s) scores, causally masked.
+pub struct CausalSoftmax {
+    pub scale: f32,
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "causal-softmax"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Res<(CpuStorage, Shape)> {
+        let x = slice(storage, layout)?;
+        let s = layout.shape().dims()[2];
+        let mut p = vec![0f32; x.len()];
+        p.par_chunks_mut(s).zip(x.par_chunks(s)).enumerate().for_each(|(row, (p, x))| {
+            let seen = row % s + 1;
+            let m = x[..seen].iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) * self.scale;
+            let mut z = 0.0;
+            for (p, x) in p[..seen].iter_mut().zip(x) {
+                *p = (x * self.scale - m).exp();
+                z += *p;
+            }
+            p[..seen].iter_mut().for_each(|p| *p /= z);
+        });
+        Ok((CpuStorage::F32(p), layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Res<Option<Tensor>> {
+        let (p, g) = (values(res)?, values(grad_res)?);
+        let s = arg.dim(2)?;
+        let mut dx = vec![0f32; p.len()];
+        dx.par_chunks_mut(s).zip(p.par_chunks(s).zip(g.par_chunks(s))).for_each(|(dx, (p, g))| {
+            let dot: f32 = p.iter().zip(g).map(|(p, g)| p * g).sum();
+            for ((d, p), g) in dx.iter_mut().zip(p).zip(g) {
+                *d = self.scale * p * (g - dot);
+            }
+        });
+        Ok(Some(tensor(dx, arg)?))
+    }
+}
+
+/// `silu(a) * u` for the gate and up projections.
+pub struct SiluMul;
+
+fn sigmoid(a: f32) -> f32 {
+    1.0 / (1.0 + (-a).exp())
+}
+
+impl CustomOp2 for SiluMul {
+    fn name(&self) -> &'static str {
+        "silu-mul"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Res<(CpuStorage, Shape)> {
+        let (a, u) = (slice(s1, l1)?, slice(s2, l2)?);
+        let mut y = vec![0f32; a.len()];
+        y.par_chunks_mut(4096).zip(a.par_chunks(4096).zip(u.par_chunks(4096))).for_each(|(y, (a, u))| {
+            for ((y, a), u) in y.iter_mut().zip(a).zip(u) {
+                *y = a * sigmoid(*a) * u;
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(&self, a: &Tensor, u: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Res<(Option<Tensor>, Option<Tensor>)> {
+        let (av, uv, g) = (values(a)?, values(u)?, values(grad_res)?);
+        let mut da = vec![0f32; av.len()];
+        let mut du = vec![0f32; av.len()];
+        da.par_chunks_mut(4096)
+            .zip(du.par_chunks_mut(4096))
+            .zip(av.par_chunks(4096).zip(uv.par_chunks(4096)).zip(g.par_chunks(4096)))
+            .for_each(|((da, du), ((a, u), g))| {
+                for i in 0..a.len() {
+                    let s = sigmoid(a[i]);
+                    da[i] = g[i] * u[i] * s * (1.0 + a[i] * (1.0 - s));
+                    du[i] = g[i] * a[i] * s;
+                }
+            });
+        Ok((Some(tensor(da, a)?), Some(tensor(du, u)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests;
