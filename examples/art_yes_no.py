@@ -5,9 +5,15 @@ ART's `ServerlessBackend` speaks the W&B-Training-style `/v1/preview` API, and
 `model.openai_client()` sends chat completions to the same base URL, so
 pointing `base_url` at tandem is the only change from a hosted ART run.
 
-    target/artenv/bin/python examples/art_yes_no.py --url http://127.0.0.1:8000 --steps 3
+Setup (openpipe-art==0.5.18 is the newest release for Python 3.11). The pins
+work around that release's own loose requirements: openai 3.x moved to httpx2
+(ART passes an httpx Timeout -> TypeError), polars 2 refuses `mean` over the
+string column in ART's history (delete_checkpoints fails), and
+ServerlessBackend.train() always imports wandb, which the plain install lacks:
 
-Written for openpipe-art==0.5.18 (the newest release for Python 3.11).
+    python3 -m venv target/artenv
+    target/artenv/bin/pip install openpipe-art==0.5.18 "openai<3" "polars<2" wandb==0.25.0
+    target/artenv/bin/python examples/art_yes_no.py --url http://127.0.0.1:8000 --art-path target/art
 """
 
 import argparse
@@ -17,9 +23,9 @@ import pathlib
 import time
 
 # Set before `import art`: ART imports litellm, which otherwise downloads its
-# model price map at import time. W&B reporting stays off because WANDB_API_KEY
-# is unset (ART only starts a wandb run when it is set); the other two are
-# belt and braces in case wandb or weave get installed into the venv.
+# model price map at import time. ART only starts a wandb run when WANDB_API_KEY
+# is set, so dropping it keeps everything local; WANDB_MODE and WEAVE_DISABLED
+# make sure wandb/weave stay quiet even if something else imports them.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WEAVE_DISABLED", "true")
@@ -125,8 +131,10 @@ async def main() -> None:
         await model.log(metrics={"reward": reward}, split="train", step=step)
         # 0.5.18 has no TrainableModel.train(); training goes through the backend.
         result = await backend.train(model, groups, learning_rate=args.learning_rate)
-        loss = result.metrics.get("loss/train", float("nan"))
-        print(f"step {step}: mean reward {reward:.3f} -> trained step {result.step} (loss {loss:.4f})")
+        # No loss when every group had equal rewards: GRPO has nothing to learn from.
+        loss = result.metrics.get("loss/train")
+        loss_text = f"loss {loss:.4f}" if loss is not None else "no gradient step"
+        print(f"step {step}: mean reward {reward:.3f} -> trained step {result.step} ({loss_text})")
 
     # ART's cleanup: keep the latest checkpoint and the best by train/reward, delete the rest.
     await model.delete_checkpoints(best_checkpoint_metric="train/reward")

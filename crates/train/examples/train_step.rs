@@ -23,7 +23,14 @@ fn main() {
         row.tokens.extend((0..len).map(|i| (100 + (i * 7 + s * 13) % 20000) as u32));
         row.segments.push((start, len));
         for pos in start + len / 2..start + len {
-            row.targets.push(Target { pos, segment: s, old_lp: f64::NAN, advantage: 1.0, weight: 1.0 });
+            row.targets.push(Target {
+                pos,
+                segment: s,
+                old_lp: f64::NAN,
+                original_lp: f64::NAN,
+                advantage: 1.0,
+                weight: 1.0,
+            });
         }
     }
     let vars = lora.vars();

@@ -85,8 +85,16 @@ fn ratio(level: ImportanceSamplingLevel, d: f64, seg_mean: f64) -> (f64, f64, f6
 
 /// `L = sum(l_t * w_t) / (N + 1e-18)` over the row's `N` trained tokens, and `dL/d new_lp`.
 pub fn policy_loss(tokens: &[TokenInput], cfg: &LossConfig) -> LossOutput {
+    policy_loss_part(tokens, cfg, tokens.len())
+}
+
+/// The share of a row's loss (and its gradient) that comes from `tokens`, a set of whole
+/// segments of a row with `row_tokens` trained tokens in all. Every token's term depends only
+/// on its own segment, so the parts of a row sum to [`policy_loss`] of the whole row: a long row
+/// can be processed in parts of bounded memory.
+pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usize) -> LossOutput {
     let n = tokens.len();
-    let denom = n as f64 + 1e-18;
+    let denom = row_tokens as f64 + 1e-18;
     let (lo, hi) = (1.0 - cfg.epsilon, 1.0 + cfg.epsilon_high);
     // d = clamp(new - old, +-20); its derivative is 0 where clamped.
     let (d, dd): (Vec<f64>, Vec<f64>) = tokens

@@ -23,6 +23,8 @@ pub struct Target {
     pub pos: usize,
     pub segment: usize,
     pub old_lp: f64,
+    /// The sampler's logprob once `old_lp` has been recomputed (`precalculate_logprobs`); NaN.
+    pub original_lp: f64,
     pub advantage: f64,
     pub weight: f64,
 }
@@ -84,6 +86,7 @@ pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64) -> Result<V
                     pos: start + i,
                     segment,
                     old_lp: s.old_lp[i],
+                    original_lp: f64::NAN,
                     advantage: t.advantage,
                     weight,
                 });
@@ -104,6 +107,32 @@ pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64) -> Result<V
         (t.advantage, t.weight) = (a[k], w[k]);
     }
     Ok(rows)
+}
+
+/// Splits a row into parts of whole segments with at most `max_tokens` tokens each (a longer
+/// segment is a part of its own), positions and segment ids renumbered within each part. The
+/// trainer runs forward and backward part by part and accumulates the gradients, so memory is
+/// bounded by the part, not the row.
+pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
+    let mut parts: Vec<Row> = Vec::new();
+    let mut current = Row { trajectories: row.trajectories, ..Row::default() };
+    let mut targets = row.targets.iter().peekable();
+    for (seg, &(start, len)) in row.segments.iter().enumerate() {
+        if !current.tokens.is_empty() && current.tokens.len() + len > max_tokens {
+            parts.push(std::mem::replace(&mut current, Row { trajectories: row.trajectories, ..Row::default() }));
+        }
+        let offset = current.tokens.len();
+        let new_seg = current.segments.len();
+        current.segments.push((offset, len));
+        current.tokens.extend_from_slice(&row.tokens[start..start + len]);
+        while let Some(t) = targets.next_if(|t| t.segment == seg) {
+            current.targets.push(Target { pos: t.pos - start + offset, segment: new_seg, ..*t });
+        }
+    }
+    if !current.tokens.is_empty() {
+        parts.push(current);
+    }
+    parts
 }
 
 #[cfg(test)]
@@ -140,6 +169,33 @@ mod tests {
         for (got, want) in all.iter().zip([(1.0, 1.0), (1.0, 1.0), (-1.0, 1.0), (-1.0, 1.0)]) {
             assert!((got.0 - want.0).abs() < 1e-5 && (got.1 - want.1).abs() < 1e-5, "{all:?}");
         }
+    }
+
+    #[test]
+    fn split_keeps_segments_whole_and_renumbers() {
+        let a = TrajectoryInput { advantage: 1.0, sequences: vec![seq(&[1, 2, 3], &[false, true, true])] };
+        let b = TrajectoryInput {
+            advantage: -1.0,
+            sequences: vec![seq(&[4, 5], &[false, true]), seq(&[6, 7, 8, 9], &[false, false, true, true])],
+        };
+        let row = pack(&[a, b], 100, 0.0).unwrap().remove(0);
+        let parts = split(&row, 5);
+        assert_eq!(
+            parts.iter().map(|p| p.tokens.clone()).collect::<Vec<_>>(),
+            vec![vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9]]
+        );
+        assert_eq!(parts[1].segments, vec![(0, 4)]);
+        assert_eq!(parts[1].targets.iter().map(|t| (t.pos, t.segment)).collect::<Vec<_>>(), vec![(2, 0), (3, 0)]);
+        assert_eq!(
+            parts[0].targets.iter().map(|t| (t.pos, t.segment)).collect::<Vec<_>>(),
+            vec![(1, 0), (2, 0), (4, 1)]
+        );
+        // Targets keep their advantages and weights; the parts hold all of them.
+        let all: Vec<(f64, f64)> =
+            parts.iter().flat_map(|p| p.targets.iter().map(|t| (t.advantage, t.weight))).collect();
+        assert_eq!(all, row.targets.iter().map(|t| (t.advantage, t.weight)).collect::<Vec<_>>());
+        let whole = split(&row, 1000);
+        assert_eq!((whole.len(), &whole[0].tokens, &whole[0].segments), (1, &row.tokens, &row.segments));
     }
 
     #[test]

@@ -6,9 +6,9 @@
 //! latest checkpoint, or from a fresh adapter (equal to the base model).
 
 use crate::advantage::group_advantages;
-use crate::loss::{policy_loss, LossConfig, TokenInput};
+use crate::loss::{policy_loss_part, LossConfig, LossOutput, TokenInput};
 use crate::net::{forward, Base, Lora};
-use crate::pack::{pack, row_length, Row, TrajectoryInput};
+use crate::pack::{pack, row_length, split, Row, TrajectoryInput};
 use crate::{adapter, TrainTokenizer};
 use candle_core::{backprop::GradStore, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
@@ -19,6 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tandem_core::sequences::tokenize_trajectory;
 use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+
+/// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
+/// the activation memory of a step (about 4.5 GB per 1024 tokens).
+const PART_TOKENS: usize = 1024;
 
 /// ART's optimizer settings (contract §3).
 const BETAS: (f64, f64) = (0.9, 0.99);
@@ -39,11 +43,18 @@ pub struct TrainBase {
 pub struct LoraTrainer {
     bases: Vec<TrainBase>,
     loaded: Mutex<BTreeMap<String, Arc<Base>>>,
+    part_tokens: usize,
 }
 
 impl LoraTrainer {
     pub fn new(bases: Vec<TrainBase>) -> Self {
-        LoraTrainer { bases, loaded: Mutex::new(BTreeMap::new()) }
+        LoraTrainer { bases, loaded: Mutex::new(BTreeMap::new()), part_tokens: PART_TOKENS }
+    }
+
+    /// Processes rows in parts of at most `n` tokens (tests use tiny parts).
+    pub fn with_part_tokens(mut self, n: usize) -> Self {
+        self.part_tokens = n.max(1);
+        self
     }
 
     fn base(&self, id: &str) -> Result<(Arc<Base>, &TrainBase), TrainError> {
@@ -123,13 +134,54 @@ fn logprobs(base: &Base, lora: &Lora, row: &Row) -> Result<Vec<f64>, TrainError>
     Ok(out.logprobs.detach().to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect())
 }
 
+/// A row's metrics, summed over its parts.
+#[derive(Default)]
+struct StepTotals {
+    loss: f64,
+    clip_low: f64,
+    clip_high: f64,
+    ratio: f64,
+    entropy: f64,
+    tokens: usize,
+}
+
+impl StepTotals {
+    fn add(&mut self, l: &LossOutput, entropy: &[f32], tokens: usize) {
+        let n = l.grad.len() as f64;
+        self.loss += l.loss;
+        self.clip_low += l.clip_low * n;
+        self.clip_high += l.clip_high * n;
+        self.ratio += l.mean_ratio * n;
+        self.entropy += entropy.iter().map(|e| *e as f64).sum::<f64>();
+        self.tokens += tokens;
+    }
+
+    fn metrics(&self, trained: usize, grad_norm: f64, lr: f64, secs: f64) -> BTreeMap<String, f64> {
+        let n = trained.max(1) as f64;
+        BTreeMap::from([
+            ("loss".to_string(), self.loss),
+            ("policy_loss".to_string(), self.loss),
+            ("grad_norm".to_string(), grad_norm),
+            ("learning_rate".to_string(), lr),
+            ("entropy".to_string(), self.entropy / n),
+            ("num_trainable_tokens".to_string(), trained as f64),
+            ("clip_fraction_low".to_string(), self.clip_low / n),
+            ("clip_fraction_high".to_string(), self.clip_high / n),
+            ("clip_fraction".to_string(), (self.clip_low + self.clip_high) / n),
+            ("mean_ratio".to_string(), if trained == 0 { 1.0 } else { self.ratio / n }),
+            ("tokens_per_second".to_string(), self.tokens as f64 / secs.max(1e-9)),
+            ("step_seconds".to_string(), secs),
+        ])
+    }
+}
+
 impl Trainer for LoraTrainer {
     fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
         let (base, tb) = self.base(&job.model.base_model)?;
         let (trajs, mut extra) = prepare(job, tb.tokenizer.as_ref())?;
         let longest = trajs.iter().flat_map(|t| t.sequences.iter().map(|s| s.tokens.len())).max().unwrap_or(0);
         let row_len = row_length(longest, job.config.packed_sequence_length, base.config.context_len);
-        let mut rows = pack(&trajs, row_len, job.config.advantage_balance).map_err(TrainError::Invalid)?;
+        let rows = pack(&trajs, row_len, job.config.advantage_balance).map_err(TrainError::Invalid)?;
         let lora = match &job.base_checkpoint {
             Some(dir) => adapter::load(dir, &base).map_err(TrainError::Failed)?,
             None => adapter::init(&base, INIT_SEED).map_err(failed)?,
@@ -138,14 +190,17 @@ impl Trainer for LoraTrainer {
         extra.insert("num_trainable_tokens".into(), json!(trainable));
         sink.started(rows.len() as u64, extra);
 
+        // Rows are processed in parts of whole sequences so that memory is bounded by the part
+        // (the loss of a row is the sum of its parts' shares, see `loss::policy_loss_part`).
+        let mut rows: Vec<(usize, usize, Vec<Row>)> =
+            rows.iter().map(|r| (r.targets.len(), r.trajectories, split(r, self.part_tokens))).collect();
         // With precalculate_logprobs the ratio is taken against the weights at the start of this
         // job; the sampler's logprobs stay as the originals for truncated importance sampling.
-        let mut originals: Vec<Vec<f64>> = rows.iter().map(|r| vec![f64::NAN; r.targets.len()]).collect();
         if job.config.precalculate_logprobs {
-            for (row, orig) in rows.iter_mut().zip(originals.iter_mut()) {
-                let lps = logprobs(&base, &lora, row)?;
-                for ((t, o), lp) in row.targets.iter_mut().zip(orig.iter_mut()).zip(lps) {
-                    *o = t.old_lp;
+            for part in rows.iter_mut().flat_map(|(_, _, parts)| parts.iter_mut()) {
+                let lps = logprobs(&base, &lora, part)?;
+                for (t, lp) in part.targets.iter_mut().zip(lps) {
+                    t.original_lp = t.old_lp;
                     t.old_lp = lp;
                 }
             }
@@ -162,56 +217,60 @@ impl Trainer for LoraTrainer {
         let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
         let loss_cfg = LossConfig::from_train(&job.config);
         let mut summary: BTreeMap<String, f64> = BTreeMap::new();
-        for (row, orig) in rows.iter().zip(&originals) {
+        let n_rows = rows.len();
+        for (row_targets, trajectories, parts) in &rows {
             if let Some(stop) = sink.should_stop() {
                 return Err(stop);
             }
             let started = Instant::now();
-            let out = forward(&base, &lora, row).map_err(failed)?;
-            let new_lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
-            let inputs: Vec<TokenInput> = row
-                .targets
-                .iter()
-                .zip(&new_lp)
-                .zip(orig)
-                .map(|((t, lp), o)| TokenInput {
-                    new_lp: *lp as f64,
-                    old_lp: t.old_lp,
-                    original_lp: *o,
-                    advantage: t.advantage,
-                    weight: t.weight,
-                    segment: t.segment,
-                })
-                .collect();
-            let l = policy_loss(&inputs, &loss_cfg);
-            let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
-            let g = Tensor::from_vec(g, new_lp.len(), out.logprobs.device()).map_err(failed)?;
-            let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
-            let mut grads = surrogate.backward().map_err(failed)?;
+            let mut step = StepTotals::default();
+            let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
+            for part in parts {
+                let out = forward(&base, &lora, part).map_err(failed)?;
+                let new_lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
+                let inputs: Vec<TokenInput> = part
+                    .targets
+                    .iter()
+                    .zip(&new_lp)
+                    .map(|(t, lp)| TokenInput {
+                        new_lp: *lp as f64,
+                        old_lp: t.old_lp,
+                        original_lp: t.original_lp,
+                        advantage: t.advantage,
+                        weight: t.weight,
+                        segment: t.segment,
+                    })
+                    .collect();
+                let l = policy_loss_part(&inputs, &loss_cfg, *row_targets);
+                step.add(&l, &out.entropy, part.tokens.len());
+                let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
+                let g = Tensor::from_vec(g, new_lp.len(), out.logprobs.device()).map_err(failed)?;
+                let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
+                let grads = surrogate.backward().map_err(failed)?;
+                for (slot, v) in acc.iter_mut().zip(&vars) {
+                    if let Some(g) = grads.get(v.as_tensor()) {
+                        *slot = Some(match slot.take() {
+                            Some(sum) => sum.add(g).map_err(failed)?,
+                            None => g.clone(),
+                        });
+                    }
+                }
+            }
+            let mut grads = GradStore::default();
+            for (v, g) in vars.iter().zip(acc) {
+                if let Some(g) = g {
+                    grads.insert(v.as_tensor(), g);
+                }
+            }
             let grad_norm = clip(&mut grads, &vars, MAX_GRAD_NORM).map_err(failed)?;
             let lr = job.config.learning_rate
-                * (row.trajectories.max(1) as f64).powf(job.config.num_trajectories_learning_rate_multiplier_power);
+                * ((*trajectories).max(1) as f64).powf(job.config.num_trajectories_learning_rate_multiplier_power);
             opt.set_learning_rate(lr);
             opt.step(&grads).map_err(failed)?;
             let secs = started.elapsed().as_secs_f64();
-            let n = row.targets.len().max(1) as f64;
-            let entropy = out.entropy.iter().map(|e| *e as f64).sum::<f64>() / n;
-            let metrics = BTreeMap::from([
-                ("loss".to_string(), l.loss),
-                ("policy_loss".to_string(), l.loss),
-                ("grad_norm".to_string(), grad_norm),
-                ("learning_rate".to_string(), lr),
-                ("entropy".to_string(), entropy),
-                ("num_trainable_tokens".to_string(), row.targets.len() as f64),
-                ("clip_fraction_low".to_string(), l.clip_low),
-                ("clip_fraction_high".to_string(), l.clip_high),
-                ("clip_fraction".to_string(), l.clip_low + l.clip_high),
-                ("mean_ratio".to_string(), l.mean_ratio),
-                ("tokens_per_second".to_string(), row.tokens.len() as f64 / secs.max(1e-9)),
-                ("step_seconds".to_string(), secs),
-            ]);
+            let metrics = step.metrics(*row_targets, grad_norm, lr, secs);
             for (k, v) in &metrics {
-                *summary.entry(k.clone()).or_default() += v / rows.len() as f64;
+                *summary.entry(k.clone()).or_default() += v / n_rows as f64;
             }
             sink.gradient_step(metrics);
         }
@@ -220,7 +279,7 @@ impl Trainer for LoraTrainer {
         let files = adapter::save(&lora, &base, &job.model.base_model, &scratch);
         let _ = std::fs::remove_dir_all(&scratch);
         let files = files.map_err(TrainError::Failed)?;
-        summary.insert("num_gradient_steps".into(), rows.len() as f64);
+        summary.insert("num_gradient_steps".into(), n_rows as f64);
         Ok(TrainOutput { files, metrics: summary })
     }
 }

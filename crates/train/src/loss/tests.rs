@@ -132,3 +132,26 @@ fn ppo_gradient_matches_finite_differences() {
         }
     }
 }
+
+#[test]
+fn parts_of_a_row_sum_to_the_row() {
+    let t = [
+        tok(-1.0, -1.2, 1.0, 1.0, 0),
+        tok(-1.0, -1.4, 1.0, 0.5, 0),
+        tok(-2.0, -1.5, -1.0, 2.0, 1),
+        tok(-0.3, -0.2, 0.4, 1.0, 2),
+    ];
+    let mut c = cfg(LossKind::Ppo, 0.2, 0.3);
+    c.level = ImportanceSamplingLevel::Sequence;
+    let whole = policy_loss(&t, &c);
+    // Segments {0} and {1, 2}, renumbered from 0 within each part.
+    let a = policy_loss_part(&t[..2], &c, 4);
+    let mut rest = [t[2], t[3]];
+    rest[0].segment = 0;
+    rest[1].segment = 1;
+    let b = policy_loss_part(&rest, &c, 4);
+    close(a.loss + b.loss, whole.loss);
+    for (g, w) in a.grad.iter().chain(&b.grad).zip(&whole.grad) {
+        close(*g, *w);
+    }
+}
