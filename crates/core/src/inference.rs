@@ -223,6 +223,8 @@ pub trait InferenceBackend: Send + Sync + 'static {
     fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
     fn detokenize(&self, base: usize, tokens: &[u32], skip_special_tokens: bool) -> Result<String, String>;
     fn token_text(&self, base: usize, token: u32) -> String;
+    /// The token whose raw bytes these are (logprob entries carry them).
+    fn token_id_for_bytes(&self, base: usize, bytes: &[u8]) -> Option<u32>;
     /// Whether a request for `base` would be queued now; checked before any rendering.
     fn has_capacity(&self, base: usize) -> bool;
     fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;

@@ -16,6 +16,8 @@ use serde_json::Value;
 pub trait ChatTokenizer {
     fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String>;
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// The token whose raw bytes these are.
+    fn token_id(&self, bytes: &[u8]) -> Option<u32>;
 }
 
 /// The inference engine's template and tokenizer for base model `base`: Choices that came
@@ -38,6 +40,10 @@ impl ChatTokenizer for BackendTokenizer {
 
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
         self.backend.tokenize(self.base, text, false)
+    }
+
+    fn token_id(&self, bytes: &[u8]) -> Option<u32> {
+        self.backend.token_id_for_bytes(self.base, bytes)
     }
 }
 
@@ -80,18 +86,38 @@ fn ids(v: Option<&Value>) -> Option<Vec<u32>> {
     v?.as_array()?.iter().map(|x| x.as_u64().filter(|i| *i <= u32::MAX as u64).map(|i| i as u32)).collect()
 }
 
-/// `logprobs.content[*]`: (token text, logprob) per generated token, or None without logprobs.
-fn logprob_entries(choice: &Value) -> Option<Vec<(String, f64)>> {
+/// One `logprobs.content[*]` entry.
+struct Entry {
+    token: String,
+    bytes: Option<Vec<u8>>,
+    logprob: f64,
+}
+
+/// `logprobs.content[*]` per generated token, or None without logprobs.
+fn logprob_entries(choice: &Value) -> Option<Vec<Entry>> {
     let content = choice.get("logprobs")?.get("content")?.as_array()?;
     Some(
         content
             .iter()
-            .map(|e| {
-                let token = e.get("token").and_then(Value::as_str).unwrap_or_default().to_string();
-                (token, e.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN))
+            .map(|e| Entry {
+                token: e.get("token").and_then(Value::as_str).unwrap_or_default().to_string(),
+                bytes: e
+                    .get("bytes")
+                    .and_then(Value::as_array)
+                    .and_then(|b| b.iter().map(|x| x.as_u64().filter(|v| *v < 256).map(|v| v as u8)).collect()),
+                logprob: e.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN),
             })
             .collect(),
     )
+}
+
+/// The token id of a logprob entry: `token_id:N`, else the token with the entry's raw bytes
+/// (or its text's bytes).
+fn entry_id(e: &Entry, tok: &dyn ChatTokenizer) -> Option<u32> {
+    if let Some(n) = e.token.strip_prefix("token_id:") {
+        return n.parse().ok();
+    }
+    tok.token_id(e.bytes.as_deref().unwrap_or(e.token.as_bytes()))
 }
 
 /// Tokenizes one history (`messages_and_choices` and its `tools`) into sequences. `at` names the
@@ -141,7 +167,7 @@ pub fn tokenize_history(
 
 fn choice_tokens(
     item: &Value,
-    entries: Option<Vec<(String, f64)>>,
+    entries: Option<Vec<Entry>>,
     context: &[Value],
     tools: Option<&Value>,
     tok: &dyn ChatTokenizer,
@@ -152,12 +178,11 @@ fn choice_tokens(
         (Some(p), Some(c)) => (p, c),
         _ => {
             // An older client: render the conversation so far, and take the completion's ids from
-            // `token_id:N` logprob tokens, else from its text.
+            // the logprob entries (`token_id:N`, or each entry's raw bytes), else from its text.
             let prompt =
                 tok.render(context, tools).map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
-            let from_logprobs: Option<Vec<u32>> = entries.as_ref().and_then(|es| {
-                es.iter().map(|(t, _)| t.strip_prefix("token_id:").and_then(|n| n.parse().ok())).collect()
-            });
+            let from_logprobs: Option<Vec<u32>> =
+                entries.as_ref().and_then(|es| es.iter().map(|e| entry_id(e, tok)).collect());
             let completion = match from_logprobs {
                 Some(c) => c,
                 None => {
@@ -172,7 +197,7 @@ fn choice_tokens(
         return Err(format!("{here}: the choice has no completion tokens"));
     }
     let logprobs = match entries {
-        Some(es) if es.len() == completion.len() => Some(es.into_iter().map(|(_, lp)| lp).collect()),
+        Some(es) if es.len() == completion.len() => Some(es.into_iter().map(|e| e.logprob).collect()),
         Some(es) if !allow_without_logprobs => {
             return Err(format!(
                 "{here}: the choice has {} logprobs for {} token ids (request logprobs with return_token_ids)",

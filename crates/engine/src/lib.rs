@@ -186,6 +186,10 @@ impl InferenceBackend for Engine {
         self.slot(base).map(|s| s.tok.token_text(token)).unwrap_or_default()
     }
 
+    fn token_id_for_bytes(&self, base: usize, bytes: &[u8]) -> Option<u32> {
+        self.slot(base).ok()?.tok.token_id_for_bytes(bytes)
+    }
+
     fn has_capacity(&self, base: usize) -> bool {
         self.slots.get(base).is_some_and(|s| (s.metrics.waiting() as usize) < s.max_waiting)
     }

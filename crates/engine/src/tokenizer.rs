@@ -27,6 +27,8 @@ pub struct TextTokenizer {
     token_bytes: Vec<Vec<u8>>,
     special: Vec<bool>,
     by_text: HashMap<String, u32>,
+    /// Raw bytes -> id, first id wins (logprob entries carry a token's bytes).
+    by_bytes: HashMap<Vec<u8>, u32>,
     pub eos_id: u32,
     pub bos_id: Option<u32>,
     pub add_bos: bool,
@@ -105,7 +107,20 @@ impl TextTokenizer {
         }
         let eos_id = meta.eos_id.ok_or_else(|| TokenizerError::Unsupported("no tokenizer.ggml.eos_token_id".into()))?;
         let by_text = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        Ok(TextTokenizer { inner, token_bytes, special, by_text, eos_id, bos_id: meta.bos_id, add_bos: meta.add_bos })
+        let mut by_bytes = HashMap::with_capacity(token_bytes.len());
+        for (i, b) in token_bytes.iter().enumerate() {
+            by_bytes.entry(b.clone()).or_insert(i as u32);
+        }
+        Ok(TextTokenizer {
+            inner,
+            token_bytes,
+            special,
+            by_text,
+            by_bytes,
+            eos_id,
+            bos_id: meta.bos_id,
+            add_bos: meta.add_bos,
+        })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -134,6 +149,11 @@ impl TextTokenizer {
 
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.by_text.get(text).copied()
+    }
+
+    /// The token whose raw bytes these are.
+    pub fn token_id_for_bytes(&self, bytes: &[u8]) -> Option<u32> {
+        self.by_bytes.get(bytes).copied()
     }
 
     /// Whole-sequence decoding.

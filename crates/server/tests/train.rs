@@ -163,6 +163,33 @@ async fn rl_loop_learns_and_serves_each_checkpoint() {
     assert_eq!(body["detail"][0]["loc"], json!(["body", "trajectory_groups", 0, "trajectories", 0]));
     assert!(body["detail"][0]["msg"].as_str().unwrap().contains("1 logprobs for 2 token ids"), "{body}");
 
+    // ART 0.5.18 asks for logprobs only: no token ids. The trainer re-renders the prompt and maps
+    // each logprob entry back to its token through its raw bytes (EOS included), so it trains
+    // exactly the generated tokens. A separate model, so the loop below starts from the base.
+    let m2 = api
+        .post(
+            "/v1/preview/models",
+            json!({"project": "rl", "name": "old-client", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+        )
+        .await;
+    let messages = json!([{"role": "user", "content": "Is the sky blue? Answer yes or no."}]);
+    let r = api
+        .post("/v1/chat/completions", json!({"messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 24, "seed": 5, "logprobs": true, "return_token_ids": true}))
+        .await;
+    let mut trajectories = Vec::new();
+    let mut generated = 0;
+    for (i, c) in r["choices"].as_array().unwrap().iter().enumerate() {
+        generated += c["token_ids"].as_array().unwrap().len();
+        let mut choice = c.clone();
+        choice.as_object_mut().unwrap().remove("token_ids");
+        let mut items = messages.as_array().unwrap().clone();
+        items.push(choice);
+        trajectories.push(json!({"messages_and_choices": items, "reward": i as f64}));
+    }
+    let (job, events) = api.train(m2["id"].as_str().unwrap(), vec![json!({"trajectories": trajectories})]).await;
+    assert_eq!(job["status"], "succeeded", "{job} {events:?}");
+    assert_eq!(events[0]["data"]["num_trainable_tokens"].as_u64(), Some(generated as u64), "{}", events[0]);
+
     let before = api.rollout(&name, &HELD_OUT, 8, 7).await.1;
     for step in 1..=2 {
         let (groups, train_reward) = api.rollout(&name, &TRAIN, 8, 1000 * step).await;

@@ -162,6 +162,9 @@ impl ChatTokenizer for Bytes {
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
         Ok(text.bytes().map(u32::from).collect())
     }
+    fn token_id(&self, bytes: &[u8]) -> Option<u32> {
+        (bytes.len() == 1).then(|| u32::from(bytes[0]))
+    }
 }
 
 #[derive(Default)]

@@ -127,8 +127,15 @@ impl Renderer {
     }
 
     fn top_json(&self, t: &TopLogprob) -> Value {
-        let token = if self.tokens_as_ids { format!("token_id:{}", t.token_id) } else { t.token.clone() };
-        let bytes: Vec<u8> = token.as_bytes().to_vec();
+        // `bytes` are the token's raw bytes (whole even when the text shows a split character),
+        // so a client can map an entry back to its token id.
+        let (token, bytes) = if self.tokens_as_ids {
+            let t = format!("token_id:{}", t.token_id);
+            let b = t.as_bytes().to_vec();
+            (t, b)
+        } else {
+            (t.token.clone(), t.bytes.clone())
+        };
         json!({ "token": token, "logprob": t.logprob, "bytes": bytes })
     }
 

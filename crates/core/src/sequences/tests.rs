@@ -20,6 +20,14 @@ impl ChatTokenizer for Fake {
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
         Ok(text.bytes().map(u32::from).collect())
     }
+    /// One-byte tokens are their byte; the bytes "<|im_end|>" are token 2.
+    fn token_id(&self, bytes: &[u8]) -> Option<u32> {
+        match bytes {
+            [b] => Some(u32::from(*b)),
+            b"<|im_end|>" => Some(2),
+            _ => None,
+        }
+    }
 }
 
 fn choice(prompt: &[u32], ids: &[u32], lps: &[f64]) -> Value {
@@ -72,8 +80,16 @@ fn older_clients_are_rendered_with_the_template() {
     let seqs = tokenize_history(&items, Some(&json!([{"type": "function"}])), &Fake, false, "t").unwrap();
     assert_eq!(seqs[0].tokens, vec![7, 100, 99, 42, 43]);
     assert_eq!(seqs[0].old_lp[3..], [-0.7, -0.8]);
-    // Tokens that are not ids: the completion comes from the message text ("x" = 120).
-    c["logprobs"] = json!({"content": [{"token": "x", "logprob": -0.9}]});
+    // Tokens that are not ids map back through their raw bytes (EOS included, which the text
+    // does not show), or through their text when there are no bytes (OpenAI clients drop none).
+    c["logprobs"] = json!({"content": [{"token": "x", "bytes": [120], "logprob": -0.9}, {"token": "y", "logprob": -0.1},
+                                       {"token": "<|im_end|>", "bytes": [60,124,105,109,95,101,110,100,124,62], "logprob": -0.2}]});
+    let seqs =
+        tokenize_history(&[json!({"role": "user", "content": "hi"}), c.clone()], None, &Fake, false, "t").unwrap();
+    assert_eq!(seqs[0].tokens, vec![100, 99, 120, 121, 2]);
+    assert_eq!(seqs[0].old_lp[2..], [-0.9, -0.1, -0.2]);
+    // Entries that map to no token: the completion comes from the message text ("x" = 120).
+    c["logprobs"] = json!({"content": [{"token": "xyz", "logprob": -0.9}]});
     let seqs = tokenize_history(&[json!({"role": "user", "content": "hi"}), c], None, &Fake, false, "t").unwrap();
     assert_eq!(seqs[0].tokens, vec![100, 99, 120]);
 }
