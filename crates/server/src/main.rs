@@ -7,6 +7,12 @@ mod serve;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+// Training allocates and frees gigabytes of activations per step. glibc's malloc raises its mmap
+// threshold after such frees and keeps the memory in its arenas: a server that had trained sat at
+// 11 GB resident. mimalloc hands freed pages back to the system.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "tandem", version, about = "Serve chat completions and fine-tune them with RL, in one server.")]
 struct Cli {
