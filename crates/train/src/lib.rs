@@ -3,7 +3,8 @@
 //! - [`advantage`]: group-relative advantages and token weights (pure).
 //! - [`pack`]: trajectory sequences into rows, one optimizer step each (pure).
 //! - [`loss`]: the PPO / CISPO policy loss and its gradient per token (pure).
-//! - [`ops`]: candle custom ops with written backward passes (frozen linear, fused head).
+//! - [`ops`]: candle custom ops with written backward passes (LoRA over a frozen weight, fused head).
+//! - [`fused`]: RMS norm, RoPE, causal softmax and SiLU-mul as single ops with written backward.
 //! - [`net`]: the Llama forward pass with LoRA on candle autograd.
 //! - [`adapter`]: PEFT adapter files (init, load, save).
 //! - [`trainer`]: the job, end to end ([`LoraTrainer`]).

@@ -1,15 +1,15 @@
 //! The Llama forward pass for training, on candle tensors with autograd: the base weights are
-//! dequantized to f32 and frozen (never candle variables; their matmuls go through
-//! [`FrozenLinear`]), LoRA A/B matrices on q, k, v, o, gate, up and down are the only variables.
+//! dequantized to f32 and frozen (never candle variables); LoRA A/B matrices on q, k, v, o, gate,
+//! up and down are the only variables. Each projection with its adapter is one [`LoraLinear`]
+//! op, which never computes a base-weight gradient.
 //!
 //! Only ops with a correct backward are used (stack notes, pitfall 4): RMS norm, RoPE, the masked
 //! softmax and SiLU are fused ops with written backward passes ([`crate::fused`]), and the output
-//! head is [`HeadLogprob`]. Weights stay in the
-//! GGUF row layout of the inference model (q/k rows interleaved for RoPE); the adapter is
+//! head is [`HeadLogprob`]. Weights stay in the GGUF row layout of the inference model (q/k rows interleaved for RoPE); the adapter is
 //! converted to PEFT's layout only when saved.
 
 use crate::fused::{CausalSoftmax, RmsNorm, Rope, SiluMul};
-use crate::ops::{FrozenLinear, HeadLogprob};
+use crate::ops::{HeadLogprob, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
@@ -130,9 +130,7 @@ impl Lora {
 
 /// `x W^T + scale (x A^T) B^T`.
 fn linear(x: &Tensor, w: &Tensor, lora: &(Var, Var), scale: f64) -> Res<Tensor> {
-    let base = x.apply_op1(FrozenLinear { w: w.clone() })?;
-    let delta = x.matmul(&lora.0.as_tensor().t()?)?.matmul(&lora.1.as_tensor().t()?)?;
-    base.add(&(delta * scale)?)
+    x.contiguous()?.apply_op3(lora.0.as_tensor(), lora.1.as_tensor(), LoraLinear { w: w.clone(), scale })
 }
 
 fn rms_norm(x: &Tensor, weight: &Arc<Vec<f32>>, eps: f32) -> Res<Tensor> {

@@ -1,8 +1,9 @@
 //! Two candle custom ops with written backward passes, where the stock ops cost too much:
 //!
-//! - [`FrozenLinear`]: `y = x W^T` for a frozen base weight. candle's matmul backward would also
-//!   compute `dW` (a full extra GEMM and a weight-sized buffer per layer) for a tensor that is
-//!   never updated; this op returns only `dx = dy W`.
+//! - [`LoraLinear`]: `y = x W^T + s (x A^T) B^T` for a frozen base weight `W`. candle's matmul
+//!   backward would also compute `dW` (a full extra GEMM and a weight-sized buffer per layer) for
+//!   a tensor that is never updated (stack notes, pitfall 5); this op returns only `dx`, `dA`,
+//!   `dB`, and does the adapter without separate passes.
 //! - [`HeadLogprob`]: the tied output head, log-softmax and gather in one op, over row chunks:
 //!   `lp_i = h_i . E[t_i] - logsumexp(h_i E^T)`. The (tokens x 49,152) logits are never kept;
 //!   the backward recomputes each chunk's softmax: `dh_i = g_i (E[t_i] - softmax_i E)`. The
@@ -27,23 +28,48 @@ fn output_storage(t: &Tensor) -> candle_core::Result<(CpuStorage, Shape)> {
     Ok((CpuStorage::F32(t.flatten_all()?.to_vec1::<f32>()?), shape))
 }
 
-/// `x (T, in) -> x W^T (T, out)` for a frozen `W (out, in)`.
-pub struct FrozenLinear {
+/// `(x (T, in), A (r, in), B (out, r)) -> x W^T + scale (x A^T) B^T` for a frozen `W (out, in)`:
+/// a LoRA-adapted projection in one op. Fused, the adapter's two thin matmuls, the scaling and
+/// the sum cost no separate passes and buffers, and the backward computes exactly
+/// `dx = dy W + scale (dy B) A`, `dA = scale (dy B)^T x`, `dB = scale dy^T (x A^T)`.
+pub struct LoraLinear {
     pub w: Tensor,
+    pub scale: f64,
 }
 
-impl CustomOp1 for FrozenLinear {
+impl candle_core::CustomOp3 for LoraLinear {
     fn name(&self) -> &'static str {
-        "frozen-linear"
+        "lora-linear"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = input_tensor(storage, layout)?;
-        output_storage(&x.matmul(&self.w.t()?)?)
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, a, b) = (input_tensor(s1, l1)?, input_tensor(s2, l2)?, input_tensor(s3, l3)?);
+        let delta = (x.matmul(&a.t()?)?.matmul(&b.t()?)? * self.scale)?;
+        output_storage(&x.matmul(&self.w.t()?)?.add(&delta)?)
     }
 
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(grad_res.matmul(&self.w)?))
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        gy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (x, a, b) = (x.detach(), a.detach(), b.detach());
+        let gyb = (gy.matmul(&b)? * self.scale)?; // (T, r)
+        let dx = gy.matmul(&self.w)?.add(&gyb.matmul(&a)?)?;
+        let da = gyb.t()?.matmul(&x)?;
+        let db = (gy.t()?.matmul(&x.matmul(&a.t()?)?)? * self.scale)?;
+        Ok((Some(dx), Some(da), Some(db)))
     }
 }
 
@@ -138,7 +164,7 @@ mod tests {
         let coef = randn((67, 1), 4).flatten_all().unwrap();
 
         let entropy = Arc::new(Mutex::new(Vec::new()));
-        let h = x.apply_op1(FrozenLinear { w: w.clone() }).unwrap();
+        let h = x.matmul(&w.t().unwrap()).unwrap();
         let lp = h
             .apply_op1(HeadLogprob { head: head.clone(), targets: targets.clone(), entropy: entropy.clone() })
             .unwrap();
@@ -158,6 +184,25 @@ mod tests {
         assert!(diff(&lp, &lp_ref) < 1e-4);
         assert!(diff(&g_ours, &g_stock) < 1e-4, "gradient differs by {}", diff(&g_ours, &g_stock));
         let p = logp.exp().unwrap();
+        // LoraLinear against x W^T + s (x A^T) B^T in stock ops, for x, A and B.
+        let (a, b) = (Var::from_tensor(&randn((2, 3), 5)).unwrap(), Var::from_tensor(&randn((5, 2), 6)).unwrap());
+        let g = randn((67, 5), 7);
+        let fused = x.apply_op3(a.as_tensor(), b.as_tensor(), LoraLinear { w: w.clone(), scale: 2.0 }).unwrap();
+        let gf = fused.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        let stock = x
+            .matmul(&w.t().unwrap())
+            .unwrap()
+            .add(&(x.matmul(&a.t().unwrap()).unwrap().matmul(&b.t().unwrap()).unwrap() * 2.0).unwrap())
+            .unwrap();
+        let gs = stock.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+        assert!(diff(&fused, &stock) < 1e-4);
+        for v in [x.as_tensor(), a.as_tensor(), b.as_tensor()] {
+            assert!(
+                diff(gf.get(v).unwrap(), gs.get(v).unwrap()) < 1e-3,
+                "{}",
+                diff(gf.get(v).unwrap(), gs.get(v).unwrap())
+            );
+        }
         let ent_ref = p.mul(&logp).unwrap().sum(1).unwrap().neg().unwrap().to_vec1::<f32>().unwrap();
         for (a, b) in entropy.lock().unwrap().iter().zip(ent_ref) {
             assert!((a - b).abs() < 1e-4);
