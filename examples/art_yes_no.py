@@ -18,9 +18,11 @@ ServerlessBackend.train() always imports wandb, which the plain install lacks:
 
 import argparse
 import asyncio
+import json
 import os
 import pathlib
 import time
+import urllib.request
 
 # Set before `import art`: ART imports litellm, which otherwise downloads its
 # model price map at import time. ART only starts a wandb run when WANDB_API_KEY
@@ -89,6 +91,16 @@ async def gather_groups(model: art.TrainableModel, inference_name: str) -> list[
     )
 
 
+def checkpoint_steps(url: str, api_key: str, model_id: str) -> list[int]:
+    """The model's live checkpoints, straight from the API (to show what the cleanup left)."""
+    req = urllib.request.Request(
+        f"{url.rstrip('/')}/v1/preview/models/{model_id}/checkpoints?limit=100",
+        headers={"Authorization": f"Bearer {api_key}"},
+    )
+    with urllib.request.urlopen(req) as r:
+        return sorted(c["step"] for c in json.load(r)["data"])
+
+
 def mean_reward(groups: list[art.TrajectoryGroup]) -> float:
     rewards = [t.reward for g in groups for t in g.trajectories]
     return sum(rewards) / len(rewards)
@@ -137,7 +149,10 @@ async def main() -> None:
         print(f"step {step}: mean reward {reward:.3f} -> trained step {result.step} ({loss_text})")
 
     # ART's cleanup: keep the latest checkpoint and the best by train/reward, delete the rest.
+    before = await asyncio.to_thread(checkpoint_steps, args.url, args.api_key, model.id)
     await model.delete_checkpoints(best_checkpoint_metric="train/reward")
+    after = await asyncio.to_thread(checkpoint_steps, args.url, args.api_key, model.id)
+    print(f"checkpoints before cleanup: steps {before}; after: steps {after}")
 
     step = await model.get_step()
     groups = await gather_groups(model, model.get_inference_name(step))

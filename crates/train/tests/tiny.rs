@@ -326,3 +326,43 @@ fn parts_give_the_same_step_as_the_whole_row() {
         assert!(d < 2e-4, "{k} differs by {d}");
     }
 }
+
+/// With `precalculate_logprobs` the old logprobs are recomputed under the job's starting weights,
+/// so the first step's ratios are exactly 1 whatever the sampler reported; without it they are not.
+#[test]
+fn precalculated_logprobs_start_the_ratio_at_one() {
+    let (_dir, path) = tiny();
+    let groups = json!([{"trajectories": [
+        {"reward": 1.0, "messages_and_choices": [choice(&[20, 21, 22], &[70, 71], -1.0)]},
+        {"reward": 0.0, "messages_and_choices": [choice(&[20, 21, 23], &[90, 91, 92], -1.0)]},
+    ]}]);
+    let run = |precalculate: bool| {
+        let job = TrainJob {
+            job_id: uuid::Uuid::now_v7(),
+            model: tandem_core::records::ModelRecord {
+                id: uuid::Uuid::nil(),
+                entity: "e".into(),
+                project: "p".into(),
+                name: "m".into(),
+                base_model: "tiny".into(),
+                run_id: "r".into(),
+                created_at: 0,
+            },
+            config: TrainConfig {
+                precalculate_logprobs: precalculate,
+                truncated_importance_sampling: Some(2.0),
+                ..TrainConfig::default()
+            },
+            trajectory_groups: groups.clone(),
+            base_step: 0,
+            base_checkpoint: None,
+        };
+        let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
+        let mut sink = Sink::default();
+        t.train(&job, &mut sink).unwrap();
+        sink.steps[0]["mean_ratio"]
+    };
+    assert!((run(true) - 1.0).abs() < 1e-6);
+    // The sampler's -1.0 is far from the tiny model's ~ln(1/258): ratios far below 1.
+    assert!(run(false) < 0.5);
+}
