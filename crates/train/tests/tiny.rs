@@ -366,3 +366,18 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
     // The sampler's -1.0 is far from the tiny model's ~ln(1/258): ratios far below 1.
     assert!(run(false) < 0.5);
 }
+
+/// Training computes on threads at a lower CPU priority than inference's.
+#[cfg(target_os = "linux")]
+#[test]
+fn training_threads_run_at_a_lower_priority() {
+    let (_dir, path) = tiny();
+    let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path, tokenizer: Arc::new(Bytes) }]);
+    let nice = t.on_training_threads(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap());
+    assert_eq!(nice, tandem_train::trainer::TRAIN_NICE);
+    assert_eq!(
+        rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap(),
+        0,
+        "the caller keeps its priority"
+    );
+}
