@@ -2,6 +2,10 @@
 //! tokens (default 4 x 256) packed in one row, LoRA r8 on every projection.
 //! `cargo run --release -p tandem-train --example train_step` (TANDEM_MODEL, ROWS, LEN, STEPS).
 use candle_core::Tensor;
+
+// The allocator the server runs the trainer with.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use tandem_train::net::{forward, Base};
 use tandem_train::pack::{Row, Target};
