@@ -381,3 +381,47 @@ fn training_threads_run_at_a_lower_priority() {
         "the caller keeps its priority"
     );
 }
+
+/// Groups without reward variance train nothing: `training_started` with 0 sequences, no step,
+/// and the adapter comes back unchanged (the worker still records a new step, as ART's backend).
+#[test]
+fn zero_variance_jobs_train_nothing() {
+    let (dir, path) = tiny();
+    let groups = json!([{"trajectories": [
+        {"reward": 0.5, "messages_and_choices": [choice(&[20, 21], &[70, 71], -3.0)]},
+        {"reward": 0.5, "messages_and_choices": [choice(&[20, 21], &[90], -3.0)]},
+    ]}]);
+    let job = TrainJob {
+        job_id: uuid::Uuid::now_v7(),
+        model: tandem_core::records::ModelRecord {
+            id: uuid::Uuid::nil(),
+            entity: "e".into(),
+            project: "p".into(),
+            name: "m".into(),
+            base_model: "tiny".into(),
+            run_id: "r".into(),
+            created_at: 0,
+        },
+        config: TrainConfig::default(),
+        trajectory_groups: groups,
+        base_step: 0,
+        base_checkpoint: None,
+    };
+    let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
+    let mut sink = Sink::default();
+    let out = t.train(&job, &mut sink).unwrap();
+    assert_eq!((sink.started, sink.steps.len()), (Some(0), 0));
+    let ckpt = dir.path().join("zero");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for (name, bytes) in &out.files {
+        std::fs::write(ckpt.join(name), bytes).unwrap();
+    }
+    let base = Base::load(&path).unwrap();
+    let lora = adapter::load(&ckpt, &base).unwrap();
+    for layer in &lora.pairs {
+        for (_, b) in layer {
+            let max = b.as_tensor().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+            assert_eq!(max, 0.0, "B stays zero: the adapter equals the base model");
+        }
+    }
+}
