@@ -8,7 +8,7 @@
 use crate::advantage::group_advantages;
 use crate::loss::{policy_loss_part, LossConfig, LossOutput, TokenInput};
 use crate::net::{forward, Base, Lora};
-use crate::pack::{pack, row_length, split, Row, TrajectoryInput};
+use crate::pack::{mem_available, pack, part_memory_bytes, row_length, split, Row, TrajectoryInput};
 use crate::{adapter, TrainTokenizer};
 use candle_core::{backprop::GradStore, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
@@ -160,6 +160,32 @@ pub fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Resul
     Ok(norm)
 }
 
+/// Refuses a job whose largest part would need more memory than the system has available (a
+/// job killed for memory would take the server with it, and be retried at every restart).
+fn check_memory<'a>(base: &Base, parts: impl Iterator<Item = &'a Row>) -> Result<(), TrainError> {
+    let c = &base.config;
+    let Some((need, part)) =
+        parts.map(|p| (part_memory_bytes(p, c.n_layer, c.hidden, c.ffn, c.n_head), p)).max_by_key(|(n, _)| *n)
+    else {
+        return Ok(());
+    };
+    let Some(available) = std::fs::read_to_string("/proc/meminfo").ok().as_deref().and_then(mem_available) else {
+        return Ok(());
+    };
+    if need > available {
+        let longest = part.segments.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let gb = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(TrainError::Invalid(format!(
+            "training this job needs about {:.1} GiB at once (a part of {} tokens, its longest sequence {} tokens) and {:.1} GiB are available; send shorter sequences",
+            gb(need),
+            part.tokens.len(),
+            longest,
+            gb(available)
+        )));
+    }
+    Ok(())
+}
+
 /// One part's forward, loss share and backward: (loss, entropies, gradients).
 fn part_gradients(
     base: &Base,
@@ -251,12 +277,12 @@ impl Trainer for LoraTrainer {
         };
         let trainable: usize = rows.iter().map(|r| r.targets.len()).sum();
         extra.insert("num_trainable_tokens".into(), json!(trainable));
-        sink.started(rows.len() as u64, extra);
-
         // Rows are processed in parts of whole sequences so that memory is bounded by the part
         // (the loss of a row is the sum of its parts' shares, see `loss::policy_loss_part`).
         let mut rows: Vec<(usize, usize, Vec<Row>)> =
             rows.iter().map(|r| (r.targets.len(), r.trajectories, split(r, self.part_tokens))).collect();
+        check_memory(&base, rows.iter().flat_map(|(_, _, parts)| parts.iter()))?;
+        sink.started(rows.len() as u64, extra);
         // With precalculate_logprobs the ratio is taken against the weights at the start of this
         // job; the sampler's logprobs stay as the originals for truncated importance sampling.
         if job.config.precalculate_logprobs {
