@@ -154,6 +154,19 @@ fn loss_gradient_through_the_model_matches_finite_differences() {
     }
 }
 
+/// The model record of a job on the tiny base.
+fn tiny_model_record() -> tandem_core::records::ModelRecord {
+    tandem_core::records::ModelRecord {
+        id: uuid::Uuid::nil(),
+        entity: "e".into(),
+        project: "p".into(),
+        name: "m".into(),
+        base_model: "tiny".into(),
+        run_id: "r".into(),
+        created_at: 0,
+    }
+}
+
 struct Bytes;
 impl ChatTokenizer for Bytes {
     fn render(&self, _m: &[Value], _t: Option<&Value>) -> Result<Vec<u32>, String> {
@@ -212,15 +225,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
         (lp[..3].iter().sum::<f32>(), lp[3..].iter().sum::<f32>())
     };
     let before = score(&adapter::init(&base, 3407).unwrap());
-    let model = tandem_core::records::ModelRecord {
-        id: uuid::Uuid::nil(),
-        entity: "e".into(),
-        project: "p".into(),
-        name: "m".into(),
-        base_model: "tiny".into(),
-        run_id: "r".into(),
-        created_at: 0,
-    };
+    let model = tiny_model_record();
     let groups = json!([{"trajectories": [
         {"reward": 1.0, "messages_and_choices": [{"role": "user", "content": "x"}, choice(&prompt, &good, -3.0)]},
         {"reward": 0.0, "messages_and_choices": [{"role": "user", "content": "x"}, choice(&prompt, &bad, -3.0)]},
@@ -283,15 +288,7 @@ fn parts_give_the_same_step_as_the_whole_row() {
     ]}]);
     let job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
-        model: tandem_core::records::ModelRecord {
-            id: uuid::Uuid::nil(),
-            entity: "e".into(),
-            project: "p".into(),
-            name: "m".into(),
-            base_model: "tiny".into(),
-            run_id: "r".into(),
-            created_at: 0,
-        },
+        model: tiny_model_record(),
         config: TrainConfig {
             learning_rate: 1e-2,
             importance_sampling_level: ImportanceSamplingLevel::Sequence,
@@ -339,15 +336,7 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
     let run = |precalculate: bool| {
         let job = TrainJob {
             job_id: uuid::Uuid::now_v7(),
-            model: tandem_core::records::ModelRecord {
-                id: uuid::Uuid::nil(),
-                entity: "e".into(),
-                project: "p".into(),
-                name: "m".into(),
-                base_model: "tiny".into(),
-                run_id: "r".into(),
-                created_at: 0,
-            },
+            model: tiny_model_record(),
             config: TrainConfig {
                 precalculate_logprobs: precalculate,
                 truncated_importance_sampling: Some(2.0),
@@ -393,15 +382,7 @@ fn zero_variance_jobs_train_nothing() {
     ]}]);
     let job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
-        model: tandem_core::records::ModelRecord {
-            id: uuid::Uuid::nil(),
-            entity: "e".into(),
-            project: "p".into(),
-            name: "m".into(),
-            base_model: "tiny".into(),
-            run_id: "r".into(),
-            created_at: 0,
-        },
+        model: tiny_model_record(),
         config: TrainConfig::default(),
         trajectory_groups: groups,
         base_step: 0,
