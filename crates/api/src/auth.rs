@@ -86,29 +86,23 @@ pub async fn authenticate(state: &AppState, token: Option<&str>) -> Result<Calle
     }
 }
 
-/// Middleware for the preview area: rejects unauthenticated requests in its error shape.
-pub async fn require_preview(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+/// Runs the request as its authenticated caller, or returns why it may not run.
+async fn admit(state: &AppState, mut req: Request, next: Next) -> Result<Response, ApiError> {
     // The token is copied out so that no borrow of the (non-Sync) request lives across an await.
     let token = bearer(&req).map(str::to_owned);
-    match authenticate(&state, token.as_deref()).await {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Err(e) => e.into_preview_response().into_response(),
-    }
+    let caller = authenticate(state, token.as_deref()).await?;
+    req.extensions_mut().insert(caller);
+    Ok(next.run(req).await)
+}
+
+/// Middleware for the preview area: rejects unauthenticated requests in its error shape.
+pub async fn require_preview(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    admit(&state, req, next).await.unwrap_or_else(|e| e.into_preview_response().into_response())
 }
 
 /// Middleware for the OpenAI-compatible area: the same check, rendered in its error shape.
-pub async fn require_openai(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let token = bearer(&req).map(str::to_owned);
-    match authenticate(&state, token.as_deref()).await {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Err(e) => e.into_openai_response().into_response(),
-    }
+pub async fn require_openai(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    admit(&state, req, next).await.unwrap_or_else(|e| e.into_openai_response().into_response())
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ pub fn load(dir: &Path, base: &Base) -> Result<Lora, String> {
 }
 
 /// The adapter's files: `(name, bytes)` for `adapter_config.json` and `adapter_model.safetensors`.
-pub fn save(lora: &Lora, base: &Base, base_model: &str, scratch: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub fn save(lora: &Lora, base: &Base, base_model: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
     let c = &base.config;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for (l, layer) in lora.pairs.iter().enumerate() {
@@ -102,10 +102,7 @@ pub fn save(lora: &Lora, base: &Base, base_model: &str, scratch: &Path) -> Resul
             tensors.insert(key(l, MODULES[m], "B"), bt);
         }
     }
-    let path = scratch.join("adapter_model.safetensors");
-    candle_core::safetensors::save(&tensors, &path).map_err(|e| format!("writing the adapter: {e}"))?;
-    let weights = std::fs::read(&path).map_err(|e| format!("reading the adapter back: {e}"))?;
-    let _ = std::fs::remove_file(&path);
+    let weights = safetensors::serialize(tensors, None).map_err(|e| format!("serialising the adapter: {e}"))?;
     let config = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 type Res<T> = candle_core::Result<T>;
 
-fn slice<'a>(storage: &'a CpuStorage, layout: &Layout) -> Res<&'a [f32]> {
+pub(crate) fn slice<'a>(storage: &'a CpuStorage, layout: &Layout) -> Res<&'a [f32]> {
     let data = storage.as_slice::<f32>()?;
     let (start, end) = layout
         .contiguous_offsets()
@@ -83,6 +83,7 @@ impl CustomOp1 for RmsNorm {
 }
 
 /// RoPE on adjacent pairs for a (T, heads * head_dim) matrix; `cos`/`sin` are (T, head_dim / 2).
+#[derive(Clone)]
 pub struct Rope {
     pub cos: Arc<Vec<f32>>,
     pub sin: Arc<Vec<f32>>,

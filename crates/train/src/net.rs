@@ -172,9 +172,7 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
         sin.extend_from_slice(&base.sin[..len * half]);
     }
     let rope = Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim };
-    let rotate = |x: Tensor| -> Res<Tensor> {
-        x.contiguous()?.apply_op1(Rope { cos: rope.cos.clone(), sin: rope.sin.clone(), head_dim: rope.head_dim })
-    };
+    let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
     let scale = lora.scale();
     let eps = c.rms_eps;
     for (layer, pairs) in base.layers.iter().zip(&lora.pairs) {

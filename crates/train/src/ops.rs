@@ -16,11 +16,7 @@ use std::sync::{Arc, Mutex};
 const HEAD_CHUNK: usize = 64;
 
 fn input_tensor(storage: &CpuStorage, layout: &Layout) -> candle_core::Result<Tensor> {
-    let data = storage.as_slice::<f32>()?;
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("custom op input must be contiguous".into()))?;
-    Tensor::from_slice(&data[start..end], layout.shape(), &Device::Cpu)
+    Tensor::from_slice(crate::fused::slice(storage, layout)?, layout.shape(), &Device::Cpu)
 }
 
 fn output_storage(t: &Tensor) -> candle_core::Result<(CpuStorage, Shape)> {

@@ -217,7 +217,7 @@ fn part_gradients(
     Ok((l, out.entropy, grads))
 }
 
-/// Each target's new logprob under the current weights, without building a graph for it.
+/// Each target's new logprob under the current weights (the graph is dropped at once).
 fn logprobs(base: &Base, lora: &Lora, row: &Row) -> Result<Vec<f64>, TrainError> {
     let out = forward(base, lora, row).map_err(failed)?;
     Ok(out.logprobs.detach().to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect())
@@ -279,14 +279,13 @@ impl Trainer for LoraTrainer {
         extra.insert("num_trainable_tokens".into(), json!(trainable));
         // Rows are processed in parts of whole sequences so that memory is bounded by the part
         // (the loss of a row is the sum of its parts' shares, see `loss::policy_loss_part`).
-        let mut rows: Vec<(usize, usize, Vec<Row>)> =
-            rows.iter().map(|r| (r.targets.len(), r.trajectories, split(r, self.part_tokens))).collect();
-        check_memory(&base, rows.iter().flat_map(|(_, _, parts)| parts.iter()))?;
+        let mut parts: Vec<Vec<Row>> = rows.iter().map(|r| split(r, self.part_tokens)).collect();
+        check_memory(&base, parts.iter().flatten())?;
         sink.started(rows.len() as u64, extra);
         // With precalculate_logprobs the ratio is taken against the weights at the start of this
         // job; the sampler's logprobs stay as the originals for truncated importance sampling.
         if job.config.precalculate_logprobs {
-            for part in rows.iter_mut().flat_map(|(_, _, parts)| parts.iter_mut()) {
+            for part in parts.iter_mut().flatten() {
                 let lps = self.on_training_threads(|| logprobs(&base, &lora, part))?;
                 for (t, lp) in part.targets.iter_mut().zip(lps) {
                     t.original_lp = t.old_lp;
@@ -307,49 +306,42 @@ impl Trainer for LoraTrainer {
         let loss_cfg = LossConfig::from_train(&job.config);
         let mut summary: BTreeMap<String, f64> = BTreeMap::new();
         let n_rows = rows.len();
-        for (row_targets, trajectories, parts) in &rows {
+        for (row, parts) in rows.iter().zip(&parts) {
             if let Some(stop) = sink.should_stop() {
                 return Err(stop);
             }
             let started = Instant::now();
+            let row_targets = row.targets.len();
             let mut step = StepTotals::default();
-            let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
+            // The row's gradient: the sum of its parts'.
+            let mut grads = GradStore::default();
             for part in parts {
-                let (l, entropy, grads) =
-                    self.on_training_threads(|| part_gradients(&base, &lora, part, &loss_cfg, *row_targets))?;
+                let (l, entropy, part_grads) =
+                    self.on_training_threads(|| part_gradients(&base, &lora, part, &loss_cfg, row_targets))?;
                 step.add(&l, &entropy, part.tokens.len());
-                for (slot, v) in acc.iter_mut().zip(&vars) {
-                    if let Some(g) = grads.get(v.as_tensor()) {
-                        *slot = Some(match slot.take() {
+                for v in &vars {
+                    if let Some(g) = part_grads.get(v.as_tensor()) {
+                        let sum = match grads.remove(v.as_tensor()) {
                             Some(sum) => sum.add(g).map_err(failed)?,
                             None => g.clone(),
-                        });
+                        };
+                        grads.insert(v.as_tensor(), sum);
                     }
-                }
-            }
-            let mut grads = GradStore::default();
-            for (v, g) in vars.iter().zip(acc) {
-                if let Some(g) = g {
-                    grads.insert(v.as_tensor(), g);
                 }
             }
             let grad_norm = self.on_training_threads(|| clip(&mut grads, &vars, MAX_GRAD_NORM)).map_err(failed)?;
             let lr = job.config.learning_rate
-                * ((*trajectories).max(1) as f64).powf(job.config.num_trajectories_learning_rate_multiplier_power);
+                * (row.trajectories.max(1) as f64).powf(job.config.num_trajectories_learning_rate_multiplier_power);
             opt.set_learning_rate(lr);
             self.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
             let secs = started.elapsed().as_secs_f64();
-            let metrics = step.metrics(*row_targets, grad_norm, lr, secs);
+            let metrics = step.metrics(row_targets, grad_norm, lr, secs);
             for (k, v) in &metrics {
                 *summary.entry(k.clone()).or_default() += v / n_rows as f64;
             }
             sink.gradient_step(metrics);
         }
-        let scratch = std::env::temp_dir().join(format!("tandem-train-{}", job.job_id));
-        std::fs::create_dir_all(&scratch).map_err(|e| TrainError::Failed(e.to_string()))?;
-        let files = adapter::save(&lora, &base, &job.model.base_model, &scratch);
-        let _ = std::fs::remove_dir_all(&scratch);
-        let files = files.map_err(TrainError::Failed)?;
+        let files = adapter::save(&lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
         summary.insert("num_gradient_steps".into(), n_rows as f64);
         Ok(TrainOutput { files, metrics: summary })
     }

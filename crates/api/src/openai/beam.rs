@@ -4,11 +4,10 @@
 //! cache serves the shared prompt. The result comes back as ordinary engine events, so the JSON
 //! and SSE renderers treat it like any other generation.
 
+use super::chat::submit_error;
 use crate::error::{ApiError, ErrorKind};
 use tandem_core::beam::{BeamParams, BeamSearch};
-use tandem_core::inference::{
-    FinishReason, GenerateRequest, InferEvent, SamplingParams, SharedBackend, SubmitError, TokenLogprob,
-};
+use tandem_core::inference::{FinishReason, GenerateRequest, InferEvent, SamplingParams, SharedBackend, TokenLogprob};
 
 /// What the search needs beyond the request.
 pub struct BeamJob {
@@ -121,12 +120,4 @@ fn decode(backend: &SharedBackend, req: &GenerateRequest, tokens: &[u32]) -> Res
     backend
         .detokenize(req.base, tokens, req.params.skip_special_tokens)
         .map_err(|m| ApiError::new(ErrorKind::Internal, format!("detokenize failed: {m}")))
-}
-
-fn submit_error(e: SubmitError) -> ApiError {
-    match e {
-        SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
-        SubmitError::Invalid(m) => ApiError::bad_param("model", m),
-        SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
-    }
 }

@@ -64,11 +64,7 @@ pub async fn create(
             }
             rx
         }
-        None => backend.submit(generate).map_err(|e| match e {
-            SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
-            SubmitError::Invalid(m) => ApiError::bad_param("model", m),
-            SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
-        })?,
+        None => backend.submit(generate).map_err(submit_error)?,
     };
     let echo = echo_text(&plan);
     let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo);
@@ -170,6 +166,15 @@ async fn prepare(
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("render task failed: {e}")))?
+}
+
+/// An engine refusal as an API error (503 with `Retry-After` when full).
+pub(super) fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
+        SubmitError::Invalid(m) => ApiError::bad_param("model", m),
+        SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
+    }
 }
 
 /// With `echo`, the last message's text is prepended when its role is the reply's role.
