@@ -11,6 +11,8 @@
 //! Both are tested against each other.
 #![allow(unsafe_code)] // SIMD intrinsics, each call guarded by run-time feature detection
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod q4;
 mod q8;
 mod simd;
@@ -88,11 +90,15 @@ pub fn matmul(w: &Weights, a: &Q8Acts, out: &mut [f32]) {
     }
 }
 
-/// The Q4_1 matmul: same tiling as [`matmul_q8`].
+/// The Q4_1 matmul: same tiling as [`matmul_q8`]; AVX-512 VNNI where the CPU has it.
 pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     let (n_out, t_rows) = (w.rows(), a.rows());
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
+        return tiled(n_out, t_rows, out, |n0, n1, tile| q4_tile_avx512(w, a, n0, n1, tile));
+    }
     let avx2 = has_avx2();
     tiled(n_out, t_rows, out, |n0, n1, tile| {
         let width = n1 - n0;
@@ -127,6 +133,62 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
             n += if four { 4 } else { 1 };
         }
     });
+}
+
+/// Rows `n0..n1` of the Q4_1 matmul with the AVX-512 kernel, in tiles of four weight rows by four
+/// activation rows (remainders one at a time, through the same per-entry arithmetic).
+#[cfg(target_arch = "x86_64")]
+fn q4_tile_avx512(w: &Q4Matrix, a: &Q8Acts, n0: usize, n1: usize, tile: &mut [f32]) {
+    let (width, t_rows) = (n1 - n0, a.rows());
+    let mut n = n0;
+    while n < n1 {
+        let r4 = n + 4 <= n1;
+        let mut t = 0;
+        while t < t_rows {
+            let c4 = t + 4 <= t_rows;
+            // SAFETY: AVX-512 F/BW/VNNI were detected at run time; rows have an even block count.
+            unsafe {
+                match (r4, c4) {
+                    (true, true) => put(tile, width, n - n0, t, q4_call::<4, 4>(w, a, n, t)),
+                    (true, false) => put(tile, width, n - n0, t, q4_call::<4, 1>(w, a, n, t)),
+                    (false, true) => put(tile, width, n - n0, t, q4_call::<1, 4>(w, a, n, t)),
+                    (false, false) => put(tile, width, n - n0, t, q4_call::<1, 1>(w, a, n, t)),
+                }
+            }
+            t += if c4 { 4 } else { 1 };
+        }
+        n += if r4 { 4 } else { 1 };
+    }
+}
+
+/// Weight rows `n..n+R` times activation rows `t..t+C`, the minimum's term included.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_call<const R: usize, const C: usize>(w: &Q4Matrix, a: &Q8Acts, n: usize, t: usize) -> [[f32; C]; R] {
+    let rows: [_; R] = std::array::from_fn(|r| w.row(n + r));
+    let acts: [_; C] = std::array::from_fn(|c| a.row(t + c));
+    let ss: [_; C] = std::array::from_fn(|c| a.scaled_sums(t + c));
+    // SAFETY: the caller checked the CPU features and the even block count.
+    unsafe {
+        avx512::q4_tile::<R, C>(
+            rows.map(|r| r.0),
+            rows.map(|r| r.1),
+            rows.map(|r| r.2),
+            acts.map(|a| a.0),
+            acts.map(|a| a.1),
+            ss,
+        )
+    }
+}
+
+/// Writes an (R, C) result into the (T, width) tile at column `col`, row `t`.
+#[inline(always)]
+fn put<const R: usize, const C: usize>(tile: &mut [f32], width: usize, col: usize, t: usize, v: [[f32; C]; R]) {
+    for (r, row) in v.iter().enumerate() {
+        for (c, x) in row.iter().enumerate() {
+            tile[(t + c) * width + col + r] = *x;
+        }
+    }
 }
 
 #[inline]
@@ -174,6 +236,20 @@ pub fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// True when the AVX-512 VNNI kernels can run on this CPU.
+pub fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -79,6 +79,8 @@ pub struct Q8Acts {
     scales: Vec<f32>,
     /// Sum of each block's quants (Q4_1 weights need it for their per-block minimum).
     sums: Vec<i32>,
+    /// The same sums times the block's scale, in f32 (what the AVX-512 Q4_1 kernel uses).
+    scaled_sums: Vec<f32>,
 }
 
 impl Q8Acts {
@@ -93,6 +95,15 @@ impl Q8Acts {
         quantize_into(data, &mut self.quants, &mut self.scales);
         self.sums.clear();
         self.sums.extend(self.quants.chunks_exact(QK).map(|b| b.iter().map(|q| *q as i32).sum::<i32>()));
+        self.scaled_sums.clear();
+        self.scaled_sums.extend(self.sums.iter().zip(&self.scales).map(|(s, d)| *s as f32 * d));
+    }
+
+    /// Per-block sums times scales of one row.
+    #[inline]
+    pub fn scaled_sums(&self, r: usize) -> &[f32] {
+        let bpr = self.cols / QK;
+        &self.scaled_sums[r * bpr..(r + 1) * bpr]
     }
 
     /// Per-block sums of one row.

@@ -196,3 +196,33 @@ fn q4_matmul_matches_its_dequantised_weights_and_rows_agree() {
     assert_eq!(row, r2);
     assert!(Q4Matrix::from_q4_1_bytes(&[0u8; 19], 1, 32).is_none());
 }
+
+/// The Q4_1 matmul on an even block count (the AVX-512 VNNI path where the CPU has it): every
+/// entry close to the scalar reference, and a batch equal to its rows one at a time bit for bit
+/// (37 weight rows and 7 activation rows leave remainders in both tile dimensions).
+#[test]
+fn q4_even_blocks_match_scalar_and_batches_equal_rows() {
+    for k in [64, 576] {
+        let (n, t) = (37, 7);
+        let w = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 13), n, k).unwrap();
+        let x = values(t * k, 14);
+        let mut a = Q8Acts::default();
+        a.quantize(&x, t, k);
+        let mut out = vec![0f32; t * n];
+        matmul_q4(&w, &a, &mut out);
+        for ti in 0..t {
+            let (aq, as_) = a.row(ti);
+            for ni in 0..n {
+                let (q, d, m) = w.row(ni);
+                let scalar = q4::dot_q4_scalar(q, d, m, aq, as_, a.sums(ti));
+                let got = out[ti * n + ni];
+                assert!((scalar - got).abs() <= 1e-4 * scalar.abs().max(1.0), "k {k} ({ti},{ni}): {got} vs {scalar}");
+            }
+            let mut one = Q8Acts::default();
+            one.quantize(&x[ti * k..(ti + 1) * k], 1, k);
+            let mut single = vec![0f32; n];
+            matmul_q4(&w, &one, &mut single);
+            assert_eq!(&out[ti * n..(ti + 1) * n], &single[..], "k {k} row {ti}");
+        }
+    }
+}
