@@ -1,10 +1,14 @@
-//! Per-sequence KV cache: for each layer, keys and values of every position, row-major
-//! (position, kv_heads * head_dim). Owned by the sequence, so a batch can mix any lengths.
+//! Per-sequence KV cache, owned by the sequence so that a batch can mix any lengths. For each
+//! layer, values are row-major (position, kv_heads * head_dim); keys are in tiles of
+//! [`KEY_TILE`] positions stored transposed (tile, kv_heads * head_dim, position in tile), the
+//! layout the attention kernel reads a tile's scores from (see `kernels::attend`).
+
+use crate::kernels::{HeadKv, KEY_TILE};
 
 #[derive(Debug, Clone)]
 pub struct KvCache {
     kv_dim: usize,
-    /// Per layer: (keys, values), each `capacity * kv_dim` floats.
+    /// Per layer: (keys, values), each `capacity * kv_dim` floats, capacity in whole tiles.
     layers: Vec<(Vec<f32>, Vec<f32>)>,
     len: usize,
 }
@@ -27,12 +31,17 @@ impl KvCache {
     pub(crate) fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
         let (keys, values) = &mut self.layers[layer];
-        if keys.len() < (pos + 1) * d {
-            let grow = ((pos + 1) * d).max(keys.len() * 3 / 2);
+        let need = (pos + 1).next_multiple_of(KEY_TILE) * d;
+        if keys.len() < need {
+            let grow = need.max((keys.len() * 3 / 2).next_multiple_of(KEY_TILE * d));
             keys.resize(grow, 0.0);
             values.resize(grow, 0.0);
         }
-        keys[pos * d..(pos + 1) * d].copy_from_slice(k);
+        let (tile, lane) = (pos / KEY_TILE, pos % KEY_TILE);
+        let base = tile * KEY_TILE * d + lane;
+        for (e, x) in k.iter().enumerate() {
+            keys[base + e * KEY_TILE] = *x;
+        }
         values[pos * d..(pos + 1) * d].copy_from_slice(v);
     }
 
@@ -41,13 +50,12 @@ impl KvCache {
         self.len += n;
     }
 
-    /// Keys and values of `layer` from position 0 on, for one kv head: slices starting at that
-    /// head, positions `kv_dim` floats apart.
+    /// Keys and values of `layer` from position 0 on, for one kv head.
     #[inline]
-    pub(crate) fn head_rows(&self, layer: usize, kv_head: usize, head_dim: usize) -> (&[f32], &[f32], usize) {
+    pub(crate) fn head(&self, layer: usize, kv_head: usize, head_dim: usize) -> HeadKv<'_> {
         let off = kv_head * head_dim;
         let (k, v) = &self.layers[layer];
-        (&k[off..], &v[off..], self.kv_dim)
+        HeadKv { keys: &k[off * KEY_TILE..], tile_stride: self.kv_dim * KEY_TILE, values: &v[off..], stride: self.kv_dim }
     }
 
     /// Forgets every position from `len` on (to reuse a cached prefix).
@@ -58,12 +66,13 @@ impl KvCache {
     /// Copies positions `0..n` of `other` into this empty cache (prefix-cache hits).
     pub fn copy_prefix(&mut self, other: &KvCache, n: usize) {
         assert!(n <= other.len && self.kv_dim == other.kv_dim);
+        // Whole key tiles (lanes past n are never read: attention stops at the context length).
         let d = self.kv_dim;
         for ((k, v), (ok, ov)) in self.layers.iter_mut().zip(&other.layers) {
             k.clear();
             v.clear();
-            k.extend_from_slice(&ok[..n * d]);
-            v.extend_from_slice(&ov[..n * d]);
+            k.extend_from_slice(&ok[..n.next_multiple_of(KEY_TILE) * d]);
+            v.extend_from_slice(&ov[..n.next_multiple_of(KEY_TILE) * d]);
         }
         self.len = n;
     }

@@ -188,13 +188,12 @@ impl Llama {
             let q_row = &qkv[t * width..t * width + qd];
             let cache = caches[info.seq];
             let n_ctx = info.pos + 1;
-            let mut scores = vec![0f32; n_ctx];
+            let mut scores = vec![0f32; n_ctx.next_multiple_of(kernels::KEY_TILE)];
             for head in 0..c.n_head {
                 let q = &q_row[head * hd..(head + 1) * hd];
-                let (keys, values, stride) = cache.head_rows(li, head / group, hd);
                 kernels::attend(
                     q,
-                    kernels::HeadKv { keys, values, stride },
+                    cache.head(li, head / group, hd),
                     n_ctx,
                     scale,
                     &mut scores,

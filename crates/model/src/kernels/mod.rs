@@ -11,12 +11,14 @@
 //! Both are tested against each other.
 #![allow(unsafe_code)] // SIMD intrinsics, each call guarded by run-time feature detection
 
+mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod q4;
 mod q8;
 mod simd;
 
+pub use attend::{attend, HeadKv, KEY_TILE};
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
 
@@ -243,6 +245,18 @@ pub fn has_avx2() -> bool {
     }
 }
 
+/// True when the AVX-512F kernels (attention) can run on this CPU.
+pub fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// True when the AVX-512 VNNI kernels can run on this CPU.
 pub fn has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -344,50 +358,6 @@ pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
         s += a[i] * b[i];
     }
     (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
-}
-
-/// One kv head's cached keys and values: slices starting at the head's first position, with
-/// consecutive positions `stride` floats apart.
-#[derive(Clone, Copy)]
-pub struct HeadKv<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
-    pub stride: usize,
-}
-
-/// Causal attention of one query head over positions `0..n_ctx` of `kv`. `scores` holds at least
-/// `n_ctx` floats of scratch; `out` (head_dim) receives the weighted sum of values.
-#[inline]
-pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { simd::attend_avx2(q, kv, n_ctx, scale, scores, out) };
-    }
-    attend_generic(q, kv, n_ctx, scale, scores, out)
-}
-
-#[inline(always)]
-pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
-    let HeadKv { keys, values, stride } = kv;
-    let hd = q.len();
-    let scores = &mut scores[..n_ctx];
-    for (p, s) in scores.iter_mut().enumerate() {
-        *s = dot_generic(q, &keys[p * stride..p * stride + hd]) * scale;
-    }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for s in scores.iter_mut() {
-        *s = exp_approx(*s - max);
-    }
-    let inv = 1.0 / scores.iter().sum::<f32>();
-    out.fill(0.0);
-    for (p, s) in scores.iter().enumerate() {
-        let w = s * inv;
-        let v = &values[p * stride..p * stride + hd];
-        for (o, x) in out.iter_mut().zip(v) {
-            *o += w * x;
-        }
-    }
 }
 
 /// `e^x` for x <= 0 (softmax arguments), relative error below 2e-6 over [-20, 0], without a libm call so that

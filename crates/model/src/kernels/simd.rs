@@ -103,18 +103,3 @@ fn hsum(v: __m256) -> f32 {
 pub(crate) unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     super::dot_generic(a, b)
 }
-
-/// One query row's attention over `n_ctx` cached positions, compiled for AVX2 (see
-/// [`super::attend_generic`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn attend_avx2(
-    q: &[f32],
-    kv: super::HeadKv<'_>,
-    n_ctx: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    super::attend_generic(q, kv, n_ctx, scale, scores, out)
-}

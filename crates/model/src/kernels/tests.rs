@@ -123,15 +123,56 @@ fn four_row_path_equals_row_by_row_exactly() {
 
 #[test]
 fn attention_matches_softmax_by_hand() {
-    // Two positions, head_dim 2, stride 4 (another head's values interleaved and ignored).
+    // Two positions, head_dim 2: keys (0, 0) and (ln 3, 0) in one transposed tile, values in rows of
+    // stride 4 (another head's values interleaved and ignored).
     let q = [1.0, 0.0];
-    let keys = [0.0, 0.0, 9.0, 9.0, (3.0f32).ln(), 0.0, 9.0, 9.0];
+    let mut keys = vec![9.0f32; 2 * KEY_TILE];
+    (keys[0], keys[1]) = (0.0, (3.0f32).ln());
+    (keys[KEY_TILE], keys[KEY_TILE + 1]) = (0.0, 0.0);
     let values = [1.0, 2.0, 9.0, 9.0, 5.0, 6.0, 9.0, 9.0];
-    let mut scores = vec![0f32; 2];
+    let mut scores = vec![0f32; KEY_TILE];
     let mut out = vec![0f32; 2];
-    attend(&q, HeadKv { keys: &keys, values: &values, stride: 4 }, 2, 1.0, &mut scores, &mut out);
+    let kv = HeadKv { keys: &keys, tile_stride: 2 * KEY_TILE, values: &values, stride: 4 };
+    attend(&q, kv, 2, 1.0, &mut scores, &mut out);
     // weights 1/4 and 3/4
     assert!((out[0] - 4.0).abs() < 1e-5 && (out[1] - 5.0).abs() < 1e-5, "{out:?}");
+}
+
+/// The dispatched attention (AVX-512 where present) against a plain row-major computation, for
+/// head dimensions 64 and 128 and context lengths around tile boundaries, through a real cache.
+#[test]
+fn attention_kernel_matches_plain_softmax_attention() {
+    for hd in [64, 128] {
+        let (n_kv, layer) = (2, 0);
+        let kv_dim = n_kv * hd;
+        let mut cache = crate::KvCache::new(1, kv_dim);
+        let n = 41;
+        let (ks, vs) = (values(n * kv_dim, 21), values(n * kv_dim, 22));
+        for p in 0..n {
+            cache.write(layer, p, &ks[p * kv_dim..(p + 1) * kv_dim], &vs[p * kv_dim..(p + 1) * kv_dim]);
+        }
+        cache.commit(n);
+        let q = values(hd, 23);
+        for n_ctx in [1usize, 15, 16, 17, 32, 33, 41] {
+            let head = 1;
+            let mut scores = vec![0f32; n_ctx.next_multiple_of(KEY_TILE)];
+            let mut out = vec![0f32; hd];
+            attend(&q, cache.head(layer, head, hd), n_ctx, 0.125, &mut scores, &mut out);
+            let mut plain_out = vec![0f32; hd];
+            attend::attend_generic(&q, cache.head(layer, head, hd), n_ctx, 0.125, &mut scores, &mut plain_out);
+            let mut s: Vec<f64> = (0..n_ctx)
+                .map(|p| (0..hd).map(|d| q[d] as f64 * ks[p * kv_dim + head * hd + d] as f64).sum::<f64>() * 0.125)
+                .collect();
+            let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            s.iter_mut().for_each(|x| *x = (*x - max).exp());
+            let sum: f64 = s.iter().sum();
+            for d in 0..hd {
+                let want: f64 = (0..n_ctx).map(|p| s[p] / sum * vs[p * kv_dim + head * hd + d] as f64).sum();
+                assert!((out[d] as f64 - want).abs() < 1e-5, "hd {hd} n_ctx {n_ctx} d {d}: {} vs {want}", out[d]);
+                assert!((plain_out[d] as f64 - want).abs() < 1e-5, "generic, hd {hd} n_ctx {n_ctx} d {d}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,163 @@
+//! Causal attention of one query head over a sequence's cached keys and values.
+//!
+//! Keys are cached in tiles of [`KEY_TILE`] positions, transposed: within a tile, a head's
+//! dimension `d` holds the 16 positions' values side by side (`tile[d * 16 + p]`). A query's 16
+//! scores of a tile are then 16 lanes of one vector, each dimension one broadcast-and-FMA, with no
+//! horizontal sum per position (the row-major layout needs a 64-float dot product and a reduction
+//! for every position, which made attention a third of prefill time). Values stay row-major:
+//! the output is a sum of whole value rows weighted by the softmax, four vectors per position.
+#![allow(unsafe_code)]
+
+use super::exp_approx;
+
+/// Positions per key tile.
+pub const KEY_TILE: usize = 16;
+
+/// One kv head's cached keys and values. `keys` starts at the head's part of tile 0, and tile `j`
+/// is `tile_stride` floats further; `values` starts at the head's first value, consecutive
+/// positions `stride` floats apart.
+#[derive(Clone, Copy)]
+pub struct HeadKv<'a> {
+    pub keys: &'a [f32],
+    pub tile_stride: usize,
+    pub values: &'a [f32],
+    pub stride: usize,
+}
+
+/// Causal attention of one query head over positions `0..n_ctx` of `kv`. `scores` holds at least
+/// `n_ctx` rounded up to [`KEY_TILE`] floats of scratch; `out` (head_dim) receives the weighted sum
+/// of values.
+#[inline]
+pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    assert!(scores.len() >= n_ctx.next_multiple_of(KEY_TILE));
+    #[cfg(target_arch = "x86_64")]
+    {
+        let hd = q.len();
+        if super::has_avx512f() && (hd == 64 || hd == 128) {
+            // SAFETY: AVX-512F was detected at run time; the head dimension is 4 or 8 vectors.
+            unsafe {
+                if hd == 64 {
+                    avx512::attend::<4>(q, kv, n_ctx, scale, scores, out)
+                } else {
+                    avx512::attend::<8>(q, kv, n_ctx, scale, scores, out)
+                }
+            }
+            return;
+        }
+        if super::has_avx2() {
+            // SAFETY: AVX2 and FMA were detected at run time.
+            return unsafe { attend_avx2(q, kv, n_ctx, scale, scores, out) };
+        }
+    }
+    attend_generic(q, kv, n_ctx, scale, scores, out)
+}
+
+/// The plain version (any head dimension), also the reference the SIMD one is tested against.
+#[inline(always)]
+pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let hd = q.len();
+    for j in 0..n_ctx.div_ceil(KEY_TILE) {
+        let tile = &kv.keys[j * kv.tile_stride..j * kv.tile_stride + hd * KEY_TILE];
+        let mut acc = [0f32; KEY_TILE];
+        for (d, qd) in q.iter().enumerate() {
+            for (a, k) in acc.iter_mut().zip(&tile[d * KEY_TILE..(d + 1) * KEY_TILE]) {
+                *a += qd * k;
+            }
+        }
+        for (s, a) in scores[j * KEY_TILE..(j + 1) * KEY_TILE].iter_mut().zip(acc) {
+            *s = a * scale;
+        }
+    }
+    let inv = softmax_in_place(&mut scores[..n_ctx]);
+    out.fill(0.0);
+    for (p, s) in scores[..n_ctx].iter().enumerate() {
+        let w = s * inv;
+        for (o, x) in out.iter_mut().zip(&kv.values[p * kv.stride..p * kv.stride + hd]) {
+            *o += w * x;
+        }
+    }
+}
+
+/// `s <- exp(s - max)`, returning `1 / sum` (the caller folds it into the value weights).
+#[inline(always)]
+fn softmax_in_place(s: &mut [f32]) -> f32 {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in s.iter_mut() {
+        *v = exp_approx(*v - max);
+        sum += *v;
+    }
+    1.0 / sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    attend_generic(q, kv, n_ctx, scale, scores, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{softmax_in_place, HeadKv, KEY_TILE};
+    use std::arch::x86_64::*;
+
+    /// Head dimension `16 * V`. Scores: two tiles at a time, each dimension's products split over
+    /// four accumulators per tile, so eight independent FMA chains keep both FMA ports busy.
+    /// Output: `V` accumulators held in registers across all positions.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn attend<const V: usize>(
+        q: &[f32],
+        kv: HeadKv<'_>,
+        n_ctx: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let hd = 16 * V;
+        debug_assert_eq!(q.len(), hd);
+        let tiles = n_ctx.div_ceil(KEY_TILE);
+        let sc = _mm512_set1_ps(scale);
+        let mut j = 0;
+        while j < tiles {
+            let two = j + 1 < tiles;
+            let t0 = kv.keys[j * kv.tile_stride..].as_ptr();
+            let t1 = if two { kv.keys[(j + 1) * kv.tile_stride..].as_ptr() } else { t0 };
+            let mut a0 = [_mm512_setzero_ps(); 4];
+            let mut a1 = [_mm512_setzero_ps(); 4];
+            for d in (0..hd).step_by(4) {
+                for u in 0..4 {
+                    let qd = _mm512_set1_ps(q[d + u]);
+                    // SAFETY: a tile holds hd * 16 floats for this head.
+                    unsafe {
+                        a0[u] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(t0.add((d + u) * KEY_TILE)), a0[u]);
+                        if two {
+                            a1[u] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(t1.add((d + u) * KEY_TILE)), a1[u]);
+                        }
+                    }
+                }
+            }
+            let s0 = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0[0], a0[1]), _mm512_add_ps(a0[2], a0[3])), sc);
+            // SAFETY: scores holds n_ctx rounded up to whole tiles.
+            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(j * KEY_TILE), s0) };
+            if two {
+                let s1 = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a1[0], a1[1]), _mm512_add_ps(a1[2], a1[3])), sc);
+                unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add((j + 1) * KEY_TILE), s1) };
+            }
+            j += if two { 2 } else { 1 };
+        }
+        let inv = softmax_in_place(&mut scores[..n_ctx]);
+        let mut acc = [_mm512_setzero_ps(); V];
+        for (p, s) in scores[..n_ctx].iter().enumerate() {
+            let w = _mm512_set1_ps(s * inv);
+            let row = kv.values[p * kv.stride..p * kv.stride + hd].as_ptr();
+            for (v, a) in acc.iter_mut().enumerate() {
+                // SAFETY: the value row holds hd = 16 * V floats.
+                *a = _mm512_fmadd_ps(w, unsafe { _mm512_loadu_ps(row.add(16 * v)) }, *a);
+            }
+        }
+        for (v, a) in acc.iter().enumerate() {
+            // SAFETY: out holds hd floats.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * v), *a) };
+        }
+    }
+}
