@@ -85,3 +85,47 @@ pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(
     }
     std::array::from_fn(|r| std::array::from_fn(|c| _mm512_reduce_add_ps(acc[r][c])))
 }
+
+/// `R` int8 weight rows (quants `w`, scales `ws`) times `C` activation rows (quants `a`, scales
+/// `s`, block sums `sums`). Blocks per row must be even.
+///
+/// `vpdpbusd` wants one unsigned operand, so the weights are read as `w + 128` (flipping the top
+/// bit turns an i8 into that u8) and the extra `128 * sum(a)` of each block is taken out exactly,
+/// in integers, by starting the block's first lane at `-128 * sum(a)` instead of zero.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn q8_tile<const R: usize, const C: usize>(
+    w: [&[i8]; R],
+    ws: [&[f32]; R],
+    a: [&[i8]; C],
+    s: [&[f32]; C],
+    sums: [&[i32]; C],
+) -> [[f32; C]; R] {
+    let flip = _mm512_set1_epi8(-128);
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let pairs = ws[0].len() / 2;
+    debug_assert_eq!(ws[0].len() % 2, 0);
+    for p in 0..pairs {
+        let mut wv = [_mm512_setzero_si512(); R];
+        let mut dv = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: pair p's 64 quants and two scales lie inside the row's slices.
+            wv[r] = _mm512_xor_si512(unsafe { _mm512_loadu_si512(w[r].as_ptr().add(p * 64) as *const __m512i) }, flip);
+            dv[r] = unsafe { expand_pair(ws[r].as_ptr().add(2 * p)) };
+        }
+        for c in 0..C {
+            // SAFETY: pair p's 64 activation bytes, two scales and two sums lie inside the slices.
+            let av = unsafe { _mm512_loadu_si512(a[c].as_ptr().add(p * 64) as *const __m512i) };
+            let sv = unsafe { expand_pair(s[c].as_ptr().add(2 * p)) };
+            let two = unsafe { _mm_loadl_epi64(sums[c].as_ptr().add(2 * p) as *const __m128i) };
+            // Lanes 0 and 8 get -128 * the two blocks' sums, every other lane zero.
+            let start = _mm512_maskz_permutexvar_epi32(0x0101, idx, _mm512_castsi128_si512(two));
+            let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(start, 7));
+            for r in 0..R {
+                let isum = _mm512_dpbusd_epi32(start, wv[r], av);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv[r], sv), acc[r][c]);
+            }
+        }
+    }
+    std::array::from_fn(|r| std::array::from_fn(|c| _mm512_reduce_add_ps(acc[r][c])))
+}

@@ -99,7 +99,7 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |n0, n1, tile| q4_tile_avx512(w, a, n0, n1, tile));
+        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of_four(n0, n1, t_rows, tile, Q4Tile(w, a)));
     }
     let avx2 = has_avx2();
     tiled(n_out, t_rows, out, |n0, n1, tile| {
@@ -137,25 +137,24 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     });
 }
 
-/// Rows `n0..n1` of the Q4_1 matmul with the AVX-512 kernel, in tiles of four weight rows by four
+/// Rows `n0..n1` of a matmul with an AVX-512 tile kernel, in tiles of four weight rows by four
 /// activation rows (remainders one at a time, through the same per-entry arithmetic).
+/// `call::<R, C>(n, t)` computes weight rows `n..n+R` times activation rows `t..t+C`.
 #[cfg(target_arch = "x86_64")]
-fn q4_tile_avx512(w: &Q4Matrix, a: &Q8Acts, n0: usize, n1: usize, tile: &mut [f32]) {
-    let (width, t_rows) = (n1 - n0, a.rows());
+#[inline(always)]
+fn tiles_of_four(n0: usize, n1: usize, t_rows: usize, tile: &mut [f32], call: impl TileCall) {
+    let width = n1 - n0;
     let mut n = n0;
     while n < n1 {
         let r4 = n + 4 <= n1;
         let mut t = 0;
         while t < t_rows {
             let c4 = t + 4 <= t_rows;
-            // SAFETY: AVX-512 F/BW/VNNI were detected at run time; rows have an even block count.
-            unsafe {
-                match (r4, c4) {
-                    (true, true) => put(tile, width, n - n0, t, q4_call::<4, 4>(w, a, n, t)),
-                    (true, false) => put(tile, width, n - n0, t, q4_call::<4, 1>(w, a, n, t)),
-                    (false, true) => put(tile, width, n - n0, t, q4_call::<1, 4>(w, a, n, t)),
-                    (false, false) => put(tile, width, n - n0, t, q4_call::<1, 1>(w, a, n, t)),
-                }
+            match (r4, c4) {
+                (true, true) => put(tile, width, n - n0, t, call.call::<4, 4>(n, t)),
+                (true, false) => put(tile, width, n - n0, t, call.call::<4, 1>(n, t)),
+                (false, true) => put(tile, width, n - n0, t, call.call::<1, 4>(n, t)),
+                (false, false) => put(tile, width, n - n0, t, call.call::<1, 1>(n, t)),
             }
             t += if c4 { 4 } else { 1 };
         }
@@ -163,23 +162,52 @@ fn q4_tile_avx512(w: &Q4Matrix, a: &Q8Acts, n0: usize, n1: usize, tile: &mut [f3
     }
 }
 
-/// Weight rows `n..n+R` times activation rows `t..t+C`, the minimum's term included.
+/// A tile kernel with its operands bound (closures cannot be generic over the tile shape).
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn q4_call<const R: usize, const C: usize>(w: &Q4Matrix, a: &Q8Acts, n: usize, t: usize) -> [[f32; C]; R] {
-    let rows: [_; R] = std::array::from_fn(|r| w.row(n + r));
-    let acts: [_; C] = std::array::from_fn(|c| a.row(t + c));
-    let ss: [_; C] = std::array::from_fn(|c| a.scaled_sums(t + c));
-    // SAFETY: the caller checked the CPU features and the even block count.
-    unsafe {
-        avx512::q4_tile::<R, C>(
-            rows.map(|r| r.0),
-            rows.map(|r| r.1),
-            rows.map(|r| r.2),
-            acts.map(|a| a.0),
-            acts.map(|a| a.1),
-            ss,
-        )
+trait TileCall {
+    fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R];
+}
+
+/// The Q4_1 tile kernel; only built after the CPU features and the even block count were checked.
+#[cfg(target_arch = "x86_64")]
+struct Q4Tile<'a>(&'a Q4Matrix, &'a Q8Acts);
+
+#[cfg(target_arch = "x86_64")]
+impl TileCall for Q4Tile<'_> {
+    #[inline(always)]
+    fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
+        let (w, a) = (self.0, self.1);
+        let rows: [_; R] = std::array::from_fn(|r| w.row(n + r));
+        let acts: [_; C] = std::array::from_fn(|c| a.row(t + c));
+        let ss: [_; C] = std::array::from_fn(|c| a.scaled_sums(t + c));
+        // SAFETY: AVX-512 F/BW/VNNI were detected and the block count is even (see construction).
+        unsafe {
+            avx512::q4_tile::<R, C>(
+                rows.map(|r| r.0),
+                rows.map(|r| r.1),
+                rows.map(|r| r.2),
+                acts.map(|a| a.0),
+                acts.map(|a| a.1),
+                ss,
+            )
+        }
+    }
+}
+
+/// The int8 tile kernel; only built after the CPU features and the even block count were checked.
+#[cfg(target_arch = "x86_64")]
+struct Q8Tile<'a>(&'a Q8Matrix, &'a Q8Acts);
+
+#[cfg(target_arch = "x86_64")]
+impl TileCall for Q8Tile<'_> {
+    #[inline(always)]
+    fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
+        let (w, a) = (self.0, self.1);
+        let rows: [_; R] = std::array::from_fn(|r| w.row(n + r));
+        let acts: [_; C] = std::array::from_fn(|c| a.row(t + c));
+        let sums: [_; C] = std::array::from_fn(|c| a.sums(t + c));
+        // SAFETY: AVX-512 F/BW/VNNI were detected and the block count is even (see construction).
+        unsafe { avx512::q8_tile::<R, C>(rows.map(|r| r.0), rows.map(|r| r.1), acts.map(|a| a.0), acts.map(|a| a.1), sums) }
     }
 }
 
@@ -277,6 +305,10 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     let (n_out, t_rows) = (w.rows(), a.rows());
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
+        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of_four(n0, n1, t_rows, tile, Q8Tile(w, a)));
+    }
     let avx2 = has_avx2();
     tiled(n_out, t_rows, out, |n0, n1, tile| {
         let width = n1 - n0;

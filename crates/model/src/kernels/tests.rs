@@ -108,7 +108,8 @@ fn norm_softmax_silu_rope_by_hand() {
 
 #[test]
 fn four_row_path_equals_row_by_row_exactly() {
-    let (n, k, t) = (37, 64, 3); // 9 groups of four rows and one left over
+    // 9 groups of four rows and one left over; an odd block count keeps this on the AVX2 path.
+    let (n, k, t) = (37, 96, 3);
     let wq = Q8Matrix::from_f32(&values(n * k, 9), n, k);
     let mut a = Q8Acts::default();
     a.quantize(&values(t * k, 10), t, k);
@@ -236,6 +237,35 @@ fn q4_matmul_matches_its_dequantised_weights_and_rows_agree() {
     w.dequantize_row(5, &mut row);
     assert_eq!(row, r2);
     assert!(Q4Matrix::from_q4_1_bytes(&[0u8; 19], 1, 32).is_none());
+}
+
+/// The int8 matmul on an even block count (the AVX-512 VNNI path where the CPU has it), as the
+/// Q4_1 test below: close to the scalar reference, batches equal to rows one at a time exactly.
+#[test]
+fn q8_even_blocks_match_scalar_and_batches_equal_rows() {
+    for k in [64, 576] {
+        let (n, t) = (37, 7);
+        let wq = Q8Matrix::from_f32(&values(n * k, 15), n, k);
+        let x = values(t * k, 16);
+        let mut a = Q8Acts::default();
+        a.quantize(&x, t, k);
+        let mut out = vec![0f32; t * n];
+        matmul_q8(&wq, &a, &mut out);
+        for ti in 0..t {
+            let (aq, as_) = a.row(ti);
+            for ni in 0..n {
+                let (q, s) = wq.row(ni);
+                let scalar = q8::dot_q8_scalar(q, s, aq, as_);
+                let got = out[ti * n + ni];
+                assert!((scalar - got).abs() <= 1e-4 * scalar.abs().max(1.0), "k {k} ({ti},{ni}): {got} vs {scalar}");
+            }
+            let mut one = Q8Acts::default();
+            one.quantize(&x[ti * k..(ti + 1) * k], 1, k);
+            let mut single = vec![0f32; n];
+            matmul_q8(&wq, &one, &mut single);
+            assert_eq!(&out[ti * n..(ti + 1) * n], &single[..], "k {k} row {ti}");
+        }
+    }
 }
 
 /// The Q4_1 matmul on an even block count (the AVX-512 VNNI path where the CPU has it): every
