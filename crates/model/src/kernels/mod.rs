@@ -99,7 +99,7 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of_four(n0, n1, t_rows, tile, Q4Tile(w, a)));
+        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of(n0, n1, t_rows, tile, Q4Tile(w, a)));
     }
     let avx2 = has_avx2();
     tiled(n_out, t_rows, out, |n0, n1, tile| {
@@ -137,28 +137,33 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     });
 }
 
-/// Rows `n0..n1` of a matmul with an AVX-512 tile kernel, in tiles of four weight rows by four
-/// activation rows (remainders one at a time, through the same per-entry arithmetic).
-/// `call::<R, C>(n, t)` computes weight rows `n..n+R` times activation rows `t..t+C`.
+/// Rows `n0..n1` of a matmul with an AVX-512 tile kernel, in tiles of two weight rows by eight
+/// activation rows (then four, then one; odd weight rows one at a time), each entry through the
+/// same arithmetic whatever the tile. Two by eight measured no slower than four by four and keeps
+/// the accumulators in registers (four by four spilled). `call::<R, C>(n, t)` computes weight
+/// rows `n..n+R` times activation rows `t..t+C`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn tiles_of_four(n0: usize, n1: usize, t_rows: usize, tile: &mut [f32], call: impl TileCall) {
+fn tiles_of(n0: usize, n1: usize, t_rows: usize, tile: &mut [f32], call: impl TileCall) {
     let width = n1 - n0;
     let mut n = n0;
     while n < n1 {
-        let r4 = n + 4 <= n1;
+        let two = n + 2 <= n1;
         let mut t = 0;
         while t < t_rows {
-            let c4 = t + 4 <= t_rows;
-            match (r4, c4) {
-                (true, true) => put(tile, width, n - n0, t, call.call::<4, 4>(n, t)),
-                (true, false) => put(tile, width, n - n0, t, call.call::<4, 1>(n, t)),
-                (false, true) => put(tile, width, n - n0, t, call.call::<1, 4>(n, t)),
-                (false, false) => put(tile, width, n - n0, t, call.call::<1, 1>(n, t)),
+            let c = if t + 8 <= t_rows { 8 } else if t + 4 <= t_rows { 4 } else { 1 };
+            let col = n - n0;
+            match (two, c) {
+                (true, 8) => put(tile, width, col, t, call.call::<2, 8>(n, t)),
+                (true, 4) => put(tile, width, col, t, call.call::<2, 4>(n, t)),
+                (true, _) => put(tile, width, col, t, call.call::<2, 1>(n, t)),
+                (false, 8) => put(tile, width, col, t, call.call::<1, 8>(n, t)),
+                (false, 4) => put(tile, width, col, t, call.call::<1, 4>(n, t)),
+                (false, _) => put(tile, width, col, t, call.call::<1, 1>(n, t)),
             }
-            t += if c4 { 4 } else { 1 };
+            t += c;
         }
-        n += if r4 { 4 } else { 1 };
+        n += if two { 2 } else { 1 };
     }
 }
 
@@ -307,7 +312,7 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of_four(n0, n1, t_rows, tile, Q8Tile(w, a)));
+        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of(n0, n1, t_rows, tile, Q8Tile(w, a)));
     }
     let avx2 = has_avx2();
     tiled(n_out, t_rows, out, |n0, n1, tile| {
