@@ -74,7 +74,10 @@ pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(
         let k = (blocks - b).min(16);
         let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
         // SAFETY: the mask limits every load to the slices' remaining k floats.
-        let mv: [__m512; R] = std::array::from_fn(|r| unsafe { _mm512_maskz_loadu_ps(mask, m[r].as_ptr().add(b)) });
+        let mut mv = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            mv[r] = unsafe { _mm512_maskz_loadu_ps(mask, m[r].as_ptr().add(b)) };
+        }
         for c in 0..C {
             let sv = unsafe { _mm512_maskz_loadu_ps(mask, ss[c].as_ptr().add(b)) };
             for r in 0..R {
@@ -83,7 +86,7 @@ pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(
         }
         b += 16;
     }
-    std::array::from_fn(|r| std::array::from_fn(|c| _mm512_reduce_add_ps(acc[r][c])))
+    reduce(&acc)
 }
 
 /// `R` int8 weight rows (quants `w`, scales `ws`) times `C` activation rows (quants `a`, scales
@@ -127,5 +130,19 @@ pub(crate) unsafe fn q8_tile<const R: usize, const C: usize>(
             }
         }
     }
-    std::array::from_fn(|r| std::array::from_fn(|c| _mm512_reduce_add_ps(acc[r][c])))
+    reduce(&acc)
+}
+
+/// Every accumulator's lanes summed (a loop, not a closure, so that it is inlined into the
+/// kernel).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn reduce<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+        }
+    }
+    out
 }

@@ -99,18 +99,17 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of(n0, n1, t_rows, tile, Q4Tile(w, a)));
+        return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q4Tile(w, a)));
     }
     let avx2 = has_avx2();
-    tiled(n_out, t_rows, out, |n0, n1, tile| {
-        let width = n1 - n0;
-        let mut n = n0;
+    tiled(n_out, t_rows, out, |cols| {
+        let n1 = cols.n1;
+        let mut n = cols.n0;
         while n < n1 {
             let four = avx2 && n + 4 <= n1;
             for t in 0..t_rows {
                 let (aq, as_) = a.row(t);
                 let sums = a.sums(t);
-                let at = t * width + (n - n0);
                 if four {
                     let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
                     #[cfg(target_arch = "x86_64")]
@@ -126,10 +125,10 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
                                 sums,
                             )
                         };
-                        tile[at..at + 4].copy_from_slice(&r);
+                        cols.put(n, t, r.map(|x| [x]));
                     }
                 } else {
-                    tile[at] = dot_q4_row(w, n, aq, as_, sums, avx2);
+                    cols.put(n, t, [[dot_q4_row(w, n, aq, as_, sums, avx2)]]);
                 }
             }
             n += if four { 4 } else { 1 };
@@ -144,22 +143,21 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
 /// rows `n..n+R` times activation rows `t..t+C`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn tiles_of(n0: usize, n1: usize, t_rows: usize, tile: &mut [f32], call: impl TileCall) {
-    let width = n1 - n0;
-    let mut n = n0;
+fn tiles_of(cols: Cols, call: impl TileCall) {
+    let (n1, t_rows) = (cols.n1, cols.t_rows);
+    let mut n = cols.n0;
     while n < n1 {
         let two = n + 2 <= n1;
         let mut t = 0;
         while t < t_rows {
             let c = if t + 8 <= t_rows { 8 } else if t + 4 <= t_rows { 4 } else { 1 };
-            let col = n - n0;
             match (two, c) {
-                (true, 8) => put(tile, width, col, t, call.call::<2, 8>(n, t)),
-                (true, 4) => put(tile, width, col, t, call.call::<2, 4>(n, t)),
-                (true, _) => put(tile, width, col, t, call.call::<2, 1>(n, t)),
-                (false, 8) => put(tile, width, col, t, call.call::<1, 8>(n, t)),
-                (false, 4) => put(tile, width, col, t, call.call::<1, 4>(n, t)),
-                (false, _) => put(tile, width, col, t, call.call::<1, 1>(n, t)),
+                (true, 8) => cols.put(n, t, call.call::<2, 8>(n, t)),
+                (true, 4) => cols.put(n, t, call.call::<2, 4>(n, t)),
+                (true, _) => cols.put(n, t, call.call::<2, 1>(n, t)),
+                (false, 8) => cols.put(n, t, call.call::<1, 8>(n, t)),
+                (false, 4) => cols.put(n, t, call.call::<1, 4>(n, t)),
+                (false, _) => cols.put(n, t, call.call::<1, 1>(n, t)),
             }
             t += c;
         }
@@ -216,15 +214,6 @@ impl TileCall for Q8Tile<'_> {
     }
 }
 
-/// Writes an (R, C) result into the (T, width) tile at column `col`, row `t`.
-#[inline(always)]
-fn put<const R: usize, const C: usize>(tile: &mut [f32], width: usize, col: usize, t: usize, v: [[f32; C]; R]) {
-    for (r, row) in v.iter().enumerate() {
-        for (c, x) in row.iter().enumerate() {
-            tile[(t + c) * width + col + r] = *x;
-        }
-    }
-}
 
 #[inline]
 fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2: bool) -> f32 {
@@ -238,28 +227,46 @@ fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2
     q4::dot_q4_scalar(q, d, m, aq, as_, sums)
 }
 
-/// Splits the N weight rows into chunks, one parallel task each; `fill(n0, n1, tile)` computes the
-/// (T, n1 - n0) tile of rows `n0..n1`, and the tiles are copied into the (T, N) output.
-fn tiled(n_out: usize, t_rows: usize, out: &mut [f32], fill: impl Fn(usize, usize, &mut [f32]) + Sync) {
+/// Splits the N weight rows into chunks, one parallel task each; `fill(cols)` computes the output
+/// columns `cols.n0..cols.n1` (weight rows) for every activation row, writing them straight into
+/// the (T, N) output.
+fn tiled(n_out: usize, t_rows: usize, out: &mut [f32], fill: impl Fn(Cols) + Sync) {
+    assert_eq!(out.len(), n_out * t_rows);
     let chunk = chunk_rows(n_out, t_rows);
-    let tiles: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(chunk))
-        .into_par_iter()
-        .map(|c| {
-            let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
-            let mut tile = vec![0f32; (n1 - n0) * t_rows];
-            fill(n0, n1, &mut tile);
-            (n0, tile)
-        })
-        .collect();
-    scatter(tiles, t_rows, n_out, out);
+    let shared = SharedOut(out.as_mut_ptr());
+    (0..n_out.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
+        fill(Cols { out: &shared, n_out, t_rows, n0, n1, _borrow: std::marker::PhantomData });
+    });
 }
 
-/// Copies per-task (T, chunk) tiles into the (T, N) output.
-fn scatter(tiles: Vec<(usize, Vec<f32>)>, t_rows: usize, n_out: usize, out: &mut [f32]) {
-    for (n0, tile) in tiles {
-        let width = tile.len() / t_rows.max(1);
-        for t in 0..t_rows {
-            out[t * n_out + n0..t * n_out + n0 + width].copy_from_slice(&tile[t * width..(t + 1) * width]);
+/// The output pointer, shared by the tasks of one [`tiled`] call.
+struct SharedOut(*mut f32);
+// SAFETY: tasks write disjoint column ranges (see `Cols`), and `tiled` holds the `&mut` borrow of
+// the output until every task has finished.
+unsafe impl Sync for SharedOut {}
+
+/// One task's columns `n0..n1` of the (T, N) output: every write is checked to lie in them, so
+/// tasks never write the same element.
+struct Cols<'a> {
+    out: &'a SharedOut,
+    n_out: usize,
+    t_rows: usize,
+    n0: usize,
+    n1: usize,
+    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl Cols<'_> {
+    /// Writes `v[r][c]` to output row `t + c`, column `n + r`.
+    #[inline(always)]
+    fn put<const R: usize, const C: usize>(&self, n: usize, t: usize, v: [[f32; C]; R]) {
+        assert!(n >= self.n0 && n + R <= self.n1 && t + C <= self.t_rows);
+        for (r, row) in v.iter().enumerate() {
+            for (c, x) in row.iter().enumerate() {
+                // SAFETY: in bounds and inside this task's columns (asserted above).
+                unsafe { *self.out.0.add((t + c) * self.n_out + n + r) = *x };
+            }
         }
     }
 }
@@ -312,12 +319,12 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |n0, n1, tile| tiles_of(n0, n1, t_rows, tile, Q8Tile(w, a)));
+        return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q8Tile(w, a)));
     }
     let avx2 = has_avx2();
-    tiled(n_out, t_rows, out, |n0, n1, tile| {
-        let width = n1 - n0;
-        let mut n = n0;
+    tiled(n_out, t_rows, out, |cols| {
+        let n1 = cols.n1;
+        let mut n = cols.n0;
         // Four weight rows at a time where possible (same per-row arithmetic as one at a time).
         #[cfg(target_arch = "x86_64")]
         if avx2 {
@@ -334,14 +341,14 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
                             as_,
                         )
                     };
-                    tile[t * width + (n - n0)..t * width + (n - n0) + 4].copy_from_slice(&d);
+                    cols.put(n, t, d.map(|x| [x]));
                 }
                 n += 4;
             }
         }
         for n in n..n1 {
             for t in 0..t_rows {
-                tile[t * width + (n - n0)] = dot_row(w, n, a, t, avx2);
+                cols.put(n, t, [[dot_row(w, n, a, t, avx2)]]);
             }
         }
     });
