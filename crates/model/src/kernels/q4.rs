@@ -61,6 +61,19 @@ impl Q4Matrix {
         )
     }
 
+    /// Row `r` onward as raw pointers for the AVX-512 kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    pub(crate) fn rows_from(&self, r: usize) -> super::avx512::WeightRows {
+        assert!(r < self.rows);
+        let bpr = self.cols / QK;
+        super::avx512::WeightRows {
+            q: self.nibbles[r * bpr * 16..].as_ptr(),
+            d: self.d[r * bpr..].as_ptr(),
+            m: self.m[r * bpr..].as_ptr(),
+        }
+    }
+
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let (q, d, m) = self.row(r);
         for b in 0..d.len() {

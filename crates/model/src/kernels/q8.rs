@@ -41,6 +41,19 @@ impl Q8Matrix {
         (&self.quants[r * self.cols..(r + 1) * self.cols], &self.scales[r * bpr..(r + 1) * bpr])
     }
 
+    /// Row `r` onward as raw pointers for the AVX-512 kernel (no minimums: `m` is dangling).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    pub(crate) fn rows_from(&self, r: usize) -> super::avx512::WeightRows {
+        assert!(r < self.rows);
+        let bpr = self.cols / QK;
+        super::avx512::WeightRows {
+            q: self.quants[r * self.cols..].as_ptr() as *const u8,
+            d: self.scales[r * bpr..].as_ptr(),
+            m: std::ptr::null(),
+        }
+    }
+
     /// One row back in f32 (for embedding lookups).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let (q, s) = self.row(r);
@@ -97,6 +110,20 @@ impl Q8Acts {
         self.sums.extend(self.quants.chunks_exact(QK).map(|b| b.iter().map(|q| *q as i32).sum::<i32>()));
         self.scaled_sums.clear();
         self.scaled_sums.extend(self.sums.iter().zip(&self.scales).map(|(s, d)| *s as f32 * d));
+    }
+
+    /// Row `r` onward as raw pointers for the AVX-512 kernels.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    pub(crate) fn rows_from(&self, r: usize) -> super::avx512::ActRows {
+        assert!(r < self.rows);
+        let bpr = self.cols / QK;
+        super::avx512::ActRows {
+            a: self.quants[r * self.cols..].as_ptr(),
+            s: self.scales[r * bpr..].as_ptr(),
+            ss: self.scaled_sums[r * bpr..].as_ptr(),
+            sums: self.sums[r * bpr..].as_ptr(),
+        }
     }
 
     /// Per-block sums times scales of one row.

@@ -103,3 +103,10 @@ fn hsum(v: __m256) -> f32 {
 pub(crate) unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
     super::dot_generic(a, b)
 }
+
+/// [`super::silu_mul_generic`] compiled with AVX2/FMA enabled so that it vectorises.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    super::silu_mul_generic(gate, up)
+}

@@ -1,0 +1,53 @@
+//! Kernel throughput on one thread, best of many repetitions (stable enough to compare kernel
+//! variants on a noisy VM): `cargo run --release -p tandem-model --example matmul_bench`.
+use tandem_model::kernels::{matmul, Q4Matrix, Q8Acts, Q8Matrix, Weights};
+
+fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2654435761).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+fn q4(rows: usize, cols: usize) -> Weights {
+    let mut raw = Vec::new();
+    for (b, v) in pseudo(rows * cols / 32 * 2, 3).chunks_exact(2).enumerate() {
+        raw.extend_from_slice(&half::f16::from_f32(0.01 + v[0].abs() * 0.05).to_le_bytes());
+        raw.extend_from_slice(&half::f16::from_f32(v[1] * 0.3).to_le_bytes());
+        raw.extend((0..16).map(|j| ((b * 7 + j * 13) % 256) as u8));
+    }
+    Weights::Q4(Q4Matrix::from_q4_1_bytes(&raw, rows, cols).unwrap())
+}
+
+fn main() {
+    rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
+        let cases: Vec<(&str, Weights)> = vec![
+            ("q4 1536x576", q4(1536, 576)),
+            ("q4 576x1536", q4(576, 1536)),
+            ("q8 4096x576", Weights::Q8(Q8Matrix::from_f32(&pseudo(4096 * 576, 5), 4096, 576))),
+        ];
+        for (name, w) in &cases {
+            for t in [1usize, 16, 128] {
+                let mut a = Q8Acts::default();
+                a.quantize(&pseudo(t * w.cols(), 7), t, w.cols());
+                let mut out = vec![0f32; t * w.rows()];
+                let reps = (2_000_000_000 / (w.rows() * w.cols() * t)).clamp(3, 2000);
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let start = std::time::Instant::now();
+                    for _ in 0..reps {
+                        matmul(w, &a, &mut out);
+                    }
+                    best = best.min(start.elapsed().as_secs_f64() / reps as f64);
+                }
+                let gmac = (w.rows() * w.cols() * t) as f64 / best / 1e9;
+                println!("{name:<14} T={t:<4} {:>8.1} us  {gmac:>6.1} GMAC/s", best * 1e6);
+            }
+        }
+    });
+}
