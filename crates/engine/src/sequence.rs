@@ -24,7 +24,6 @@ pub(crate) struct Seq {
     pub choice: usize,
     /// Choices still to fork from this one once its prompt is in the cache.
     pub n: usize,
-    pub fork_of: Option<u64>,
     pub prompt: Arc<Vec<u32>>,
     pub generated: Vec<u32>,
     pub cache: KvCache,
@@ -62,7 +61,6 @@ impl Seq {
             priority: req.priority,
             choice: 0,
             n: req.n,
-            fork_of: None,
             prefill_left: req.prompt.len() - cached,
             prompt: Arc::new(req.prompt),
             generated: Vec::new(),
@@ -90,7 +88,6 @@ impl Seq {
                 id: self.id + c as u64,
                 choice: c,
                 n: 1,
-                fork_of: Some(self.id),
                 generated: Vec::new(),
                 cache: self.cache.clone(),
                 block_hashes: Vec::new(),

@@ -17,6 +17,8 @@
 //! Each (weight row, activation row) result goes through the same instruction sequence whatever
 //! the tile shape, so batched results equal unbatched ones bit for bit.
 #![allow(unsafe_code)]
+// Index loops over small register arrays read closer to the math than iterator chains.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
