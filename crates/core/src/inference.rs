@@ -36,6 +36,38 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// Built-in logits processors, applied after the other masks (see `LogitsProcessor`).
     pub processors: Vec<LogitsProcessor>,
+    /// Structured output: every generated token keeps the text inside this constraint.
+    pub constraint: Option<Constraint>,
+}
+
+/// A structured-output constraint (`structured_outputs`, `response_format` or a `guided_*` alias),
+/// as data; the engine compiles it with llguidance and answers an invalid one with
+/// `SubmitError::InvalidField`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Constraint {
+    pub kind: ConstraintKind,
+    /// JSON without free whitespace between tokens (vLLM's `disable_any_whitespace`).
+    pub disable_any_whitespace: bool,
+    /// Objects that do not say otherwise get `additionalProperties: false`.
+    pub disable_additional_properties: bool,
+    /// The regex JSON whitespace must match, instead of the default.
+    pub whitespace_pattern: Option<String>,
+    /// The request field it came from, named in errors (`structured_outputs`, `response_format`, ...).
+    pub field: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstraintKind {
+    /// A JSON schema.
+    Json(serde_json::Value),
+    /// Any JSON object.
+    JsonObject,
+    /// The whole output matches this regular expression (Rust `regex` syntax).
+    Regex(String),
+    /// The output is exactly one of these strings.
+    Choice(Vec<String>),
+    /// A context-free grammar in llguidance's Lark dialect.
+    Grammar(String),
 }
 
 /// The built-in logits processors a request may name in `logits_processors`. Code is never
@@ -77,6 +109,7 @@ impl Default for SamplingParams {
             logprobs: None,
             skip_special_tokens: true,
             processors: Vec::new(),
+            constraint: None,
         }
     }
 }
@@ -196,6 +229,10 @@ pub enum SubmitError {
     Overloaded,
     #[error("{0}")]
     Invalid(String),
+    /// A request field the engine found invalid (a structured-output constraint that does not
+    /// compile): a 400 naming the field.
+    #[error("{message}")]
+    InvalidField { field: String, message: String },
     #[error("the inference engine has stopped")]
     Stopped,
 }

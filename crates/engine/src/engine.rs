@@ -51,6 +51,8 @@ pub(crate) struct Job {
     pub adapter: Option<Arc<LoraAdapter>>,
     pub tx: UnboundedSender<InferEvent>,
     pub received: Instant,
+    /// The structured-output matcher, already compiled.
+    pub matcher: Option<llguidance::Matcher>,
 }
 
 struct Queued {

@@ -9,6 +9,7 @@
 //! - [`metrics`]: Prometheus series.
 
 mod engine;
+mod grammar;
 pub mod metrics;
 pub mod prefix;
 pub mod sampler;
@@ -50,6 +51,7 @@ struct Slot {
     model: Arc<Llama>,
     tok: Arc<TextTokenizer>,
     template: Option<ChatTemplate>,
+    grammars: grammar::Grammars,
     tx: Mutex<std::sync::mpsc::Sender<Job>>,
     metrics: Arc<EngineMetrics>,
     max_waiting: usize,
@@ -102,7 +104,8 @@ impl Engine {
         std::thread::Builder::new().name(format!("engine-{}", self.slots.len())).spawn(move || lp.run()).map_err(
             |e| EngineError::Model(tandem_model::ModelError::Unsupported(format!("cannot start engine thread: {e}"))),
         )?;
-        self.slots.push(Slot { info, model, tok, template, tx: Mutex::new(tx), metrics, max_waiting });
+        let grammars = grammar::Grammars::new(tok.clone());
+        self.slots.push(Slot { info, model, tok, template, grammars, tx: Mutex::new(tx), metrics, max_waiting });
         Ok(())
     }
 
@@ -200,8 +203,18 @@ impl InferenceBackend for Engine {
             return Err(SubmitError::Overloaded);
         }
         let adapter = request.adapter.as_ref().map(|a| self.adapter(a, slot)).transpose()?;
+        // Compiled here, on the caller's thread, so that an invalid constraint is a 400 before
+        // anything is queued and a slow compile never holds up the engine's step.
+        let matcher = match &request.params.constraint {
+            Some(c) => Some(
+                slot.grammars
+                    .compile(c)
+                    .map_err(|e| SubmitError::InvalidField { field: c.field.clone(), message: format!("invalid {}: {e}", c.field) })?,
+            ),
+            None => None,
+        };
         let (tx, rx) = unbounded_channel();
-        let job = Job { req: request, adapter, tx, received: Instant::now() };
+        let job = Job { req: request, adapter, tx, received: Instant::now(), matcher };
         slot.tx.lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(|_| SubmitError::Stopped)?;
         Ok(rx)
     }

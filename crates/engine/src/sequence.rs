@@ -2,6 +2,7 @@
 //! that end it. Ids: a request's choice 0 has an id whose low 8 bits are zero; choice c of the
 //! same request is that id plus c (so n is at most 255).
 
+use llguidance::Matcher;
 use crate::engine::Job;
 use crate::metrics::EngineMetrics;
 use crate::sampler::{self, History};
@@ -41,6 +42,8 @@ pub(crate) struct Seq {
     stops: StopStrings,
     last_token_at: Option<Instant>,
     received: Instant,
+    /// Structured output: masks each step's logits and follows the sampled tokens.
+    matcher: Option<Matcher>,
 }
 
 fn rng_for(seed: Option<u64>, choice: usize) -> ChaCha8Rng {
@@ -77,6 +80,7 @@ impl Seq {
             decoder: IncrementalDecoder::default(),
             last_token_at: None,
             received: job.received,
+            matcher: job.matcher,
         }
     }
 
@@ -106,6 +110,7 @@ impl Seq {
                 reserve: self.reserve,
                 last_token_at: None,
                 received: self.received,
+                matcher: self.matcher.as_ref().map(Matcher::deep_clone),
             })
             .collect()
     }
@@ -166,7 +171,22 @@ impl Seq {
         let p = self.params.clone();
         let mut logits = raw.to_vec();
         sampler::process(&mut logits, &p, &History { prompt: &self.prompt, generated: &self.generated }, tok.eos_id);
+        if let Some(m) = self.matcher.as_mut() {
+            if let Err(e) = constrain(m, &mut logits, tok.eos_id) {
+                let _ = self.tx.send(InferEvent::Error(format!("structured output failed: {e}")));
+                return true;
+            }
+        }
         let token = sampler::sample(&logits, &p, &mut self.rng);
+        if let Some(m) = self.matcher.as_mut() {
+            // EOS ends the grammar (the mask allowed it only where the output is complete).
+            if token != tok.eos_id {
+                if let Err(e) = m.consume_token(token) {
+                    let _ = self.tx.send(InferEvent::Error(format!("structured output failed: {e}")));
+                    return true;
+                }
+            }
+        }
         let logprob = p.logprobs.map(|k| logprob_entry(raw, token, k, tok));
         self.generated.push(token);
         let now = Instant::now();
@@ -234,4 +254,25 @@ fn logprob_entry(raw: &[f32], chosen: u32, k: usize, tok: &TextTokenizer) -> Tok
     }
     top.truncate(k);
     TokenLogprob { token: entry(chosen), top }
+}
+
+/// Masks every token the grammar does not allow next; once the output is complete only EOS is
+/// allowed. If the sampler's own masks (e.g. `min_tokens` banning EOS) leave nothing the grammar
+/// allows, EOS is let through so the output still conforms.
+fn constrain(m: &mut Matcher, logits: &mut [f32], eos: u32) -> Result<(), String> {
+    let mask = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
+    let mut any = false;
+    for (id, l) in logits.iter_mut().enumerate() {
+        if !mask.is_allowed(id as u32) {
+            *l = f32::NEG_INFINITY;
+        } else if *l > f32::NEG_INFINITY {
+            any = true;
+        }
+    }
+    if !any {
+        if let Some(l) = logits.get_mut(eos as usize) {
+            *l = 0.0;
+        }
+    }
+    Ok(())
 }

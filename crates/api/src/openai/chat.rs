@@ -173,6 +173,7 @@ pub(super) fn submit_error(e: SubmitError) -> ApiError {
     match e {
         SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
         SubmitError::Invalid(m) => ApiError::bad_param("model", m),
+        SubmitError::InvalidField { field, message } => ApiError::bad_param(&field, message),
         SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
     }
 }

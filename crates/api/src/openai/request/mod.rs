@@ -41,15 +41,6 @@ pub struct ChatPlan {
     pub beam: Option<f64>,
 }
 
-/// Fields this server does not implement yet; each is refused with a 400 naming it, never
-/// silently ignored (an ignored constraint would return unconstrained output as if it held).
-const NOT_YET: [(&str, &str); 4] = [
-    ("structured_outputs", "structured outputs are not supported by this server yet"),
-    ("guided_json", "guided decoding is not supported by this server yet"),
-    ("guided_regex", "guided decoding is not supported by this server yet"),
-    ("guided_choice", "guided decoding is not supported by this server yet"),
-];
-
 fn num(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<f64> {
     optional(obj, key).and_then(|x| v.at(key, |v| v.number(x)))
 }
@@ -74,11 +65,6 @@ fn bad(param: &str, msg: impl Into<String>) -> ApiError {
 pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, ApiError> {
     let mut v = Validator::new("body");
     let Some(obj) = v.object(body) else { return Err(ApiError::validation(v.into_errors())) };
-    for (key, why) in NOT_YET {
-        if optional(obj, key).is_some() {
-            return Err(bad(key, why));
-        }
-    }
     let messages = match v.required(obj, "messages") {
         Some(m) => v.at("messages", |v| messages(v, m)),
         None => None,
@@ -265,7 +251,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
             )),
         };
     tools(obj, &mut render)?;
-    check_unsupported(obj)?;
+    p.constraint = structured::constraint(obj)?;
     p.processors = processors(optional(obj, "logits_processors"))?;
     let beam = if use_beam {
         beam_compatible(&p, prompt_logprobs.is_some(), !bad_words.is_empty())?;
@@ -450,6 +436,7 @@ fn beam_compatible(p: &SamplingParams, prompt_logprobs: bool, bad_words: bool) -
         ("top_k", p.top_k != d.top_k),
         ("min_p", p.min_p != d.min_p),
         ("prompt_logprobs", prompt_logprobs),
+        (p.constraint.as_ref().map_or("structured_outputs", |c| c.field.as_str()), p.constraint.is_some()),
     ];
     match ignored.iter().find(|(_, set)| *set) {
         Some((name, _)) => Err(bad(
@@ -458,22 +445,6 @@ fn beam_compatible(p: &SamplingParams, prompt_logprobs: bool, bad_words: bool) -
         )),
         None => Ok(()),
     }
-}
-
-fn check_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    if let Some(rf) = optional(obj, "response_format") {
-        match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(other) => {
-                return Err(bad(
-                    "response_format",
-                    format!("response_format type {other:?} is not supported by this server yet"),
-                ))
-            }
-            None => return Err(bad("response_format", "response_format needs a type")),
-        }
-    }
-    Ok(())
 }
 
 /// `logits_processors`: names (or `{qualname, args, kwargs}`) of built-in processors only.
@@ -526,5 +497,6 @@ fn processors(value: Option<&Value>) -> Result<Vec<LogitsProcessor>, ApiError> {
     Ok(out)
 }
 
+mod structured;
 #[cfg(test)]
 mod tests;

@@ -73,8 +73,20 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "use_beam_search": true, "prompt_logprobs": 1}), "prompt_logprobs"),
         (json!({"messages": msgs(), "use_beam_search": true, "bad_words": ["x"]}), "bad_words"),
         (json!({"messages": msgs(), "use_beam_search": "yes"}), "use_beam_search"),
-        (json!({"messages": msgs(), "structured_outputs": {"regex": "a+"}}), "structured_outputs"),
-        (json!({"messages": msgs(), "response_format": {"type": "json_object"}}), "response_format"),
+        (json!({"messages": msgs(), "structured_outputs": {"regex": "a+", "choice": ["a"]}}), "structured_outputs"),
+        (json!({"messages": msgs(), "structured_outputs": {"disable_any_whitespace": true}}), "structured_outputs"),
+        (json!({"messages": msgs(), "structured_outputs": {"choice": []}}), "structured_outputs"),
+        (json!({"messages": msgs(), "structured_outputs": {"json": "{not json"}}), "structured_outputs"),
+        (json!({"messages": msgs(), "structured_outputs": {"structural_tag": "{}"}}), "structured_outputs"),
+        (json!({"messages": msgs(), "structured_outputs": {"regexp": "a"}}), "structured_outputs"),
+        (
+            json!({"messages": msgs(), "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"messages": msgs(), "response_format": {"type": "json_schema"}}), "response_format"),
+        (json!({"messages": msgs(), "response_format": {"type": "xml"}}), "response_format"),
+        (json!({"messages": msgs(), "guided_regex": 5}), "guided_regex"),
+        (json!({"messages": msgs(), "use_beam_search": true, "guided_choice": ["a"]}), "guided_choice"),
         (json!({"messages": msgs(), "logits_processors": ["my.mod.Proc"]}), "logits_processors"),
         (
             json!({"messages": msgs(), "logits_processors": [{"qualname": "no_repeat_ngram", "kwargs": {"n": 0}}]}),
@@ -132,4 +144,30 @@ fn beam_search_takes_n_as_its_width() {
     let p = ok(json!({"messages": msgs(), "use_beam_search": true}));
     assert_eq!(p.beam, Some(1.0));
     assert_eq!(ok(json!({"messages": msgs()})).beam, None);
+}
+
+#[test]
+fn structured_outputs_response_format_and_aliases_become_one_constraint() {
+    use tandem_core::inference::ConstraintKind;
+    let c = |body: serde_json::Value| ok(body).params.constraint;
+    assert_eq!(c(json!({"messages": msgs()})), None);
+    assert_eq!(c(json!({"messages": msgs(), "response_format": {"type": "text"}})), None);
+    let so = c(json!({"messages": msgs(), "structured_outputs": {"json": "{\"type\": \"object\"}",
+                      "disable_any_whitespace": true, "whitespace_pattern": " "}}))
+    .unwrap();
+    assert_eq!(so.kind, ConstraintKind::Json(json!({"type": "object"})));
+    assert!(so.disable_any_whitespace && so.whitespace_pattern.as_deref() == Some(" "));
+    assert_eq!(so.field, "structured_outputs");
+    let rf = c(json!({"messages": msgs(), "response_format": {"type": "json_schema",
+                      "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": true}},
+                      "structured_outputs": {"disable_additional_properties": true}}))
+    .unwrap();
+    assert_eq!((rf.kind, rf.field.as_str(), rf.disable_additional_properties), (ConstraintKind::Json(json!({"type": "integer"})), "response_format", true));
+    assert_eq!(c(json!({"messages": msgs(), "response_format": {"type": "json_object"}})).unwrap().kind, ConstraintKind::JsonObject);
+    assert_eq!(c(json!({"messages": msgs(), "structured_outputs": {"json_object": true}})).unwrap().kind, ConstraintKind::JsonObject);
+    let g = c(json!({"messages": msgs(), "guided_choice": ["yes", "no"]})).unwrap();
+    assert_eq!((g.kind, g.field.as_str()), (ConstraintKind::Choice(vec!["yes".into(), "no".into()]), "guided_choice"));
+    assert_eq!(c(json!({"messages": msgs(), "guided_grammar": "start: \"a\""})).unwrap().kind, ConstraintKind::Grammar("start: \"a\"".into()));
+    let deep = (0..70).fold(json!({"type": "string"}), |acc, _| json!({"type": "object", "properties": {"a": acc}}));
+    assert!(validate(&json!({"messages": msgs(), "structured_outputs": {"json": deep}}), true).is_err());
 }

@@ -1,0 +1,199 @@
+//! Structured outputs with llguidance: the token environment over our tokenizer, one parser
+//! factory per model (its token trie takes ~0.4 s to build, so it is built on first use), and a
+//! matcher per constrained sequence that masks the logits before each sample.
+//!
+//! Written against `toktrie` directly rather than `toktrie_hf_tokenizers`, which pins an older
+//! `tokenizers` (a second copy to compile) and would re-read a tokenizer.json we do not have: the
+//! trie only needs every token's bytes, which our tokenizer already keeps.
+
+use crate::tokenizer::TextTokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use std::sync::{Arc, OnceLock};
+use tandem_core::inference::{Constraint, ConstraintKind};
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+
+/// llguidance's view of the model's vocabulary.
+struct Env {
+    trie: TokTrie,
+    tok: Arc<TextTokenizer>,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    /// Valid UTF-8 runs through the tokenizer; any other byte as its byte-level token. (A lossy
+    /// conversion would turn a forced partial character into U+FFFD's token, which the grammar
+    /// then rejects: found by the random-regex test.)
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        let mut out = Vec::new();
+        for chunk in s.utf8_chunks() {
+            if !chunk.valid().is_empty() {
+                out.extend(self.tok.encode(chunk.valid()).unwrap_or_default());
+            }
+            out.extend(chunk.invalid().iter().filter_map(|b| self.tok.token_id_for_bytes(&[*b])));
+        }
+        out
+    }
+}
+
+/// The factory of one model, built on the first constrained request.
+pub(crate) struct Grammars {
+    tok: Arc<TextTokenizer>,
+    factory: OnceLock<Result<Arc<ParserFactory>, String>>,
+}
+
+impl Grammars {
+    pub fn new(tok: Arc<TextTokenizer>) -> Self {
+        Grammars { tok, factory: OnceLock::new() }
+    }
+
+    fn factory(&self) -> Result<&Arc<ParserFactory>, String> {
+        self.factory
+            .get_or_init(|| {
+                let tok = &self.tok;
+                // Special tokens enter the trie behind llguidance's marker byte, so that grammar
+                // text never matches them; normal tokens as their raw bytes.
+                let words: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
+                    .map(|id| {
+                        let bytes = tok.token_bytes(id);
+                        if tok.is_special(id) {
+                            [&[TokTrie::SPECIAL_TOKEN_MARKER][..], bytes].concat()
+                        } else {
+                            bytes.to_vec()
+                        }
+                    })
+                    .collect();
+                let mut info = TokRxInfo::new(tok.vocab_size() as u32, tok.eos_id);
+                info.tok_bos = tok.bos_id;
+                let env: TokEnv = Arc::new(Env { trie: TokTrie::from(&info, &words), tok: tok.clone() });
+                let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+                factory.set_stderr_log_level(0);
+                Ok(Arc::new(factory))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A fresh matcher for `c`, or why the constraint is invalid.
+    pub fn compile(&self, c: &Constraint) -> Result<Matcher, String> {
+        let grammar = top_level(c)?;
+        let parser = self.factory()?.create_parser(grammar).map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        match matcher.get_error() {
+            Some(e) => Err(e),
+            None => Ok(matcher),
+        }
+    }
+}
+
+/// The llguidance grammar of a constraint.
+fn top_level(c: &Constraint) -> Result<TopLevelGrammar, String> {
+    Ok(match &c.kind {
+        ConstraintKind::Json(schema) => TopLevelGrammar::from_json_schema(json_options(c, schema.clone())?),
+        ConstraintKind::JsonObject => TopLevelGrammar::from_json_schema(json_options(c, json!({"type": "object"}))?),
+        ConstraintKind::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        ConstraintKind::Choice(choices) => {
+            if choices.is_empty() {
+                return Err("choice needs at least one string".into());
+            }
+            let alternatives: Vec<String> = choices.iter().map(|s| escape_regex(s)).collect();
+            TopLevelGrammar::from_regex(&alternatives.join("|"))
+        }
+        ConstraintKind::Grammar(lark) => TopLevelGrammar::from_lark(lark.clone()),
+    })
+}
+
+/// The schema with the request's JSON options attached the way llguidance reads them.
+fn json_options(c: &Constraint, mut schema: Value) -> Result<Value, String> {
+    if !schema.is_object() {
+        return Err("a JSON schema must be an object".into());
+    }
+    if c.disable_additional_properties {
+        close_objects(&mut schema);
+    }
+    let mut opts = json!({"whitespace_flexible": !c.disable_any_whitespace});
+    if let Some(ws) = &c.whitespace_pattern {
+        opts["whitespace_pattern"] = json!(ws);
+    }
+    schema["x-guidance"] = opts;
+    Ok(schema)
+}
+
+/// Sets `additionalProperties: false` on every object schema that does not say otherwise
+/// (vLLM's `disable_additional_properties`).
+fn close_objects(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            let is_object = map.get("type").and_then(Value::as_str) == Some("object") || map.contains_key("properties");
+            if is_object && !map.contains_key("additionalProperties") {
+                map.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (key, child) in map.iter_mut() {
+                // Enumerated values and defaults are data, not schemas.
+                if !matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
+                    close_objects(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+/// `s` as a regex matching exactly itself (the `regex` crate's metacharacters escaped; `<` and
+/// `>` are left alone, since escaped they mean word boundaries).
+fn escape_regex(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for ch in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(ch) {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn constraint(kind: ConstraintKind) -> Constraint {
+        Constraint {
+            kind,
+            disable_any_whitespace: false,
+            disable_additional_properties: false,
+            whitespace_pattern: None,
+            field: "structured_outputs".into(),
+        }
+    }
+
+    #[test]
+    fn closing_objects_reaches_nested_schemas_but_not_data() {
+        let mut s = json!({"type": "object", "properties": {"a": {"type": "object"}, "b": {"enum": [{"type": "object"}]}},
+                           "additionalProperties": true});
+        close_objects(&mut s);
+        assert_eq!(s["additionalProperties"], json!(true));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["b"]["enum"][0], json!({"type": "object"}));
+    }
+
+    #[test]
+    fn choices_become_an_escaped_alternation() {
+        assert_eq!(escape_regex("a.b|c (d)"), "a\\.b\\|c \\(d\\)");
+        assert!(top_level(&constraint(ConstraintKind::Choice(vec![]))).is_err());
+        assert!(top_level(&constraint(ConstraintKind::Json(json!(true)))).is_err());
+    }
+
+    #[test]
+    fn json_options_reach_x_guidance() {
+        let mut c = constraint(ConstraintKind::Json(json!({"type": "object"})));
+        c.disable_any_whitespace = true;
+        c.whitespace_pattern = Some(" ?".into());
+        let s = json_options(&c, json!({"type": "object"})).unwrap();
+        assert_eq!(s["x-guidance"], json!({"whitespace_flexible": false, "whitespace_pattern": " ?"}));
+    }
+}

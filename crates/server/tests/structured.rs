@@ -1,0 +1,187 @@
+//! Structured outputs end to end on the real model, over HTTP against the real binary: every
+//! constraint kind yields output that parses and conforms, streaming equals non-streaming, invalid
+//! constraints are 400s naming the field, and random schemas and regexes never break the server.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+async fn chat(c: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
+    post(c, &format!("{url}/v1/chat/completions"), KEY, &body).await.unwrap()
+}
+
+fn req(prompt: &str, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 80, "temperature": 0,
+                          "return_token_ids": true});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// The first choice's content, after checking the request succeeded and ended by the grammar.
+async fn conforming(c: &reqwest::Client, url: &str, body: Value) -> String {
+    let (status, v) = chat(c, url, body.clone()).await;
+    assert_eq!(status, 200, "{body} -> {v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{body} -> {v}");
+    // The final EOS is generated and counted, as for unconstrained output.
+    assert_eq!(choice["token_ids"].as_array().unwrap().last().unwrap(), 2);
+    choice["message"]["content"].as_str().unwrap().to_string()
+}
+
+fn person_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
+      "required": ["name", "age", "colors"], "additionalProperties": false})
+}
+
+fn check_person(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let o = v.as_object().unwrap();
+    assert_eq!(o.keys().collect::<Vec<_>>(), ["name", "age", "colors"], "{text}");
+    assert!(o["name"].as_str().unwrap().chars().count() <= 12, "{text}");
+    assert!((0..=150).contains(&o["age"].as_i64().unwrap()), "{text}");
+    let colors = o["colors"].as_array().unwrap();
+    assert!(colors.len() <= 3 && colors.iter().all(|c| ["red", "green", "blue"].contains(&c.as_str().unwrap())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_outputs_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--api-key", KEY]);
+    let (c, url) = (client(), server.url.clone());
+    let prompt = "Describe a person as JSON with name, age and favourite colors.";
+
+    // JSON schema, three ways of asking for it, greedy and sampled.
+    let so = json!({"structured_outputs": {"json": person_schema()}});
+    check_person(&conforming(&c, &url, req(prompt, so.clone())).await);
+    let as_string = json!({"structured_outputs": {"json": person_schema().to_string()}});
+    check_person(&conforming(&c, &url, req(prompt, as_string)).await);
+    let rf = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema(), "strict": true}}});
+    check_person(&conforming(&c, &url, req(prompt, rf)).await);
+    for seed in 0..3 {
+        let body = req(prompt, json!({"structured_outputs": {"json": person_schema()}, "temperature": 1.0, "seed": seed}));
+        check_person(&conforming(&c, &url, body).await);
+    }
+    // n > 1: each choice follows its own copy of the grammar.
+    let (s, v) = chat(&c, &url, req(prompt, json!({"guided_json": person_schema(), "n": 2, "temperature": 1.0, "seed": 5}))).await;
+    assert_eq!(s, 200, "{v}");
+    for ch in v["choices"].as_array().unwrap() {
+        assert_eq!(ch["finish_reason"], "stop");
+        check_person(ch["message"]["content"].as_str().unwrap());
+    }
+
+    // Streaming gives the same text and ids as the non-streamed answer.
+    let full = chat(&c, &url, req(prompt, so.clone())).await.1;
+    let mut sbody = req(prompt, so.clone());
+    sbody["stream"] = json!(true);
+    let r = c.post(format!("{url}/v1/chat/completions")).bearer_auth(KEY).json(&sbody).send().await.unwrap();
+    let text = r.text().await.unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|f| f.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, full["choices"][0]["message"]["content"].as_str().unwrap());
+    let ids: Vec<Value> = chunks.iter().filter_map(|c| c["choices"][0]["token_ids"].as_array()).flatten().cloned().collect();
+    assert_eq!(Value::Array(ids), full["choices"][0]["token_ids"]);
+
+    // Any JSON object; compact JSON without free whitespace.
+    let obj = conforming(&c, &url, req("Return {\"ok\": true} as JSON.", json!({"response_format": {"type": "json_object"}}))).await;
+    assert!(serde_json::from_str::<Value>(&obj).unwrap().is_object(), "{obj}");
+    let compact = conforming(
+        &c,
+        &url,
+        req(prompt, json!({"structured_outputs": {"json": person_schema(), "disable_any_whitespace": true}})),
+    )
+    .await;
+    check_person(&compact);
+    assert_eq!(compact, serde_json::to_string(&serde_json::from_str::<Value>(&compact).unwrap()).unwrap());
+    // additionalProperties defaults to false when asked: only the declared key appears.
+    let open = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]});
+    let closed = conforming(
+        &c,
+        &url,
+        req("Where do you live? Answer as JSON.", json!({"structured_outputs": {"json": open, "disable_additional_properties": true}})),
+    )
+    .await;
+    let closed: Value = serde_json::from_str(&closed).unwrap();
+    assert_eq!(closed.as_object().unwrap().keys().collect::<Vec<_>>(), ["city"]);
+
+    // Regex, choice and a Lark grammar.
+    let rx = "[0-9]{3}-[a-z]{2,4}";
+    let out = conforming(&c, &url, req("Make up a code.", json!({"structured_outputs": {"regex": rx}}))).await;
+    assert!(regex::Regex::new(&format!("^(?:{rx})$")).unwrap().is_match(&out), "{out:?}");
+    let choices = ["yes", "no", "it depends (on you)"];
+    for seed in 0..3 {
+        let out = conforming(
+            &c,
+            &url,
+            req("Is the sky blue?", json!({"guided_choice": choices, "temperature": 1.0, "seed": seed})),
+        )
+        .await;
+        assert!(choices.contains(&out.as_str()), "{out:?}");
+    }
+    let grammar = "start: \"The answer is \" NUMBER \".\"\nNUMBER: /[1-9][0-9]{0,2}/";
+    let out = conforming(&c, &url, req("What is 6 times 7?", json!({"structured_outputs": {"grammar": grammar}}))).await;
+    assert!(regex::Regex::new(r"^The answer is [1-9][0-9]{0,2}\.$").unwrap().is_match(&out), "{out:?}");
+
+    // Cut by length: the text may be incomplete, and says so.
+    let (s, v) = chat(&c, &url, req(prompt, json!({"structured_outputs": {"json": person_schema()}, "max_tokens": 3}))).await;
+    assert_eq!((s, v["choices"][0]["finish_reason"].as_str()), (200, Some("length")));
+
+    // Invalid constraints: 400 naming the field.
+    for (extra, field) in [
+        (json!({"structured_outputs": {"regex": "(unclosed"}}), "structured_outputs"),
+        (json!({"structured_outputs": {"grammar": "start: ???"}}), "structured_outputs"),
+        (json!({"structured_outputs": {"json": {"type": "no-such-type"}}}), "structured_outputs"),
+        (json!({"guided_regex": "[z-a]"}), "guided_regex"),
+        (json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"minimum": "x", "type": "integer"}}}}), "response_format"),
+    ] {
+        let (s, v) = chat(&c, &url, req("x", extra.clone())).await;
+        assert_eq!(s, 400, "{extra} -> {v}");
+        assert_eq!(v["error"]["param"], field, "{extra} -> {v}");
+    }
+
+    // Random schemas and regexes (valid or not) never crash the server: 200 or 400, nothing else,
+    // and a 200 that stopped by itself parses as JSON for schemas.
+    let mut x: u64 = 0x9E3779B97F4A7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let atoms = ["string", "integer", "number", "boolean", "null", "object", "array", "weird"];
+    let rx_parts = ["a", "[0-9]", "(", ")", "|", "*", "+", "{2}", "{3,1}", "\\d", "[^x]", "?", ".", "\\", "[a-", "x{1,3}"];
+    for i in 0..24 {
+        let (extra, is_json) = if i % 2 == 0 {
+            let mut schema = json!({"type": atoms[(next() % 8) as usize]});
+            for _ in 0..(next() % 3) {
+                schema = json!({"type": "object", "properties": {format!("k{}", next() % 5): schema},
+                                "required": if next() % 2 == 0 { json!([]) } else { json!(["k0"]) },
+                                "minProperties": next() % 3, "maxProperties": next() % 3});
+            }
+            (json!({"structured_outputs": {"json": schema}}), true)
+        } else {
+            let rx: String = (0..1 + next() % 6).map(|_| rx_parts[(next() % rx_parts.len() as u64) as usize]).collect();
+            (json!({"structured_outputs": {"regex": rx}}), false)
+        };
+        let mut body = req("Answer.", extra.clone());
+        body["max_tokens"] = json!(24);
+        let (s, v) = chat(&c, &url, body).await;
+        assert!(s == 200 || s == 400, "{extra} -> {s} {v}");
+        if s == 200 && is_json && v["choices"][0]["finish_reason"] == "stop" {
+            let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+            assert!(serde_json::from_str::<Value>(text).is_ok(), "{extra} -> {text:?}");
+        }
+    }
+    let health = c.get(format!("{url}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+}
