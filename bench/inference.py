@@ -25,9 +25,16 @@ def prompt(n_words, rng):
     return salt + " " + " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
-def chat(url, key, content, max_tokens):
+# A schema the model can keep writing for a long time (a list of free strings), for the
+# constrained-decoding metrics; the grammar may end the output early, so rates count what came.
+SCHEMA = {"type": "object", "properties": {"lines": {"type": "array", "items": {"type": "string"}}}, "required": ["lines"]}
+
+
+def chat(url, key, content, max_tokens, constrained=False):
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "n_predict": max_tokens}
+            "ignore_eos": not constrained, "n_predict": max_tokens}
+    if constrained:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "lines", "schema": SCHEMA}}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     t0 = time.perf_counter()
@@ -41,19 +48,19 @@ def prefill_rate(url, key, rng):
     return usage["prompt_tokens"] / secs
 
 
-def decode_rate(url, key, rng):
-    short = prompt(8, rng)
-    t1, _ = chat(url, key, short, 1)
-    t128, usage = chat(url, key, short + " again", 129)
+def decode_rate(url, key, rng, constrained=False):
+    short = prompt(8, rng) + (" Write the lines of a long poem as JSON." if constrained else "")
+    t1, _ = chat(url, key, short, 1, constrained)
+    t128, usage = chat(url, key, short + " again", 129, constrained)
     return (usage["completion_tokens"] - 1) / max(t128 - t1, 1e-9)
 
 
-def aggregate_rate(url, key, rng, streams):
+def aggregate_rate(url, key, rng, streams, constrained=False):
     results = []
-    prompts = [prompt(16, rng) for _ in range(streams)]
+    prompts = [prompt(16, rng) + (" Write the lines of a long poem as JSON." if constrained else "") for _ in range(streams)]
 
     def run(p):
-        _, usage = chat(url, key, p, 64)
+        _, usage = chat(url, key, p, 64, constrained)
         results.append(usage["completion_tokens"])
 
     t0 = time.perf_counter()
@@ -79,6 +86,8 @@ def main():
     ap.add_argument("servers", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--key", default="bench")
+    ap.add_argument("--constrained", action="store_true",
+                    help="also measure decode with a JSON-schema constraint (first server only)")
     args = ap.parse_args()
     servers = []
     for s in args.servers:
@@ -86,7 +95,8 @@ def main():
         url, _, pid = rest.partition("@")
         servers.append((name, url.rstrip("/"), pid or None))
     metrics = ["prefill_512", "decode_1", "aggregate_1", "aggregate_4", "aggregate_16"]
-    samples = {name: {m: [] for m in metrics} for name, _, _ in servers}
+    json_metrics = ["decode_1_json", "aggregate_1_json", "aggregate_16_json"]
+    samples = {name: {m: [] for m in metrics + json_metrics} for name, _, _ in servers}
     rng = random.Random(1)
     for name, url, _ in servers:  # warm-up
         chat(url, args.key, "hello", 4)
@@ -97,11 +107,22 @@ def main():
             s["decode_1"].append(decode_rate(url, args.key, rng))
             for n in (1, 4, 16):
                 s[f"aggregate_{n}"].append(aggregate_rate(url, args.key, rng, n))
+            if args.constrained and name == servers[0][0]:
+                s["decode_1_json"].append(decode_rate(url, args.key, rng, True))
+                for n in (1, 16):
+                    s[f"aggregate_{n}_json"].append(aggregate_rate(url, args.key, rng, n, True))
     print(f"{'metric (tok/s, median)':<24}" + "".join(f"{n:>14}" for n, _, _ in servers) + ("     ratio" if len(servers) == 2 else ""))
     for m in metrics:
         vals = [statistics.median(samples[n][m]) for n, _, _ in servers]
         ratio = f"{vals[0] / vals[1]:>10.2f}" if len(vals) == 2 else ""
         print(f"{m:<24}" + "".join(f"{v:>14.1f}" for v in vals) + ratio)
+    if args.constrained:
+        first = servers[0][0]
+        print(f"\n{first} with a JSON-schema constraint (tok/s, median), and constrained / unconstrained:")
+        for m in json_metrics:
+            base = m.removesuffix("_json")
+            v, u = statistics.median(samples[first][m]), statistics.median(samples[first][base])
+            print(f"{m:<24}{v:>14.1f}{v / u:>10.2f}")
     rss = [peak_rss_mb(pid) if pid else None for _, _, pid in servers]
     print(f"{'peak RSS (MB)':<24}" + "".join(f"{(r or float('nan')):>14.0f}" for r in rss))
 

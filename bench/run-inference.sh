@@ -42,5 +42,5 @@ for port in 8101 8102; do
   for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
   curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "the server on port $port did not start" >&2; exit 1; }
 done
-python3 bench/inference.py --rounds "$ROUNDS" --key bench \
+python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
