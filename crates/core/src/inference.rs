@@ -257,6 +257,9 @@ pub trait InferenceBackend: Send + Sync + 'static {
     fn models(&self) -> Vec<BaseModelInfo>;
     /// Renders and tokenizes a chat for base model `base`; the error says what failed.
     fn render_chat(&self, base: usize, chat: &ChatRender) -> Result<Vec<u32>, String>;
+    /// Whether the chat template (the request's or the model's) renders `tools` at all: decides
+    /// between the template's tool format and tandem's generic one.
+    fn renders_tools(&self, base: usize, chat: &ChatRender) -> bool;
     fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
     fn detokenize(&self, base: usize, tokens: &[u32], skip_special_tokens: bool) -> Result<String, String>;
     fn token_text(&self, base: usize, token: u32) -> String;

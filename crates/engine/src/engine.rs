@@ -6,11 +6,11 @@
 //! steps; a request's n choices share one prefill and are forked from its KV cache.
 
 use crate::metrics::EngineMetrics;
-use rayon::prelude::*;
 use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::Seq;
 use crate::tokenizer::TextTokenizer;
+use rayon::prelude::*;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -138,13 +138,9 @@ impl Default for Engine {
     }
 }
 
-impl InferenceBackend for Engine {
-    fn models(&self) -> Vec<BaseModelInfo> {
-        self.slots.iter().map(|s| s.info.clone()).collect()
-    }
-
-    fn render_chat(&self, base: usize, chat: &ChatRender) -> Result<Vec<u32>, String> {
-        let slot = self.slot(base)?;
+impl Engine {
+    /// The chat rendered to text with the request's template or the model's.
+    fn render_text(&self, slot: &Slot, chat: &ChatRender) -> Result<String, String> {
         let own;
         let template = match &chat.chat_template {
             Some(src) => {
@@ -163,7 +159,35 @@ impl InferenceBackend for Engine {
             bos_token: slot.tok.bos_id.map(|b| slot.tok.token_text(b)).unwrap_or_default(),
             eos_token: slot.tok.token_text(slot.tok.eos_id),
         };
-        let text = template.render(&chat.messages, &inputs).map_err(|e| e.to_string())?;
+        template.render(&chat.messages, &inputs).map_err(|e| e.to_string())
+    }
+}
+
+impl InferenceBackend for Engine {
+    fn models(&self) -> Vec<BaseModelInfo> {
+        self.slots.iter().map(|s| s.info.clone()).collect()
+    }
+
+    fn renders_tools(&self, base: usize, chat: &ChatRender) -> bool {
+        // A template that uses `tools` puts the tool's name into the prompt; one that ignores them
+        // (SmolLM2's) renders the same text with or without.
+        const PROBE: &str = "tandem_probe_tool_7f3a";
+        let Ok(slot) = self.slot(base) else { return false };
+        let probe = ChatRender {
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
+            add_generation_prompt: true,
+            tools: Some(serde_json::json!([{"type": "function", "function": {"name": PROBE, "description": PROBE,
+                "parameters": {"type": "object", "properties": {}}}}])),
+            chat_template: chat.chat_template.clone(),
+            kwargs: chat.kwargs.clone(),
+            ..ChatRender::default()
+        };
+        self.render_text(slot, &probe).is_ok_and(|t| t.contains(PROBE))
+    }
+
+    fn render_chat(&self, base: usize, chat: &ChatRender) -> Result<Vec<u32>, String> {
+        let slot = self.slot(base)?;
+        let text = self.render_text(slot, chat)?;
         self.tokenize(base, &text, chat.add_special_tokens)
     }
 
@@ -206,11 +230,10 @@ impl InferenceBackend for Engine {
         // Compiled here, on the caller's thread, so that an invalid constraint is a 400 before
         // anything is queued and a slow compile never holds up the engine's step.
         let matcher = match &request.params.constraint {
-            Some(c) => Some(
-                slot.grammars
-                    .compile(c)
-                    .map_err(|e| SubmitError::InvalidField { field: c.field.clone(), message: format!("invalid {}: {e}", c.field) })?,
-            ),
+            Some(c) => Some(slot.grammars.compile(c).map_err(|e| SubmitError::InvalidField {
+                field: c.field.clone(),
+                message: format!("invalid {}: {e}", c.field),
+            })?),
             None => None,
         };
         let (tx, rx) = unbounded_channel();

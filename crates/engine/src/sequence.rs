@@ -2,12 +2,12 @@
 //! that end it. Ids: a request's choice 0 has an id whose low 8 bits are zero; choice c of the
 //! same request is that id plus c (so n is at most 255).
 
-use llguidance::Matcher;
 use crate::engine::Job;
 use crate::metrics::EngineMetrics;
 use crate::sampler::{self, History};
 use crate::stop::StopStrings;
 use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
+use llguidance::Matcher;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;

@@ -55,7 +55,12 @@ impl KvCache {
     pub(crate) fn head(&self, layer: usize, kv_head: usize, head_dim: usize) -> HeadKv<'_> {
         let off = kv_head * head_dim;
         let (k, v) = &self.layers[layer];
-        HeadKv { keys: &k[off * KEY_TILE..], tile_stride: self.kv_dim * KEY_TILE, values: &v[off..], stride: self.kv_dim }
+        HeadKv {
+            keys: &k[off * KEY_TILE..],
+            tile_stride: self.kv_dim * KEY_TILE,
+            values: &v[off..],
+            stride: self.kv_dim,
+        }
     }
 
     /// Forgets every position from `len` on (to reuse a cached prefix).

@@ -64,11 +64,14 @@ async fn structured_outputs_end_to_end() {
     let rf = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema(), "strict": true}}});
     check_person(&conforming(&c, &url, req(prompt, rf)).await);
     for seed in 0..3 {
-        let body = req(prompt, json!({"structured_outputs": {"json": person_schema()}, "temperature": 1.0, "seed": seed}));
+        let body =
+            req(prompt, json!({"structured_outputs": {"json": person_schema()}, "temperature": 1.0, "seed": seed}));
         check_person(&conforming(&c, &url, body).await);
     }
     // n > 1: each choice follows its own copy of the grammar.
-    let (s, v) = chat(&c, &url, req(prompt, json!({"guided_json": person_schema(), "n": 2, "temperature": 1.0, "seed": 5}))).await;
+    let (s, v) =
+        chat(&c, &url, req(prompt, json!({"guided_json": person_schema(), "n": 2, "temperature": 1.0, "seed": 5})))
+            .await;
     assert_eq!(s, 200, "{v}");
     for ch in v["choices"].as_array().unwrap() {
         assert_eq!(ch["finish_reason"], "stop");
@@ -89,11 +92,17 @@ async fn structured_outputs_end_to_end() {
         .collect();
     let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(streamed, full["choices"][0]["message"]["content"].as_str().unwrap());
-    let ids: Vec<Value> = chunks.iter().filter_map(|c| c["choices"][0]["token_ids"].as_array()).flatten().cloned().collect();
+    let ids: Vec<Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["token_ids"].as_array()).flatten().cloned().collect();
     assert_eq!(Value::Array(ids), full["choices"][0]["token_ids"]);
 
     // Any JSON object; compact JSON without free whitespace.
-    let obj = conforming(&c, &url, req("Return {\"ok\": true} as JSON.", json!({"response_format": {"type": "json_object"}}))).await;
+    let obj = conforming(
+        &c,
+        &url,
+        req("Return {\"ok\": true} as JSON.", json!({"response_format": {"type": "json_object"}})),
+    )
+    .await;
     assert!(serde_json::from_str::<Value>(&obj).unwrap().is_object(), "{obj}");
     let compact = conforming(
         &c,
@@ -104,11 +113,15 @@ async fn structured_outputs_end_to_end() {
     check_person(&compact);
     assert_eq!(compact, serde_json::to_string(&serde_json::from_str::<Value>(&compact).unwrap()).unwrap());
     // additionalProperties defaults to false when asked: only the declared key appears.
-    let open = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]});
+    let open =
+        json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]});
     let closed = conforming(
         &c,
         &url,
-        req("Where do you live? Answer as JSON.", json!({"structured_outputs": {"json": open, "disable_additional_properties": true}})),
+        req(
+            "Where do you live? Answer as JSON.",
+            json!({"structured_outputs": {"json": open, "disable_additional_properties": true}}),
+        ),
     )
     .await;
     let closed: Value = serde_json::from_str(&closed).unwrap();
@@ -129,11 +142,13 @@ async fn structured_outputs_end_to_end() {
         assert!(choices.contains(&out.as_str()), "{out:?}");
     }
     let grammar = "start: \"The answer is \" NUMBER \".\"\nNUMBER: /[1-9][0-9]{0,2}/";
-    let out = conforming(&c, &url, req("What is 6 times 7?", json!({"structured_outputs": {"grammar": grammar}}))).await;
+    let out =
+        conforming(&c, &url, req("What is 6 times 7?", json!({"structured_outputs": {"grammar": grammar}}))).await;
     assert!(regex::Regex::new(r"^The answer is [1-9][0-9]{0,2}\.$").unwrap().is_match(&out), "{out:?}");
 
     // Cut by length: the text may be incomplete, and says so.
-    let (s, v) = chat(&c, &url, req(prompt, json!({"structured_outputs": {"json": person_schema()}, "max_tokens": 3}))).await;
+    let (s, v) =
+        chat(&c, &url, req(prompt, json!({"structured_outputs": {"json": person_schema()}, "max_tokens": 3}))).await;
     assert_eq!((s, v["choices"][0]["finish_reason"].as_str()), (200, Some("length")));
 
     // Invalid constraints: 400 naming the field.
@@ -142,7 +157,10 @@ async fn structured_outputs_end_to_end() {
         (json!({"structured_outputs": {"grammar": "start: ???"}}), "structured_outputs"),
         (json!({"structured_outputs": {"json": {"type": "no-such-type"}}}), "structured_outputs"),
         (json!({"guided_regex": "[z-a]"}), "guided_regex"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"minimum": "x", "type": "integer"}}}}), "response_format"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"minimum": "x", "type": "integer"}}}}),
+            "response_format",
+        ),
     ] {
         let (s, v) = chat(&c, &url, req("x", extra.clone())).await;
         assert_eq!(s, 400, "{extra} -> {v}");
@@ -159,7 +177,8 @@ async fn structured_outputs_end_to_end() {
         x
     };
     let atoms = ["string", "integer", "number", "boolean", "null", "object", "array", "weird"];
-    let rx_parts = ["a", "[0-9]", "(", ")", "|", "*", "+", "{2}", "{3,1}", "\\d", "[^x]", "?", ".", "\\", "[a-", "x{1,3}"];
+    let rx_parts =
+        ["a", "[0-9]", "(", ")", "|", "*", "+", "{2}", "{3,1}", "\\d", "[^x]", "?", ".", "\\", "[a-", "x{1,3}"];
     for i in 0..24 {
         let (extra, is_json) = if i % 2 == 0 {
             let mut schema = json!({"type": atoms[(next() % 8) as usize]});
@@ -184,4 +203,131 @@ async fn structured_outputs_end_to_end() {
     }
     let health = c.get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+
+    tools_end_to_end(&c, &url).await;
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+                         "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                         "required": ["city"], "additionalProperties": false}}}
+    ])
+}
+
+fn check_call(call: &Value) {
+    assert!(call["id"].as_str().unwrap().starts_with("chatcmpl-tool-"), "{call}");
+    assert_eq!(call["type"], "function");
+    let name = call["function"]["name"].as_str().unwrap();
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let keys: Vec<&String> = args.as_object().unwrap().keys().collect();
+    match name {
+        "get_weather" => {
+            assert_eq!(keys, ["city", "unit"], "{call}");
+            assert!(["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()));
+        }
+        "get_time" => assert_eq!(keys, ["city"], "{call}"),
+        other => panic!("unknown tool {other}"),
+    }
+    assert!(args["city"].as_str().unwrap().chars().count() <= 20);
+}
+
+/// Tool calling on the bundled model, whose template ignores `tools`: the generic path.
+async fn tools_end_to_end(c: &reqwest::Client, url: &str) {
+    let ask = "What is the weather in Paris?";
+    // A named tool: the arguments always parse and match; content is empty; finish_reason stop.
+    let named = json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    let (s, v) = chat(c, url, req(ask, named)).await;
+    assert_eq!(s, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(
+        (choice["finish_reason"].as_str(), choice["message"]["content"].as_str()),
+        (Some("stop"), Some("")),
+        "{v}"
+    );
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!((calls.len(), calls[0]["function"]["name"].as_str()), (1, Some("get_weather")));
+    check_call(&calls[0]);
+
+    // Required, one call only: finish_reason tool_calls.
+    let required = json!({"tools": tools(), "tool_choice": "required", "parallel_tool_calls": false});
+    let (s, v) = chat(c, url, req(ask, required.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    check_call(&calls[0]);
+
+    // Streaming the same request: one delta naming the call, then its arguments; same result.
+    let mut sbody = req(ask, required);
+    sbody["stream"] = json!(true);
+    let text = c
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&sbody)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|f| f.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert_eq!(deltas.len(), 2, "{text}");
+    assert_eq!(deltas[0]["function"]["name"], calls[0]["function"]["name"]);
+    assert!(deltas[0]["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+    let args: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
+    assert_eq!(args, calls[0]["function"]["arguments"].as_str().unwrap());
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "", "no call text leaks into content");
+    assert_eq!(chunks.iter().rev().find_map(|c| c["choices"][0]["finish_reason"].as_str()), Some("tool_calls"));
+
+    // Auto: either plain text, or calls that parse and match their tools.
+    for (seed, prompt) in [(1, ask), (2, "Tell me a joke."), (3, "What time is it in Tokyo? Use a tool.")] {
+        let body = req(prompt, json!({"tools": tools(), "temperature": 1.0, "seed": seed}));
+        let (s, v) = chat(c, url, body).await;
+        assert_eq!(s, 200, "{v}");
+        let choice = &v["choices"][0];
+        match choice["message"]["tool_calls"].as_array() {
+            Some(calls) => {
+                assert_eq!(choice["finish_reason"], "tool_calls");
+                calls.iter().for_each(check_call);
+            }
+            None => assert!(
+                !choice["message"]["content"].as_str().unwrap().trim_start().starts_with('{')
+                    || choice["finish_reason"] == "length",
+                "{v}"
+            ),
+        }
+    }
+
+    // A conversation with a call and its result continues as text or another call.
+    let history = json!([
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "chatcmpl-tool-1", "content": "18 degrees, sunny"}
+    ]);
+    let (s, v) = chat(c, url, json!({"messages": history, "tools": tools(), "max_tokens": 60, "temperature": 0})).await;
+    assert_eq!(s, 200, "{v}");
+
+    // Invalid uses are 400s naming the field.
+    for (extra, field) in [
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (json!({"tools": tools(), "response_format": {"type": "json_object"}}), "response_format"),
+    ] {
+        let (s, v) = chat(c, url, req("x", extra.clone())).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (400, Some(field)), "{extra} -> {v}");
+    }
 }

@@ -5,6 +5,7 @@ use super::beam;
 use super::request::{self, ChatPlan};
 use super::resolve::{resolve, Target};
 use super::response::{Collected, Renderer};
+use super::tools::{self, ToolMode};
 use crate::auth::Caller;
 use crate::body::OpenAiJson;
 use crate::error::{ApiError, ErrorKind, OpenAiError};
@@ -41,7 +42,7 @@ pub async fn create(
         .clone()
         .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string))
         .unwrap_or_else(|| tandem_core::new_id().simple().to_string());
-    let (generate, prompt) = prepare(backend.clone(), &plan, &target, request_id.clone()).await?;
+    let (generate, prompt, tool_mode) = prepare(backend.clone(), &plan, &target, request_id.clone()).await?;
     let rx = match plan.beam {
         // The search runs to the end first; its result then flows through the same renderers.
         Some(length_penalty) => {
@@ -67,7 +68,7 @@ pub async fn create(
         None => backend.submit(generate).map_err(submit_error)?,
     };
     let echo = echo_text(&plan);
-    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo);
+    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo).with_tools(tool_mode);
     let mut response = if plan.stream {
         stream(renderer, rx, permit)
     } else {
@@ -88,7 +89,7 @@ async fn prepare(
     plan: &ChatPlan,
     target: &Target,
     request_id: String,
-) -> Result<(GenerateRequest, Vec<u32>), ApiError> {
+) -> Result<(GenerateRequest, Vec<u32>, Option<ToolMode>), ApiError> {
     let plan = plan.clone();
     let target = target.clone();
     tokio::task::spawn_blocking(move || {
@@ -97,15 +98,21 @@ async fn prepare(
             .get(target.base)
             .cloned()
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "base model vanished"))?;
-        let mut prompt =
-            backend.render_chat(target.base, &plan.render).map_err(|m| ApiError::bad_param("messages", m))?;
+        // Tools: the template renders them, or tandem's generic format is described and enforced.
+        let mut render = plan.render.clone();
+        let mut params = plan.params.clone();
+        let tool_mode = plan.tools.as_ref().map(|t| {
+            let (constraint, mode) = tools::apply(t, backend.renders_tools(target.base, &render), &mut render);
+            params.constraint = constraint;
+            mode
+        });
+        let mut prompt = backend.render_chat(target.base, &render).map_err(|m| ApiError::bad_param("messages", m))?;
         if let Some(t) = plan.truncate_prompt_tokens {
             let keep = if t == -1 { info.context_len } else { t as usize };
             if prompt.len() > keep {
                 prompt.drain(..prompt.len() - keep);
             }
         }
-        let mut params = plan.params.clone();
         let vocab = info.vocab_size as u32;
         let check = |name: &str, ids: &[u32]| match ids.iter().find(|t| **t >= vocab) {
             Some(bad) => Err(ApiError::bad_param(name, format!("token id {bad} is out of vocabulary (size {vocab})"))),
@@ -162,7 +169,7 @@ async fn prepare(
             cache_salt: plan.cache_salt.clone(),
             prompt_logprobs: plan.prompt_logprobs,
         };
-        Ok((req, prompt))
+        Ok((req, prompt, tool_mode))
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("render task failed: {e}")))?

@@ -7,6 +7,7 @@ mod request;
 mod resolve;
 mod response;
 mod tokenize;
+mod tools;
 
 use crate::auth::{require_openai, Caller};
 use crate::error::{ApiError, ErrorKind, OpenAiError};

@@ -3,6 +3,7 @@
 //! usage chunk).
 
 use super::request::ChatPlan;
+use super::tools::{self, Format, ToolMode};
 use serde_json::{json, Value};
 use tandem_core::inference::{FinishReason, InferEvent, RankedLogprob, StopReason, TokenLogprob, TopLogprob};
 
@@ -68,9 +69,31 @@ pub struct Renderer {
     tokens_as_ids: bool,
     include_usage: bool,
     continuous_usage: bool,
+    /// Tool calls are parsed from the output (see `tools`).
+    tools: Option<ToolMode>,
     // streaming state
     state: Collected,
     finished: Vec<bool>,
+    /// Bytes of each choice's text already sent as content (tool output is held back).
+    emitted: Vec<usize>,
+}
+
+/// The `finish_reason` of a choice: `tool_calls` when calls were made and the engine stopped by
+/// itself, except for a named tool choice (`stop`, as OpenAI and vLLM report it).
+fn finish_json(reason: FinishReason, calls: &[tools::Call], mode: Option<&ToolMode>) -> &'static str {
+    match (reason, mode) {
+        (FinishReason::Stop, Some(m)) if !calls.is_empty() && !matches!(m.format, Format::Arguments(_)) => "tool_calls",
+        _ => reason.as_str(),
+    }
+}
+
+fn calls_json(calls: &[tools::Call]) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .map(|c| json!({"id": tools::call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect(),
+    )
 }
 
 /// vLLM's shape: null for the first position, then `{"<id>": {logprob, rank, decoded_token}}`.
@@ -121,8 +144,29 @@ impl Renderer {
             tokens_as_ids: plan.tokens_as_ids,
             include_usage: plan.include_usage,
             continuous_usage: plan.continuous_usage,
+            tools: None,
             state: Collected::new(plan.n),
             finished: vec![false; plan.n],
+            emitted: vec![0; plan.n],
+        }
+    }
+
+    /// Parses tool calls out of the output in this mode.
+    pub fn with_tools(mut self, mode: Option<ToolMode>) -> Self {
+        self.tools = mode;
+        self
+    }
+
+    /// Whether choice `i`'s text so far must be held back (it is, or may become, a tool call).
+    fn holding(&self, i: usize) -> bool {
+        let Some(mode) = &self.tools else { return false };
+        match mode.format {
+            // Generic `auto`: plain text is streamed as soon as it cannot be a calls object.
+            Format::Generic { required: false } => {
+                let text = self.state.choices.get(i).map_or("", |c| c.text.as_str()).trim_start();
+                text.is_empty() || text.starts_with('{')
+            }
+            _ => true,
         }
     }
 
@@ -163,15 +207,22 @@ impl Renderer {
             .enumerate()
             .map(|(i, ch)| {
                 let (reason, stop) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
-                let content = format!("{}{}", self.echo.as_deref().unwrap_or(""), ch.text);
+                let (content, calls) = match &self.tools {
+                    Some(mode) => tools::parse(mode, &ch.text),
+                    None => (Some(format!("{}{}", self.echo.as_deref().unwrap_or(""), ch.text)), Vec::new()),
+                };
+                let mut message = json!({
+                    "role": self.role, "content": content, "refusal": null, "annotations": null,
+                    "audio": null, "function_call": null, "reasoning": null,
+                });
+                if !calls.is_empty() {
+                    message["tool_calls"] = calls_json(&calls);
+                }
                 json!({
                     "index": i,
-                    "message": {
-                        "role": self.role, "content": content, "refusal": null, "annotations": null,
-                        "audio": null, "function_call": null, "reasoning": null,
-                    },
+                    "message": message,
                     "logprobs": if self.logprobs { json!({ "content": ch.logprobs.iter().map(|l| self.logprob_json(l)).collect::<Vec<_>>() }) } else { Value::Null },
-                    "finish_reason": reason.as_str(),
+                    "finish_reason": finish_json(reason, &calls, self.tools.as_ref()),
                     "stop_reason": stop_reason_json(&stop),
                     "token_ids": if self.return_token_ids { json!(ch.token_ids) } else { Value::Null },
                 })
@@ -230,7 +281,16 @@ impl Renderer {
     pub fn event(&mut self, ev: InferEvent) -> Vec<Value> {
         self.state.push(ev.clone());
         match ev {
-            InferEvent::Token { choice, token_id, text, logprob } => {
+            InferEvent::Token { choice, token_id, text: _, logprob } => {
+                // Content sent is whatever of the choice's text is not held back yet.
+                let text = match self.state.choices.get(choice) {
+                    Some(c) if !self.holding(choice) => {
+                        let from = self.emitted[choice].min(c.text.len());
+                        self.emitted[choice] = c.text.len();
+                        c.text[from..].to_string()
+                    }
+                    _ => String::new(),
+                };
                 if text.is_empty() && !self.logprobs && !self.return_token_ids {
                     return Vec::new();
                 }
@@ -244,16 +304,46 @@ impl Renderer {
                 }
                 vec![self.with_usage(self.chunk(body), choice)]
             }
-            InferEvent::Finished { choice, reason, stop_reason, text } => {
+            InferEvent::Finished { choice, reason, stop_reason, text: _ } => {
                 if let Some(f) = self.finished.get_mut(choice) {
                     *f = true;
                 }
-                let mut body = json!({ "index": choice, "delta": { "content": text }, "logprobs": null,
-                                       "finish_reason": reason.as_str(), "stop_reason": stop_reason_json(&stop_reason) });
+                let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
+                let mut out = Vec::new();
+                let mut calls = Vec::new();
+                let mode = self.tools.clone().filter(|_| self.emitted[choice] == 0);
+                let rest = if let Some(mode) = mode {
+                    let (content, parsed) = tools::parse(&mode, &full);
+                    // As vLLM streams calls: one delta naming each call, then its arguments.
+                    for (k, c) in parsed.iter().enumerate() {
+                        for function in [json!({"name": c.name, "arguments": ""}), json!({"arguments": c.arguments})] {
+                            let mut call = json!({"index": k, "function": function});
+                            if function_has_name(&call) {
+                                call["id"] = json!(tools::call_id());
+                                call["type"] = json!("function");
+                            }
+                            let body = json!({ "index": choice, "delta": { "tool_calls": [call] }, "logprobs": null, "finish_reason": null });
+                            out.push(self.with_usage(self.chunk(body), choice));
+                        }
+                    }
+                    calls = parsed;
+                    if calls.is_empty() {
+                        full.clone()
+                    } else {
+                        content.unwrap_or_default()
+                    }
+                } else {
+                    full.get(self.emitted[choice].min(full.len())..).unwrap_or("").to_string()
+                };
+                self.emitted[choice] = full.len();
+                let mut body = json!({ "index": choice, "delta": { "content": rest }, "logprobs": null,
+                                       "finish_reason": finish_json(reason, &calls, self.tools.as_ref()),
+                                       "stop_reason": stop_reason_json(&stop_reason) });
                 if self.return_token_ids {
                     body["token_ids"] = json!([]);
                 }
-                vec![self.with_usage(self.chunk(body), choice)]
+                out.push(self.with_usage(self.chunk(body), choice));
+                out
             }
             _ => Vec::new(),
         }
@@ -268,4 +358,8 @@ impl Renderer {
         vec![json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [], "usage": self.usage(completion, self.state.cached_tokens) })]
     }
+}
+
+fn function_has_name(call: &Value) -> bool {
+    call["function"].get("name").is_some()
 }

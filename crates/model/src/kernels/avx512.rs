@@ -56,7 +56,11 @@ pub(crate) struct ActRows {
 /// Safety: AVX-512 F/BW/VNNI present; `R` weight rows and `C` activation rows readable from `w`
 /// and `a`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(w: WeightRows, a: ActRows, blocks: usize) -> [[f32; C]; R] {
+pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(
+    w: WeightRows,
+    a: ActRows,
+    blocks: usize,
+) -> [[f32; C]; R] {
     debug_assert_eq!(blocks % 2, 0);
     let mask = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
@@ -114,7 +118,11 @@ pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(w: WeightRows, a: A
 ///
 /// Safety: as [`q4_tile`], with `blocks * 32` quants per weight row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(crate) unsafe fn q8_tile<const R: usize, const C: usize>(w: WeightRows, a: ActRows, blocks: usize) -> [[f32; C]; R] {
+pub(crate) unsafe fn q8_tile<const R: usize, const C: usize>(
+    w: WeightRows,
+    a: ActRows,
+    blocks: usize,
+) -> [[f32; C]; R] {
     debug_assert_eq!(blocks % 2, 0);
     let flip = _mm512_set1_epi8(-128);
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);

@@ -150,7 +150,13 @@ fn tiles_of(cols: Cols, call: impl TileCall) {
         let two = n + 2 <= n1;
         let mut t = 0;
         while t < t_rows {
-            let c = if t + 8 <= t_rows { 8 } else if t + 4 <= t_rows { 4 } else { 1 };
+            let c = if t + 8 <= t_rows {
+                8
+            } else if t + 4 <= t_rows {
+                4
+            } else {
+                1
+            };
             match (two, c) {
                 (true, 8) => cols.put(n, t, call.call::<2, 8>(n, t)),
                 (true, 4) => cols.put(n, t, call.call::<2, 4>(n, t)),
@@ -213,7 +219,6 @@ fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2
     let _ = avx2;
     q4::dot_q4_scalar(q, d, m, aq, as_, sums)
 }
-
 
 /// Splits the N weight rows into chunks, one parallel task each; `fill(cols)` computes the output
 /// columns `cols.n0..cols.n1` (weight rows) for every activation row, writing them straight into

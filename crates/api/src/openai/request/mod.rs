@@ -39,6 +39,8 @@ pub struct ChatPlan {
     pub role: String,
     /// `use_beam_search`: the `length_penalty`; `n` is the beam width.
     pub beam: Option<f64>,
+    /// Tools whose calls are parsed from the output (`tool_choice` other than `"none"`).
+    pub tools: Option<super::tools::ToolPlan>,
 }
 
 fn num(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<f64> {
@@ -57,7 +59,7 @@ fn string(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<Stri
     optional(obj, key).and_then(|x| v.at(key, |v| v.string(x).map(str::to_string)))
 }
 
-fn bad(param: &str, msg: impl Into<String>) -> ApiError {
+pub(super) fn bad(param: &str, msg: impl Into<String>) -> ApiError {
     ApiError::bad_param(param, msg)
 }
 
@@ -250,11 +252,17 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
                 "Parameter 'cache_salt' must be a non-empty string of at most 128 characters without @ / \\ or NUL.",
             )),
         };
-    tools(obj, &mut render)?;
+    let tools = super::tools::validate(obj, &mut render)?;
     p.constraint = structured::constraint(obj)?;
+    if let (Some(_), Some(c)) = (&tools, &p.constraint) {
+        return Err(bad(&c.field, "You can only either use constraints for structured outputs or tools, not both."));
+    }
     p.processors = processors(optional(obj, "logits_processors"))?;
     let beam = if use_beam {
         beam_compatible(&p, prompt_logprobs.is_some(), !bad_words.is_empty())?;
+        if tools.is_some() {
+            return Err(bad("tools", "tool calling cannot be combined with use_beam_search"));
+        }
         Some(length_penalty.unwrap_or(1.0))
     } else {
         None
@@ -286,6 +294,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         bad_words,
         role,
         beam,
+        tools,
     })
 }
 
@@ -387,34 +396,6 @@ fn stream_opts(value: Option<Value>, stream: bool) -> Result<(bool, bool), ApiEr
     let include = o.get("include_usage").and_then(Value::as_bool).unwrap_or(false);
     let continuous = o.get("continuous_usage_stats").and_then(Value::as_bool).unwrap_or(false);
     Ok((include, include && continuous))
-}
-
-/// Tools: with `tool_choice: "none"` they reach the template and the output is plain text; any
-/// other choice needs tool-call parsing, which this server does not have yet.
-fn tools(obj: &Map<String, Value>, render: &mut ChatRender) -> Result<(), ApiError> {
-    let tools = optional(obj, "tools");
-    let choice = optional(obj, "tool_choice");
-    if let Some(t) = tools {
-        let Value::Array(items) = t else { return Err(bad("tools", "tools must be a list.")) };
-        if items.is_empty() {
-            return Err(bad(
-                "tools",
-                "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
-            ));
-        }
-    }
-    match (tools, choice) {
-        (None, Some(c)) if c.as_str() != Some("none") => Err(bad("tool_choice", "When using `tool_choice`, `tools` must be set.")),
-        (Some(t), Some(c)) if c.as_str() == Some("none") => {
-            render.tools = Some(t.clone());
-            Ok(())
-        }
-        (Some(_), _) => Err(bad(
-            "tool_choice",
-            "tool calling (tool_choice \"auto\", \"required\" or a named function) is not supported by this server yet; send tool_choice \"none\" to pass tools to the template only",
-        )),
-        _ => Ok(()),
-    }
 }
 
 /// Beam search ranks hypotheses by the raw model's logprobs, so fields that change sampling or

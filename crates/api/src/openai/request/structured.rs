@@ -22,7 +22,9 @@ pub(super) fn constraint(obj: &Map<String, Value>) -> Result<Option<Constraint>,
         field: String::new(),
     };
     if let Some(so) = optional(obj, "structured_outputs") {
-        let Value::Object(so) = so else { return Err(bad("structured_outputs", "structured_outputs must be an object.")) };
+        let Value::Object(so) = so else {
+            return Err(bad("structured_outputs", "structured_outputs must be an object."));
+        };
         found.extend(kinds(so, "structured_outputs", "")?);
         c.disable_any_whitespace = flag(so, "disable_any_whitespace")?;
         c.disable_additional_properties = flag(so, "disable_additional_properties")?;
@@ -105,7 +107,8 @@ fn kinds(map: &Map<String, Value>, field: &str, prefix: &str) -> Result<Vec<(Str
         out.push((name("regex"), ConstraintKind::Regex(rx.clone())));
     }
     if let Some(v) = get("choice") {
-        let choices = v.as_array().and_then(|a| a.iter().map(|c| c.as_str().map(str::to_string)).collect::<Option<Vec<_>>>());
+        let choices =
+            v.as_array().and_then(|a| a.iter().map(|c| c.as_str().map(str::to_string)).collect::<Option<Vec<_>>>());
         match choices {
             Some(c) if !c.is_empty() => out.push((name("choice"), ConstraintKind::Choice(c))),
             _ => return Err(bad(&name("choice"), "choice must be a non-empty list of strings")),
@@ -135,9 +138,10 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintKind>, ApiError> {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(ConstraintKind::JsonObject)),
         Some("json_schema") => {
-            let schema = rf.get("json_schema").and_then(|j| j.get("schema")).filter(|s| !s.is_null()).ok_or_else(|| {
-                bad(field, "When response_format type is 'json_schema', the 'json_schema' field must be provided.")
-            })?;
+            let schema =
+                rf.get("json_schema").and_then(|j| j.get("schema")).filter(|s| !s.is_null()).ok_or_else(|| {
+                    bad(field, "When response_format type is 'json_schema', the 'json_schema' field must be provided.")
+                })?;
             if !schema.is_object() {
                 return Err(bad(field, "json_schema.schema must be an object"));
             }
@@ -146,10 +150,14 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintKind>, ApiError> {
             }
             Ok(Some(ConstraintKind::Json(schema.clone())))
         }
-        Some("structural_tag") => Err(bad(field, "response_format type \"structural_tag\" is not supported by this server yet")),
+        Some("structural_tag") => {
+            Err(bad(field, "response_format type \"structural_tag\" is not supported by this server yet"))
+        }
         Some(other) => Err(bad(
             field,
-            format!("response_format type must be one of text, json_object, json_schema, structural_tag; got {other:?}"),
+            format!(
+                "response_format type must be one of text, json_object, json_schema, structural_tag; got {other:?}"
+            ),
         )),
         None => Err(bad(field, "response_format needs a type")),
     }

@@ -67,7 +67,6 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "cache_salt": ""}), "cache_salt"),
         (json!({"messages": msgs(), "tools": []}), "tools"),
         (json!({"messages": msgs(), "tool_choice": "auto"}), "tool_choice"),
-        (json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}]}), "tool_choice"),
         (json!({"messages": msgs(), "use_beam_search": true, "stop": ["x"]}), "stop"),
         (json!({"messages": msgs(), "use_beam_search": true, "top_p": 0.5}), "top_p"),
         (json!({"messages": msgs(), "use_beam_search": true, "prompt_logprobs": 1}), "prompt_logprobs"),
@@ -87,6 +86,10 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "response_format": {"type": "xml"}}), "response_format"),
         (json!({"messages": msgs(), "guided_regex": 5}), "guided_regex"),
         (json!({"messages": msgs(), "use_beam_search": true, "guided_choice": ["a"]}), "guided_choice"),
+        (
+            json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}], "guided_regex": "a"}),
+            "guided_regex",
+        ),
         (json!({"messages": msgs(), "logits_processors": ["my.mod.Proc"]}), "logits_processors"),
         (
             json!({"messages": msgs(), "logits_processors": [{"qualname": "no_repeat_ngram", "kwargs": {"n": 0}}]}),
@@ -162,12 +165,24 @@ fn structured_outputs_response_format_and_aliases_become_one_constraint() {
                       "json_schema": {"name": "x", "schema": {"type": "integer"}, "strict": true}},
                       "structured_outputs": {"disable_additional_properties": true}}))
     .unwrap();
-    assert_eq!((rf.kind, rf.field.as_str(), rf.disable_additional_properties), (ConstraintKind::Json(json!({"type": "integer"})), "response_format", true));
-    assert_eq!(c(json!({"messages": msgs(), "response_format": {"type": "json_object"}})).unwrap().kind, ConstraintKind::JsonObject);
-    assert_eq!(c(json!({"messages": msgs(), "structured_outputs": {"json_object": true}})).unwrap().kind, ConstraintKind::JsonObject);
+    assert_eq!(
+        (rf.kind, rf.field.as_str(), rf.disable_additional_properties),
+        (ConstraintKind::Json(json!({"type": "integer"})), "response_format", true)
+    );
+    assert_eq!(
+        c(json!({"messages": msgs(), "response_format": {"type": "json_object"}})).unwrap().kind,
+        ConstraintKind::JsonObject
+    );
+    assert_eq!(
+        c(json!({"messages": msgs(), "structured_outputs": {"json_object": true}})).unwrap().kind,
+        ConstraintKind::JsonObject
+    );
     let g = c(json!({"messages": msgs(), "guided_choice": ["yes", "no"]})).unwrap();
     assert_eq!((g.kind, g.field.as_str()), (ConstraintKind::Choice(vec!["yes".into(), "no".into()]), "guided_choice"));
-    assert_eq!(c(json!({"messages": msgs(), "guided_grammar": "start: \"a\""})).unwrap().kind, ConstraintKind::Grammar("start: \"a\"".into()));
+    assert_eq!(
+        c(json!({"messages": msgs(), "guided_grammar": "start: \"a\""})).unwrap().kind,
+        ConstraintKind::Grammar("start: \"a\"".into())
+    );
     let deep = (0..70).fold(json!({"type": "string"}), |acc, _| json!({"type": "object", "properties": {"a": acc}}));
     assert!(validate(&json!({"messages": msgs(), "structured_outputs": {"json": deep}}), true).is_err());
 }
