@@ -62,6 +62,8 @@ pub struct AppConfig {
     pub per_entity_limit: usize,
     /// `fcfs` refuses a non-zero `priority`, as the interface requires of such servers.
     pub priority_scheduling: bool,
+    /// `--reasoning-parser think`: `<think>...</think>` output goes to `message.reasoning`.
+    pub reasoning_parser: bool,
 }
 
 /// Shared, cheap-to-clone handler state.
@@ -89,6 +91,10 @@ impl AppState {
 
     pub fn priority_scheduling(&self) -> bool {
         self.0.priority_scheduling
+    }
+
+    pub fn reasoning_parser(&self) -> bool {
+        self.0.reasoning_parser
     }
 
     pub fn store(&self) -> &dyn Store {

@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// `priority` (lower `priority` first, then arrival) or `fcfs` (non-zero priority is a 400).
     #[arg(long, env = "TANDEM_SCHEDULING")]
     pub scheduling: Option<String>,
+    /// `think`: split `<think>...</think>` output into `message.reasoning` (vLLM's
+    /// `--reasoning-parser`, for models that reason in those tags); `none` (default) leaves it in
+    /// the content.
+    #[arg(long, env = "TANDEM_REASONING_PARSER")]
+    pub reasoning_parser: Option<String>,
     /// Sequences decoded together in one step.
     #[arg(long, env = "TANDEM_MAX_NUM_SEQS")]
     pub max_num_seqs: Option<usize>,
@@ -65,6 +70,7 @@ struct FileConfig {
     api_key: Option<String>,
     max_body_bytes: Option<usize>,
     scheduling: Option<String>,
+    reasoning_parser: Option<String>,
     max_num_seqs: Option<usize>,
     max_waiting: Option<usize>,
     per_entity_limit: Option<usize>,
@@ -86,6 +92,7 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub priority_scheduling: bool,
+    pub reasoning_parser: bool,
     pub max_num_seqs: usize,
     pub max_waiting: usize,
     pub per_entity_limit: usize,
@@ -129,6 +136,11 @@ impl ServeConfig {
                 None | Some("priority") => true,
                 Some("fcfs") => false,
                 Some(other) => bail!("--scheduling must be `priority` or `fcfs`, not {other:?}"),
+            },
+            reasoning_parser: match args.reasoning_parser.or(file.reasoning_parser).as_deref() {
+                None | Some("none") => false,
+                Some("think") => true,
+                Some(other) => bail!("--reasoning-parser must be `think` or `none`, not {other:?}"),
             },
             max_num_seqs: args.max_num_seqs.or(file.max_num_seqs).unwrap_or(32).max(1),
             max_waiting: args.max_waiting.or(file.max_waiting).unwrap_or(256).max(1),

@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API.
-    Serve(config::ServeArgs),
+    Serve(Box<config::ServeArgs>),
     /// Manage API keys.
     Keys(keys::KeysArgs),
 }
@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(config::ServeConfig::resolve(args)?).await,
+            Command::Serve(args) => serve::run(config::ServeConfig::resolve(*args)?).await,
             Command::Keys(args) => keys::run(args).await,
         }
     })

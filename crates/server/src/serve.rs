@@ -72,6 +72,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         backend: Some(backend),
         per_entity_limit: config.per_entity_limit,
         priority_scheduling: config.priority_scheduling,
+        reasoning_parser: config.reasoning_parser,
     });
     let worker_task = tokio::spawn(worker.clone().run());
 

@@ -52,7 +52,9 @@ fn check_person(text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn structured_outputs_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--api-key", KEY]);
+    // With the reasoning parser on: outputs that do not open with <think> are unaffected, which
+    // every other check here also shows.
+    let server = Server::start(dir.path(), &["--api-key", KEY, "--reasoning-parser", "think"]);
     let (c, url) = (client(), server.url.clone());
     let prompt = "Describe a person as JSON with name, age and favourite colors.";
 
@@ -205,6 +207,53 @@ async fn structured_outputs_end_to_end() {
     assert_eq!(health.status(), 200);
 
     tools_end_to_end(&c, &url).await;
+    reasoning_end_to_end(&c, &url).await;
+}
+
+/// Reasoning split from a scripted output (a regex makes the model write think tags).
+async fn reasoning_end_to_end(c: &reqwest::Client, url: &str) {
+    let script = json!({"structured_outputs": {"regex": "<think>[a-z ]{3,40}</think>\n(yes|no)"}});
+    let (s, v) = chat(c, url, req("Is water wet?", script.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    let reasoning = m["reasoning"].as_str().unwrap().to_string();
+    assert!(!reasoning.is_empty() && !reasoning.contains("think"), "{v}");
+    assert_eq!(m["reasoning_content"], m["reasoning"]);
+    let content = m["content"].as_str().unwrap().to_string();
+    assert!(content == "yes" || content == "no", "{v}");
+
+    // include_reasoning: false drops it; the content is the same.
+    let mut hidden = req("Is water wet?", script.clone());
+    hidden["include_reasoning"] = json!(false);
+    let (_, v) = chat(c, url, hidden).await;
+    assert_eq!(
+        (v["choices"][0]["message"]["reasoning"].clone(), v["choices"][0]["message"]["content"].as_str()),
+        (Value::Null, Some(content.as_str()))
+    );
+
+    // Streaming splits the same way: reasoning deltas, then content deltas.
+    let mut sbody = req("Is water wet?", script);
+    sbody["stream"] = json!(true);
+    let text = c
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&sbody)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|f| f.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let streamed_reasoning: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning"].as_str()).collect();
+    let streamed_content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!((streamed_reasoning, streamed_content), (reasoning, content));
 }
 
 fn tools() -> Value {

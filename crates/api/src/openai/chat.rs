@@ -68,7 +68,9 @@ pub async fn create(
         None => backend.submit(generate).map_err(submit_error)?,
     };
     let echo = echo_text(&plan);
-    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo).with_tools(tool_mode);
+    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo)
+        .with_tools(tool_mode)
+        .with_reasoning(state.reasoning_parser());
     let mut response = if plan.stream {
         stream(renderer, rx, permit)
     } else {

@@ -3,6 +3,7 @@
 
 mod beam;
 mod chat;
+mod reasoning;
 mod request;
 mod resolve;
 mod response;

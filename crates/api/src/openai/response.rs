@@ -2,6 +2,7 @@
 //! frames (role chunk per choice first, content chunks, one finish chunk per choice, an optional
 //! usage chunk).
 
+use super::reasoning;
 use super::request::ChatPlan;
 use super::tools::{self, Format, ToolMode};
 use serde_json::{json, Value};
@@ -71,11 +72,16 @@ pub struct Renderer {
     continuous_usage: bool,
     /// Tool calls are parsed from the output (see `tools`).
     tools: Option<ToolMode>,
+    /// `<think>` reasoning is split off the output; shown only with `include_reasoning`.
+    reasoning: bool,
+    include_reasoning: bool,
     // streaming state
     state: Collected,
     finished: Vec<bool>,
-    /// Bytes of each choice's text already sent as content (tool output is held back).
+    /// Bytes of each choice's content part already sent (tool output is held back).
     emitted: Vec<usize>,
+    /// Bytes of each choice's reasoning part already sent.
+    emitted_reasoning: Vec<usize>,
 }
 
 /// The `finish_reason` of a choice: `tool_calls` when calls were made and the engine stopped by
@@ -145,9 +151,27 @@ impl Renderer {
             include_usage: plan.include_usage,
             continuous_usage: plan.continuous_usage,
             tools: None,
+            reasoning: false,
+            include_reasoning: plan.include_reasoning,
             state: Collected::new(plan.n),
             finished: vec![false; plan.n],
             emitted: vec![0; plan.n],
+            emitted_reasoning: vec![0; plan.n],
+        }
+    }
+
+    /// Splits `<think>` reasoning off the output (the server's `--reasoning-parser think`).
+    pub fn with_reasoning(mut self, on: bool) -> Self {
+        self.reasoning = on;
+        self
+    }
+
+    /// (reasoning, content) of an output; all content without a reasoning parser.
+    fn parts<'t>(&self, text: &'t str) -> (Option<&'t str>, &'t str) {
+        if self.reasoning {
+            reasoning::split(text)
+        } else {
+            (None, text)
         }
     }
 
@@ -157,17 +181,36 @@ impl Renderer {
         self
     }
 
-    /// Whether choice `i`'s text so far must be held back (it is, or may become, a tool call).
-    fn holding(&self, i: usize) -> bool {
+    /// Whether a content part must be held back (it is, or may become, a tool call).
+    fn holding(&self, content: &str) -> bool {
         let Some(mode) = &self.tools else { return false };
         match mode.format {
             // Generic `auto`: plain text is streamed as soon as it cannot be a calls object.
             Format::Generic { required: false } => {
-                let text = self.state.choices.get(i).map_or("", |c| c.text.as_str()).trim_start();
+                let text = content.trim_start();
                 text.is_empty() || text.starts_with('{')
             }
             _ => true,
         }
+    }
+
+    /// New reasoning and content of choice `i` since the last call (a partial think marker at
+    /// the end is kept for later unless `last`); content that may be a tool call is held.
+    fn deltas(&mut self, i: usize, last: bool) -> (String, String) {
+        let full = self.state.choices.get(i).map(|c| c.text.clone()).unwrap_or_default();
+        let shown = if last || !self.reasoning { full.as_str() } else { reasoning::stable(&full) };
+        let (r, content) = self.parts(shown);
+        let r = r.unwrap_or("");
+        let reasoning = r.get(self.emitted_reasoning[i].min(r.len())..).unwrap_or("").to_string();
+        self.emitted_reasoning[i] = self.emitted_reasoning[i].max(r.len());
+        let content = if self.holding(content) && !last {
+            String::new()
+        } else {
+            let d = content.get(self.emitted[i].min(content.len())..).unwrap_or("").to_string();
+            self.emitted[i] = self.emitted[i].max(content.len());
+            d
+        };
+        (if self.include_reasoning { reasoning } else { String::new() }, content)
     }
 
     fn top_json(&self, t: &TopLogprob) -> Value {
@@ -207,14 +250,20 @@ impl Renderer {
             .enumerate()
             .map(|(i, ch)| {
                 let (reason, stop) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
+                let (thought, text) = self.parts(&ch.text);
                 let (content, calls) = match &self.tools {
-                    Some(mode) => tools::parse(mode, &ch.text),
-                    None => (Some(format!("{}{}", self.echo.as_deref().unwrap_or(""), ch.text)), Vec::new()),
+                    Some(mode) => tools::parse(mode, text),
+                    None => (Some(format!("{}{}", self.echo.as_deref().unwrap_or(""), text)), Vec::new()),
                 };
+                let thought = thought.filter(|_| self.include_reasoning);
                 let mut message = json!({
                     "role": self.role, "content": content, "refusal": null, "annotations": null,
-                    "audio": null, "function_call": null, "reasoning": null,
+                    "audio": null, "function_call": null, "reasoning": thought,
                 });
+                if self.reasoning {
+                    // vLLM <= 0.11's name, still read by older clients.
+                    message["reasoning_content"] = json!(thought);
+                }
                 if !calls.is_empty() {
                     message["tool_calls"] = calls_json(&calls);
                 }
@@ -282,19 +331,20 @@ impl Renderer {
         self.state.push(ev.clone());
         match ev {
             InferEvent::Token { choice, token_id, text: _, logprob } => {
-                // Content sent is whatever of the choice's text is not held back yet.
-                let text = match self.state.choices.get(choice) {
-                    Some(c) if !self.holding(choice) => {
-                        let from = self.emitted[choice].min(c.text.len());
-                        self.emitted[choice] = c.text.len();
-                        c.text[from..].to_string()
-                    }
-                    _ => String::new(),
-                };
-                if text.is_empty() && !self.logprobs && !self.return_token_ids {
+                if choice >= self.n {
+                    return Vec::new();
+                }
+                let (thought, text) = self.deltas(choice, false);
+                if text.is_empty() && thought.is_empty() && !self.logprobs && !self.return_token_ids {
                     return Vec::new();
                 }
                 let mut body = json!({ "index": choice, "delta": { "content": text }, "finish_reason": null });
+                if !thought.is_empty() {
+                    body["delta"] = json!({ "reasoning": thought });
+                    if !text.is_empty() {
+                        body["delta"]["content"] = json!(text);
+                    }
+                }
                 body["logprobs"] = match (&logprob, self.logprobs) {
                     (Some(lp), true) => json!({ "content": [self.logprob_json(lp)] }),
                     _ => Value::Null,
@@ -308,12 +358,21 @@ impl Renderer {
                 if let Some(f) = self.finished.get_mut(choice) {
                     *f = true;
                 }
-                let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
+                if choice >= self.n {
+                    return Vec::new();
+                }
                 let mut out = Vec::new();
                 let mut calls = Vec::new();
                 let mode = self.tools.clone().filter(|_| self.emitted[choice] == 0);
+                let (thought, rest_text) = self.deltas(choice, true);
+                if !thought.is_empty() {
+                    let body = json!({ "index": choice, "delta": { "reasoning": thought }, "logprobs": null, "finish_reason": null });
+                    out.push(self.with_usage(self.chunk(body), choice));
+                }
                 let rest = if let Some(mode) = mode {
-                    let (content, parsed) = tools::parse(&mode, &full);
+                    let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
+                    let content_part = self.parts(&full).1.to_string();
+                    let (content, parsed) = tools::parse(&mode, &content_part);
                     // As vLLM streams calls: one delta naming each call, then its arguments.
                     for (k, c) in parsed.iter().enumerate() {
                         for function in [json!({"name": c.name, "arguments": ""}), json!({"arguments": c.arguments})] {
@@ -328,14 +387,13 @@ impl Renderer {
                     }
                     calls = parsed;
                     if calls.is_empty() {
-                        full.clone()
+                        rest_text
                     } else {
                         content.unwrap_or_default()
                     }
                 } else {
-                    full.get(self.emitted[choice].min(full.len())..).unwrap_or("").to_string()
+                    rest_text
                 };
-                self.emitted[choice] = full.len();
                 let mut body = json!({ "index": choice, "delta": { "content": rest }, "logprobs": null,
                                        "finish_reason": finish_json(reason, &calls, self.tools.as_ref()),
                                        "stop_reason": stop_reason_json(&stop_reason) });

@@ -41,6 +41,8 @@ pub struct ChatPlan {
     pub beam: Option<f64>,
     /// Tools whose calls are parsed from the output (`tool_choice` other than `"none"`).
     pub tools: Option<super::tools::ToolPlan>,
+    /// `include_reasoning` (default true): with a reasoning parser, false drops the reasoning.
+    pub include_reasoning: bool,
 }
 
 fn num(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<f64> {
@@ -253,6 +255,11 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
             )),
         };
     let tools = super::tools::validate(obj, &mut render)?;
+    let include_reasoning = match optional(obj, "include_reasoning") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("include_reasoning", "include_reasoning must be a boolean")),
+    };
     p.constraint = structured::constraint(obj)?;
     if let (Some(_), Some(c)) = (&tools, &p.constraint) {
         return Err(bad(&c.field, "You can only either use constraints for structured outputs or tools, not both."));
@@ -295,6 +302,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         role,
         beam,
         tools,
+        include_reasoning,
     })
 }
 
