@@ -70,6 +70,8 @@ pub(crate) struct EngineLoop {
     pub prefix: PrefixCache,
     waiting: Vec<Queued>,
     running: Vec<Seq>,
+    /// Sequences preempted for higher-priority requests, waiting to be prefilled again.
+    preempted: Vec<Seq>,
     next_id: u64,
 }
 
@@ -82,7 +84,18 @@ impl EngineLoop {
         metrics: Arc<EngineMetrics>,
     ) -> Self {
         let prefix = PrefixCache::new(config.prefix_cache_tokens);
-        EngineLoop { model, tok, config, rx, metrics, prefix, waiting: Vec::new(), running: Vec::new(), next_id: 0 }
+        EngineLoop {
+            model,
+            tok,
+            config,
+            rx,
+            metrics,
+            prefix,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            preempted: Vec::new(),
+            next_id: 0,
+        }
     }
 
     /// Runs until every sender is gone.
@@ -93,14 +106,14 @@ impl EngineLoop {
                 break;
             }
             self.step();
-            self.metrics.set_gauges(self.running.len(), self.waiting.len());
+            self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len());
         }
         tracing::info!("engine loop stopped");
     }
 
     /// Takes new requests; waits for one when idle. False when the engine should stop.
     fn receive(&mut self) -> bool {
-        if self.running.is_empty() && self.waiting.is_empty() {
+        if self.idle() {
             match self.rx.recv_timeout(Duration::from_millis(500)) {
                 Ok(job) => self.enqueue(job),
                 Err(RecvTimeoutError::Timeout) => return true,
@@ -111,9 +124,13 @@ impl EngineLoop {
             match self.rx.try_recv() {
                 Ok(job) => self.enqueue(job),
                 Err(TryRecvError::Empty) => return true,
-                Err(TryRecvError::Disconnected) => return !(self.running.is_empty() && self.waiting.is_empty()),
+                Err(TryRecvError::Disconnected) => return !(self.idle()),
             }
         }
+    }
+
+    fn idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty() && self.preempted.is_empty()
     }
 
     fn enqueue(&mut self, job: Job) {
@@ -124,16 +141,31 @@ impl EngineLoop {
 
     fn step(&mut self) {
         // A closed channel means the client is gone: free its sequences now.
-        let before = self.running.len() + self.waiting.len();
+        let before = self.running.len() + self.waiting.len() + self.preempted.len();
         self.running.retain(|s| !s.tx.is_closed());
         self.waiting.retain(|q| !q.job.tx.is_closed());
-        let dropped = before - self.running.len() - self.waiting.len();
+        self.preempted.retain(|s| !s.tx.is_closed());
+        let dropped = before - self.running.len() - self.waiting.len() - self.preempted.len();
         if dropped > 0 {
             self.metrics.aborted(dropped);
         }
         let plan = self.plan();
+        for id in &plan.preempt {
+            if let Some(pos) = self.running.iter().position(|s| s.id == *id) {
+                let mut seq = self.running.remove(pos);
+                seq.preempt();
+                self.metrics.preempted();
+                self.preempted.push(seq);
+            }
+        }
         for id in &plan.admit {
-            self.admit(*id);
+            match self.preempted.iter().position(|s| s.id == *id) {
+                Some(pos) => {
+                    let seq = self.preempted.remove(pos);
+                    self.running.push(seq);
+                }
+                None => self.admit(*id),
+            }
         }
         let work: std::collections::HashMap<u64, usize> = plan.work.iter().copied().collect();
         if work.is_empty() {
@@ -205,9 +237,16 @@ impl EngineLoop {
         let running: Vec<Running> = self
             .running
             .iter()
-            .map(|s| Running { id: s.id, prefill_left: s.prefill_left, priority: s.priority, arrival: s.arrival })
+            .map(|s| Running {
+                id: s.id,
+                prefill_left: s.prefill_left,
+                priority: s.priority,
+                arrival: s.arrival,
+                reserve: s.reserve,
+                preemptible: s.preemptible(),
+            })
             .collect();
-        let waiting: Vec<Waiting> = self
+        let mut waiting: Vec<Waiting> = self
             .waiting
             .iter()
             .map(|q| {
@@ -223,6 +262,14 @@ impl EngineLoop {
                 }
             })
             .collect();
+        waiting.extend(self.preempted.iter().map(|s| Waiting {
+            id: s.id,
+            priority: s.priority,
+            arrival: s.arrival,
+            prefill: s.prefill_source_len(),
+            reserve: s.reserve,
+            seqs: 1,
+        }));
         let reserved: usize = self.running.iter().map(|s| s.reserve).sum();
         let budget = Budget {
             step_tokens: self.config.step_tokens,

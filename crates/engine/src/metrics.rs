@@ -49,6 +49,7 @@ pub struct EngineMetrics {
     finished_length: AtomicU64,
     finished_abort: AtomicU64,
     steps: AtomicU64,
+    preemptions: AtomicU64,
     /// Unix ms of the loop's last iteration.
     heartbeat_ms: AtomicU64,
     ttft: Mutex<Histogram>,
@@ -109,6 +110,11 @@ impl EngineMetrics {
         self.finished_abort.fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// A running sequence gave way to a higher-priority request (vLLM's `num_preemptions`).
+    pub fn preempted(&self) {
+        self.preemptions.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn step(&self, _took: Duration) {
         self.steps.fetch_add(1, Ordering::Relaxed);
     }
@@ -140,6 +146,7 @@ impl EngineMetrics {
         line("counter", "tandem:prefix_cache_queries_total", g(&self.prefix_queries));
         line("counter", "tandem:prefix_cache_hits_total", g(&self.prefix_hits));
         line("counter", "tandem:engine_steps_total", g(&self.steps));
+        line("counter", "tandem:num_preemptions_total", g(&self.preemptions));
         out.push_str("# TYPE tandem:request_success_total counter\n");
         for (reason, v) in
             [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)]

@@ -3,6 +3,9 @@
 //! Decoding sequences always get their one token (so streams never stall behind a long prompt);
 //! prompts are then prefilled in chunks from what is left of the step's token budget, and waiting
 //! requests are admitted in (priority, arrival) order while sequences, tokens and KV memory allow.
+//! A waiting request that does not fit may preempt running sequences of strictly lower priority
+//! (larger `priority`, the latest arrivals first), as vLLM's priority scheduling does; the engine
+//! drops their KV cache and recomputes it when they are admitted again.
 
 /// A running sequence as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,6 +15,11 @@ pub struct Running {
     pub prefill_left: usize,
     pub priority: i64,
     pub arrival: u64,
+    /// KV positions it holds.
+    pub reserve: usize,
+    /// Whether it may be preempted (not a prompt that still has choices to fork, nor one whose
+    /// prompt logprobs are being recorded).
+    pub preemptible: bool,
 }
 
 /// A request waiting for admission.
@@ -39,6 +47,8 @@ pub struct Budget {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
+    /// Running ids to preempt before this step (they get no work).
+    pub preempt: Vec<u64>,
     /// Waiting ids to admit, in order.
     pub admit: Vec<u64>,
     /// (id, new tokens this step), for running and newly admitted sequences.
@@ -47,7 +57,11 @@ pub struct Plan {
 
 /// Plans one step. `kv_reserved` is what running sequences already hold.
 pub fn schedule(running: &[Running], waiting: &[Waiting], kv_reserved: usize, budget: &Budget) -> Plan {
-    let mut plan = Plan::default();
+    let mut plan = Plan { preempt: preemptions(running, waiting, kv_reserved, budget), ..Plan::default() };
+    let freed: usize = running.iter().filter(|r| plan.preempt.contains(&r.id)).map(|r| r.reserve).sum();
+    let kept: Vec<Running> = running.iter().filter(|r| !plan.preempt.contains(&r.id)).cloned().collect();
+    let running = &kept[..];
+    let kv_reserved = kv_reserved.saturating_sub(freed);
     let mut tokens = budget.step_tokens;
     for r in running.iter().filter(|r| r.prefill_left == 0) {
         if tokens == 0 {
@@ -87,12 +101,52 @@ pub fn schedule(running: &[Running], waiting: &[Waiting], kv_reserved: usize, bu
     plan
 }
 
+/// Running sequences to evict so that waiting requests of higher priority fit: for each waiting
+/// request in order, if it does not fit, the running sequences of strictly lower priority are
+/// taken worst first (largest priority, then latest arrival) until it does; if even all of them
+/// would not make room, nothing is evicted for it and the walk stops (strict order).
+fn preemptions(running: &[Running], waiting: &[Waiting], kv_reserved: usize, budget: &Budget) -> Vec<u64> {
+    let mut queue: Vec<&Waiting> = waiting.iter().collect();
+    queue.sort_by_key(|w| (w.priority, w.arrival, w.id));
+    let mut victims: Vec<&Running> = running.iter().filter(|r| r.preemptible).collect();
+    victims.sort_by_key(|r| (std::cmp::Reverse(r.priority), std::cmp::Reverse(r.arrival), std::cmp::Reverse(r.id)));
+    let (mut seqs, mut kv) = (running.len(), kv_reserved);
+    let mut evicted: Vec<u64> = Vec::new();
+    let fits = |seqs: usize, kv: usize, w: &Waiting| {
+        seqs + w.seqs <= budget.max_seqs.max(w.seqs) && (kv + w.reserve <= budget.kv_tokens || (seqs == 0 && kv == 0))
+    };
+    for w in queue {
+        if fits(seqs, kv, w) {
+            seqs += w.seqs;
+            kv += w.reserve;
+            continue;
+        }
+        let (mut s, mut k) = (seqs, kv);
+        let mut picks = Vec::new();
+        for r in victims.iter().filter(|r| r.priority > w.priority && !evicted.contains(&r.id)) {
+            picks.push(r.id);
+            s -= 1;
+            k -= r.reserve.min(k);
+            if fits(s, k, w) {
+                break;
+            }
+        }
+        if !fits(s, k, w) {
+            break;
+        }
+        evicted.extend(picks);
+        seqs = s + w.seqs;
+        kv = k + w.reserve;
+    }
+    evicted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn run(id: u64, prefill_left: usize, priority: i64) -> Running {
-        Running { id, prefill_left, priority, arrival: id }
+        Running { id, prefill_left, priority, arrival: id, reserve: 100, preemptible: true }
     }
 
     fn wait(id: u64, prefill: usize, priority: i64) -> Waiting {
@@ -131,5 +185,27 @@ mod tests {
         let w = Waiting { seqs: 3, ..wait(1, 10, 0) };
         assert!(schedule(&[run(7, 0, 0), run(8, 0, 0)], std::slice::from_ref(&w), 0, &B).admit.is_empty());
         assert_eq!(schedule(&[run(7, 0, 0)], &[w], 0, &B).admit, vec![1]);
+    }
+
+    #[test]
+    fn higher_priority_preempts_the_worst_running_sequences() {
+        // Full on sequences: the waiting priority-0 request evicts the latest of the priority-5 ones.
+        let running = [run(1, 0, 5), run(2, 0, 5), run(3, 0, 1), run(4, 0, 5)];
+        let plan = schedule(&running, &[wait(10, 30, 0)], 400, &B);
+        assert_eq!(plan.preempt, vec![4]);
+        assert_eq!(plan.admit, vec![10]);
+        assert_eq!(plan.work, vec![(1, 1), (2, 1), (3, 1), (10, 30)], "the preempted sequence gets no work");
+        // Equal or better priorities are never preempted, and nothing is evicted in vain.
+        assert_eq!(schedule(&running, &[wait(10, 30, 1)], 400, &B).preempt, vec![4]);
+        let even = [run(1, 0, 0), run(2, 0, 0), run(3, 0, 0), run(4, 0, 0)];
+        let plan = schedule(&even, &[wait(10, 30, 0)], 400, &B);
+        assert!(plan.preempt.is_empty() && plan.admit.is_empty());
+        let pinned = [Running { preemptible: false, ..run(1, 0, 9) }, run(2, 0, 0), run(3, 0, 0), run(4, 0, 0)];
+        assert!(schedule(&pinned, &[wait(10, 30, 0)], 400, &B).preempt.is_empty());
+        // KV: as many as needed to make room, worst first.
+        let tight = Budget { max_seqs: 8, kv_tokens: 400, ..B };
+        let big = Waiting { reserve: 250, ..wait(10, 30, 0) };
+        let plan = schedule(&running, std::slice::from_ref(&big), 400, &tight);
+        assert_eq!((plan.preempt, plan.admit), (vec![4, 2, 1], vec![10]));
     }
 }

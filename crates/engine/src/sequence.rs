@@ -44,6 +44,8 @@ pub(crate) struct Seq {
     received: Instant,
     /// Structured output: masks each step's logits and follows the sampled tokens.
     matcher: Option<Matcher>,
+    /// After a preemption: prompt and generated tokens, to prefill again.
+    resume: Option<Vec<u32>>,
 }
 
 fn rng_for(seed: Option<u64>, choice: usize) -> ChaCha8Rng {
@@ -81,7 +83,29 @@ impl Seq {
             last_token_at: None,
             received: job.received,
             matcher: job.matcher,
+            resume: None,
         }
+    }
+
+    /// Whether the scheduler may preempt it: not while it still has choices to fork or records
+    /// prompt logprobs (both happen once, at the end of its first prefill).
+    pub fn preemptible(&self) -> bool {
+        self.n == 1 && self.prompt_logprobs.is_none()
+    }
+
+    /// Drops the KV cache; the prompt and everything generated are prefilled again on
+    /// readmission, and generation continues where it stopped (vLLM's recompute preemption).
+    pub fn preempt(&mut self) {
+        let mut tokens = self.prompt.to_vec();
+        tokens.extend_from_slice(&self.generated);
+        self.prefill_left = tokens.len();
+        self.resume = Some(tokens);
+        self.cache = self.cache.emptied();
+    }
+
+    /// Tokens still to prefill before it samples again.
+    pub fn prefill_source_len(&self) -> usize {
+        self.resume.as_ref().map_or(self.prompt.len(), Vec::len)
     }
 
     /// Choices 1..n, each with a copy of this prompt's KV cache, made when the prefill ends.
@@ -111,24 +135,26 @@ impl Seq {
                 last_token_at: None,
                 received: self.received,
                 matcher: self.matcher.as_ref().map(Matcher::deep_clone),
+                resume: None,
             })
             .collect()
     }
 
     /// This step's model input: a chunk of the prompt, or the last generated token.
     pub fn input(&mut self, n: usize) -> SeqInput<'_> {
-        let Seq { prompt, generated, cache, adapter, prefill_left, prompt_logprobs, .. } = self;
+        let Seq { prompt, generated, cache, adapter, prefill_left, prompt_logprobs, resume, .. } = self;
         if *prefill_left > 0 {
+            let source: &[u32] = resume.as_deref().unwrap_or(prompt);
             let start = cache.len();
             let end = start + n;
             let logits = if prompt_logprobs.is_some() {
                 Logits::All
-            } else if end == prompt.len() {
+            } else if end == source.len() {
                 Logits::Last
             } else {
                 Logits::None
             };
-            SeqInput { tokens: &prompt[start..end], cache, adapter: adapter.as_deref(), logits }
+            SeqInput { tokens: &source[start..end], cache, adapter: adapter.as_deref(), logits }
         } else {
             let last = generated.len() - 1;
             SeqInput { tokens: &generated[last..], cache, adapter: adapter.as_deref(), logits: Logits::Last }

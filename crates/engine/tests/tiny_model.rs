@@ -108,3 +108,47 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// With room for one sequence, a higher-priority request preempts the running one, finishes
+/// first, and the preempted one then continues exactly where it stopped (recomputed cache,
+/// same greedy tokens as an uninterrupted run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let mut engine = Engine::new();
+    engine.add_gguf("tiny", &gguf, EngineConfig { max_seqs: 1, ..EngineConfig::default() }).unwrap();
+    let e = &engine;
+    let prompt = e.tokenize(0, "hello tiny model", false).unwrap();
+    let uninterrupted = tokens(e.submit(request(&prompt, 300, None)).unwrap()).await;
+
+    let low = GenerateRequest { priority: 5, ..request(&prompt, 300, None) };
+    let mut low_rx = e.submit(low).unwrap();
+    let mut low_tokens = Vec::new();
+    while low_tokens.is_empty() {
+        if let Some(InferEvent::Token { token_id, .. }) = low_rx.recv().await {
+            low_tokens.push(token_id);
+        }
+    }
+    let high = GenerateRequest { priority: 0, ..request(&prompt[..6], 10, None) };
+    let high_rx = e.submit(high).unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = order.clone();
+    let high_task = tokio::spawn(async move {
+        let t = tokens(high_rx).await;
+        o.lock().unwrap().push("high");
+        t
+    });
+    let o = order.clone();
+    let low_task = tokio::spawn(async move {
+        let rest = tokens(low_rx).await;
+        o.lock().unwrap().push("low");
+        rest
+    });
+    assert_eq!(high_task.await.unwrap().len(), 10);
+    low_tokens.extend(low_task.await.unwrap());
+    assert_eq!(*order.lock().unwrap(), ["high", "low"], "the higher priority finished first");
+    assert_eq!(low_tokens, uninterrupted, "the preempted sequence resumed exactly");
+    assert!(e.metrics_text().contains("tandem:num_preemptions_total{model_name=\"tiny\"} 1"));
+}

@@ -63,6 +63,11 @@ impl KvCache {
         }
     }
 
+    /// An empty cache of the same shape, holding no memory (a preempted sequence's).
+    pub fn emptied(&self) -> KvCache {
+        KvCache::new(self.layers.len(), self.kv_dim)
+    }
+
     /// Forgets every position from `len` on (to reuse a cached prefix).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);

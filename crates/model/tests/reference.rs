@@ -133,9 +133,12 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
         top(&reference, 5).iter().map(|i| reference[*i]).collect::<Vec<_>>(),
         top(alone, 5).iter().map(|i| alone[*i]).collect::<Vec<_>>()
     );
-    assert!(max_diff < 0.05 * max_ref, "int8 forward drifts from f32: {max_diff} (scale {max_ref})");
     // int8 activations (as llama.cpp's Q8 dot products) move logits by a few percent: the
-    // leading tokens agree, the tail of the ranking may swap.
+    // leading tokens agree, the tail of the ranking may swap. How far depends on rounding flips
+    // of activation quants, so float-level reassociation in a kernel moves it: 3.4% with the
+    // AVX2 kernels, 5.4% with the AVX-512 ones, whose every matmul is within 1e-5 of the exact
+    // product (`kernels_are_exact_on_the_real_weights` below).
+    assert!(max_diff < 0.08 * max_ref, "int8 forward drifts from f32: {max_diff} (scale {max_ref})");
     assert_eq!(top(alone, 2), top(&reference, 2));
 
     // The same prompt in one batch with another sequence: identical logits, bit for bit.
@@ -205,4 +208,39 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
         .unwrap();
     assert_eq!(out[0][0], run(Some(&trained)));
     assert_eq!(out[1][0], base);
+}
+
+/// Every projection of the real model, through whatever kernel this CPU selects, against the
+/// exact product of its dequantised weights and the quantised activations (f64 sums): kernel
+/// arithmetic is exact up to float rounding, for one row and for tiles of several.
+#[test]
+fn kernels_are_exact_on_the_real_weights() {
+    use tandem_model::kernels::{matmul, Q8Acts};
+    let loaded = tandem_model::load_gguf(&model_path()).unwrap();
+    let m = &loaded.model;
+    let head = m.lm_head.as_ref().unwrap_or(&m.embed);
+    let mut weights: Vec<(&str, &tandem_model::kernels::Weights)> = Vec::new();
+    for l in m.layers.iter().step_by(7) {
+        weights.extend([("qkv", &l.qkv), ("o", &l.o), ("gate_up", &l.gate_up), ("down", &l.down)]);
+    }
+    weights.push(("head", head));
+    for (name, w) in weights {
+        let (k, t) = (w.cols(), 11);
+        let x: Vec<f32> = (0..t * k).map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0).collect();
+        let mut a = Q8Acts::default();
+        a.quantize(&x, t, k);
+        let mut out = vec![0f32; t * w.rows()];
+        matmul(w, &a, &mut out);
+        let mut row = vec![0f32; k];
+        // A spread of rows (the head has 49,152).
+        for r in (0..w.rows()).step_by(w.rows() / 200 + 1) {
+            w.dequantize_row(r, &mut row);
+            for ti in 0..t {
+                let (aq, as_) = a.row(ti);
+                let exact: f64 = (0..k).map(|i| row[i] as f64 * aq[i] as f64 * as_[i / 32] as f64).sum();
+                let got = out[ti * w.rows() + r] as f64;
+                assert!((got - exact).abs() < 1e-5 * exact.abs().max(10.0), "{name} row {r} t {ti}: {got} vs {exact}");
+            }
+        }
+    }
 }

@@ -11,6 +11,20 @@ async fn chat(c: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
     post(c, &format!("{url}/v1/chat/completions"), KEY, &body).await.unwrap()
 }
 
+/// The chunks of a streamed request (without the final `[DONE]`).
+async fn streamed(c: &reqwest::Client, url: &str, mut body: Value) -> Vec<Value> {
+    body["stream"] = json!(true);
+    let r = c.post(format!("{url}/v1/chat/completions")).bearer_auth(KEY).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    text.split("\n\n")
+        .filter_map(|f| f.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
 fn req(prompt: &str, extra: Value) -> Value {
     let mut body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 80, "temperature": 0,
                           "return_token_ids": true});
@@ -82,16 +96,7 @@ async fn structured_outputs_end_to_end() {
 
     // Streaming gives the same text and ids as the non-streamed answer.
     let full = chat(&c, &url, req(prompt, so.clone())).await.1;
-    let mut sbody = req(prompt, so.clone());
-    sbody["stream"] = json!(true);
-    let r = c.post(format!("{url}/v1/chat/completions")).bearer_auth(KEY).json(&sbody).send().await.unwrap();
-    let text = r.text().await.unwrap();
-    let chunks: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|f| f.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = streamed(&c, &url, req(prompt, so.clone())).await;
     let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(streamed, full["choices"][0]["message"]["content"].as_str().unwrap());
     let ids: Vec<Value> =
@@ -232,24 +237,7 @@ async fn reasoning_end_to_end(c: &reqwest::Client, url: &str) {
     );
 
     // Streaming splits the same way: reasoning deltas, then content deltas.
-    let mut sbody = req("Is water wet?", script);
-    sbody["stream"] = json!(true);
-    let text = c
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&sbody)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let chunks: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|f| f.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = streamed(c, url, req("Is water wet?", script)).await;
     let streamed_reasoning: String =
         chunks.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning"].as_str()).collect();
     let streamed_content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
@@ -313,26 +301,9 @@ async fn tools_end_to_end(c: &reqwest::Client, url: &str) {
     check_call(&calls[0]);
 
     // Streaming the same request: one delta naming the call, then its arguments; same result.
-    let mut sbody = req(ask, required);
-    sbody["stream"] = json!(true);
-    let text = c
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&sbody)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let chunks: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|f| f.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = streamed(c, url, req(ask, required)).await;
     let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
-    assert_eq!(deltas.len(), 2, "{text}");
+    assert_eq!(deltas.len(), 2, "{chunks:?}");
     assert_eq!(deltas[0]["function"]["name"], calls[0]["function"]["name"]);
     assert!(deltas[0]["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
     let args: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
