@@ -2,16 +2,9 @@
 //! variants on a noisy VM): `cargo run --release -p tandem-model --example matmul_bench`.
 use tandem_model::kernels::{matmul, Q4Matrix, Q8Acts, Q8Matrix, Weights};
 
-fn pseudo(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2654435761).max(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
+/// Deterministic values in [-1, 1) (the test fixtures' generator, doubled).
+fn pseudo(n: usize, seed: u64) -> Vec<f32> {
+    tandem_model::testing::weights(n, seed).into_iter().map(|v| 2.0 * v).collect()
 }
 
 fn q4(rows: usize, cols: usize) -> Weights {
