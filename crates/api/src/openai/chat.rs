@@ -65,6 +65,15 @@ pub async fn create(
             }
             rx
         }
+        // A constraint is compiled at submit (llguidance, bounded but possibly tens of
+        // milliseconds for a large schema): off the async workers.
+        None if generate.params.constraint.is_some() => {
+            let b = backend.clone();
+            tokio::task::spawn_blocking(move || b.submit(generate))
+                .await
+                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("submit task failed: {e}")))?
+                .map_err(submit_error)?
+        }
         None => backend.submit(generate).map_err(submit_error)?,
     };
     let echo = echo_text(&plan);
