@@ -186,6 +186,12 @@ impl Seq {
         }
     }
 
+    /// Ends the request with the grammar engine's error (reported as finished).
+    fn grammar_failed(&self, e: String) -> bool {
+        let _ = self.tx.send(InferEvent::Error(format!("structured output failed: {e}")));
+        true
+    }
+
     /// Samples the next token from raw logits, sends its event, and reports whether it ended.
     pub fn sample_and_emit(
         &mut self,
@@ -197,20 +203,14 @@ impl Seq {
         let p = self.params.clone();
         let mut logits = raw.to_vec();
         sampler::process(&mut logits, &p, &History { prompt: &self.prompt, generated: &self.generated }, tok.eos_id);
-        if let Some(m) = self.matcher.as_mut() {
-            if let Err(e) = constrain(m, &mut logits, tok.eos_id) {
-                let _ = self.tx.send(InferEvent::Error(format!("structured output failed: {e}")));
-                return true;
-            }
+        if let Some(Err(e)) = self.matcher.as_mut().map(|m| constrain(m, &mut logits, tok.eos_id)) {
+            return self.grammar_failed(e);
         }
         let token = sampler::sample(&logits, &p, &mut self.rng);
-        if let Some(m) = self.matcher.as_mut() {
-            // EOS ends the grammar (the mask allowed it only where the output is complete).
-            if token != tok.eos_id {
-                if let Err(e) = m.consume_token(token) {
-                    let _ = self.tx.send(InferEvent::Error(format!("structured output failed: {e}")));
-                    return true;
-                }
+        // EOS ends the grammar (the mask allowed it only where the output is complete).
+        if token != tok.eos_id {
+            if let Some(Err(e)) = self.matcher.as_mut().map(|m| m.consume_token(token).map_err(|e| e.to_string())) {
+                return self.grammar_failed(e);
             }
         }
         let logprob = p.logprobs.map(|k| logprob_entry(raw, token, k, tok));

@@ -375,12 +375,10 @@ impl Renderer {
                     let (content, parsed) = tools::parse(&mode, &content_part);
                     // As vLLM streams calls: one delta naming each call, then its arguments.
                     for (k, c) in parsed.iter().enumerate() {
-                        for function in [json!({"name": c.name, "arguments": ""}), json!({"arguments": c.arguments})] {
-                            let mut call = json!({"index": k, "function": function});
-                            if function_has_name(&call) {
-                                call["id"] = json!(tools::call_id());
-                                call["type"] = json!("function");
-                            }
+                        let named = json!({"index": k, "id": tools::call_id(), "type": "function",
+                                           "function": {"name": c.name, "arguments": ""}});
+                        let arguments = json!({"index": k, "function": {"arguments": c.arguments}});
+                        for call in [named, arguments] {
                             let body = json!({ "index": choice, "delta": { "tool_calls": [call] }, "logprobs": null, "finish_reason": null });
                             out.push(self.with_usage(self.chunk(body), choice));
                         }
@@ -416,8 +414,4 @@ impl Renderer {
         vec![json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                      "choices": [], "usage": self.usage(completion, self.state.cached_tokens) })]
     }
-}
-
-fn function_has_name(call: &Value) -> bool {
-    call["function"].get("name").is_some()
 }
