@@ -196,7 +196,8 @@ impl EngineLoop {
         // with a row to sample from samples in parallel (each has its own RNG and channel, and
         // with 16 sequences the sequential loop left a core idle for a millisecond per step).
         let mut forks = Vec::new();
-        let mut rows: Vec<(u64, usize)> = Vec::new(); // (sequence id, slot of its logits)
+        // Sequence id -> the slot of the logits it samples from.
+        let mut slot_of: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
         for (slot, i) in order.iter().enumerate() {
             let seq = &mut self.running[*i];
             let n = work[&seq.id].min(seq.prefill_left.max(1));
@@ -210,14 +211,13 @@ impl EngineLoop {
                 self.prefix.insert(std::mem::take(&mut seq.block_hashes), &seq.cache);
                 // The other choices sample their first token from the same prompt logits.
                 let new = seq.fork_choices();
-                rows.extend(new.iter().map(|f| (f.id, slot)));
+                slot_of.extend(new.iter().map(|f| (f.id, slot)));
                 forks.extend(new);
             }
             if !logits[slot].is_empty() {
-                rows.push((seq.id, slot));
+                slot_of.insert(seq.id, slot);
             }
         }
-        let slot_of: std::collections::HashMap<u64, usize> = rows.into_iter().collect();
         let (tok, cfg, metrics) = (&*self.tok, &self.model.config, &*self.metrics);
         let finished: Vec<u64> = self
             .running
