@@ -23,7 +23,7 @@ use axum::http::{HeaderName, Request};
 use axum::Router;
 use std::sync::Arc;
 use std::time::Duration;
-use tandem_core::inference::SharedBackend;
+use tandem_core::inference::{ReasoningParser, SharedBackend};
 use tandem_core::trajectory::TrajectoryLimits;
 use tandem_store::{CheckpointDir, Store};
 use tokio::sync::Notify;
@@ -62,8 +62,8 @@ pub struct AppConfig {
     pub per_entity_limit: usize,
     /// `fcfs` refuses a non-zero `priority`, as the interface requires of such servers.
     pub priority_scheduling: bool,
-    /// `--reasoning-parser think`: `<think>...</think>` output goes to `message.reasoning`.
-    pub reasoning_parser: bool,
+    /// `--reasoning-parser`: `<think>...</think>` output goes to `message.reasoning`.
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 /// Shared, cheap-to-clone handler state.
@@ -93,7 +93,7 @@ impl AppState {
         self.0.priority_scheduling
     }
 
-    pub fn reasoning_parser(&self) -> bool {
+    pub fn reasoning_parser(&self) -> Option<ReasoningParser> {
         self.0.reasoning_parser
     }
 

@@ -54,6 +54,34 @@ pub struct Constraint {
     pub whitespace_pattern: Option<String>,
     /// The request field it came from, named in errors (`structured_outputs`, `response_format`, ...).
     pub field: String,
+    /// With a reasoning parser: the reasoning block (free text) comes first and the constraint
+    /// holds for what follows, as vLLM starts the grammar after reasoning ends.
+    pub after_reasoning: Option<ReasoningParser>,
+}
+
+/// How reasoning appears in the output (the server's `--reasoning-parser`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningParser {
+    /// `think` (vLLM's qwen3 rule): output that opens with `<think>` reasons up to `</think>`;
+    /// other output is all content.
+    Think,
+    /// `deepseek_r1`: the output starts inside the reasoning (the template opened `<think>`, so
+    /// the tag is optional) and reasons up to `</think>`; without it, all of it is reasoning.
+    DeepSeekR1,
+}
+
+impl ReasoningParser {
+    /// The parser a `--reasoning-parser` value names (`none` is no parser).
+    pub fn from_name(name: &str) -> Result<Option<Self>, String> {
+        match name {
+            "none" => Ok(None),
+            "think" | "qwen3" => Ok(Some(Self::Think)),
+            "deepseek_r1" => Ok(Some(Self::DeepSeekR1)),
+            other => Err(format!(
+                "--reasoning-parser must be `think` (alias `qwen3`), `deepseek_r1` or `none`, not {other:?}"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +96,8 @@ pub enum ConstraintKind {
     Choice(Vec<String>),
     /// A context-free grammar in llguidance's Lark dialect.
     Grammar(String),
+    /// A structural tag (vLLM's `structures`/`triggers` or xgrammar's `format` tree).
+    StructuralTag(serde_json::Value),
 }
 
 /// The built-in logits processors a request may name in `logits_processors`. Code is never

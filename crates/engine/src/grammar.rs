@@ -6,12 +6,13 @@
 //! `tokenizers` (a second copy to compile) and would re-read a tokenizer.json we do not have: the
 //! trie only needs every token's bytes, which our tokenizer already keeps.
 
+use crate::lark;
 use crate::tokenizer::TextTokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
-use tandem_core::inference::{Constraint, ConstraintKind};
+use tandem_core::inference::{Constraint, ConstraintKind, ReasoningParser};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 /// llguidance's view of the model's vocabulary.
@@ -92,19 +93,44 @@ impl Grammars {
 
 /// The llguidance grammar of a constraint.
 fn top_level(c: &Constraint) -> Result<TopLevelGrammar, String> {
+    if let Some(parser) = c.after_reasoning {
+        let leading = parser == ReasoningParser::DeepSeekR1;
+        return Ok(TopLevelGrammar::from_lark(lark::after_reasoning(&as_lark(c)?, leading)));
+    }
     Ok(match &c.kind {
         ConstraintKind::Json(schema) => TopLevelGrammar::from_json_schema(json_options(c, schema.clone())?),
         ConstraintKind::JsonObject => TopLevelGrammar::from_json_schema(json_options(c, json!({"type": "object"}))?),
         ConstraintKind::Regex(rx) => TopLevelGrammar::from_regex(rx),
-        ConstraintKind::Choice(choices) => {
-            if choices.is_empty() {
-                return Err("choice needs at least one string".into());
-            }
-            let alternatives: Vec<String> = choices.iter().map(|s| escape_regex(s)).collect();
-            TopLevelGrammar::from_regex(&alternatives.join("|"))
+        ConstraintKind::Choice(choices) => TopLevelGrammar::from_regex(&choice_regex(choices)?),
+        ConstraintKind::Grammar(text) => TopLevelGrammar::from_lark(text.clone()),
+        ConstraintKind::StructuralTag(spec) => {
+            TopLevelGrammar::from_lark(lark::structural_tag(spec, &|schema| json_options(c, schema))?)
         }
-        ConstraintKind::Grammar(lark) => TopLevelGrammar::from_lark(lark.clone()),
     })
+}
+
+/// The same constraint as one Lark expression, to be embedded in a larger grammar.
+fn as_lark(c: &Constraint) -> Result<String, String> {
+    Ok(match &c.kind {
+        ConstraintKind::Json(schema) => format!("%json {}", json_options(c, schema.clone())?),
+        ConstraintKind::JsonObject => format!("%json {}", json_options(c, json!({"type": "object"}))?),
+        ConstraintKind::Regex(rx) => lark::regex_literal(rx),
+        ConstraintKind::Choice(choices) => {
+            choice_regex(choices)?;
+            choices.iter().map(|s| lark::literal(s)).collect::<Vec<_>>().join(" | ")
+        }
+        ConstraintKind::Grammar(text) => format!("%lark {{\n{text}\n}}"),
+        ConstraintKind::StructuralTag(spec) => {
+            format!("%lark {{\n{}\n}}", lark::structural_tag(spec, &|schema| json_options(c, schema))?)
+        }
+    })
+}
+
+fn choice_regex(choices: &[String]) -> Result<String, String> {
+    if choices.is_empty() {
+        return Err("choice needs at least one string".into());
+    }
+    Ok(choices.iter().map(|s| escape_regex(s)).collect::<Vec<_>>().join("|"))
 }
 
 /// The schema with the request's JSON options attached the way llguidance reads them.
@@ -168,6 +194,7 @@ mod tests {
             disable_additional_properties: false,
             whitespace_pattern: None,
             field: "structured_outputs".into(),
+            after_reasoning: None,
         }
     }
 

@@ -10,6 +10,7 @@
 
 mod engine;
 mod grammar;
+mod lark;
 pub mod metrics;
 pub mod prefix;
 pub mod sampler;

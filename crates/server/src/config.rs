@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use tandem_core::inference::ReasoningParser;
 
 /// Where the bundled model lives after `make model`, relative to the working directory.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -42,9 +43,10 @@ pub struct ServeArgs {
     /// `priority` (lower `priority` first, then arrival) or `fcfs` (non-zero priority is a 400).
     #[arg(long, env = "TANDEM_SCHEDULING")]
     pub scheduling: Option<String>,
-    /// `think`: split `<think>...</think>` output into `message.reasoning` (vLLM's
-    /// `--reasoning-parser`, for models that reason in those tags); `none` (default) leaves it in
-    /// the content.
+    /// `think` (alias `qwen3`): split `<think>...</think>` output into `message.reasoning` (vLLM's
+    /// `--reasoning-parser`, for models that reason in those tags); `deepseek_r1`: the output
+    /// starts inside the reasoning (the template opened the tag); `none` (default) leaves it all
+    /// in the content.
     #[arg(long, env = "TANDEM_REASONING_PARSER")]
     pub reasoning_parser: Option<String>,
     /// Sequences decoded together in one step.
@@ -92,7 +94,7 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub priority_scheduling: bool,
-    pub reasoning_parser: bool,
+    pub reasoning_parser: Option<ReasoningParser>,
     pub max_num_seqs: usize,
     pub max_waiting: usize,
     pub per_entity_limit: usize,
@@ -137,10 +139,9 @@ impl ServeConfig {
                 Some("fcfs") => false,
                 Some(other) => bail!("--scheduling must be `priority` or `fcfs`, not {other:?}"),
             },
-            reasoning_parser: match args.reasoning_parser.or(file.reasoning_parser).as_deref() {
-                None | Some("none") => false,
-                Some("think") => true,
-                Some(other) => bail!("--reasoning-parser must be `think` or `none`, not {other:?}"),
+            reasoning_parser: match args.reasoning_parser.or(file.reasoning_parser) {
+                None => None,
+                Some(name) => ReasoningParser::from_name(&name).map_err(anyhow::Error::msg)?,
             },
             max_num_seqs: args.max_num_seqs.or(file.max_num_seqs).unwrap_or(32).max(1),
             max_waiting: args.max_waiting.or(file.max_waiting).unwrap_or(256).max(1),

@@ -66,9 +66,7 @@ fn check_person(text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn structured_outputs_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
-    // With the reasoning parser on: outputs that do not open with <think> are unaffected, which
-    // every other check here also shows.
-    let server = Server::start(dir.path(), &["--api-key", KEY, "--reasoning-parser", "think"]);
+    let server = Server::start(dir.path(), &["--api-key", KEY]);
     let (c, url) = (client(), server.url.clone());
     let prompt = "Describe a person as JSON with name, age and favourite colors.";
 
@@ -153,6 +151,8 @@ async fn structured_outputs_end_to_end() {
         conforming(&c, &url, req("What is 6 times 7?", json!({"structured_outputs": {"grammar": grammar}}))).await;
     assert!(regex::Regex::new(r"^The answer is [1-9][0-9]{0,2}\.$").unwrap().is_match(&out), "{out:?}");
 
+    structural_tags(&c, &url).await;
+
     // Cut by length: the text may be incomplete, and says so.
     let (s, v) =
         chat(&c, &url, req(prompt, json!({"structured_outputs": {"json": person_schema()}, "max_tokens": 3}))).await;
@@ -212,11 +212,78 @@ async fn structured_outputs_end_to_end() {
     assert_eq!(health.status(), 200);
 
     tools_end_to_end(&c, &url).await;
-    reasoning_end_to_end(&c, &url).await;
 }
 
-/// Reasoning split from a scripted output (a regex makes the model write think tags).
-async fn reasoning_end_to_end(c: &reqwest::Client, url: &str) {
+/// Structural tags in both shapes: xgrammar's format tree forcing one call, and vLLM's
+/// `structures`/`triggers` string in which the model may write text, but every trigger it writes
+/// opens a conforming call.
+async fn structural_tags(c: &reqwest::Client, url: &str) {
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                         "required": ["city"], "additionalProperties": false});
+    let check_args = |args: &str| {
+        let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert_eq!(v.as_object().unwrap().keys().collect::<Vec<_>>(), ["city"], "{args}");
+    };
+    let forced = json!({"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<function="],
+        "tags": [{"begin": "<function=weather>", "content": {"type": "json_schema", "json_schema": weather},
+                  "end": "</function>"}],
+        "at_least_one": true, "stop_after_first": true}});
+    let out = conforming(c, url, req("What is the weather in Paris?", json!({"response_format": forced}))).await;
+    let args = out.strip_prefix("<function=weather>").and_then(|s| s.strip_suffix("</function>"));
+    check_args(args.unwrap_or_else(|| panic!("{out:?}")));
+
+    let legacy = json!({"structures": [{"begin": "<function=weather>", "schema": weather, "end": "</function>"}],
+                        "triggers": ["<function="]})
+    .to_string();
+    let call = regex::Regex::new(r"<function=weather>(.*?)</function>").unwrap();
+    let prompt = "Call the weather tool like <function=weather>{\"city\": \"Rome\"}</function> for Oslo.";
+    for seed in 0..3 {
+        let body =
+            req(prompt, json!({"structured_outputs": {"structural_tag": legacy}, "temperature": 1.0, "seed": seed}));
+        let (s, v) = chat(c, url, body).await;
+        assert_eq!(s, 200, "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        if v["choices"][0]["finish_reason"] == "stop" {
+            // Every trigger written is a whole call.
+            assert_eq!(text.matches("<function=").count(), call.find_iter(text).count(), "{text:?}");
+        }
+        for m in call.captures_iter(text) {
+            check_args(&m[1]);
+        }
+    }
+
+    for tag in [
+        json!({"type": "structural_tag", "structures": [{"begin": "<b>", "schema": {}, "end": "</b>"}], "triggers": ["<a"]}),
+        json!({"type": "structural_tag", "format": {"type": "no-such-format"}}),
+        json!({"type": "structural_tag"}),
+    ] {
+        let (s, v) = chat(c, url, req("x", json!({"response_format": tag.clone()}))).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (400, Some("response_format")), "{tag} -> {v}");
+    }
+}
+
+/// With `--reasoning-parser think`: reasoning split from a scripted output (a regex that writes
+/// the think tags covers the whole output), and other constraints hold for what follows an
+/// optional reasoning block. SmolLM2 does not reason, but sampled output may open a `<think>`
+/// block the grammar allows and never close it, so sampled answers are checked when they stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--api-key", KEY, "--reasoning-parser", "think"]);
+    let (c, url) = (&client(), server.url.as_str());
+    let prompt = "Describe a person as JSON with name, age and favourite colors.";
+    check_person(&conforming(c, url, req(prompt, json!({"structured_outputs": {"json": person_schema()}}))).await);
+    for seed in 0..3 {
+        let body = req("Is the sky blue?", json!({"guided_choice": ["yes", "no"], "temperature": 1.0, "seed": seed}));
+        let (s, v) = chat(c, url, body).await;
+        assert_eq!(s, 200, "{v}");
+        if v["choices"][0]["finish_reason"] == "stop" {
+            let out = &v["choices"][0]["message"]["content"];
+            assert!(out == "yes" || out == "no", "{v}");
+        }
+    }
+    structural_tags(c, url).await;
+
     let script = json!({"structured_outputs": {"regex": "<think>[a-z ]{3,40}</think>\n(yes|no)"}});
     let (s, v) = chat(c, url, req("Is water wet?", script.clone())).await;
     assert_eq!(s, 200, "{v}");
@@ -226,6 +293,10 @@ async fn reasoning_end_to_end(c: &reqwest::Client, url: &str) {
     assert_eq!(m["reasoning_content"], m["reasoning"]);
     let content = m["content"].as_str().unwrap().to_string();
     assert!(content == "yes" || content == "no", "{v}");
+    // The reasoning tokens: those up to `</think>`; the answer and EOS are not among them.
+    let thought = v["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+    let total = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(thought >= 3 && thought + 2 <= total, "{v}");
 
     // include_reasoning: false drops it; the content is the same.
     let mut hidden = req("Is water wet?", script.clone());

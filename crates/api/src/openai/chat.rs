@@ -15,7 +15,7 @@ use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use std::convert::Infallible;
-use tandem_core::inference::{GenerateRequest, InferEvent, SharedBackend, SubmitError};
+use tandem_core::inference::{GenerateRequest, InferEvent, ReasoningParser, SharedBackend, SubmitError};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub async fn create(
@@ -42,7 +42,8 @@ pub async fn create(
         .clone()
         .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string))
         .unwrap_or_else(|| tandem_core::new_id().simple().to_string());
-    let (generate, prompt, tool_mode) = prepare(backend.clone(), &plan, &target, request_id.clone()).await?;
+    let (generate, prompt, tool_mode) =
+        prepare(backend.clone(), &plan, &target, request_id.clone(), state.reasoning_parser()).await?;
     let rx = match plan.beam {
         // The search runs to the end first; its result then flows through the same renderers.
         Some(length_penalty) => {
@@ -100,6 +101,7 @@ async fn prepare(
     plan: &ChatPlan,
     target: &Target,
     request_id: String,
+    reasoning: Option<ReasoningParser>,
 ) -> Result<(GenerateRequest, Vec<u32>, Option<ToolMode>), ApiError> {
     let plan = plan.clone();
     let target = target.clone();
@@ -117,6 +119,9 @@ async fn prepare(
             params.constraint = constraint;
             mode
         });
+        if let Some(c) = params.constraint.as_mut() {
+            c.after_reasoning = reasoning.filter(|_| !super::reasoning::scripts_reasoning(&c.kind));
+        }
         let mut prompt = backend.render_chat(target.base, &render).map_err(|m| ApiError::bad_param("messages", m))?;
         if let Some(t) = plan.truncate_prompt_tokens {
             let keep = if t == -1 { info.context_len } else { t as usize };

@@ -6,7 +6,9 @@ use super::reasoning;
 use super::request::ChatPlan;
 use super::tools::{self, Format, ToolMode};
 use serde_json::{json, Value};
-use tandem_core::inference::{FinishReason, InferEvent, RankedLogprob, StopReason, TokenLogprob, TopLogprob};
+use tandem_core::inference::{
+    FinishReason, InferEvent, RankedLogprob, ReasoningParser, StopReason, TokenLogprob, TopLogprob,
+};
 
 /// Everything generated for one choice.
 #[derive(Debug, Clone, Default)]
@@ -15,6 +17,8 @@ pub struct ChoiceOut {
     pub token_ids: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
     pub finish: Option<(FinishReason, Option<StopReason>)>,
+    /// The length of `text` after each token (which tokens wrote the reasoning).
+    pub token_ends: Vec<usize>,
 }
 
 /// A whole non-streamed result.
@@ -41,6 +45,7 @@ impl Collected {
                 if let Some(c) = self.choices.get_mut(choice) {
                     c.token_ids.push(token_id);
                     c.text.push_str(&text);
+                    c.token_ends.push(c.text.len());
                     c.logprobs.extend(logprob);
                 }
             }
@@ -73,7 +78,7 @@ pub struct Renderer {
     /// Tool calls are parsed from the output (see `tools`).
     tools: Option<ToolMode>,
     /// `<think>` reasoning is split off the output; shown only with `include_reasoning`.
-    reasoning: bool,
+    reasoning: Option<ReasoningParser>,
     include_reasoning: bool,
     // streaming state
     state: Collected,
@@ -151,7 +156,7 @@ impl Renderer {
             include_usage: plan.include_usage,
             continuous_usage: plan.continuous_usage,
             tools: None,
-            reasoning: false,
+            reasoning: None,
             include_reasoning: plan.include_reasoning,
             state: Collected::new(plan.n),
             finished: vec![false; plan.n],
@@ -160,18 +165,17 @@ impl Renderer {
         }
     }
 
-    /// Splits `<think>` reasoning off the output (the server's `--reasoning-parser think`).
-    pub fn with_reasoning(mut self, on: bool) -> Self {
-        self.reasoning = on;
+    /// Splits `<think>` reasoning off the output (the server's `--reasoning-parser`).
+    pub fn with_reasoning(mut self, parser: Option<ReasoningParser>) -> Self {
+        self.reasoning = parser;
         self
     }
 
     /// (reasoning, content) of an output; all content without a reasoning parser.
     fn parts<'t>(&self, text: &'t str) -> (Option<&'t str>, &'t str) {
-        if self.reasoning {
-            reasoning::split(text)
-        } else {
-            (None, text)
+        match self.reasoning {
+            Some(parser) => reasoning::split(parser, text),
+            None => (None, text),
         }
     }
 
@@ -198,7 +202,7 @@ impl Renderer {
     /// the end is kept for later unless `last`); content that may be a tool call is held.
     fn deltas(&mut self, i: usize, last: bool) -> (String, String) {
         let full = self.state.choices.get(i).map(|c| c.text.clone()).unwrap_or_default();
-        let shown = if last || !self.reasoning { full.as_str() } else { reasoning::stable(&full) };
+        let shown = if last || self.reasoning.is_none() { full.as_str() } else { reasoning::stable(&full) };
         let (r, content) = self.parts(shown);
         let r = r.unwrap_or("");
         let reasoning = r.get(self.emitted_reasoning[i].min(r.len())..).unwrap_or("").to_string();
@@ -232,18 +236,24 @@ impl Renderer {
         entry
     }
 
-    fn usage(&self, completion: usize, cached: usize) -> Value {
-        json!({
+    /// Usage over `choices`; with a reasoning parser also how many tokens wrote reasoning.
+    fn usage(&self, choices: &[ChoiceOut], cached: usize) -> Value {
+        let completion: usize = choices.iter().map(|c| c.token_ids.len()).sum();
+        let mut usage = json!({
             "prompt_tokens": self.prompt.len(),
             "completion_tokens": completion,
             "total_tokens": self.prompt.len() + completion,
             "prompt_tokens_details": { "cached_tokens": cached },
-        })
+        });
+        if let Some(parser) = self.reasoning {
+            let thought: usize = choices.iter().map(|c| reasoning::tokens(parser, &c.text, &c.token_ends)).sum();
+            usage["completion_tokens_details"] = json!({ "reasoning_tokens": thought });
+        }
+        usage
     }
 
     /// The non-streamed `chat.completion`.
     pub fn full(&self, c: Collected) -> Value {
-        let completion: usize = c.choices.iter().map(|ch| ch.token_ids.len()).sum();
         let choices: Vec<Value> = c
             .choices
             .iter()
@@ -260,7 +270,7 @@ impl Renderer {
                     "role": self.role, "content": content, "refusal": null, "annotations": null,
                     "audio": null, "function_call": null, "reasoning": thought,
                 });
-                if self.reasoning {
+                if self.reasoning.is_some() {
                     // vLLM <= 0.11's name, still read by older clients.
                     message["reasoning_content"] = json!(thought);
                 }
@@ -279,7 +289,7 @@ impl Renderer {
             .collect();
         json!({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": choices, "usage": self.usage(completion, c.cached_tokens),
+            "choices": choices, "usage": self.usage(&c.choices, c.cached_tokens),
             "system_fingerprint": null, "service_tier": null, "prompt_logprobs": prompt_logprobs_json(&c.prompt_logprobs),
             "prompt_token_ids": if self.return_token_ids { json!(self.prompt) } else { Value::Null },
             "kv_transfer_params": null,
@@ -290,13 +300,10 @@ impl Renderer {
         json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [choice] })
     }
 
-    fn completion_so_far(&self, choice: usize) -> usize {
-        self.state.choices.get(choice).map_or(0, |c| c.token_ids.len())
-    }
-
     fn with_usage(&self, mut chunk: Value, choice: usize) -> Value {
         if self.continuous_usage {
-            chunk["usage"] = self.usage(self.completion_so_far(choice), self.state.cached_tokens);
+            let so_far = self.state.choices.get(choice..=choice).unwrap_or_default();
+            chunk["usage"] = self.usage(so_far, self.state.cached_tokens);
         }
         chunk
     }
@@ -410,8 +417,7 @@ impl Renderer {
         if !self.include_usage {
             return Vec::new();
         }
-        let completion: usize = self.state.choices.iter().map(|c| c.token_ids.len()).sum();
         vec![json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                     "choices": [], "usage": self.usage(completion, self.state.cached_tokens) })]
+                     "choices": [], "usage": self.usage(&self.state.choices, self.state.cached_tokens) })]
     }
 }

@@ -43,7 +43,7 @@ pub async fn test_app_with(limits: Limits) -> TestApp {
         backend: None,
         per_entity_limit: 64,
         priority_scheduling: true,
-        reasoning_parser: false,
+        reasoning_parser: None,
     });
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, _dir: dir }
 }

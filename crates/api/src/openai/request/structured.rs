@@ -20,6 +20,7 @@ pub(super) fn constraint(obj: &Map<String, Value>) -> Result<Option<Constraint>,
         disable_additional_properties: false,
         whitespace_pattern: None,
         field: String::new(),
+        after_reasoning: None,
     };
     if let Some(so) = optional(obj, "structured_outputs") {
         let Value::Object(so) = so else {
@@ -124,8 +125,21 @@ fn kinds(map: &Map<String, Value>, field: &str, prefix: &str) -> Result<Vec<(Str
             Some(Value::Bool(false)) | None => {}
             Some(_) => return Err(bad(&name("json_object"), "json_object must be a boolean")),
         }
-        if get("structural_tag").is_some() {
-            return Err(bad(&name("structural_tag"), "structural_tag is not supported by this server yet"));
+        if let Some(v) = get("structural_tag") {
+            // vLLM takes a JSON string; an object is accepted too.
+            let spec = match v {
+                Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                    bad(&name("structural_tag"), format!("structural_tag must hold a JSON object: {e}"))
+                })?,
+                other => other.clone(),
+            };
+            if !spec.is_object() {
+                return Err(bad(
+                    &name("structural_tag"),
+                    "structural_tag must be a JSON object (or a string holding one)",
+                ));
+            }
+            out.push((name("structural_tag"), ConstraintKind::StructuralTag(spec)));
         }
     }
     Ok(out)
@@ -150,9 +164,9 @@ fn response_format(rf: &Value) -> Result<Option<ConstraintKind>, ApiError> {
             }
             Ok(Some(ConstraintKind::Json(schema.clone())))
         }
-        Some("structural_tag") => {
-            Err(bad(field, "response_format type \"structural_tag\" is not supported by this server yet"))
-        }
+        // The whole object is the tag, as vLLM serializes it (`structures` and `triggers`, or
+        // xgrammar's `format`); a malformed one is a 400 when the engine compiles it.
+        Some("structural_tag") => Ok(Some(ConstraintKind::StructuralTag(rf.clone()))),
         Some(other) => Err(bad(
             field,
             format!(

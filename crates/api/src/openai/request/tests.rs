@@ -76,7 +76,7 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "structured_outputs": {"disable_any_whitespace": true}}), "structured_outputs"),
         (json!({"messages": msgs(), "structured_outputs": {"choice": []}}), "structured_outputs"),
         (json!({"messages": msgs(), "structured_outputs": {"json": "{not json"}}), "structured_outputs"),
-        (json!({"messages": msgs(), "structured_outputs": {"structural_tag": "{}"}}), "structured_outputs"),
+        (json!({"messages": msgs(), "structured_outputs": {"structural_tag": "[1]"}}), "structured_outputs"),
         (json!({"messages": msgs(), "structured_outputs": {"regexp": "a"}}), "structured_outputs"),
         (
             json!({"messages": msgs(), "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}),

@@ -175,6 +175,7 @@ pub(super) fn apply(
         disable_additional_properties: false,
         whitespace_pattern: None,
         field: field.to_string(),
+        after_reasoning: None,
     };
     let mode = |format| ToolMode { format, parallel: plan.parallel };
     if template_renders_tools {
