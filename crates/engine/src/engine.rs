@@ -208,7 +208,7 @@ impl EngineLoop {
                 if seq.prefill_left > 0 {
                     continue;
                 }
-                self.prefix.insert(std::mem::take(&mut seq.block_hashes), &seq.cache);
+                self.prefix.insert(std::mem::take(&mut seq.prefix_hashes), &seq.cache);
                 // The other choices sample their first token from the same prompt logits.
                 let new = seq.fork_choices();
                 slot_of.extend(new.iter().map(|f| (f.id, slot)));
@@ -286,7 +286,7 @@ impl EngineLoop {
         let cfg = &self.model.config;
         let req = &q.job.req;
         let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
-        let hashes = self.prefix.block_hashes(&req.prompt, adapter_key, req.cache_salt.as_deref());
+        let hashes = self.prefix.prefix_hashes(&req.prompt, adapter_key, req.cache_salt.as_deref());
         let mut cache = KvCache::new(cfg.n_layer, cfg.kv_dim());
         // Prompt logprobs need every prompt position computed, so no cache is reused for them.
         let hit = if req.prompt_logprobs.is_some() {

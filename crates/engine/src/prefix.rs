@@ -1,18 +1,19 @@
 //! Prefix cache: KV of recent prompts, reused by later prompts that start the same way.
 //!
-//! Prompts are cut into blocks of [`BLOCK`] tokens and each block gets a chained hash (its tokens,
-//! the previous block's hash). The first link also mixes in what changes the KV for equal tokens
-//! or must isolate tenants: the adapter and the request's `cache_salt`. So two prompts share cache
-//! only with the same salt, adapter and prefix. Hashes are keyed per process (unpredictable from
-//! outside). An entry keeps one prompt's KV; every block boundary of it is indexed, so a prompt
-//! sharing only part of it still reuses that part (copied into the new sequence's own cache).
+//! Every prompt position gets a chained hash (its token, the previous position's hash), so the
+//! cache works at token granularity, like SGLang's radix cache rather than vLLM's 16-token blocks:
+//! entries are whole copied prompts, so a finer index costs only hashes, and it lets a group of
+//! rollouts sharing a prompt (or a system prompt shorter than a block) reuse all of it. The first
+//! link also mixes in what changes the KV for equal tokens or must isolate tenants: the adapter and
+//! the request's `cache_salt`. So two prompts share cache only with the same salt, adapter and
+//! prefix. Hashes are keyed per process (unpredictable from outside). An entry keeps one prompt's
+//! KV; every position of it is indexed, so a prompt sharing only part of it still reuses that part
+//! (copied into the new sequence's own cache).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 use tandem_model::KvCache;
-
-pub const BLOCK: usize = 16;
 
 pub struct PrefixCache {
     hasher: RandomState,
@@ -44,24 +45,25 @@ impl PrefixCache {
         }
     }
 
-    /// Chain hashes of every full block of `tokens`.
-    pub fn block_hashes(&self, tokens: &[u32], adapter: Option<&str>, salt: Option<&str>) -> Vec<u64> {
-        let mut out = Vec::with_capacity(tokens.len() / BLOCK);
+    /// Chain hashes of every prefix of `tokens` (entry i covers tokens 0..=i).
+    pub fn prefix_hashes(&self, tokens: &[u32], adapter: Option<&str>, salt: Option<&str>) -> Vec<u64> {
         let mut prev = self.hasher.hash_one((adapter, salt));
-        for block in tokens.chunks_exact(BLOCK) {
-            let mut h = self.hasher.build_hasher();
-            prev.hash(&mut h);
-            block.hash(&mut h);
-            prev = h.finish();
-            out.push(prev);
-        }
-        out
+        tokens
+            .iter()
+            .map(|t| {
+                let mut h = self.hasher.build_hasher();
+                prev.hash(&mut h);
+                t.hash(&mut h);
+                prev = h.finish();
+                prev
+            })
+            .collect()
     }
 
     /// The longest cached prefix of at most `max_tokens` tokens: (its KV, tokens covered).
     pub fn lookup(&mut self, hashes: &[u64], max_tokens: usize) -> Option<(Arc<KvCache>, usize)> {
         self.clock += 1;
-        let usable = (max_tokens / BLOCK).min(hashes.len());
+        let usable = max_tokens.min(hashes.len());
         for i in (0..usable).rev() {
             if let Some((id, n)) = self.index.get(&hashes[i]).copied() {
                 if let Some(e) = self.entries.get_mut(&id) {
@@ -75,7 +77,7 @@ impl PrefixCache {
 
     /// Keeps the KV of a prompt whose blocks hash to `hashes` (cache holds at least those tokens).
     pub fn insert(&mut self, hashes: Vec<u64>, cache: &KvCache) {
-        let n = hashes.len() * BLOCK;
+        let n = hashes.len();
         if n == 0 || n > self.capacity_tokens || hashes.last().is_some_and(|h| self.index.contains_key(h)) {
             return;
         }
@@ -86,7 +88,7 @@ impl PrefixCache {
         let id = self.next_id;
         self.next_id += 1;
         for (i, h) in hashes.iter().enumerate() {
-            self.index.insert(*h, (id, (i + 1) * BLOCK));
+            self.index.insert(*h, (id, i + 1));
         }
         self.tokens += n;
         self.entries.insert(id, Entry { cache: Arc::new(copy), hashes, last_used: self.clock });
@@ -98,7 +100,7 @@ impl PrefixCache {
 
     fn evict(&mut self, id: u64) {
         if let Some(e) = self.entries.remove(&id) {
-            self.tokens -= e.hashes.len() * BLOCK;
+            self.tokens -= e.hashes.len();
             for h in e.hashes {
                 if self.index.get(&h).is_some_and(|(owner, _)| *owner == id) {
                     self.index.remove(&h);
@@ -133,19 +135,21 @@ mod tests {
     fn shares_only_equal_prefix_salt_and_adapter() {
         let mut pc = PrefixCache::new(1000);
         let prompt: Vec<u32> = (0..40).collect();
-        let h = pc.block_hashes(&prompt, None, None);
-        assert_eq!(h.len(), 2);
+        let h = pc.prefix_hashes(&prompt, None, None);
+        assert_eq!(h.len(), 40);
         pc.insert(h.clone(), &cache_of(40));
-        // Same first 20 tokens: one block (16) reusable.
+        // Same first 20 tokens: those 20 are reusable, at token granularity.
         let mut other: Vec<u32> = (0..20).collect();
         other.extend([99; 20]);
-        let ho = pc.block_hashes(&other, None, None);
-        assert_eq!(pc.lookup(&ho, 39).map(|(_, n)| n), Some(16));
-        assert_eq!(pc.lookup(&h, 39).map(|(_, n)| n), Some(32));
+        let ho = pc.prefix_hashes(&other, None, None);
+        assert_eq!(pc.lookup(&ho, 39).map(|(_, n)| n), Some(20));
         // Never the whole prompt: at least one token must be computed.
-        assert_eq!(pc.lookup(&h, 31).map(|(_, n)| n), Some(16));
-        assert!(pc.lookup(&pc.block_hashes(&prompt, None, Some("salt")), 39).is_none());
-        assert!(pc.lookup(&pc.block_hashes(&prompt, Some("ckpt"), None), 39).is_none());
+        assert_eq!(pc.lookup(&h, 39).map(|(_, n)| n), Some(39));
+        assert_eq!(pc.lookup(&h, 31).map(|(_, n)| n), Some(31));
+        assert!(pc.lookup(&pc.prefix_hashes(&prompt, None, Some("salt")), 39).is_none());
+        assert!(pc.lookup(&pc.prefix_hashes(&prompt, Some("ckpt"), None), 39).is_none());
+        // A different first token shares nothing.
+        assert!(pc.lookup(&pc.prefix_hashes(&[7, 1, 2, 3], None, None), 3).is_none());
     }
 
     #[test]
@@ -155,7 +159,7 @@ mod tests {
         let b: Vec<u32> = (100..116).collect();
         let c: Vec<u32> = (200..216).collect();
         let (ha, hb, hc) =
-            (pc.block_hashes(&a, None, None), pc.block_hashes(&b, None, None), pc.block_hashes(&c, None, None));
+            (pc.prefix_hashes(&a, None, None), pc.prefix_hashes(&b, None, None), pc.prefix_hashes(&c, None, None));
         pc.insert(ha.clone(), &cache_of(16));
         pc.insert(hb.clone(), &cache_of(16));
         assert!(pc.lookup(&ha, 100).is_some()); // a is now more recent than b

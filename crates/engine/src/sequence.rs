@@ -29,7 +29,7 @@ pub(crate) struct Seq {
     pub generated: Vec<u32>,
     pub cache: KvCache,
     pub prefill_left: usize,
-    pub block_hashes: Vec<u64>,
+    pub prefix_hashes: Vec<u64>,
     pub reserve: usize,
     pub params: Arc<SamplingParams>,
     pub adapter: Option<Arc<LoraAdapter>>,
@@ -56,7 +56,7 @@ fn rng_for(seed: Option<u64>, choice: usize) -> ChaCha8Rng {
 }
 
 impl Seq {
-    pub fn new(id: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, block_hashes: Vec<u64>) -> Self {
+    pub fn new(id: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, prefix_hashes: Vec<u64>) -> Self {
         let req = job.req;
         let params = Arc::new(req.params);
         let reserve = req.prompt.len() + params.max_tokens.min(512);
@@ -70,7 +70,7 @@ impl Seq {
             prompt: Arc::new(req.prompt),
             generated: Vec::new(),
             cache,
-            block_hashes,
+            prefix_hashes,
             reserve,
             rng: rng_for(params.seed, 0),
             stops: StopStrings::new(&params.stop, params.include_stop_str_in_output),
@@ -118,7 +118,7 @@ impl Seq {
                 n: 1,
                 generated: Vec::new(),
                 cache: self.cache.clone(),
-                block_hashes: Vec::new(),
+                prefix_hashes: Vec::new(),
                 rng: rng_for(self.params.seed, c),
                 decoder: IncrementalDecoder::default(),
                 stops: StopStrings::new(&self.params.stop, self.params.include_stop_str_in_output),

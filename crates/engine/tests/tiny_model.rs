@@ -152,3 +152,48 @@ async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
     assert_eq!(low_tokens, uninterrupted, "the preempted sequence resumed exactly");
     assert!(e.metrics_text().contains("tandem:num_preemptions_total{model_name=\"tiny\"} 1"));
 }
+
+/// (cached prompt tokens, generated tokens) of a request.
+async fn cached_and_tokens(mut rx: tokio::sync::mpsc::UnboundedReceiver<InferEvent>) -> (usize, Vec<u32>) {
+    let mut cached = None;
+    let mut out = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            InferEvent::Started { cached_tokens } => cached = Some(cached_tokens),
+            InferEvent::Token { token_id, .. } => out.push(token_id),
+            InferEvent::Finished { .. } => return (cached.expect("Started first"), out),
+            InferEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    panic!("no Finished event")
+}
+
+/// The prefix cache works at token granularity, isolates salts, and a hit computes the same
+/// tokens as a miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_cache_hits_reuse_every_shared_token_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let mut engine = Engine::new();
+    engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
+    let e = &engine;
+    let prompt = e.tokenize(0, "a shared prompt of some length", false).unwrap();
+    let salted = |p: &[u32], salt: &str| GenerateRequest { cache_salt: Some(salt.into()), ..request(p, 10, None) };
+
+    let (first_cached, first) = cached_and_tokens(e.submit(request(&prompt, 10, None)).unwrap()).await;
+    assert_eq!(first_cached, 0);
+    // The same prompt again: all but the last token (whose logits are needed) come from cache.
+    let (again_cached, again) = cached_and_tokens(e.submit(request(&prompt, 10, None)).unwrap()).await;
+    assert_eq!((again_cached, &again), (prompt.len() - 1, &first));
+    // Another salt shares nothing, and computes the same output from scratch.
+    let (salt_cached, with_salt) = cached_and_tokens(e.submit(salted(&prompt, "s1")).unwrap()).await;
+    assert_eq!((salt_cached, &with_salt), (0, &first));
+    // A prompt sharing 11 tokens (not a multiple of any block size) reuses exactly those.
+    let mut fork = prompt[..11].to_vec();
+    fork.extend(e.tokenize(0, " then it differs", false).unwrap());
+    let (fork_cached, fork_out) = cached_and_tokens(e.submit(request(&fork, 10, None)).unwrap()).await;
+    let (_, fork_fresh) = cached_and_tokens(e.submit(salted(&fork, "s2")).unwrap()).await;
+    assert_eq!((fork_cached, &fork_out), (11, &fork_fresh));
+}
