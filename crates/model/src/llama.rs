@@ -82,6 +82,18 @@ struct RowInfo {
     pos: usize,
 }
 
+/// Buffers of one step, reused by every layer instead of allocated (and zeroed) six times per
+/// layer: the activations' quantised copy, the normed input, and three outputs (q/k/v, attention,
+/// projection in the attention block; gate/up, hidden, down in the FFN block).
+#[derive(Default)]
+struct Scratch {
+    acts: Q8Acts,
+    xn: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
 impl Llama {
     pub fn new(
         config: LlamaConfig,
@@ -131,24 +143,25 @@ impl Llama {
         for (row, tok) in x.chunks_exact_mut(h).zip(&tokens) {
             self.embed.dequantize_row(*tok as usize, row);
         }
-        let mut acts = Q8Acts::default();
+        let mut s = Scratch::default();
         for (li, layer) in self.layers.iter().enumerate() {
-            self.attention_block(li, layer, seqs, &rows, &mut x, &mut acts);
-            self.ffn_block(li, layer, seqs, &rows, &mut x, &mut acts);
+            self.attention_block(li, layer, seqs, &rows, &mut x, &mut s);
+            self.ffn_block(li, layer, seqs, &rows, &mut x, &mut s);
         }
         for seq in seqs.iter_mut() {
             seq.cache.commit(seq.tokens.len());
         }
-        Ok(self.logits(seqs, &rows, &x, &mut acts))
+        Ok(self.logits(seqs, &rows, &x, &mut s.acts))
     }
 
-    /// RMS-normalised copy of the residual stream, also quantised into `acts` for the next matmul.
-    fn normed(&self, x: &[f32], weight: &[f32], acts: &mut Q8Acts) -> Vec<f32> {
+    /// RMS-normalised copy of the residual stream into `xn`, also quantised into `acts` for the
+    /// next matmul.
+    fn normed(&self, x: &[f32], weight: &[f32], xn: &mut Vec<f32>, acts: &mut Q8Acts) {
         let h = self.config.hidden;
-        let mut xn = x.to_vec();
+        xn.clear();
+        xn.extend_from_slice(x);
         xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, weight, self.config.rms_eps));
-        acts.quantize(&xn, x.len() / h, h);
-        xn
+        acts.quantize(xn, x.len() / h, h);
     }
 
     fn attention_block(
@@ -158,16 +171,18 @@ impl Llama {
         seqs: &mut [SeqInput<'_>],
         rows: &[RowInfo],
         x: &mut [f32],
-        acts: &mut Q8Acts,
+        s: &mut Scratch,
     ) {
         let c = &self.config;
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let t_rows = rows.len();
-        let xn = self.normed(x, &layer.attn_norm, acts);
+        let Scratch { acts, xn, a: qkv, b: attn, c: proj } = s;
+        self.normed(x, &layer.attn_norm, xn, acts);
         let width = qd + 2 * kvd;
-        let mut qkv = vec![0f32; t_rows * width];
-        kernels::matmul(&layer.qkv, acts, &mut qkv);
-        self.apply_lora(seqs, rows, &xn, h, &mut qkv, width, |a| {
+        // Every output below is written whole by its kernel: resizing, not zeroing, is enough.
+        qkv.resize(t_rows * width, 0.0);
+        kernels::matmul(&layer.qkv, acts, qkv);
+        self.apply_lora(seqs, rows, xn, h, qkv, width, |a| {
             [(a.layer(li).q.as_ref(), 0), (a.layer(li).k.as_ref(), qd), (a.layer(li).v.as_ref(), qd + kvd)]
         });
         // RoPE on q and k, then append k and v to each sequence's cache.
@@ -183,7 +198,7 @@ impl Llama {
         let group = c.n_head / c.n_kv_head;
         let scale = 1.0 / (hd as f32).sqrt();
         let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
-        let mut attn = vec![0f32; t_rows * qd];
+        attn.resize(t_rows * qd, 0.0);
         attn.par_chunks_exact_mut(qd).zip(rows.par_iter()).enumerate().for_each(|(t, (out, info))| {
             let q_row = &qkv[t * width..t * width + qd];
             let cache = caches[info.seq];
@@ -201,11 +216,11 @@ impl Llama {
                 );
             }
         });
-        acts.quantize(&attn, t_rows, qd);
-        let mut proj = vec![0f32; t_rows * h];
-        kernels::matmul(&layer.o, acts, &mut proj);
-        self.apply_lora(seqs, rows, &attn, qd, &mut proj, h, |a| [(a.layer(li).o.as_ref(), 0), (None, 0), (None, 0)]);
-        for (xi, pi) in x.iter_mut().zip(&proj) {
+        acts.quantize(attn, t_rows, qd);
+        proj.resize(t_rows * h, 0.0);
+        kernels::matmul(&layer.o, acts, proj);
+        self.apply_lora(seqs, rows, attn, qd, proj, h, |a| [(a.layer(li).o.as_ref(), 0), (None, 0), (None, 0)]);
+        for (xi, pi) in x.iter_mut().zip(proj.iter()) {
             *xi += pi;
         }
     }
@@ -217,29 +232,28 @@ impl Llama {
         seqs: &mut [SeqInput<'_>],
         rows: &[RowInfo],
         x: &mut [f32],
-        acts: &mut Q8Acts,
+        s: &mut Scratch,
     ) {
         let c = &self.config;
         let (h, f) = (c.hidden, c.ffn);
         let t_rows = rows.len();
-        let xn = self.normed(x, &layer.ffn_norm, acts);
-        let mut gu = vec![0f32; t_rows * 2 * f];
-        kernels::matmul(&layer.gate_up, acts, &mut gu);
-        self.apply_lora(seqs, rows, &xn, h, &mut gu, 2 * f, |a| {
+        let Scratch { acts, xn, a: gu, b: hidden, c: down } = s;
+        self.normed(x, &layer.ffn_norm, xn, acts);
+        gu.resize(t_rows * 2 * f, 0.0);
+        kernels::matmul(&layer.gate_up, acts, gu);
+        self.apply_lora(seqs, rows, xn, h, gu, 2 * f, |a| {
             [(a.layer(li).gate.as_ref(), 0), (a.layer(li).up.as_ref(), f), (None, 0)]
         });
-        let mut hidden = vec![0f32; t_rows * f];
+        hidden.resize(t_rows * f, 0.0);
         hidden.par_chunks_exact_mut(f).zip(gu.par_chunks_exact(2 * f)).for_each(|(out, r)| {
             out.copy_from_slice(&r[..f]);
             kernels::silu_mul(out, &r[f..]);
         });
-        acts.quantize(&hidden, t_rows, f);
-        let mut down = vec![0f32; t_rows * h];
-        kernels::matmul(&layer.down, acts, &mut down);
-        self.apply_lora(seqs, rows, &hidden, f, &mut down, h, |a| {
-            [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]
-        });
-        for (xi, di) in x.iter_mut().zip(&down) {
+        acts.quantize(hidden, t_rows, f);
+        down.resize(t_rows * h, 0.0);
+        kernels::matmul(&layer.down, acts, down);
+        self.apply_lora(seqs, rows, hidden, f, down, h, |a| [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]);
+        for (xi, di) in x.iter_mut().zip(down.iter()) {
             *xi += di;
         }
     }
