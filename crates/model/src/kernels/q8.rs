@@ -83,6 +83,9 @@ impl Q8Matrix {
     }
 }
 
+/// One row's input and outputs as `quantize` zips them: values, quants, scales, sums, scaled sums.
+type RowParts<'a> = ((((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [i32]), &'a mut [f32]);
+
 /// Activations quantised per row and block, reused across every weight row of one matmul.
 #[derive(Debug, Clone, Default)]
 pub struct Q8Acts {
@@ -111,7 +114,7 @@ impl Q8Acts {
         self.scales.resize(rows * bpr, 0.0);
         self.sums.resize(rows * bpr, 0);
         self.scaled_sums.resize(rows * bpr, 0.0);
-        let row = |((((x, q), s), sum), ss): ((((&[f32], &mut [i8]), &mut [f32]), &mut [i32]), &mut [f32])| {
+        let row = |((((x, q), s), sum), ss): RowParts<'_>| {
             quantize_into(x, q, s);
             for (((b, sum), ss), d) in q.chunks_exact(QK).zip(sum.iter_mut()).zip(ss.iter_mut()).zip(s.iter()) {
                 *sum = b.iter().map(|q| *q as i32).sum::<i32>();
