@@ -14,6 +14,8 @@
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 mod q4;
 mod q8;
 mod simd;
@@ -97,6 +99,10 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     let (n_out, t_rows) = (w.rows(), a.rows());
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(packed) = w.lanes.as_deref().filter(|_| has_avx512_vnni()) {
+        return lanes::matmul(packed, a, out);
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
         return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q4Tile(w, a)));
@@ -310,6 +316,10 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     let (n_out, t_rows) = (w.rows(), a.rows());
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(packed) = w.lanes.as_deref().filter(|_| has_avx512_vnni()) {
+        return lanes::matmul(packed, a, out);
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
         return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q8Tile(w, a)));

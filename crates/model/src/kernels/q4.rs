@@ -18,6 +18,9 @@ pub struct Q4Matrix {
     nibbles: Vec<u8>,
     d: Vec<f32>,
     m: Vec<f32>,
+    /// The same weights in groups of 16 rows for the AVX-512 VNNI kernel, on CPUs that have it.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) lanes: Option<std::sync::Arc<super::lanes::Packed>>,
 }
 
 impl Q4Matrix {
@@ -33,13 +36,15 @@ impl Q4Matrix {
             nibbles: Vec::with_capacity(blocks * 16),
             d: Vec::with_capacity(blocks),
             m: Vec::with_capacity(blocks),
+            #[cfg(target_arch = "x86_64")]
+            lanes: None,
         };
         for b in raw.chunks_exact(BLOCK_BYTES) {
             out.d.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
             out.m.push(half::f16::from_le_bytes([b[2], b[3]]).to_f32());
             out.nibbles.extend_from_slice(&b[4..20]);
         }
-        Some(out)
+        Some(out.packed())
     }
 
     pub fn rows(&self) -> usize {
@@ -85,21 +90,53 @@ impl Q4Matrix {
         }
     }
 
+    /// Bytes held, the lane-packed copy included.
     pub fn bytes(&self) -> usize {
-        self.nibbles.len() + (self.d.len() + self.m.len()) * 4
+        #[cfg(target_arch = "x86_64")]
+        let lanes = self.lanes.as_ref().map_or(0, |p| p.bytes());
+        #[cfg(not(target_arch = "x86_64"))]
+        let lanes = 0;
+        self.nibbles.len() + (self.d.len() + self.m.len()) * 4 + lanes
     }
 
     pub fn vstack(parts: &[Q4Matrix]) -> Q4Matrix {
         let cols = parts[0].cols;
         assert!(parts.iter().all(|p| p.cols == cols));
-        let mut out = Q4Matrix { rows: 0, cols, nibbles: Vec::new(), d: Vec::new(), m: Vec::new() };
+        let mut out = Q4Matrix {
+            rows: 0,
+            cols,
+            nibbles: Vec::new(),
+            d: Vec::new(),
+            m: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            lanes: None,
+        };
         for p in parts {
             out.rows += p.rows;
             out.nibbles.extend_from_slice(&p.nibbles);
             out.d.extend_from_slice(&p.d);
             out.m.extend_from_slice(&p.m);
         }
-        out
+        out.packed()
+    }
+
+    /// With the lane-packed copy when the CPU has AVX-512 VNNI.
+    fn packed(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx512_vnni() {
+            self.lanes = Some(std::sync::Arc::new(super::lanes::Packed::from_q4(&self)));
+        }
+        self
+    }
+
+    /// Without the lane-packed copy (tests of the other kernels).
+    #[doc(hidden)]
+    pub fn without_lanes(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.lanes = None;
+        }
+        self
     }
 }
 

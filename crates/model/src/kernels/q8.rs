@@ -13,6 +13,9 @@ pub struct Q8Matrix {
     cols: usize,
     quants: Vec<i8>,
     scales: Vec<f32>,
+    /// The same weights in groups of 16 rows for the AVX-512 VNNI kernel, on CPUs that have it.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) lanes: Option<std::sync::Arc<super::lanes::Packed>>,
 }
 
 impl Q8Matrix {
@@ -23,7 +26,34 @@ impl Q8Matrix {
         let mut quants = vec![0i8; rows * cols];
         let mut scales = vec![0f32; rows * cols / QK];
         quantize_into(data, &mut quants, &mut scales);
-        Q8Matrix { rows, cols, quants, scales }
+        Q8Matrix {
+            rows,
+            cols,
+            quants,
+            scales,
+            #[cfg(target_arch = "x86_64")]
+            lanes: None,
+        }
+        .packed()
+    }
+
+    /// With the lane-packed copy when the CPU has AVX-512 VNNI.
+    fn packed(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx512_vnni() {
+            self.lanes = Some(std::sync::Arc::new(super::lanes::Packed::from_q8(&self)));
+        }
+        self
+    }
+
+    /// Without the lane-packed copy (tests of the other kernels).
+    #[doc(hidden)]
+    pub fn without_lanes(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.lanes = None;
+        }
+        self
     }
 
     pub fn rows(&self) -> usize {
@@ -66,20 +96,31 @@ impl Q8Matrix {
 
     /// Bytes of weight data, for reporting.
     pub fn bytes(&self) -> usize {
-        self.quants.len() + self.scales.len() * 4
+        #[cfg(target_arch = "x86_64")]
+        let lanes = self.lanes.as_ref().map_or(0, |p| p.bytes());
+        #[cfg(not(target_arch = "x86_64"))]
+        let lanes = 0;
+        self.quants.len() + self.scales.len() * 4 + lanes
     }
 
     /// Stacks matrices with equal `cols` vertically (to fuse q/k/v or gate/up into one matmul).
     pub fn vstack(parts: &[Q8Matrix]) -> Q8Matrix {
         let cols = parts[0].cols;
         assert!(parts.iter().all(|p| p.cols == cols));
-        let mut out = Q8Matrix { rows: 0, cols, quants: Vec::new(), scales: Vec::new() };
+        let mut out = Q8Matrix {
+            rows: 0,
+            cols,
+            quants: Vec::new(),
+            scales: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            lanes: None,
+        };
         for p in parts {
             out.rows += p.rows;
             out.quants.extend_from_slice(&p.quants);
             out.scales.extend_from_slice(&p.scales);
         }
-        out
+        out.packed()
     }
 }
 
@@ -152,6 +193,24 @@ impl Q8Acts {
             ss: self.scaled_sums[r * bpr..].as_ptr(),
             sums: self.sums[r * bpr..].as_ptr(),
         }
+    }
+
+    /// Every row's quants, scales, block sums and scaled sums, row after row (the lane kernels
+    /// index them directly).
+    pub(crate) fn quants(&self) -> &[i8] {
+        &self.quants
+    }
+
+    pub(crate) fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    pub(crate) fn all_sums(&self) -> &[i32] {
+        &self.sums
+    }
+
+    pub(crate) fn all_scaled_sums(&self) -> &[f32] {
+        &self.scaled_sums
     }
 
     /// Per-block sums times scales of one row.

@@ -108,9 +108,10 @@ fn norm_softmax_silu_rope_by_hand() {
 
 #[test]
 fn four_row_path_equals_row_by_row_exactly() {
-    // 9 groups of four rows and one left over; an odd block count keeps this on the AVX2 path.
+    // 9 groups of four rows and one left over; an odd block count and no lane-packed copy keep
+    // this on the AVX2 path.
     let (n, k, t) = (37, 96, 3);
-    let wq = Q8Matrix::from_f32(&values(n * k, 9), n, k);
+    let wq = Q8Matrix::from_f32(&values(n * k, 9), n, k).without_lanes();
     let mut a = Q8Acts::default();
     a.quantize(&values(t * k, 10), t, k);
     let mut out = vec![0f32; t * n];
@@ -209,7 +210,7 @@ fn q4_bytes(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
 #[test]
 fn q4_matmul_matches_its_dequantised_weights_and_rows_agree() {
     let (n, k, t) = (37, 96, 3);
-    let w = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 11), n, k).unwrap();
+    let w = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 11), n, k).unwrap().without_lanes();
     let x = values(t * k, 12);
     let mut a = Q8Acts::default();
     a.quantize(&x, t, k);
@@ -239,13 +240,15 @@ fn q4_matmul_matches_its_dequantised_weights_and_rows_agree() {
     assert!(Q4Matrix::from_q4_1_bytes(&[0u8; 19], 1, 32).is_none());
 }
 
-/// The int8 matmul on an even block count (the AVX-512 VNNI path where the CPU has it), as the
-/// Q4_1 test below: close to the scalar reference, batches equal to rows one at a time exactly.
+/// The int8 matmul on the AVX-512 VNNI paths where the CPU has them (lane-packed, any block
+/// count; row tiles, even block counts), as the Q4_1 test below: close to the scalar reference,
+/// batches equal to rows one at a time exactly.
 #[test]
-fn q8_even_blocks_match_scalar_and_batches_equal_rows() {
-    for k in [64, 576] {
+fn q8_vnni_paths_match_scalar_and_batches_equal_rows() {
+    for (k, lanes) in [(64, true), (96, true), (576, true), (64, false), (576, false)] {
         let (n, t) = (37, 7);
         let wq = Q8Matrix::from_f32(&values(n * k, 15), n, k);
+        let wq = if lanes { wq } else { wq.without_lanes() };
         let x = values(t * k, 16);
         let mut a = Q8Acts::default();
         a.quantize(&x, t, k);
@@ -268,14 +271,16 @@ fn q8_even_blocks_match_scalar_and_batches_equal_rows() {
     }
 }
 
-/// The Q4_1 matmul on an even block count (the AVX-512 VNNI path where the CPU has it): every
-/// entry close to the scalar reference, and a batch equal to its rows one at a time bit for bit
-/// (37 weight rows and 7 activation rows leave remainders in both tile dimensions).
+/// The Q4_1 matmul on the AVX-512 VNNI paths where the CPU has them (lane-packed, any block
+/// count; row tiles, even block counts): every entry close to the scalar reference, and a batch
+/// equal to its rows one at a time bit for bit (37 weight rows and 7 activation rows leave
+/// remainders in both tile dimensions, and a padded group of 16 rows).
 #[test]
-fn q4_even_blocks_match_scalar_and_batches_equal_rows() {
-    for k in [64, 576] {
+fn q4_vnni_paths_match_scalar_and_batches_equal_rows() {
+    for (k, lanes) in [(64, true), (96, true), (576, true), (64, false), (576, false)] {
         let (n, t) = (37, 7);
         let w = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 13), n, k).unwrap();
+        let w = if lanes { w } else { w.without_lanes() };
         let x = values(t * k, 14);
         let mut a = Q8Acts::default();
         a.quantize(&x, t, k);

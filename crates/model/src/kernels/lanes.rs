@@ -1,0 +1,270 @@
+//! Lane-packed weights and their AVX-512 VNNI matmul: the kernels of prefill, batched decode and
+//! the output head on CPUs with VNNI.
+//!
+//! Layout and why it is fast: weights are repacked at load into groups of 16 rows. For each block
+//! of 32 columns a group stores, per step of 4 columns, the 4 bytes of each of its 16 rows side by
+//! side (64 bytes), so one `vpdpbusd` multiplies 16 rows by the same 4 activation bytes (a
+//! broadcast, which is a load, not an ALU instruction) and adds each row's products into its own
+//! i32 lane. Eight steps finish a block with every row's exact integer dot product in its lane;
+//! only then is the block's scale applied, once per 16 rows (convert, multiply, add). The row-wise
+//! kernels in `avx512.rs` spend a convert, a multiply and an add per two blocks *and* row, plus a
+//! horizontal sum per output: 4 ALU instructions per 64 multiply-adds, against ~12 per 512 here.
+//! Lanes are output columns, so results are stored as they are, no horizontal sums.
+//!
+//! Q4_1 groups keep the GGUF nibble bytes: byte `i` of a block holds value `i` (low nibble) and
+//! value `i + 16` (high nibble), so the 64 bytes of steps `p` and `p + 4` are the GGUF bytes
+//! `4p..4p+4` of the 16 rows, split with one `and` and one shift. int8 weights are stored with
+//! their top bit flipped (`w + 128`, the unsigned operand `vpdpbusd` wants); each block's lanes
+//! start at `-128 * sum(a)` to take the offset back out exactly.
+//!
+//! Every output goes through the same instruction sequence whatever the tile, so batched results
+//! equal unbatched ones bit for bit. Rows past the matrix's end are zero padding, never stored.
+#![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
+
+use super::q8::QK;
+use super::{Q4Matrix, Q8Acts, Q8Matrix, SharedOut};
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+
+/// Weight rows per group (one zmm of i32 or f32 lanes).
+pub const LANES: usize = 16;
+
+/// A weight matrix repacked into groups of [`LANES`] rows.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    rows: usize,
+    blocks: usize,
+    /// Q4_1: 256 bytes per (group, block); int8: 512.
+    q: Vec<u8>,
+    /// Per (group, block): the 16 rows' scales.
+    d: Vec<f32>,
+    /// Q4_1 only: the 16 rows' minimums.
+    m: Vec<f32>,
+    q4: bool,
+}
+
+impl Packed {
+    fn groups(&self) -> usize {
+        self.rows.div_ceil(LANES)
+    }
+
+    /// Q4_1 rows regrouped (padding rows are zero: value 0, scale 0, minimum 0).
+    pub fn from_q4(w: &Q4Matrix) -> Packed {
+        let (rows, blocks) = (w.rows(), w.cols() / QK);
+        let groups = rows.div_ceil(LANES);
+        let mut p = Packed {
+            rows,
+            blocks,
+            q: vec![0; groups * blocks * 256],
+            d: vec![0.0; groups * blocks * LANES],
+            m: vec![0.0; groups * blocks * LANES],
+            q4: true,
+        };
+        for r in 0..rows {
+            let (g, lane) = (r / LANES, r % LANES);
+            let (nib, d, m) = w.row(r);
+            for b in 0..blocks {
+                let gb = g * blocks + b;
+                for step in 0..4 {
+                    let dst = gb * 256 + step * 64 + lane * 4;
+                    p.q[dst..dst + 4].copy_from_slice(&nib[b * 16 + step * 4..b * 16 + step * 4 + 4]);
+                }
+                p.d[gb * LANES + lane] = d[b];
+                p.m[gb * LANES + lane] = m[b];
+            }
+        }
+        p
+    }
+
+    /// int8 rows regrouped, top bit flipped.
+    pub fn from_q8(w: &Q8Matrix) -> Packed {
+        let (rows, blocks) = (w.rows(), w.cols() / QK);
+        let groups = rows.div_ceil(LANES);
+        let mut p = Packed {
+            rows,
+            blocks,
+            // Padding rows hold 128 (= 0 after the flip).
+            q: vec![128; groups * blocks * 512],
+            d: vec![0.0; groups * blocks * LANES],
+            m: Vec::new(),
+            q4: false,
+        };
+        for r in 0..rows {
+            let (g, lane) = (r / LANES, r % LANES);
+            let (q, d) = w.row(r);
+            for b in 0..blocks {
+                let gb = g * blocks + b;
+                for step in 0..8 {
+                    let dst = gb * 512 + step * 64 + lane * 4;
+                    for e in 0..4 {
+                        p.q[dst + e] = (q[b * QK + step * 4 + e] as u8) ^ 0x80;
+                    }
+                }
+                p.d[gb * LANES + lane] = d[b];
+            }
+        }
+        p
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.q.len() + (self.d.len() + self.m.len()) * 4
+    }
+}
+
+/// `out[t, n] = sum_k w[n, k] * a[t, k]` with the lane kernels; `out` is row-major (T, N).
+///
+/// The caller checks `super::has_avx512_vnni()`.
+pub fn matmul(w: &Packed, a: &Q8Acts, out: &mut [f32]) {
+    let (n_out, t_rows) = (w.rows, a.rows());
+    assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), n_out * t_rows);
+    let groups = w.groups();
+    // Tasks of whole group pairs, a few per thread for balance, fewer when T is large.
+    let threads = rayon::current_num_threads().max(1);
+    let by_balance = groups.div_ceil(threads * 4);
+    let by_work = (1024 / t_rows.max(1)).max(2);
+    let chunk = by_balance.min(by_work).max(1).next_multiple_of(2);
+    let shared = SharedOut(out.as_mut_ptr());
+    (0..groups.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
+        let shared = &shared;
+        let mut g = g0;
+        while g < g1 {
+            let two = g + 2 <= g1;
+            let mut t = 0;
+            while t < t_rows {
+                let cols = if t + 4 <= t_rows {
+                    4
+                } else if t + 2 <= t_rows {
+                    2
+                } else {
+                    1
+                };
+                match (two, cols) {
+                    (true, 4) => tile::<2, 4>(w, a, g, t, n_out, shared),
+                    (true, 2) => tile::<2, 2>(w, a, g, t, n_out, shared),
+                    (true, _) => tile::<2, 1>(w, a, g, t, n_out, shared),
+                    (false, 4) => tile::<1, 4>(w, a, g, t, n_out, shared),
+                    (false, 2) => tile::<1, 2>(w, a, g, t, n_out, shared),
+                    (false, _) => tile::<1, 1>(w, a, g, t, n_out, shared),
+                }
+                t += cols;
+            }
+            g += if two { 2 } else { 1 };
+        }
+    });
+}
+
+/// Groups `g..g+R` times activation rows `t..t+C`, stored into the output (padding rows masked).
+#[inline(always)]
+fn tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usize, n_out: usize, out: &SharedOut) {
+    assert!((g + R) * LANES < n_out + LANES && t + C <= a.rows());
+    // SAFETY: VNNI was checked by the caller of `matmul`; groups g..g+R and rows t..t+C exist
+    // (asserted); each task owns the output columns of its groups, so writes never overlap.
+    unsafe {
+        let acc = if w.q4 { q4_tile::<R, C>(w, a, g, t) } else { q8_tile::<R, C>(w, a, g, t) };
+        for r in 0..R {
+            let n = (g + r) * LANES;
+            let valid = (n_out - n).min(LANES);
+            let mask: __mmask16 = if valid == LANES { 0xFFFF } else { (1u16 << valid) - 1 };
+            for c in 0..C {
+                _mm512_mask_storeu_ps(out.0.add((t + c) * n_out + n), mask, acc[r][c]);
+            }
+        }
+    }
+}
+
+/// Q4_1 groups `g..g+R` times activation rows `t..t+C`: 16 outputs per register.
+///
+/// Safety: AVX-512 F/BW/VNNI present; the groups and rows exist.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q4_tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m512; C]; R] {
+    let blocks = w.blocks;
+    let k = blocks * QK;
+    let mask = _mm512_set1_epi8(0x0F);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let (aq, scales, ss) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_scaled_sums().as_ptr());
+    // SAFETY (whole body): (g + r) * blocks + b indexes an existing (group, block), and
+    // (t + c) * k + b * 32 + 31 an existing activation byte, for every r, c, b below.
+    unsafe {
+        for b in 0..blocks {
+            let mut isum = [[_mm512_setzero_si512(); C]; R];
+            for step in 0..4 {
+                let mut lo = [_mm512_setzero_si512(); R];
+                let mut hi = [_mm512_setzero_si512(); R];
+                for r in 0..R {
+                    let v = _mm512_loadu_si512(w.q.as_ptr().add(((g + r) * blocks + b) * 256 + step * 64) as *const _);
+                    lo[r] = _mm512_and_si512(v, mask);
+                    hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                }
+                for c in 0..C {
+                    let base = aq.add((t + c) * k + b * QK + step * 4);
+                    let a_lo = _mm512_set1_epi32((base as *const i32).read_unaligned());
+                    let a_hi = _mm512_set1_epi32((base.add(16) as *const i32).read_unaligned());
+                    for r in 0..R {
+                        isum[r][c] = _mm512_dpbusd_epi32(isum[r][c], lo[r], a_lo);
+                        isum[r][c] = _mm512_dpbusd_epi32(isum[r][c], hi[r], a_hi);
+                    }
+                }
+            }
+            for r in 0..R {
+                let gb = (g + r) * blocks + b;
+                let dv = _mm512_loadu_ps(w.d.as_ptr().add(gb * LANES));
+                let mv = _mm512_loadu_ps(w.m.as_ptr().add(gb * LANES));
+                for c in 0..C {
+                    let s = _mm512_set1_ps(*scales.add((t + c) * blocks + b));
+                    let sum = _mm512_set1_ps(*ss.add((t + c) * blocks + b));
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]), _mm512_mul_ps(dv, s), acc[r][c]);
+                    acc[r][c] = _mm512_fmadd_ps(mv, sum, acc[r][c]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// int8 groups `g..g+R` times activation rows `t..t+C`.
+///
+/// Safety: as [`q4_tile`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m512; C]; R] {
+    let blocks = w.blocks;
+    let k = blocks * QK;
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let (aq, scales, sums) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_sums().as_ptr());
+    // SAFETY (whole body): as in q4_tile, with 512 bytes per (group, block).
+    unsafe {
+        for b in 0..blocks {
+            let mut isum = [[_mm512_setzero_si512(); C]; R];
+            for c in 0..C {
+                // Undo the +128 of every weight byte: -128 * sum(a) of this block, in every lane.
+                let start = _mm512_set1_epi32(-(*sums.add((t + c) * blocks + b) << 7));
+                for r in 0..R {
+                    isum[r][c] = start;
+                }
+            }
+            for step in 0..8 {
+                let mut wv = [_mm512_setzero_si512(); R];
+                for r in 0..R {
+                    wv[r] = _mm512_loadu_si512(w.q.as_ptr().add(((g + r) * blocks + b) * 512 + step * 64) as *const _);
+                }
+                for c in 0..C {
+                    let av =
+                        _mm512_set1_epi32((aq.add((t + c) * k + b * QK + step * 4) as *const i32).read_unaligned());
+                    for r in 0..R {
+                        isum[r][c] = _mm512_dpbusd_epi32(isum[r][c], wv[r], av);
+                    }
+                }
+            }
+            for r in 0..R {
+                let dv = _mm512_loadu_ps(w.d.as_ptr().add(((g + r) * blocks + b) * LANES));
+                for c in 0..C {
+                    let s = _mm512_set1_ps(*scales.add((t + c) * blocks + b));
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]), _mm512_mul_ps(dv, s), acc[r][c]);
+                }
+            }
+        }
+    }
+    acc
+}
