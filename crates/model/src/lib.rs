@@ -80,7 +80,7 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
 }
 
 /// A weight matrix: Q4_1 tensors stay as stored, anything else becomes int8 blocks.
-fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
+pub fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
     if cols.is_multiple_of(kernels::QK) {
         let (dtype, raw) = file.tensor_raw(name)?;
         if dtype == candle_core::quantized::GgmlDType::Q4_1 {

@@ -9,11 +9,12 @@
 //! converted to PEFT's layout only when saved.
 
 use crate::fused::{CausalSoftmax, RmsNorm, Rope, SiluMul};
-use crate::ops::{HeadLogprob, LoraLinear};
+use crate::ops::{Frozen, HeadLogprob, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use tandem_model::gguf::GgufFile;
+use tandem_model::kernels::{Q8Matrix, Weights, QK};
 use tandem_model::LlamaConfig;
 
 type Res<T> = candle_core::Result<T>;
@@ -33,7 +34,7 @@ struct BaseLayer {
     attn_norm: Arc<Vec<f32>>,
     ffn_norm: Arc<Vec<f32>>,
     /// q, k, v, o, gate, up, down as (out, in), in [`MODULES`] order.
-    w: [Tensor; 7],
+    w: [Frozen; 7],
 }
 
 /// The frozen base model in f32.
@@ -49,11 +50,24 @@ pub struct Base {
 }
 
 impl Base {
+    /// The base for training: the inference kernels for the frozen projections where the CPU
+    /// has AVX-512 VNNI (see [`Frozen::Int8`]), f32 GEMMs elsewhere.
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        Self::load_with(path, tandem_model::kernels::has_avx512_vnni())
+    }
+
+    /// The base with f32 GEMMs everywhere (exact gradients, for finite-difference checks).
+    pub fn load_exact(path: &std::path::Path) -> Result<Self, String> {
+        Self::load_with(path, false)
+    }
+
+    fn load_with(path: &std::path::Path, int8: bool) -> Result<Self, String> {
         let mut f = GgufFile::open(path).map_err(|e| e.to_string())?;
         let config = f.llama_config().map_err(|e| e.to_string())?;
         let dev = Device::Cpu;
         let tied = !f.has_tensor("output.weight");
+        // A second handle for the served (quantised) matrices, while `t` borrows the first.
+        let mut f2 = GgufFile::open(path).map_err(|e| e.to_string())?;
         let mut t = |name: &str| -> Result<Tensor, String> {
             // Dims outermost first: weights are (out, in).
             let (data, dims) = f.tensor_f32(name).map_err(|e| e.to_string())?;
@@ -66,9 +80,19 @@ impl Base {
             let p = format!("blk.{l}");
             let mut w = Vec::with_capacity(7);
             for name in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
-                w.push(t(&format!("{p}.{name}.weight"))?);
+                let name = format!("{p}.{name}.weight");
+                let dense = t(&name)?;
+                let (out, inp) = dense.dims2().map_err(|e| e.to_string())?;
+                w.push(if int8 && out % QK == 0 && inp % QK == 0 {
+                    let wt = dense.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
+                    let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out);
+                    let served = tandem_model::matrix(&mut f2, &name, out, inp).map_err(|e| e.to_string())?;
+                    Frozen::Int8 { w: Arc::new(served), wt: Arc::new(Weights::Q8(wt)) }
+                } else {
+                    Frozen::F32(dense)
+                });
             }
-            let w: [Tensor; 7] = w.try_into().map_err(|_| "layer weights".to_string())?;
+            let w: [Frozen; 7] = w.try_into().map_err(|_| "layer weights".to_string())?;
             layers.push(BaseLayer {
                 attn_norm: vector(t(&format!("{p}.attn_norm.weight"))?)?,
                 ffn_norm: vector(t(&format!("{p}.ffn_norm.weight"))?)?,
@@ -129,7 +153,7 @@ impl Lora {
 }
 
 /// `x W^T + scale (x A^T) B^T`.
-fn linear(x: &Tensor, w: &Tensor, lora: &(Var, Var), scale: f64) -> Res<Tensor> {
+fn linear(x: &Tensor, w: &Frozen, lora: &(Var, Var), scale: f64) -> Res<Tensor> {
     x.contiguous()?.apply_op3(lora.0.as_tensor(), lora.1.as_tensor(), LoraLinear { w: w.clone(), scale })
 }
 

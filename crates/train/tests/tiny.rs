@@ -77,7 +77,7 @@ fn training_forward_agrees_with_the_inference_model() {
 #[test]
 fn loss_gradient_through_the_model_matches_finite_differences() {
     let (_dir, path) = tiny();
-    let base = Base::load(&path).unwrap();
+    let base = Base::load_exact(&path).unwrap();
     let lora = adapter::init(&base, 2).unwrap();
     // Non-zero B so that A gets gradients too.
     for layer in &lora.pairs {
@@ -405,4 +405,47 @@ fn zero_variance_jobs_train_nothing() {
             assert_eq!(max, 0.0, "B stays zero: the adapter equals the base model");
         }
     }
+}
+
+/// The int8 kernels for the frozen projections (the default with AVX-512 VNNI) give the exact
+/// f32 path's logprobs within int8 rounding and gradients pointing the same way.
+#[test]
+fn int8_projections_track_the_exact_gradient() {
+    let (_dir, path) = tiny();
+    let exact = Base::load_exact(&path).unwrap();
+    let fast = Base::load(&path).unwrap();
+    let lora = adapter::init(&exact, 3).unwrap();
+    for layer in &lora.pairs {
+        for (_, b) in layer {
+            let shape = b.as_tensor().dims().to_vec();
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = tandem_model::testing::weights(n, 11).into_iter().map(|x| x * 0.2).collect();
+            b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
+        }
+    }
+    let r = row(&(10..40).collect::<Vec<_>>(), &(50..70).collect::<Vec<_>>());
+    let run = |base: &Base| {
+        let out = forward(base, &lora, &r).unwrap();
+        let lps = out.logprobs.to_vec1::<f32>().unwrap();
+        // A fixed, uneven weighting of the logprobs as the "loss".
+        let coef: Vec<f32> = (0..lps.len()).map(|i| if i % 3 == 0 { -1.0 } else { 0.5 }).collect();
+        let coef = Tensor::from_vec(coef, lps.len(), &candle_core::Device::Cpu).unwrap();
+        let grads = out.logprobs.mul(&coef).unwrap().sum_all().unwrap().backward().unwrap();
+        let g: Vec<f32> = lora
+            .vars()
+            .iter()
+            .flat_map(|v| grads.get(v.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .collect();
+        (lps, g)
+    };
+    let ((lp_e, g_e), (lp_f, g_f)) = (run(&exact), run(&fast));
+    for (a, b) in lp_e.iter().zip(&lp_f) {
+        assert!((a - b).abs() < 0.05, "logprob {a} exact vs {b} int8");
+    }
+    let dot: f64 = g_e.iter().zip(&g_f).map(|(a, b)| *a as f64 * *b as f64).sum();
+    let norm = |g: &[f32]| g.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let cosine = dot / (norm(&g_e) * norm(&g_f));
+    let rel = (norm(&g_f) / norm(&g_e) - 1.0).abs();
+    eprintln!("gradient cosine {cosine:.5}, norm ratio off by {rel:.4}");
+    assert!(cosine > 0.99 && rel < 0.05, "cosine {cosine}, norm off by {rel}");
 }

@@ -164,13 +164,23 @@ fn tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usi
     // (asserted); each task owns the output columns of its groups, so writes never overlap.
     unsafe {
         let acc = if w.q4 { q4_tile::<R, C>(w, a, g, t) } else { q8_tile::<R, C>(w, a, g, t) };
-        for r in 0..R {
-            let n = (g + r) * LANES;
-            let valid = (n_out - n).min(LANES);
-            let mask: __mmask16 = if valid == LANES { 0xFFFF } else { (1u16 << valid) - 1 };
-            for c in 0..C {
-                _mm512_mask_storeu_ps(out.0.add((t + c) * n_out + n), mask, acc[r][c]);
-            }
+        store::<R, C>(&acc, g, t, n_out, out.0);
+    }
+}
+
+/// Writes a tile's registers to output rows `t..t+C`, columns of groups `g..g+R` (padding lanes
+/// masked). Its own target-feature function so that the store intrinsic is inlined.
+///
+/// Safety: AVX-512F present; the rows and groups lie inside the (T, n_out) output.
+#[target_feature(enable = "avx512f")]
+unsafe fn store<const R: usize, const C: usize>(acc: &[[__m512; C]; R], g: usize, t: usize, n_out: usize, out: *mut f32) {
+    for r in 0..R {
+        let n = (g + r) * LANES;
+        let valid = (n_out - n).min(LANES);
+        let mask: __mmask16 = if valid == LANES { 0xFFFF } else { (1u16 << valid) - 1 };
+        for c in 0..C {
+            // SAFETY (caller): inside the output.
+            unsafe { _mm512_mask_storeu_ps(out.add((t + c) * n_out + n), mask, acc[r][c]) };
         }
     }
 }

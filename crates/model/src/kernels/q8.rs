@@ -155,7 +155,15 @@ impl Q8Acts {
         self.scales.resize(rows * bpr, 0.0);
         self.sums.resize(rows * bpr, 0);
         self.scaled_sums.resize(rows * bpr, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        let simd = super::has_avx512_vnni();
         let row = |((((x, q), s), sum), ss): RowParts<'_>| {
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: AVX-512 F/BW were detected; the slices are one row's, sized by `quantize`.
+                unsafe { quantize_row_avx512(x, q, s, sum, ss) };
+                return;
+            }
             quantize_into(x, q, s);
             for (((b, sum), ss), d) in q.chunks_exact(QK).zip(sum.iter_mut()).zip(ss.iter_mut()).zip(s.iter()) {
                 *sum = b.iter().map(|q| *q as i32).sum::<i32>();
@@ -242,7 +250,7 @@ impl Q8Acts {
     }
 }
 
-fn quantize_into(data: &[f32], quants: &mut [i8], scales: &mut [f32]) {
+pub(crate) fn quantize_into(data: &[f32], quants: &mut [i8], scales: &mut [f32]) {
     for ((block, q), s) in data.chunks_exact(QK).zip(quants.chunks_exact_mut(QK)).zip(scales.iter_mut()) {
         let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
         let d = amax / 127.0;
@@ -254,6 +262,45 @@ fn quantize_into(data: &[f32], quants: &mut [i8], scales: &mut [f32]) {
             *qi = (v + 0.5f32.copysign(v)) as i32 as i8;
         }
         *s = d;
+    }
+}
+
+/// [`quantize_into`] plus the block sums, 32 values per two registers, with the same float
+/// operations in the same order (max of magnitudes, `amax / 127`, `x * (1 / d)`, add
+/// `copysign(0.5, v)`, truncate), so the quants equal the scalar path's bit for bit. Done in
+/// scalar code it was ~5% of a batched decode step and ~7% of a training step.
+///
+/// Safety: AVX-512 F/BW present; `x` and `q` hold `s.len()` blocks, `sums` and `ss` `s.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8], s: &mut [f32], sums: &mut [i32], ss: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let blocks = s.len();
+    assert!(x.len() >= blocks * QK && q.len() >= blocks * QK && sums.len() >= blocks && ss.len() >= blocks);
+    let half = _mm512_set1_epi32(0.5f32.to_bits() as i32);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    for b in 0..blocks {
+        // SAFETY: 32 floats and 32 bytes at block b are in bounds (asserted above).
+        unsafe {
+            let p = x.as_ptr().add(b * QK);
+            let (v0, v1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let d = amax / 127.0;
+            let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let (r0, r1) = (_mm512_mul_ps(v0, inv), _mm512_mul_ps(v1, inv));
+            // copysign(0.5, r): the sign bit of r on 0.5.
+            let h0 = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(r0), sign));
+            let h1 = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(r1), sign));
+            let i0 = _mm512_cvttps_epi32(_mm512_add_ps(r0, _mm512_castsi512_ps(h0)));
+            let i1 = _mm512_cvttps_epi32(_mm512_add_ps(r1, _mm512_castsi512_ps(h1)));
+            let out = q.as_mut_ptr().add(b * QK) as *mut __m128i;
+            _mm_storeu_si128(out, _mm512_cvtepi32_epi8(i0));
+            _mm_storeu_si128(out.add(1), _mm512_cvtepi32_epi8(i1));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            s[b] = d;
+            sums[b] = sum;
+            ss[b] = sum as f32 * d;
+        }
     }
 }
 

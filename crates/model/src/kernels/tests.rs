@@ -302,3 +302,26 @@ fn q4_vnni_paths_match_scalar_and_batches_equal_rows() {
         }
     }
 }
+
+/// The AVX-512 activation quantiser equals the scalar one bit for bit (ties, zeros, signs).
+#[test]
+fn simd_quantisation_equals_scalar() {
+    let (t, k) = (5, 96);
+    let mut x = values(t * k, 21);
+    // A zero block, exact halves after scaling, and a block of one repeated negative value.
+    x[32..64].iter_mut().for_each(|v| *v = 0.0);
+    for (i, v) in x[64..96].iter_mut().enumerate() {
+        *v = if i == 0 { 127.0 } else { (i as f32) - 15.5 };
+    }
+    x[96..128].iter_mut().for_each(|v| *v = -0.25);
+    let mut simd = Q8Acts::default();
+    simd.quantize(&x, t, k);
+    for r in 0..t {
+        let mut q = vec![0i8; k];
+        let mut s = vec![0f32; k / QK];
+        q8::quantize_into(&x[r * k..(r + 1) * k], &mut q, &mut s);
+        assert_eq!(simd.row(r), (&q[..], &s[..]), "row {r}");
+        let sums: Vec<i32> = q.chunks_exact(QK).map(|b| b.iter().map(|v| *v as i32).sum()).collect();
+        assert_eq!(simd.sums(r), &sums[..]);
+    }
+}
