@@ -9,7 +9,7 @@
 //! converted to PEFT's layout only when saved.
 
 use crate::fused::{CausalSoftmax, RmsNorm, Rope, SiluMul};
-use crate::ops::{Frozen, HeadLogprob, LoraLinear};
+use crate::ops::{Frozen, HeadInt8, HeadLogprob, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,7 @@ pub struct Base {
     pub config: LlamaConfig,
     embed: Tensor,
     head: Tensor,
+    head_int8: Option<HeadInt8>,
     layers: Vec<BaseLayer>,
     out_norm: Arc<Vec<f32>>,
     /// cos / sin of position p and pair i at [p * head_dim / 2 + i].
@@ -74,7 +75,25 @@ impl Base {
             Tensor::from_vec(data, dims, &dev).map_err(|e| e.to_string())
         };
         let embed = t("token_embd.weight")?;
-        let head = if tied { embed.clone() } else { t("output.weight")? };
+        let head_name = if tied { "token_embd.weight" } else { "output.weight" };
+        let head = if tied { embed.clone() } else { t(head_name)? };
+        let (v, hd) = head.dims2().map_err(|e| e.to_string())?;
+        let head_int8 = if int8 && hd % QK == 0 {
+            // E^T with the vocabulary padded to whole blocks by zero columns.
+            let vp = v.next_multiple_of(QK);
+            let e32 = head.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
+            let mut et = vec![0f32; hd * vp];
+            for (tok, row) in e32.chunks_exact(hd).enumerate() {
+                for (k, x) in row.iter().enumerate() {
+                    et[k * vp + tok] = *x;
+                }
+            }
+            let et = Q8Matrix::from_f32(&et, hd, vp);
+            let e = tandem_model::matrix(&mut f2, head_name, v, hd).map_err(|e| e.to_string())?;
+            Some(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
+        } else {
+            None
+        };
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
             let p = format!("blk.{l}");
@@ -101,7 +120,7 @@ impl Base {
         }
         let out_norm = vector(t("output_norm.weight")?)?;
         let (cos, sin) = rope_tables(&config);
-        Ok(Base { config, embed, head, layers, out_norm, cos, sin })
+        Ok(Base { config, embed, head, head_int8, layers, out_norm, cos, sin })
     }
 
     /// (in, out) of projection `m` (index into [`MODULES`]).
@@ -220,7 +239,12 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
     let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
     let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
     let entropy = Arc::new(Mutex::new(Vec::new()));
-    let logprobs = rows.apply_op1(HeadLogprob { head: base.head.clone(), targets, entropy: entropy.clone() })?;
+    let logprobs = rows.contiguous()?.apply_op1(HeadLogprob {
+        head: base.head.clone(),
+        int8: base.head_int8.clone(),
+        targets,
+        entropy: entropy.clone(),
+    })?;
     let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
     Ok(RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy })
 }

@@ -116,9 +116,53 @@ impl candle_core::CustomOp3 for LoraLinear {
 /// `h (N, H) -> lp (N)`: log-probability of `targets[i]` under the head `E (V, H)`.
 pub struct HeadLogprob {
     pub head: Tensor,
+    /// The inference kernels for the two big products, where the CPU has AVX-512 VNNI.
+    pub int8: Option<HeadInt8>,
     pub targets: Vec<u32>,
     /// Filled by the forward pass: the entropy of each row's distribution (nats).
     pub entropy: Arc<Mutex<Vec<f32>>>,
+}
+
+/// The head in the inference kernels' formats: `e` as served (the logits are the server's), and
+/// an int8 copy of `E^T` for the backward's `softmax E`.
+#[derive(Clone)]
+pub struct HeadInt8 {
+    pub e: Arc<Weights>,
+    pub et: Arc<Weights>,
+}
+
+impl HeadInt8 {
+    /// For rows `rows` of `h` (H wide): each row's logits turned in place into its softmax, and
+    /// (logsumexp, entropy, logprob of the target) per row. The exponentials use the kernels'
+    /// polynomial (a libm `expf` over 49,152 logits per row was ~4% of a step).
+    fn softmax_rows(&self, h: &[f32], rows: usize, targets: &[u32]) -> (Vec<f32>, Vec<(f32, f32, f32)>) {
+        use rayon::prelude::*;
+        let (hd, v) = (self.e.cols(), self.e.rows());
+        let mut acts = Q8Acts::default();
+        acts.quantize(&h[..rows * hd], rows, hd);
+        let mut logits = vec![0f32; rows * v];
+        kernels::matmul(&self.e, &acts, &mut logits);
+        let stats = logits
+            .par_chunks_exact_mut(v)
+            .zip(targets.par_iter())
+            .map(|(row, &t)| {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let (mut sum, mut weighted) = (0f32, 0f32);
+                let picked = row[t as usize];
+                for l in row.iter_mut() {
+                    let e = kernels::exp_approx(*l - max);
+                    weighted += e * *l;
+                    sum += e;
+                    *l = e;
+                }
+                let inv = 1.0 / sum;
+                row.iter_mut().for_each(|p| *p *= inv);
+                let lse = max + sum.ln();
+                (lse, lse - weighted * inv, picked - lse)
+            })
+            .collect();
+        (logits, stats)
+    }
 }
 
 impl HeadLogprob {
@@ -144,6 +188,22 @@ impl CustomOp1 for HeadLogprob {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        if let Some(int8) = &self.int8 {
+            let h = crate::fused::slice(storage, layout)?;
+            let n = layout.shape().dims()[0];
+            let hd = int8.e.cols();
+            let (mut lps, mut entropy) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for start in (0..n).step_by(HEAD_CHUNK) {
+                let c = HEAD_CHUNK.min(n - start);
+                let (_, stats) = int8.softmax_rows(&h[start * hd..], c, &self.targets[start..start + c]);
+                lps.extend(stats.iter().map(|s| s.2));
+                entropy.extend(stats.iter().map(|s| s.1));
+            }
+            if let Ok(mut slot) = self.entropy.lock() {
+                *slot = entropy;
+            }
+            return Ok((CpuStorage::F32(lps), Shape::from(n)));
+        }
         let h = input_tensor(storage, layout)?;
         let n = h.dim(0)?;
         let mut lps = Vec::with_capacity(n);
@@ -168,6 +228,36 @@ impl CustomOp1 for HeadLogprob {
         let h = arg.detach();
         let n = h.dim(0)?;
         let g = grad_res.to_dtype(DType::F32)?;
+        if let Some(int8) = &self.int8 {
+            // dh_i = g_i (E[t_i] - softmax_i E), the softmax recomputed (cheap in int8) rather
+            // than kept (N x 49,152 floats).
+            let (hd, v) = (int8.e.cols(), int8.e.rows());
+            let hv = h.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+            let gv = g.flatten_all()?.to_vec1::<f32>()?;
+            let mut dh = Vec::with_capacity(n * hd);
+            for start in (0..n).step_by(HEAD_CHUNK) {
+                let c = HEAD_CHUNK.min(n - start);
+                let (mut p, _) = int8.softmax_rows(&hv[start * hd..], c, &self.targets[start..start + c]);
+                // E^T's columns are the vocabulary padded to whole blocks.
+                let vp = int8.et.cols();
+                if vp != v {
+                    p = p
+                        .chunks_exact(v)
+                        .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(0.0, vp - v)))
+                        .collect();
+                }
+                let mut pq = Q8Acts::default();
+                pq.quantize(&p, c, vp);
+                let mut expected = vec![0f32; c * hd];
+                kernels::matmul(&int8.et, &pq, &mut expected);
+                let rows = self.target_rows(start, c)?.flatten_all()?.to_vec1::<f32>()?;
+                for i in 0..c {
+                    let gi = gv[start + i];
+                    dh.extend((0..hd).map(|k| gi * (rows[i * hd + k] - expected[i * hd + k])));
+                }
+            }
+            return Ok(Some(Tensor::from_vec(dh, (n, hd), &Device::Cpu)?));
+        }
         let mut parts = Vec::new();
         for start in (0..n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(n - start);
@@ -206,7 +296,12 @@ mod tests {
         let entropy = Arc::new(Mutex::new(Vec::new()));
         let h = x.matmul(&w.t().unwrap()).unwrap();
         let lp = h
-            .apply_op1(HeadLogprob { head: head.clone(), targets: targets.clone(), entropy: entropy.clone() })
+            .apply_op1(HeadLogprob {
+                head: head.clone(),
+                int8: None,
+                targets: targets.clone(),
+                entropy: entropy.clone(),
+            })
             .unwrap();
         let ours = lp.mul(&coef).unwrap().sum_all().unwrap();
         let g_ours = ours.backward().unwrap().get(&x).unwrap().clone();
@@ -227,7 +322,8 @@ mod tests {
         // LoraLinear against x W^T + s (x A^T) B^T in stock ops, for x, A and B.
         let (a, b) = (Var::from_tensor(&randn((2, 3), 5)).unwrap(), Var::from_tensor(&randn((5, 2), 6)).unwrap());
         let g = randn((67, 5), 7);
-        let fused = x.apply_op3(a.as_tensor(), b.as_tensor(), LoraLinear { w: Frozen::F32(w.clone()), scale: 2.0 }).unwrap();
+        let fused =
+            x.apply_op3(a.as_tensor(), b.as_tensor(), LoraLinear { w: Frozen::F32(w.clone()), scale: 2.0 }).unwrap();
         let gf = fused.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
         let stock = x
             .matmul(&w.t().unwrap())

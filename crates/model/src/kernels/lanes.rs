@@ -173,7 +173,13 @@ fn tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usi
 ///
 /// Safety: AVX-512F present; the rows and groups lie inside the (T, n_out) output.
 #[target_feature(enable = "avx512f")]
-unsafe fn store<const R: usize, const C: usize>(acc: &[[__m512; C]; R], g: usize, t: usize, n_out: usize, out: *mut f32) {
+unsafe fn store<const R: usize, const C: usize>(
+    acc: &[[__m512; C]; R],
+    g: usize,
+    t: usize,
+    n_out: usize,
+    out: *mut f32,
+) {
     for r in 0..R {
         let n = (g + r) * LANES;
         let valid = (n_out - n).min(LANES);
