@@ -16,6 +16,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
+use tandem_model::kernels::causal;
 
 type Res<T> = candle_core::Result<T>;
 
@@ -210,3 +211,47 @@ impl CustomOp2 for SiluMul {
 
 #[cfg(test)]
 mod tests;
+
+/// Causal attention within each segment of a packed row, `(q (T, nh hd), k, v (T, nkv hd)) ->
+/// (T, nh hd)`, forward and backward in `tandem_model::kernels::causal` (heads read in place
+/// through strides, no (heads, s, s) tensors kept: the backward recomputes the probabilities).
+#[derive(Clone)]
+pub struct SegmentAttention {
+    pub segments: Arc<Vec<(usize, usize)>>,
+    pub heads: causal::Heads,
+}
+
+impl candle_core::CustomOp3 for SegmentAttention {
+    fn name(&self) -> &'static str {
+        "segment-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Res<(CpuStorage, Shape)> {
+        let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let mut out = vec![0f32; q.len()];
+        causal::forward(q, k, v, &mut out, &self.segments, self.heads);
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Res<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (qv, kv, vv, gv) = (values(q)?, values(k)?, values(v)?, values(g)?);
+        let (mut dq, mut dk, mut dv) = (vec![0f32; qv.len()], vec![0f32; kv.len()], vec![0f32; vv.len()]);
+        causal::backward(&qv, &kv, &vv, &gv, &mut dq, &mut dk, &mut dv, &self.segments, self.heads);
+        Ok((Some(tensor(dq, q)?), Some(tensor(dk, k)?), Some(tensor(dv, v)?)))
+    }
+}

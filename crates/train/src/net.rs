@@ -8,7 +8,7 @@
 //! head is [`HeadLogprob`]. Weights stay in the GGUF row layout of the inference model (q/k rows interleaved for RoPE); the adapter is
 //! converted to PEFT's layout only when saved.
 
-use crate::fused::{CausalSoftmax, RmsNorm, Rope, SiluMul};
+use crate::fused::{RmsNorm, Rope, SegmentAttention, SiluMul};
 use crate::ops::{Frozen, HeadInt8, HeadLogprob, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
@@ -180,20 +180,6 @@ fn rms_norm(x: &Tensor, weight: &Arc<Vec<f32>>, eps: f32) -> Res<Tensor> {
     x.contiguous()?.apply_op1(RmsNorm { weight: weight.clone(), eps })
 }
 
-/// Causal attention within one segment: q (s, nh * hd), k / v (s, nkv * hd) -> (s, nh * hd).
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, c: &LlamaConfig) -> Res<Tensor> {
-    let (s, nh, nkv, hd) = (q.dim(0)?, c.n_head, c.n_kv_head, c.head_dim);
-    let group = nh / nkv;
-    let q = q.reshape((s, nh, hd))?.transpose(0, 1)?.contiguous()?;
-    // Each KV head serves `group` consecutive query heads.
-    let expand = |x: &Tensor| -> Res<Tensor> {
-        x.reshape((s, nkv, hd))?.transpose(0, 1)?.unsqueeze(1)?.broadcast_as((nkv, group, s, hd))?.reshape((nh, s, hd))
-    };
-    let (k, v) = (expand(k)?, expand(v)?);
-    let p = q.matmul(&k.t()?)?.apply_op1(CausalSoftmax { scale: 1.0 / (hd as f32).sqrt() })?;
-    p.matmul(&v)?.transpose(0, 1)?.reshape((s, nh * hd))
-}
-
 /// What one forward over a row gives: the new logprob of each target (autograd-tracked) and
 /// the entropy at each target's position.
 pub struct RowOutput {
@@ -218,16 +204,21 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
     let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
     let scale = lora.scale();
     let eps = c.rms_eps;
+    let attention = SegmentAttention {
+        segments: Arc::new(row.segments.clone()),
+        heads: tandem_model::kernels::causal::Heads {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        },
+    };
     for (layer, pairs) in base.layers.iter().zip(&lora.pairs) {
         let h = rms_norm(&x, &layer.attn_norm, eps)?;
         let q = rotate(linear(&h, &layer.w[0], &pairs[0], scale)?)?;
         let k = rotate(linear(&h, &layer.w[1], &pairs[1], scale)?)?;
         let v = linear(&h, &layer.w[2], &pairs[2], scale)?;
-        let mut parts = Vec::with_capacity(row.segments.len());
-        for &(start, len) in &row.segments {
-            parts.push(attend(&q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, c)?);
-        }
-        let att = Tensor::cat(&parts, 0)?;
+        let att = q.apply_op3(&k, &v.contiguous()?, attention.clone())?;
         x = x.add(&linear(&att, &layer.w[3], &pairs[3], scale)?)?;
         let h = rms_norm(&x, &layer.ffn_norm, eps)?;
         let g = linear(&h, &layer.w[4], &pairs[4], scale)?;

@@ -14,6 +14,7 @@
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod causal;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 mod q4;
