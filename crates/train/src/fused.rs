@@ -9,8 +9,8 @@
 //! - RMS norm `y = x r w`, `r = (mean(x^2) + eps)^-1/2`: `dx = r w g - x r^3 sum(x w g) / n`
 //!   (the weight is frozen: no `dw`).
 //! - RoPE on adjacent pairs `(a, b) -> (a c - b s, a s + b c)`: the backward rotates `g` by `-theta`.
-//! - Causal softmax of `scale * x` (row i of a segment sees columns `0..=i`):
-//!   `dx = scale p (g - sum(p g))`.
+//! - Causal attention per segment: one op over the row (`SegmentAttention`), its math in
+//!   `tandem_model::kernels::causal`.
 //! - `silu(a) * u`: `da = g u sig(a) (1 + a (1 - sig(a)))`, `du = g silu(a)`.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tensor};
@@ -127,52 +127,17 @@ impl CustomOp1 for Rope {
     }
 }
 
-/// Softmax of `scale * x` over the last dimension of (heads, s, s) scores, causally masked.
-pub struct CausalSoftmax {
-    pub scale: f32,
-}
-
-impl CustomOp1 for CausalSoftmax {
-    fn name(&self) -> &'static str {
-        "causal-softmax"
-    }
-
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Res<(CpuStorage, Shape)> {
-        let x = slice(storage, layout)?;
-        let s = layout.shape().dims()[2];
-        let mut p = vec![0f32; x.len()];
-        p.par_chunks_mut(s).zip(x.par_chunks(s)).enumerate().for_each(|(row, (p, x))| {
-            let seen = row % s + 1;
-            let m = x[..seen].iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) * self.scale;
-            let mut z = 0.0;
-            for (p, x) in p[..seen].iter_mut().zip(x) {
-                *p = (x * self.scale - m).exp();
-                z += *p;
-            }
-            p[..seen].iter_mut().for_each(|p| *p /= z);
-        });
-        Ok((CpuStorage::F32(p), layout.shape().clone()))
-    }
-
-    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Res<Option<Tensor>> {
-        let (p, g) = (values(res)?, values(grad_res)?);
-        let s = arg.dim(2)?;
-        let mut dx = vec![0f32; p.len()];
-        dx.par_chunks_mut(s).zip(p.par_chunks(s).zip(g.par_chunks(s))).for_each(|(dx, (p, g))| {
-            let dot: f32 = p.iter().zip(g).map(|(p, g)| p * g).sum();
-            for ((d, p), g) in dx.iter_mut().zip(p).zip(g) {
-                *d = self.scale * p * (g - dot);
-            }
-        });
-        Ok(Some(tensor(dx, arg)?))
-    }
-}
-
 /// `silu(a) * u` for the gate and up projections.
 pub struct SiluMul;
 
+/// From `e = exp(-|a|)` (the kernels' polynomial, no libm call), stable for either sign.
 fn sigmoid(a: f32) -> f32 {
-    1.0 / (1.0 + (-a).exp())
+    let e = tandem_model::kernels::exp_approx(-a.abs());
+    if a >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
 }
 
 impl CustomOp2 for SiluMul {

@@ -35,6 +35,13 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
+impl Out {
+    /// The pointer (a method, so that closures capture the whole `Out`, which is `Sync`).
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `dst = (read ? dst : 0) + lhs * rhs` for m x k and k x n operands given by (row, column)
 /// strides, on this thread.
 ///
@@ -125,7 +132,6 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], segments: &[(us
     let tasks: Vec<((usize, usize), usize)> =
         segments.iter().flat_map(|&seg| (0..nh).map(move |head| (seg, head))).collect();
     tasks.into_par_iter().for_each_init(Vec::new, |p, ((start, s), head)| {
-        let dst = dst;
         p.resize(s * s, 0.0);
         let g = head / group;
         // SAFETY: `check` bounded every segment by T; this task writes only rows start..start+s,
@@ -139,7 +145,7 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], segments: &[(us
                 let r1 = (r0 + ROWS).min(s);
                 mm(
                     (r1 - r0, hd, r1),
-                    (dst.0.add((start + r0) * q_rs + head * hd), q_rs, 1),
+                    (dst.ptr().add((start + r0) * q_rs + head * hd), q_rs, 1),
                     false,
                     (p.as_ptr().add(r0 * s), s, 1),
                     (vg, kv_rs, 1),
@@ -173,7 +179,6 @@ pub fn backward(
     tasks.into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
         |(p, dp), ((start, s), g)| {
-            let (dq_p, dk_p, dv_p) = (dq_p, dk_p, dv_p);
             p.resize(s * s, 0.0);
             dp.resize(s * s, 0.0);
             // SAFETY: segments are bounded by T (`check`); this task writes rows start..start+s of
@@ -182,16 +187,34 @@ pub fn backward(
             unsafe {
                 let kg = k.as_ptr().add(start * kv_rs + g * hd);
                 let vg = v.as_ptr().add(start * kv_rs + g * hd);
-                let dkg = dk_p.0.add(start * kv_rs + g * hd);
-                let dvg = dv_p.0.add(start * kv_rs + g * hd);
+                let dkg = dk_p.ptr().add(start * kv_rs + g * hd);
+                let dvg = dv_p.ptr().add(start * kv_rs + g * hd);
                 for (i, head) in (g * group..(g + 1) * group).enumerate() {
                     let qh = q.as_ptr().add(start * q_rs + head * hd);
                     let doh = dout.as_ptr().add(start * q_rs + head * hd);
                     probabilities(p, s, hd, h.scale, (qh, q_rs), (kg, kv_rs));
-                    // dV_g += P^T dO_h (P^T element (j, i) is p[i][j]).
-                    mm((s, hd, s), (dvg, kv_rs, 1), i > 0, (p.as_ptr(), 1, s), (doh, q_rs, 1));
-                    // dP = dO_h V_g^T.
-                    mm((s, s, hd), (dp.as_mut_ptr(), s, 1), false, (doh, q_rs, 1), (vg, 1, kv_rs));
+                    // Every product below skips the zero triangle: row block r0..r1 of a
+                    // (query i, key j) matrix only has keys j < r1, and key block c0..c1 only
+                    // queries i >= c0.
+                    for b0 in (0..s).step_by(ROWS) {
+                        let b1 = (b0 + ROWS).min(s);
+                        // dV_g[j] += sum_{i >= j} P[i][j] dO_h[i] (P^T element (j, i) is p[i][j]).
+                        mm(
+                            (b1 - b0, hd, s - b0),
+                            (dvg.add(b0 * kv_rs), kv_rs, 1),
+                            i > 0,
+                            (p.as_ptr().add(b0 * s + b0), 1, s),
+                            (doh.add(b0 * q_rs), q_rs, 1),
+                        );
+                        // dP[i][j] = dO_h[i] . V_g[j] for j <= i.
+                        mm(
+                            (b1 - b0, b1, hd),
+                            (dp.as_mut_ptr().add(b0 * s), s, 1),
+                            false,
+                            (doh.add(b0 * q_rs), q_rs, 1),
+                            (vg, 1, kv_rs),
+                        );
+                    }
                     // dS = scale * P (dP - rowsum(P dP)).
                     for r in 0..s {
                         let (pr, dr) = (&p[r * s..r * s + r + 1], &mut dp[r * s..(r + 1) * s]);
@@ -201,15 +224,26 @@ pub fn backward(
                         }
                         dr[r + 1..].iter_mut().for_each(|x| *x = 0.0);
                     }
-                    // dQ_h = dS K_g; dK_g += dS^T Q_h.
-                    mm(
-                        (s, hd, s),
-                        (dq_p.0.add(start * q_rs + head * hd), q_rs, 1),
-                        false,
-                        (dp.as_ptr(), s, 1),
-                        (kg, kv_rs, 1),
-                    );
-                    mm((s, hd, s), (dkg, kv_rs, 1), i > 0, (dp.as_ptr(), 1, s), (qh, q_rs, 1));
+                    let dqh = dq_p.ptr().add(start * q_rs + head * hd);
+                    for b0 in (0..s).step_by(ROWS) {
+                        let b1 = (b0 + ROWS).min(s);
+                        // dQ_h[i] = sum_{j <= i} dS[i][j] K_g[j].
+                        mm(
+                            (b1 - b0, hd, b1),
+                            (dqh.add(b0 * q_rs), q_rs, 1),
+                            false,
+                            (dp.as_ptr().add(b0 * s), s, 1),
+                            (kg, kv_rs, 1),
+                        );
+                        // dK_g[j] += sum_{i >= j} dS[i][j] Q_h[i].
+                        mm(
+                            (b1 - b0, hd, s - b0),
+                            (dkg.add(b0 * kv_rs), kv_rs, 1),
+                            i > 0,
+                            (dp.as_ptr().add(b0 * s + b0), 1, s),
+                            (qh.add(b0 * q_rs), q_rs, 1),
+                        );
+                    }
                 }
             }
         },

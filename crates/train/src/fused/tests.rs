@@ -70,22 +70,6 @@ fn rope() {
 }
 
 #[test]
-fn causal_softmax() {
-    let (h, s) = (2, 7);
-    let (x, g) = (rand(&[h, s, s], 8), rand(&[h, s, s], 9));
-    check(
-        &x,
-        &g,
-        |x| x.apply_op1(CausalSoftmax { scale: 0.125 }).unwrap(),
-        |x| {
-            let mask: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
-            let mask = Tensor::from_vec(mask, (s, s), &Device::Cpu).unwrap();
-            candle_nn::ops::softmax(&(x * 0.125).unwrap().broadcast_add(&mask).unwrap(), D::Minus1).unwrap()
-        },
-    );
-}
-
-#[test]
 fn silu_mul() {
     let (a, u, g) = (rand(&[9, 5000], 10), rand(&[9, 5000], 11), rand(&[9, 5000], 12));
     let (av, uv) = (Var::from_tensor(&a).unwrap(), Var::from_tensor(&u).unwrap());
