@@ -11,6 +11,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
+use tandem_model::kernels::sgemm::{sgemm, Operand};
 use tandem_model::kernels::{self, Q8Acts, Weights};
 
 /// Rows of the head processed at once: 64 x 49,152 f32 logits = 12 MB per chunk.
@@ -20,9 +21,22 @@ fn input_tensor(storage: &CpuStorage, layout: &Layout) -> candle_core::Result<Te
     Tensor::from_slice(crate::fused::slice(storage, layout)?, layout.shape(), &Device::Cpu)
 }
 
-fn output_storage(t: &Tensor) -> candle_core::Result<(CpuStorage, Shape)> {
-    let shape = t.shape().clone();
-    Ok((CpuStorage::F32(t.flatten_all()?.to_vec1::<f32>()?), shape))
+/// The f32 values behind a contiguous tensor's storage guard.
+fn cpu_slice<'a>((storage, layout): &'a (candle_core::StorageRef<'_>, &Layout)) -> candle_core::Result<&'a [f32]> {
+    match &**storage {
+        candle_core::Storage::Cpu(cpu) => crate::fused::slice(cpu, layout),
+        _ => Err(candle_core::Error::Msg("the trainer runs on the CPU".into())),
+    }
+}
+
+/// `f` on the f32 values of `t` in place (a copy only if `t` is not contiguous).
+fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(cpu) => Ok(f(crate::fused::slice(cpu, layout)?)),
+        _ => Err(candle_core::Error::Msg("the trainer runs on the CPU".into())),
+    }
 }
 
 /// A frozen projection weight `W (out, in)` and how its two products are computed.
@@ -40,38 +54,48 @@ pub enum Frozen {
 
 impl Frozen {
     /// `x (T, in) -> x W^T (T, out)`.
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &[f32], t: usize) -> candle_core::Result<Vec<f32>> {
         match self {
-            Frozen::F32(w) => x.matmul(&w.t()?),
-            Frozen::Int8 { w, .. } => quantized_product(w, x),
+            Frozen::F32(w) => {
+                let (out, inp) = w.dims2()?;
+                let mut y = vec![0f32; t * out];
+                with_values(w, |w| {
+                    sgemm(&mut y, false, 1.0, Operand::new(x, t, inp), Operand::transposed(w, out, inp))
+                })?;
+                Ok(y)
+            }
+            Frozen::Int8 { w, .. } => Ok(quantized_product(w, x, t)),
         }
     }
 
     /// `dy (T, out) -> dy W (T, in)`.
-    fn backward(&self, dy: &Tensor) -> candle_core::Result<Tensor> {
+    fn backward(&self, dy: &[f32], t: usize) -> candle_core::Result<Vec<f32>> {
         match self {
-            Frozen::F32(w) => dy.matmul(w),
-            Frozen::Int8 { wt, .. } => quantized_product(wt, dy),
+            Frozen::F32(w) => {
+                let (out, inp) = w.dims2()?;
+                let mut dx = vec![0f32; t * inp];
+                with_values(w, |w| sgemm(&mut dx, false, 1.0, Operand::new(dy, t, out), Operand::new(w, out, inp)))?;
+                Ok(dx)
+            }
+            Frozen::Int8 { wt, .. } => Ok(quantized_product(wt, dy, t)),
         }
     }
 }
 
 /// `x (T, k) -> x M^T (T, n)` for an (n, k) matrix in the inference kernels' formats.
-fn quantized_product(m: &Weights, x: &Tensor) -> candle_core::Result<Tensor> {
-    let t = x.dim(0)?;
-    let x = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+fn quantized_product(m: &Weights, x: &[f32], t: usize) -> Vec<f32> {
     let mut acts = Q8Acts::default();
-    acts.quantize(&x, t, m.cols());
+    acts.quantize(&x[..t * m.cols()], t, m.cols());
     let mut out = vec![0f32; t * m.rows()];
     kernels::matmul(m, &acts, &mut out);
-    Tensor::from_vec(out, (t, m.rows()), &Device::Cpu)
+    out
 }
 
 /// `(x (T, in), A (r, in), B (out, r)) -> x W^T + scale (x A^T) B^T` for a frozen `W (out, in)`:
-/// a LoRA-adapted projection in one op. Fused, the adapter's two thin matmuls, the scaling and
-/// the sum cost no separate passes and buffers, and the backward computes
-/// `dx = dy W + scale (dy B) A`, `dA = scale (dy B)^T x`, `dB = scale dy^T (x A^T)` (exactly
-/// with [`Frozen::F32`]; `dy W` in int8 with [`Frozen::Int8`]).
+/// a LoRA-adapted projection in one op, on the operands' memory in place (the adapter's thin
+/// products are GEMMs through strides, added straight into the base product), and a backward
+/// computing `dx = dy W + scale (dy B) A`, `dA = scale (dy B)^T x`, `dB = scale dy^T (x A^T)`
+/// (exactly with [`Frozen::F32`]; `dy W` in int8 with [`Frozen::Int8`]).
 pub struct LoraLinear {
     pub w: Frozen,
     pub scale: f64,
@@ -91,9 +115,13 @@ impl candle_core::CustomOp3 for LoraLinear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, a, b) = (input_tensor(s1, l1)?, input_tensor(s2, l2)?, input_tensor(s3, l3)?);
-        let delta = (x.matmul(&a.t()?)?.matmul(&b.t()?)? * self.scale)?;
-        output_storage(&self.w.forward(&x)?.add(&delta)?)
+        let (x, a, b) = (crate::fused::slice(s1, l1)?, crate::fused::slice(s2, l2)?, crate::fused::slice(s3, l3)?);
+        let ((t, inp), (r, _), (out, _)) = (l1.shape().dims2()?, l2.shape().dims2()?, l3.shape().dims2()?);
+        let mut y = self.w.forward(x, t)?;
+        let mut xa = vec![0f32; t * r];
+        sgemm(&mut xa, false, 1.0, Operand::new(x, t, inp), Operand::transposed(a, r, inp));
+        sgemm(&mut y, true, self.scale as f32, Operand::new(&xa, t, r), Operand::transposed(b, out, r));
+        Ok((CpuStorage::F32(y), Shape::from((t, out))))
     }
 
     fn bwd(
@@ -104,12 +132,28 @@ impl candle_core::CustomOp3 for LoraLinear {
         _res: &Tensor,
         gy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (x, a, b) = (x.detach(), a.detach(), b.detach());
-        let gyb = (gy.matmul(&b)? * self.scale)?; // (T, r)
-        let dx = self.w.backward(gy)?.add(&gyb.matmul(&a)?)?;
-        let da = gyb.t()?.matmul(&x)?;
-        let db = (gy.t()?.matmul(&x.matmul(&a.t()?)?)? * self.scale)?;
-        Ok((Some(dx), Some(da), Some(db)))
+        let ((t, inp), (r, _), (out, _)) = (x.dims2()?, a.dims2()?, b.dims2()?);
+        let scale = self.scale as f32;
+        let (x, a, b, gy) = (x.contiguous()?, a.contiguous()?, b.contiguous()?, gy.contiguous()?);
+        let (xs, as_, bs, gs) =
+            (x.storage_and_layout(), a.storage_and_layout(), b.storage_and_layout(), gy.storage_and_layout());
+        let (x, a, b, gy) = (cpu_slice(&xs)?, cpu_slice(&as_)?, cpu_slice(&bs)?, cpu_slice(&gs)?);
+        let mut gyb = vec![0f32; t * r];
+        sgemm(&mut gyb, false, scale, Operand::new(gy, t, out), Operand::new(b, out, r));
+        let mut dx = self.w.backward(gy, t)?;
+        sgemm(&mut dx, true, 1.0, Operand::new(&gyb, t, r), Operand::new(a, r, inp));
+        let mut da = vec![0f32; r * inp];
+        sgemm(&mut da, false, 1.0, Operand::transposed(&gyb, t, r), Operand::new(x, t, inp));
+        let mut xa = vec![0f32; t * r];
+        sgemm(&mut xa, false, 1.0, Operand::new(x, t, inp), Operand::transposed(a, r, inp));
+        let mut db = vec![0f32; out * r];
+        sgemm(&mut db, false, scale, Operand::transposed(gy, t, out), Operand::new(&xa, t, r));
+        let dev = Device::Cpu;
+        Ok((
+            Some(Tensor::from_vec(dx, (t, inp), &dev)?),
+            Some(Tensor::from_vec(da, (r, inp), &dev)?),
+            Some(Tensor::from_vec(db, (out, r), &dev)?),
+        ))
     }
 }
 

@@ -137,13 +137,14 @@ pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
 
 /// About how many bytes one part's forward and backward keep alive: per token and layer, the
 /// activations autograd saves (~24 hidden-sized and ~8 FFN-sized f32 vectors; 3 MB per token
-/// for SmolLM2-135M, which matches what was measured), plus per segment and layer three
-/// (heads, s, s) attention buffers. The trainer refuses a job whose largest part would not fit
-/// in the memory the system has available, instead of being killed mid-job.
-pub fn part_memory_bytes(part: &Row, n_layer: usize, hidden: usize, ffn: usize, n_head: usize) -> u64 {
+/// for SmolLM2-135M, an upper bound of what was measured), plus the attention's scratch: two
+/// s x s score buffers per worker thread for the longest segment (no (heads, s, s) tensors are
+/// kept; the backward recomputes the scores). The trainer refuses a job whose largest part would
+/// not fit in the memory the system has available, instead of being killed mid-job.
+pub fn part_memory_bytes(part: &Row, n_layer: usize, hidden: usize, ffn: usize, threads: usize) -> u64 {
     let per_token = (n_layer * (24 * hidden + 8 * ffn) * 4) as u64;
-    let attention: u64 = part.segments.iter().map(|(_, s)| (n_layer * 3 * n_head * s * s * 4) as u64).sum();
-    per_token * part.tokens.len() as u64 + attention
+    let longest = part.segments.iter().map(|(_, s)| *s).max().unwrap_or(0) as u64;
+    per_token * part.tokens.len() as u64 + 2 * threads.max(1) as u64 * longest * longest * 4
 }
 
 /// `MemAvailable` of `/proc/meminfo` text, in bytes.
@@ -220,8 +221,8 @@ mod tests {
     fn memory_estimate_and_meminfo() {
         let row = Row { tokens: vec![0; 1024], segments: vec![(0, 256); 4], ..Row::default() };
         // SmolLM2-135M: 30 x (24 x 576 + 8 x 1536) x 4 = 3,133,440 bytes per token;
-        // attention 4 x 30 x 3 x 9 x 256^2 x 4 = 849,346,560.
-        assert_eq!(part_memory_bytes(&row, 30, 576, 1536, 9), 3_133_440 * 1024 + 849_346_560);
+        // attention scratch 2 x 2 threads x 256^2 x 4 = 1,048,576.
+        assert_eq!(part_memory_bytes(&row, 30, 576, 1536, 2), 3_133_440 * 1024 + 1_048_576);
         let info = "MemTotal:       24682400 kB\nMemFree:         2991236 kB\nMemAvailable:   23765236 kB\n";
         assert_eq!(mem_available(info), Some(23_765_236 * 1024));
         assert_eq!(mem_available("MemTotal: 1 kB"), None);

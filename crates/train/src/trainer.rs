@@ -164,8 +164,9 @@ pub fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Resul
 /// job killed for memory would take the server with it, and be retried at every restart).
 fn check_memory<'a>(base: &Base, parts: impl Iterator<Item = &'a Row>) -> Result<(), TrainError> {
     let c = &base.config;
-    let Some((need, part)) =
-        parts.map(|p| (part_memory_bytes(p, c.n_layer, c.hidden, c.ffn, c.n_head), p)).max_by_key(|(n, _)| *n)
+    let Some((need, part)) = parts
+        .map(|p| (part_memory_bytes(p, c.n_layer, c.hidden, c.ffn, rayon::current_num_threads()), p))
+        .max_by_key(|(n, _)| *n)
     else {
         return Ok(());
     };

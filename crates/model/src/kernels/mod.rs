@@ -19,6 +19,7 @@ pub mod causal;
 mod lanes;
 mod q4;
 mod q8;
+pub mod sgemm;
 mod simd;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
