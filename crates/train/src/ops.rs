@@ -190,19 +190,10 @@ impl HeadInt8 {
             .par_chunks_exact_mut(v)
             .zip(targets.par_iter())
             .map(|(row, &t)| {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let (mut sum, mut weighted) = (0f32, 0f32);
                 let picked = row[t as usize];
-                for l in row.iter_mut() {
-                    let e = kernels::exp_approx(*l - max);
-                    weighted += e * *l;
-                    sum += e;
-                    *l = e;
-                }
-                let inv = 1.0 / sum;
-                row.iter_mut().for_each(|p| *p *= inv);
+                let (max, sum, weighted) = kernels::exp_normalize(row, 1.0);
                 let lse = max + sum.ln();
-                (lse, lse - weighted * inv, picked - lse)
+                (lse, lse - weighted / sum, picked - lse)
             })
             .collect();
         (logits, stats)

@@ -108,15 +108,7 @@ unsafe fn probabilities(
         }
         for i in r0..r1 {
             let row = &mut p[i * s..(i + 1) * s];
-            let live = &mut row[..=i];
-            let max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
-            let mut sum = 0f32;
-            for x in live.iter_mut() {
-                *x = super::exp_approx(*x * scale - max);
-                sum += *x;
-            }
-            let inv = 1.0 / sum;
-            live.iter_mut().for_each(|x| *x *= inv);
+            super::exp_normalize(&mut row[..=i], scale);
             row[i + 1..].iter_mut().for_each(|x| *x = 0.0);
         }
     }

@@ -428,6 +428,60 @@ pub fn exp_approx(x: f32) -> f32 {
     p * scale
 }
 
+/// Softmax of `scale * row` in place (scale > 0); returns (max of `scale * row`, the sum of the
+/// exponentials before normalising, and `sum_j e_j * scale * row_j`), from which callers take
+/// the log-sum-exp (`max + ln sum`) and the entropy (`lse - weighted / sum`). Sixteen partial
+/// sums, so the loops vectorise; AVX-512 where the CPU has it (this crate is built for baseline
+/// x86-64, where the same loops get 4-wide SSE).
+pub fn exp_normalize(row: &mut [f32], scale: f32) -> (f32, f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512f() {
+        // SAFETY: AVX-512F was detected at run time.
+        return unsafe { exp_normalize_avx512(row, scale) };
+    }
+    exp_normalize_body(row, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_normalize_avx512(row: &mut [f32], scale: f32) -> (f32, f32, f32) {
+    exp_normalize_body(row, scale)
+}
+
+#[inline(always)]
+fn exp_normalize_body(row: &mut [f32], scale: f32) -> (f32, f32, f32) {
+    const L: usize = 16;
+    let split = row.len() / L * L;
+    let mut m = [f32::NEG_INFINITY; L];
+    for chunk in row[..split].chunks_exact(L) {
+        for l in 0..L {
+            m[l] = m[l].max(chunk[l]);
+        }
+    }
+    let max = row[split..].iter().chain(&m).fold(f32::NEG_INFINITY, |a, &b| a.max(b)) * scale;
+    let (mut s, mut w) = ([0f32; L], [0f32; L]);
+    for chunk in row[..split].chunks_exact_mut(L) {
+        for l in 0..L {
+            let z = chunk[l] * scale;
+            let e = exp_approx(z - max);
+            chunk[l] = e;
+            s[l] += e;
+            w[l] += e * z;
+        }
+    }
+    let (mut sum, mut weighted) = (s.iter().sum::<f32>(), w.iter().sum::<f32>());
+    for x in &mut row[split..] {
+        let z = *x * scale;
+        let e = exp_approx(z - max);
+        *x = e;
+        sum += e;
+        weighted += e * z;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|x| *x *= inv);
+    (max, sum, weighted)
+}
+
 /// `y += alpha * x`.
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {

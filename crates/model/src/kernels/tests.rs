@@ -325,3 +325,22 @@ fn simd_quantisation_equals_scalar() {
         assert_eq!(simd.sums(r), &sums[..]);
     }
 }
+
+/// The vectorised softmax against the plain formula, on lengths around the 16-lane split.
+#[test]
+fn exp_normalize_matches_the_formula() {
+    for n in [1, 15, 16, 17, 100] {
+        let x = values(n, 30 + n as u32);
+        let mut p = x.clone();
+        let (max, sum, weighted) = exp_normalize(&mut p, 0.7);
+        let m = x.iter().map(|v| v * 0.7).fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f64> = x.iter().map(|v| ((v * 0.7 - m) as f64).exp()).collect();
+        let z: f64 = e.iter().sum();
+        assert!((max - m).abs() < 1e-6 && ((sum as f64) - z).abs() < 1e-5 * z);
+        let w: f64 = e.iter().zip(&x).map(|(e, v)| e * (v * 0.7) as f64).sum();
+        assert!(((weighted as f64) - w).abs() < 1e-5 * w.abs().max(1.0));
+        for (got, e) in p.iter().zip(&e) {
+            assert!(((*got as f64) - e / z).abs() < 1e-6, "n {n}");
+        }
+    }
+}
