@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
 
-.PHONY: all model build run test check fmt clean bench bench-training
+.PHONY: all model build run test check fmt clean bench bench-training bench-rl bench-all
 
 all: build
 
@@ -48,6 +48,13 @@ bench: model
 ## bench-training: training step against PyTorch + PEFT, and inference slowdown while training
 bench-training: model
 	bash bench/run-training.sh
+
+## bench-rl: one RL step (rollouts + training job) against llama.cpp + PyTorch, stage by stage
+bench-rl: model
+	bash bench/run-rl-step.sh
+
+## bench-all: every benchmark of docs/benchmarks.md, one after the other
+bench-all: bench bench-training bench-rl
 
 ## check: formatting and lints
 check:

@@ -72,6 +72,18 @@ def aggregate_rate(url, key, rng, streams, constrained=False):
     return sum(results) / (time.perf_counter() - t0)
 
 
+def copy_bandwidth_gbs(mb=256, reps=5):
+    """Bytes moved per second by a large memcpy (read + write, as STREAM's copy counts them), best
+    of `reps`: what one core can stream from memory."""
+    src, dst = bytearray(mb << 20), bytearray(mb << 20)
+    best = 0.0
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst[:] = src
+        best = max(best, 2 * len(src) / (time.perf_counter() - t) / 1e9)
+    return best
+
+
 def peak_rss_mb(pid):
     try:
         for line in open(f"/proc/{pid}/status"):
@@ -86,6 +98,7 @@ def main():
     ap.add_argument("servers", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--key", default="bench")
+    ap.add_argument("--gguf", help="the model file: prints decode against the memory-bandwidth limit")
     ap.add_argument("--constrained", action="store_true",
                     help="also measure decode with a JSON-schema constraint (first server only)")
     args = ap.parse_args()
@@ -125,6 +138,15 @@ def main():
             print(f"{m:<24}{v:>14.1f}{v / u:>10.2f}")
     rss = [peak_rss_mb(pid) if pid else None for _, _, pid in servers]
     print(f"{'peak RSS (MB)':<24}" + "".join(f"{(r or float('nan')):>14.0f}" for r in rss))
+    if args.gguf:
+        # Decode reads every weight once per token: the file's size is what a token costs in memory
+        # traffic (the tied embedding is read as the output head), whatever the in-memory layout.
+        import os
+        bw, size = copy_bandwidth_gbs(), os.path.getsize(args.gguf)
+        limit = bw * 1e9 / size
+        print(f"\nmemory: copy bandwidth {bw:.1f} GB/s, weights {size / 1e6:.0f} MB per token -> decode limit "
+              f"{limit:.0f} tok/s; " + ", ".join(
+                  f"{n} decode_1 at {statistics.median(samples[n]['decode_1']) / limit:.0%} of it" for n, _, _ in servers))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,8 @@ ROWS=${ROWS:-4}
 LEN=${LEN:-256}
 make -s model MODEL="$MODEL"
 
-venv=target/torchenv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch, transformers, peft, gguf" 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet torch transformers peft gguf accelerate
-fi
+source bench/setup.sh
+python=$(torch_python)
 cargo build --release -q -p tandem-train --example train_step
 cargo build --release -q --bin tandem
 
@@ -24,7 +21,7 @@ tandem_json=(); torch_json=(); tandem_rss=0; torch_rss=0
 for round in $(seq 1 "$ROUNDS"); do
   out=$( { RAYON_NUM_THREADS=2 TANDEM_MODEL="$MODEL" ROWS=$ROWS LEN=$LEN STEPS=3 /usr/bin/time -v ./target/release/examples/train_step 2>&1 1>&3 | rss >/tmp/tandem-rss.$$; } 3>&1 )
   tandem_json+=("$out"); tandem_rss=$(cat /tmp/tandem-rss.$$)
-  out=$( { /usr/bin/time -v "$venv/bin/python" bench/training_torch.py "$MODEL" --rows "$ROWS" --len "$LEN" --steps 3 --threads 2 2>&1 1>&3 | rss >/tmp/torch-rss.$$; } 3>&1 )
+  out=$( { /usr/bin/time -v "$python" bench/training_torch.py "$MODEL" --rows "$ROWS" --len "$LEN" --steps 3 --threads 2 2>&1 1>&3 | rss >/tmp/torch-rss.$$; } 3>&1 )
   torch_json+=("$out"); torch_rss=$(cat /tmp/torch-rss.$$)
 done
 rm -f /tmp/tandem-rss.$$ /tmp/torch-rss.$$
@@ -52,5 +49,5 @@ data=$(mktemp -d)
 RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8103 --data-dir "$data" --model "$MODEL" --api-key bench >/dev/null 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; rm -rf "$data"' EXIT
-for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8103/health >/dev/null && break; sleep 0.5; done
+wait_healthy 8103
 python3 bench/training_interference.py http://127.0.0.1:8103 bench

@@ -46,7 +46,8 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let config = file.llama_config()?;
     let tokenizer = file.tokenizer_meta();
     let (h, f, qd, kvd) = (config.hidden, config.ffn, config.q_dim(), config.kv_dim());
-    let embed = matrix(&mut file, "token_embd.weight", config.vocab, h)?;
+    // Only the lane-packed copies are kept where the CPU has VNNI (rows are read from them).
+    let embed = matrix(&mut file, "token_embd.weight", config.vocab, h)?.lanes_only();
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let p = format!("blk.{i}");
@@ -54,13 +55,15 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             matrix(&mut file, &format!("{p}.attn_q.weight"), qd, h)?,
             matrix(&mut file, &format!("{p}.attn_k.weight"), kvd, h)?,
             matrix(&mut file, &format!("{p}.attn_v.weight"), kvd, h)?,
-        ]);
-        let o = matrix(&mut file, &format!("{p}.attn_output.weight"), h, qd)?;
+        ])
+        .lanes_only();
+        let o = matrix(&mut file, &format!("{p}.attn_output.weight"), h, qd)?.lanes_only();
         let gate_up = Weights::vstack(vec![
             matrix(&mut file, &format!("{p}.ffn_gate.weight"), f, h)?,
             matrix(&mut file, &format!("{p}.ffn_up.weight"), f, h)?,
-        ]);
-        let down = matrix(&mut file, &format!("{p}.ffn_down.weight"), h, f)?;
+        ])
+        .lanes_only();
+        let down = matrix(&mut file, &format!("{p}.ffn_down.weight"), h, f)?.lanes_only();
         layers.push(Layer {
             attn_norm: vector(&mut file, &format!("{p}.attn_norm.weight"), h)?,
             qkv,
@@ -72,7 +75,7 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     }
     let out_norm = vector(&mut file, "output_norm.weight", h)?;
     let lm_head = if file.has_tensor("output.weight") {
-        Some(matrix(&mut file, "output.weight", config.vocab, h)?)
+        Some(matrix(&mut file, "output.weight", config.vocab, h)?.lanes_only())
     } else {
         None
     };

@@ -88,8 +88,8 @@ impl Base {
                     et[k * vp + tok] = *x;
                 }
             }
-            let et = Q8Matrix::from_f32(&et, hd, vp);
-            let e = tandem_model::matrix(&mut f2, head_name, v, hd).map_err(|e| e.to_string())?;
+            let et = Q8Matrix::from_f32(&et, hd, vp).lanes_only();
+            let e = tandem_model::matrix(&mut f2, head_name, v, hd).map_err(|e| e.to_string())?.lanes_only();
             Some(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
         } else {
             None
@@ -104,8 +104,9 @@ impl Base {
                 let (out, inp) = dense.dims2().map_err(|e| e.to_string())?;
                 w.push(if int8 && out % QK == 0 && inp % QK == 0 {
                     let wt = dense.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
-                    let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out);
-                    let served = tandem_model::matrix(&mut f2, &name, out, inp).map_err(|e| e.to_string())?;
+                    let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out).lanes_only();
+                    let served =
+                        tandem_model::matrix(&mut f2, &name, out, inp).map_err(|e| e.to_string())?.lanes_only();
                     Frozen::Int8 { w: Arc::new(served), wt: Arc::new(Weights::Q8(wt)) }
                 } else {
                     Frozen::F32(dense)

@@ -110,6 +110,33 @@ impl Packed {
     pub fn bytes(&self) -> usize {
         self.q.len() + (self.d.len() + self.m.len()) * 4
     }
+
+    /// Row `r` in f32, read from the groups (for matrices that keep no row-major copy).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows && out.len() >= self.blocks * QK);
+        let (g, lane) = (r / LANES, r % LANES);
+        for b in 0..self.blocks {
+            let gb = g * self.blocks + b;
+            let d = self.d[gb * LANES + lane];
+            let block = &mut out[b * QK..(b + 1) * QK];
+            if self.q4 {
+                let m = self.m[gb * LANES + lane];
+                for step in 0..4 {
+                    for e in 0..4 {
+                        let byte = self.q[gb * 256 + step * 64 + lane * 4 + e];
+                        block[step * 4 + e] = (byte & 0x0F) as f32 * d + m;
+                        block[16 + step * 4 + e] = (byte >> 4) as f32 * d + m;
+                    }
+                }
+            } else {
+                for step in 0..8 {
+                    for e in 0..4 {
+                        block[step * 4 + e] = ((self.q[gb * 512 + step * 64 + lane * 4 + e] ^ 0x80) as i8) as f32 * d;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `out[t, n] = sum_k w[n, k] * a[t, k]` with the lane kernels; `out` is row-major (T, N).

@@ -63,6 +63,14 @@ impl Weights {
         }
     }
 
+    /// Keeps only the lane-packed copy where there is one (see [`Q4Matrix::lanes_only`]).
+    pub fn lanes_only(self) -> Weights {
+        match self {
+            Weights::Q8(w) => Weights::Q8(w.lanes_only()),
+            Weights::Q4(w) => Weights::Q4(w.lanes_only()),
+        }
+    }
+
     /// Stacks matrices vertically (fused q/k/v, gate/up); mixed formats become int8.
     pub fn vstack(parts: Vec<Weights>) -> Weights {
         if parts.iter().all(|p| matches!(p, Weights::Q4(_))) {

@@ -58,6 +58,7 @@ impl Q4Matrix {
     /// Nibbles, scales and minimums of one row.
     #[inline]
     pub fn row(&self, r: usize) -> (&[u8], &[f32], &[f32]) {
+        assert!(!self.nibbles.is_empty(), "rows of a lanes-only matrix");
         let bpr = self.cols / QK;
         (
             &self.nibbles[r * bpr * 16..(r + 1) * bpr * 16],
@@ -80,6 +81,10 @@ impl Q4Matrix {
     }
 
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(lanes)) = (self.nibbles.is_empty(), &self.lanes) {
+            return lanes.dequantize_row(r, out);
+        }
         let (q, d, m) = self.row(r);
         for b in 0..d.len() {
             for j in 0..16 {
@@ -100,6 +105,7 @@ impl Q4Matrix {
     }
 
     pub fn vstack(parts: &[Q4Matrix]) -> Q4Matrix {
+        assert!(parts.iter().all(|p| !p.nibbles.is_empty()), "stacking needs the row-major copies");
         let cols = parts[0].cols;
         assert!(parts.iter().all(|p| p.cols == cols));
         let mut out = Q4Matrix {
@@ -125,6 +131,17 @@ impl Q4Matrix {
         #[cfg(target_arch = "x86_64")]
         if super::has_avx512_vnni() {
             self.lanes = Some(std::sync::Arc::new(super::lanes::Packed::from_q4(&self)));
+        }
+        self
+    }
+
+    /// Keeps only the lane-packed copy when there is one (the VNNI kernel never reads rows; row
+    /// dequantisation then reads the groups): the weights' memory once instead of twice.
+    /// [`Q4Matrix::row`] must not be called afterwards.
+    pub fn lanes_only(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if self.lanes.is_some() {
+            (self.nibbles, self.d, self.m) = (Vec::new(), Vec::new(), Vec::new());
         }
         self
     }

@@ -46,6 +46,15 @@ impl Q8Matrix {
         self
     }
 
+    /// Keeps only the lane-packed copy when there is one, as [`super::Q4Matrix::lanes_only`].
+    pub fn lanes_only(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if self.lanes.is_some() {
+            (self.quants, self.scales) = (Vec::new(), Vec::new());
+        }
+        self
+    }
+
     /// Without the lane-packed copy (tests of the other kernels).
     #[doc(hidden)]
     pub fn without_lanes(mut self) -> Self {
@@ -67,6 +76,7 @@ impl Q8Matrix {
     /// Quants and scales of one row.
     #[inline]
     pub fn row(&self, r: usize) -> (&[i8], &[f32]) {
+        assert!(!self.quants.is_empty(), "rows of a lanes-only matrix");
         let bpr = self.cols / QK;
         (&self.quants[r * self.cols..(r + 1) * self.cols], &self.scales[r * bpr..(r + 1) * bpr])
     }
@@ -86,6 +96,10 @@ impl Q8Matrix {
 
     /// One row back in f32 (for embedding lookups).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(lanes)) = (self.quants.is_empty(), &self.lanes) {
+            return lanes.dequantize_row(r, out);
+        }
         let (q, s) = self.row(r);
         for (b, scale) in s.iter().enumerate() {
             for i in 0..QK {
@@ -105,6 +119,7 @@ impl Q8Matrix {
 
     /// Stacks matrices with equal `cols` vertically (to fuse q/k/v or gate/up into one matmul).
     pub fn vstack(parts: &[Q8Matrix]) -> Q8Matrix {
+        assert!(parts.iter().all(|p| !p.quants.is_empty()), "stacking needs the row-major copies");
         let cols = parts[0].cols;
         assert!(parts.iter().all(|p| p.cols == cols));
         let mut out = Q8Matrix {

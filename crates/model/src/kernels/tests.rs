@@ -344,3 +344,30 @@ fn exp_normalize_matches_the_formula() {
         }
     }
 }
+
+/// A matrix keeping only its lane-packed copy multiplies and dequantises rows exactly as before.
+#[test]
+fn lanes_only_matrices_compute_the_same() {
+    if !has_avx512_vnni() {
+        return; // no lane-packed copy is made: nothing to drop
+    }
+    let (n, k, t) = (37, 96, 5);
+    let q4 = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 40), n, k).unwrap();
+    let q8 = Q8Matrix::from_f32(&values(n * k, 41), n, k);
+    let mut a = Q8Acts::default();
+    a.quantize(&values(t * k, 42), t, k);
+    for w in [Weights::Q4(q4), Weights::Q8(q8)] {
+        let slim = w.clone().lanes_only();
+        assert!(slim.bytes() < w.bytes());
+        let (mut x, mut y) = (vec![0f32; t * n], vec![0f32; t * n]);
+        matmul(&w, &a, &mut x);
+        matmul(&slim, &a, &mut y);
+        assert_eq!(x, y);
+        let (mut r1, mut r2) = (vec![0f32; k], vec![0f32; k]);
+        for r in [0, 15, 16, 36] {
+            w.dequantize_row(r, &mut r1);
+            slim.dequantize_row(r, &mut r2);
+            assert_eq!(r1, r2, "row {r}");
+        }
+    }
+}

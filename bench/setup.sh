@@ -1,0 +1,43 @@
+# Sourced by the bench scripts: builds llama.cpp's server and the PyTorch environment once, into
+# target/. llama.cpp comes from the source vendored in the llama-cpp-python sdist on PyPI (Debian
+# has no package); PyTorch, transformers and PEFT from PyPI (the CUDA build: ~4 GB, runs on the
+# CPU). Each function prints the path of what it built on stdout (everything else to stderr).
+LLAMA_VERSION=${LLAMA_VERSION:-0.3.36}
+
+llama_server() {
+  local venv=target/benchenv
+  if [ ! -x "$venv/bin/cmake" ]; then
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install --quiet cmake ninja scikit-build-core >&2
+  fi
+  local src=target/llama/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp
+  local server=$src/build/bin/llama-server
+  if [ ! -x "$server" ]; then
+    mkdir -p target/llama
+    (cd target/llama && "../benchenv/bin/pip" download --quiet --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$LLAMA_VERSION" \
+       && tar xzf "llama_cpp_python-$LLAMA_VERSION.tar.gz") >&2
+    # Not GGML_NATIVE: on CPUs that report AMX inside a VM that does not enable it, -march=native
+    # code dies with SIGILL. The x86 features are listed instead (AMX left out); on a CPU without
+    # AVX-512 drop those flags.
+    PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$src/build" -G Ninja -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+      -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+    PATH="$PWD/$venv/bin:$PATH" cmake --build "$src/build" --target llama-server -j2 >/dev/null
+  fi
+  echo "$server"
+}
+
+torch_python() {
+  local venv=target/torchenv
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch, transformers, peft, gguf" 2>/dev/null; then
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install --quiet torch transformers peft gguf accelerate >&2
+  fi
+  echo "$venv/bin/python"
+}
+
+wait_healthy() {
+  for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.5; done
+  echo "the server on port $1 did not start" >&2
+  return 1
+}
