@@ -9,7 +9,7 @@
 //! converted to PEFT's layout only when saved.
 
 use crate::fused::{RmsNorm, Rope, SegmentAttention, SiluMul};
-use crate::ops::{Frozen, HeadInt8, HeadLogprob, LoraLinear};
+use crate::ops::{Frozen, HeadInt8, HeadLogprob, HeadWeights, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
@@ -37,12 +37,17 @@ struct BaseLayer {
     w: [Frozen; 7],
 }
 
-/// The frozen base model in f32.
+/// Where token rows come from: the f32 embedding, or a quantised matrix (dequantised per token).
+enum Embedding {
+    F32(Tensor),
+    Quantized(Arc<Weights>),
+}
+
+/// The frozen base model.
 pub struct Base {
     pub config: LlamaConfig,
-    embed: Tensor,
-    head: Tensor,
-    head_int8: Option<HeadInt8>,
+    embed: Embedding,
+    head: HeadWeights,
     layers: Vec<BaseLayer>,
     out_norm: Arc<Vec<f32>>,
     /// cos / sin of position p and pair i at [p * head_dim / 2 + i].
@@ -78,7 +83,7 @@ impl Base {
         let head_name = if tied { "token_embd.weight" } else { "output.weight" };
         let head = if tied { embed.clone() } else { t(head_name)? };
         let (v, hd) = head.dims2().map_err(|e| e.to_string())?;
-        let head_int8 = if int8 && hd % QK == 0 {
+        let head = if int8 && hd % QK == 0 {
             // E^T with the vocabulary padded to whole blocks by zero columns.
             let vp = v.next_multiple_of(QK);
             let e32 = head.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
@@ -90,9 +95,18 @@ impl Base {
             }
             let et = Q8Matrix::from_f32(&et, hd, vp).lanes_only();
             let e = tandem_model::matrix(&mut f2, head_name, v, hd).map_err(|e| e.to_string())?.lanes_only();
-            Some(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
+            HeadWeights::Int8(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
         } else {
-            None
+            HeadWeights::F32(head)
+        };
+        // With the int8 head, token rows come from a quantised matrix too (the head itself when
+        // tied): no f32 copy of the vocabulary is kept.
+        let embed = match (&head, tied) {
+            (HeadWeights::Int8(h), true) => Embedding::Quantized(h.e.clone()),
+            (HeadWeights::Int8(_), false) => Embedding::Quantized(Arc::new(
+                tandem_model::matrix(&mut f2, "token_embd.weight", v, hd).map_err(|e| e.to_string())?.lanes_only(),
+            )),
+            (HeadWeights::F32(_), _) => Embedding::F32(embed),
         };
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
@@ -121,7 +135,7 @@ impl Base {
         }
         let out_norm = vector(t("output_norm.weight")?)?;
         let (cos, sin) = rope_tables(&config);
-        Ok(Base { config, embed, head, head_int8, layers, out_norm, cos, sin })
+        Ok(Base { config, embed, head, layers, out_norm, cos, sin })
     }
 
     /// (in, out) of projection `m` (index into [`MODULES`]).
@@ -193,7 +207,17 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
     let c = &base.config;
     let dev = Device::Cpu;
     let ids = Tensor::from_slice(&row.tokens, row.tokens.len(), &dev)?;
-    let mut x = base.embed.index_select(&ids, 0)?;
+    let mut x = match &base.embed {
+        Embedding::F32(e) => e.index_select(&ids, 0)?,
+        Embedding::Quantized(e) => {
+            let h = e.cols();
+            let mut rows = vec![0f32; row.tokens.len() * h];
+            for (out, &t) in rows.chunks_exact_mut(h).zip(&row.tokens) {
+                e.dequantize_row(t as usize, out);
+            }
+            Tensor::from_vec(rows, (row.tokens.len(), h), &dev)?
+        }
+    };
     // Each segment's positions start at 0: the RoPE angles of every row token, once per row.
     let half = c.head_dim / 2;
     let (mut cos, mut sin) = (Vec::with_capacity(row.tokens.len() * half), Vec::with_capacity(row.tokens.len() * half));
@@ -231,12 +255,8 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
     let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
     let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
     let entropy = Arc::new(Mutex::new(Vec::new()));
-    let logprobs = rows.contiguous()?.apply_op1(HeadLogprob {
-        head: base.head.clone(),
-        int8: base.head_int8.clone(),
-        targets,
-        entropy: entropy.clone(),
-    })?;
+    let logprobs =
+        rows.contiguous()?.apply_op1(HeadLogprob { head: base.head.clone(), targets, entropy: entropy.clone() })?;
     let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
     Ok(RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy })
 }

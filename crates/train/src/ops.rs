@@ -159,12 +159,18 @@ impl candle_core::CustomOp3 for LoraLinear {
 
 /// `h (N, H) -> lp (N)`: log-probability of `targets[i]` under the head `E (V, H)`.
 pub struct HeadLogprob {
-    pub head: Tensor,
-    /// The inference kernels for the two big products, where the CPU has AVX-512 VNNI.
-    pub int8: Option<HeadInt8>,
+    pub head: HeadWeights,
     pub targets: Vec<u32>,
     /// Filled by the forward pass: the entropy of each row's distribution (nats).
     pub entropy: Arc<Mutex<Vec<f32>>>,
+}
+
+/// The output head `E (V, H)`: f32 (exact), or the inference kernels' formats for the two big
+/// products where the CPU has AVX-512 VNNI.
+#[derive(Clone)]
+pub enum HeadWeights {
+    F32(Tensor),
+    Int8(HeadInt8),
 }
 
 /// The head in the inference kernels' formats: `e` as served (the logits are the server's), and
@@ -203,7 +209,7 @@ impl HeadInt8 {
 impl HeadLogprob {
     /// (logits (c, V), their softmax, their logsumexp (c, 1)) for rows `start..start + c` of `h`.
     fn chunk(&self, h: &Tensor, start: usize, c: usize) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
-        let logits = h.narrow(0, start, c)?.matmul(&self.head.t()?)?;
+        let logits = h.narrow(0, start, c)?.matmul(&self.f32_head()?.t()?)?;
         let max = logits.max_keepdim(1)?;
         let e = logits.broadcast_sub(&max)?.exp()?;
         let sum = e.sum_keepdim(1)?;
@@ -213,7 +219,14 @@ impl HeadLogprob {
 
     fn target_rows(&self, start: usize, c: usize) -> candle_core::Result<Tensor> {
         let ids = Tensor::from_slice(&self.targets[start..start + c], c, &Device::Cpu)?;
-        self.head.index_select(&ids, 0)
+        self.f32_head()?.index_select(&ids, 0)
+    }
+
+    fn f32_head(&self) -> candle_core::Result<&Tensor> {
+        match &self.head {
+            HeadWeights::F32(e) => Ok(e),
+            HeadWeights::Int8(_) => Err(candle_core::Error::Msg("the f32 head path on an int8 head".into())),
+        }
     }
 }
 
@@ -223,7 +236,7 @@ impl CustomOp1 for HeadLogprob {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        if let Some(int8) = &self.int8 {
+        if let HeadWeights::Int8(int8) = &self.head {
             let h = crate::fused::slice(storage, layout)?;
             let n = layout.shape().dims()[0];
             let hd = int8.e.cols();
@@ -263,7 +276,7 @@ impl CustomOp1 for HeadLogprob {
         let h = arg.detach();
         let n = h.dim(0)?;
         let g = grad_res.to_dtype(DType::F32)?;
-        if let Some(int8) = &self.int8 {
+        if let HeadWeights::Int8(int8) = &self.head {
             // dh_i = g_i (E[t_i] - softmax_i E), the softmax recomputed (cheap in int8) rather
             // than kept (N x 49,152 floats).
             let (hd, v) = (int8.e.cols(), int8.e.rows());
@@ -285,10 +298,11 @@ impl CustomOp1 for HeadLogprob {
                 pq.quantize(&p, c, vp);
                 let mut expected = vec![0f32; c * hd];
                 kernels::matmul(&int8.et, &pq, &mut expected);
-                let rows = self.target_rows(start, c)?.flatten_all()?.to_vec1::<f32>()?;
+                let mut row = vec![0f32; hd];
                 for i in 0..c {
                     let gi = gv[start + i];
-                    dh.extend((0..hd).map(|k| gi * (rows[i * hd + k] - expected[i * hd + k])));
+                    int8.e.dequantize_row(self.targets[start + i] as usize, &mut row);
+                    dh.extend((0..hd).map(|k| gi * (row[k] - expected[i * hd + k])));
                 }
             }
             return Ok(Some(Tensor::from_vec(dh, (n, hd), &Device::Cpu)?));
@@ -297,7 +311,7 @@ impl CustomOp1 for HeadLogprob {
         for start in (0..n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(n - start);
             let (_, p, _) = self.chunk(&h, start, c)?;
-            let expected = p.matmul(&self.head)?;
+            let expected = p.matmul(self.f32_head()?)?;
             let dh =
                 self.target_rows(start, c)?.sub(&expected)?.broadcast_mul(&g.narrow(0, start, c)?.unsqueeze(1)?)?;
             parts.push(dh);
@@ -332,8 +346,7 @@ mod tests {
         let h = x.matmul(&w.t().unwrap()).unwrap();
         let lp = h
             .apply_op1(HeadLogprob {
-                head: head.clone(),
-                int8: None,
+                head: HeadWeights::F32(head.clone()),
                 targets: targets.clone(),
                 entropy: entropy.clone(),
             })
