@@ -177,7 +177,8 @@ impl Builder<'_> {
         if triggers.iter().any(String::is_empty) {
             return Err("a trigger cannot be empty".into());
         }
-        // Each trigger's alternatives: what follows the trigger, up to the tag's end.
+        // Each trigger's alternatives: what follows the trigger, up to the tag's end; a whole tag
+        // is its trigger then that rest.
         let mut after: Vec<Vec<String>> = vec![Vec::new(); triggers.len()];
         let mut whole = Vec::new();
         for (tag, legacy) in tags {
@@ -186,17 +187,14 @@ impl Builder<'_> {
                 return Err(format!("the tag beginning {:?} must start with exactly one of the triggers", tag.begin));
             };
             let rest = Tag { begin: &tag.begin[triggers[i].len()..], content: tag.content, end: tag.end };
-            let (rest, full) = if *legacy {
+            let rest = if *legacy {
                 let schema = self.schema(tag.content)?;
-                let rest = format!("{} {schema} {}", literal(rest.begin), literal(rest.end));
-                let full = format!("{} {schema} {}", literal(tag.begin), literal(tag.end));
-                (self.rule(rest, false), self.rule(full, false))
+                self.rule(format!("{} {schema} {}", literal(rest.begin), literal(rest.end)), false)
             } else {
-                let full = Tag { begin: tag.begin, content: tag.content, end: tag.end };
-                (self.tag(&rest)?, self.tag(&full)?)
+                self.tag(&rest)?
             };
+            whole.push(format!("{} {rest}", literal(&triggers[i])));
             after[i].push(rest);
-            whole.push(full);
         }
         let mut segments = Vec::new();
         for (i, alternatives) in after.iter().enumerate() {
@@ -227,8 +225,8 @@ pub fn literal(s: &str) -> String {
 }
 
 /// `(a | b | ..)` over string literals.
-fn any_of(strings: &[String]) -> String {
-    strings.iter().map(|s| literal(s)).collect::<Vec<_>>().join(" | ")
+fn any_of<S: AsRef<str>>(strings: &[S]) -> String {
+    strings.iter().map(|s| literal(s.as_ref())).collect::<Vec<_>>().join(" | ")
 }
 
 /// Any text that contains none of `excluded`.
@@ -237,8 +235,7 @@ fn text_without(excluded: &[String]) -> String {
     if excluded.is_empty() {
         return ANY.to_string();
     }
-    let owned: Vec<String> = excluded.into_iter().cloned().collect();
-    format!("{ANY} & ~({ANY} ({}) {ANY})", any_of(&owned))
+    format!("{ANY} & ~({ANY} ({}) {ANY})", any_of(&excluded))
 }
 
 /// Text ending with `end` that holds neither `end` nor any of `excluded` before it.

@@ -42,6 +42,19 @@ fn row(a: &[u32], b: &[u32]) -> Row {
     r
 }
 
+/// Sets every adapter's B to small seeded values (PEFT's init leaves it zero, so A would get no
+/// gradient).
+fn nonzero_b(lora: &tandem_train::net::Lora, seed: u64) {
+    for layer in &lora.pairs {
+        for (_, b) in layer {
+            let shape = b.as_tensor().dims().to_vec();
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = tandem_model::testing::weights(n, seed).into_iter().map(|x| x * 0.2).collect();
+            b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
+        }
+    }
+}
+
 fn log_softmax(x: &[f32]) -> Vec<f32> {
     let m = x.iter().cloned().fold(f32::MIN, f32::max);
     let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f32>().ln();
@@ -80,14 +93,7 @@ fn loss_gradient_through_the_model_matches_finite_differences() {
     let base = Base::load_exact(&path).unwrap();
     let lora = adapter::init(&base, 2).unwrap();
     // Non-zero B so that A gets gradients too.
-    for layer in &lora.pairs {
-        for (_, b) in layer {
-            let shape = b.as_tensor().dims().to_vec();
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = tandem_model::testing::weights(n, 7).into_iter().map(|x| x * 0.2).collect();
-            b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
-        }
-    }
+    nonzero_b(&lora, 7);
     let r = row(&[3, 40, 41, 42, 43, 44], &[5, 60, 61, 62]);
     let cfg = LossConfig {
         kind: LossKind::Ppo,
@@ -415,14 +421,7 @@ fn int8_projections_track_the_exact_gradient() {
     let exact = Base::load_exact(&path).unwrap();
     let fast = Base::load(&path).unwrap();
     let lora = adapter::init(&exact, 3).unwrap();
-    for layer in &lora.pairs {
-        for (_, b) in layer {
-            let shape = b.as_tensor().dims().to_vec();
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = tandem_model::testing::weights(n, 11).into_iter().map(|x| x * 0.2).collect();
-            b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
-        }
-    }
+    nonzero_b(&lora, 11);
     let r = row(&(10..40).collect::<Vec<_>>(), &(50..70).collect::<Vec<_>>());
     let run = |base: &Base| {
         let out = forward(base, &lora, &r).unwrap();
