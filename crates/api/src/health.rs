@@ -1,5 +1,5 @@
 //! `GET /health` (and `/v1/health`): no auth; 200 while the store answers and the inference
-//! engine makes progress, else 503.
+//! engine makes progress, else 503. `GET /v1/system-check` (W&B's): each part's state.
 
 use crate::{AppState, HEALTH_TIMEOUT};
 use axum::extract::State;
@@ -8,9 +8,55 @@ use axum::routing::get;
 use axum::Json;
 use axum::Router;
 use serde_json::{json, Value};
+use std::time::Instant;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/health", get(health)).route("/v1/health", get(health))
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/system-check", get(system_check))
+}
+
+/// One part's check, as W&B's system-check reports its queues: `success`, `duration` (seconds),
+/// `error` (null when it succeeded).
+fn part(started: Instant, result: Result<(), String>) -> (bool, Value) {
+    let ok = result.is_ok();
+    (ok, json!({ "success": ok, "duration": started.elapsed().as_secs_f64(), "error": result.err() }))
+}
+
+/// The api (reachable, so true), the database (a round trip), the training queue (the worker's
+/// heartbeat) and the inference engine (making progress); 200 when every part is ok, else 503
+/// with the failing parts' `error`. No auth, as W&B's; nothing in it is any entity's.
+async fn system_check(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let t = Instant::now();
+    let db = match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "system-check: store is not answering");
+            Err("the database is not answering".to_string())
+        }
+        Err(_) => Err("the database timed out".to_string()),
+    };
+    let (db_ok, database) = part(t, db);
+    let t = Instant::now();
+    let queue = match state.training_heartbeat() {
+        Some(h) => h.check(tandem_store::now_ms()),
+        None => Err("no training worker runs in this process".to_string()),
+    };
+    let (queue_ok, training_queue) = part(t, queue);
+    let t = Instant::now();
+    let engine = match state.backend() {
+        Some(b) if b.healthy() => Ok(()),
+        Some(_) => Err("the inference engine is not making progress".to_string()),
+        None => Err("no inference engine runs in this process".to_string()),
+    };
+    let (engine_ok, inference) = part(t, engine);
+    let ok = db_ok && queue_ok && engine_ok;
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (
+        status,
+        Json(json!({ "api": true, "database": database, "training_queue": training_queue, "inference": inference })),
+    )
 }
 
 async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {

@@ -4,7 +4,7 @@
 //! - [`body`]: JSON bodies, path ids, page queries.
 //! - [`error`]: the one mapping from failures to responses.
 //! - [`preview`]: the `/v1/preview` area (models, checkpoints, logs, training jobs, events).
-//! - [`health`]: `GET /health`.
+//! - [`health`]: `GET /health` and `GET /v1/system-check`.
 //!
 //! This crate never sees a tensor: training is reached through the store (jobs are rows the
 //! worker picks up) and a wake-up handle.
@@ -23,6 +23,7 @@ use axum::http::{HeaderName, Request};
 use axum::Router;
 use std::sync::Arc;
 use std::time::Duration;
+use tandem_core::health::Heartbeat;
 use tandem_core::inference::{ReasoningParser, SharedBackend};
 use tandem_core::trajectory::TrajectoryLimits;
 use tandem_store::{CheckpointDir, Store};
@@ -64,6 +65,8 @@ pub struct AppConfig {
     pub priority_scheduling: bool,
     /// `--reasoning-parser`: `<think>...</think>` output goes to `message.reasoning`.
     pub reasoning_parser: Option<ReasoningParser>,
+    /// The training worker's heartbeat; `None` where no worker runs (system-check says so).
+    pub training_heartbeat: Option<Arc<Heartbeat>>,
 }
 
 /// Shared, cheap-to-clone handler state.
@@ -115,6 +118,10 @@ impl AppState {
 
     pub fn limits(&self) -> &Limits {
         &self.0.limits
+    }
+
+    pub fn training_heartbeat(&self) -> Option<&Heartbeat> {
+        self.0.training_heartbeat.as_deref()
     }
 
     pub fn wake_jobs(&self) {

@@ -327,7 +327,7 @@ async fn training_job_validation() {
             "POST",
             "/v1/preview/training-jobs",
             KEY_A,
-            Some(json!({"model_id": "nope", "trajectory_groups": [{"trajectories": [{"reward": 1}]}],
+            Some(json!({"model_id": "nope", "trajectory_groups": [{"trajectories": [{"reward": "1"}]}],
             "experimental_config": {"importance_sampling_level": "tokens", "advantage_balance": 3}})),
         )
         .await;
@@ -337,7 +337,7 @@ async fn training_job_validation() {
         locs,
         vec![
             json!(["body", "model_id"]),
-            json!(["body", "trajectory_groups", 0, "trajectories", 0, "messages_and_choices"]),
+            json!(["body", "trajectory_groups", 0, "trajectories", 0, "reward"]),
             json!(["body", "experimental_config", "importance_sampling_level"]),
             json!(["body", "experimental_config", "advantage_balance"]),
         ]
@@ -384,4 +384,27 @@ async fn health_is_503_when_the_store_does_not_answer() {
     let r = app.call("GET", "/v1/preview/models", KEY_A, None).await;
     assert_eq!(r.status, 500);
     assert_eq!(r.json(), json!({"detail": "internal server error"}));
+}
+
+#[tokio::test]
+async fn system_check_reports_each_part() {
+    let app = test_app().await;
+    // No engine in these tests, and the worker has not beaten yet: 503, naming both.
+    let r = app.raw("GET", "/v1/system-check", None, None).await;
+    assert_eq!(r.status, 503);
+    let body = r.json();
+    assert_eq!(body["api"], true);
+    assert_eq!(body["database"]["success"], true);
+    assert_eq!(body["database"]["error"], Value::Null);
+    assert!(body["database"]["duration"].as_f64().unwrap() >= 0.0);
+    assert_eq!(body["training_queue"]["success"], false);
+    assert!(body["training_queue"]["error"].as_str().unwrap().contains("not started"));
+    assert_eq!(body["inference"]["success"], false);
+    app.heartbeat.beat(tandem_store::now_ms(), false);
+    let body = app.raw("GET", "/v1/system-check", None, None).await.json();
+    assert_eq!(body["training_queue"]["success"], true);
+    app.store.close().await;
+    let body = app.raw("GET", "/v1/system-check", None, None).await.json();
+    assert_eq!(body["database"]["success"], false);
+    assert_eq!(body["database"]["error"], "the database is not answering");
 }

@@ -9,8 +9,10 @@
 //! - [`names`]: what a model address may contain.
 //! - [`inference`]: the port between the api and the inference engine.
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
+//! - [`health`]: the training worker's heartbeat.
 
 pub mod beam;
+pub mod health;
 pub mod inference;
 pub mod metrics;
 pub mod names;

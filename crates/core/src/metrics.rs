@@ -53,12 +53,17 @@ pub fn log_metrics(split: &str, groups: &[GroupSummary]) -> BTreeMap<String, f64
     out.insert(format!("{split}/data/step_num_trajectories"), attempts as f64);
     out.insert(format!("{split}/data/step_num_groups_submitted"), groups.len() as f64);
     out.insert(format!("{split}/data/step_num_groups_trainable"), trainable as f64);
+    // Finite inputs can still give an infinite spread (rewards of +-1e308): such a metric is
+    // undefined here, and is left out rather than stored.
+    out.retain(|_, v| v.is_finite());
     out
 }
 
+/// The mean, summing `x / n` so that finite inputs give a finite mean.
 fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
-    (n > 0).then(|| sum / n as f64)
+    let xs: Vec<f64> = xs.collect();
+    let n = xs.len() as f64;
+    (!xs.is_empty()).then(|| xs.iter().map(|x| x / n).sum())
 }
 
 /// Standard deviation dividing by n (numpy's default, which ART uses).
@@ -75,6 +80,15 @@ mod tests {
 
     fn t(reward: f64, metrics: &[(&str, f64)]) -> TrajectorySummary {
         TrajectorySummary { reward, metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect() }
+    }
+
+    #[test]
+    fn huge_rewards_never_make_infinite_metrics() {
+        let g = GroupSummary { trajectories: vec![t(1e308, &[]), t(1e308, &[]), t(-1e308, &[])], ..Default::default() };
+        let m = log_metrics("val", &[g]);
+        assert!((m["val/reward"] - 1e308 / 3.0).abs() < 1e293);
+        assert!(!m.contains_key("val/reward_std_dev"), "an infinite spread is left out");
+        assert!(m.values().all(|v| v.is_finite()));
     }
 
     #[test]

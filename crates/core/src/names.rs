@@ -36,9 +36,75 @@ pub fn split_step_suffix(s: &str) -> (&str, Option<i64>) {
     (s, None)
 }
 
+/// A checkpoint of one model named by the user, e.g. in `kl_ref_adapter_path`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointRef {
+    /// The latest checkpoint (the base model before any).
+    Latest,
+    Step(i64),
+    /// A checkpoint's id, as the checkpoints list shows it.
+    Id(uuid::Uuid),
+}
+
+/// The model a [`CheckpointRef`] must belong to.
+pub struct ModelName<'a> {
+    pub id: uuid::Uuid,
+    pub entity: &'a str,
+    pub project: &'a str,
+    pub name: &'a str,
+}
+
+/// Reads a reference to one of `model`'s checkpoints: its address
+/// `wandb-artifact:///{entity}/{project}/{name}[:stepN]` (or without the scheme), a checkpoint
+/// id (alone or as `.../{model_id}/{checkpoint_id}`), or ART's local checkpoint directory
+/// `.../{project}/models/{name}/checkpoints/{step}`. Anything else, including another model's
+/// checkpoints, is `None`: a server path is never followed.
+pub fn checkpoint_ref(text: &str, model: &ModelName) -> Option<CheckpointRef> {
+    let address = text.strip_prefix("wandb-artifact:///").or_else(|| text.strip_prefix("wandb-artifact://"));
+    let (path, step) = split_step_suffix(address.unwrap_or(text));
+    if path == format!("{}/{}/{}", model.entity, model.project, model.name) {
+        return Some(step.map_or(CheckpointRef::Latest, CheckpointRef::Step));
+    }
+    if address.is_some() {
+        return None;
+    }
+    let parts: Vec<&str> = text.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    let uuid = |s: &str| uuid::Uuid::parse_str(s).ok();
+    match parts.as_slice() {
+        [id] => uuid(id).map(CheckpointRef::Id),
+        [.., m, id] if uuid(id).is_some() && uuid(m).is_some() => {
+            (uuid(m) == Some(model.id)).then(|| CheckpointRef::Id(uuid(id).unwrap_or_default()))
+        }
+        [.., project, "models", name, "checkpoints", step] if *project == model.project && *name == model.name => {
+            step.bytes().all(|b| b.is_ascii_digit()).then(|| step.parse().ok().map(CheckpointRef::Step)).flatten()
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoint_refs() {
+        let id = uuid::Uuid::from_u128(7);
+        let cp = uuid::Uuid::from_u128(9);
+        let m = ModelName { id, entity: "e", project: "p", name: "n" };
+        let r = |s: &str| checkpoint_ref(s, &m);
+        assert_eq!(r("wandb-artifact:///e/p/n:step3"), Some(CheckpointRef::Step(3)));
+        assert_eq!(r("wandb-artifact://e/p/n"), Some(CheckpointRef::Latest));
+        assert_eq!(r("e/p/n:step0"), Some(CheckpointRef::Step(0)));
+        assert_eq!(r("wandb-artifact:///e/p/other:step3"), None);
+        assert_eq!(r("wandb-artifact:///f/p/n:step3"), None);
+        assert_eq!(r(&cp.to_string()), Some(CheckpointRef::Id(cp)));
+        assert_eq!(r(&format!("/data/checkpoints/{id}/{cp}")), Some(CheckpointRef::Id(cp)));
+        assert_eq!(r(&format!("/data/checkpoints/{cp}/{cp}")), None);
+        assert_eq!(r(".art/p/models/n/checkpoints/0004"), Some(CheckpointRef::Step(4)));
+        assert_eq!(r("/home/u/.art/p/models/x/checkpoints/0004"), None);
+        assert_eq!(r("../../etc/passwd"), None);
+        assert_eq!(r(".art/p/models/n/checkpoints/-1"), None);
+    }
 
     #[test]
     fn names() {

@@ -6,7 +6,13 @@
 //! becomes one sequence); otherwise a new sequence starts. Choices without token ids (older ART
 //! clients) are re-rendered with the model's chat template, their completion ids taken from
 //! `token_id:N` logprob tokens. Plain messages are context only. `additional_histories` are
-//! tokenized the same way and belong to the same trajectory.
+//! tokenized the same way and belong to the same trajectory; as in ART, a Choice there whose
+//! prompt continues the sequence built so far extends it. A trajectory recorded as `exchanges`
+//! is tokenized from the exact ids of its calls ([`exchanges`]).
+
+mod exchanges;
+
+pub use exchanges::{TrainedModel, KINDS as EXCHANGE_KINDS};
 
 use crate::inference::{content_text, ChatRender, SharedBackend};
 use serde_json::Value;
@@ -120,6 +126,37 @@ fn entry_id(e: &Entry, tok: &dyn ChatTokenizer) -> Option<u32> {
     tok.token_id(e.bytes.as_deref().unwrap_or(e.token.as_bytes()))
 }
 
+/// Sequences being built: the finished ones and the one Choices may still extend.
+#[derive(Default)]
+struct Builder {
+    out: Vec<Sequence>,
+    current: Option<Sequence>,
+}
+
+impl Builder {
+    fn add(&mut self, c: ChoiceTokens) {
+        match self.current.as_mut() {
+            Some(seq) if c.prompt.starts_with(&seq.tokens) => {
+                let new_context = c.prompt[seq.tokens.len()..].to_vec();
+                seq.push(&new_context, false, None);
+                seq.push(&c.completion, true, c.logprobs.as_deref());
+            }
+            _ => {
+                self.out.extend(self.current.take());
+                let mut seq = Sequence::default();
+                seq.push(&c.prompt, false, None);
+                seq.push(&c.completion, true, c.logprobs.as_deref());
+                self.current = Some(seq);
+            }
+        }
+    }
+
+    fn finish(mut self) -> Vec<Sequence> {
+        self.out.extend(self.current.take());
+        self.out
+    }
+}
+
 /// Tokenizes one history (`messages_and_choices` and its `tools`) into sequences. `at` names the
 /// history in error messages.
 pub fn tokenize_history(
@@ -129,8 +166,19 @@ pub fn tokenize_history(
     allow_without_logprobs: bool,
     at: &str,
 ) -> Result<Vec<Sequence>, String> {
-    let mut out = Vec::new();
-    let mut current: Option<Sequence> = None;
+    let mut b = Builder::default();
+    add_history(&mut b, items, tools, tok, allow_without_logprobs, at)?;
+    Ok(b.finish())
+}
+
+fn add_history(
+    b: &mut Builder,
+    items: &[Value],
+    tools: Option<&Value>,
+    tok: &dyn ChatTokenizer,
+    allow_without_logprobs: bool,
+    at: &str,
+) -> Result<(), String> {
     let mut context: Vec<Value> = Vec::new();
     for (k, item) in items.iter().enumerate() {
         if !is_choice(item) {
@@ -146,23 +194,9 @@ pub fn tokenize_history(
         }
         let c = choice_tokens(item, entries, &context, tools, tok, allow_without_logprobs, &here)?;
         context.push(item["message"].clone());
-        match current.as_mut() {
-            Some(seq) if c.prompt.starts_with(&seq.tokens) => {
-                let new_context = c.prompt[seq.tokens.len()..].to_vec();
-                seq.push(&new_context, false, None);
-                seq.push(&c.completion, true, c.logprobs.as_deref());
-            }
-            _ => {
-                out.extend(current.take());
-                let mut seq = Sequence::default();
-                seq.push(&c.prompt, false, None);
-                seq.push(&c.completion, true, c.logprobs.as_deref());
-                current = Some(seq);
-            }
-        }
+        b.add(c);
     }
-    out.extend(current);
-    Ok(out)
+    Ok(())
 }
 
 fn choice_tokens(
@@ -210,24 +244,37 @@ fn choice_tokens(
     Ok(ChoiceTokens { prompt, completion, logprobs })
 }
 
-/// Every sequence of one trajectory: its main history and its `additional_histories`.
+/// Every sequence of one trajectory: from its `exchanges` (the calls to `model`), or from its
+/// main history and its `additional_histories`. A trajectory may not have both (as in ART).
 pub fn tokenize_trajectory(
     traj: &Value,
     tok: &dyn ChatTokenizer,
+    model: &TrainedModel,
     allow_without_logprobs: bool,
     at: &str,
 ) -> Result<Vec<Sequence>, String> {
     let empty = Vec::new();
     let items = traj.get("messages_and_choices").and_then(Value::as_array).unwrap_or(&empty);
-    let mut out = tokenize_history(items, traj.get("tools"), tok, allow_without_logprobs, at)?;
-    if let Some(extra) = traj.get("additional_histories").and_then(Value::as_array) {
-        for (h, hist) in extra.iter().enumerate() {
-            let items = hist.get("messages_and_choices").and_then(Value::as_array).unwrap_or(&empty);
-            let here = format!("{at}.additional_histories[{h}]");
-            out.extend(tokenize_history(items, hist.get("tools"), tok, allow_without_logprobs, &here)?);
+    let extra = traj.get("additional_histories").and_then(Value::as_array).unwrap_or(&empty);
+    let has_exchanges = traj.get("exchanges").and_then(Value::as_object).is_some_and(|x| {
+        exchanges::KINDS.iter().any(|k| x.get(*k).and_then(Value::as_array).is_some_and(|a| !a.is_empty()))
+    });
+    if has_exchanges {
+        if !items.is_empty() || !extra.is_empty() || traj.get("tools").is_some_and(|t| !t.is_null()) {
+            return Err(format!(
+                "{at}: a trajectory cannot have both exchanges and messages_and_choices, tools or additional_histories"
+            ));
         }
+        return exchanges::tokenize_exchanges(&traj["exchanges"], model, allow_without_logprobs, at);
     }
-    Ok(out)
+    let mut b = Builder::default();
+    add_history(&mut b, items, traj.get("tools"), tok, allow_without_logprobs, at)?;
+    for (h, hist) in extra.iter().enumerate() {
+        let items = hist.get("messages_and_choices").and_then(Value::as_array).unwrap_or(&empty);
+        let here = format!("{at}.additional_histories[{h}]");
+        add_history(&mut b, items, hist.get("tools"), tok, allow_without_logprobs, &here)?;
+    }
+    Ok(b.finish())
 }
 
 #[cfg(test)]

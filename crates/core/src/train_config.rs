@@ -28,6 +28,38 @@ pub enum LossKind {
     Cispo,
 }
 
+/// Whose log-probabilities the KL penalty compares with the reference policy's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlSource {
+    /// The sampler's logprobs of each token (the learner's where the sampler's are unknown).
+    Sample,
+    /// The learner's own logprobs at this step, detached.
+    CurrentLearner,
+}
+
+/// The reference policy of a KL penalty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlReference {
+    /// A checkpoint step of the model being trained; 0 is the base model.
+    Step(i64),
+    /// The step the job trains from, minus this many (at least 0), resolved when the job starts.
+    Lag(i64),
+    /// `kl_ref_adapter_path` as sent; the api resolves it to one of the model's own checkpoints
+    /// (a `Step`) before the job is stored, or refuses it.
+    AdapterPath(String),
+}
+
+/// ART's KL penalty (0.5.23): per trained token `kl_t = src_t - ref_t` (detached) and
+/// `A_t <- A_t + coef * (mean(kl) - kl_t)`, the mean over the packed row's trained tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KlPenalty {
+    pub coef: f64,
+    pub source: KlSource,
+    pub reference: KlReference,
+}
+
 /// The typed training configuration with every default resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
@@ -46,6 +78,10 @@ pub struct TrainConfig {
     pub truncated_importance_sampling: Option<f64>,
     pub num_trajectories_learning_rate_multiplier_power: f64,
     pub packed_sequence_length: Option<u32>,
+    /// `kl_penalty_coef > 0`: the penalty and its reference policy. Absent in configs stored
+    /// before it existed.
+    #[serde(default)]
+    pub kl_penalty: Option<KlPenalty>,
 }
 
 impl Default for TrainConfig {
@@ -66,6 +102,7 @@ impl Default for TrainConfig {
             truncated_importance_sampling: None,
             num_trajectories_learning_rate_multiplier_power: 0.0,
             packed_sequence_length: None,
+            kl_penalty: None,
         }
     }
 }
@@ -151,19 +188,56 @@ pub fn parse_train_config(v: &mut Validator, value: Option<&Value>) -> Option<Tr
             v.range_i64(x, n, 1, 1 << 20).then_some(n as u32)
         });
     }
-    // A KL penalty needs a reference policy that this server does not keep: refuse it openly
-    // rather than train without it.
-    if let Some(x) = optional(obj, "kl_penalty_coef") {
-        if let Some(coef) = v.at("kl_penalty_coef", |v| v.number(x)) {
-            if coef != 0.0 {
-                v.at("kl_penalty_coef", |v| {
-                    v.value_error(x, "a KL penalty (kl_penalty_coef > 0) is not supported by this server")
-                });
-            }
-        }
-    }
+    c.kl_penalty = kl_penalty(v, obj);
     (v.error_count() == errors_before).then_some(c)
 }
+
+/// The KL penalty's fields: `kl_penalty_coef` (0 or absent: off), `kl_penalty_source`,
+/// `kl_penalty_reference_step`, `kl_penalty_step_lag`, `kl_ref_adapter_path`. The reference is,
+/// in ART's order of precedence, the adapter path, the reference step, the step lag, else the
+/// base model (step 0).
+fn kl_penalty(v: &mut Validator, obj: &Map<String, Value>) -> Option<KlPenalty> {
+    let coef = optional(obj, "kl_penalty_coef").and_then(|x| {
+        v.at("kl_penalty_coef", |v| {
+            let n = v.number(x)?;
+            v.range_f64(x, n, Some(0.0), Some(MAX_KL_COEF)).then_some(n)
+        })
+    });
+    let source = optional(obj, "kl_penalty_source")
+        .and_then(|x| v.at("kl_penalty_source", |v| v.literal(x, &["sample", "current_learner"])))
+        .map(|s| if s == "sample" { KlSource::Sample } else { KlSource::CurrentLearner });
+    let step = optional(obj, "kl_penalty_reference_step").and_then(|x| {
+        v.at("kl_penalty_reference_step", |v| {
+            let n = v.integer(x)?;
+            v.range_i64(x, n, 0, i64::MAX).then_some(n)
+        })
+    });
+    let lag = optional(obj, "kl_penalty_step_lag").and_then(|x| {
+        v.at("kl_penalty_step_lag", |v| {
+            let n = v.integer(x)?;
+            v.range_i64(x, n, 1, i64::MAX).then_some(n)
+        })
+    });
+    if let (Some(_), Some(x)) = (step, optional(obj, "kl_penalty_step_lag")) {
+        v.at("kl_penalty_step_lag", |v| {
+            v.value_error(x, "only one of kl_penalty_reference_step and kl_penalty_step_lag may be set")
+        });
+    }
+    let path = optional(obj, "kl_ref_adapter_path")
+        .and_then(|x| v.at("kl_ref_adapter_path", |v| v.string_len(x, 1, 4096).map(str::to_string)));
+    let coef = coef.filter(|c| *c > 0.0)?;
+    let reference = match (path, step, lag) {
+        (Some(p), _, _) => KlReference::AdapterPath(p),
+        (None, Some(s), _) => KlReference::Step(s),
+        (None, None, Some(l)) => KlReference::Lag(l),
+        (None, None, None) => KlReference::Step(0),
+    };
+    // ART's ServerlessBackend sends "sample" when a coefficient is set and no source is given.
+    Some(KlPenalty { coef, source: source.unwrap_or(KlSource::Sample), reference })
+}
+
+/// Largest accepted `kl_penalty_coef`: keeps every shaped advantage finite.
+const MAX_KL_COEF: f64 = 1e3;
 
 #[cfg(test)]
 mod tests {
@@ -228,7 +302,7 @@ mod tests {
     #[test]
     fn out_of_range_values_are_named() {
         let e = parse(json!({"advantage_balance": 2, "learning_rate": -1, "importance_sampling_level": "x",
-                             "kl_penalty_coef": 0.5, "ppo": "yes"}))
+                             "kl_penalty_coef": -0.5, "ppo": "yes"}))
         .unwrap_err();
         let locs: Vec<Value> = e.as_array().unwrap().iter().map(|x| x["loc"].clone()).collect();
         assert!(locs.contains(&json!(["body", "experimental_config", "advantage_balance"])));
@@ -237,6 +311,42 @@ mod tests {
         assert!(locs.contains(&json!(["body", "experimental_config", "kl_penalty_coef"])));
         assert!(locs.contains(&json!(["body", "experimental_config", "ppo"])));
         assert_eq!(locs.len(), 5);
+    }
+
+    #[test]
+    fn kl_penalty_reference_by_precedence() {
+        let kl = |body: Value| parse(body).unwrap().kl_penalty;
+        assert_eq!(kl(json!({"kl_penalty_coef": 0.0, "kl_penalty_reference_step": 3})), None);
+        let k = kl(json!({"kl_penalty_coef": 0.1})).unwrap();
+        assert_eq!((k.coef, k.source, k.reference), (0.1, KlSource::Sample, KlReference::Step(0)));
+        let k = kl(json!({"kl_penalty_coef": 0.1, "kl_penalty_source": "current_learner",
+                          "kl_penalty_step_lag": 2}))
+        .unwrap();
+        assert_eq!((k.source, k.reference), (KlSource::CurrentLearner, KlReference::Lag(2)));
+        let k = kl(json!({"kl_penalty_coef": 0.1, "kl_penalty_reference_step": 4,
+                          "kl_ref_adapter_path": "wandb-artifact:///e/p/m:step2"}))
+        .unwrap();
+        assert_eq!(k.reference, KlReference::AdapterPath("wandb-artifact:///e/p/m:step2".into()));
+    }
+
+    #[test]
+    fn kl_penalty_fields_are_checked() {
+        let e = parse(json!({"kl_penalty_coef": 0.1, "kl_penalty_reference_step": 1, "kl_penalty_step_lag": 1,
+                             "kl_penalty_source": "teacher"}))
+        .unwrap_err();
+        let locs: Vec<Value> = e.as_array().unwrap().iter().map(|x| x["loc"][2].clone()).collect();
+        assert_eq!(locs, vec![json!("kl_penalty_source"), json!("kl_penalty_step_lag")]);
+        assert!(parse(json!({"kl_penalty_coef": 0.1, "kl_penalty_step_lag": 0})).is_err());
+        assert!(parse(json!({"kl_penalty_coef": 1e9})).is_err());
+        assert!(parse(json!({"kl_penalty_coef": 0.1, "kl_penalty_reference_step": -1})).is_err());
+    }
+
+    #[test]
+    fn configs_stored_before_the_kl_penalty_still_read() {
+        let mut stored = serde_json::to_value(TrainConfig::default()).unwrap();
+        stored.as_object_mut().unwrap().remove("kl_penalty");
+        let c: TrainConfig = serde_json::from_value(stored).unwrap();
+        assert_eq!(c, TrainConfig::default());
     }
 
     #[test]

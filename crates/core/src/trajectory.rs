@@ -2,8 +2,10 @@
 //!
 //! The raw JSON of every group is kept untouched (it is stored and returned byte-for-byte in
 //! content), while validation extracts only what the server computes with: rewards, numeric
-//! metrics and exception counts. The W&B schema requires `messages_and_choices` and `reward` on a
-//! trajectory and `trajectories` on a group; everything else is optional, and unknown keys pass.
+//! metrics and exception counts. Every field is optional with ART's own default (`reward` 0.0,
+//! `messages_and_choices` [], `metrics` {}, ...): ART 0.5.23 serialises compactly and omits each
+//! field equal to its default. Present fields are type-checked, numbers must be finite, and
+//! unknown keys pass.
 
 use crate::validate::{optional, Validator};
 use serde_json::{Map, Value};
@@ -73,7 +75,7 @@ pub fn validate_groups(v: &mut Validator, value: &Value, limits: &TrajectoryLimi
 fn validate_group(v: &mut Validator, value: &Value, limits: &TrajectoryLimits) -> Option<GroupSummary> {
     let obj = v.object(value)?;
     let mut group = GroupSummary::default();
-    if let Some(trajs) = v.required(obj, "trajectories") {
+    if let Some(trajs) = optional(obj, "trajectories") {
         v.at("trajectories", |v| {
             if let Some(items) = v.array_max(trajs, limits.max_trajectories_per_group) {
                 for (j, t) in items.iter().enumerate() {
@@ -97,10 +99,14 @@ fn validate_group(v: &mut Validator, value: &Value, limits: &TrajectoryLimits) -
 
 fn validate_trajectory(v: &mut Validator, value: &Value) -> Option<TrajectorySummary> {
     let obj = v.object(value)?;
-    if let Some(mc) = v.required(obj, "messages_and_choices") {
+    if let Some(mc) = optional(obj, "messages_and_choices") {
         v.at("messages_and_choices", |v| messages_and_choices(v, mc));
     }
-    let reward = v.required(obj, "reward").and_then(|r| v.at("reward", |v| v.number(r)));
+    // An absent reward is ART's default, 0.0 (compact serialisation drops it).
+    let reward = match optional(obj, "reward") {
+        Some(r) => v.at("reward", |v| v.number(r)),
+        None => Some(0.0),
+    };
     let metrics = match optional(obj, "metrics") {
         Some(m) => v.at("metrics", |v| numeric_metrics(v, m)),
         None => Some(BTreeMap::new()),
@@ -111,6 +117,9 @@ fn validate_trajectory(v: &mut Validator, value: &Value) -> Option<TrajectorySum
                 v.at(k, |v| history(v, h));
             }
         });
+    }
+    if let Some(x) = optional(obj, "exchanges") {
+        v.at("exchanges", |v| exchanges(v, x));
     }
     check_optional(v, obj, "tools", Kind::List);
     check_optional(v, obj, "metadata", Kind::Dict);
@@ -128,6 +137,24 @@ fn history(v: &mut Validator, value: &Value) {
             v.at("messages_and_choices", |v| messages_and_choices(v, mc));
         }
         check_optional(v, obj, "tools", Kind::List);
+    }
+}
+
+/// `{chat_completions?, completions?, responses?, messages?}`, each a list of exchange objects
+/// (`request`, `response`, times); their content is read when a job trains on them.
+fn exchanges(v: &mut Validator, value: &Value) {
+    if let Some(obj) = v.dict(value) {
+        for kind in crate::sequences::EXCHANGE_KINDS {
+            if let Some(list) = optional(obj, kind) {
+                v.at(kind, |v| {
+                    if let Some(items) = v.array(list) {
+                        for (k, x) in items.iter().enumerate() {
+                            v.at(k, |v| v.dict(x));
+                        }
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -222,7 +249,7 @@ mod tests {
                 {"messages_and_choices": [], "reward": 1},
                 {"messages_and_choices": "no", "reward": "high", "metrics": {"m": "x"}}
             ]},
-            {"trajectories": [{"reward": 2}]}
+            {"trajectories": [{"reward": 2, "exchanges": {"chat_completions": [{}, 3]}}]}
         ]);
         let e = run(groups).unwrap_err();
         let locs: Vec<&Value> = e.as_array().unwrap().iter().map(|x| &x["loc"]).collect();
@@ -232,11 +259,32 @@ mod tests {
                 &json!(["body", "trajectory_groups", 1, "trajectories", 2, "messages_and_choices"]),
                 &json!(["body", "trajectory_groups", 1, "trajectories", 2, "reward"]),
                 &json!(["body", "trajectory_groups", 1, "trajectories", 2, "metrics", "m"]),
-                &json!(["body", "trajectory_groups", 2, "trajectories", 0, "messages_and_choices"]),
+                &json!(["body", "trajectory_groups", 2, "trajectories", 0, "exchanges", "chat_completions", 1]),
             ]
         );
         assert_eq!(e[1]["type"], "float_type");
-        assert_eq!(e[3]["type"], "missing");
+        assert_eq!(e[3]["type"], "dict_type");
+    }
+
+    #[test]
+    fn compact_groups_take_arts_defaults() {
+        // ART 0.5.23 drops every field equal to its default: reward 0.0, empty lists and dicts.
+        let g = run(json!([{}, {"trajectories": [{}, {"reward": 1.0}, {"metrics": {"x": true}}]}])).unwrap();
+        assert!(g[0].trajectories.is_empty());
+        let rewards: Vec<f64> = g[1].trajectories.iter().map(|t| t.reward).collect();
+        assert_eq!(rewards, vec![0.0, 1.0, 0.0]);
+        assert_eq!(g[1].trajectories[2].metrics["x"], 1.0);
+        assert!(g[1].has_reward_variance());
+    }
+
+    #[test]
+    fn non_finite_numbers_are_refused() {
+        // JSON has no NaN, but a number too large for f64 must not become infinity.
+        let body: Value =
+            serde_json::from_str(r#"[{"trajectories": [{"reward": 1e308}, {"reward": -1e308}]}]"#).unwrap();
+        assert!(run(body).is_ok());
+        let huge = serde_json::from_str::<Value>(r#"[{"trajectories": [{"reward": 1e400}]}]"#);
+        assert!(huge.is_err(), "serde_json refuses numbers out of f64's range");
     }
 
     #[test]

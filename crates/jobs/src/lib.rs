@@ -26,6 +26,16 @@ pub struct TrainJob {
     /// The step training continues from (0 = the base model) and its adapter directory.
     pub base_step: i64,
     pub base_checkpoint: Option<PathBuf>,
+    /// The KL penalty's reference policy, resolved by the worker when the config has one.
+    pub kl_reference: Option<ReferencePolicy>,
+}
+
+/// A policy log-probabilities are compared against: the base model, or one of the model's
+/// checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReferencePolicy {
+    Base,
+    Checkpoint { step: i64, dir: PathBuf },
 }
 
 /// What a successful run produces: the adapter files and summary metrics for the checkpoint.

@@ -1,14 +1,15 @@
 //! The worker loop: wait for work, claim, train, finish.
 
-use crate::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tandem_core::records::event_type;
-use tandem_core::train_config::TrainConfig;
-use tandem_store::{CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
+use tandem_core::health::Heartbeat;
+use tandem_core::records::{event_type, Order, PageRequest};
+use tandem_core::train_config::{KlReference, TrainConfig};
+use tandem_store::{now_ms, CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -35,6 +36,7 @@ pub struct Worker {
     trainer: Arc<dyn Trainer>,
     wake: Arc<Notify>,
     stopping: Arc<AtomicBool>,
+    heartbeat: Arc<Heartbeat>,
     config: WorkerConfig,
 }
 
@@ -51,8 +53,14 @@ impl Worker {
             trainer,
             wake: Arc::new(Notify::new()),
             stopping: Arc::new(AtomicBool::new(false)),
+            heartbeat: Arc::new(Heartbeat::default()),
             config,
         }
+    }
+
+    /// Beats while the loop serves the queue (`GET /v1/system-check` reads it).
+    pub fn heartbeat(&self) -> Arc<Heartbeat> {
+        self.heartbeat.clone()
     }
 
     /// Notified by the api when a job is queued, so it starts without waiting for the poll.
@@ -83,7 +91,16 @@ impl Worker {
 
     /// The loop, until [`Worker::stop`].
     pub async fn run(self) {
+        // Marks the queue unserved however the loop ends, a panic included.
+        struct Stopped(Arc<Heartbeat>);
+        impl Drop for Stopped {
+            fn drop(&mut self) {
+                self.0.stop();
+            }
+        }
+        let _stopped = Stopped(self.heartbeat.clone());
         while !self.stopping.load(Ordering::SeqCst) {
+            self.heartbeat.beat(now_ms(), false);
             match self.run_once().await {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -123,6 +140,13 @@ impl Worker {
         } else {
             None
         };
+        let kl_reference = match &config.kl_penalty {
+            Some(kl) => match self.reference_policy(claimed.model.id, base_step, &kl.reference).await? {
+                Ok(r) => Some(r),
+                Err(why) => return self.fail(job_id, false, why).await,
+            },
+            None => None,
+        };
         let train_job = TrainJob {
             job_id,
             model: claimed.model.clone(),
@@ -130,8 +154,11 @@ impl Worker {
             trajectory_groups: claimed.trajectory_groups,
             base_step,
             base_checkpoint,
+            kl_reference,
         };
+        self.heartbeat.beat(now_ms(), true);
         let mut sink = StoreSink {
+            heartbeat: self.heartbeat.clone(),
             store: self.store.clone(),
             handle: Handle::current(),
             job_id,
@@ -158,6 +185,47 @@ impl Worker {
                 ignore_gone(self.store.finish_job(job_id, &outcome).await).map(|_| ())
             }
             Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
+        }
+    }
+
+    /// The KL penalty's reference policy for a job that trains from `base_step`: step 0 is the
+    /// base model; a lag names `base_step - lag`, or the newest live checkpoint below it when
+    /// that one was deleted (ART's `delete_checkpoints` keeps only the latest and the best).
+    /// `Ok(Err(why))` fails the job.
+    async fn reference_policy(
+        &self,
+        model_id: Uuid,
+        base_step: i64,
+        reference: &KlReference,
+    ) -> Result<Result<ReferencePolicy, String>, StoreError> {
+        let checkpoint = |step: i64, dir: Option<std::path::PathBuf>| match dir {
+            Some(dir) => Ok(ReferencePolicy::Checkpoint { step, dir }),
+            None => Err(format!("the files of checkpoint {step} (the KL reference) are missing")),
+        };
+        match reference {
+            KlReference::Step(0) => Ok(Ok(ReferencePolicy::Base)),
+            KlReference::Step(step) => match self.store.get_checkpoint(model_id, *step).await {
+                Ok(cp) => Ok(checkpoint(cp.step, self.checkpoints.resolve(&cp.path))),
+                Err(StoreError::NotFound) => {
+                    Ok(Err(format!("checkpoint {step}, the KL penalty's reference, no longer exists")))
+                }
+                Err(e) => Err(e),
+            },
+            KlReference::Lag(lag) => {
+                let target = base_step.saturating_sub(*lag).max(0);
+                let mut page = PageRequest { after: None, limit: 100, order: Order::Desc };
+                loop {
+                    let p = self.store.list_checkpoints(model_id, page).await?;
+                    if let Some(cp) = p.items.iter().find(|c| c.step <= target) {
+                        return Ok(checkpoint(cp.step, self.checkpoints.resolve(&cp.path)));
+                    }
+                    match (p.has_more, p.items.last()) {
+                        (true, Some(last)) => page.after = Some(last.id),
+                        _ => return Ok(Ok(ReferencePolicy::Base)),
+                    }
+                }
+            }
+            KlReference::AdapterPath(p) => Ok(Err(format!("kl_ref_adapter_path {p:?} was not resolved"))),
         }
     }
 
@@ -220,6 +288,7 @@ fn ignore_gone<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
 
 /// The sink a trainer writes through: each call is a short blocking store write.
 struct StoreSink {
+    heartbeat: Arc<Heartbeat>,
     store: Arc<dyn Store>,
     handle: Handle,
     job_id: Uuid,
@@ -230,6 +299,7 @@ struct StoreSink {
 
 impl StoreSink {
     fn append(&self, kind: &str, data: Value) {
+        self.heartbeat.beat(now_ms(), true);
         if let Err(e) = self.handle.block_on(self.store.append_event(self.job_id, kind, &data)) {
             tracing::error!(job_id = %self.job_id, error = %e, "could not append training event");
         }
@@ -255,6 +325,7 @@ impl TrainSink for StoreSink {
     }
 
     fn should_stop(&mut self) -> Option<TrainError> {
+        self.heartbeat.beat(now_ms(), true);
         if self.stopping.load(Ordering::SeqCst) {
             return Some(TrainError::Interrupted);
         }

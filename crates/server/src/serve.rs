@@ -73,6 +73,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         per_entity_limit: config.per_entity_limit,
         priority_scheduling: config.priority_scheduling,
         reasoning_parser: config.reasoning_parser,
+        training_heartbeat: Some(worker.heartbeat()),
     });
     let worker_task = tokio::spawn(worker.clone().run());
 

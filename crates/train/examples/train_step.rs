@@ -32,6 +32,7 @@ fn main() {
                 segment: s,
                 old_lp: f64::NAN,
                 original_lp: f64::NAN,
+                ref_lp: f64::NAN,
                 advantage: 1.0,
                 weight: 1.0,
             });

@@ -5,7 +5,7 @@
 //! as the gradient of the surrogate `sum(g_t * new_lp_t)`. Keeping the loss here, on plain
 //! numbers, lets every knob be checked against hand-computed values and finite differences.
 
-use tandem_core::train_config::{ImportanceSamplingLevel, LossKind, TrainConfig};
+use tandem_core::train_config::{ImportanceSamplingLevel, KlSource, LossKind, TrainConfig};
 
 /// The loss's settings, resolved from the job's `TrainConfig`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,6 +22,9 @@ pub struct LossConfig {
     /// `truncated_importance_sampling` U: loss x min(exp(old - original), U), detached; applies
     /// only where the sampler's original logprob is known (with `precalculate_logprobs`).
     pub truncated_is: Option<f64>,
+    /// The KL penalty's coefficient and source (`kl_penalty_coef > 0`); tokens then carry
+    /// `ref_lp`, and the row's mean KL term is passed to [`policy_loss_part`].
+    pub kl: Option<(f64, KlSource)>,
 }
 
 impl LossConfig {
@@ -35,6 +38,7 @@ impl LossConfig {
             mask_prob_ratio: c.mask_prob_ratio,
             k2_tau: c.variant_k2_tau,
             truncated_is: c.truncated_importance_sampling,
+            kl: c.kl_penalty.as_ref().map(|k| (k.coef, k.source)),
         }
     }
 }
@@ -53,6 +57,37 @@ pub struct TokenInput {
     pub weight: f64,
     /// Which trajectory sequence of the row the token belongs to (for sequence-level ratios).
     pub segment: usize,
+    /// The reference policy's logprob of the token, for the KL penalty (else NaN).
+    pub ref_lp: f64,
+}
+
+/// A token's KL term, `src - ref` (ART's `kl_t`): the source is the sampler's logprob (the
+/// learner's where the sampler's is unknown) or the learner's own, detached either way.
+pub fn kl_term(t: &TokenInput, source: KlSource) -> f64 {
+    let src = match source {
+        KlSource::Sample if t.old_lp.is_finite() => t.old_lp,
+        _ => t.new_lp,
+    };
+    src - t.ref_lp
+}
+
+/// The k3 estimate of KL(sampler || learner) over tokens whose sampler logprob is known:
+/// `(r - 1) - ln r` with `r = exp(new - old)`, summed, and the count (the `kl_div` metric).
+pub fn behaviour_kl(tokens: &[TokenInput]) -> (f64, usize) {
+    tokens.iter().filter(|t| t.old_lp.is_finite()).fold((0.0, 0), |(s, n), t| {
+        let log_r = (t.new_lp - t.old_lp).clamp(-20.0, 20.0);
+        (s + log_r.exp() - 1.0 - log_r, n + 1)
+    })
+}
+
+/// The mean KL term over a row's trained tokens (ART's `kl_policy_ref`); 0 for no tokens.
+pub fn kl_mean<'a>(tokens: impl IntoIterator<Item = &'a TokenInput>, source: KlSource) -> f64 {
+    let (sum, n) = tokens.into_iter().fold((0.0, 0usize), |(s, n), t| (s + kl_term(t, source), n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
 }
 
 /// The loss of a row, its gradient per token, and diagnostics.
@@ -85,14 +120,16 @@ fn ratio(level: ImportanceSamplingLevel, d: f64, seg_mean: f64) -> (f64, f64, f6
 
 /// `L = sum(l_t * w_t) / (N + 1e-18)` over the row's `N` trained tokens, and `dL/d new_lp`.
 pub fn policy_loss(tokens: &[TokenInput], cfg: &LossConfig) -> LossOutput {
-    policy_loss_part(tokens, cfg, tokens.len())
+    let kl = cfg.kl.map_or(0.0, |(_, source)| kl_mean(tokens, source));
+    policy_loss_part(tokens, cfg, tokens.len(), kl)
 }
 
 /// The share of a row's loss (and its gradient) that comes from `tokens`, a set of whole
 /// segments of a row with `row_tokens` trained tokens in all. Every token's term depends only
 /// on its own segment, so the parts of a row sum to [`policy_loss`] of the whole row: a long row
-/// can be processed in parts of bounded memory.
-pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usize) -> LossOutput {
+/// can be processed in parts of bounded memory. `row_kl` is [`kl_mean`] over the whole row (the
+/// KL penalty shifts each advantage by `coef * (row_kl - kl_t)`), unused without a penalty.
+pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usize, row_kl: f64) -> LossOutput {
     let n = tokens.len();
     let denom = row_tokens as f64 + 1e-18;
     let (lo, hi) = (1.0 - cfg.epsilon, 1.0 + cfg.epsilon_high);
@@ -137,7 +174,9 @@ pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usi
         if cfg.mask_prob_ratio && !(r > lo && r < hi) {
             (r, dr_own, dr_mean) = (0.0, 0.0, 0.0);
         }
-        let a = t.advantage - cfg.k2_tau.map_or(0.0, |tau| tau * d[i]);
+        // Both shapings use detached quantities: they move the advantage, not the gradient path.
+        let a = t.advantage - cfg.k2_tau.map_or(0.0, |tau| tau * d[i])
+            + cfg.kl.map_or(0.0, |(coef, source)| coef * (row_kl - kl_term(t, source)));
         let tis = match cfg.truncated_is {
             Some(u) if t.original_lp.is_finite() && t.old_lp.is_finite() => (t.old_lp - t.original_lp).exp().min(u),
             _ => 1.0,

@@ -25,6 +25,8 @@ pub struct Target {
     pub old_lp: f64,
     /// The sampler's logprob once `old_lp` has been recomputed (`precalculate_logprobs`); NaN.
     pub original_lp: f64,
+    /// The KL penalty's reference logprob, filled in before training; NaN without a penalty.
+    pub ref_lp: f64,
     pub advantage: f64,
     pub weight: f64,
 }
@@ -87,6 +89,7 @@ pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64) -> Result<V
                     segment,
                     old_lp: s.old_lp[i],
                     original_lp: f64::NAN,
+                    ref_lp: f64::NAN,
                     advantage: t.advantage,
                     weight,
                 });

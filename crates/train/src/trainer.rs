@@ -6,7 +6,7 @@
 //! latest checkpoint, or from a fresh adapter (equal to the base model).
 
 use crate::advantage::group_advantages;
-use crate::loss::{policy_loss_part, LossConfig, LossOutput, TokenInput};
+use crate::loss::{behaviour_kl, kl_mean, policy_loss_part, LossConfig, LossOutput, TokenInput};
 use crate::net::{forward, Base, Lora};
 use crate::pack::{mem_available, pack, part_memory_bytes, row_length, split, Row, TrajectoryInput};
 use crate::{adapter, TrainTokenizer};
@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tandem_core::sequences::tokenize_trajectory;
-use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+use tandem_core::sequences::{tokenize_trajectory, TrainedModel};
+use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
 
 /// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
 /// the activation memory of a step (about 4.5 GB per 1024 tokens).
@@ -113,6 +113,7 @@ fn prepare(job: &TrainJob, tok: &dyn TrainTokenizer) -> Result<(Vec<TrajectoryIn
         .ok_or_else(|| TrainError::Invalid("trajectory_groups must be a list".into()))?;
     let mut out = Vec::new();
     let (mut n_traj, mut trainable_groups) = (0usize, 0usize);
+    let model = TrainedModel { entity: &job.model.entity, project: &job.model.project, name: &job.model.name };
     for (g, group) in groups.iter().enumerate() {
         let trajs = group.get("trajectories").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
         let rewards: Vec<f64> = trajs.iter().map(|t| t.get("reward").and_then(Value::as_f64).unwrap_or(0.0)).collect();
@@ -123,7 +124,7 @@ fn prepare(job: &TrainJob, tok: &dyn TrainTokenizer) -> Result<(Vec<TrajectoryIn
         }
         for (t, (traj, a)) in trajs.iter().zip(adv).enumerate() {
             let at = format!("trajectory_groups[{g}].trajectories[{t}]");
-            let sequences = tokenize_trajectory(traj, tok, job.config.allow_training_without_logprobs, &at)
+            let sequences = tokenize_trajectory(traj, tok, &model, job.config.allow_training_without_logprobs, &at)
                 .map_err(TrainError::Invalid)?;
             out.push(TrajectoryInput { advantage: a, sequences });
         }
@@ -187,20 +188,11 @@ fn check_memory<'a>(base: &Base, parts: impl Iterator<Item = &'a Row>) -> Result
     Ok(())
 }
 
-/// One part's forward, loss share and backward: (loss, entropies, gradients).
-fn part_gradients(
-    base: &Base,
-    lora: &Lora,
-    part: &Row,
-    cfg: &LossConfig,
-    row_targets: usize,
-) -> Result<(LossOutput, Vec<f32>, GradStore), TrainError> {
-    let out = forward(base, lora, part).map_err(failed)?;
-    let new_lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
-    let inputs: Vec<TokenInput> = part
-        .targets
+/// A part's trained tokens as the loss sees them, with their new logprobs.
+fn token_inputs(part: &Row, new_lp: &[f32]) -> Vec<TokenInput> {
+    part.targets
         .iter()
-        .zip(&new_lp)
+        .zip(new_lp)
         .map(|(t, lp)| TokenInput {
             new_lp: *lp as f64,
             old_lp: t.old_lp,
@@ -208,14 +200,77 @@ fn part_gradients(
             advantage: t.advantage,
             weight: t.weight,
             segment: t.segment,
+            ref_lp: t.ref_lp,
         })
-        .collect();
-    let l = policy_loss_part(&inputs, cfg, row_targets);
+        .collect()
+}
+
+/// One part's forward, loss share and backward: (loss, entropies, gradients, the KL penalty's
+/// row mean, the behaviour KL sum). `row_kl` is the row's mean KL term when the row has
+/// several parts; a row of one part computes it here, from this forward.
+fn part_gradients(
+    base: &Base,
+    lora: &Lora,
+    part: &Row,
+    cfg: &LossConfig,
+    row_targets: usize,
+    row_kl: Option<f64>,
+) -> Result<PartOutput, TrainError> {
+    let out = forward(base, lora, part).map_err(failed)?;
+    let new_lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
+    let inputs = token_inputs(part, &new_lp);
+    let kl = cfg.kl.map(|(_, source)| row_kl.unwrap_or_else(|| kl_mean(&inputs, source)));
+    let l = policy_loss_part(&inputs, cfg, row_targets, kl.unwrap_or(0.0));
     let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
     let g = Tensor::from_vec(g, new_lp.len(), out.logprobs.device()).map_err(failed)?;
     let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
     let grads = surrogate.backward().map_err(failed)?;
-    Ok((l, out.entropy, grads))
+    Ok(PartOutput { loss: l, entropy: out.entropy, grads, kl, behaviour_kl: behaviour_kl(&inputs) })
+}
+
+struct PartOutput {
+    loss: LossOutput,
+    entropy: Vec<f32>,
+    grads: GradStore,
+    kl: Option<f64>,
+    /// Sum and count of the k3 estimate of KL(sampler || learner) over tokens with logprobs.
+    behaviour_kl: (f64, usize),
+}
+
+/// The mean KL term of a row of several parts, before its step: the learner's logprobs are
+/// computed first where the source needs them (a row of one part gets them from its forward).
+fn row_kl_mean(base: &Base, lora: &Lora, parts: &[Row], cfg: &LossConfig) -> Result<Option<f64>, TrainError> {
+    let Some((_, source)) = cfg.kl else { return Ok(None) };
+    if parts.len() < 2 {
+        return Ok(None);
+    }
+    let mut all = Vec::new();
+    for part in parts {
+        let lps = logprobs(base, lora, part)?;
+        let lps: Vec<f32> = lps.iter().map(|x| *x as f32).collect();
+        all.extend(token_inputs(part, &lps));
+    }
+    Ok(Some(kl_mean(&all, source)))
+}
+
+/// Fills every target's `ref_lp` with the reference policy's logprob (the KL penalty).
+fn reference_logprobs(
+    base: &Base,
+    reference: &ReferencePolicy,
+    parts: &mut [Vec<Row>],
+    pool: &LoraTrainer,
+) -> Result<(), TrainError> {
+    let lora = match reference {
+        ReferencePolicy::Base => adapter::init(base, INIT_SEED).map_err(failed)?,
+        ReferencePolicy::Checkpoint { dir, .. } => adapter::load(dir, base).map_err(TrainError::Failed)?,
+    };
+    for part in parts.iter_mut().flatten() {
+        let lps = pool.on_training_threads(|| logprobs(base, &lora, part))?;
+        for (t, lp) in part.targets.iter_mut().zip(lps) {
+            t.ref_lp = lp;
+        }
+    }
+    Ok(())
 }
 
 /// Each target's new logprob under the current weights (the graph is dropped at once).
@@ -228,6 +283,8 @@ fn logprobs(base: &Base, lora: &Lora, row: &Row) -> Result<Vec<f64>, TrainError>
 #[derive(Default)]
 struct StepTotals {
     loss: f64,
+    kl_policy_ref: Option<f64>,
+    behaviour_kl: (f64, usize),
     clip_low: f64,
     clip_high: f64,
     ratio: f64,
@@ -236,8 +293,12 @@ struct StepTotals {
 }
 
 impl StepTotals {
-    fn add(&mut self, l: &LossOutput, entropy: &[f32], tokens: usize) {
+    fn add(&mut self, p: &PartOutput, tokens: usize) {
+        let (l, entropy) = (&p.loss, &p.entropy);
         let n = l.grad.len() as f64;
+        self.kl_policy_ref = p.kl.or(self.kl_policy_ref);
+        self.behaviour_kl.0 += p.behaviour_kl.0;
+        self.behaviour_kl.1 += p.behaviour_kl.1;
         self.loss += l.loss;
         self.clip_low += l.clip_low * n;
         self.clip_high += l.clip_high * n;
@@ -248,7 +309,7 @@ impl StepTotals {
 
     fn metrics(&self, trained: usize, grad_norm: f64, lr: f64, secs: f64) -> BTreeMap<String, f64> {
         let n = trained.max(1) as f64;
-        BTreeMap::from([
+        let mut m = BTreeMap::from([
             ("loss".to_string(), self.loss),
             ("policy_loss".to_string(), self.loss),
             ("grad_norm".to_string(), grad_norm),
@@ -261,7 +322,14 @@ impl StepTotals {
             ("mean_ratio".to_string(), if trained == 0 { 1.0 } else { self.ratio / n }),
             ("tokens_per_second".to_string(), self.tokens as f64 / secs.max(1e-9)),
             ("step_seconds".to_string(), secs),
-        ])
+        ]);
+        if self.behaviour_kl.1 > 0 {
+            m.insert("kl_div".to_string(), self.behaviour_kl.0 / self.behaviour_kl.1 as f64);
+        }
+        if let Some(kl) = self.kl_policy_ref {
+            m.insert("kl_policy_ref".to_string(), kl);
+        }
+        m
     }
 }
 
@@ -295,6 +363,10 @@ impl Trainer for LoraTrainer {
             }
         }
 
+        if let Some(reference) = &job.kl_reference {
+            reference_logprobs(&base, reference, &mut parts, self)?;
+        }
+
         let vars = lora.vars();
         let params = ParamsAdamW {
             lr: job.config.learning_rate,
@@ -316,12 +388,13 @@ impl Trainer for LoraTrainer {
             let mut step = StepTotals::default();
             // The row's gradient: the sum of its parts'.
             let mut grads = GradStore::default();
+            let row_kl = self.on_training_threads(|| row_kl_mean(&base, &lora, parts, &loss_cfg))?;
             for part in parts {
-                let (l, entropy, part_grads) =
-                    self.on_training_threads(|| part_gradients(&base, &lora, part, &loss_cfg, row_targets))?;
-                step.add(&l, &entropy, part.tokens.len());
+                let out =
+                    self.on_training_threads(|| part_gradients(&base, &lora, part, &loss_cfg, row_targets, row_kl))?;
+                step.add(&out, part.tokens.len());
                 for v in &vars {
-                    if let Some(g) = part_grads.get(v.as_tensor()) {
+                    if let Some(g) = out.grads.get(v.as_tensor()) {
                         let sum = match grads.remove(v.as_tensor()) {
                             Some(sum) => sum.add(g).map_err(failed)?,
                             None => g.clone(),

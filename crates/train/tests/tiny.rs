@@ -7,8 +7,8 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_core::sequences::ChatTokenizer;
-use tandem_core::train_config::{ImportanceSamplingLevel, LossKind, TrainConfig};
-use tandem_jobs::{TrainError, TrainJob, TrainSink, Trainer};
+use tandem_core::train_config::{ImportanceSamplingLevel, KlPenalty, KlReference, KlSource, LossKind, TrainConfig};
+use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainSink, Trainer};
 use tandem_model::{KvCache, Logits, SeqInput};
 use tandem_train::loss::{policy_loss, LossConfig, TokenInput};
 use tandem_train::net::{forward, Base};
@@ -34,6 +34,7 @@ fn row(a: &[u32], b: &[u32]) -> Row {
                 segment: seg,
                 old_lp: -5.0 + 0.1 * pos as f64,
                 original_lp: f64::NAN,
+                ref_lp: f64::NAN,
                 advantage: adv,
                 weight: 1.0,
             });
@@ -104,6 +105,7 @@ fn loss_gradient_through_the_model_matches_finite_differences() {
         mask_prob_ratio: false,
         k2_tau: None,
         truncated_is: None,
+        kl: None,
     };
     let loss_of = |lps: &[f32]| {
         let inputs: Vec<TokenInput> = r
@@ -117,6 +119,7 @@ fn loss_gradient_through_the_model_matches_finite_differences() {
                 advantage: t.advantage,
                 weight: t.weight,
                 segment: t.segment,
+                ref_lp: f64::NAN,
             })
             .collect();
         policy_loss(&inputs, &cfg)
@@ -222,10 +225,26 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
             Row { tokens: prompt.iter().chain(&good).chain(&prompt).chain(&bad).copied().collect(), ..Row::default() };
         r.segments = vec![(0, 13), (13, 13)];
         for pos in [10, 11, 12] {
-            r.targets.push(Target { pos, segment: 0, old_lp: 0.0, original_lp: f64::NAN, advantage: 0.0, weight: 0.0 });
+            r.targets.push(Target {
+                pos,
+                segment: 0,
+                old_lp: 0.0,
+                original_lp: f64::NAN,
+                ref_lp: f64::NAN,
+                advantage: 0.0,
+                weight: 0.0,
+            });
         }
         for pos in [23, 24, 25] {
-            r.targets.push(Target { pos, segment: 1, old_lp: 0.0, original_lp: f64::NAN, advantage: 0.0, weight: 0.0 });
+            r.targets.push(Target {
+                pos,
+                segment: 1,
+                old_lp: 0.0,
+                original_lp: f64::NAN,
+                ref_lp: f64::NAN,
+                advantage: 0.0,
+                weight: 0.0,
+            });
         }
         let lp = forward(&base, lora, &r).unwrap().logprobs.to_vec1::<f32>().unwrap();
         (lp[..3].iter().sum::<f32>(), lp[3..].iter().sum::<f32>())
@@ -244,6 +263,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
         trajectory_groups: groups,
         base_step: 0,
         base_checkpoint: None,
+        kl_reference: None,
     };
     let mut sink = Sink::default();
     let out = trainer.train(&job, &mut sink).unwrap();
@@ -281,6 +301,26 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
     }
     let again = score(&adapter::load(&ckpt2, &base).unwrap());
     assert!(again.0 > after.0, "second job continues: {} -> {}", after.0, again.0);
+
+    // A KL-penalised job from step 1 against the base model: the learner's logprobs (step 1)
+    // minus the base's, averaged over the six trained tokens, is the reported kl_policy_ref.
+    let kl = |reference| {
+        let mut j = job.clone();
+        j.base_checkpoint = Some(ckpt.clone());
+        j.config.kl_penalty =
+            Some(KlPenalty { coef: 0.5, source: KlSource::CurrentLearner, reference: KlReference::Step(0) });
+        j.kl_reference = Some(reference);
+        let mut sink = Sink::default();
+        trainer.train(&j, &mut sink).unwrap();
+        sink.steps[0]["kl_policy_ref"]
+    };
+    let want = ((after.0 - before.0) + (after.1 - before.1)) as f64 / 6.0;
+    let got = kl(ReferencePolicy::Base);
+    assert!((got - want).abs() < 1e-4, "kl_policy_ref {got} vs {want}");
+    // Against the checkpoint it starts from, the penalty's mean is 0.
+    let same = kl(ReferencePolicy::Checkpoint { step: 1, dir: ckpt.clone() });
+    assert!(same.abs() < 1e-5, "{same}");
+    assert!(!sink.steps[0].contains_key("kl_policy_ref"), "no penalty, no metric");
 }
 
 /// A row run in parts of a few tokens gives the same update as the row at once.
@@ -303,16 +343,27 @@ fn parts_give_the_same_step_as_the_whole_row() {
         trajectory_groups: groups,
         base_step: 0,
         base_checkpoint: None,
+        kl_reference: None,
     };
-    let run = |part: usize| {
+    let run = |part: usize, job: &TrainJob| {
         let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }])
             .with_part_tokens(part);
         let mut sink = Sink::default();
-        let out = t.train(&job, &mut sink).unwrap();
+        let out = t.train(job, &mut sink).unwrap();
         let weights = out.files.iter().find(|(n, _)| n == "adapter_model.safetensors").unwrap().1.clone();
-        (weights, sink.steps[0]["loss"], sink.steps[0]["grad_norm"])
+        let kl = sink.steps[0].get("kl_policy_ref").copied().unwrap_or(0.0);
+        (weights, sink.steps[0]["loss"], sink.steps[0]["grad_norm"], kl)
     };
-    let (whole, parts) = (run(1000), run(4));
+    let (whole, parts) = (run(1000, &job), run(4, &job));
+    // With a KL penalty, a row in parts takes its mean KL term over the whole row (sampler
+    // logprobs against the base's: not zero).
+    let mut kl_job = job.clone();
+    kl_job.config.kl_penalty = Some(KlPenalty { coef: 2.0, source: KlSource::Sample, reference: KlReference::Step(0) });
+    kl_job.kl_reference = Some(ReferencePolicy::Base);
+    let (kl_whole, kl_parts) = (run(1000, &kl_job), run(4, &kl_job));
+    assert!((kl_whole.1 - kl_parts.1).abs() < 1e-6, "{} vs {}", kl_whole.1, kl_parts.1);
+    assert!((kl_whole.3 - kl_parts.3).abs() < 1e-6);
+    assert!(kl_whole.3.abs() > 1e-3 && (kl_whole.1 - whole.1).abs() > 1e-6, "the penalty changes the loss");
     assert!(
         (whole.1 - parts.1).abs() < 1e-6 && (whole.2 - parts.2).abs() < 1e-5,
         "{:?} vs {:?}",
@@ -351,6 +402,7 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
             trajectory_groups: groups.clone(),
             base_step: 0,
             base_checkpoint: None,
+            kl_reference: None,
         };
         let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
         let mut sink = Sink::default();
@@ -393,6 +445,7 @@ fn zero_variance_jobs_train_nothing() {
         trajectory_groups: groups,
         base_step: 0,
         base_checkpoint: None,
+        kl_reference: None,
     };
     let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
     let mut sink = Sink::default();

@@ -11,11 +11,14 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
 use serde_json::Value;
 use std::collections::HashMap;
-use tandem_core::records::Order;
-use tandem_core::sequences::{tokenize_trajectory, BackendTokenizer};
+use tandem_core::names::{checkpoint_ref, CheckpointRef, ModelName};
+use tandem_core::records::{ModelRecord, Order, PageRequest};
+use tandem_core::sequences::{tokenize_trajectory, BackendTokenizer, TrainedModel};
 use tandem_core::train_config::parse_train_config;
+use tandem_core::train_config::KlReference;
 use tandem_core::validate::{optional, Validator};
 use tandem_store::{NewJob, StoreError};
+use uuid::Uuid;
 
 fn job_not_found(e: StoreError) -> ApiError {
     match e {
@@ -34,16 +37,19 @@ pub async fn create(
     let model_id = v.required(obj, "model_id").and_then(|m| v.at("model_id", |v| v.uuid(m)));
     let groups = groups_field(&mut v, obj, &state.limits().trajectories);
     let config = v.at("experimental_config", |v| parse_train_config(v, optional(obj, "experimental_config")));
-    let (Some(model_id), Some(_groups), Some(config)) = (model_id, groups, config) else {
+    let (Some(model_id), Some(_groups), Some(mut config)) = (model_id, groups, config) else {
         return Err(ApiError::validation(v.into_errors()).into());
     };
     let model = state.store().get_model(&caller.entity, model_id).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("model"),
         other => other.into(),
     })?;
+    if let Some(kl) = config.kl_penalty.as_mut() {
+        kl.reference = kl_reference(&state, &model, &kl.reference).await?;
+    }
     let trajectory_groups = body.as_object_mut().and_then(|o| o.remove("trajectory_groups")).unwrap_or(Value::Null);
     let trajectory_groups =
-        check_tokenizable(&state, &model.base_model, trajectory_groups, config.allow_training_without_logprobs).await?;
+        check_tokenizable(&state, &model, trajectory_groups, config.allow_training_without_logprobs).await?;
     let new =
         NewJob { model_id: model.id, config: serde_json::to_value(&config).unwrap_or(Value::Null), trajectory_groups };
     let job = state.store().create_job(&new).await.map_err(|e| match e {
@@ -55,20 +61,83 @@ pub async fn create(
     Ok(Json(views::job(&job)))
 }
 
+/// Checks the KL penalty's reference against the model's live checkpoints, and resolves
+/// `kl_ref_adapter_path` to one of them (a step). A lag is resolved when the job starts.
+async fn kl_reference(state: &AppState, model: &ModelRecord, reference: &KlReference) -> Result<KlReference, ApiError> {
+    let invalid = |field: &str, input: &str, why: String| {
+        let mut v = Validator::new("body");
+        v.at("experimental_config", |v| v.at(field, |v| v.value_error(&Value::String(input.into()), &why)));
+        ApiError::validation(v.into_errors())
+    };
+    let step_exists = |step: i64| async move {
+        match state.store().get_checkpoint(model.id, step).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound) => Ok(false),
+            Err(e) => Err(ApiError::from(e)),
+        }
+    };
+    match reference {
+        KlReference::Step(0) | KlReference::Lag(_) => Ok(reference.clone()),
+        KlReference::Step(step) => {
+            if step_exists(*step).await? {
+                Ok(reference.clone())
+            } else {
+                let why = format!("the model has no checkpoint at step {step}");
+                Err(invalid("kl_penalty_reference_step", &step.to_string(), why))
+            }
+        }
+        KlReference::AdapterPath(path) => {
+            let name = ModelName { id: model.id, entity: &model.entity, project: &model.project, name: &model.name };
+            let step = match checkpoint_ref(path, &name) {
+                Some(CheckpointRef::Latest) => Some(state.store().latest_step(model.id).await?),
+                Some(CheckpointRef::Step(s)) => (s == 0 || step_exists(s).await?).then_some(s),
+                Some(CheckpointRef::Id(id)) => checkpoint_step(state, model.id, id).await?,
+                None => {
+                    let why = "must name one of this model's checkpoints: `wandb-artifact:///{entity}/{project}/{name}:step{N}`, a checkpoint id, or ART's `.../{project}/models/{name}/checkpoints/{step}`";
+                    return Err(invalid("kl_ref_adapter_path", path, why.into()));
+                }
+            };
+            match step {
+                Some(s) => Ok(KlReference::Step(s)),
+                None => {
+                    Err(invalid("kl_ref_adapter_path", path, "no live checkpoint of this model has that name".into()))
+                }
+            }
+        }
+    }
+}
+
+/// The step of the model's live checkpoint with this id.
+async fn checkpoint_step(state: &AppState, model_id: Uuid, id: Uuid) -> Result<Option<i64>, ApiError> {
+    let mut page = PageRequest { after: None, limit: 100, order: Order::Asc };
+    loop {
+        let p = state.store().list_checkpoints(model_id, page).await?;
+        if let Some(cp) = p.items.iter().find(|c| c.id == id) {
+            return Ok(Some(cp.step));
+        }
+        match (p.has_more, p.items.last()) {
+            (true, Some(last)) => page.after = Some(last.id),
+            _ => return Ok(None),
+        }
+    }
+}
+
 /// Tokenizes every trajectory as the trainer will, so that one it cannot train on is a 422 now
 /// (naming the trajectory and why) rather than a failed job later. Rendering runs on a blocking
 /// thread.
 async fn check_tokenizable(
     state: &AppState,
-    base_model: &str,
+    model: &ModelRecord,
     groups: Value,
     allow_without_logprobs: bool,
 ) -> Result<Value, ApiError> {
-    let (Some(backend), Some(base)) = (state.backend().cloned(), state.base_index(base_model)) else {
+    let (Some(backend), Some(base)) = (state.backend().cloned(), state.base_index(&model.base_model)) else {
         return Ok(groups);
     };
+    let model = model.clone();
     let result = tokio::task::spawn_blocking(move || {
         let tok = BackendTokenizer { backend, base };
+        let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
         let empty = Vec::new();
         let mut v = Validator::new("body");
         v.at("trajectory_groups", |v| {
@@ -76,7 +145,7 @@ async fn check_tokenizable(
                 let trajs = group.get("trajectories").and_then(Value::as_array).unwrap_or(&empty);
                 for (t, traj) in trajs.iter().enumerate() {
                     let at = format!("trajectory_groups[{g}].trajectories[{t}]");
-                    if let Err(msg) = tokenize_trajectory(traj, &tok, allow_without_logprobs, &at) {
+                    if let Err(msg) = tokenize_trajectory(traj, &tok, &trained, allow_without_logprobs, &at) {
                         v.at(g, |v| v.at("trajectories", |v| v.at(t, |v| v.value_error(traj, &msg))));
                     }
                 }

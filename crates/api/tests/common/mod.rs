@@ -10,6 +10,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use tandem_api::auth::StaticKeys;
 use tandem_api::{AppConfig, AppState, Limits};
+use tandem_core::health::Heartbeat;
 use tandem_store::{CheckpointDir, SqliteStore, Store};
 use tower::ServiceExt;
 
@@ -22,6 +23,7 @@ pub struct TestApp {
     pub store: Arc<SqliteStore>,
     pub checkpoints: CheckpointDir,
     pub waker: Arc<tokio::sync::Notify>,
+    pub heartbeat: Arc<Heartbeat>,
     _dir: tempfile::TempDir,
 }
 
@@ -33,6 +35,7 @@ pub async fn test_app_with(limits: Limits) -> TestApp {
     keys.add(KEY_A, "a");
     keys.add(KEY_B, "b");
     let waker = Arc::new(tokio::sync::Notify::new());
+    let heartbeat = Arc::new(Heartbeat::default());
     let state = AppState::new(AppConfig {
         store: store.clone() as Arc<dyn Store>,
         checkpoints: checkpoints.clone(),
@@ -44,8 +47,9 @@ pub async fn test_app_with(limits: Limits) -> TestApp {
         per_entity_limit: 64,
         priority_scheduling: true,
         reasoning_parser: None,
+        training_heartbeat: Some(heartbeat.clone()),
     });
-    TestApp { router: tandem_api::app(state), store, checkpoints, waker, _dir: dir }
+    TestApp { router: tandem_api::app(state), store, checkpoints, waker, heartbeat, _dir: dir }
 }
 
 pub async fn test_app() -> TestApp {

@@ -110,6 +110,30 @@ fn errors_say_which_item_and_why() {
 fn additional_histories_belong_to_the_trajectory() {
     let traj = json!({"reward": 1.0, "messages_and_choices": [choice(&[1], &[2], &[-0.1])],
                       "additional_histories": [{"messages_and_choices": [choice(&[5], &[6, 7], &[-0.2, -0.3])]}]});
-    let seqs = tokenize_trajectory(&traj, &Fake, false, "t").unwrap();
+    let seqs = tokenize_trajectory(&traj, &Fake, &MODEL, false, "t").unwrap();
     assert_eq!(seqs.iter().map(|s| s.tokens.clone()).collect::<Vec<_>>(), vec![vec![1, 2], vec![5, 6, 7]]);
+    // As in ART, a Choice of an additional history that continues the sequence extends it.
+    let traj = json!({"messages_and_choices": [choice(&[1], &[2], &[-0.1])],
+                      "additional_histories": [{"messages_and_choices": [choice(&[1, 2, 3], &[4], &[-0.2])]}]});
+    let seqs = tokenize_trajectory(&traj, &Fake, &MODEL, false, "t").unwrap();
+    assert_eq!(seqs.len(), 1);
+    assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4]);
+}
+
+const MODEL: TrainedModel = TrainedModel { entity: "e", project: "p", name: "m" };
+
+#[test]
+fn exchanges_or_histories_not_both() {
+    let call = json!({"start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:00:00Z",
+                      "request": {"model": "wandb-artifact:///e/p/m"},
+                      "response": {"prompt_token_ids": [1], "choices": [choice(&[1], &[2], &[-0.1])]}});
+    let traj = json!({"exchanges": {"chat_completions": [call]}});
+    let seqs = tokenize_trajectory(&traj, &Fake, &MODEL, false, "t").unwrap();
+    assert_eq!(seqs[0].tokens, vec![1, 2]);
+    let both =
+        json!({"exchanges": {"chat_completions": [call]}, "messages_and_choices": [choice(&[1], &[2], &[-0.1])]});
+    assert!(tokenize_trajectory(&both, &Fake, &MODEL, false, "t").unwrap_err().contains("cannot have both"));
+    // Empty exchange lists are no exchanges.
+    let empty = json!({"exchanges": {"chat_completions": []}, "messages_and_choices": [choice(&[1], &[2], &[-0.1])]});
+    assert_eq!(tokenize_trajectory(&empty, &Fake, &MODEL, false, "t").unwrap().len(), 1);
 }

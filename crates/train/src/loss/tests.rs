@@ -1,7 +1,7 @@
 use super::*;
 
 fn tok(new_lp: f64, old_lp: f64, advantage: f64, weight: f64, segment: usize) -> TokenInput {
-    TokenInput { new_lp, old_lp, original_lp: f64::NAN, advantage, weight, segment }
+    TokenInput { new_lp, old_lp, original_lp: f64::NAN, advantage, weight, segment, ref_lp: f64::NAN }
 }
 
 fn cfg(kind: LossKind, epsilon: f64, epsilon_high: f64) -> LossConfig {
@@ -14,6 +14,7 @@ fn cfg(kind: LossKind, epsilon: f64, epsilon_high: f64) -> LossConfig {
         mask_prob_ratio: false,
         k2_tau: None,
         truncated_is: None,
+        kl: None,
     }
 }
 
@@ -145,13 +146,76 @@ fn parts_of_a_row_sum_to_the_row() {
     c.level = ImportanceSamplingLevel::Sequence;
     let whole = policy_loss(&t, &c);
     // Segments {0} and {1, 2}, renumbered from 0 within each part.
-    let a = policy_loss_part(&t[..2], &c, 4);
+    let a = policy_loss_part(&t[..2], &c, 4, 0.0);
     let mut rest = [t[2], t[3]];
     rest[0].segment = 0;
     rest[1].segment = 1;
-    let b = policy_loss_part(&rest, &c, 4);
+    let b = policy_loss_part(&rest, &c, 4, 0.0);
     close(a.loss + b.loss, whole.loss);
     for (g, w) in a.grad.iter().chain(&b.grad).zip(&whole.grad) {
         close(*g, *w);
     }
+}
+
+#[test]
+fn kl_penalty_moves_advantages_by_hand() {
+    // Sample source: kl = old - ref = (0.5, -0.5, and for the NaN old logprob new - ref = 0.0),
+    // mean 0; coef 0.2 shifts A by 0.2 * (0 - kl) = (-0.1, +0.1, 0). CISPO at ratio 1 (clip
+    // range [0, 5]): dL/d new = -A * w / N.
+    let mut t = [tok(-1.0, -1.0, 1.0, 1.0, 0), tok(-2.0, -2.0, 1.0, 1.0, 0), tok(-1.5, f64::NAN, -1.0, 1.0, 0)];
+    for x in &mut t {
+        x.ref_lp = -1.5;
+    }
+    let mut c = cfg(LossKind::Cispo, 1.0, 4.0);
+    c.kl = Some((0.2, KlSource::Sample));
+    close(kl_mean(&t, KlSource::Sample), 0.0);
+    let out = policy_loss(&t, &c);
+    let want = [-0.9 / 3.0, -1.1 / 3.0, 1.0 / 3.0];
+    for (g, w) in out.grad.iter().zip(want) {
+        close(*g, w);
+    }
+    // Current learner: kl = new - ref = (0.5, -0.5, 0) here too, since new == old.
+    c.kl = Some((0.2, KlSource::CurrentLearner));
+    let same = policy_loss(&t, &c);
+    for (g, w) in same.grad.iter().zip(want) {
+        close(*g, w);
+    }
+    // A learner that moved away from the reference on the first token only: kl = (1.0, -0.5, 0),
+    // mean 1/6; the first token loses 0.2 * (1/6 - 1) of advantage.
+    t[0].new_lp = -0.5;
+    close(kl_mean(&t, KlSource::CurrentLearner), 1.0 / 6.0);
+    let moved = policy_loss(&t, &c);
+    let a0 = 1.0 + 0.2 * (1.0 / 6.0 - 1.0);
+    // r = e^0.5 for the first token, inside [0, 5]: dL/d new = -r * A / N.
+    close(moved.grad[0], -(0.5f64).exp() * a0 / 3.0);
+    close(moved.grad[1], -(1.0 + 0.2 * (1.0 / 6.0 + 0.5)) / 3.0);
+}
+
+#[test]
+fn kl_penalty_parts_use_the_row_mean() {
+    let mut t = [tok(-1.0, -1.2, 1.0, 1.0, 0), tok(-1.0, -1.4, 1.0, 0.5, 0), tok(-2.0, -1.5, -1.0, 2.0, 1)];
+    for (x, r) in t.iter_mut().zip([-1.0, -2.0, -0.5]) {
+        x.ref_lp = r;
+    }
+    let mut c = cfg(LossKind::Ppo, 0.2, 0.3);
+    c.kl = Some((0.5, KlSource::Sample));
+    let whole = policy_loss(&t, &c);
+    let row_kl = kl_mean(&t, KlSource::Sample);
+    let a = policy_loss_part(&t[..2], &c, 3, row_kl);
+    let mut rest = [t[2]];
+    rest[0].segment = 0;
+    let b = policy_loss_part(&rest, &c, 3, row_kl);
+    close(a.loss + b.loss, whole.loss);
+    for (g, w) in a.grad.iter().chain(&b.grad).zip(&whole.grad) {
+        close(*g, *w);
+    }
+}
+
+#[test]
+fn behaviour_kl_by_hand() {
+    // r = e^0.5: e^0.5 - 1 - 0.5; r = 1: 0; unknown old logprob: not counted.
+    let t = [tok(-0.5, -1.0, 1.0, 1.0, 0), tok(-1.0, -1.0, 1.0, 1.0, 0), tok(-1.0, f64::NAN, 1.0, 1.0, 0)];
+    let (sum, n) = behaviour_kl(&t);
+    assert_eq!(n, 2);
+    close(sum, 0.5f64.exp() - 1.5);
 }

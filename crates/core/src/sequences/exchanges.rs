@@ -1,0 +1,304 @@
+//! Trajectories recorded as `exchanges` (ART 0.5.23's capture format): the raw request and
+//! response of every inference call of a rollout, turned into token sequences from the exact
+//! ids the server returned, as ART's own backends do.
+//!
+//! Only the calls to the model being trained count (a judge's calls are recorded too); they are
+//! taken in time order. Each choice of a call extends the longest sequence built so far that its
+//! prompt begins with (the prompt's new tokens are context), or starts a new one; the choices of
+//! one call (`n > 1`) each get their own branch. A sampled token is trained once per
+//! trajectory: a position whose whole token prefix was already trained in an earlier sequence is
+//! context. Only chat-completions exchanges can be trained on here (the only endpoint tandem
+//! serves); a trajectory whose calls to the model are of another kind is refused, naming it.
+
+use super::Sequence;
+use serde_json::Value;
+use std::collections::HashSet;
+
+/// The exchange kinds ART records, by their key in `exchanges`.
+pub const KINDS: [&str; 4] = ["chat_completions", "completions", "responses", "messages"];
+
+/// The model a trajectory trains: exchanges whose `model` names it (with or without a
+/// `:stepN` suffix, with or without the `wandb-artifact://` scheme) are its calls.
+pub struct TrainedModel<'a> {
+    pub entity: &'a str,
+    pub project: &'a str,
+    pub name: &'a str,
+}
+
+impl TrainedModel<'_> {
+    pub fn matches(&self, model: &str) -> bool {
+        let path = model
+            .strip_prefix("wandb-artifact:///")
+            .or_else(|| model.strip_prefix("wandb-artifact://"))
+            .unwrap_or(model);
+        let (path, _) = crate::names::split_step_suffix(path);
+        path == format!("{}/{}/{}", self.entity, self.project, self.name)
+    }
+}
+
+/// The model an exchange called: the request's `model`, else the response's.
+fn exchange_model(x: &Value) -> Option<&str> {
+    x.get("request")
+        .and_then(|r| r.get("model"))
+        .and_then(Value::as_str)
+        .or_else(|| x.get("response").and_then(|r| r.get("model")).and_then(Value::as_str))
+}
+
+/// A token id as ART accepts it: an integer, or `"token_id:N"`.
+fn token_id(v: &Value) -> Option<u32> {
+    match v {
+        Value::Number(n) => n.as_u64().and_then(|i| u32::try_from(i).ok()),
+        Value::String(s) => s.strip_prefix("token_id:")?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn id_list(v: Option<&Value>) -> Option<Vec<u32>> {
+    let ids: Vec<u32> = v?.as_array()?.iter().map(token_id).collect::<Option<_>>()?;
+    (!ids.is_empty()).then_some(ids)
+}
+
+/// Start and end time in nanoseconds since the epoch (ART sorts by both).
+fn times(x: &Value) -> (i128, i128) {
+    let t = |k: &str| {
+        x.get(k)
+            .and_then(Value::as_str)
+            .and_then(|s| time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok())
+            .map_or(i128::MAX, |d| d.unix_timestamp_nanos())
+    };
+    (t("start_time"), t("end_time"))
+}
+
+/// One sampled generation: the full prompt's ids, the sampled ids and their logprobs.
+struct Generation {
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    logprobs: Option<Vec<f64>>,
+}
+
+/// The exact tokens of one chat-completions choice: ids on the choice, else on the response;
+/// output ids from `token_ids`, else from `token_id:N` logprob entries; logprobs from
+/// `compact_logprobs` / `art_completion_logprobs`, else from the logprob entries.
+fn chat_generation(response: &Value, choice: &Value, here: &str) -> Result<Generation, String> {
+    let prompt = id_list(choice.get("prompt_token_ids"))
+        .or_else(|| id_list(response.get("prompt_token_ids")))
+        .ok_or_else(|| format!("{here}: the response has no prompt_token_ids (request return_token_ids)"))?;
+    let entries: Vec<&Value> = ["content", "refusal"]
+        .iter()
+        .filter_map(|k| choice.get("logprobs").and_then(|l| l.get(*k)).and_then(Value::as_array))
+        .flatten()
+        .collect();
+    let from_entries: Option<Vec<u32>> = if entries.is_empty() {
+        None
+    } else {
+        entries.iter().map(|e| e.get("token_id").or_else(|| e.get("token")).and_then(token_id)).collect()
+    };
+    let output = match (id_list(choice.get("token_ids")), from_entries) {
+        (Some(ids), Some(from)) if ids != from => {
+            return Err(format!("{here}: the choice's token_ids disagree with its logprob tokens"))
+        }
+        (Some(ids), _) => ids,
+        (None, Some(from)) if !from.is_empty() => from,
+        _ => return Err(format!("{here}: the choice has no token_ids (request return_token_ids)")),
+    };
+    let compact = choice.get("compact_logprobs").or_else(|| choice.get("art_completion_logprobs"));
+    let logprobs: Option<Vec<f64>> = match compact {
+        Some(Value::Array(xs)) => Some(xs.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect()),
+        Some(_) => None,
+        None if entries.is_empty() => None,
+        None => Some(entries.iter().map(|e| e.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN)).collect()),
+    };
+    if let Some(l) = &logprobs {
+        if l.len() != output.len() {
+            return Err(format!("{here}: the choice has {} logprobs for {} token ids", l.len(), output.len()));
+        }
+    }
+    Ok(Generation { prompt, output, logprobs })
+}
+
+/// A trajectory's `exchanges`, tokenized (see the module docs). `allow_without_logprobs`: a
+/// generation without logprobs trains with unknown old logprobs (ratio 1) instead of failing.
+pub fn tokenize_exchanges(
+    exchanges: &Value,
+    model: &TrainedModel,
+    allow_without_logprobs: bool,
+    at: &str,
+) -> Result<Vec<Sequence>, String> {
+    let mut calls: Vec<(&str, usize, &Value)> = Vec::new();
+    for kind in KINDS {
+        for (k, x) in exchanges.get(kind).and_then(Value::as_array).into_iter().flatten().enumerate() {
+            if exchange_model(x).is_some_and(|m| model.matches(m)) {
+                calls.push((kind, k, x));
+            }
+        }
+    }
+    if calls.is_empty() {
+        return Err(format!(
+            "{at}.exchanges: no exchange calls the trained model wandb-artifact:///{}/{}/{}",
+            model.entity, model.project, model.name
+        ));
+    }
+    if let Some((kind, k, _)) = calls.iter().find(|(kind, _, _)| *kind != "chat_completions") {
+        return Err(format!(
+            "{at}.exchanges.{kind}[{k}]: tandem trains on chat-completions exchanges only (it serves no {kind} endpoint)"
+        ));
+    }
+    calls.sort_by_key(|(_, k, x)| (times(x), *k));
+
+    let mut seqs: Vec<Sequence> = Vec::new();
+    for (_, k, x) in calls {
+        let here = format!("{at}.exchanges.chat_completions[{k}]");
+        let response = x.get("response").unwrap_or(&Value::Null);
+        let mut choices: Vec<&Value> =
+            response.get("choices").and_then(Value::as_array).into_iter().flatten().collect();
+        if choices.is_empty() {
+            return Err(format!("{here}: the response has no choices"));
+        }
+        choices.sort_by_key(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0));
+        let gens = choices
+            .iter()
+            .enumerate()
+            .map(|(c, choice)| chat_generation(response, choice, &format!("{here}.response.choices[{c}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        // The longest sequence this call's prompt continues (every choice shares the prompt).
+        let parent = seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| gens[0].prompt.starts_with(&s.tokens))
+            .max_by_key(|(_, s)| s.tokens.len())
+            .map(|(i, _)| i);
+        let base = parent.map(|i| seqs[i].clone());
+        for (c, g) in gens.iter().enumerate() {
+            if g.logprobs.is_none() && !allow_without_logprobs {
+                return Err(format!(
+                    "{here}.response.choices[{c}]: the choice has no logprobs (request logprobs, or set allow_training_without_logprobs)"
+                ));
+            }
+            let mut seq = base.clone().unwrap_or_default();
+            seq.push(&g.prompt[seq.tokens.len()..], false, None);
+            seq.push(&g.output, true, g.logprobs.as_deref());
+            match (c, parent) {
+                // The first choice consumes its parent; further choices branch from it.
+                (0, Some(i)) => seqs[i] = seq,
+                _ => seqs.push(seq),
+            }
+        }
+    }
+    train_each_prefix_once(&mut seqs);
+    Ok(seqs)
+}
+
+/// Unmarks trained positions whose whole token prefix was already trained in an earlier
+/// sequence (branches of one parent share its tokens; each is trained once).
+fn train_each_prefix_once(seqs: &mut [Sequence]) {
+    let mut seen: HashSet<(u64, u64, usize)> = HashSet::new();
+    for s in seqs {
+        let (mut h1, mut h2) = (0xcbf2_9ce4_8422_2325u64, 0x9e37_79b9_7f4a_7c15u64);
+        for i in 0..s.tokens.len() {
+            let t = u64::from(s.tokens[i]);
+            // Two independent rolling hashes of the prefix, plus its length: a collision would
+            // need both to collide at the same length.
+            h1 = (h1 ^ t).wrapping_mul(0x0000_0100_0000_01b3);
+            h2 = h2.wrapping_mul(0xff51_afd7_ed55_8ccd).wrapping_add(t + 1).rotate_left(29);
+            if s.trained[i] && !seen.insert((h1, h2, i)) {
+                s.trained[i] = false;
+                s.old_lp[i] = f64::NAN;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const MODEL: TrainedModel = TrainedModel { entity: "e", project: "p", name: "m" };
+
+    fn call(start: &str, model: &str, choices: Value, prompt: &[u32]) -> Value {
+        json!({"start_time": start, "end_time": start, "model": model,
+               "request": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
+               "response": {"model": model, "choices": choices, "prompt_token_ids": prompt}})
+    }
+
+    fn chat_choice(index: u32, ids: &[u32], lps: &[f64]) -> Value {
+        let content: Vec<Value> =
+            ids.iter().zip(lps).map(|(i, l)| json!({"token": format!("token_id:{i}"), "logprob": l})).collect();
+        json!({"index": index, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"},
+               "token_ids": ids, "logprobs": {"content": content}})
+    }
+
+    #[test]
+    fn turns_in_time_order_extend_one_sequence_and_judges_are_ignored() {
+        let m = "wandb-artifact:///e/p/m:step2";
+        let x = json!({"chat_completions": [
+            // Listed first, called second (completion order is not call order).
+            call("2026-01-01T00:00:01.5Z", m, json!([chat_choice(0, &[7], &[-0.3])]), &[1, 2, 3, 4, 5, 6]),
+            call("2026-01-01T00:00:01Z", m, json!([chat_choice(0, &[3, 4], &[-0.1, -0.2])]), &[1, 2]),
+            call("2026-01-01T00:00:00Z", "gpt-judge", json!([chat_choice(0, &[9], &[-1.0])]), &[9]),
+        ]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs.len(), 1);
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(seqs[0].trained, vec![false, false, true, true, false, false, true]);
+        assert_eq!(seqs[0].old_lp[6], -0.3);
+    }
+
+    #[test]
+    fn n_choices_branch_and_shared_tokens_train_once() {
+        let m = "e/p/m";
+        let x = json!({"chat_completions": [
+            call("2026-01-01T00:00:00Z", m, json!([chat_choice(0, &[3], &[-0.1])]), &[1, 2]),
+            // Continues [1, 2, 3] with two choices: two branches sharing the trained 3.
+            call("2026-01-01T00:00:01Z", m,
+                 json!([chat_choice(1, &[6], &[-0.6]), chat_choice(0, &[5], &[-0.5])]), &[1, 2, 3, 4]),
+        ]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs.len(), 2);
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4, 5]);
+        assert_eq!(seqs[0].trained, vec![false, false, true, false, true]);
+        assert_eq!(seqs[1].tokens, vec![1, 2, 3, 4, 6]);
+        assert_eq!(seqs[1].trained, vec![false, false, false, false, true]);
+        assert!(seqs[1].old_lp[2].is_nan());
+    }
+
+    #[test]
+    fn what_cannot_be_trained_is_named() {
+        let m = "e/p/m";
+        let none = json!({"chat_completions": [call("2026-01-01T00:00:00Z", "other", json!([chat_choice(0, &[3], &[-0.1])]), &[1])]});
+        assert!(tokenize_exchanges(&none, &MODEL, false, "t")
+            .unwrap_err()
+            .contains("no exchange calls the trained model"));
+        let completions = json!({"completions": [call("2026-01-01T00:00:00Z", m, json!([]), &[1])]});
+        let e = tokenize_exchanges(&completions, &MODEL, false, "t").unwrap_err();
+        assert!(e.contains("t.exchanges.completions[0]") && e.contains("chat-completions"), "{e}");
+        let mut no_ids = chat_choice(0, &[3], &[-0.1]);
+        no_ids.as_object_mut().unwrap().remove("token_ids");
+        no_ids["logprobs"]["content"][0]["token"] = json!("hello");
+        let x = json!({"chat_completions": [call("2026-01-01T00:00:00Z", m, json!([no_ids]), &[1])]});
+        let e = tokenize_exchanges(&x, &MODEL, false, "t").unwrap_err();
+        assert!(e.contains("choices[0]: the choice has no token_ids"), "{e}");
+        let mut no_lps = chat_choice(0, &[3], &[-0.1]);
+        no_lps["logprobs"] = Value::Null;
+        let x = json!({"chat_completions": [call("2026-01-01T00:00:00Z", m, json!([no_lps]), &[1])]});
+        assert!(tokenize_exchanges(&x, &MODEL, false, "t").unwrap_err().contains("no logprobs"));
+        let seqs = tokenize_exchanges(&x, &MODEL, true, "t").unwrap();
+        assert!(seqs[0].trained[1] && seqs[0].old_lp[1].is_nan());
+        let mut other = chat_choice(0, &[3], &[-0.1]);
+        other["logprobs"]["content"][0]["token"] = json!("token_id:4");
+        let x = json!({"chat_completions": [call("2026-01-01T00:00:00Z", m, json!([other]), &[1])]});
+        assert!(tokenize_exchanges(&x, &MODEL, false, "t").unwrap_err().contains("disagree"));
+    }
+
+    #[test]
+    fn compact_logprobs_and_string_ids() {
+        let choice = json!({"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop",
+                            "token_ids": ["token_id:3", 4], "compact_logprobs": [-0.1, -0.2],
+                            "prompt_token_ids": [1, "token_id:2"]});
+        let x = json!({"chat_completions": [{"start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:00:00Z",
+                        "request": {"model": "e/p/m"}, "response": {"choices": [choice]}}]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4]);
+        assert_eq!(seqs[0].old_lp[2..], [-0.1, -0.2]);
+    }
+}
