@@ -34,12 +34,47 @@ $(PYENV)/.ok-$(OPENAI_VERSION):
 	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
 	touch $@
 
-## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK)
-test: model $(PYENV)/.ok-$(OPENAI_VERSION)
+# OpenPipe ART's own client, in the two releases users run, each in a virtualenv of its own (created
+# once; about 1.5 min each here).
+#
+# openpipe-art 0.5.23 needs Python >= 3.12: `python3.12` if it really runs (a pyenv shim may exist for
+# a version that is not active, and then fails), else the newest ~/.pyenv/versions/3.12*. No extra
+# pins: its own requirements already keep openai < 3; polars 2 is fine (delete_checkpoints averages
+# only the chosen metric); train() and the SFT path need no wandb package while WANDB_API_KEY is unset.
+ART23ENV := target/art23env
+ART23_VERSION := 0.5.23
+PYTHON312 = $(shell if python3.12 -c 'import sys' >/dev/null 2>&1; then command -v python3.12; \
+	else ls -d $$HOME/.pyenv/versions/3.12*/bin/python3 2>/dev/null | sort -V | tail -n 1; fi)
+
+$(ART23ENV)/.ok-$(ART23_VERSION):
+	@py="$(PYTHON312)"; if [ -z "$$py" ]; then \
+		echo "error: openpipe-art $(ART23_VERSION) needs Python 3.12: no working python3.12 on PATH and none in ~/.pyenv/versions/3.12*" >&2; \
+		exit 1; fi; \
+	echo "$$py -m venv $(ART23ENV)"; "$$py" -m venv $(ART23ENV)
+	$(ART23ENV)/bin/python -m pip install --quiet --disable-pip-version-check openpipe-art==$(ART23_VERSION)
+	touch $@
+
+# openpipe-art 0.5.18, the newest release for Python 3.11, with the pins its own loose requirements
+# need (examples/README.md): openai<3 (openai 3 breaks model.openai_client() with a TypeError),
+# polars<2 (delete_checkpoints averages every history column, and polars 2 refuses the string one),
+# wandb (ServerlessBackend.train() imports it unconditionally).
+ART18ENV := target/art18env
+ART18_VERSION := 0.5.18
+
+$(ART18ENV)/.ok-$(ART18_VERSION):
+	python3 -m venv $(ART18ENV)
+	$(ART18ENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		openpipe-art==$(ART18_VERSION) "openai<3" "polars<2" wandb==0.25.0
+	touch $@
+
+## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
+test: model $(PYENV)/.ok-$(OPENAI_VERSION) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
 	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
+	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
+	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model

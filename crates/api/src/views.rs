@@ -1,7 +1,7 @@
 //! JSON views of domain records: the wire shapes of the preview area.
 
 use serde_json::{json, Value};
-use tandem_core::records::{Checkpoint, Job, JobEvent, LogEntry, ModelRecord, Page};
+use tandem_core::records::{Checkpoint, Dataset, Job, JobEvent, LogEntry, ModelRecord, Page};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -37,11 +37,23 @@ pub fn log_entry(l: &LogEntry) -> Value {
 
 pub fn job(j: &Job) -> Value {
     json!({
-        "id": j.id, "object": "training_job", "model_id": j.model_id, "status": j.status.as_str(),
+        "id": j.id, "object": "training_job", "kind": j.kind.as_str(), "model_id": j.model_id,
+        "status": j.status.as_str(),
         "step": j.step, "error_message": j.error_message,
         "created_at": timestamp(j.created_at),
         "started_at": j.started_at.map_or(Value::Null, timestamp),
         "finished_at": j.finished_at.map_or(Value::Null, timestamp),
+    })
+}
+
+/// A dataset, with the `wandb-artifact:///` URL that names it as an SFT job's
+/// `training_data_url`.
+pub fn dataset(d: &Dataset) -> Value {
+    json!({
+        "id": d.id, "object": "dataset", "entity": d.entity, "project": d.project, "name": d.name,
+        "version": d.version,
+        "url": format!("wandb-artifact:///{}/{}/{}:v{}", d.entity, d.project, d.name, d.version),
+        "num_rows": d.num_rows, "size_bytes": d.size_bytes, "created_at": timestamp(d.created_at),
     })
 }
 

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_api::Limits;
+use tandem_core::records::JobKind;
 use tandem_jobs::{NoTrainer, Worker, WorkerConfig};
 use tandem_store::{ApiKeyRecord, JobOutcome, NewCheckpoint, NewJob, Store};
 use uuid::Uuid;
@@ -129,8 +130,11 @@ async fn model_create_get_list_delete() {
 
 /// Runs a job to success by hand (the trainer is a later issue), with adapter files on disk.
 async fn add_checkpoint(app: &TestApp, model_id: Uuid, step: i64) -> String {
-    let job =
-        app.store.create_job(&NewJob { model_id, config: json!({}), trajectory_groups: json!([]) }).await.unwrap();
+    let job = app
+        .store
+        .create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) })
+        .await
+        .unwrap();
     app.store.claim_next_job().await.unwrap().unwrap();
     let id = Uuid::now_v7();
     let path = tandem_store::CheckpointDir::relative_path(model_id, id);

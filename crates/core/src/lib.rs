@@ -5,6 +5,7 @@
 //! - [`metrics`]: the metrics a trajectory log computes.
 //! - [`train_config`]: the typed `experimental_config`.
 //! - [`sequences`]: ART trajectories to the token sequences a trainer trains on.
+//! - [`sft`]: supervised fine-tuning: datasets, config, trained spans of a conversation.
 //! - [`records`]: models, checkpoints, logs, jobs and events as the store keeps them.
 //! - [`names`]: what a model address may contain.
 //! - [`inference`]: the port between the api and the inference engine.
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod names;
 pub mod records;
 pub mod sequences;
+pub mod sft;
 pub mod train_config;
 pub mod trajectory;
 pub mod validate;

@@ -82,11 +82,52 @@ impl JobStatus {
     }
 }
 
+/// What a training job trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    /// Trajectory groups with rewards (`POST /training-jobs`).
+    Rl,
+    /// Conversations of a dataset (`POST /sft-training-jobs`).
+    Sft,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Rl => "rl",
+            JobKind::Sft => "sft",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "rl" => Some(JobKind::Rl),
+            "sft" => Some(JobKind::Sft),
+            _ => None,
+        }
+    }
+}
+
+/// An uploaded dataset (its rows are fetched on demand).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dataset {
+    pub id: Uuid,
+    pub entity: String,
+    pub project: String,
+    pub name: String,
+    pub version: i64,
+    pub num_rows: i64,
+    pub size_bytes: i64,
+    pub created_at: i64,
+}
+
 /// A training job as the api shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     pub id: Uuid,
     pub model_id: Uuid,
+    pub kind: JobKind,
     pub status: JobStatus,
     /// The checkpoint step this job produced, once it succeeded.
     pub step: Option<i64>,

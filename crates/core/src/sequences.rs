@@ -20,7 +20,13 @@ use serde_json::Value;
 /// Renders a conversation with the served model's chat template (generation prompt added) and
 /// tokenizes text; the trainer gets it from the inference engine.
 pub trait ChatTokenizer {
-    fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String>;
+    /// `add_generation_prompt`: end with the opening of an assistant turn.
+    fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, String>;
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String>;
     /// The token whose raw bytes these are.
     fn token_id(&self, bytes: &[u8]) -> Option<u32>;
@@ -34,10 +40,15 @@ pub struct BackendTokenizer {
 }
 
 impl ChatTokenizer for BackendTokenizer {
-    fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String> {
+    fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, String> {
         let chat = ChatRender {
             messages: messages.to_vec(),
-            add_generation_prompt: true,
+            add_generation_prompt,
             tools: tools.cloned(),
             ..ChatRender::default()
         };
@@ -68,7 +79,7 @@ impl Sequence {
         self.trained.iter().filter(|t| **t).count()
     }
 
-    fn push(&mut self, tokens: &[u32], trained: bool, lps: Option<&[f64]>) {
+    pub(crate) fn push(&mut self, tokens: &[u32], trained: bool, lps: Option<&[f64]>) {
         for (i, t) in tokens.iter().enumerate() {
             self.tokens.push(*t);
             self.trained.push(trained);
@@ -213,8 +224,9 @@ fn choice_tokens(
         _ => {
             // An older client: render the conversation so far, and take the completion's ids from
             // the logprob entries (`token_id:N`, or each entry's raw bytes), else from its text.
-            let prompt =
-                tok.render(context, tools).map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
+            let prompt = tok
+                .render(context, tools, true)
+                .map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
             let from_logprobs: Option<Vec<u32>> =
                 entries.as_ref().and_then(|es| es.iter().map(|e| entry_id(e, tok)).collect());
             let completion = match from_logprobs {

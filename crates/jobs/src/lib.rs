@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tandem_core::records::ModelRecord;
+use tandem_core::sft::SftConfig;
 use tandem_core::train_config::TrainConfig;
 use uuid::Uuid;
 
@@ -21,13 +22,26 @@ use uuid::Uuid;
 pub struct TrainJob {
     pub job_id: Uuid,
     pub model: ModelRecord,
-    pub config: TrainConfig,
-    pub trajectory_groups: Value,
     /// The step training continues from (0 = the base model) and its adapter directory.
     pub base_step: i64,
     pub base_checkpoint: Option<PathBuf>,
-    /// The KL penalty's reference policy, resolved by the worker when the config has one.
-    pub kl_reference: Option<ReferencePolicy>,
+    pub task: TrainTask,
+}
+
+/// What a job trains on, and how.
+#[derive(Debug, Clone)]
+pub enum TrainTask {
+    Rl {
+        config: TrainConfig,
+        trajectory_groups: Value,
+        /// The KL penalty's reference policy, resolved by the worker when the config has one.
+        kl_reference: Option<ReferencePolicy>,
+    },
+    Sft {
+        config: SftConfig,
+        /// The conversations, `{"messages", "tools"?}` each.
+        rows: Vec<Value>,
+    },
 }
 
 /// A policy log-probabilities are compared against: the base model, or one of the model's

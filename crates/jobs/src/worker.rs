@@ -1,13 +1,14 @@
 //! The worker loop: wait for work, claim, train, finish.
 
-use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_core::health::Heartbeat;
-use tandem_core::records::{event_type, Order, PageRequest};
+use tandem_core::records::{event_type, JobKind, Order, PageRequest};
+use tandem_core::sft::SftConfig;
 use tandem_core::train_config::{KlReference, TrainConfig};
 use tandem_store::{now_ms, CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
 use tokio::runtime::Handle;
@@ -129,10 +130,6 @@ impl Worker {
 
     async fn run_claimed(&self, claimed: ClaimedJob) -> Result<(), StoreError> {
         let job_id = claimed.job.id;
-        let config: TrainConfig = match serde_json::from_value(claimed.config.clone()) {
-            Ok(c) => c,
-            Err(e) => return self.fail(job_id, false, format!("stored training config is unreadable: {e}")).await,
-        };
         let base_step = self.store.latest_step(claimed.model.id).await?;
         let base_checkpoint = if base_step > 0 {
             let cp = self.store.get_checkpoint(claimed.model.id, base_step).await?;
@@ -140,22 +137,11 @@ impl Worker {
         } else {
             None
         };
-        let kl_reference = match &config.kl_penalty {
-            Some(kl) => match self.reference_policy(claimed.model.id, base_step, &kl.reference).await? {
-                Ok(r) => Some(r),
-                Err(why) => return self.fail(job_id, false, why).await,
-            },
-            None => None,
+        let task = match self.task(&claimed, base_step).await? {
+            Ok(task) => task,
+            Err(why) => return self.fail(job_id, false, why).await,
         };
-        let train_job = TrainJob {
-            job_id,
-            model: claimed.model.clone(),
-            config,
-            trajectory_groups: claimed.trajectory_groups,
-            base_step,
-            base_checkpoint,
-            kl_reference,
-        };
+        let train_job = TrainJob { job_id, model: claimed.model.clone(), base_step, base_checkpoint, task };
         self.heartbeat.beat(now_ms(), true);
         let mut sink = StoreSink {
             heartbeat: self.heartbeat.clone(),
@@ -185,6 +171,34 @@ impl Worker {
                 ignore_gone(self.store.finish_job(job_id, &outcome).await).map(|_| ())
             }
             Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
+        }
+    }
+
+    /// The job's stored inputs as a task; `Ok(Err(why))` fails the job.
+    async fn task(&self, claimed: &ClaimedJob, base_step: i64) -> Result<Result<TrainTask, String>, StoreError> {
+        match claimed.job.kind {
+            JobKind::Rl => {
+                let config: TrainConfig = match serde_json::from_value(claimed.config.clone()) {
+                    Ok(c) => c,
+                    Err(e) => return Ok(Err(format!("stored training config is unreadable: {e}"))),
+                };
+                let kl_reference = match &config.kl_penalty {
+                    Some(kl) => match self.reference_policy(claimed.model.id, base_step, &kl.reference).await? {
+                        Ok(r) => Some(r),
+                        Err(why) => return Ok(Err(why)),
+                    },
+                    None => None,
+                };
+                Ok(Ok(TrainTask::Rl { config, trajectory_groups: claimed.inputs.clone(), kl_reference }))
+            }
+            JobKind::Sft => {
+                let config: SftConfig = match serde_json::from_value(claimed.config.clone()) {
+                    Ok(c) => c,
+                    Err(e) => return Ok(Err(format!("stored SFT config is unreadable: {e}"))),
+                };
+                let rows = claimed.inputs.as_array().cloned().unwrap_or_default();
+                Ok(Ok(TrainTask::Sft { config, rows }))
+            }
         }
     }
 

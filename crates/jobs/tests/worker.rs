@@ -5,7 +5,7 @@ use serde_json::{json, Map};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tandem_core::records::{JobStatus, Order, PageRequest};
+use tandem_core::records::{JobKind, JobStatus, Order, PageRequest};
 use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer, Worker, WorkerConfig};
 use tandem_store::{CheckpointDir, NewJob, NewModel, SqliteStore, Store};
 use uuid::Uuid;
@@ -81,7 +81,7 @@ impl Fixture {
 
     async fn queue(&self) -> Uuid {
         let config = serde_json::to_value(tandem_core::train_config::TrainConfig::default()).unwrap();
-        let new = NewJob { model_id: self.model_id, config, trajectory_groups: json!([]) };
+        let new = NewJob { model_id: self.model_id, kind: JobKind::Rl, config, inputs: json!([]) };
         self.store.create_job(&new).await.unwrap().id
     }
 

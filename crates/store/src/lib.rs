@@ -16,7 +16,7 @@ pub use sqlite::SqliteStore;
 use async_trait::async_trait;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use tandem_core::records::{Checkpoint, Job, JobEvent, LogEntry, ModelRecord, Page, PageRequest};
+use tandem_core::records::{Checkpoint, Dataset, Job, JobEvent, JobKind, LogEntry, ModelRecord, Page, PageRequest};
 use uuid::Uuid;
 
 /// What can go wrong in the store, in terms the api can map to statuses.
@@ -103,12 +103,24 @@ pub struct NewLog {
     pub trajectory_groups: Value,
 }
 
-/// A training job to enqueue; `config` is the serialised `TrainConfig`.
+/// A training job to enqueue; `config` is the serialised `TrainConfig` (RL) or `SftConfig`
+/// (SFT), `inputs` the trajectory groups (RL) or the conversations (SFT).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewJob {
     pub model_id: Uuid,
+    pub kind: JobKind,
     pub config: Value,
-    pub trajectory_groups: Value,
+    pub inputs: Value,
+}
+
+/// A dataset to store as the next version of its name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewDataset {
+    pub entity: String,
+    pub project: String,
+    pub name: String,
+    pub num_rows: i64,
+    pub data: Vec<u8>,
 }
 
 /// A job the worker has claimed, with the inputs it needs.
@@ -117,7 +129,7 @@ pub struct ClaimedJob {
     pub job: Job,
     pub model: ModelRecord,
     pub config: Value,
-    pub trajectory_groups: Value,
+    pub inputs: Value,
 }
 
 /// How a job ended. `Succeeded` records the new checkpoint in the same transaction as the
@@ -187,6 +199,16 @@ pub trait Store: Send + Sync + 'static {
     async fn list_logs(&self, model_id: Uuid, split: Option<&str>, page: PageRequest) -> Result<Page<LogEntry>>;
     /// One log entry with its groups exactly as stored.
     async fn get_log(&self, model_id: Uuid, log_id: Uuid) -> Result<(LogEntry, Value)>;
+
+    // --- datasets (scoped to the entity like models) ---
+    async fn create_dataset(&self, new: &NewDataset) -> Result<Dataset>;
+    async fn get_dataset(&self, entity: &str, id: Uuid) -> Result<Dataset>;
+    /// The dataset `{entity}/{project}/{name}` at `version`, or its latest version.
+    async fn find_dataset(&self, entity: &str, project: &str, name: &str, version: Option<i64>) -> Result<Dataset>;
+    async fn list_datasets(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<Dataset>>;
+    /// The file as uploaded.
+    async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<Vec<u8>>;
+    async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()>;
 
     // --- training jobs ---
     async fn create_job(&self, new: &NewJob) -> Result<Job>;

@@ -5,8 +5,10 @@
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tandem_core::records::{event_type, JobStatus, Order, PageRequest};
-use tandem_store::{ApiKeyRecord, JobOutcome, NewCheckpoint, NewJob, NewLog, NewModel, SqliteStore, Store, StoreError};
+use tandem_core::records::{event_type, JobKind, JobStatus, Order, PageRequest};
+use tandem_store::{
+    ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, SqliteStore, Store, StoreError,
+};
 use uuid::Uuid;
 
 async fn backends() -> Vec<(String, Arc<dyn Store>, Option<tempfile::TempDir>)> {
@@ -23,7 +25,8 @@ fn new_model(entity: &str, name: &str) -> NewModel {
 }
 
 async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
-    let job = store.create_job(&NewJob { model_id, config: json!({}), trajectory_groups: json!([]) }).await.unwrap();
+    let job =
+        store.create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) }).await.unwrap();
     let claimed = store.claim_next_job().await.unwrap().unwrap();
     assert_eq!(claimed.job.id, job.id);
     let cp = NewCheckpoint {
@@ -155,7 +158,7 @@ async fn job_state_machine() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let (m2, _) = store.create_model(&new_model("a", "m2"), false).await.unwrap();
-        let new = |model_id| NewJob { model_id, config: json!({"lr": 1}), trajectory_groups: json!([1]) };
+        let new = |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({"lr": 1}), inputs: json!([1]) };
         let j1 = store.create_job(&new(m.id)).await.unwrap();
         let j2 = store.create_job(&new(m.id)).await.unwrap();
         let j3 = store.create_job(&new(m2.id)).await.unwrap();
@@ -217,7 +220,7 @@ async fn event_pages_under_concurrent_appends() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let job = store
-            .create_job(&NewJob { model_id: m.id, config: json!({}), trajectory_groups: json!([]) })
+            .create_job(&NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) })
             .await
             .unwrap();
         const N: usize = 200;
@@ -249,5 +252,37 @@ async fn event_pages_under_concurrent_appends() {
         }
         writer.await.unwrap();
         assert_eq!(seen, (0..N).collect::<Vec<_>>(), "{name}: every event exactly once, in order");
+    }
+}
+
+#[tokio::test]
+async fn datasets_are_versioned_and_entity_scoped() {
+    for (name, store, _dir) in backends().await {
+        let new = |entity: &str, data: &[u8]| NewDataset {
+            entity: entity.into(),
+            project: "p".into(),
+            name: "d".into(),
+            num_rows: 1,
+            data: data.to_vec(),
+        };
+        let v0 = store.create_dataset(&new("a", b"{}\n")).await.unwrap();
+        let v1 = store.create_dataset(&new("a", b"{}\n{}\n")).await.unwrap();
+        let other = store.create_dataset(&new("b", b"x")).await.unwrap();
+        assert_eq!((v0.version, v1.version, other.version), (0, 1, 0), "{name}: versions count per entity and name");
+        assert_eq!(v1.size_bytes, 6);
+        assert_eq!(store.find_dataset("a", "p", "d", None).await.unwrap().id, v1.id, "{name}: latest");
+        assert_eq!(store.find_dataset("a", "p", "d", Some(0)).await.unwrap().id, v0.id);
+        assert!(matches!(store.find_dataset("a", "p", "d", Some(2)).await, Err(StoreError::NotFound)));
+        assert_eq!(store.dataset_data("a", v1.id).await.unwrap(), b"{}\n{}\n");
+        // Another entity's dataset does not exist for you.
+        assert!(matches!(store.get_dataset("b", v0.id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.dataset_data("b", v0.id).await, Err(StoreError::NotFound)));
+        assert!(matches!(store.delete_dataset("b", v0.id).await, Err(StoreError::NotFound)));
+        let page = store.list_datasets("a", Some("p"), PageRequest::first(1)).await.unwrap();
+        assert_eq!((page.items.len(), page.has_more), (1, true));
+        store.delete_dataset("a", v0.id).await.unwrap();
+        assert!(matches!(store.get_dataset("a", v0.id).await, Err(StoreError::NotFound)));
+        // The next upload continues after the highest version left.
+        assert_eq!(store.create_dataset(&new("a", b"{}")).await.unwrap().version, 2);
     }
 }

@@ -1,4 +1,4 @@
-//! The RL trainer (issue 4): ART trajectory groups in, a LoRA checkpoint out.
+//! The trainer: ART trajectory groups (RL) or conversations (SFT) in, a LoRA checkpoint out.
 //!
 //! - [`advantage`]: group-relative advantages and token weights (pure).
 //! - [`pack`]: trajectory sequences into rows, one optimizer step each (pure).
@@ -7,7 +7,8 @@
 //! - [`fused`]: RMS norm, RoPE, causal softmax and SiLU-mul as single ops with written backward.
 //! - [`net`]: the Llama forward pass with LoRA on candle autograd.
 //! - [`adapter`]: PEFT adapter files (init, load, save).
-//! - [`trainer`]: the job, end to end ([`LoraTrainer`]).
+//! - [`trainer`]: the RL job, end to end ([`LoraTrainer`]).
+//! - [`sft`]: the supervised fine-tuning job (conversations, mean cross-entropy).
 //!
 //! Tokenizing trajectories is in `tandem_core::sequences`, so the api can refuse a job whose
 //! trajectories cannot be tokenized before it is queued.
@@ -19,6 +20,7 @@ pub mod loss;
 pub mod net;
 pub mod ops;
 pub mod pack;
+pub mod sft;
 pub mod trainer;
 
 pub use trainer::{LoraTrainer, TrainBase};

@@ -61,6 +61,14 @@ pub struct TokenInput {
     pub ref_lp: f64,
 }
 
+/// Supervised fine-tuning's loss over one batch: the mean cross-entropy of its `n` trained
+/// tokens (ART's token mean, so longer examples weigh more), `-sum(lp) / n`, and its gradient
+/// per token, `-1 / n`, for a share `new_lp` of those tokens.
+pub fn sft_loss_part(new_lp: &[f64], n: usize) -> (f64, Vec<f64>) {
+    let n = n.max(1) as f64;
+    (-new_lp.iter().sum::<f64>() / n, vec![-1.0 / n; new_lp.len()])
+}
+
 /// A token's KL term, `src - ref` (ART's `kl_t`): the source is the sampler's logprob (the
 /// learner's where the sampler's is unknown) or the learner's own, detached either way.
 pub fn kl_term(t: &TokenInput, source: KlSource) -> f64 {

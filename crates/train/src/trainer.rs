@@ -18,18 +18,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tandem_core::sequences::{tokenize_trajectory, TrainedModel};
-use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, Trainer};
+use tandem_core::train_config::TrainConfig;
+use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 
 /// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
 /// the activation memory of a step (about 4.5 GB per 1024 tokens).
 const PART_TOKENS: usize = 1024;
 
 /// ART's optimizer settings (contract §3).
-const BETAS: (f64, f64) = (0.9, 0.99);
+pub(crate) const BETAS: (f64, f64) = (0.9, 0.99);
 const WEIGHT_DECAY: f64 = 0.1;
 const MAX_GRAD_NORM: f64 = 0.1;
 /// The seed of a fresh adapter's A matrices (ART's `random_state`).
-const INIT_SEED: u64 = 3407;
+pub(crate) const INIT_SEED: u64 = 3407;
 
 /// One base model the trainer can train: its GGUF and its tokenizer/template.
 pub struct TrainBase {
@@ -43,7 +44,7 @@ pub struct TrainBase {
 pub struct LoraTrainer {
     bases: Vec<TrainBase>,
     loaded: Mutex<BTreeMap<String, Arc<Base>>>,
-    part_tokens: usize,
+    pub(crate) part_tokens: usize,
     pool: rayon::ThreadPool,
 }
 
@@ -89,7 +90,7 @@ impl LoraTrainer {
         self
     }
 
-    fn base(&self, id: &str) -> Result<(Arc<Base>, &TrainBase), TrainError> {
+    pub(crate) fn base(&self, id: &str) -> Result<(Arc<Base>, &TrainBase), TrainError> {
         let tb = self
             .bases
             .iter()
@@ -106,25 +107,27 @@ impl LoraTrainer {
 }
 
 /// Trajectories of the job, tokenized, with their group advantages.
-fn prepare(job: &TrainJob, tok: &dyn TrainTokenizer) -> Result<(Vec<TrajectoryInput>, Map<String, Value>), TrainError> {
-    let groups = job
-        .trajectory_groups
-        .as_array()
-        .ok_or_else(|| TrainError::Invalid("trajectory_groups must be a list".into()))?;
+fn prepare(
+    job: &TrainJob,
+    config: &TrainConfig,
+    groups: &Value,
+    tok: &dyn TrainTokenizer,
+) -> Result<(Vec<TrajectoryInput>, Map<String, Value>), TrainError> {
+    let groups = groups.as_array().ok_or_else(|| TrainError::Invalid("trajectory_groups must be a list".into()))?;
     let mut out = Vec::new();
     let (mut n_traj, mut trainable_groups) = (0usize, 0usize);
     let model = TrainedModel { entity: &job.model.entity, project: &job.model.project, name: &job.model.name };
     for (g, group) in groups.iter().enumerate() {
         let trajs = group.get("trajectories").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
         let rewards: Vec<f64> = trajs.iter().map(|t| t.get("reward").and_then(Value::as_f64).unwrap_or(0.0)).collect();
-        let adv = group_advantages(&rewards, job.config.scale_rewards);
+        let adv = group_advantages(&rewards, config.scale_rewards);
         n_traj += trajs.len();
         if adv.iter().any(|a| *a != 0.0) {
             trainable_groups += 1;
         }
         for (t, (traj, a)) in trajs.iter().zip(adv).enumerate() {
             let at = format!("trajectory_groups[{g}].trajectories[{t}]");
-            let sequences = tokenize_trajectory(traj, tok, &model, job.config.allow_training_without_logprobs, &at)
+            let sequences = tokenize_trajectory(traj, tok, &model, config.allow_training_without_logprobs, &at)
                 .map_err(TrainError::Invalid)?;
             out.push(TrajectoryInput { advantage: a, sequences });
         }
@@ -136,7 +139,7 @@ fn prepare(job: &TrainJob, tok: &dyn TrainTokenizer) -> Result<(Vec<TrajectoryIn
     Ok((out, extra))
 }
 
-fn failed(e: candle_core::Error) -> TrainError {
+pub(crate) fn failed(e: candle_core::Error) -> TrainError {
     TrainError::Failed(e.to_string())
 }
 
@@ -163,7 +166,7 @@ pub fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Resul
 
 /// Refuses a job whose largest part would need more memory than the system has available (a
 /// job killed for memory would take the server with it, and be retried at every restart).
-fn check_memory<'a>(base: &Base, parts: impl Iterator<Item = &'a Row>) -> Result<(), TrainError> {
+pub(crate) fn check_memory<'a>(base: &Base, parts: impl Iterator<Item = &'a Row>) -> Result<(), TrainError> {
     let c = &base.config;
     let Some((need, part)) = parts
         .map(|p| (part_memory_bytes(p, c.n_layer, c.hidden, c.ffn, rayon::current_num_threads()), p))
@@ -335,11 +338,29 @@ impl StepTotals {
 
 impl Trainer for LoraTrainer {
     fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
+        match &job.task {
+            TrainTask::Rl { config, trajectory_groups, kl_reference } => {
+                self.train_rl(job, config, trajectory_groups, kl_reference.as_ref(), sink)
+            }
+            TrainTask::Sft { config, rows } => crate::sft::train_sft(self, job, config, rows, sink),
+        }
+    }
+}
+
+impl LoraTrainer {
+    fn train_rl(
+        &self,
+        job: &TrainJob,
+        config: &TrainConfig,
+        groups: &Value,
+        kl_reference: Option<&ReferencePolicy>,
+        sink: &mut dyn TrainSink,
+    ) -> Result<TrainOutput, TrainError> {
         let (base, tb) = self.base(&job.model.base_model)?;
-        let (trajs, mut extra) = prepare(job, tb.tokenizer.as_ref())?;
+        let (trajs, mut extra) = prepare(job, config, groups, tb.tokenizer.as_ref())?;
         let longest = trajs.iter().flat_map(|t| t.sequences.iter().map(|s| s.tokens.len())).max().unwrap_or(0);
-        let row_len = row_length(longest, job.config.packed_sequence_length, base.config.context_len);
-        let rows = pack(&trajs, row_len, job.config.advantage_balance).map_err(TrainError::Invalid)?;
+        let row_len = row_length(longest, config.packed_sequence_length, base.config.context_len);
+        let rows = pack(&trajs, row_len, config.advantage_balance).map_err(TrainError::Invalid)?;
         let lora = match &job.base_checkpoint {
             Some(dir) => adapter::load(dir, &base).map_err(TrainError::Failed)?,
             None => adapter::init(&base, INIT_SEED).map_err(failed)?,
@@ -353,7 +374,7 @@ impl Trainer for LoraTrainer {
         sink.started(rows.len() as u64, extra);
         // With precalculate_logprobs the ratio is taken against the weights at the start of this
         // job; the sampler's logprobs stay as the originals for truncated importance sampling.
-        if job.config.precalculate_logprobs {
+        if config.precalculate_logprobs {
             for part in parts.iter_mut().flatten() {
                 let lps = self.on_training_threads(|| logprobs(&base, &lora, part))?;
                 for (t, lp) in part.targets.iter_mut().zip(lps) {
@@ -363,20 +384,20 @@ impl Trainer for LoraTrainer {
             }
         }
 
-        if let Some(reference) = &job.kl_reference {
+        if let Some(reference) = kl_reference {
             reference_logprobs(&base, reference, &mut parts, self)?;
         }
 
         let vars = lora.vars();
         let params = ParamsAdamW {
-            lr: job.config.learning_rate,
+            lr: config.learning_rate,
             beta1: BETAS.0,
             beta2: BETAS.1,
             eps: 1e-8,
             weight_decay: WEIGHT_DECAY,
         };
         let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
-        let loss_cfg = LossConfig::from_train(&job.config);
+        let loss_cfg = LossConfig::from_train(config);
         let mut summary: BTreeMap<String, f64> = BTreeMap::new();
         let n_rows = rows.len();
         for (row, parts) in rows.iter().zip(&parts) {
@@ -404,8 +425,8 @@ impl Trainer for LoraTrainer {
                 }
             }
             let grad_norm = self.on_training_threads(|| clip(&mut grads, &vars, MAX_GRAD_NORM)).map_err(failed)?;
-            let lr = job.config.learning_rate
-                * (row.trajectories.max(1) as f64).powf(job.config.num_trajectories_learning_rate_multiplier_power);
+            let lr = config.learning_rate
+                * (row.trajectories.max(1) as f64).powf(config.num_trajectories_learning_rate_multiplier_power);
             opt.set_learning_rate(lr);
             self.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
             let secs = started.elapsed().as_secs_f64();

@@ -7,8 +7,9 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_core::sequences::ChatTokenizer;
+use tandem_core::sft::{AssistantTurns, LearningRate, SftConfig};
 use tandem_core::train_config::{ImportanceSamplingLevel, KlPenalty, KlReference, KlSource, LossKind, TrainConfig};
-use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainSink, Trainer};
+use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainSink, TrainTask, Trainer};
 use tandem_model::{KvCache, Logits, SeqInput};
 use tandem_train::loss::{policy_loss, LossConfig, TokenInput};
 use tandem_train::net::{forward, Base};
@@ -178,7 +179,7 @@ fn tiny_model_record() -> tandem_core::records::ModelRecord {
 
 struct Bytes;
 impl ChatTokenizer for Bytes {
-    fn render(&self, _m: &[Value], _t: Option<&Value>) -> Result<Vec<u32>, String> {
+    fn render(&self, _m: &[Value], _t: Option<&Value>, _g: bool) -> Result<Vec<u32>, String> {
         Err("not used".into())
     }
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
@@ -203,6 +204,14 @@ impl TrainSink for Sink {
     }
     fn should_stop(&mut self) -> Option<TrainError> {
         None
+    }
+}
+
+/// An RL job's config and KL reference, to vary a job in a test.
+fn rl(job: &mut TrainJob) -> (&mut TrainConfig, &mut Option<ReferencePolicy>) {
+    match &mut job.task {
+        TrainTask::Rl { config, kl_reference, .. } => (config, kl_reference),
+        TrainTask::Sft { .. } => panic!("not an RL job"),
     }
 }
 
@@ -259,11 +268,9 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
     let mut job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
         model,
-        config,
-        trajectory_groups: groups,
         base_step: 0,
         base_checkpoint: None,
-        kl_reference: None,
+        task: TrainTask::Rl { config, trajectory_groups: groups, kl_reference: None },
     };
     let mut sink = Sink::default();
     let out = trainer.train(&job, &mut sink).unwrap();
@@ -307,9 +314,10 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
     let kl = |reference| {
         let mut j = job.clone();
         j.base_checkpoint = Some(ckpt.clone());
-        j.config.kl_penalty =
+        let (config, kl_reference) = rl(&mut j);
+        config.kl_penalty =
             Some(KlPenalty { coef: 0.5, source: KlSource::CurrentLearner, reference: KlReference::Step(0) });
-        j.kl_reference = Some(reference);
+        *kl_reference = Some(reference);
         let mut sink = Sink::default();
         trainer.train(&j, &mut sink).unwrap();
         sink.steps[0]["kl_policy_ref"]
@@ -335,15 +343,17 @@ fn parts_give_the_same_step_as_the_whole_row() {
     let job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
         model: tiny_model_record(),
-        config: TrainConfig {
-            learning_rate: 1e-2,
-            importance_sampling_level: ImportanceSamplingLevel::Sequence,
-            ..TrainConfig::default()
-        },
-        trajectory_groups: groups,
         base_step: 0,
         base_checkpoint: None,
-        kl_reference: None,
+        task: TrainTask::Rl {
+            config: TrainConfig {
+                learning_rate: 1e-2,
+                importance_sampling_level: ImportanceSamplingLevel::Sequence,
+                ..TrainConfig::default()
+            },
+            trajectory_groups: groups,
+            kl_reference: None,
+        },
     };
     let run = |part: usize, job: &TrainJob| {
         let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }])
@@ -358,8 +368,9 @@ fn parts_give_the_same_step_as_the_whole_row() {
     // With a KL penalty, a row in parts takes its mean KL term over the whole row (sampler
     // logprobs against the base's: not zero).
     let mut kl_job = job.clone();
-    kl_job.config.kl_penalty = Some(KlPenalty { coef: 2.0, source: KlSource::Sample, reference: KlReference::Step(0) });
-    kl_job.kl_reference = Some(ReferencePolicy::Base);
+    let (config, kl_reference) = rl(&mut kl_job);
+    config.kl_penalty = Some(KlPenalty { coef: 2.0, source: KlSource::Sample, reference: KlReference::Step(0) });
+    *kl_reference = Some(ReferencePolicy::Base);
     let (kl_whole, kl_parts) = (run(1000, &kl_job), run(4, &kl_job));
     assert!((kl_whole.1 - kl_parts.1).abs() < 1e-6, "{} vs {}", kl_whole.1, kl_parts.1);
     assert!((kl_whole.3 - kl_parts.3).abs() < 1e-6);
@@ -394,15 +405,17 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
         let job = TrainJob {
             job_id: uuid::Uuid::now_v7(),
             model: tiny_model_record(),
-            config: TrainConfig {
-                precalculate_logprobs: precalculate,
-                truncated_importance_sampling: Some(2.0),
-                ..TrainConfig::default()
-            },
-            trajectory_groups: groups.clone(),
             base_step: 0,
             base_checkpoint: None,
-            kl_reference: None,
+            task: TrainTask::Rl {
+                config: TrainConfig {
+                    precalculate_logprobs: precalculate,
+                    truncated_importance_sampling: Some(2.0),
+                    ..TrainConfig::default()
+                },
+                trajectory_groups: groups.clone(),
+                kl_reference: None,
+            },
         };
         let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
         let mut sink = Sink::default();
@@ -441,11 +454,9 @@ fn zero_variance_jobs_train_nothing() {
     let job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
         model: tiny_model_record(),
-        config: TrainConfig::default(),
-        trajectory_groups: groups,
         base_step: 0,
         base_checkpoint: None,
-        kl_reference: None,
+        task: TrainTask::Rl { config: TrainConfig::default(), trajectory_groups: groups, kl_reference: None },
     };
     let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
     let mut sink = Sink::default();
@@ -501,4 +512,80 @@ fn int8_projections_track_the_exact_gradient() {
     let rel = (norm(&g_f) / norm(&g_e) - 1.0).abs();
     eprintln!("logprobs within {worst}, gradient cosine {cosine:.5}, norm ratio off by {rel:.4}");
     assert!(cosine > 0.99 && rel < 0.05, "cosine {cosine}, norm off by {rel}");
+}
+
+/// A chat template over bytes: a user message is [1, content bytes..., 2], an assistant's
+/// [3, content bytes..., 2], the generation prompt [3] (append-only, as SFT needs).
+struct ByteChat;
+
+impl ChatTokenizer for ByteChat {
+    fn render(&self, messages: &[Value], _t: Option<&Value>, generation: bool) -> Result<Vec<u32>, String> {
+        let mut out = Vec::new();
+        for m in messages {
+            out.push(if m["role"] == "assistant" { 3 } else { 1 });
+            out.extend(m["content"].as_str().unwrap_or_default().bytes().map(u32::from));
+            out.push(2);
+        }
+        if generation {
+            out.push(3);
+        }
+        Ok(out)
+    }
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn token_id(&self, _bytes: &[u8]) -> Option<u32> {
+        None
+    }
+}
+
+/// An SFT job takes one step per batch, and a second job on the same conversations, continuing
+/// from the first one's checkpoint, starts from a lower loss.
+#[test]
+fn sft_jobs_learn_the_conversations() {
+    let (dir, path) = tiny();
+    let trainer =
+        LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(ByteChat) }]);
+    let rows: Vec<Value> = ["ab", "cd", "ef"]
+        .iter()
+        .map(|q| json!({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "yes yes"}]}))
+        .collect();
+    let config = SftConfig {
+        batch_size: 2,
+        learning_rate: LearningRate::PerBatch(vec![2e-2, 1e-2]),
+        assistant_turns: AssistantTurns::All,
+        target_training_step: None,
+    };
+    let mut job = TrainJob {
+        job_id: uuid::Uuid::now_v7(),
+        model: tiny_model_record(),
+        base_step: 0,
+        base_checkpoint: None,
+        task: TrainTask::Sft { config: config.clone(), rows: rows.clone() },
+    };
+    let mut sink = Sink::default();
+    let out = trainer.train(&job, &mut sink).unwrap();
+    assert_eq!(sink.started, Some(2));
+    assert_eq!(sink.steps.len(), 2);
+    assert_eq!((sink.steps[0]["learning_rate"], sink.steps[1]["learning_rate"]), (2e-2, 1e-2));
+    // "yes yes" and the closing 2: 8 trained tokens per conversation.
+    assert_eq!((sink.steps[0]["num_trainable_tokens"], sink.steps[1]["num_trainable_tokens"]), (16.0, 8.0));
+    let first_loss = sink.steps[0]["loss"];
+    assert!(first_loss > 0.0 && sink.steps[0]["grad_norm"] > 0.0);
+    let ckpt = dir.path().join("sft1");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for (name, bytes) in &out.files {
+        std::fs::write(ckpt.join(name), bytes).unwrap();
+    }
+    job.base_checkpoint = Some(ckpt);
+    job.base_step = 1;
+    let mut again = Sink::default();
+    trainer.train(&job, &mut again).unwrap();
+    assert!(again.steps[0]["loss"] < first_loss, "{} -> {}", first_loss, again.steps[0]["loss"]);
+
+    // A list of rates shorter than the batches is refused, naming the count.
+    job.task =
+        TrainTask::Sft { config: SftConfig { learning_rate: LearningRate::PerBatch(vec![1e-3]), ..config }, rows };
+    let e = trainer.train(&job, &mut Sink::default()).unwrap_err();
+    assert!(e.to_string().contains("fewer rates than the 2 batches"), "{e}");
 }

@@ -12,7 +12,7 @@ use axum::Json;
 use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::names::{checkpoint_ref, CheckpointRef, ModelName};
-use tandem_core::records::{ModelRecord, Order, PageRequest};
+use tandem_core::records::{JobKind, ModelRecord, Order, PageRequest};
 use tandem_core::sequences::{tokenize_trajectory, BackendTokenizer, TrainedModel};
 use tandem_core::train_config::parse_train_config;
 use tandem_core::train_config::KlReference;
@@ -50,8 +50,12 @@ pub async fn create(
     let trajectory_groups = body.as_object_mut().and_then(|o| o.remove("trajectory_groups")).unwrap_or(Value::Null);
     let trajectory_groups =
         check_tokenizable(&state, &model, trajectory_groups, config.allow_training_without_logprobs).await?;
-    let new =
-        NewJob { model_id: model.id, config: serde_json::to_value(&config).unwrap_or(Value::Null), trajectory_groups };
+    let new = NewJob {
+        model_id: model.id,
+        kind: JobKind::Rl,
+        config: serde_json::to_value(&config).unwrap_or(Value::Null),
+        inputs: trajectory_groups,
+    };
     let job = state.store().create_job(&new).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("model"),
         other => other.into(),

@@ -2,9 +2,11 @@
 //! Every route requires a key; every object is scoped to the key's entity.
 
 mod checkpoints;
+mod datasets;
 mod jobs;
 mod logs;
 mod models;
+mod sft;
 
 use crate::auth::{require_preview, Caller};
 use crate::body::path_id;
@@ -23,6 +25,9 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/models/{model_id}/log", post(logs::create))
         .route("/models/{model_id}/logs", get(logs::list))
         .route("/models/{model_id}/logs/{log_id}", get(logs::get))
+        .route("/datasets", post(datasets::upload).get(datasets::list))
+        .route("/datasets/{dataset_id}", get(datasets::get).delete(datasets::delete))
+        .route("/sft-training-jobs", post(sft::create))
         .route("/training-jobs", post(jobs::create))
         .route("/training-jobs/{job_id}", get(jobs::get))
         .route("/training-jobs/{job_id}/cancel", post(jobs::cancel))

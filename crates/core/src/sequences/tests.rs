@@ -6,7 +6,7 @@ use serde_json::json;
 struct Fake;
 
 impl ChatTokenizer for Fake {
-    fn render(&self, messages: &[Value], tools: Option<&Value>) -> Result<Vec<u32>, String> {
+    fn render(&self, messages: &[Value], tools: Option<&Value>, _generation: bool) -> Result<Vec<u32>, String> {
         if messages.iter().any(|m| m["content"] == "boom") {
             return Err("template failed".into());
         }

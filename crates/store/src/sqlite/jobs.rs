@@ -11,13 +11,14 @@ use uuid::Uuid;
 pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
     let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));
     let row = sqlx::query(
-        "INSERT INTO training_jobs (id, model_id, status, config, trajectory_groups, created_at)
-         VALUES (?, ?, 'queued', ?, ?, ?) RETURNING *",
+        "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, created_at)
+         VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
     )
     .bind(tandem_core::new_id().to_string())
     .bind(new.model_id.to_string())
+    .bind(new.kind.as_str())
     .bind(text(&new.config)?)
-    .bind(text(&new.trajectory_groups)?)
+    .bind(text(&new.inputs)?)
     .bind(now_ms())
     .fetch_one(pool)
     .await?;
@@ -97,7 +98,7 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
     Ok(Some(ClaimedJob {
         model: rows::model(&model)?,
         config: rows::json(&row, "config")?,
-        trajectory_groups: rows::json(&row, "trajectory_groups")?,
+        inputs: rows::json(&row, "trajectory_groups")?,
         job,
     }))
 }

@@ -5,6 +5,7 @@
 //! wait on the busy timeout, instead of failing on a lock upgrade when another process (the
 //! `tandem keys` command) writes at the same time.
 
+mod datasets;
 mod jobs;
 mod rows;
 
@@ -374,6 +375,41 @@ impl crate::Store for SqliteStore {
             .fetch_one(&self.pool)
             .await?;
         Ok((rows::log_entry(&row)?, rows::json(&row, "trajectory_groups")?))
+    }
+
+    async fn create_dataset(&self, new: &crate::NewDataset) -> Result<tandem_core::records::Dataset> {
+        datasets::create(&self.pool, new).await
+    }
+
+    async fn get_dataset(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Dataset> {
+        datasets::get(&self.pool, entity, id).await
+    }
+
+    async fn find_dataset(
+        &self,
+        entity: &str,
+        project: &str,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<tandem_core::records::Dataset> {
+        datasets::find(&self.pool, entity, project, name, version).await
+    }
+
+    async fn list_datasets(
+        &self,
+        entity: &str,
+        project: Option<&str>,
+        page: PageRequest,
+    ) -> Result<Page<tandem_core::records::Dataset>> {
+        datasets::list(&self.pool, entity, project, page).await
+    }
+
+    async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<Vec<u8>> {
+        datasets::data(&self.pool, entity, id).await
+    }
+
+    async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()> {
+        datasets::delete(&self.pool, entity, id).await
     }
 
     async fn create_job(&self, new: &crate::NewJob) -> Result<tandem_core::records::Job> {

@@ -5,7 +5,7 @@ use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 use std::collections::BTreeMap;
-use tandem_core::records::{Checkpoint, Job, JobEvent, JobStatus, LogEntry, ModelRecord};
+use tandem_core::records::{Checkpoint, Dataset, Job, JobEvent, JobKind, JobStatus, LogEntry, ModelRecord};
 use uuid::Uuid;
 
 pub(crate) fn uuid(row: &SqliteRow, col: &str) -> Result<Uuid> {
@@ -79,9 +79,11 @@ pub(crate) fn log_entry(row: &SqliteRow) -> Result<LogEntry> {
 pub(crate) fn job(row: &SqliteRow) -> Result<Job> {
     let status: String = row.try_get("status")?;
     let cancel: i64 = row.try_get("cancel_requested")?;
+    let kind: String = row.try_get("kind")?;
     Ok(Job {
         id: uuid(row, "id")?,
         model_id: uuid(row, "model_id")?,
+        kind: JobKind::parse(&kind).ok_or_else(|| StoreError::Database(format!("bad job kind {kind}")))?,
         status: JobStatus::parse(&status).ok_or_else(|| StoreError::Database(format!("bad job status {status}")))?,
         step: row.try_get("step")?,
         error_message: row.try_get("error_message")?,
@@ -90,6 +92,19 @@ pub(crate) fn job(row: &SqliteRow) -> Result<Job> {
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+    })
+}
+
+pub(crate) fn dataset(row: &SqliteRow) -> Result<Dataset> {
+    Ok(Dataset {
+        id: uuid(row, "id")?,
+        entity: row.try_get("entity")?,
+        project: row.try_get("project")?,
+        name: row.try_get("name")?,
+        version: row.try_get("version")?,
+        num_rows: row.try_get("num_rows")?,
+        size_bytes: row.try_get("size_bytes")?,
+        created_at: row.try_get("created_at")?,
     })
 }
 

@@ -219,3 +219,13 @@ fn behaviour_kl_by_hand() {
     assert_eq!(n, 2);
     close(sum, 0.5f64.exp() - 1.5);
 }
+
+#[test]
+fn sft_loss_is_the_token_mean_cross_entropy() {
+    // A batch of 4 trained tokens processed in two parts: the shares add up.
+    let (a, ga) = sft_loss_part(&[-1.0, -2.0], 4);
+    let (b, gb) = sft_loss_part(&[-0.5, -0.5], 4);
+    close(a + b, 1.0);
+    assert_eq!(ga, vec![-0.25, -0.25]);
+    assert_eq!(gb.len(), 2);
+}

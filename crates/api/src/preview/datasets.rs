@@ -1,0 +1,109 @@
+//! Datasets for SFT jobs: ART uploads its JSONL to W&B artifacts, which an offline server
+//! cannot read, so tandem keeps them itself. `POST /datasets?project=P&name=N` with the JSONL
+//! file as the body stores it as the next version of `{entity}/{P}/{N}` and answers the
+//! `wandb-artifact:///{entity}/{P}/{N}:vK` URL an SFT job's `training_data_url` may name.
+
+use crate::auth::Caller;
+use crate::body::{page_request, path_id};
+use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::views;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, Query, State};
+use axum::Json;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use tandem_core::names::name_problem;
+use tandem_core::sft::{parse_dataset, DatasetLimits};
+use tandem_core::validate::Validator;
+use tandem_store::{NewDataset, StoreError};
+
+fn not_found(e: StoreError) -> ApiError {
+    match e {
+        StoreError::NotFound => ApiError::not_found("dataset"),
+        other => other.into(),
+    }
+}
+
+/// `project` and `name` from the query, with the rules of a model name (they form an address).
+fn names(query: &HashMap<String, String>) -> Result<(String, String), ApiError> {
+    let mut v = Validator::new("query");
+    let mut get = |key: &str| -> Option<String> {
+        let Some(value) = query.get(key) else {
+            v.at(key, |v| v.error("missing", "Field required", &Value::Null));
+            return None;
+        };
+        match name_problem(value) {
+            Some(why) => {
+                v.at(key, |v| v.value_error(&Value::String(value.clone()), &format!("{key} {why}")));
+                None
+            }
+            None => Some(value.clone()),
+        }
+    };
+    let (project, name) = (get("project"), get("name"));
+    match (project, name) {
+        (Some(p), Some(n)) => Ok((p, n)),
+        _ => Err(ApiError::validation(v.into_errors())),
+    }
+}
+
+pub async fn upload(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Result<Json<Value>, PreviewError> {
+    let (project, name) = names(&query)?;
+    // Parsing a large file is CPU work: off the async workers.
+    let data = body.to_vec();
+    let (data, rows) = tokio::task::spawn_blocking(move || {
+        let mut v = Validator::new("body");
+        let rows = match std::str::from_utf8(&data) {
+            Ok(text) => parse_dataset(&mut v, text, &DatasetLimits::default()).map(|r| r.len()),
+            Err(e) => {
+                v.error("utf8_invalid", format!("the dataset is not UTF-8 text: {e}"), &Value::Null);
+                None
+            }
+        };
+        (data, rows.ok_or(v))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("dataset parse task failed: {e}")))?;
+    let rows = rows.map_err(|v| ApiError::validation(v.into_errors()))?;
+    let new = NewDataset { entity: caller.entity.clone(), project, name, num_rows: rows as i64, data };
+    let dataset = state.store().create_dataset(&new).await?;
+    tracing::info!(dataset_id = %dataset.id, rows, "dataset stored");
+    Ok(Json(views::dataset(&dataset)))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, PreviewError> {
+    let page = page_request(&query, true)?;
+    let project = query.get("project").map(String::as_str);
+    let items = state.store().list_datasets(&caller.entity, project, page).await?;
+    Ok(Json(views::list(&items, |d| d.id, views::dataset)))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, PreviewError> {
+    let id = path_id(&id, "dataset")?;
+    let d = state.store().get_dataset(&caller.entity, id).await.map_err(not_found)?;
+    Ok(Json(views::dataset(&d)))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, PreviewError> {
+    let id = path_id(&id, "dataset")?;
+    state.store().delete_dataset(&caller.entity, id).await.map_err(not_found)?;
+    Ok(Json(json!({ "id": id, "deleted": true })))
+}

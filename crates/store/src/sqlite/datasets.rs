@@ -1,0 +1,106 @@
+//! Uploaded datasets in SQLite: each upload is the next version of its name, assigned inside
+//! the insert so that two concurrent uploads cannot take the same one.
+
+use super::{cursor_seq, rows, seq_clause};
+use crate::{now_ms, NewDataset, Result, StoreError};
+use sqlx::{Row, SqlitePool};
+use tandem_core::records::{Dataset, Page, PageRequest};
+use uuid::Uuid;
+
+const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_bytes, created_at";
+
+pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset) -> Result<Dataset> {
+    let sql = format!(
+        "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, created_at)
+         VALUES (?, ?, ?, ?,
+                 (SELECT COALESCE(MAX(version) + 1, 0) FROM datasets WHERE entity = ? AND project = ? AND name = ?),
+                 ?, ?, ?, ?)
+         RETURNING {COLUMNS}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(tandem_core::new_id().to_string())
+        .bind(&new.entity)
+        .bind(&new.project)
+        .bind(&new.name)
+        .bind(&new.entity)
+        .bind(&new.project)
+        .bind(&new.name)
+        .bind(new.num_rows)
+        .bind(new.data.len() as i64)
+        .bind(new.data.as_slice())
+        .bind(now_ms())
+        .fetch_one(pool)
+        .await?;
+    rows::dataset(&row)
+}
+
+pub(crate) async fn get(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<Dataset> {
+    let sql = format!("SELECT {COLUMNS} FROM datasets WHERE id = ? AND entity = ?");
+    let row = sqlx::query(&sql).bind(id.to_string()).bind(entity).fetch_one(pool).await?;
+    rows::dataset(&row)
+}
+
+pub(crate) async fn find(
+    pool: &SqlitePool,
+    entity: &str,
+    project: &str,
+    name: &str,
+    version: Option<i64>,
+) -> Result<Dataset> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM datasets WHERE entity = ? AND project = ? AND name = ? AND (? IS NULL OR version = ?)
+         ORDER BY version DESC LIMIT 1"
+    );
+    let row =
+        sqlx::query(&sql).bind(entity).bind(project).bind(name).bind(version).bind(version).fetch_one(pool).await?;
+    rows::dataset(&row)
+}
+
+pub(crate) async fn list(
+    pool: &SqlitePool,
+    entity: &str,
+    project: Option<&str>,
+    page: PageRequest,
+) -> Result<Page<Dataset>> {
+    let (cmp, order) = seq_clause(page.order);
+    let after = match page.after {
+        Some(a) => Some(cursor_seq(pool, "datasets", "entity", entity, a).await?),
+        None => None,
+    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM datasets WHERE entity = ? AND (? IS NULL OR project = ?) AND (? IS NULL OR {cmp})
+         ORDER BY {order} LIMIT ?"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(entity)
+        .bind(project)
+        .bind(project)
+        .bind(after)
+        .bind(after)
+        .bind(page.limit as i64 + 1)
+        .fetch_all(pool)
+        .await?;
+    let items = rows.iter().map(rows::dataset).collect::<Result<Vec<_>>>()?;
+    Ok(rows::page(items, page.limit))
+}
+
+pub(crate) async fn data(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<Vec<u8>> {
+    let row = sqlx::query("SELECT data FROM datasets WHERE id = ? AND entity = ?")
+        .bind(id.to_string())
+        .bind(entity)
+        .fetch_one(pool)
+        .await?;
+    Ok(row.try_get::<Vec<u8>, _>(0)?)
+}
+
+pub(crate) async fn delete(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<()> {
+    let done = sqlx::query("DELETE FROM datasets WHERE id = ? AND entity = ?")
+        .bind(id.to_string())
+        .bind(entity)
+        .execute(pool)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::NotFound);
+    }
+    Ok(())
+}

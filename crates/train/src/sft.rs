@@ -1,0 +1,140 @@
+//! One SFT job: conversations in, a LoRA checkpoint out, as ART's local backend trains them.
+//!
+//! Rows are taken in order in batches of `batch_size`; a conversation longer than the model's
+//! context is dropped (counted), a batch with nothing to train is skipped. Each batch is one
+//! optimizer step on the mean cross-entropy of its trained tokens, with the batch's learning
+//! rate (one for all, or the next of the list), AdamW without weight decay and gradients clipped
+//! to norm 1.0 (ART's SFT settings). The job continues from the model's latest checkpoint.
+
+use crate::adapter;
+use crate::loss::sft_loss_part;
+use crate::net::{forward, Base, Lora};
+use crate::pack::{split, Row, Target};
+use crate::trainer::{check_memory, clip, failed, LoraTrainer, BETAS, INIT_SEED};
+use candle_core::{backprop::GradStore, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::time::Instant;
+use tandem_core::sequences::Sequence;
+use tandem_core::sft::{sft_batches, SftConfig};
+use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink};
+
+const SFT_MAX_GRAD_NORM: f64 = 1.0;
+
+/// One batch as a row of segments, every trained token a target.
+fn batch_row(seqs: &[Sequence], conversations: usize) -> Row {
+    let mut row = Row { trajectories: conversations, ..Row::default() };
+    for (segment, s) in seqs.iter().enumerate() {
+        let start = row.tokens.len();
+        row.segments.push((start, s.tokens.len()));
+        row.tokens.extend_from_slice(&s.tokens);
+        // Position 0 has nothing to be predicted from.
+        for (i, _) in s.trained.iter().enumerate().skip(1).filter(|(_, t)| **t) {
+            row.targets.push(Target {
+                pos: start + i,
+                segment,
+                old_lp: f64::NAN,
+                original_lp: f64::NAN,
+                ref_lp: f64::NAN,
+                advantage: 1.0,
+                weight: 1.0,
+            });
+        }
+    }
+    row
+}
+
+pub(crate) fn train_sft(
+    trainer: &LoraTrainer,
+    job: &TrainJob,
+    config: &SftConfig,
+    rows: &[Value],
+    sink: &mut dyn TrainSink,
+) -> Result<TrainOutput, TrainError> {
+    let (base, tb) = trainer.base(&job.model.base_model)?;
+    let (batches, dropped) =
+        sft_batches(rows, config, tb.tokenizer.as_ref(), base.config.context_len).map_err(TrainError::Invalid)?;
+    let batches: Vec<Row> = batches.iter().map(|b| batch_row(b, b.len())).collect();
+    let rates: Vec<f64> =
+        (0..batches.len()).map(|i| config.learning_rate.at(i)).collect::<Option<_>>().ok_or_else(|| {
+            TrainError::Invalid(format!("learning_rate lists fewer rates than the {} batches", batches.len()))
+        })?;
+    let parts: Vec<Vec<Row>> = batches.iter().map(|r| split(r, trainer.part_tokens)).collect();
+    check_memory(&base, parts.iter().flatten())?;
+    let trainable: usize = batches.iter().map(|r| r.targets.len()).sum();
+    let mut extra = Map::new();
+    extra.insert("num_trajectories".into(), json!(rows.len()));
+    extra.insert("num_dropped_trajectories".into(), json!(dropped));
+    extra.insert("num_trainable_tokens".into(), json!(trainable));
+    sink.started(batches.len() as u64, extra);
+
+    let lora = match &job.base_checkpoint {
+        Some(dir) => adapter::load(dir, &base).map_err(TrainError::Failed)?,
+        None => adapter::init(&base, INIT_SEED).map_err(failed)?,
+    };
+    let vars = lora.vars();
+    let params = ParamsAdamW {
+        lr: rates.first().copied().unwrap_or(0.0),
+        beta1: BETAS.0,
+        beta2: BETAS.1,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
+    let mut summary: BTreeMap<String, f64> = BTreeMap::new();
+    for ((row, parts), lr) in batches.iter().zip(&parts).zip(&rates) {
+        if let Some(stop) = sink.should_stop() {
+            return Err(stop);
+        }
+        let started = Instant::now();
+        let n = row.targets.len();
+        let mut loss = 0.0;
+        let mut grads = GradStore::default();
+        for part in parts {
+            let (l, part_grads) = trainer.on_training_threads(|| part_step(&base, &lora, part, n))?;
+            loss += l;
+            for v in &vars {
+                if let Some(g) = part_grads.get(v.as_tensor()) {
+                    let sum = match grads.remove(v.as_tensor()) {
+                        Some(sum) => sum.add(g).map_err(failed)?,
+                        None => g.clone(),
+                    };
+                    grads.insert(v.as_tensor(), sum);
+                }
+            }
+        }
+        let grad_norm = trainer.on_training_threads(|| clip(&mut grads, &vars, SFT_MAX_GRAD_NORM)).map_err(failed)?;
+        opt.set_learning_rate(*lr);
+        trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
+        let secs = started.elapsed().as_secs_f64();
+        let metrics = BTreeMap::from([
+            ("loss".to_string(), loss),
+            ("learning_rate".to_string(), *lr),
+            ("grad_norm".to_string(), grad_norm),
+            ("num_trajectories".to_string(), row.trajectories as f64),
+            ("num_tokens".to_string(), row.tokens.len() as f64),
+            ("num_trainable_tokens".to_string(), n as f64),
+            ("tokens_per_second".to_string(), row.tokens.len() as f64 / secs.max(1e-9)),
+            ("step_seconds".to_string(), secs),
+        ]);
+        for (k, v) in &metrics {
+            *summary.entry(format!("sft/{k}")).or_default() += v / batches.len() as f64;
+        }
+        sink.gradient_step(metrics);
+    }
+    let files = adapter::save(&lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
+    summary.insert("sft/num_gradient_steps".into(), batches.len() as f64);
+    Ok(TrainOutput { files, metrics: summary })
+}
+
+/// One part's forward, its share of the batch loss, and its gradients.
+fn part_step(base: &Base, lora: &Lora, part: &Row, batch_tokens: usize) -> Result<(f64, GradStore), TrainError> {
+    let out = forward(base, lora, part).map_err(failed)?;
+    let lp: Vec<f64> = out.logprobs.to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect();
+    let (loss, grad) = sft_loss_part(&lp, batch_tokens);
+    let g: Vec<f32> = grad.iter().map(|x| *x as f32).collect();
+    let g = Tensor::from_vec(g, lp.len(), out.logprobs.device()).map_err(failed)?;
+    let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
+    Ok((loss, surrogate.backward().map_err(failed)?))
+}
