@@ -43,8 +43,8 @@ $(PYENV)/.ok-$(OPENAI_VERSION):
 # only the chosen metric); train() and the SFT path need no wandb package while WANDB_API_KEY is unset.
 ART23ENV := target/art23env
 ART23_VERSION := 0.5.23
-PYTHON312 = $(shell if python3.12 -c 'import sys' >/dev/null 2>&1; then command -v python3.12; \
-	else ls -d $$HOME/.pyenv/versions/3.12*/bin/python3 2>/dev/null | sort -V | tail -n 1; fi)
+PYTHON312 = $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	ls -d $$HOME/.pyenv/versions/3.12*/bin/python3 2>/dev/null | sort -V | tail -n 1)
 
 $(ART23ENV)/.ok-$(ART23_VERSION):
 	@py="$(PYTHON312)"; if [ -z "$$py" ]; then \
@@ -58,11 +58,14 @@ $(ART23ENV)/.ok-$(ART23_VERSION):
 # need (examples/README.md): openai<3 (openai 3 breaks model.openai_client() with a TypeError),
 # polars<2 (delete_checkpoints averages every history column, and polars 2 refuses the string one),
 # wandb (ServerlessBackend.train() imports it unconditionally).
+# Python 3.11 the same way as 3.12 above, falling back to python3 (0.5.18 runs on any Python >= 3.11).
 ART18ENV := target/art18env
 ART18_VERSION := 0.5.18
+PYTHON311 = $(shell python3.11 -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	ls -d $$HOME/.pyenv/versions/3.11*/bin/python3 2>/dev/null | sort -V | tail -n 1)
 
 $(ART18ENV)/.ok-$(ART18_VERSION):
-	python3 -m venv $(ART18ENV)
+	$(or $(PYTHON311),python3) -m venv $(ART18ENV)
 	$(ART18ENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		openpipe-art==$(ART18_VERSION) "openai<3" "polars<2" wandb==0.25.0
 	touch $@
