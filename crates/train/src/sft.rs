@@ -10,7 +10,7 @@ use crate::adapter;
 use crate::loss::sft_loss_part;
 use crate::net::{forward, Base, Lora};
 use crate::pack::{split, Row, Target};
-use crate::trainer::{check_memory, clip, failed, LoraTrainer, BETAS, INIT_SEED};
+use crate::trainer::{accumulate, check_memory, clip, failed, LoraTrainer, BETAS, INIT_SEED};
 use candle_core::{backprop::GradStore, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde_json::{json, Map, Value};
@@ -94,15 +94,7 @@ pub(crate) fn train_sft(
         for part in parts {
             let (l, part_grads) = trainer.on_training_threads(|| part_step(&base, &lora, part, n))?;
             loss += l;
-            for v in &vars {
-                if let Some(g) = part_grads.get(v.as_tensor()) {
-                    let sum = match grads.remove(v.as_tensor()) {
-                        Some(sum) => sum.add(g).map_err(failed)?,
-                        None => g.clone(),
-                    };
-                    grads.insert(v.as_tensor(), sum);
-                }
-            }
+            accumulate(&mut grads, &part_grads, &vars)?;
         }
         let grad_norm = trainer.on_training_threads(|| clip(&mut grads, &vars, SFT_MAX_GRAD_NORM)).map_err(failed)?;
         opt.set_learning_rate(*lr);

@@ -143,6 +143,20 @@ pub(crate) fn failed(e: candle_core::Error) -> TrainError {
     TrainError::Failed(e.to_string())
 }
 
+/// Adds a part's gradients into the row's (a row's gradient is the sum of its parts').
+pub(crate) fn accumulate(grads: &mut GradStore, part: &GradStore, vars: &[candle_core::Var]) -> Result<(), TrainError> {
+    for v in vars {
+        if let Some(g) = part.get(v.as_tensor()) {
+            let sum = match grads.remove(v.as_tensor()) {
+                Some(sum) => sum.add(g).map_err(failed)?,
+                None => g.clone(),
+            };
+            grads.insert(v.as_tensor(), sum);
+        }
+    }
+    Ok(())
+}
+
 /// Scales the gradients so their global L2 norm is at most `max` (PyTorch's
 /// `clip_grad_norm_`); returns the norm before clipping.
 pub fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Result<f64, candle_core::Error> {
@@ -414,15 +428,7 @@ impl LoraTrainer {
                 let out =
                     self.on_training_threads(|| part_gradients(&base, &lora, part, &loss_cfg, row_targets, row_kl))?;
                 step.add(&out, part.tokens.len());
-                for v in &vars {
-                    if let Some(g) = out.grads.get(v.as_tensor()) {
-                        let sum = match grads.remove(v.as_tensor()) {
-                            Some(sum) => sum.add(g).map_err(failed)?,
-                            None => g.clone(),
-                        };
-                        grads.insert(v.as_tensor(), sum);
-                    }
-                }
+                accumulate(&mut grads, &out.grads, &vars)?;
             }
             let grad_norm = self.on_training_threads(|| clip(&mut grads, &vars, MAX_GRAD_NORM)).map_err(failed)?;
             let lr = config.learning_rate
