@@ -11,12 +11,13 @@ direct reads of the API to check what ART did:
   rollout         3 groups x 4 rollouts through `model.openai_client()` on the pinned step, logprobs on
   train           one RL job (a group of all-0.0 rewards and mixed groups): step + 1, loss reported
   serve-new-step  the new step serves (HTTP 200 with tokens) and ART rolls out on it
-  sft-train_sft   ART's `model.train_sft` unchanged, its W&B upload redirected to tandem (tandem_sft.py)
+  sft-train_sft   ART's `model.train_sft` unchanged, its W&B upload redirected to tandem (examples/tandem_sft.py)
   sft-from-file   `tandem_sft.sft_from_file`: a JSONL file, per-batch learning rates
   rl-after-sft    an RL job on the SFT'd model: step + 1 again
   kl-penalty      (0.5.23) a job with kl_penalty_coef=0.1, reference step 0 (the base model), after a
                   step at 10x the learning rate moved the policy: kl_policy_ref > 0
   cleanup         `model.delete_checkpoints`: exactly the latest and the best step remain
+  example-*       examples/art_yes_no.py and examples/art_sft_then_rl.py, small sizes, exit 0
 
 Prints each stage's time and figures, then 'art-<version>: N passed, M failed'; exits non-zero on
 any failure. Nothing is sent to W&B: WANDB_API_KEY is removed from the environment.
@@ -51,7 +52,9 @@ import urllib.request  # noqa: E402
 
 import art  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# tandem_sft lives with the examples: it is for users, and this test is its reference run.
+EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES_DIR))
 import tandem_sft  # noqa: E402
 
 KEY = "art-test-key"
@@ -394,6 +397,41 @@ async def cleanup(ctx):
     status, body = ctx.server.api("POST", "/v1/chat/completions", {
         "model": ctx.model.get_inference_name(gone), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     check(status == 404, f"deleted step {gone} answered {status}: {body}")
+
+
+def run_example(ctx, script, *args):
+    """Run examples/<script> with this Python against the test server (small sizes); its output."""
+    command = [sys.executable, str(EXAMPLES_DIR / script), "--url", ctx.server.url, "--api-key", KEY,
+               "--art-path", os.path.join(ctx.server.data, "art-examples"), "--questions", "2", "--samples", "4",
+               *args]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    for line in lines:
+        print(f"     | {line}")
+    check(done.returncode == 0, f"{script} exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    check(any("(final, after training)" in line for line in lines), f"{script} printed no final reward")
+    print(f"     {script}: {time.monotonic() - started:.1f}s")
+    return lines
+
+
+@stage("example-yes-no")
+async def example_yes_no(ctx):
+    lines = run_example(ctx, "art_yes_no.py", "--steps", "1")
+    check(any(re.match(r"step 0: mean reward [\d.]+ -> trained step 1 ", line) for line in lines),
+          "no RL step 0 -> 1 in the output")
+
+
+@stage("example-sft-then-rl")
+async def example_sft_then_rl(ctx):
+    lines = run_example(ctx, "art_sft_then_rl.py", "--steps", "1")
+    check(any(re.match(r"SFT on 2 demonstrations .* -> step 1$", line) for line in lines),
+          "no SFT step 0 -> 1 in the output")
+    # 0.5.23 runs the RL step with a KL penalty towards the SFT step and reports it.
+    rl = [line for line in lines if line.startswith("step 1: mean reward") and "trained step 2" in line]
+    check(rl, "no RL step 1 -> 2 in the output")
+    if "no gradient step" not in rl[0]:  # after SFT every sample may say yes: nothing to learn
+        check(("kl_policy_ref" in rl[0]) == NEW_ART, f"kl_policy_ref reported: {rl[0]!r} (ART {ART_VERSION})")
 
 
 # --- driver ------------------------------------------------------------------------------------
