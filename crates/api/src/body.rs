@@ -19,11 +19,25 @@ pub async fn read_json(req: Request) -> Result<Value, ApiError> {
             ApiError::new(ErrorKind::Validation, rejection.body_text())
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    // A large body takes tens of milliseconds to parse: on a blocking thread, not on the async
+    // workers that serve every other request (and `/health`).
+    if bytes.len() > BLOCKING_PARSE_BYTES {
+        return tokio::task::spawn_blocking(move || parse_json(&bytes))
+            .await
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("body parse task failed: {e}")))?;
+    }
+    parse_json(&bytes)
+}
+
+/// Bodies larger than this are parsed off the async workers.
+const BLOCKING_PARSE_BYTES: usize = 256 << 10;
+
+fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
         // Where a value was expected, as Python's decoder reports it: the end for a cut-off body.
         let offset = match e.classify() {
             serde_json::error::Category::Eof => bytes.len(),
-            _ => byte_offset(&bytes, e.line(), e.column()),
+            _ => byte_offset(bytes, e.line(), e.column()),
         };
         let why = e.to_string();
         ApiError::validation(vec![FieldError::new(

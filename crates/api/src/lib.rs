@@ -39,11 +39,19 @@ pub struct Limits {
     pub trajectories: TrajectoryLimits,
     /// Most steps one checkpoint deletion may name.
     pub max_delete_steps: usize,
+    /// Training jobs (RL and SFT) one entity may have queued or running; more are a 429. The
+    /// queue is served round robin between entities, and this keeps one entity from filling it.
+    pub max_pending_jobs: i64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_body_bytes: 64 << 20, trajectories: TrajectoryLimits::default(), max_delete_steps: 10_000 }
+        Limits {
+            max_body_bytes: 64 << 20,
+            trajectories: TrajectoryLimits::default(),
+            max_delete_steps: 10_000,
+            max_pending_jobs: 16,
+        }
     }
 }
 

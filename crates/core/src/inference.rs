@@ -171,6 +171,9 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Lower runs first; ties by arrival.
     pub priority: i64,
+    /// Who asked (the API key's entity). Scopes the prefix cache, so that no tenant can observe
+    /// another's prompts through `cached_tokens` or timing, and shares admission fairly.
+    pub tenant: String,
     pub cache_salt: Option<String>,
     /// Top-k logprobs at every prompt position (non-streaming only); disables prefix-cache reuse.
     pub prompt_logprobs: Option<usize>,
@@ -292,6 +295,14 @@ pub trait InferenceBackend: Send + Sync + 'static {
     fn renders_tools(&self, base: usize, chat: &ChatRender) -> bool;
     fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
     fn detokenize(&self, base: usize, tokens: &[u32], skip_special_tokens: bool) -> Result<String, String>;
+    /// Each token's text as a stream shows it (a character split across tokens appears with
+    /// its last token), and the text held back at the end; linear in the number of tokens.
+    fn token_texts(
+        &self,
+        base: usize,
+        tokens: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<(Vec<String>, String), String>;
     fn token_text(&self, base: usize, token: u32) -> String;
     /// The token whose raw bytes these are (logprob entries carry them).
     fn token_id_for_bytes(&self, base: usize, bytes: &[u8]) -> Option<u32>;

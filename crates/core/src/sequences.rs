@@ -256,6 +256,24 @@ fn choice_tokens(
     Ok(ChoiceTokens { prompt, completion, logprobs })
 }
 
+/// Token ids the client recorded (choices' `token_ids`, exchanges) must exist in the vocabulary,
+/// and each sequence must fit the model's context: the trainer indexes embeddings and positions
+/// by them.
+pub fn fits_model(seqs: &[Sequence], vocab: usize, context: usize, at: &str) -> Result<(), String> {
+    for seq in seqs {
+        if let Some(bad) = seq.tokens.iter().find(|t| **t as usize >= vocab) {
+            return Err(format!("{at}: token id {bad} is out of the model's vocabulary (size {vocab})"));
+        }
+        if seq.tokens.len() > context {
+            return Err(format!(
+                "{at}: a sequence of {} tokens is longer than the model's context of {context} tokens",
+                seq.tokens.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Every sequence of one trajectory: from its `exchanges` (the calls to `model`), or from its
 /// main history and its `additional_histories`. A trajectory may not have both (as in ART).
 pub fn tokenize_trajectory(

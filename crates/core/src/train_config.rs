@@ -119,8 +119,6 @@ pub fn parse_train_config(v: &mut Validator, value: Option<&Value>) -> Option<Tr
     let errors_before = v.error_count();
     let mut c = TrainConfig::default();
 
-    let num =
-        |v: &mut Validator, key: &str| -> Option<f64> { optional(obj, key).and_then(|x| v.at(key, |v| v.number(x))) };
     let flag =
         |v: &mut Validator, key: &str| -> Option<bool> { optional(obj, key).and_then(|x| v.at(key, |v| v.boolean(x))) };
     let ranged = |v: &mut Validator, key: &str, lo: f64, hi: Option<f64>| -> Option<f64> {
@@ -180,8 +178,15 @@ pub fn parse_train_config(v: &mut Validator, value: Option<&Value>) -> Option<Tr
         c.truncated_importance_sampling =
             v.at("truncated_importance_sampling", |v| v.number(x).filter(|n| v.greater_than(x, *n, 0.0)));
     }
-    c.num_trajectories_learning_rate_multiplier_power =
-        num(v, "num_trajectories_learning_rate_multiplier_power").unwrap_or(0.0);
+    // The learning rate is multiplied by (trajectories in the row)^power: bounded so that it stays
+    // finite and within a few orders of magnitude of `learning_rate` (ART uses 0 or about +-0.5).
+    c.num_trajectories_learning_rate_multiplier_power = ranged(
+        v,
+        "num_trajectories_learning_rate_multiplier_power",
+        -MAX_LR_MULTIPLIER_POWER,
+        Some(MAX_LR_MULTIPLIER_POWER),
+    )
+    .unwrap_or(0.0);
     if let Some(x) = optional(obj, "packed_sequence_length") {
         c.packed_sequence_length = v.at("packed_sequence_length", |v| {
             let n = v.integer(x)?;
@@ -235,6 +240,9 @@ fn kl_penalty(v: &mut Validator, obj: &Map<String, Value>) -> Option<KlPenalty> 
     // ART's ServerlessBackend sends "sample" when a coefficient is set and no source is given.
     Some(KlPenalty { coef, source: source.unwrap_or(KlSource::Sample), reference })
 }
+
+/// Largest accepted |num_trajectories_learning_rate_multiplier_power|.
+pub const MAX_LR_MULTIPLIER_POWER: f64 = 1.0;
 
 /// Largest accepted `kl_penalty_coef`: keeps every shaped advantage finite.
 const MAX_KL_COEF: f64 = 1e3;
@@ -302,7 +310,8 @@ mod tests {
     #[test]
     fn out_of_range_values_are_named() {
         let e = parse(json!({"advantage_balance": 2, "learning_rate": -1, "importance_sampling_level": "x",
-                             "kl_penalty_coef": -0.5, "ppo": "yes"}))
+                             "kl_penalty_coef": -0.5, "ppo": "yes",
+                             "num_trajectories_learning_rate_multiplier_power": 2000}))
         .unwrap_err();
         let locs: Vec<Value> = e.as_array().unwrap().iter().map(|x| x["loc"].clone()).collect();
         assert!(locs.contains(&json!(["body", "experimental_config", "advantage_balance"])));
@@ -310,7 +319,13 @@ mod tests {
         assert!(locs.contains(&json!(["body", "experimental_config", "importance_sampling_level"])));
         assert!(locs.contains(&json!(["body", "experimental_config", "kl_penalty_coef"])));
         assert!(locs.contains(&json!(["body", "experimental_config", "ppo"])));
-        assert_eq!(locs.len(), 5);
+        // 2000 made the learning rate infinite (the job "succeeded" and bricked the model).
+        assert!(locs.contains(&json!([
+            "body",
+            "experimental_config",
+            "num_trajectories_learning_rate_multiplier_power"
+        ])));
+        assert_eq!(locs.len(), 6);
     }
 
     #[test]

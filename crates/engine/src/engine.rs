@@ -11,6 +11,7 @@ use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::Seq;
 use crate::tokenizer::TextTokenizer;
 use rayon::prelude::*;
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +28,10 @@ pub struct EngineConfig {
     pub max_seqs: usize,
     /// Requests waiting for admission before new ones get 503.
     pub max_waiting: usize,
-    /// KV positions all running sequences may reserve.
-    pub kv_tokens: usize,
+    /// Memory the running sequences' KV caches may use together, in bytes. Turned into
+    /// positions per model by [`EngineConfig::kv_tokens`]; the default is a quarter of the
+    /// machine's memory (the rest is for weights, prefix cache and the trainer).
+    pub kv_cache_bytes: u64,
     /// Prompt positions kept for prefix reuse.
     pub prefix_cache_tokens: usize,
 }
@@ -39,10 +42,28 @@ impl Default for EngineConfig {
             step_tokens: 512,
             max_seqs: 32,
             max_waiting: 256,
-            kv_tokens: 64 * 1024,
+            kv_cache_bytes: machine_memory_bytes().map_or(4 << 30, |m| m / 4),
             prefix_cache_tokens: 16 * 1024,
         }
     }
+}
+
+impl EngineConfig {
+    /// KV positions the budget holds for a model: its bytes over what one position costs (keys
+    /// and values of every layer, f32), but never less than one full context, so that any one
+    /// sequence can always run to its end alone.
+    pub fn kv_tokens(&self, model: &tandem_model::LlamaConfig) -> usize {
+        let per_position = (model.n_layer * model.kv_dim() * 2 * std::mem::size_of::<f32>()).max(1) as u64;
+        ((self.kv_cache_bytes / per_position) as usize).max(model.context_len)
+    }
+}
+
+/// `MemTotal` of /proc/meminfo, when there is one.
+fn machine_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 =
+        info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// A request handed to the loop.
@@ -55,9 +76,19 @@ pub(crate) struct Job {
     pub matcher: Option<llguidance::Matcher>,
 }
 
+/// Marks the engine stopped when its thread ends, by return or by unwinding.
+struct StoppedOnExit(Arc<EngineMetrics>);
+
+impl Drop for StoppedOnExit {
+    fn drop(&mut self) {
+        self.0.mark_stopped();
+    }
+}
+
 struct Queued {
     id: u64,
     arrival: u64,
+    tenant: u64,
     job: Job,
 }
 
@@ -98,17 +129,48 @@ impl EngineLoop {
         }
     }
 
-    /// Runs until every sender is gone.
+    /// Runs until every sender is gone. A step that panics fails the requests it was running and
+    /// the loop goes on (`recover`); should the thread end anyway, `/health` knows at once.
     pub fn run(mut self) {
-        loop {
-            self.metrics.beat();
-            if !self.receive() {
-                break;
-            }
-            self.step();
-            self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len());
-        }
+        let _stopped = StoppedOnExit(self.metrics.clone());
+        while self.run_once() {}
         tracing::info!("engine loop stopped");
+    }
+
+    /// One iteration: receive, then one guarded step. False when the engine should stop.
+    pub(crate) fn run_once(&mut self) -> bool {
+        self.metrics.beat();
+        if !self.receive() {
+            return false;
+        }
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| self.step())) {
+            self.recover(panic.as_ref());
+        }
+        self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len());
+        true
+    }
+
+    /// After a panicking step: every request it had started ends with an error event (their
+    /// state may be half-updated), the prefix cache is dropped (an insert may have been cut off),
+    /// and requests still waiting are served as usual. The panic's text is logged, not sent: it
+    /// describes the server, not the request.
+    fn recover(&mut self, panic: &(dyn std::any::Any + Send)) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        let failed = self.running.len() + self.preempted.len();
+        tracing::error!(panic = %what, failed, "an engine step panicked; its requests end with an error, the engine goes on");
+        for seq in self.running.drain(..).chain(self.preempted.drain(..)) {
+            let _ = seq.tx.send(InferEvent::Error(
+                "the inference engine failed while running this request (the failure is logged; other \
+                 requests go on)"
+                    .into(),
+            ));
+        }
+        self.prefix.clear();
+        self.metrics.failure();
     }
 
     /// Takes new requests; waits for one when idle. False when the engine should stop.
@@ -136,7 +198,8 @@ impl EngineLoop {
     fn enqueue(&mut self, job: Job) {
         self.next_id += 1;
         // The low 8 bits number a request's choices (see `sequence`).
-        self.waiting.push(Queued { id: self.next_id << 8, arrival: self.next_id, job });
+        let tenant = crate::sequence::tenant_id(&job.req.tenant);
+        self.waiting.push(Queued { id: self.next_id << 8, arrival: self.next_id, tenant, job });
     }
 
     fn step(&mut self) {
@@ -239,10 +302,11 @@ impl EngineLoop {
             .iter()
             .map(|s| Running {
                 id: s.id,
+                tenant: s.tenant,
                 prefill_left: s.prefill_left,
                 priority: s.priority,
                 arrival: s.arrival,
-                reserve: s.reserve,
+                reserve: s.kv_positions(),
                 preemptible: s.preemptible(),
             })
             .collect();
@@ -251,32 +315,34 @@ impl EngineLoop {
             .iter()
             .map(|q| {
                 let p = &q.job.req;
-                let expected_out = p.params.max_tokens.min(512);
                 Waiting {
                     id: q.id,
+                    tenant: q.tenant,
                     priority: p.priority,
                     arrival: q.arrival,
                     prefill: p.prompt.len(),
-                    reserve: p.n * (p.prompt.len() + expected_out),
+                    // Each choice's prompt and first token; decoding grows it a position a step
+                    // (the scheduler preempts when that outgrows the budget).
+                    reserve: p.n * (p.prompt.len() + 1),
                     seqs: p.n,
                 }
             })
             .collect();
         waiting.extend(self.preempted.iter().map(|s| Waiting {
             id: s.id,
+            tenant: s.tenant,
             priority: s.priority,
             arrival: s.arrival,
             prefill: s.prefill_source_len(),
-            reserve: s.reserve,
+            reserve: s.prefill_source_len() + 1,
             seqs: 1,
         }));
-        let reserved: usize = self.running.iter().map(|s| s.reserve).sum();
         let budget = Budget {
             step_tokens: self.config.step_tokens,
             max_seqs: self.config.max_seqs,
-            kv_tokens: self.config.kv_tokens,
+            kv_tokens: self.config.kv_tokens(&self.model.config),
         };
-        scheduler::schedule(&running, &waiting, reserved, &budget)
+        scheduler::schedule(&running, &waiting, &budget)
     }
 
     /// Moves a waiting request into the running set, reusing a cached prefix if there is one.
@@ -286,7 +352,7 @@ impl EngineLoop {
         let cfg = &self.model.config;
         let req = &q.job.req;
         let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
-        let hashes = self.prefix.prefix_hashes(&req.prompt, adapter_key, req.cache_salt.as_deref());
+        let hashes = self.prefix.prefix_hashes(&req.prompt, &req.tenant, adapter_key, req.cache_salt.as_deref());
         let mut cache = KvCache::new(cfg.n_layer, cfg.kv_dim());
         // Prompt logprobs need every prompt position computed, so no cache is reused for them.
         let hit = if req.prompt_logprobs.is_some() {
@@ -302,5 +368,77 @@ impl EngineLoop {
         self.metrics.queued_for(q.job.received.elapsed());
         let _ = q.job.tx.send(InferEvent::Started { cached_tokens: cached });
         self.running.push(Seq::new(q.id, q.arrival, q.job, cache, cached, hashes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_core::inference::SamplingParams;
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    fn tiny_loop() -> (EngineLoop, std::sync::mpsc::Sender<Job>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        tandem_model::testing::write_tiny_gguf(&path);
+        let loaded = tandem_model::load_gguf(&path).unwrap();
+        let tok = Arc::new(TextTokenizer::from_meta(&loaded.tokenizer).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lp = EngineLoop::new(Arc::new(loaded.model), tok, EngineConfig::default(), rx, Arc::default());
+        (lp, tx)
+    }
+
+    fn job(prompt: Vec<u32>) -> (Job, UnboundedReceiver<InferEvent>) {
+        let (tx, rx) = unbounded_channel();
+        let params = SamplingParams { temperature: 0.0, max_tokens: 3, ignore_eos: true, ..Default::default() };
+        let req = GenerateRequest {
+            request_id: "t".into(),
+            base: 0,
+            adapter: None,
+            prompt,
+            n: 1,
+            params,
+            priority: 0,
+            tenant: "a".into(),
+            cache_salt: None,
+            prompt_logprobs: None,
+        };
+        (Job { req, adapter: None, tx, received: Instant::now(), matcher: None }, rx)
+    }
+
+    /// Events until the request ends: (tokens, whether it ended with an error).
+    fn drain(rx: &mut UnboundedReceiver<InferEvent>) -> (usize, Option<bool>) {
+        let mut tokens = 0;
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                InferEvent::Token { .. } => tokens += 1,
+                InferEvent::Finished { .. } => return (tokens, Some(false)),
+                InferEvent::Error(_) => return (tokens, Some(true)),
+                _ => {}
+            }
+        }
+        (tokens, None)
+    }
+
+    /// A step that panics (here: a sequence with no prompt, which the loop took before submit
+    /// refused empty prompts) ends the requests it ran with an error event; the loop goes on and
+    /// serves the next request, and it is not marked stopped.
+    #[test]
+    fn a_panicking_step_fails_its_requests_and_the_loop_goes_on() {
+        let (mut lp, tx) = tiny_loop();
+        let (bad, mut bad_rx) = job(Vec::new());
+        tx.send(bad).unwrap();
+        assert!(lp.run_once());
+        assert_eq!(drain(&mut bad_rx), (0, Some(true)), "the request the step ran gets an error event");
+        assert!(lp.running.is_empty() && lp.preempted.is_empty());
+
+        let (good, mut good_rx) = job(vec![1, 2, 3]);
+        tx.send(good).unwrap();
+        for _ in 0..10 {
+            assert!(lp.run_once());
+        }
+        assert_eq!(drain(&mut good_rx), (3, Some(false)), "the next request is served in full");
+        assert!(!lp.metrics.is_stopped());
+        assert!(lp.metrics.render("tiny").contains("tandem:engine_step_failures_total{model_name=\"tiny\"} 1"));
     }
 }

@@ -73,6 +73,16 @@ impl Grammars {
                 let env: TokEnv = Arc::new(Env { trie: TokTrie::from(&info, &words), tok: tok.clone() });
                 let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
                 factory.set_stderr_log_level(0);
+                // Every constrained sequence's mask is computed on the shared engine step, so a
+                // grammar gets less than llguidance's defaults: a constraint that needs more is
+                // refused when it is compiled (a 400 at submission, off the engine thread), or
+                // ends its own request with finish_reason "abort" if it hits a limit later.
+                // Compile-time limits stay at llguidance's defaults (large JSON schemas need them).
+                let limits = factory.limits_mut();
+                limits.step_lexer_fuel = 100_000; // ~7 ms of lexing per token (default 200k)
+                limits.step_max_items = 30_000; // ~1.5 ms of Earley items per token (default 50k)
+                limits.max_lexer_states = 50_000; // ~100 MB of lexer states per sequence (default 250k)
+                limits.verbose_errors = false; // errors go to the client: no parser internals
                 Ok(Arc::new(factory))
             })
             .as_ref()
@@ -82,8 +92,19 @@ impl Grammars {
     /// A fresh matcher for `c`, or why the constraint is invalid.
     pub fn compile(&self, c: &Constraint) -> Result<Matcher, String> {
         let grammar = top_level(c)?;
-        let parser = self.factory()?.create_parser(grammar).map_err(|e| e.to_string())?;
-        let matcher = Matcher::new(Ok(parser));
+        let factory = self.factory()?;
+        // A trial run of the first mask, here on the caller's thread: a constraint whose lexer
+        // blows past its per-token limits (the regex `a{1000}{1000}`, say) is refused now rather
+        // than on the engine step. The trial spends that step's lexer fuel, so the sequence gets
+        // a fresh matcher of the same grammar.
+        let mut trial = Matcher::new(Ok(factory.create_parser(grammar.clone()).map_err(|e| e.to_string())?));
+        if trial.get_error().is_none() {
+            let _ = trial.compute_mask();
+        }
+        if let Some(e) = trial.get_error() {
+            return Err(e);
+        }
+        let matcher = Matcher::new(Ok(factory.create_parser(grammar).map_err(|e| e.to_string())?));
         match matcher.get_error() {
             Some(e) => Err(e),
             None => Ok(matcher),

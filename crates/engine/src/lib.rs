@@ -32,6 +32,7 @@ use tandem_core::inference::{
     AdapterRef, BaseModelInfo, ChatRender, GenerateRequest, InferEvent, InferenceBackend, SubmitError,
 };
 use tandem_model::{Llama, LoraAdapter, TokenizerMeta};
+use template::jail::{JailJob, TemplateJail};
 use template::{ChatTemplate, RenderInputs};
 use tokenizer::TextTokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -56,6 +57,8 @@ struct Slot {
     tx: Mutex<std::sync::mpsc::Sender<Job>>,
     metrics: Arc<EngineMetrics>,
     max_waiting: usize,
+    max_seqs: usize,
+    kv_tokens: usize,
 }
 
 /// Adapters recently used, kept loaded (bounded).
@@ -64,11 +67,19 @@ const ADAPTER_CACHE: usize = 16;
 pub struct Engine {
     slots: Vec<Slot>,
     adapters: Mutex<HashMap<String, (Arc<LoraAdapter>, Instant)>>,
+    /// Where request-supplied chat templates render; without one (tests, library use) they
+    /// render in-process under the fuel and output limits only.
+    jail: Option<TemplateJail>,
 }
 
 impl Engine {
     pub fn new() -> Self {
-        Engine { slots: Vec::new(), adapters: Mutex::new(HashMap::new()) }
+        Engine { slots: Vec::new(), adapters: Mutex::new(HashMap::new()), jail: None }
+    }
+
+    /// Renders request-supplied chat templates in child processes from now on.
+    pub fn set_template_jail(&mut self, jail: TemplateJail) {
+        self.jail = Some(jail);
     }
 
     /// Loads a GGUF file and starts its loop.
@@ -100,13 +111,25 @@ impl Engine {
         let metrics = Arc::new(EngineMetrics::default());
         metrics.beat();
         let (tx, rx) = std::sync::mpsc::channel();
-        let max_waiting = config.max_waiting;
+        let (max_waiting, max_seqs, kv_tokens) = (config.max_waiting, config.max_seqs, config.kv_tokens(&model.config));
+        tracing::info!(model = id, kv_tokens, kv_cache_mb = config.kv_cache_bytes >> 20, "KV cache budget");
         let lp = EngineLoop::new(model.clone(), tok.clone(), config, rx, metrics.clone());
         std::thread::Builder::new().name(format!("engine-{}", self.slots.len())).spawn(move || lp.run()).map_err(
             |e| EngineError::Model(tandem_model::ModelError::Unsupported(format!("cannot start engine thread: {e}"))),
         )?;
         let grammars = grammar::Grammars::new(tok.clone());
-        self.slots.push(Slot { info, model, tok, template, grammars, tx: Mutex::new(tx), metrics, max_waiting });
+        self.slots.push(Slot {
+            info,
+            model,
+            tok,
+            template,
+            grammars,
+            tx: Mutex::new(tx),
+            metrics,
+            max_waiting,
+            max_seqs,
+            kv_tokens,
+        });
         Ok(())
     }
 
@@ -120,8 +143,11 @@ impl Engine {
             *used = Instant::now();
             return Ok(adapter.clone());
         }
-        let adapter =
-            LoraAdapter::load(&a.path, &base.model.config).map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        // The error names files on the server: logged, not sent.
+        let adapter = LoraAdapter::load(&a.path, &base.model.config).map_err(|e| {
+            tracing::error!(checkpoint = %a.checkpoint_id, error = %e, "cannot load a checkpoint's adapter");
+            SubmitError::Invalid("this checkpoint's adapter cannot be loaded (the server logged why)".into())
+        })?;
         let adapter = Arc::new(adapter);
         if cache.len() >= ADAPTER_CACHE {
             if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
@@ -142,14 +168,6 @@ impl Default for Engine {
 impl Engine {
     /// The chat rendered to text with the request's template or the model's.
     fn render_text(&self, slot: &Slot, chat: &ChatRender) -> Result<String, String> {
-        let own;
-        let template = match &chat.chat_template {
-            Some(src) => {
-                own = ChatTemplate::new(src).map_err(|e| e.to_string())?;
-                &own
-            }
-            None => slot.template.as_ref().ok_or("this model has no chat template; pass `chat_template`")?,
-        };
         let inputs = RenderInputs {
             add_generation_prompt: chat.add_generation_prompt,
             continue_final_message: chat.continue_final_message,
@@ -159,6 +177,19 @@ impl Engine {
             kwargs: chat.kwargs.clone(),
             bos_token: slot.tok.bos_id.map(|b| slot.tok.token_text(b)).unwrap_or_default(),
             eos_token: slot.tok.token_text(slot.tok.eos_id),
+        };
+        let own;
+        let template = match (&chat.chat_template, &self.jail) {
+            // A request's own template: in the jail when there is one (see `template::jail`).
+            (Some(source), Some(jail)) => {
+                let job = JailJob { source: source.clone(), messages: chat.messages.clone(), inputs };
+                return jail.render(&job).map_err(|e| e.to_string());
+            }
+            (Some(source), None) => {
+                own = ChatTemplate::new(source).map_err(|e| e.to_string())?;
+                &own
+            }
+            (None, _) => slot.template.as_ref().ok_or("this model has no chat template; pass `chat_template`")?,
         };
         template.render(&chat.messages, &inputs).map_err(|e| e.to_string())
     }
@@ -194,6 +225,17 @@ impl InferenceBackend for Engine {
 
     fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
         let slot = self.slot(base)?;
+        // Tokenizing costs about 100 bytes of memory per byte of text. A text this long cannot
+        // fit the context whatever its tokens (each stands for at most `max_token_bytes`), so it
+        // is refused before the tokenizer sees it (twice the bound, to allow for normalisation).
+        let limit = 2 * slot.info.context_len * slot.tok.max_token_bytes();
+        if text.len() > limit {
+            return Err(format!(
+                "the text is {} bytes long: more than the model's context of {} tokens can hold (at most {limit} bytes)",
+                text.len(),
+                slot.info.context_len
+            ));
+        }
         let mut ids = Vec::new();
         if add_special_tokens && slot.tok.add_bos {
             ids.extend(slot.tok.bos_id);
@@ -210,6 +252,21 @@ impl InferenceBackend for Engine {
         Ok(slot.tok.decode(tokens, skip_special_tokens))
     }
 
+    fn token_texts(
+        &self,
+        base: usize,
+        tokens: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<(Vec<String>, String), String> {
+        let slot = self.slot(base)?;
+        if let Some(bad) = tokens.iter().find(|t| **t as usize >= slot.tok.vocab_size()) {
+            return Err(format!("token id {bad} is out of vocabulary"));
+        }
+        let mut decoder = tokenizer::IncrementalDecoder::default();
+        let texts = tokens.iter().map(|t| decoder.push(&slot.tok, *t, skip_special_tokens)).collect();
+        Ok((texts, decoder.flush()))
+    }
+
     fn token_text(&self, base: usize, token: u32) -> String {
         self.slot(base).map(|s| s.tok.token_text(token)).unwrap_or_default()
     }
@@ -224,6 +281,35 @@ impl InferenceBackend for Engine {
 
     fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {
         let slot = self.slot(request.base).map_err(SubmitError::Invalid)?;
+        // A sequence samples from its last prompt position: there must be one.
+        if request.prompt.is_empty() {
+            return Err(SubmitError::InvalidField {
+                field: "messages".into(),
+                message: "the prompt is empty: at least one token is needed".into(),
+            });
+        }
+        // Every choice is a sequence, and all of them together must be able to start.
+        if request.n > slot.max_seqs {
+            return Err(SubmitError::InvalidField {
+                field: "n".into(),
+                message: format!(
+                    "n={} is more than this server runs at once (--max-num-seqs {})",
+                    request.n, slot.max_seqs
+                ),
+            });
+        }
+        let need = request.n * (request.prompt.len() + 1);
+        if need > slot.kv_tokens {
+            return Err(SubmitError::InvalidField {
+                field: "n".into(),
+                message: format!(
+                    "{} choices of a {}-token prompt need {need} KV cache positions; this server's budget is {}",
+                    request.n,
+                    request.prompt.len(),
+                    slot.kv_tokens
+                ),
+            });
+        }
         if slot.metrics.waiting() as usize >= slot.max_waiting {
             return Err(SubmitError::Overloaded);
         }
@@ -250,7 +336,7 @@ impl InferenceBackend for Engine {
     fn healthy(&self) -> bool {
         // The loop goes round at least every 500 ms when idle; a step of a few seconds is normal
         // under load, a minute without one is a wedged engine.
-        self.slots.iter().all(|s| s.metrics.since_heartbeat_ms() < 60_000)
+        self.slots.iter().all(|s| !s.metrics.is_stopped() && s.metrics.since_heartbeat_ms() < 60_000)
     }
 
     fn metrics_text(&self) -> String {

@@ -1,7 +1,7 @@
 //! Engine metrics in Prometheus text format, kept in atomics so the api reads them without
 //! touching the loop. Names follow vLLM's (`vllm:` prefix dropped for `tandem:`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tandem_core::inference::FinishReason;
@@ -50,6 +50,10 @@ pub struct EngineMetrics {
     finished_abort: AtomicU64,
     steps: AtomicU64,
     preemptions: AtomicU64,
+    /// Steps that panicked: their requests ended with an error, the loop went on.
+    failures: AtomicU64,
+    /// Set when the loop's thread ends (no more requests will be served).
+    stopped: AtomicBool,
     /// Unix ms of the loop's last iteration.
     heartbeat_ms: AtomicU64,
     ttft: Mutex<Histogram>,
@@ -115,6 +119,20 @@ impl EngineMetrics {
         self.preemptions.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A step panicked and was recovered from.
+    pub fn failure(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The loop's thread has ended, for whatever reason.
+    pub fn mark_stopped(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
     pub fn step(&self, _took: Duration) {
         self.steps.fetch_add(1, Ordering::Relaxed);
     }
@@ -147,6 +165,7 @@ impl EngineMetrics {
         line("counter", "tandem:prefix_cache_hits_total", g(&self.prefix_hits));
         line("counter", "tandem:engine_steps_total", g(&self.steps));
         line("counter", "tandem:num_preemptions_total", g(&self.preemptions));
+        line("counter", "tandem:engine_step_failures_total", g(&self.failures));
         out.push_str("# TYPE tandem:request_success_total counter\n");
         for (reason, v) in
             [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)]

@@ -4,9 +4,10 @@
 //! cache works at token granularity, like SGLang's radix cache rather than vLLM's 16-token blocks:
 //! entries are whole copied prompts, so a finer index costs only hashes, and it lets a group of
 //! rollouts sharing a prompt (or a system prompt shorter than a block) reuse all of it. The first
-//! link also mixes in what changes the KV for equal tokens or must isolate tenants: the adapter and
-//! the request's `cache_salt`. So two prompts share cache only with the same salt, adapter and
-//! prefix. Hashes are keyed per process (unpredictable from outside). An entry keeps one prompt's
+//! link also mixes in what changes the KV for equal tokens or must isolate tenants: the tenant (the
+//! API key's entity), the adapter and the request's `cache_salt`. So two prompts share cache only
+//! within one entity, with the same salt, adapter and prefix: no entity can learn what another
+//! prompted from `cached_tokens` or from how fast its prompt was processed. Hashes are keyed per process (unpredictable from outside). An entry keeps one prompt's
 //! KV; every position of it is indexed, so a prompt sharing only part of it still reuses that part
 //! (copied into the new sequence's own cache).
 
@@ -45,9 +46,10 @@ impl PrefixCache {
         }
     }
 
-    /// Chain hashes of every prefix of `tokens` (entry i covers tokens 0..=i).
-    pub fn prefix_hashes(&self, tokens: &[u32], adapter: Option<&str>, salt: Option<&str>) -> Vec<u64> {
-        let mut prev = self.hasher.hash_one((adapter, salt));
+    /// Chain hashes of every prefix of `tokens` (entry i covers tokens 0..=i), within the scope of
+    /// one tenant, adapter and salt.
+    pub fn prefix_hashes(&self, tokens: &[u32], tenant: &str, adapter: Option<&str>, salt: Option<&str>) -> Vec<u64> {
+        let mut prev = self.hasher.hash_one((tenant, adapter, salt));
         tokens
             .iter()
             .map(|t| {
@@ -135,21 +137,24 @@ mod tests {
     fn shares_only_equal_prefix_salt_and_adapter() {
         let mut pc = PrefixCache::new(1000);
         let prompt: Vec<u32> = (0..40).collect();
-        let h = pc.prefix_hashes(&prompt, None, None);
+        let h = pc.prefix_hashes(&prompt, "a", None, None);
         assert_eq!(h.len(), 40);
         pc.insert(h.clone(), &cache_of(40));
         // Same first 20 tokens: those 20 are reusable, at token granularity.
         let mut other: Vec<u32> = (0..20).collect();
         other.extend([99; 20]);
-        let ho = pc.prefix_hashes(&other, None, None);
+        let ho = pc.prefix_hashes(&other, "a", None, None);
         assert_eq!(pc.lookup(&ho, 39).map(|(_, n)| n), Some(20));
         // Never the whole prompt: at least one token must be computed.
         assert_eq!(pc.lookup(&h, 39).map(|(_, n)| n), Some(39));
         assert_eq!(pc.lookup(&h, 31).map(|(_, n)| n), Some(31));
-        assert!(pc.lookup(&pc.prefix_hashes(&prompt, None, Some("salt")), 39).is_none());
-        assert!(pc.lookup(&pc.prefix_hashes(&prompt, Some("ckpt"), None), 39).is_none());
+        assert!(pc.lookup(&pc.prefix_hashes(&prompt, "a", None, Some("salt")), 39).is_none());
+        assert!(pc.lookup(&pc.prefix_hashes(&prompt, "a", Some("ckpt"), None), 39).is_none());
+        // Another tenant shares nothing, whatever it sends.
+        assert!(pc.lookup(&pc.prefix_hashes(&prompt, "b", None, None), 39).is_none());
+        assert!(pc.lookup(&pc.prefix_hashes(&other, "b", None, None), 39).is_none());
         // A different first token shares nothing.
-        assert!(pc.lookup(&pc.prefix_hashes(&[7, 1, 2, 3], None, None), 3).is_none());
+        assert!(pc.lookup(&pc.prefix_hashes(&[7, 1, 2, 3], "a", None, None), 3).is_none());
     }
 
     #[test]
@@ -158,8 +163,11 @@ mod tests {
         let a: Vec<u32> = (0..16).collect();
         let b: Vec<u32> = (100..116).collect();
         let c: Vec<u32> = (200..216).collect();
-        let (ha, hb, hc) =
-            (pc.prefix_hashes(&a, None, None), pc.prefix_hashes(&b, None, None), pc.prefix_hashes(&c, None, None));
+        let (ha, hb, hc) = (
+            pc.prefix_hashes(&a, "a", None, None),
+            pc.prefix_hashes(&b, "a", None, None),
+            pc.prefix_hashes(&c, "a", None, None),
+        );
         pc.insert(ha.clone(), &cache_of(16));
         pc.insert(hb.clone(), &cache_of(16));
         assert!(pc.lookup(&ha, 100).is_some()); // a is now more recent than b

@@ -15,14 +15,11 @@ pub struct History<'a> {
 pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, eos: u32) {
     let banned = f32::NEG_INFINITY;
     if let Some(allowed) = &p.allowed_token_ids {
-        let mut keep = vec![false; logits.len()];
-        for t in allowed {
-            if let Some(k) = keep.get_mut(*t as usize) {
-                *k = true;
-            }
-        }
-        for (l, k) in logits.iter_mut().zip(keep) {
-            if !k {
+        // Sorted and deduplicated at validation: one walk alongside the logits, no allocation.
+        let mut next = allowed.iter().copied().peekable();
+        for (id, l) in logits.iter_mut().enumerate() {
+            while next.next_if(|t| (*t as usize) < id).is_some() {}
+            if next.next_if_eq(&(id as u32)).is_none() {
                 *l = banned;
             }
         }
@@ -266,7 +263,12 @@ mod tests {
         let mut logits = vec![0.0; 6];
         process(&mut logits, &p, &History { prompt: &[], generated: &[4, 4] }, 3);
         assert_eq!(&logits[..3], &[f32::NEG_INFINITY, 100.0, 0.0]);
-        let _ = no_history();
+        // A sorted allowed list with gaps and an id past the vocabulary keeps exactly its ids.
+        let p = SamplingParams { allowed_token_ids: Some(vec![1, 3, 9]), ..params() };
+        let mut logits = vec![0.5; 6];
+        process(&mut logits, &p, &no_history(), 99);
+        let ninf = f32::NEG_INFINITY;
+        assert_eq!(logits, vec![ninf, 0.5, ninf, 0.5, ninf, ninf]);
     }
 
     #[test]

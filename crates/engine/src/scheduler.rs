@@ -2,20 +2,28 @@
 //!
 //! Decoding sequences always get their one token (so streams never stall behind a long prompt);
 //! prompts are then prefilled in chunks from what is left of the step's token budget, and waiting
-//! requests are admitted in (priority, arrival) order while sequences, tokens and KV memory allow.
-//! A waiting request that does not fit may preempt running sequences of strictly lower priority
-//! (larger `priority`, the latest arrivals first), as vLLM's priority scheduling does; the engine
-//! drops their KV cache and recomputes it when they are admitted again.
+//! requests are admitted while sequences, tokens and KV memory allow.
+//!
+//! Several tenants share the engine, so admission is fair between them before anything else:
+//! the next request admitted is always one of the tenant with the fewest sequences (running or
+//! admitted so far), and within a tenant requests go in (priority, arrival) order. `priority` is
+//! the client's to set, so it orders only that tenant's own requests: a waiting request may
+//! preempt running sequences of its own tenant with strictly lower priority (larger `priority`,
+//! the latest arrivals first), as vLLM's priority scheduling does; the engine drops their KV
+//! cache and recomputes it when they are admitted again.
 
 /// A running sequence as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Running {
     pub id: u64,
+    /// Who asked (an id per tenant).
+    pub tenant: u64,
     /// Prompt tokens not yet in the KV cache (0 = decoding).
     pub prefill_left: usize,
     pub priority: i64,
     pub arrival: u64,
-    /// KV positions it holds.
+    /// KV positions it holds, or will hold once its prompt is in (for all its choices, while
+    /// they are still to be forked from it).
     pub reserve: usize,
     /// Whether it may be preempted (not a prompt that still has choices to fork, nor one whose
     /// prompt logprobs are being recorded).
@@ -26,11 +34,12 @@ pub struct Running {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiting {
     pub id: u64,
+    pub tenant: u64,
     pub priority: i64,
     pub arrival: u64,
     /// Prompt tokens to prefill (after any prefix-cache hit).
     pub prefill: usize,
-    /// KV positions it reserves (all its choices, prompt and expected output).
+    /// KV positions it needs to start (all its choices: prompt and first token).
     pub reserve: usize,
     /// Sequences it becomes (its n).
     pub seqs: usize,
@@ -41,7 +50,8 @@ pub struct Budget {
     /// New tokens per step (decode tokens plus prefill chunks).
     pub step_tokens: usize,
     pub max_seqs: usize,
-    /// KV positions all sequences may reserve.
+    /// KV positions all sequences together may hold (the KV memory budget). At least the
+    /// context length, so that any one sequence can always finish alone.
     pub kv_tokens: usize,
 }
 
@@ -55,9 +65,22 @@ pub struct Plan {
     pub work: Vec<(u64, usize)>,
 }
 
-/// Plans one step. `kv_reserved` is what running sequences already hold.
-pub fn schedule(running: &[Running], waiting: &[Waiting], kv_reserved: usize, budget: &Budget) -> Plan {
-    let mut plan = Plan { preempt: preemptions(running, waiting, kv_reserved, budget), ..Plan::default() };
+/// Plans one step. Decoding adds one
+/// position per sequence per step; when that would pass the KV budget, sequences are preempted
+/// first (vLLM's recompute preemption), from the tenant holding the most KV, its lowest
+/// priority and latest arrival first.
+pub fn schedule(running: &[Running], waiting: &[Waiting], budget: &Budget) -> Plan {
+    let kv_reserved = running.iter().map(|r| r.reserve).sum();
+    let mut preempt = growth_preemptions(running, kv_reserved, budget);
+    let grown: Vec<Running> = running
+        .iter()
+        .filter(|r| !preempt.contains(&r.id))
+        .map(|r| Running { reserve: r.reserve + usize::from(r.prefill_left == 0), ..r.clone() })
+        .collect();
+    let kv_grown = grown.iter().map(|r| r.reserve).sum();
+    preempt.extend(preemptions(&grown, waiting, kv_grown, budget));
+    let mut plan = Plan { preempt, ..Plan::default() };
+    let (running, kv_reserved) = (&grown[..], kv_grown);
     let freed: usize = running.iter().filter(|r| plan.preempt.contains(&r.id)).map(|r| r.reserve).sum();
     let kept: Vec<Running> = running.iter().filter(|r| !plan.preempt.contains(&r.id)).cloned().collect();
     let running = &kept[..];
@@ -80,11 +103,9 @@ pub fn schedule(running: &[Running], waiting: &[Waiting], kv_reserved: usize, bu
         plan.work.push((r.id, n));
         tokens -= n;
     }
-    let mut queue: Vec<&Waiting> = waiting.iter().collect();
-    queue.sort_by_key(|w| (w.priority, w.arrival, w.id));
     let mut seqs = running.len();
     let mut kv = kv_reserved;
-    for w in queue {
+    for w in fair_order(running, waiting) {
         // Strict order: a request that does not fit blocks those behind it, so a large
         // high-priority request is not starved by a stream of small ones.
         let fits_kv = kv + w.reserve <= budget.kv_tokens || (seqs == 0 && kv == 0);
@@ -101,13 +122,38 @@ pub fn schedule(running: &[Running], waiting: &[Waiting], kv_reserved: usize, bu
     plan
 }
 
+/// Running sequences to evict so that every decoding sequence has room for its next position.
+fn growth_preemptions(running: &[Running], kv_reserved: usize, budget: &Budget) -> Vec<u64> {
+    let growth = running.iter().filter(|r| r.prefill_left == 0).count();
+    let mut need = (kv_reserved + growth).saturating_sub(budget.kv_tokens);
+    if need == 0 {
+        return Vec::new();
+    }
+    let mut held: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for r in running {
+        *held.entry(r.tenant).or_default() += r.reserve;
+    }
+    let mut victims: Vec<&Running> = running.iter().filter(|r| r.preemptible).collect();
+    victims.sort_by_key(|r| {
+        (std::cmp::Reverse(held[&r.tenant]), std::cmp::Reverse(r.priority), std::cmp::Reverse(r.arrival), r.id)
+    });
+    let mut out = Vec::new();
+    for r in victims {
+        if need == 0 {
+            break;
+        }
+        out.push(r.id);
+        need = need.saturating_sub(r.reserve + usize::from(r.prefill_left == 0));
+    }
+    out
+}
+
 /// Running sequences to evict so that waiting requests of higher priority fit: for each waiting
 /// request in order, if it does not fit, the running sequences of strictly lower priority are
 /// taken worst first (largest priority, then latest arrival) until it does; if even all of them
 /// would not make room, nothing is evicted for it and the walk stops (strict order).
 fn preemptions(running: &[Running], waiting: &[Waiting], kv_reserved: usize, budget: &Budget) -> Vec<u64> {
-    let mut queue: Vec<&Waiting> = waiting.iter().collect();
-    queue.sort_by_key(|w| (w.priority, w.arrival, w.id));
+    let queue = fair_order(running, waiting);
     let mut victims: Vec<&Running> = running.iter().filter(|r| r.preemptible).collect();
     victims.sort_by_key(|r| (std::cmp::Reverse(r.priority), std::cmp::Reverse(r.arrival), std::cmp::Reverse(r.id)));
     let (mut seqs, mut kv) = (running.len(), kv_reserved);
@@ -123,7 +169,8 @@ fn preemptions(running: &[Running], waiting: &[Waiting], kv_reserved: usize, bud
         }
         let (mut s, mut k) = (seqs, kv);
         let mut picks = Vec::new();
-        for r in victims.iter().filter(|r| r.priority > w.priority && !evicted.contains(&r.id)) {
+        for r in victims.iter().filter(|r| r.tenant == w.tenant && r.priority > w.priority && !evicted.contains(&r.id))
+        {
             picks.push(r.id);
             s -= 1;
             k -= r.reserve.min(k);
@@ -141,34 +188,59 @@ fn preemptions(running: &[Running], waiting: &[Waiting], kv_reserved: usize, bud
     evicted
 }
 
+/// The order in which waiting requests are considered: repeatedly, the first (by priority, then
+/// arrival) request of the tenant that has the fewest sequences so far, counting the running
+/// ones and those ordered before (max-min fairness between tenants).
+fn fair_order<'a>(running: &[Running], waiting: &'a [Waiting]) -> Vec<&'a Waiting> {
+    let mut held: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for r in running {
+        *held.entry(r.tenant).or_default() += 1;
+    }
+    let mut pending: Vec<&Waiting> = waiting.iter().collect();
+    pending.sort_by_key(|w| (w.priority, w.arrival, w.id));
+    let mut order = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        // The earliest position of each tenant's first request breaks ties between tenants.
+        let (i, _) = pending
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, w)| (held.get(&w.tenant).copied().unwrap_or(0), *i))
+            .expect("pending is not empty");
+        let w = pending.remove(i);
+        *held.entry(w.tenant).or_default() += w.seqs;
+        order.push(w);
+    }
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn run(id: u64, prefill_left: usize, priority: i64) -> Running {
-        Running { id, prefill_left, priority, arrival: id, reserve: 100, preemptible: true }
+        Running { id, tenant: 0, prefill_left, priority, arrival: id, reserve: 100, preemptible: true }
     }
 
     fn wait(id: u64, prefill: usize, priority: i64) -> Waiting {
-        Waiting { id, priority, arrival: id, prefill, reserve: prefill + 16, seqs: 1 }
+        Waiting { id, tenant: 0, priority, arrival: id, prefill, reserve: prefill + 16, seqs: 1 }
     }
 
     const B: Budget = Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000 };
 
     #[test]
     fn decodes_first_then_chunked_prefill() {
-        let plan = schedule(&[run(1, 0, 0), run(2, 250, 0), run(3, 0, 0)], &[], 0, &B);
+        let plan = schedule(&[run(1, 0, 0), run(2, 250, 0), run(3, 0, 0)], &[], &B);
         assert_eq!(plan.work, vec![(1, 1), (3, 1), (2, 98)]);
     }
 
     #[test]
     fn admission_by_priority_then_arrival_within_budgets() {
         let waiting = [wait(10, 30, 5), wait(11, 30, -1), wait(12, 30, 0), wait(13, 30, 0)];
-        let plan = schedule(&[run(1, 0, 0)], &waiting, 0, &B);
+        let plan = schedule(&[run(1, 0, 0)], &waiting, &B);
         assert_eq!(plan.admit, vec![11, 12, 13]); // max 4 sequences
         assert_eq!(plan.work, vec![(1, 1), (11, 30), (12, 30), (13, 30)]);
         // Token budget: the third admitted gets only what is left, the rest waits.
-        let plan = schedule(&[], &[wait(1, 60, 0), wait(2, 60, 0), wait(3, 5, 0)], 0, &B);
+        let plan = schedule(&[], &[wait(1, 60, 0), wait(2, 60, 0), wait(3, 5, 0)], &B);
         assert_eq!(plan.work, vec![(1, 60), (2, 40)]);
         assert_eq!(plan.admit, vec![1, 2]);
     }
@@ -176,36 +248,75 @@ mod tests {
     #[test]
     fn kv_budget_blocks_admission_but_never_deadlocks_an_empty_engine() {
         let big = Waiting { reserve: 5000, ..wait(1, 10, 0) };
-        assert_eq!(schedule(&[run(9, 0, 0)], std::slice::from_ref(&big), 900, &B).admit, Vec::<u64>::new());
-        assert_eq!(schedule(&[], &[big], 0, &B).admit, vec![1]);
+        assert_eq!(schedule(&[run(9, 0, 0)], std::slice::from_ref(&big), &B).admit, Vec::<u64>::new());
+        assert_eq!(schedule(&[], &[big], &B).admit, vec![1]);
     }
 
     #[test]
     fn n_greater_than_one_counts_its_sequences() {
         let w = Waiting { seqs: 3, ..wait(1, 10, 0) };
-        assert!(schedule(&[run(7, 0, 0), run(8, 0, 0)], std::slice::from_ref(&w), 0, &B).admit.is_empty());
-        assert_eq!(schedule(&[run(7, 0, 0)], &[w], 0, &B).admit, vec![1]);
+        assert!(schedule(&[run(7, 0, 0), run(8, 0, 0)], std::slice::from_ref(&w), &B).admit.is_empty());
+        assert_eq!(schedule(&[run(7, 0, 0)], &[w], &B).admit, vec![1]);
     }
 
     #[test]
     fn higher_priority_preempts_the_worst_running_sequences() {
         // Full on sequences: the waiting priority-0 request evicts the latest of the priority-5 ones.
         let running = [run(1, 0, 5), run(2, 0, 5), run(3, 0, 1), run(4, 0, 5)];
-        let plan = schedule(&running, &[wait(10, 30, 0)], 400, &B);
+        let plan = schedule(&running, &[wait(10, 30, 0)], &B);
         assert_eq!(plan.preempt, vec![4]);
         assert_eq!(plan.admit, vec![10]);
         assert_eq!(plan.work, vec![(1, 1), (2, 1), (3, 1), (10, 30)], "the preempted sequence gets no work");
         // Equal or better priorities are never preempted, and nothing is evicted in vain.
-        assert_eq!(schedule(&running, &[wait(10, 30, 1)], 400, &B).preempt, vec![4]);
+        assert_eq!(schedule(&running, &[wait(10, 30, 1)], &B).preempt, vec![4]);
         let even = [run(1, 0, 0), run(2, 0, 0), run(3, 0, 0), run(4, 0, 0)];
-        let plan = schedule(&even, &[wait(10, 30, 0)], 400, &B);
+        let plan = schedule(&even, &[wait(10, 30, 0)], &B);
         assert!(plan.preempt.is_empty() && plan.admit.is_empty());
         let pinned = [Running { preemptible: false, ..run(1, 0, 9) }, run(2, 0, 0), run(3, 0, 0), run(4, 0, 0)];
-        assert!(schedule(&pinned, &[wait(10, 30, 0)], 400, &B).preempt.is_empty());
+        assert!(schedule(&pinned, &[wait(10, 30, 0)], &B).preempt.is_empty());
         // KV: as many as needed to make room, worst first.
         let tight = Budget { max_seqs: 8, kv_tokens: 400, ..B };
         let big = Waiting { reserve: 250, ..wait(10, 30, 0) };
-        let plan = schedule(&running, std::slice::from_ref(&big), 400, &tight);
+        let plan = schedule(&running, std::slice::from_ref(&big), &tight);
         assert_eq!((plan.preempt, plan.admit), (vec![4, 2, 1], vec![10]));
+    }
+
+    #[test]
+    fn tenants_share_admission_and_priority_never_crosses_tenants() {
+        // Tenant 1 queued first, many requests, at the best priority; tenant 2's single request
+        // still gets the second free slot.
+        let flood: Vec<Waiting> = (10..16).map(|id| Waiting { tenant: 1, ..wait(id, 10, -100) }).collect();
+        let mut waiting = flood.clone();
+        waiting.push(Waiting { tenant: 2, ..wait(20, 10, 0) });
+        let plan = schedule(&[], &waiting, &B);
+        assert_eq!(plan.admit, vec![10, 20, 11, 12], "max 4 sequences, alternating tenants");
+        // A tenant that already holds sequences waits behind one that holds none.
+        let running = [Running { tenant: 1, ..run(1, 0, -100) }, Running { tenant: 1, ..run(2, 0, -100) }];
+        let plan = schedule(&running, &waiting, &B);
+        assert_eq!((plan.admit, plan.preempt), (vec![20, 10], vec![]));
+        // Full engine: tenant 2's urgent request does not preempt tenant 1's sequences...
+        let full: Vec<Running> = (1..5).map(|id| Running { tenant: 1, ..run(id, 0, 5) }).collect();
+        let urgent = Waiting { tenant: 2, ..wait(30, 10, -1000) };
+        let plan = schedule(&full, std::slice::from_ref(&urgent), &B);
+        assert!(plan.preempt.is_empty() && plan.admit.is_empty());
+        // ...while tenant 1's own urgent request preempts its own latest one.
+        let own = Waiting { tenant: 1, ..urgent };
+        assert_eq!(schedule(&full, &[own], &B).preempt, vec![4]);
+    }
+
+    #[test]
+    fn decode_growth_past_the_kv_budget_preempts_the_largest_tenants_latest() {
+        // 4 decoding sequences of 100 positions hold the whole budget; each needs one more.
+        let b = Budget { kv_tokens: 400, ..B };
+        let running = [
+            Running { tenant: 1, ..run(1, 0, 0) },
+            Running { tenant: 2, reserve: 150, ..run(2, 0, 0) },
+            Running { tenant: 2, reserve: 150, ..run(3, 0, 0) },
+        ];
+        let plan = schedule(&running, &[], &Budget { kv_tokens: 402, ..b });
+        assert_eq!(plan.preempt, vec![3], "tenant 2 holds the most; its latest goes");
+        assert_eq!(plan.work, vec![(1, 1), (2, 1)]);
+        // Room for the growth: nothing is preempted.
+        assert!(schedule(&running, &[], &Budget { kv_tokens: 403, ..b }).preempt.is_empty());
     }
 }

@@ -30,7 +30,8 @@ pub(crate) struct Seq {
     pub cache: KvCache,
     pub prefill_left: usize,
     pub prefix_hashes: Vec<u64>,
-    pub reserve: usize,
+    /// Who asked, as the scheduler tells tenants apart.
+    pub tenant: u64,
     pub params: Arc<SamplingParams>,
     pub adapter: Option<Arc<LoraAdapter>>,
     pub tx: UnboundedSender<InferEvent>,
@@ -48,6 +49,12 @@ pub(crate) struct Seq {
     resume: Option<Vec<u32>>,
 }
 
+/// A tenant's number for the scheduler (equal names, equal numbers, within this process).
+pub(crate) fn tenant_id(tenant: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(tenant)
+}
+
 fn rng_for(seed: Option<u64>, choice: usize) -> ChaCha8Rng {
     match seed {
         Some(s) => ChaCha8Rng::seed_from_u64(s.wrapping_add(choice as u64)),
@@ -59,7 +66,6 @@ impl Seq {
     pub fn new(id: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, prefix_hashes: Vec<u64>) -> Self {
         let req = job.req;
         let params = Arc::new(req.params);
-        let reserve = req.prompt.len() + params.max_tokens.min(512);
         Seq {
             id,
             arrival,
@@ -71,7 +77,7 @@ impl Seq {
             generated: Vec::new(),
             cache,
             prefix_hashes,
-            reserve,
+            tenant: tenant_id(&req.tenant),
             rng: rng_for(params.seed, 0),
             stops: StopStrings::new(&params.stop, params.include_stop_str_in_output),
             params,
@@ -103,6 +109,16 @@ impl Seq {
         self.cache = self.cache.emptied();
     }
 
+    /// KV positions it holds, or will once its prompt is in: its own (prompt and generated) and,
+    /// until they are forked, its other choices' copies of the prompt.
+    pub fn kv_positions(&self) -> usize {
+        if self.prefill_left > 0 {
+            self.n * self.prefill_source_len()
+        } else {
+            self.cache.len()
+        }
+    }
+
     /// Tokens still to prefill before it samples again.
     pub fn prefill_source_len(&self) -> usize {
         self.resume.as_ref().map_or(self.prompt.len(), Vec::len)
@@ -131,7 +147,7 @@ impl Seq {
                 arrival: self.arrival,
                 priority: self.priority,
                 prefill_left: 0,
-                reserve: self.reserve,
+                tenant: self.tenant,
                 last_token_at: None,
                 received: self.received,
                 matcher: self.matcher.as_ref().map(Matcher::deep_clone),
@@ -186,9 +202,20 @@ impl Seq {
         }
     }
 
-    /// Ends the request with the grammar engine's error (reported as finished).
-    fn grammar_failed(&self, e: String) -> bool {
-        let _ = self.tx.send(InferEvent::Error(format!("structured output failed: {e}")));
+    /// Ends this choice when the grammar engine gives up (a constraint past its per-token
+    /// limits): `finish_reason` "abort" with what was generated so far, as vLLM ends a request it
+    /// cannot continue; other requests are untouched.
+    fn grammar_failed(&mut self, e: String, metrics: &EngineMetrics) -> bool {
+        tracing::warn!(error = %e, "structured output stopped a choice");
+        let mut tail = self.decoder.flush();
+        tail = self.stops.push(&tail, false).emit + &self.stops.flush();
+        metrics.finished(FinishReason::Abort);
+        let _ = self.tx.send(InferEvent::Finished {
+            choice: self.choice,
+            reason: FinishReason::Abort,
+            stop_reason: None,
+            text: tail,
+        });
         true
     }
 
@@ -204,13 +231,13 @@ impl Seq {
         let mut logits = raw.to_vec();
         sampler::process(&mut logits, &p, &History { prompt: &self.prompt, generated: &self.generated }, tok.eos_id);
         if let Some(Err(e)) = self.matcher.as_mut().map(|m| constrain(m, &mut logits, tok.eos_id)) {
-            return self.grammar_failed(e);
+            return self.grammar_failed(e, metrics);
         }
         let token = sampler::sample(&logits, &p, &mut self.rng);
         // EOS ends the grammar (the mask allowed it only where the output is complete).
         if token != tok.eos_id {
             if let Some(Err(e)) = self.matcher.as_mut().map(|m| m.consume_token(token).map_err(|e| e.to_string())) {
-                return self.grammar_failed(e);
+                return self.grammar_failed(e, metrics);
             }
         }
         let logprob = p.logprobs.map(|k| logprob_entry(raw, token, k, tok));

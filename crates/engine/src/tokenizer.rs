@@ -127,6 +127,11 @@ impl TextTokenizer {
         self.token_bytes.len()
     }
 
+    /// The most bytes of text one token stands for.
+    pub fn max_token_bytes(&self) -> usize {
+        self.token_bytes.iter().map(Vec::len).max().unwrap_or(1).max(1)
+    }
+
     /// Token ids of `text`; special tokens written in the text are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.inner.encode(text, false).map_err(|e| TokenizerError::Build(e.to_string()))?;

@@ -36,6 +36,7 @@ async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<
         n: 1,
         params,
         priority: 0,
+        tenant: "a".into(),
         cache_salt: None,
         prompt_logprobs: None,
     };

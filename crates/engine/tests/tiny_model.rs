@@ -45,6 +45,7 @@ fn request(prompt: &[u32], max_tokens: usize, adapter: Option<AdapterRef>) -> Ge
         n: 1,
         params,
         priority: 0,
+        tenant: "a".into(),
         cache_salt: None,
         prompt_logprobs: None,
     }
@@ -187,6 +188,10 @@ async fn prefix_cache_hits_reuse_every_shared_token_and_change_nothing() {
     // The same prompt again: all but the last token (whose logits are needed) come from cache.
     let (again_cached, again) = cached_and_tokens(e.submit(request(&prompt, 10, None)).unwrap()).await;
     assert_eq!((again_cached, &again), (prompt.len() - 1, &first));
+    // Another entity shares nothing, even with the exact same prompt (no cross-tenant oracle).
+    let other_tenant = GenerateRequest { tenant: "b".into(), ..request(&prompt, 10, None) };
+    let (tenant_cached, for_b) = cached_and_tokens(e.submit(other_tenant).unwrap()).await;
+    assert_eq!((tenant_cached, &for_b), (0, &first));
     // Another salt shares nothing, and computes the same output from scratch.
     let (salt_cached, with_salt) = cached_and_tokens(e.submit(salted(&prompt, "s1")).unwrap()).await;
     assert_eq!((salt_cached, &with_salt), (0, &first));

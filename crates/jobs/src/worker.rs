@@ -116,14 +116,49 @@ impl Worker {
     pub async fn run_once(&self) -> Result<bool, StoreError> {
         let Some(claimed) = self.store.claim_next_job().await? else { return Ok(false) };
         let job_id = claimed.job.id;
+        let entity = claimed.model.entity.clone();
         tracing::info!(%job_id, model_id = %claimed.model.id, attempt = claimed.job.attempts, "training job started");
         match self.run_claimed(claimed).await {
             Ok(()) | Err(StoreError::NotFound) => Ok(true), // NotFound: the model was deleted meanwhile
             Err(e) => {
                 tracing::error!(%job_id, error = %e, "training job could not be finished");
-                let outcome = JobOutcome::Failed { error_message: format!("internal error: {e}") };
-                ignore_gone(self.store.finish_job(job_id, &outcome).await)?;
+                self.fail_until_recorded(&entity, job_id, format!("internal error: {e}")).await;
                 Ok(true)
+            }
+        }
+    }
+
+    /// Ends a job that could not be finished normally (its checkpoint or its outcome could not be
+    /// written: a full disk, a failing database) with `training_failed`, retrying with backoff
+    /// until the store takes it: a job left `running` would hold back every later job of its
+    /// model while ART polls its events forever. On shutdown the retries stop and start-up
+    /// recovery ends the job instead.
+    async fn fail_until_recorded(&self, entity: &str, job_id: Uuid, error_message: String) {
+        let outcome = JobOutcome::Failed { error_message };
+        let mut wait = Duration::from_millis(250);
+        loop {
+            self.heartbeat.beat(now_ms(), true);
+            let recorded = async {
+                // ART reads `training_started` before anything else; add it if the job never got one.
+                if self.store.list_events(entity, job_id, PageRequest::first(1)).await?.items.is_empty() {
+                    self.store
+                        .append_event(job_id, event_type::TRAINING_STARTED, &json!({ "num_sequences": 0 }))
+                        .await?;
+                }
+                ignore_gone(self.store.finish_job(job_id, &outcome).await)
+            }
+            .await;
+            match recorded {
+                Ok(_) => return,
+                Err(e) if self.stopping.load(Ordering::SeqCst) => {
+                    tracing::error!(%job_id, error = %e, "could not record the job's failure; recovery at the next start ends it");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(%job_id, error = %e, retry_in_ms = wait.as_millis() as u64, "could not record the job's failure");
+                    let _ = tokio::time::timeout(wait, self.wake.notified()).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                }
             }
         }
     }

@@ -181,3 +181,28 @@ async fn a_trainer_error_fails_the_job_with_its_message() {
     assert_eq!(events[0], ("training_started".to_string(), json!({"num_sequences": 0})));
     assert_eq!(events[1].1, json!({"error_message": "trajectory 0 has no token ids"}));
 }
+
+/// A checkpoint that cannot be written (here its model directory is a file, as a full disk would
+/// refuse it) ends the job at once with `training_failed`, leaves no files, and the model's next
+/// job runs normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_cannot_be_written_fails_the_job_and_frees_the_model() {
+    let f = fixture().await;
+    let (worker, _) = f.worker(Script::Succeed);
+    let blocker = f.checkpoints.root().join(f.model_id.to_string());
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let job = f.queue().await;
+    assert!(worker.run_once().await.unwrap());
+    let done = f.store.get_job("e", job).await.unwrap();
+    assert_eq!(done.status, JobStatus::Failed);
+    assert!(done.error_message.as_deref().unwrap_or("").starts_with("internal error"), "{:?}", done.error_message);
+    let kinds: Vec<String> = f.events(job).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kinds.first().map(String::as_str), Some("training_started"));
+    assert_eq!(kinds.last().map(String::as_str), Some("training_failed"));
+    assert_eq!(f.store.latest_step(f.model_id).await.unwrap(), 0, "no checkpoint was recorded");
+
+    std::fs::remove_file(&blocker).unwrap();
+    let next = f.queue().await;
+    assert!(worker.run_once().await.unwrap());
+    assert_eq!(f.store.get_job("e", next).await.unwrap().step, Some(1));
+}

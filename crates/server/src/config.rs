@@ -55,9 +55,14 @@ pub struct ServeArgs {
     /// Requests that may wait for admission before new ones get 503.
     #[arg(long, env = "TANDEM_MAX_WAITING")]
     pub max_waiting: Option<usize>,
-    /// Inference requests one entity may have in flight before new ones get 429.
+    /// Inference requests one entity may have in flight before new ones get 429 (default: a
+    /// quarter of --max-waiting, so that no one entity can fill the queue).
     #[arg(long, env = "TANDEM_PER_ENTITY_LIMIT")]
     pub per_entity_limit: Option<usize>,
+    /// Memory for the KV caches of running sequences, in MiB (default: a quarter of the
+    /// machine's memory). Decoding past it preempts sequences, as vLLM does.
+    #[arg(long, env = "TANDEM_KV_CACHE_MIB")]
+    pub kv_cache_mib: Option<u64>,
 }
 
 /// The TOML file: the same settings, all optional.
@@ -76,6 +81,7 @@ struct FileConfig {
     max_num_seqs: Option<usize>,
     max_waiting: Option<usize>,
     per_entity_limit: Option<usize>,
+    kv_cache_mib: Option<u64>,
 }
 
 /// One base model to serve.
@@ -98,6 +104,8 @@ pub struct ServeConfig {
     pub max_num_seqs: usize,
     pub max_waiting: usize,
     pub per_entity_limit: usize,
+    /// None: the engine's default (a quarter of the machine's memory).
+    pub kv_cache_bytes: Option<u64>,
 }
 
 impl ServeConfig {
@@ -127,6 +135,7 @@ impl ServeConfig {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             bail!("two models are served under the same id; use --served-model-name");
         }
+        let max_waiting = args.max_waiting.or(file.max_waiting).unwrap_or(256).max(1);
         Ok(ServeConfig {
             host: args.host.or(file.host).unwrap_or_else(|| "127.0.0.1".into()),
             port: args.port.or(file.port).unwrap_or(8000),
@@ -144,8 +153,9 @@ impl ServeConfig {
                 Some(name) => ReasoningParser::from_name(&name).map_err(anyhow::Error::msg)?,
             },
             max_num_seqs: args.max_num_seqs.or(file.max_num_seqs).unwrap_or(32).max(1),
-            max_waiting: args.max_waiting.or(file.max_waiting).unwrap_or(256).max(1),
-            per_entity_limit: args.per_entity_limit.or(file.per_entity_limit).unwrap_or(256).max(1),
+            max_waiting,
+            per_entity_limit: args.per_entity_limit.or(file.per_entity_limit).unwrap_or(max_waiting / 4).max(1),
+            kv_cache_bytes: args.kv_cache_mib.or(file.kv_cache_mib).map(|m| m.max(1) << 20),
         })
     }
 }

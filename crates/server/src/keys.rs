@@ -28,10 +28,33 @@ pub enum KeysCommand {
     Revoke { id_or_prefix: String },
 }
 
+/// Opens `<data-dir>/tandem.db`. The data directory holds every tenant's trajectories, keys and
+/// checkpoints: it is made (or tightened to) 0700, and the database file 0600 before SQLite opens
+/// it (SQLite gives its -wal and -shm files the database file's permissions).
 pub async fn open_store(data_dir: &Path) -> anyhow::Result<SqliteStore> {
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    private_dir(data_dir)?;
     let db = data_dir.join("tandem.db");
+    private_file(&db)?;
     SqliteStore::open(&db).await.with_context(|| format!("opening {}", db.display()))
+}
+
+pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    tandem_store::create_private_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private", dir.display()))
+}
+
+/// Creates `path` empty with mode 0600 if missing; an existing file is set to 0600.
+fn private_file(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o600)))
+        .with_context(|| format!("making {} private", path.display()))
 }
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {

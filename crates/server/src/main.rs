@@ -28,7 +28,26 @@ enum Command {
     Keys(keys::KeysArgs),
 }
 
+/// The hidden subcommand that renders one request-supplied chat template (see
+/// `tandem_engine::template::jail`). Handled before anything else starts: no threads, no logging.
+pub const RENDER_TEMPLATE: &str = "__render-template";
+
+fn render_template_jailed() -> anyhow::Result<()> {
+    use rlimit::Resource;
+    use tandem_engine::template::jail::{serve_one, JAIL_CPU_SECONDS, JAIL_MEMORY_BYTES};
+    // Limits first: what follows runs the untrusted template. An allocation past the data limit
+    // aborts this process only.
+    Resource::DATA.set(JAIL_MEMORY_BYTES, JAIL_MEMORY_BYTES)?;
+    Resource::CPU.set(JAIL_CPU_SECONDS, JAIL_CPU_SECONDS)?;
+    Resource::CORE.set(0, 0)?;
+    serve_one(std::io::stdin().lock(), std::io::stdout().lock())?;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some(RENDER_TEMPLATE) {
+        return render_template_jailed();
+    }
     let cli = Cli::parse();
     // Logs go to stderr; stdout carries only what scripts read (the address, a new key).
     let filter = EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));

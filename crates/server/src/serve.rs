@@ -10,6 +10,7 @@ use std::time::Duration;
 use tandem_api::auth::{generate_key, StaticKeys};
 use tandem_api::{AppConfig, AppState, Limits};
 use tandem_core::inference::SharedBackend;
+use tandem_engine::template::jail::TemplateJail;
 use tandem_engine::{Engine, EngineConfig};
 use tandem_jobs::{Worker, WorkerConfig};
 use tandem_store::{CheckpointDir, Store};
@@ -22,12 +23,20 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         }
     }
     let store = Arc::new(open_store(&config.data_dir).await?);
-    let engine_config =
-        EngineConfig { max_seqs: config.max_num_seqs, max_waiting: config.max_waiting, ..EngineConfig::default() };
+    let defaults = EngineConfig::default();
+    let engine_config = EngineConfig {
+        max_seqs: config.max_num_seqs,
+        max_waiting: config.max_waiting,
+        kv_cache_bytes: config.kv_cache_bytes.unwrap_or(defaults.kv_cache_bytes),
+        ..defaults
+    };
     let models = config.models.clone();
     let started = std::time::Instant::now();
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
         let mut engine = Engine::new();
+        // Request-supplied chat templates render in `tandem __render-template` children.
+        let exe = std::env::current_exe().context("locating the tandem binary for the template jail")?;
+        engine.set_template_jail(TemplateJail::new(exe, vec![crate::RENDER_TEMPLATE.to_string()]));
         for m in &models {
             engine
                 .add_gguf(&m.id, &m.path, engine_config.clone())
@@ -113,7 +122,10 @@ async fn first_key(store: &dyn Store, data_dir: &Path) -> anyhow::Result<()> {
 
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::PermissionsExt;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    // `mode` applies only to a file it creates: an existing one is tightened too.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     f.write_all(text.as_bytes())?;
     f.sync_all()
 }

@@ -2,10 +2,15 @@
 //!
 //! A checkpoint directory becomes visible only whole: files are written into a temporary
 //! directory, fsynced, renamed into place and the parent directory fsynced, before the store
-//! records the checkpoint row. An object-store backend for scale-out is a later step.
+//! records the checkpoint row. A write that fails (a full disk, say) removes its temporary
+//! directory at once. Directories are created 0700 and files 0600: checkpoints are one tenant's
+//! trained weights, and the server's user is the only one that needs them. An object-store backend
+//! for scale-out is a later step.
 
 use crate::Result;
 use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use uuid::Uuid;
 
@@ -18,7 +23,9 @@ impl CheckpointDir {
     /// Uses (and creates) `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
-        fs::create_dir_all(&root)?;
+        create_private_dir_all(&root)?;
+        // An existing root (made by an older version) is tightened as well.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700))?;
         Ok(CheckpointDir { root })
     }
 
@@ -44,16 +51,23 @@ impl CheckpointDir {
         let target =
             self.resolve(relative).ok_or_else(|| crate::StoreError::Io(format!("bad checkpoint path {relative}")))?;
         let parent = target.parent().unwrap_or(&self.root).to_path_buf();
-        fs::create_dir_all(&parent)?;
+        create_private_dir_all(&parent)?;
         let tmp = parent.join(format!(".tmp-{}", tandem_core::new_id()));
-        fs::create_dir(&tmp)?;
-        for (name, bytes) in files {
-            let path = tmp.join(name);
-            fs::write(&path, bytes)?;
-            fs::File::open(&path)?.sync_all()?;
+        fs::DirBuilder::new().mode(0o700).create(&tmp)?;
+        let written = (|| -> std::io::Result<()> {
+            for (name, bytes) in files {
+                let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp.join(name))?;
+                f.write_all(bytes)?;
+                f.sync_all()?;
+            }
+            fs::File::open(&tmp)?.sync_all()?;
+            fs::rename(&tmp, &target)
+        })();
+        if let Err(e) = written {
+            // Nothing refers to the temporary directory: it goes now, not at the next start.
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e.into());
         }
-        fs::File::open(&tmp)?.sync_all()?;
-        fs::rename(&tmp, &target)?;
         fs::File::open(&parent)?.sync_all()?;
         Ok(target)
     }
@@ -98,6 +112,11 @@ impl CheckpointDir {
     }
 }
 
+/// `create_dir_all` with mode 0700 for every directory it creates.
+pub fn create_private_dir_all(path: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +138,26 @@ mod tests {
         assert!(!pa.exists());
         assert!(dir.resolve("../etc").is_none());
         assert_eq!(dir.sweep(&[]).unwrap(), 0);
+    }
+
+    #[test]
+    fn checkpoints_are_private_and_a_failed_write_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("checkpoints");
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = CheckpointDir::open(&root).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root), 0o700, "an existing root is tightened");
+        let m = Uuid::now_v7();
+        let written = dir.write_atomic(&CheckpointDir::relative_path(m, Uuid::now_v7()), &[("w", b"1")]).unwrap();
+        assert_eq!((mode(written.parent().unwrap()), mode(&written), mode(&written.join("w"))), (0o700, 0o700, 0o600));
+
+        // A write that fails midway (here a file name the directory cannot hold, as a full disk
+        // would fail it) leaves no temporary directory behind.
+        let failed = dir.write_atomic(&CheckpointDir::relative_path(m, Uuid::now_v7()), &[("ok", b"1"), ("a/b", b"2")]);
+        assert!(failed.is_err());
+        let left: Vec<_> = fs::read_dir(written.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![written.file_name().unwrap().to_owned()], "only the good checkpoint remains");
     }
 }

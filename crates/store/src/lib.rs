@@ -10,7 +10,7 @@
 mod blobs;
 mod sqlite;
 
-pub use blobs::CheckpointDir;
+pub use blobs::{create_private_dir_all, CheckpointDir};
 pub use sqlite::SqliteStore;
 
 use async_trait::async_trait;
@@ -212,6 +212,8 @@ pub trait Store: Send + Sync + 'static {
 
     // --- training jobs ---
     async fn create_job(&self, new: &NewJob) -> Result<Job>;
+    /// Jobs of `entity` that are queued or running.
+    async fn pending_jobs(&self, entity: &str) -> Result<i64>;
     /// The job, if its model belongs to `entity`.
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job>;
     /// Cancels a queued job at once (with its `training_failed` event); marks a running one for

@@ -286,3 +286,28 @@ async fn datasets_are_versioned_and_entity_scoped() {
         assert_eq!(store.create_dataset(&new("a", b"{}")).await.unwrap().version, 2);
     }
 }
+
+/// Jobs are claimed round robin between entities (an entity that queued many does not hold back
+/// one that queued later), and `pending_jobs` counts an entity's queued and running jobs.
+#[tokio::test]
+async fn training_queue_is_round_robin_between_entities() {
+    for (name, store, _dir) in backends().await {
+        let mut a_jobs = Vec::new();
+        for m in ["a1", "a2", "a3"] {
+            let (model, _) = store.create_model(&new_model("a", m), false).await.unwrap();
+            let new = NewJob { model_id: model.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) };
+            a_jobs.push(store.create_job(&new).await.unwrap().id);
+        }
+        let (b, _) = store.create_model(&new_model("b", "b1"), false).await.unwrap();
+        let new = NewJob { model_id: b.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) };
+        let b_job = store.create_job(&new).await.unwrap().id;
+        assert_eq!((store.pending_jobs("a").await.unwrap(), store.pending_jobs("b").await.unwrap()), (3, 1));
+        let mut order = Vec::new();
+        while let Some(claimed) = store.claim_next_job().await.unwrap() {
+            order.push(claimed.job.id);
+        }
+        assert_eq!(order, vec![a_jobs[0], b_job, a_jobs[1], a_jobs[2]], "{name}");
+        assert_eq!(store.pending_jobs("a").await.unwrap(), 3, "running jobs are pending too");
+        assert_eq!(store.pending_jobs("c").await.unwrap(), 0);
+    }
+}

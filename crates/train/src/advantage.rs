@@ -10,12 +10,16 @@ pub fn group_advantages(rewards: &[f64], scale_rewards: bool) -> Vec<f64> {
         return vec![0.0; n];
     }
     let (lo, hi) = rewards.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
-    if hi - lo <= 1e-12 {
+    if hi / 2.0 - lo / 2.0 <= 0.5e-12 {
         return vec![0.0; n];
     }
-    let mean = rewards.iter().sum::<f64>() / n as f64;
-    let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
-    rewards.iter().map(|r| if scale_rewards { (r - mean) / (std + 1e-6) } else { r - mean }).collect()
+    // Rewards are any finite numbers: computed on rewards / s (s = the largest magnitude, when
+    // above 1), so that no sum or square overflows; the result is the same formula.
+    let s = lo.abs().max(hi.abs()).max(1.0);
+    let scaled: Vec<f64> = rewards.iter().map(|r| r / s).collect();
+    let mean = scaled.iter().map(|r| r / n as f64).sum::<f64>();
+    let std = (scaled.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
+    scaled.iter().map(|r| if scale_rewards { (r - mean) / (std + 1e-6 / s) } else { (r - mean) * s }).collect()
 }
 
 /// Per-token advantage and weight over every trainable token of a training call, normalised as
@@ -54,6 +58,16 @@ mod tests {
         for (x, y) in a.iter().zip(b) {
             assert!((x - y).abs() < 1e-6, "{a:?} != {b:?}");
         }
+    }
+
+    #[test]
+    fn huge_rewards_give_finite_advantages() {
+        // The unscaled mean and variance of these overflow to infinity.
+        close(&group_advantages(&[1e308, -1e308], true), &[1.0, -1.0]);
+        close(&group_advantages(&[f64::MAX, f64::MAX, 0.0, 0.0], true), &[1.0, 1.0, -1.0, -1.0]);
+        assert_eq!(group_advantages(&[1e308, 1e308], true), vec![0.0, 0.0]);
+        let a = group_advantages(&[1e300, 0.0], false);
+        assert!((a[0] / 5e299 - 1.0).abs() < 1e-12 && (a[1] / -5e299 - 1.0).abs() < 1e-12, "{a:?}");
     }
 
     #[test]

@@ -10,7 +10,9 @@ use crate::adapter;
 use crate::loss::sft_loss_part;
 use crate::net::{forward, Base, Lora};
 use crate::pack::{split, Row, Target};
-use crate::trainer::{accumulate, check_memory, clip, failed, LoraTrainer, BETAS, INIT_SEED};
+use crate::trainer::{
+    accumulate, check_memory, clip, ensure_finite, ensure_finite_weights, failed, LoraTrainer, BETAS, INIT_SEED,
+};
 use candle_core::{backprop::GradStore, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde_json::{json, Map, Value};
@@ -83,7 +85,7 @@ pub(crate) fn train_sft(
     };
     let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
     let mut summary: BTreeMap<String, f64> = BTreeMap::new();
-    for ((row, parts), lr) in batches.iter().zip(&parts).zip(&rates) {
+    for (step, ((row, parts), lr)) in batches.iter().zip(&parts).zip(&rates).enumerate() {
         if let Some(stop) = sink.should_stop() {
             return Err(stop);
         }
@@ -97,6 +99,7 @@ pub(crate) fn train_sft(
             accumulate(&mut grads, &part_grads, &vars)?;
         }
         let grad_norm = trainer.on_training_threads(|| clip(&mut grads, &vars, SFT_MAX_GRAD_NORM)).map_err(failed)?;
+        ensure_finite(step, &[("the loss", loss), ("the gradient norm", grad_norm)])?;
         opt.set_learning_rate(*lr);
         trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
         let secs = started.elapsed().as_secs_f64();
@@ -115,6 +118,7 @@ pub(crate) fn train_sft(
         }
         sink.gradient_step(metrics);
     }
+    ensure_finite_weights(&vars)?;
     let files = adapter::save(&lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
     summary.insert("sft/num_gradient_steps".into(), batches.len() as f64);
     Ok(TrainOutput { files, metrics: summary })

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tandem_core::sequences::{tokenize_trajectory, TrainedModel};
+use tandem_core::sequences::{fits_model, tokenize_trajectory, TrainedModel};
 use tandem_core::train_config::TrainConfig;
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 
@@ -176,6 +176,35 @@ pub fn clip(grads: &mut GradStore, vars: &[candle_core::Var], max: f64) -> Resul
         }
     }
     Ok(norm)
+}
+
+/// Stops a job whose numbers stopped being finite (a learning rate too large for its data, a
+/// loss that overflowed) before the optimizer applies them: such a checkpoint would serve NaN.
+/// The job ends with `training_failed` and no checkpoint is written.
+pub(crate) fn ensure_finite(step: usize, values: &[(&str, f64)]) -> Result<(), TrainError> {
+    match values.iter().find(|(_, v)| !v.is_finite()) {
+        Some((name, v)) => Err(TrainError::Failed(format!(
+            "training diverged: {name} is {v} at gradient step {}; no checkpoint was written (try a lower \
+             learning rate)",
+            step + 1
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The adapter about to be saved holds only finite numbers (a sum is NaN or infinite otherwise).
+pub(crate) fn ensure_finite_weights(vars: &[candle_core::Var]) -> Result<(), TrainError> {
+    for v in vars {
+        let sum = v.as_tensor().sum_all().and_then(|s| s.to_scalar::<f32>()).map_err(failed)?;
+        if !sum.is_finite() {
+            return Err(TrainError::Failed(
+                "training diverged: the trained adapter's weights are not finite; no checkpoint was written \
+                 (try a lower learning rate)"
+                    .into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a job whose largest part would need more memory than the system has available (a
@@ -372,6 +401,12 @@ impl LoraTrainer {
     ) -> Result<TrainOutput, TrainError> {
         let (base, tb) = self.base(&job.model.base_model)?;
         let (trajs, mut extra) = prepare(job, config, groups, tb.tokenizer.as_ref())?;
+        // Checked at job creation too; a job created before that check (or without a served
+        // model to check against) must still never index past the embeddings or positions.
+        for (i, t) in trajs.iter().enumerate() {
+            fits_model(&t.sequences, base.config.vocab, base.config.context_len, &format!("trajectory {i}"))
+                .map_err(TrainError::Invalid)?;
+        }
         let longest = trajs.iter().flat_map(|t| t.sequences.iter().map(|s| s.tokens.len())).max().unwrap_or(0);
         let row_len = row_length(longest, config.packed_sequence_length, base.config.context_len);
         let rows = pack(&trajs, row_len, config.advantage_balance).map_err(TrainError::Invalid)?;
@@ -414,7 +449,7 @@ impl LoraTrainer {
         let loss_cfg = LossConfig::from_train(config);
         let mut summary: BTreeMap<String, f64> = BTreeMap::new();
         let n_rows = rows.len();
-        for (row, parts) in rows.iter().zip(&parts) {
+        for (step_index, (row, parts)) in rows.iter().zip(&parts).enumerate() {
             if let Some(stop) = sink.should_stop() {
                 return Err(stop);
             }
@@ -433,6 +468,7 @@ impl LoraTrainer {
             let grad_norm = self.on_training_threads(|| clip(&mut grads, &vars, MAX_GRAD_NORM)).map_err(failed)?;
             let lr = config.learning_rate
                 * (row.trajectories.max(1) as f64).powf(config.num_trajectories_learning_rate_multiplier_power);
+            ensure_finite(step_index, &[("the gradient norm", grad_norm), ("the learning rate", lr)])?;
             opt.set_learning_rate(lr);
             self.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
             let secs = started.elapsed().as_secs_f64();
@@ -442,8 +478,30 @@ impl LoraTrainer {
             }
             sink.gradient_step(metrics);
         }
+        ensure_finite_weights(&vars)?;
         let files = adapter::save(&lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
         summary.insert("num_gradient_steps".into(), n_rows as f64);
         Ok(TrainOutput { files, metrics: summary })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_finite_number_stops_the_job_and_names_itself() {
+        assert!(ensure_finite(0, &[("the loss", 1.5), ("the learning rate", 1e-3)]).is_ok());
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let Err(TrainError::Failed(m)) = ensure_finite(2, &[("the loss", 1.0), ("the learning rate", bad)]) else {
+                panic!("{bad} passed")
+            };
+            assert!(m.contains("the learning rate") && m.contains("gradient step 3"), "{m}");
+        }
+        let dev = candle_core::Device::Cpu;
+        let ok = candle_core::Var::from_vec(vec![1f32, -2.0], 2, &dev).unwrap();
+        assert!(ensure_finite_weights(std::slice::from_ref(&ok)).is_ok());
+        let nan = candle_core::Var::from_vec(vec![1f32, f32::NAN], 2, &dev).unwrap();
+        assert!(matches!(ensure_finite_weights(&[ok, nan]), Err(TrainError::Failed(_))));
     }
 }

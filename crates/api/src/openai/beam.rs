@@ -28,6 +28,7 @@ pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -
         eos: job.eos,
         ignore_eos: p.ignore_eos,
         include_eos: p.include_stop_str_in_output,
+        prompt_len: req.prompt.len(),
     };
     let mut search = BeamSearch::<TokenLogprob>::new(params);
     let k = search.candidates_per_beam().max(job.top_logprobs);
@@ -91,33 +92,26 @@ pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -
         }
         search.step(&candidates);
     }
-    let best = search.best(req.prompt.len());
-    let mut events = vec![InferEvent::Started { cached_tokens: cached_tokens.unwrap_or(0) }];
-    for (choice, beam) in best.into_iter().enumerate() {
-        // Text per token as the difference of decoded prefixes; a prefix that ends inside a
-        // multi-byte character decodes to U+FFFD and is held back until it completes.
-        let mut shown = String::new();
-        for (i, (id, lp)) in beam.tokens.iter().zip(beam.payloads).enumerate() {
-            let text = decode(backend, req, &beam.tokens[..=i])?;
-            let delta = if !text.ends_with('\u{FFFD}') && text.starts_with(&shown) {
-                let d = text[shown.len()..].to_string();
-                shown = text;
-                d
-            } else {
-                String::new()
-            };
-            events.push(InferEvent::Token { choice, token_id: *id, text: delta, logprob: Some(lp) });
+    // Materialising the beams and their text is linear in their length, but still CPU work:
+    // on a blocking thread.
+    let (backend, base, skip) = (backend.clone(), req.base, req.params.skip_special_tokens);
+    let cached = cached_tokens.unwrap_or(0);
+    tokio::task::spawn_blocking(move || {
+        let mut events = vec![InferEvent::Started { cached_tokens: cached }];
+        for (choice, beam) in search.best().into_iter().enumerate() {
+            // The engine's incremental decoder: each token's text once, a split character held
+            // back until it completes, the rest at the end.
+            let (deltas, rest) = backend
+                .token_texts(base, &beam.tokens, skip)
+                .map_err(|m| ApiError::new(ErrorKind::Internal, format!("detokenize failed: {m}")))?;
+            for ((id, lp), text) in beam.tokens.iter().zip(beam.payloads.to_vec()).zip(deltas) {
+                events.push(InferEvent::Token { choice, token_id: *id, text, logprob: Some(lp) });
+            }
+            let reason = if beam.finished { FinishReason::Stop } else { FinishReason::Length };
+            events.push(InferEvent::Finished { choice, reason, stop_reason: None, text: rest });
         }
-        let full = decode(backend, req, &beam.tokens)?;
-        let rest = full.strip_prefix(shown.as_str()).unwrap_or("").to_string();
-        let reason = if beam.finished { FinishReason::Stop } else { FinishReason::Length };
-        events.push(InferEvent::Finished { choice, reason, stop_reason: None, text: rest });
-    }
-    Ok(events)
-}
-
-fn decode(backend: &SharedBackend, req: &GenerateRequest, tokens: &[u32]) -> Result<String, ApiError> {
-    backend
-        .detokenize(req.base, tokens, req.params.skip_special_tokens)
-        .map_err(|m| ApiError::new(ErrorKind::Internal, format!("detokenize failed: {m}")))
+        Ok(events)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("beam search task failed: {e}")))?
 }

@@ -28,10 +28,7 @@ pub async fn create(
     let plan = request::validate(&body, state.priority_scheduling())?;
     let target = resolve(&state, &caller.entity, plan.model.as_deref()).await?;
     // Admission comes before any rendering or tokenizing.
-    let permit = state.limiter().acquire(&caller.entity).ok_or_else(|| {
-        ApiError::new(ErrorKind::TooManyRequests, "too many concurrent requests for this API key's entity")
-            .with_retry_after(1)
-    })?;
+    let permit = super::admit(&state, &caller.entity)?;
     if !backend.has_capacity(target.base) {
         return Err(ApiError::new(ErrorKind::Unavailable, "the server is at capacity; retry shortly")
             .with_retry_after(1)
@@ -43,7 +40,7 @@ pub async fn create(
         .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string))
         .unwrap_or_else(|| tandem_core::new_id().simple().to_string());
     let (generate, prompt, tool_mode) =
-        prepare(backend.clone(), &plan, &target, request_id.clone(), state.reasoning_parser()).await?;
+        prepare(backend.clone(), &plan, &target, &caller.entity, request_id.clone(), state.reasoning_parser()).await?;
     let rx = match plan.beam {
         // The search runs to the end first; its result then flows through the same renderers.
         Some(length_penalty) => {
@@ -100,11 +97,13 @@ async fn prepare(
     backend: SharedBackend,
     plan: &ChatPlan,
     target: &Target,
+    tenant: &str,
     request_id: String,
     reasoning: Option<ReasoningParser>,
 ) -> Result<(GenerateRequest, Vec<u32>, Option<ToolMode>), ApiError> {
     let plan = plan.clone();
     let target = target.clone();
+    let tenant = tenant.to_string();
     tokio::task::spawn_blocking(move || {
         let info = backend
             .models()
@@ -128,6 +127,14 @@ async fn prepare(
             if prompt.len() > keep {
                 prompt.drain(..prompt.len() - keep);
             }
+        }
+        // The first token is sampled from the last prompt position, so there must be one.
+        if prompt.is_empty() {
+            let param = if plan.truncate_prompt_tokens == Some(0) { "truncate_prompt_tokens" } else { "messages" };
+            return Err(ApiError::bad_param(
+                param,
+                "The prompt is empty after the chat template and truncation; at least one token is needed.",
+            ));
         }
         let vocab = info.vocab_size as u32;
         let check = |name: &str, ids: &[u32]| match ids.iter().find(|t| **t >= vocab) {
@@ -174,6 +181,24 @@ async fn prepare(
             None => room,
         };
         params.min_tokens = params.min_tokens.min(params.max_tokens);
+        // A response that is held whole (not streamed, or a beam search) keeps every logprob
+        // entry in memory until it is sent.
+        if let Some(k) = params.logprobs.filter(|_| !plan.stream || plan.beam.is_some()) {
+            let entries = plan.n.saturating_mul(params.max_tokens).saturating_mul(k + 1);
+            if entries > request::MAX_HELD_LOGPROB_ENTRIES {
+                return Err(ApiError::bad_param(
+                    "max_tokens",
+                    format!(
+                        "n={} x max_tokens={} x (top_logprobs+1)={} logprob entries is more than one response may \
+                         hold ({}); lower max_tokens or n, or stream the response",
+                        plan.n,
+                        params.max_tokens,
+                        k + 1,
+                        request::MAX_HELD_LOGPROB_ENTRIES
+                    ),
+                ));
+            }
+        }
         let req = GenerateRequest {
             request_id,
             base: target.base,
@@ -182,6 +207,7 @@ async fn prepare(
             n: plan.n,
             params,
             priority: plan.priority,
+            tenant: tenant.clone(),
             cache_salt: plan.cache_salt.clone(),
             prompt_logprobs: plan.prompt_logprobs,
         };

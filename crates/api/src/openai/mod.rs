@@ -52,7 +52,8 @@ async fn models(
         let info = infos.get(i);
         data.push(json!({
             "id": id, "object": "model", "created": 0, "owned_by": "tandem",
-            "root": info.map(|m| m.path.clone()).unwrap_or_else(|| id.clone()), "parent": null,
+            // vLLM puts the weights' path here; tandem never shows a server path to clients.
+            "root": id, "parent": null,
             "max_model_len": info.map(|m| m.context_len),
         }));
     }
@@ -87,4 +88,13 @@ async fn models(
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, OpenAiError> {
     let backend = engine(&state)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], backend.metrics_text()))
+}
+
+/// The entity's permit for an inference route (chat, tokenize, detokenize), or a 429 with
+/// `Retry-After`: decided before any rendering, tokenizing or decoding.
+pub(crate) fn admit(state: &AppState, entity: &str) -> Result<crate::limiter::Permit, ApiError> {
+    state.limiter().acquire(entity).ok_or_else(|| {
+        ApiError::new(ErrorKind::TooManyRequests, "too many concurrent requests for this API key's entity")
+            .with_retry_after(1)
+    })
 }

@@ -18,6 +18,7 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, OpenAiError> {
     let backend = super::engine(&state)?;
     let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
+    let _permit = super::admit(&state, &caller.entity)?;
     let return_strs = body.get("return_token_strs").and_then(Value::as_bool).unwrap_or(false);
     let base = target.base;
     let ids = if body.get("messages").is_some() {
@@ -59,7 +60,15 @@ pub async fn detokenize(
 ) -> Result<Json<Value>, OpenAiError> {
     let backend = super::engine(&state)?;
     let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
+    let _permit = super::admit(&state, &caller.entity)?;
     let tokens: Vec<u32> = match body.get("tokens") {
+        Some(Value::Array(items)) if items.len() > MAX_DETOKENIZE => {
+            return Err(ApiError::bad_param(
+                "tokens",
+                format!("at most {MAX_DETOKENIZE} tokens may be detokenized at once"),
+            )
+            .into())
+        }
         Some(Value::Array(items)) => items
             .iter()
             .map(|t| t.as_u64().filter(|v| *v <= u32::MAX as u64).map(|v| v as u32))
@@ -67,6 +76,13 @@ pub async fn detokenize(
             .ok_or_else(|| ApiError::bad_param("tokens", "tokens must be a list of non-negative integers"))?,
         _ => return Err(ApiError::bad_param("tokens", "tokens (a list of token ids) is required").into()),
     };
-    let prompt = backend.detokenize(target.base, &tokens, false).map_err(|m| ApiError::bad_param("tokens", m))?;
+    let base = target.base;
+    let prompt = tokio::task::spawn_blocking(move || backend.detokenize(base, &tokens, false))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+        .map_err(|m| ApiError::bad_param("tokens", m))?;
     Ok(Json(json!({ "prompt": prompt })))
 }
+
+/// Most token ids one `/detokenize` takes (far more than any context).
+const MAX_DETOKENIZE: usize = 1 << 20;

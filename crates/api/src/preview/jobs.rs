@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::names::{checkpoint_ref, CheckpointRef, ModelName};
 use tandem_core::records::{JobKind, ModelRecord, Order, PageRequest};
-use tandem_core::sequences::{tokenize_trajectory, BackendTokenizer, TrainedModel};
+use tandem_core::sequences::{fits_model, tokenize_trajectory, BackendTokenizer, TrainedModel};
 use tandem_core::train_config::parse_train_config;
 use tandem_core::train_config::KlReference;
 use tandem_core::validate::{optional, Validator};
@@ -44,6 +44,7 @@ pub async fn create(
         StoreError::NotFound => ApiError::not_found("model"),
         other => other.into(),
     })?;
+    check_pending_jobs(&state, &caller.entity).await?;
     if let Some(kl) = config.kl_penalty.as_mut() {
         kl.reference = kl_reference(&state, &model, &kl.reference).await?;
     }
@@ -63,6 +64,20 @@ pub async fn create(
     tracing::info!(job_id = %job.id, model_id = %model.id, "training job queued");
     state.wake_jobs();
     Ok(Json(views::job(&job)))
+}
+
+/// A 429 (with `Retry-After`) once the entity has `max_pending_jobs` jobs queued or running.
+pub(super) async fn check_pending_jobs(state: &AppState, entity: &str) -> Result<(), ApiError> {
+    let limit = state.limits().max_pending_jobs;
+    let pending = state.store().pending_jobs(entity).await?;
+    if pending >= limit {
+        return Err(ApiError::new(
+            crate::error::ErrorKind::TooManyRequests,
+            format!("this entity already has {pending} training jobs queued or running (at most {limit}); wait for one to end"),
+        )
+        .with_retry_after(5));
+    }
+    Ok(())
 }
 
 /// Checks the KL penalty's reference against the model's live checkpoints, and resolves
@@ -139,6 +154,7 @@ async fn check_tokenizable(
         return Ok(groups);
     };
     let model = model.clone();
+    let Some(info) = backend.models().get(base).cloned() else { return Ok(groups) };
     let result = tokio::task::spawn_blocking(move || {
         let tok = BackendTokenizer { backend, base };
         let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
@@ -149,7 +165,9 @@ async fn check_tokenizable(
                 let trajs = group.get("trajectories").and_then(Value::as_array).unwrap_or(&empty);
                 for (t, traj) in trajs.iter().enumerate() {
                     let at = format!("trajectory_groups[{g}].trajectories[{t}]");
-                    if let Err(msg) = tokenize_trajectory(traj, &tok, &trained, allow_without_logprobs, &at) {
+                    let checked = tokenize_trajectory(traj, &tok, &trained, allow_without_logprobs, &at)
+                        .and_then(|seqs| fits_model(&seqs, info.vocab_size, info.context_len, &at));
+                    if let Err(msg) = checked {
                         v.at(g, |v| v.at("trajectories", |v| v.at(t, |v| v.value_error(traj, &msg))));
                     }
                 }

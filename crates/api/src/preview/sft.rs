@@ -67,6 +67,7 @@ pub async fn create(
         StoreError::NotFound => ApiError::not_found("dataset"),
         other => other.into(),
     })?;
+    super::jobs::check_pending_jobs(&state, &caller.entity).await?;
     let data = state.store().dataset_data(&caller.entity, dataset.id).await?;
     let rows = check_trainable(&state, &model.base_model, data, config.clone()).await?;
     let new = NewJob {

@@ -10,14 +10,16 @@
 //! "\n" into one string ("string" format), and a null content becomes "" so that templates that
 //! concatenate `message['content']` (SmolLM2's) do not fail on an assistant turn with tool calls.
 
+pub mod jail;
+
 use minijinja::value::{Serde, Value as JValue};
 use minijinja::{Environment, Error as JError, ErrorKind};
 use serde_json::{Map, Value};
 
 /// Instructions one render may execute; SmolLM2's template needs a few hundred per message.
 const FUEL: u64 = 5_000_000;
-/// Largest rendered prompt, in bytes.
-const MAX_OUTPUT: usize = 4 << 20;
+/// Largest rendered prompt, in bytes; enforced while rendering.
+pub(crate) const MAX_OUTPUT: usize = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
@@ -42,7 +44,7 @@ pub struct ChatTemplate {
 }
 
 /// Everything a render takes besides the messages.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct RenderInputs {
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
@@ -162,12 +164,17 @@ impl ChatTemplate {
             ctx.insert("reasoning_effort".into(), Value::String(r.clone()));
         }
         let template = self.env.get_template("chat").map_err(|e| TemplateError::Render(describe(&e)))?;
-        let rendered = template
-            .render(JValue::from(Serde(Value::Object(ctx))))
-            .map_err(|e| TemplateError::Render(describe(&e)))?;
-        if rendered.len() > MAX_OUTPUT {
-            return Err(TemplateError::Render(format!("the rendered prompt exceeds {MAX_OUTPUT} bytes")));
-        }
+        // Written through a capped writer: the render stops at the cap instead of growing a
+        // string without bound first.
+        let mut out = CappedWriter { buf: Vec::new(), cap: MAX_OUTPUT, hit: false };
+        template.render_captured_to(JValue::from(Serde(Value::Object(ctx))), &mut out).map_err(|e| {
+            if out.hit {
+                TemplateError::Render(format!("the rendered prompt exceeds {MAX_OUTPUT} bytes"))
+            } else {
+                TemplateError::Render(describe(&e))
+            }
+        })?;
+        let rendered = String::from_utf8(out.buf).map_err(|e| TemplateError::Render(e.to_string()))?;
         if inputs.continue_final_message {
             let last = prepared.last().ok_or_else(|| TemplateError::Invalid("messages must not be empty".into()))?;
             return cut_after_final_message(rendered, &final_text(last));
@@ -184,6 +191,28 @@ impl ChatTemplate {
             }
         }
         m
+    }
+}
+
+/// An output buffer that refuses to grow past `cap` bytes.
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+    hit: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > self.cap {
+            self.hit = true;
+            return Err(std::io::Error::other("output cap reached"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

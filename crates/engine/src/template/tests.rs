@@ -88,3 +88,35 @@ fn openai_format_templates_get_parts() {
         .unwrap();
     assert_eq!(out, "[a][b]");
 }
+
+/// The output cap holds while rendering: the audit's template wrote 12 x 50 MB and grew the
+/// server by 1.1 GB before the cap was checked; now the first oversized write ends the render.
+#[test]
+fn output_is_capped_while_rendering() {
+    let t = ChatTemplate::new(r#"{% set s = "x" * 5000000 %}{% for i in range(12) %}{{ s }}{% endfor %}"#).unwrap();
+    match t.render(&[], &inputs(true)) {
+        Err(TemplateError::Render(m)) => assert!(m.contains("exceeds"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // Just under the cap renders.
+    let t = ChatTemplate::new(r#"{{ "x" * 4000000 }}"#).unwrap();
+    assert_eq!(t.render(&[], &inputs(true)).unwrap().len(), 4_000_000);
+}
+
+/// The jail's child side: one job in, one answer out, errors as answers.
+#[test]
+fn jail_child_answers_rendered_text_or_the_error() {
+    let run = |source: &str| {
+        let job = jail::JailJob {
+            source: source.into(),
+            messages: vec![json!({"role": "user", "content": "hi"})],
+            inputs: inputs(true),
+        };
+        let mut out = Vec::new();
+        jail::serve_one(serde_json::to_vec(&job).unwrap().as_slice(), &mut out).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out).unwrap()
+    };
+    assert_eq!(run("{{ messages[0].content }}!"), json!({"rendered": "hi!"}));
+    assert!(run("{% for %}")["syntax"].as_str().is_some());
+    assert!(run("{{ raise_exception('no') }}")["render"].as_str().unwrap().contains("no"));
+}

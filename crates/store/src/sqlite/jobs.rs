@@ -79,14 +79,18 @@ pub(crate) async fn list_events(
 }
 
 pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJob>> {
-    // One statement, so the claim is atomic without an explicit transaction.
+    // One statement, so the claim is atomic without an explicit transaction. Round robin between
+    // entities: the next job is the oldest one of the entity whose latest job started longest
+    // ago (never: first), so one entity's queue of jobs cannot hold back another's.
     let row = sqlx::query(
         "UPDATE training_jobs SET status = 'running', started_at = ?, attempts = attempts + 1
          WHERE id = (
-            SELECT j.id FROM training_jobs j
+            SELECT j.id FROM training_jobs j JOIN models m ON m.id = j.model_id
             WHERE j.status = 'queued' AND NOT EXISTS (
                 SELECT 1 FROM training_jobs r WHERE r.model_id = j.model_id AND r.status = 'running')
-            ORDER BY j.seq LIMIT 1)
+            ORDER BY (SELECT MAX(s.started_at) FROM training_jobs s JOIN models sm ON sm.id = s.model_id
+                      WHERE sm.entity = m.entity) ASC NULLS FIRST, j.seq
+            LIMIT 1)
          RETURNING *",
     )
     .bind(now_ms())

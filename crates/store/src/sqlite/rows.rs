@@ -18,13 +18,20 @@ pub(crate) fn json(row: &SqliteRow, col: &str) -> Result<Value> {
     serde_json::from_str(&s).map_err(|e| StoreError::Database(format!("bad json in {col}: {e}")))
 }
 
+/// A metrics column: its finite numbers. Anything else (a `null` that an older version wrote for
+/// a non-finite value; migration 0003 removes those on start-up) is skipped, so one bad value can
+/// never make a model's checkpoints or logs unreadable.
 pub(crate) fn metrics(row: &SqliteRow, col: &str) -> Result<BTreeMap<String, f64>> {
     let s: String = row.try_get(col)?;
-    serde_json::from_str(&s).map_err(|e| StoreError::Database(format!("bad metrics in {col}: {e}")))
+    let map: serde_json::Map<String, Value> =
+        serde_json::from_str(&s).map_err(|e| StoreError::Database(format!("bad metrics in {col}: {e}")))?;
+    Ok(map.into_iter().filter_map(|(k, v)| v.as_f64().filter(|x| x.is_finite()).map(|x| (k, x))).collect())
 }
 
+/// Only finite numbers are stored: JSON has no NaN or infinity (serde_json would write `null`).
 pub(crate) fn metrics_text(m: &BTreeMap<String, f64>) -> String {
-    serde_json::to_string(m).unwrap_or_else(|_| "{}".to_string())
+    let finite: BTreeMap<&String, &f64> = m.iter().filter(|(_, v)| v.is_finite()).collect();
+    serde_json::to_string(&finite).unwrap_or_else(|_| "{}".to_string())
 }
 
 pub(crate) fn key(row: &SqliteRow) -> Result<ApiKeyRecord> {

@@ -11,6 +11,17 @@ use tandem_core::validate::{optional, Validator};
 pub const MAX_N: i64 = 128;
 /// Most top logprobs per token, as vLLM's default `--max-logprobs`.
 pub const MAX_LOGPROBS: i64 = 20;
+/// Widest beam search (`n` with `use_beam_search`).
+pub const MAX_BEAM_WIDTH: i64 = 16;
+/// Most logprob entries (`n * max_tokens * (top_logprobs + 1)`) one response held whole (not
+/// streamed, or a beam search) may carry: about 100 MB.
+pub const MAX_HELD_LOGPROB_ENTRIES: usize = 1 << 20;
+/// Longest token-id list (`allowed_token_ids`, `stop_token_ids`, `suppress_tokens`): larger than
+/// any vocabulary served; the lists are applied at every sampled token, so they are bounded.
+pub const MAX_TOKEN_LIST: usize = 1 << 18;
+/// Most `logit_bias` entries and `stop_token_ids`, and most `bad_words`.
+pub const MAX_BIAS_ENTRIES: usize = 1024;
+pub const MAX_BAD_WORDS: usize = 128;
 
 /// A validated chat request, before the model is consulted.
 #[derive(Debug, Clone)]
@@ -213,18 +224,24 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         return Err(bad("priority", format!("Got priority {priority} but priority scheduling is not enabled.")));
     }
     if let Some(t) = truncate {
-        if t < -1 {
+        if t < -1 || t == 0 {
             return Err(bad("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or positive."));
         }
     }
     p.stop = stop_strings(stop)?;
     p.stop_token_ids = id_list("stop_token_ids", stop_token_ids)?.unwrap_or_default();
+    if p.stop_token_ids.len() > MAX_BIAS_ENTRIES {
+        return Err(bad("stop_token_ids", format!("at most {MAX_BIAS_ENTRIES} stop_token_ids are allowed.")));
+    }
     p.allowed_token_ids = id_list("allowed_token_ids", allowed)?;
     if p.allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
         return Err(bad("allowed_token_ids", "allowed_token_ids is not None and empty!"));
     }
     p.logit_bias = logit_bias(bias)?;
     let bad_words = string_list("bad_words", bad_words)?;
+    if bad_words.len() > MAX_BAD_WORDS {
+        return Err(bad("bad_words", format!("at most {MAX_BAD_WORDS} bad_words are allowed.")));
+    }
     if bad_words.iter().any(String::is_empty) {
         return Err(bad("bad_words", "bad_words cannot contain an empty string."));
     }
@@ -269,6 +286,10 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         beam_compatible(&p, prompt_logprobs.is_some(), !bad_words.is_empty())?;
         if tools.is_some() {
             return Err(bad("tools", "tool calling cannot be combined with use_beam_search"));
+        }
+        // Each step runs one engine request per beam: the width is bounded like a batch.
+        if n > MAX_BEAM_WIDTH {
+            return Err(bad("n", format!("use_beam_search supports a beam width (n) of at most {MAX_BEAM_WIDTH}.")));
         }
         Some(length_penalty.unwrap_or(1.0))
     } else {
@@ -362,9 +383,14 @@ fn string_list(name: &str, value: Option<Value>) -> Result<Vec<String>, ApiError
     }
 }
 
+/// A list of token ids, at most [`MAX_TOKEN_LIST`] long, sorted and without duplicates (the
+/// sampler walks it alongside the logits once per token).
 fn id_list(name: &str, value: Option<Value>) -> Result<Option<Vec<u32>>, ApiError> {
-    match value {
-        None => Ok(None),
+    let ids = match value {
+        None => return Ok(None),
+        Some(Value::Array(items)) if items.len() > MAX_TOKEN_LIST => {
+            return Err(bad(name, format!("{name} may hold at most {MAX_TOKEN_LIST} token ids.")))
+        }
         Some(Value::Array(items)) => items
             .iter()
             .map(|x| {
@@ -373,10 +399,13 @@ fn id_list(name: &str, value: Option<Value>) -> Result<Option<Vec<u32>>, ApiErro
                     .map(|i| i as u32)
                     .ok_or_else(|| bad(name, format!("{name} must be a list of token ids.")))
             })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some),
-        Some(_) => Err(bad(name, format!("{name} must be a list of token ids."))),
-    }
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(bad(name, format!("{name} must be a list of token ids."))),
+    };
+    let mut ids = ids;
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(Some(ids))
 }
 
 fn logit_bias(value: Option<Value>) -> Result<Vec<(u32, f32)>, ApiError> {
@@ -384,6 +413,9 @@ fn logit_bias(value: Option<Value>) -> Result<Vec<(u32, f32)>, ApiError> {
     let Value::Object(map) = value else {
         return Err(bad("logit_bias", "logit_bias must be an object of token id to bias."));
     };
+    if map.len() > MAX_BIAS_ENTRIES {
+        return Err(bad("logit_bias", format!("logit_bias may hold at most {MAX_BIAS_ENTRIES} tokens.")));
+    }
     let mut out = Vec::with_capacity(map.len());
     for (k, b) in map {
         let id: u32 = k.parse().map_err(|_| {
@@ -440,6 +472,9 @@ fn beam_compatible(p: &SamplingParams, prompt_logprobs: bool, bad_words: bool) -
 fn processors(value: Option<&Value>) -> Result<Vec<LogitsProcessor>, ApiError> {
     let Some(value) = value else { return Ok(Vec::new()) };
     let Value::Array(items) = value else { return Err(bad("logits_processors", "logits_processors must be a list.")) };
+    if items.len() > 16 {
+        return Err(bad("logits_processors", "at most 16 logits processors are allowed"));
+    }
     let known = LogitsProcessor::NAMES.join(", ");
     let mut out = Vec::new();
     for item in items {
@@ -464,13 +499,13 @@ fn processors(value: Option<&Value>) -> Result<Vec<LogitsProcessor>, ApiError> {
                 LogitsProcessor::NoRepeatNgram { n: n as usize }
             }
             "suppress_tokens" => {
-                let ids = arg("token_ids")
-                    .and_then(Value::as_array)
-                    .and_then(|a| {
-                        a.iter()
-                            .map(|v| v.as_u64().filter(|i| *i <= u32::MAX as u64).map(|i| i as u32))
-                            .collect::<Option<Vec<_>>>()
-                    })
+                let ids = id_list("logits_processors", arg("token_ids").cloned())
+                    .map_err(|_| {
+                        bad(
+                            "logits_processors",
+                            format!("suppress_tokens needs token_ids, a list of at most {MAX_TOKEN_LIST} token ids"),
+                        )
+                    })?
                     .ok_or_else(|| bad("logits_processors", "suppress_tokens needs token_ids, a list of token ids"))?;
                 LogitsProcessor::SuppressTokens { token_ids: ids }
             }
