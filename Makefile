@@ -5,7 +5,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
 
-.PHONY: all model build run test check fmt clean bench bench-training bench-rl bench-all
+.PHONY: all model build run test check fmt clean bench bench-training bench-rl bench-all reliability fuzz-smoke
 
 all: build
 
@@ -69,6 +69,22 @@ $(ART18ENV)/.ok-$(ART18_VERSION):
 	$(ART18ENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		openpipe-art==$(ART18_VERSION) "openai<3" "polars<2" wandb==0.25.0
 	touch $@
+
+## reliability: the failure and load tests R1-R12 of docs/reliability.md (about 15 minutes; loopback
+## only). RELIABILITY_ARGS passes options, e.g. RELIABILITY_ARGS="--only R2,R3 --soak-minutes 1".
+RELIABILITY_ARGS ?=
+reliability: model
+	$(CARGO) build --bin tandem
+	python3 tests/reliability/reliability.py target/debug/tandem $(MODEL) $(RELIABILITY_ARGS)
+
+## fuzz-smoke: each cargo-fuzz target (fuzz/fuzz_targets) for FUZZ_SECONDS seconds (R12). Needs
+## `cargo install cargo-fuzz`; RUSTC_BOOTSTRAP lets it pass libFuzzer's flags to the stable toolchain.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := chat_request trajectory_groups chat_template gguf_header
+fuzz-smoke:
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 \
+			|| exit 1; done
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
 test: model $(PYENV)/.ok-$(OPENAI_VERSION) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION)

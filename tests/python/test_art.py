@@ -43,12 +43,8 @@ import re  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
 
 import art  # noqa: E402
 
@@ -56,6 +52,7 @@ import art  # noqa: E402
 EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES_DIR))
 import tandem_sft  # noqa: E402
+from tandem_server import Server  # noqa: E402
 
 KEY = "art-test-key"
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -78,64 +75,10 @@ def check(condition, message):
         raise StageFailed(message)
 
 
-class Server:
-    """`tandem serve` on a free port with a temporary data dir; stderr kept in a log file."""
-
-    def __init__(self, binary, model_path):
-        self.data = tempfile.mkdtemp(prefix="tandem-art-")
-        self.log_path = os.path.join(self.data, "server.log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--port", "0", "--data-dir", self.data, "--model", model_path, "--api-key", KEY],
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env={**os.environ, "TANDEM_LOG": "warn"},
-        )
-        found = []
-
-        def read_stdout():  # keep draining stdout so the server never blocks on a full pipe
-            for line in self.proc.stdout:
-                if not found and line.startswith("tandem listening on "):
-                    found.append(line.split()[-1])
-
-        threading.Thread(target=read_stdout, daemon=True).start()
-        deadline = time.monotonic() + 120
-        while not found and self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not found:
-            self.stop()
-            raise RuntimeError(f"server did not start; its log:\n{self.log_tail()}")
-        self.url = found[0].rstrip("/")
-
-    def log_tail(self, lines=40):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.log.close()
-
-    def api(self, method, path, body=None):
-        """(status, parsed JSON or text) of a direct request to the server."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                status, raw = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
-
-    def checkpoint_steps(self, model_id):
-        status, body = self.api("GET", f"/v1/preview/models/{model_id}/checkpoints?limit=100")
-        check(status == 200, f"GET checkpoints answered {status}: {body}")
-        return sorted(c["step"] for c in body["data"])
+def checkpoint_steps(server, model_id):
+    status, body, _ = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints?limit=100")
+    check(status == 200, f"GET checkpoints answered {status}: {body}")
+    return sorted(c["step"] for c in body["data"])
 
 
 class Context:
@@ -222,7 +165,7 @@ async def rl_step(ctx, learning_rate=LEARNING_RATE, **train_args):
 def serves(ctx, step):
     """The step answers a chat completion directly: HTTP 200 and at least one token."""
     name = ctx.model.get_inference_name(step)
-    status, body = ctx.server.api("POST", "/v1/chat/completions", {
+    status, body, _ = ctx.server.api("POST", "/v1/chat/completions", {
         "model": name, "messages": [{"role": "user", "content": "Is the sky blue?"}],
         "max_tokens": 6, "temperature": 1.0, "logprobs": True, "return_token_ids": True})
     check(status == 200, f"chat completion on {name} answered {status}: {body}")
@@ -373,11 +316,11 @@ async def kl_penalty(ctx):
 @stage("cleanup", needs=("register",))
 async def cleanup(ctx):
     model_id = ctx.model.id
-    steps = ctx.server.checkpoint_steps(model_id)
+    steps = checkpoint_steps(ctx.server, model_id)
     while len(steps) < 3:  # earlier stages failed: make the checkpoints the cleanup needs
         print(f"     only checkpoints {steps}: one more RL step")
         await rl_step(ctx)
-        steps = ctx.server.checkpoint_steps(model_id)
+        steps = checkpoint_steps(ctx.server, model_id)
     latest, best = steps[-1], steps[1]
     # ART picks the best step from its local history.jsonl: log a val/reward per checkpoint, the
     # second oldest highest, so that the oldest and the ones between best and latest go.
@@ -388,13 +331,13 @@ async def cleanup(ctx):
         check("val/reward" in history.read_text(), f"no val/reward in {history}")
     started = time.monotonic()
     await ctx.model.delete_checkpoints(best_checkpoint_metric="val/reward")
-    remaining = ctx.server.checkpoint_steps(model_id)
+    remaining = checkpoint_steps(ctx.server, model_id)
     print(f"     checkpoints {steps} -> {remaining} in {time.monotonic() - started:.1f}s (best {best}, latest {latest})")
     check(remaining == sorted({best, latest}), f"expected steps {sorted({best, latest})} to remain, got {remaining}")
     check(await ctx.model.get_step() == latest, "the latest step changed")
     serves(ctx, best)
     gone = steps[0]
-    status, body = ctx.server.api("POST", "/v1/chat/completions", {
+    status, body, _ = ctx.server.api("POST", "/v1/chat/completions", {
         "model": ctx.model.get_inference_name(gone), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     check(status == 404, f"deleted step {gone} answered {status}: {body}")
 
@@ -476,7 +419,7 @@ def main():
     print(f"openpipe-art {ART_VERSION} on Python {sys.version.split()[0]}, tandem {binary}")
     started = time.monotonic()
     try:
-        server = Server(binary, model_path)
+        server = Server(binary, model_path, KEY, prefix="tandem-art-")
     except Exception as error:
         print(f"FAIL start: {error}")
         print(f"art-{ART_VERSION}: 0 passed, 1 failed")

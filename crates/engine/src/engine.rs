@@ -206,7 +206,9 @@ impl EngineLoop {
         // A closed channel means the client is gone: free its sequences now.
         let before = self.running.len() + self.waiting.len() + self.preempted.len();
         self.running.retain(|s| !s.tx.is_closed());
+        let waiting_before = self.waiting.len();
         self.waiting.retain(|q| !q.job.tx.is_closed());
+        self.metrics.dequeued(waiting_before - self.waiting.len());
         self.preempted.retain(|s| !s.tx.is_closed());
         let dropped = before - self.running.len() - self.waiting.len() - self.preempted.len();
         if dropped > 0 {
@@ -349,6 +351,7 @@ impl EngineLoop {
     fn admit(&mut self, id: u64) {
         let Some(pos) = self.waiting.iter().position(|q| q.id == id) else { return };
         let q = self.waiting.remove(pos);
+        self.metrics.dequeued(1);
         let cfg = &self.model.config;
         let req = &q.job.req;
         let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());

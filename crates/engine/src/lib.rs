@@ -276,7 +276,7 @@ impl InferenceBackend for Engine {
     }
 
     fn has_capacity(&self, base: usize) -> bool {
-        self.slots.get(base).is_some_and(|s| (s.metrics.waiting() as usize) < s.max_waiting)
+        self.slots.get(base).is_some_and(|s| (s.metrics.queued() as usize) < s.max_waiting)
     }
 
     fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {
@@ -310,9 +310,6 @@ impl InferenceBackend for Engine {
                 ),
             });
         }
-        if slot.metrics.waiting() as usize >= slot.max_waiting {
-            return Err(SubmitError::Overloaded);
-        }
         let adapter = request.adapter.as_ref().map(|a| self.adapter(a, slot)).transpose()?;
         // Compiled here, on the caller's thread, so that an invalid constraint is a 400 before
         // anything is queued and a slow compile never holds up the engine's step.
@@ -325,7 +322,14 @@ impl InferenceBackend for Engine {
         };
         let (tx, rx) = unbounded_channel();
         let job = Job { req: request, adapter, tx, received: Instant::now(), matcher };
-        slot.tx.lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(|_| SubmitError::Stopped)?;
+        // The place is taken last, after everything that can refuse the request.
+        if !slot.metrics.try_enqueue(slot.max_waiting) {
+            return Err(SubmitError::Overloaded);
+        }
+        if slot.tx.lock().unwrap_or_else(|e| e.into_inner()).send(job).is_err() {
+            slot.metrics.dequeued(1);
+            return Err(SubmitError::Stopped);
+        }
         Ok(rx)
     }
 

@@ -50,6 +50,9 @@ pub struct EngineMetrics {
     finished_abort: AtomicU64,
     steps: AtomicU64,
     preemptions: AtomicU64,
+    /// Requests submitted and not yet admitted or dropped (in the channel or waiting): the
+    /// queue bound, counted at submission so that a burst cannot overshoot it.
+    queued: AtomicU64,
     /// Steps that panicked: their requests ended with an error, the loop went on.
     failures: AtomicU64,
     /// Set when the loop's thread ends (no more requests will be served).
@@ -86,6 +89,20 @@ impl EngineMetrics {
 
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Takes a place in the queue if fewer than `max` are taken.
+    pub fn try_enqueue(&self, max: usize) -> bool {
+        self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| ((q as usize) < max).then_some(q + 1)).is_ok()
+    }
+
+    /// Gives `n` places back (requests admitted, dropped, or never sent).
+    pub fn dequeued(&self, n: usize) {
+        let _ = self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some(q.saturating_sub(n as u64)));
+    }
+
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Acquire)
     }
 
     pub fn prompt_tokens(&self, n: usize) {

@@ -4,7 +4,7 @@
 mod beam;
 mod chat;
 mod reasoning;
-mod request;
+pub mod request;
 mod resolve;
 mod response;
 mod tokenize;
