@@ -10,10 +10,12 @@ as neither. `make reliability` runs it.
 """
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sqlite3
@@ -179,41 +181,59 @@ def r1(ctx):
 @test("R2", "overload burst: 300 simultaneous requests over a queue of 16")
 def r2(ctx):
     server = ctx.server(["--max-waiting", "16", "--max-num-seqs", "8", "--per-entity-limit", "1000"])
-    barrier = threading.Barrier(300)
-    results, lock = [], threading.Lock()
-
-    def one(i):
-        conn = http.client.HTTPConnection(server.host, server.port, timeout=300)
-        body = json.dumps(chat_body("Write a long story.", max_tokens=32, seed=i))
-        barrier.wait()
-        started = time.monotonic()
-        conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {KEY}",
-                                                               "Content-Type": "application/json"})
-        r = conn.getresponse()
-        r.read()
-        with lock:
-            results.append((r.status, time.monotonic() - started, r.getheader("Retry-After")))
-        conn.close()
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(300)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = asyncio.run(burst(server, 300))
     statuses = {}
     for s, _, _ in results:
         statuses[s] = statuses.get(s, 0) + 1
     rejected = [(s, lat, ra) for s, lat, ra in results if s != 200]
     lat = [x[1] * 1000 for x in rejected]
-    print(f"     statuses {dict(sorted(statuses.items()))}; rejections answered in p50 {percentile(lat, 50):.1f} ms, "
-          f"p99 {percentile(lat, 99):.1f} ms, max {max(lat, default=0):.1f} ms")
+    # The server's own latency of each rejection (tower-http logs every 4xx/5xx answer with it):
+    # the client's figure below also holds the time this one Python thread takes to get round to
+    # reading 300 sockets.
+    server_lat = [int(m) for m in re.findall(r"Status code: (?:429|503)[^\n]*latency\S*?(\d+) ms",
+                                             re.sub(r"\x1b\[[0-9;]*m", "", server.log_tail(100000)))]
+    print(f"     statuses {dict(sorted(statuses.items()))}; rejections: server-side latency max "
+          f"{max(server_lat, default=float('nan'))} ms over {len(server_lat)} logged; client-observed p50 "
+          f"{percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} ms (one client thread, 300 connections)")
     check(set(statuses) <= {200, 429, 503}, f"only 200, 429 and 503 are allowed: {statuses}")
     check(statuses.get(200, 0) >= 16, "at least the queue's worth must be served")
     check(all(ra for _, _, ra in rejected), "every rejection must carry Retry-After")
-    check(percentile(lat, 99) <= 50, "rejections must come within 50 ms")
+    check(len(server_lat) == len(rejected) and max(server_lat, default=0) <= 50,
+          "every rejection must be answered within 50 ms")
     time.sleep(1)
     status, v, _ = server.api("POST", "/v1/chat/completions", chat_body())
     check(status == 200, f"1 s later a normal request answered {status}: {v}")
+
+
+async def burst(server, n):
+    """n connections opened first, then every request written at once; per request (status,
+    seconds from its write to the status line, Retry-After)."""
+    conns = [await asyncio.open_connection(server.host, server.port) for _ in range(n)]
+
+    def request(i):
+        body = json.dumps(chat_body("Write a long story.", max_tokens=32, seed=i)).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.host}\r\nAuthorization: Bearer {KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        return head.encode() + body
+
+    async def one(i, reader, writer):
+        writer.write(request(i))
+        await writer.drain()
+        sent = time.monotonic()
+        status_line = await reader.readline()
+        took = time.monotonic() - sent
+        headers = {}
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        await reader.read()
+        writer.close()
+        return int(status_line.split()[1]), took, headers.get("retry-after")
+
+    return await asyncio.gather(*(one(i, r, w) for i, (r, w) in enumerate(conns)))
 
 
 @test("R3", "disconnect: 50 streams closed after their first chunk")
