@@ -579,9 +579,24 @@ def r11(ctx):
     check(all(s == 422 for _, s in wrong), "an out-of-range limit must be a 422")
 
 
+FUZZ_TARGETS = ["chat_request", "trajectory_groups", "chat_template", "gguf_header"]
+
+
 @test("R12", "fuzzing (cargo fuzz) smoke run")
 def r12(ctx):
-    raise NotImplementedError("no cargo-fuzz targets yet (issue 13)")
+    fuzz_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fuzz")
+    if subprocess.run(["cargo", "fuzz", "--version"], capture_output=True).returncode != 0:
+        raise NotImplementedError("cargo-fuzz is not installed (cargo install cargo-fuzz)")
+    env = {**os.environ, "RUSTC_BOOTSTRAP": "1"}
+    for target in FUZZ_TARGETS:
+        started = time.monotonic()
+        run = subprocess.run(["cargo", "fuzz", "run", target, "--", f"-max_total_time={ctx.args.fuzz_seconds}",
+                              "-rss_limit_mb=4096", "-max_len=65536", "-timeout=10"],
+                             cwd=fuzz_dir, env=env, capture_output=True, text=True)
+        runs = re.findall(r"Done (\d+) runs", run.stderr)
+        print(f"     {target}: {runs[-1] if runs else '?'} runs in {time.monotonic() - started:.0f} s, "
+              f"exit {run.returncode}")
+        check(run.returncode == 0, f"{target} found a crash, a hang or a leak:\n{run.stderr[-3000:]}")
 
 
 # --- driver ------------------------------------------------------------------------------------
@@ -614,6 +629,7 @@ def main():
     p.add_argument("--only", default="", help="comma-separated ids, e.g. R2,R3")
     p.add_argument("--soak-minutes", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=20, help="kill -9 rounds of R5 and R6")
+    p.add_argument("--fuzz-seconds", type=int, default=60, help="per cargo-fuzz target in R12")
     args = p.parse_args()
     only = {x.strip().upper() for x in args.only.split(",") if x.strip()}
     passed, failed, missing = [], [], []
