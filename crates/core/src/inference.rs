@@ -177,6 +177,9 @@ pub struct GenerateRequest {
     pub cache_salt: Option<String>,
     /// Top-k logprobs at every prompt position (non-streaming only); disables prefix-cache reuse.
     pub prompt_logprobs: Option<usize>,
+    /// One step of a beam search: the search was admitted once, as one request, so its per-step
+    /// requests take no place in the engine's queue (and are never refused for a full one).
+    pub beam_step: bool,
 }
 
 /// One token's candidate at a prompt position: id, raw logprob, rank (1 = most likely) and text.

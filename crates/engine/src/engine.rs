@@ -74,6 +74,8 @@ pub(crate) struct Job {
     pub received: Instant,
     /// The structured-output matcher, already compiled.
     pub matcher: Option<llguidance::Matcher>,
+    /// Whether it took a place in the queue at submission (a beam search's steps do not).
+    pub holds_place: bool,
 }
 
 /// Marks the engine stopped when its thread ends, by return or by unwinding.
@@ -206,9 +208,10 @@ impl EngineLoop {
         // A closed channel means the client is gone: free its sequences now.
         let before = self.running.len() + self.waiting.len() + self.preempted.len();
         self.running.retain(|s| !s.tx.is_closed());
-        let waiting_before = self.waiting.len();
+        let places = |w: &[Queued]| w.iter().filter(|q| q.job.holds_place).count();
+        let places_before = places(&self.waiting);
         self.waiting.retain(|q| !q.job.tx.is_closed());
-        self.metrics.dequeued(waiting_before - self.waiting.len());
+        self.metrics.dequeued(places_before - places(&self.waiting));
         self.preempted.retain(|s| !s.tx.is_closed());
         let dropped = before - self.running.len() - self.waiting.len() - self.preempted.len();
         if dropped > 0 {
@@ -351,7 +354,7 @@ impl EngineLoop {
     fn admit(&mut self, id: u64) {
         let Some(pos) = self.waiting.iter().position(|q| q.id == id) else { return };
         let q = self.waiting.remove(pos);
-        self.metrics.dequeued(1);
+        self.metrics.dequeued(usize::from(q.job.holds_place));
         let cfg = &self.model.config;
         let req = &q.job.req;
         let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
@@ -405,8 +408,9 @@ mod tests {
             tenant: "a".into(),
             cache_salt: None,
             prompt_logprobs: None,
+            beam_step: false,
         };
-        (Job { req, adapter: None, tx, received: Instant::now(), matcher: None }, rx)
+        (Job { req, adapter: None, tx, received: Instant::now(), matcher: None, holds_place: true }, rx)
     }
 
     /// Events until the request ends: (tokens, whether it ended with an error).

@@ -321,13 +321,15 @@ impl InferenceBackend for Engine {
             None => None,
         };
         let (tx, rx) = unbounded_channel();
-        let job = Job { req: request, adapter, tx, received: Instant::now(), matcher };
+        let holds_place = !request.beam_step;
+        let job = Job { req: request, adapter, tx, received: Instant::now(), matcher, holds_place };
         // The place is taken last, after everything that can refuse the request.
-        if !slot.metrics.try_enqueue(slot.max_waiting) {
+        if job.holds_place && !slot.metrics.try_enqueue(slot.max_waiting) {
             return Err(SubmitError::Overloaded);
         }
+        let holds_place = job.holds_place;
         if slot.tx.lock().unwrap_or_else(|e| e.into_inner()).send(job).is_err() {
-            slot.metrics.dequeued(1);
+            slot.metrics.dequeued(usize::from(holds_place));
             return Err(SubmitError::Stopped);
         }
         Ok(rx)

@@ -39,6 +39,7 @@ async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<
         tenant: "a".into(),
         cache_salt: None,
         prompt_logprobs: None,
+        beam_step: false,
     };
     let mut rx = e.submit(req).unwrap();
     let (mut ids, mut text) = (Vec::new(), String::new());

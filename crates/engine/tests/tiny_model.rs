@@ -48,6 +48,7 @@ fn request(prompt: &[u32], max_tokens: usize, adapter: Option<AdapterRef>) -> Ge
         tenant: "a".into(),
         cache_salt: None,
         prompt_logprobs: None,
+        beam_step: false,
     }
 }
 
@@ -201,4 +202,20 @@ async fn prefix_cache_hits_reuse_every_shared_token_and_change_nothing() {
     let (fork_cached, fork_out) = cached_and_tokens(e.submit(request(&fork, 10, None)).unwrap()).await;
     let (_, fork_fresh) = cached_and_tokens(e.submit(salted(&fork, "s2")).unwrap()).await;
     assert_eq!((fork_cached, &fork_out), (11, &fork_fresh));
+}
+
+/// The queue bound is taken at submission; a beam search's per-step requests take no place (the
+/// search was admitted once, as one request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beam_steps_take_no_queue_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let mut engine = Engine::new();
+    engine.add_gguf("tiny", &gguf, EngineConfig { max_waiting: 0, ..EngineConfig::default() }).unwrap();
+    let prompt = [1, 2, 3];
+    assert!(!engine.has_capacity(0));
+    assert!(matches!(engine.submit(request(&prompt, 2, None)), Err(tandem_core::inference::SubmitError::Overloaded)));
+    let step = GenerateRequest { beam_step: true, ..request(&prompt, 2, None) };
+    assert_eq!(tokens(engine.submit(step).unwrap()).await.len(), 2);
 }

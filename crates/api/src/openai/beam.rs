@@ -54,6 +54,7 @@ pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -
                     ..SamplingParams::default()
                 },
                 prompt_logprobs: None,
+                beam_step: true,
                 ..req.clone()
             };
             receivers.push(backend.submit(one).map_err(submit_error)?);

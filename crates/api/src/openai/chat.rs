@@ -210,6 +210,7 @@ async fn prepare(
             tenant: tenant.clone(),
             cache_salt: plan.cache_salt.clone(),
             prompt_logprobs: plan.prompt_logprobs,
+            beam_step: false,
         };
         Ok((req, prompt, tool_mode))
     })
