@@ -29,6 +29,8 @@ pub struct TextTokenizer {
     by_text: HashMap<String, u32>,
     /// Raw bytes -> id, first id wins (logprob entries carry a token's bytes).
     by_bytes: HashMap<Vec<u8>, u32>,
+    /// The longest token's bytes (every tokenize call bounds its input by it).
+    max_token_bytes: usize,
     pub eos_id: u32,
     pub bos_id: Option<u32>,
     pub add_bos: bool,
@@ -111,8 +113,10 @@ impl TextTokenizer {
         for (i, b) in token_bytes.iter().enumerate() {
             by_bytes.entry(b.clone()).or_insert(i as u32);
         }
+        let max_token_bytes = token_bytes.iter().map(Vec::len).max().unwrap_or(1).max(1);
         Ok(TextTokenizer {
             inner,
+            max_token_bytes,
             token_bytes,
             special,
             by_text,
@@ -129,7 +133,7 @@ impl TextTokenizer {
 
     /// The most bytes of text one token stands for.
     pub fn max_token_bytes(&self) -> usize {
-        self.token_bytes.iter().map(Vec::len).max().unwrap_or(1).max(1)
+        self.max_token_bytes
     }
 
     /// Token ids of `text`; special tokens written in the text are recognised.

@@ -1,7 +1,7 @@
 //! Uploaded datasets in SQLite: each upload is the next version of its name, assigned inside
 //! the insert so that two concurrent uploads cannot take the same one.
 
-use super::{cursor_seq, rows, seq_clause};
+use super::{entity_page, rows};
 use crate::{now_ms, NewDataset, Result, StoreError};
 use sqlx::{Row, SqlitePool};
 use tandem_core::records::{Dataset, Page, PageRequest};
@@ -62,26 +62,7 @@ pub(crate) async fn list(
     project: Option<&str>,
     page: PageRequest,
 ) -> Result<Page<Dataset>> {
-    let (cmp, order) = seq_clause(page.order);
-    let after = match page.after {
-        Some(a) => Some(cursor_seq(pool, "datasets", "entity", entity, a).await?),
-        None => None,
-    };
-    let sql = format!(
-        "SELECT {COLUMNS} FROM datasets WHERE entity = ? AND (? IS NULL OR project = ?) AND (? IS NULL OR {cmp})
-         ORDER BY {order} LIMIT ?"
-    );
-    let rows = sqlx::query(&sql)
-        .bind(entity)
-        .bind(project)
-        .bind(project)
-        .bind(after)
-        .bind(after)
-        .bind(page.limit as i64 + 1)
-        .fetch_all(pool)
-        .await?;
-    let items = rows.iter().map(rows::dataset).collect::<Result<Vec<_>>>()?;
-    Ok(rows::page(items, page.limit))
+    entity_page(pool, "datasets", COLUMNS, (entity, project), page, rows::dataset).await
 }
 
 pub(crate) async fn data(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<Vec<u8>> {

@@ -77,6 +77,38 @@ async fn cursor_seq(pool: &SqlitePool, table: &str, scope_col: &str, scope: &str
     row.map(|r| r.get::<i64, _>(0)).ok_or(StoreError::InvalidCursor)
 }
 
+/// One page of an entity's rows of `table` (optionally of one project), in `seq` order after the
+/// page's cursor: the listing of models and of datasets.
+async fn entity_page<T>(
+    pool: &SqlitePool,
+    table: &str,
+    columns: &str,
+    (entity, project): (&str, Option<&str>),
+    page: PageRequest,
+    decode: fn(&sqlx::sqlite::SqliteRow) -> Result<T>,
+) -> Result<Page<T>> {
+    let (cmp, order) = seq_clause(page.order);
+    let after = match page.after {
+        Some(a) => Some(cursor_seq(pool, table, "entity", entity, a).await?),
+        None => None,
+    };
+    let sql = format!(
+        "SELECT {columns} FROM {table} WHERE entity = ? AND (? IS NULL OR project = ?) AND (? IS NULL OR {cmp})
+         ORDER BY {order} LIMIT ?"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(entity)
+        .bind(project)
+        .bind(project)
+        .bind(after)
+        .bind(after)
+        .bind(page.limit as i64 + 1)
+        .fetch_all(pool)
+        .await?;
+    let items = rows.iter().map(decode).collect::<Result<Vec<_>>>()?;
+    Ok(rows::page(items, page.limit))
+}
+
 fn seq_clause(order: Order) -> (&'static str, &'static str) {
     match order {
         Order::Asc => ("seq > ?", "seq ASC"),
@@ -190,25 +222,7 @@ impl crate::Store for SqliteStore {
     }
 
     async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>> {
-        let (cmp, order) = seq_clause(page.order);
-        let after = match page.after {
-            Some(a) => Some(cursor_seq(&self.pool, "models", "entity", entity, a).await?),
-            None => None,
-        };
-        let sql = format!(
-            "SELECT * FROM models WHERE entity = ? AND (? IS NULL OR project = ?) AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(entity)
-            .bind(project)
-            .bind(project)
-            .bind(after)
-            .bind(after)
-            .bind(page.limit as i64 + 1)
-            .fetch_all(&self.pool)
-            .await?;
-        let items = rows.iter().map(rows::model).collect::<Result<Vec<_>>>()?;
-        Ok(rows::page(items, page.limit))
+        entity_page(&self.pool, "models", "*", (entity, project), page, rows::model).await
     }
 
     async fn delete_model(&self, entity: &str, id: Uuid) -> Result<DeletedModel> {
