@@ -148,7 +148,9 @@ impl EngineLoop {
         if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| self.step())) {
             self.recover(panic.as_ref());
         }
-        self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len());
+        let kv_used = self.running.iter().map(Seq::kv_positions).sum();
+        let kv_budget = self.config.kv_tokens(&self.model.config);
+        self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len(), kv_used, kv_budget);
         true
     }
 
@@ -276,6 +278,9 @@ impl EngineLoop {
                 if seq.prefill_left > 0 {
                     continue;
                 }
+                // Whole tiles of the prompt become shared: the prefix-cache entry and the other
+                // choices then hold them once, not a copy each.
+                seq.cache.freeze();
                 self.prefix.insert(std::mem::take(&mut seq.prefix_hashes), &seq.cache);
                 // The other choices sample their first token from the same prompt logits.
                 let new = seq.fork_choices();
@@ -326,9 +331,9 @@ impl EngineLoop {
                     priority: p.priority,
                     arrival: q.arrival,
                     prefill: p.prompt.len(),
-                    // Each choice's prompt and first token; decoding grows it a position a step
-                    // (the scheduler preempts when that outgrows the budget).
-                    reserve: p.n * (p.prompt.len() + 1),
+                    // The prompt once, and each choice's first token; decoding grows it a
+                    // position a step (the scheduler preempts when that outgrows the budget).
+                    reserve: crate::sequence::start_reserve(p.prompt.len(), p.n),
                     seqs: p.n,
                 }
             })
@@ -359,7 +364,6 @@ impl EngineLoop {
         let req = &q.job.req;
         let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
         let hashes = self.prefix.prefix_hashes(&req.prompt, &req.tenant, adapter_key, req.cache_salt.as_deref());
-        let mut cache = KvCache::new(cfg.n_layer, cfg.kv_dim());
         // Prompt logprobs need every prompt position computed, so no cache is reused for them.
         let hit = if req.prompt_logprobs.is_some() {
             None
@@ -367,9 +371,11 @@ impl EngineLoop {
             self.prefix.lookup(&hashes, req.prompt.len().saturating_sub(1))
         };
         let cached = hit.as_ref().map_or(0, |(_, n)| *n);
-        if let Some((kv, n)) = hit {
-            cache.copy_prefix(&kv, n);
-        }
+        let cache = match hit {
+            // Shares the entry's whole tiles, copies the rest.
+            Some((kv, n)) => KvCache::prefix_of(&kv, n),
+            None => KvCache::new(cfg.n_layer, cfg.kv_dim()),
+        };
         self.metrics.prefix_lookup(req.prompt.len(), cached);
         self.metrics.queued_for(q.job.received.elapsed());
         let _ = q.job.tx.send(InferEvent::Started { cached_tokens: cached });

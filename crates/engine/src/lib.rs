@@ -298,7 +298,7 @@ impl InferenceBackend for Engine {
                 ),
             });
         }
-        let need = request.n * (request.prompt.len() + 1);
+        let need = sequence::start_reserve(request.prompt.len(), request.n);
         if need > slot.kv_tokens {
             return Err(SubmitError::InvalidField {
                 field: "n".into(),

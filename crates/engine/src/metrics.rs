@@ -41,6 +41,9 @@ impl Histogram {
 pub struct EngineMetrics {
     running: AtomicU64,
     waiting: AtomicU64,
+    /// KV positions the running sequences hold (shared prompt tiles once), and the budget.
+    kv_used: AtomicU64,
+    kv_budget: AtomicU64,
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
     prefix_queries: AtomicU64,
@@ -78,9 +81,11 @@ impl EngineMetrics {
         now_ms().saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed))
     }
 
-    pub fn set_gauges(&self, running: usize, waiting: usize) {
+    pub fn set_gauges(&self, running: usize, waiting: usize, kv_used: usize, kv_budget: usize) {
         self.running.store(running as u64, Ordering::Relaxed);
         self.waiting.store(waiting as u64, Ordering::Relaxed);
+        self.kv_used.store(kv_used as u64, Ordering::Relaxed);
+        self.kv_budget.store(kv_budget as u64, Ordering::Relaxed);
     }
 
     pub fn running(&self) -> u64 {
@@ -189,6 +194,9 @@ impl EngineMetrics {
         {
             out.push_str(&format!("tandem:request_success_total{{{l},finished_reason=\"{reason}\"}} {}\n", g(v)));
         }
+        let budget = g(&self.kv_budget);
+        let usage = if budget == 0 { 0.0 } else { g(&self.kv_used) as f64 / budget as f64 };
+        out.push_str(&format!("# TYPE tandem:kv_cache_usage_perc gauge\ntandem:kv_cache_usage_perc{{{l}}} {usage}\n"));
         let q = g(&self.prefix_queries);
         let rate = if q == 0 { 0.0 } else { g(&self.prefix_hits) as f64 / q as f64 };
         out.push_str(&format!(

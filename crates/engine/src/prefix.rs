@@ -2,14 +2,16 @@
 //!
 //! Every prompt position gets a chained hash (its token, the previous position's hash), so the
 //! cache works at token granularity, like SGLang's radix cache rather than vLLM's 16-token blocks:
-//! entries are whole copied prompts, so a finer index costs only hashes, and it lets a group of
+//! entries are whole prompts, so a finer index costs only hashes, and it lets a group of
 //! rollouts sharing a prompt (or a system prompt shorter than a block) reuse all of it. The first
 //! link also mixes in what changes the KV for equal tokens or must isolate tenants: the tenant (the
 //! API key's entity), the adapter and the request's `cache_salt`. So two prompts share cache only
 //! within one entity, with the same salt, adapter and prefix: no entity can learn what another
 //! prompted from `cached_tokens` or from how fast its prompt was processed. Hashes are keyed per process (unpredictable from outside). An entry keeps one prompt's
-//! KV; every position of it is indexed, so a prompt sharing only part of it still reuses that part
-//! (copied into the new sequence's own cache).
+//! KV; every position of it is indexed, so a prompt sharing only part of it still reuses that part.
+//! Entries and the sequences that reuse them share the KV's whole tiles copy-on-write (see
+//! `tandem_model::KvCache`): an entry of a frozen cache costs no copy, and a hit copies at most
+//! the one partial tile at its end.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
@@ -84,8 +86,8 @@ impl PrefixCache {
             return;
         }
         self.clock += 1;
-        let mut copy = KvCache::new(0, 0);
-        copy.clone_from(cache);
+        // Cheap when the caller froze the cache: the whole tiles are shared, not copied.
+        let mut copy = cache.clone();
         copy.truncate(n);
         let id = self.next_id;
         self.next_id += 1;

@@ -2,6 +2,13 @@
 //! that end it. Ids: a request's choice 0 has an id whose low 8 bits are zero; choice c of the
 //! same request is that id plus c (so n is at most 255).
 
+/// KV positions a request of `n` choices needs to start: the prompt and a first token once, and a
+/// tile for each further choice (forks share the prompt's whole tiles and copy the partial last
+/// one, which leaves room for their first token).
+pub fn start_reserve(prompt_len: usize, n: usize) -> usize {
+    prompt_len + 1 + n.saturating_sub(1) * KEY_TILE
+}
+
 use crate::engine::Job;
 use crate::metrics::EngineMetrics;
 use crate::sampler::{self, History};
@@ -15,6 +22,7 @@ use std::time::Instant;
 use tandem_core::inference::{
     FinishReason, InferEvent, RankedLogprob, SamplingParams, StopReason, TokenLogprob, TopLogprob,
 };
+use tandem_model::kernels::KEY_TILE;
 use tandem_model::{KvCache, LlamaConfig, Logits, LoraAdapter, SeqInput};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -109,13 +117,13 @@ impl Seq {
         self.cache = self.cache.emptied();
     }
 
-    /// KV positions it holds, or will once its prompt is in: its own (prompt and generated) and,
-    /// until they are forked, its other choices' copies of the prompt.
+    /// KV positions it holds, or will once its prompt is in: its own, its part of a prompt
+    /// shared with other choices, and, until they are forked, what its other choices will add.
     pub fn kv_positions(&self) -> usize {
         if self.prefill_left > 0 {
-            self.n * self.prefill_source_len()
+            start_reserve(self.prefill_source_len(), self.n)
         } else {
-            self.cache.len()
+            self.cache.positions_held()
         }
     }
 
@@ -124,7 +132,8 @@ impl Seq {
         self.resume.as_ref().map_or(self.prompt.len(), Vec::len)
     }
 
-    /// Choices 1..n, each with a copy of this prompt's KV cache, made when the prefill ends.
+    /// Choices 1..n, made when the prefill ends. Each shares this prompt's KV cache (frozen by the
+    /// caller, so the clone shares its whole tiles and copies at most one tile).
     pub fn fork_choices(&mut self) -> Vec<Seq> {
         let n = std::mem::replace(&mut self.n, 1);
         (1..n)

@@ -219,3 +219,42 @@ async fn beam_steps_take_no_queue_place() {
     let step = GenerateRequest { beam_step: true, ..request(&prompt, 2, None) };
     assert_eq!(tokens(engine.submit(step).unwrap()).await.len(), 2);
 }
+
+/// The `n` choices of a request share its prompt's KV copy-on-write: four choices of a
+/// 3,000-token prompt start within a budget of 8,192 positions that four copies (12,004) would
+/// overflow, nothing is preempted, and every greedy choice equals the same prompt run alone
+/// (their attention reads the shared tiles, then their own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choices_share_the_prompt_kv() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let mut engine = Engine::new();
+    // The smallest budget: one full context (8,192 positions on the tiny model).
+    engine.add_gguf("tiny", &gguf, EngineConfig { kv_cache_bytes: 1, ..EngineConfig::default() }).unwrap();
+    let prompt: Vec<u32> = (0..3000).map(|i| 1 + (i * 7 % 50) as u32).collect();
+    let alone = tokens(
+        engine.submit(GenerateRequest { cache_salt: Some("alone".into()), ..request(&prompt, 6, None) }).unwrap(),
+    )
+    .await;
+    assert_eq!(alone.len(), 6);
+    let mut rx = engine.submit(GenerateRequest { n: 4, ..request(&prompt, 6, None) }).unwrap();
+    let mut per_choice = vec![Vec::new(); 4];
+    let mut finished = 0;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            InferEvent::Token { choice, token_id, .. } => per_choice[choice].push(token_id),
+            InferEvent::Finished { .. } => finished += 1,
+            InferEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+        if finished == 4 {
+            break;
+        }
+    }
+    for (c, got) in per_choice.iter().enumerate() {
+        assert_eq!(got, &alone, "choice {c}");
+    }
+    let metrics = engine.metrics_text();
+    assert!(metrics.contains("tandem:num_preemptions_total{model_name=\"tiny\"} 0"), "{metrics}");
+}

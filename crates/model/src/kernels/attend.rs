@@ -13,15 +13,37 @@ use super::exp_approx;
 /// Positions per key tile.
 pub const KEY_TILE: usize = 16;
 
-/// One kv head's cached keys and values. `keys` starts at the head's part of tile 0, and tile `j`
-/// is `tile_stride` floats further; `values` starts at the head's first value, consecutive
-/// positions `stride` floats apart.
+/// One kv head's cached keys and values, in two segments: a shared, read-only prefix of
+/// `shared_tiles` whole tiles, then the sequence's own positions (see `KvCache`). In each segment
+/// `keys` starts at the head's part of tile 0, and tile `j` is `tile_stride` floats further;
+/// `values` starts at the head's first value, consecutive positions `stride` floats apart.
 #[derive(Clone, Copy)]
 pub struct HeadKv<'a> {
-    pub keys: &'a [f32],
+    pub keys: [&'a [f32]; 2],
+    pub values: [&'a [f32]; 2],
+    pub shared_tiles: usize,
     pub tile_stride: usize,
-    pub values: &'a [f32],
     pub stride: usize,
+}
+
+impl<'a> HeadKv<'a> {
+    /// Keys of tile `j` (of the whole sequence), from its start.
+    #[inline(always)]
+    fn tile(&self, j: usize) -> &'a [f32] {
+        if j < self.shared_tiles {
+            &self.keys[0][j * self.tile_stride..]
+        } else {
+            &self.keys[1][(j - self.shared_tiles) * self.tile_stride..]
+        }
+    }
+
+    /// The value rows of positions `0..n_ctx`, split at the segment boundary: (rows, count) for
+    /// each segment.
+    #[inline(always)]
+    fn value_segments(&self, n_ctx: usize) -> [(&'a [f32], usize); 2] {
+        let shared = (self.shared_tiles * KEY_TILE).min(n_ctx);
+        [(self.values[0], shared), (self.values[1], n_ctx - shared)]
+    }
 }
 
 /// Causal attention of one query head over positions `0..n_ctx` of `kv`. `scores` holds at least
@@ -57,7 +79,7 @@ pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut 
 pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
     let hd = q.len();
     for j in 0..n_ctx.div_ceil(KEY_TILE) {
-        let tile = &kv.keys[j * kv.tile_stride..j * kv.tile_stride + hd * KEY_TILE];
+        let tile = &kv.tile(j)[..hd * KEY_TILE];
         let mut acc = [0f32; KEY_TILE];
         for (d, qd) in q.iter().enumerate() {
             for (a, k) in acc.iter_mut().zip(&tile[d * KEY_TILE..(d + 1) * KEY_TILE]) {
@@ -70,10 +92,13 @@ pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32
     }
     let inv = softmax_in_place(&mut scores[..n_ctx]);
     out.fill(0.0);
-    for (p, s) in scores[..n_ctx].iter().enumerate() {
-        let w = s * inv;
-        for (o, x) in out.iter_mut().zip(&kv.values[p * kv.stride..p * kv.stride + hd]) {
-            *o += w * x;
+    let mut s = scores[..n_ctx].iter();
+    for (values, count) in kv.value_segments(n_ctx) {
+        for (p, s) in s.by_ref().take(count).enumerate() {
+            let w = s * inv;
+            for (o, x) in out.iter_mut().zip(&values[p * kv.stride..p * kv.stride + hd]) {
+                *o += w * x;
+            }
         }
     }
 }
@@ -120,8 +145,8 @@ mod avx512 {
         let mut j = 0;
         while j < tiles {
             let two = j + 1 < tiles;
-            let t0 = kv.keys[j * kv.tile_stride..].as_ptr();
-            let t1 = if two { kv.keys[(j + 1) * kv.tile_stride..].as_ptr() } else { t0 };
+            let t0 = kv.tile(j).as_ptr();
+            let t1 = if two { kv.tile(j + 1).as_ptr() } else { t0 };
             let mut a0 = [_mm512_setzero_ps(); 4];
             let mut a1 = [_mm512_setzero_ps(); 4];
             for d in (0..hd).step_by(4) {
@@ -147,12 +172,15 @@ mod avx512 {
         }
         let inv = softmax_in_place(&mut scores[..n_ctx]);
         let mut acc = [_mm512_setzero_ps(); V];
-        for (p, s) in scores[..n_ctx].iter().enumerate() {
-            let w = _mm512_set1_ps(s * inv);
-            let row = kv.values[p * kv.stride..p * kv.stride + hd].as_ptr();
-            for (v, a) in acc.iter_mut().enumerate() {
-                // SAFETY: the value row holds hd = 16 * V floats.
-                *a = _mm512_fmadd_ps(w, unsafe { _mm512_loadu_ps(row.add(16 * v)) }, *a);
+        let mut s = scores[..n_ctx].iter();
+        for (values, count) in kv.value_segments(n_ctx) {
+            for (p, s) in s.by_ref().take(count).enumerate() {
+                let w = _mm512_set1_ps(s * inv);
+                let row = values[p * kv.stride..p * kv.stride + hd].as_ptr();
+                for (v, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: the value row holds hd = 16 * V floats.
+                    *a = _mm512_fmadd_ps(w, unsafe { _mm512_loadu_ps(row.add(16 * v)) }, *a);
+                }
             }
         }
         for (v, a) in acc.iter().enumerate() {

@@ -134,7 +134,8 @@ fn attention_matches_softmax_by_hand() {
     let values = [1.0, 2.0, 9.0, 9.0, 5.0, 6.0, 9.0, 9.0];
     let mut scores = vec![0f32; KEY_TILE];
     let mut out = vec![0f32; 2];
-    let kv = HeadKv { keys: &keys, tile_stride: 2 * KEY_TILE, values: &values, stride: 4 };
+    let kv =
+        HeadKv { keys: [&[], &keys], tile_stride: 2 * KEY_TILE, values: [&[], &values], stride: 4, shared_tiles: 0 };
     attend(&q, kv, 2, 1.0, &mut scores, &mut out);
     // weights 1/4 and 3/4
     assert!((out[0] - 4.0).abs() < 1e-5 && (out[1] - 5.0).abs() < 1e-5, "{out:?}");
@@ -155,7 +156,13 @@ fn attention_kernel_matches_plain_softmax_attention() {
         }
         cache.commit(n);
         let q = values(hd, 23);
-        for n_ctx in [1usize, 15, 16, 17, 32, 33, 41] {
+        // Private, then with the first two tiles in a shared segment (copy-on-write forks).
+        let private = cache.clone();
+        cache.freeze();
+        assert_eq!(cache.shared_len(), 32);
+        for (cache, n_ctx) in
+            [&private, &cache].into_iter().flat_map(|c| [1usize, 15, 16, 17, 32, 33, 41].map(|n| (c, n)))
+        {
             let head = 1;
             let mut scores = vec![0f32; n_ctx.next_multiple_of(KEY_TILE)];
             let mut out = vec![0f32; hd];
