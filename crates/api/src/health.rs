@@ -4,17 +4,14 @@
 use crate::{AppState, HEALTH_TIMEOUT};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
 use axum::Json;
-use axum::Router;
 use serde_json::{json, Value};
 use std::time::Instant;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/health", get(health))
-        .route("/v1/health", get(health))
-        .route("/v1/system-check", get(system_check))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(health)).routes(routes!(v1_health)).routes(routes!(system_check))
 }
 
 /// One part's check, as W&B's system-check reports its queues: `success`, `duration` (seconds),
@@ -27,6 +24,17 @@ fn part(started: Instant, result: Result<(), String>) -> (bool, Value) {
 /// The api (reachable, so true), the database (a round trip), the training queue (the worker's
 /// heartbeat) and the inference engine (making progress); 200 when every part is ok, else 503
 /// with the failing parts' `error`. No auth, as W&B's; nothing in it is any entity's.
+#[utoipa::path(
+    get,
+    operation_id = "system_check",
+    path = "/v1/system-check",
+    tag = "health",
+    summary = "Each part's state (W&B's system check)",
+    responses(
+        (status = 200, body = crate::openapi::bodies::SystemCheckBody),
+        (status = 503, description = "A part is failing", body = crate::openapi::bodies::SystemCheckBody)
+    )
+)]
 async fn system_check(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let t = Instant::now();
     let db = match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
@@ -59,6 +67,17 @@ async fn system_check(State(state): State<AppState>) -> (StatusCode, Json<Value>
     )
 }
 
+#[utoipa::path(
+    get,
+    operation_id = "health",
+    path = "/health",
+    tag = "health",
+    summary = "200 while the store answers and the engine makes progress",
+    responses(
+        (status = 200, body = crate::openapi::bodies::HealthBody),
+        (status = 503, body = crate::openapi::bodies::HealthBody)
+    )
+)]
 async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     if state.backend().is_some_and(|b| !b.healthy()) {
         return (
@@ -79,4 +98,20 @@ async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": "store timed out" })))
         }
     }
+}
+
+/// `/v1/health`: the same probe.
+#[utoipa::path(
+    get,
+    operation_id = "v1_health",
+    path = "/v1/health",
+    tag = "health",
+    summary = "The same as /health",
+    responses(
+        (status = 200, body = crate::openapi::bodies::HealthBody),
+        (status = 503, body = crate::openapi::bodies::HealthBody)
+    )
+)]
+async fn v1_health(state: State<AppState>) -> (StatusCode, Json<Value>) {
+    health(state).await
 }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod health;
 pub mod limiter;
 pub mod openai;
+pub mod openapi;
 pub mod preview;
 pub(crate) mod views;
 
@@ -31,6 +32,8 @@ use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
 
 /// Size limits applied at the edge, before any work.
 #[derive(Debug, Clone)]
@@ -141,10 +144,21 @@ impl AppState {
 pub fn app(state: AppState) -> Router {
     let request_id = HeaderName::from_static("x-request-id");
     let max_body = state.limits().max_body_bytes;
-    Router::new()
+    let (router, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(health::router())
         .nest("/v1/preview", preview::router(state.clone()))
         .merge(openai::router(state.clone()))
+        .split_for_parts();
+    // Rendered once: the document is fixed for the process's life.
+    let document: Arc<str> = openapi::render(&document, state.served_models()).into();
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let body = document.clone();
+                async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()) }
+            }),
+        )
         .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body))

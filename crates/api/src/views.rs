@@ -1,78 +1,241 @@
-//! JSON views of domain records: the wire shapes of the preview area.
+//! The wire shapes of the preview area, as typed views of domain records. They serialise to the
+//! JSON ART reads and describe themselves to the OpenAPI document (`crate::openapi`), so the
+//! document cannot drift from what the routes send.
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
 use tandem_core::records::{Checkpoint, Dataset, Job, JobEvent, LogEntry, ModelRecord, Page};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
 
-/// Unix milliseconds as an RFC 3339 UTC timestamp.
-pub fn timestamp(ms: i64) -> Value {
-    OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .map_or(Value::Null, Value::String)
+/// Unix milliseconds as an RFC 3339 UTC timestamp (`None` only outside the representable range).
+pub fn timestamp(ms: i64) -> Option<String> {
+    OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).ok().and_then(|t| t.format(&Rfc3339).ok())
 }
 
-pub fn model(m: &ModelRecord) -> Value {
-    json!({
-        "id": m.id, "object": "model", "entity": m.entity, "project": m.project, "name": m.name,
-        "base_model": m.base_model, "run_id": m.run_id, "created_at": timestamp(m.created_at),
-    })
+/// A trainable model record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelView {
+    pub id: Uuid,
+    /// Always `model`.
+    pub object: &'static str,
+    pub entity: String,
+    pub project: String,
+    pub name: String,
+    pub base_model: String,
+    pub run_id: String,
+    /// RFC 3339, UTC.
+    pub created_at: Option<String>,
 }
 
-pub fn checkpoint(c: &Checkpoint) -> Value {
-    json!({
-        "id": c.id, "object": "checkpoint", "model_id": c.model_id, "step": c.step,
-        "metrics": c.metrics, "created_at": timestamp(c.created_at),
-    })
+pub fn model(m: &ModelRecord) -> ModelView {
+    ModelView {
+        id: m.id,
+        object: "model",
+        entity: m.entity.clone(),
+        project: m.project.clone(),
+        name: m.name.clone(),
+        base_model: m.base_model.clone(),
+        run_id: m.run_id.clone(),
+        created_at: timestamp(m.created_at),
+    }
 }
 
-pub fn log_entry(l: &LogEntry) -> Value {
-    json!({
-        "id": l.id, "object": "trajectory_log", "model_id": l.model_id, "split": l.split,
-        "step": l.step, "metrics": l.metrics, "num_groups": l.num_groups,
-        "num_trajectories": l.num_trajectories, "created_at": timestamp(l.created_at),
-    })
+/// A trained LoRA checkpoint of a model (step 0, the base model, is never one).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CheckpointView {
+    pub id: Uuid,
+    /// Always `checkpoint`.
+    pub object: &'static str,
+    pub model_id: Uuid,
+    pub step: i64,
+    /// Metrics logged at this step and the training summary.
+    pub metrics: BTreeMap<String, f64>,
+    pub created_at: Option<String>,
 }
 
-pub fn job(j: &Job) -> Value {
-    json!({
-        "id": j.id, "object": "training_job", "kind": j.kind.as_str(), "model_id": j.model_id,
-        "status": j.status.as_str(),
-        "step": j.step, "error_message": j.error_message,
-        "created_at": timestamp(j.created_at),
-        "started_at": j.started_at.map_or(Value::Null, timestamp),
-        "finished_at": j.finished_at.map_or(Value::Null, timestamp),
-    })
+pub fn checkpoint(c: &Checkpoint) -> CheckpointView {
+    CheckpointView {
+        id: c.id,
+        object: "checkpoint",
+        model_id: c.model_id,
+        step: c.step,
+        metrics: c.metrics.clone(),
+        created_at: timestamp(c.created_at),
+    }
 }
 
-/// A dataset, with the `wandb-artifact:///` URL that names it as an SFT job's
-/// `training_data_url`.
-pub fn dataset(d: &Dataset) -> Value {
-    json!({
-        "id": d.id, "object": "dataset", "entity": d.entity, "project": d.project, "name": d.name,
-        "version": d.version,
-        "url": format!("wandb-artifact:///{}/{}/{}:v{}", d.entity, d.project, d.name, d.version),
-        "num_rows": d.num_rows, "size_bytes": d.size_bytes, "created_at": timestamp(d.created_at),
-    })
+/// A stored trajectory log; `trajectory_groups` only when one log is read.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LogView {
+    pub id: Uuid,
+    /// Always `trajectory_log`.
+    pub object: &'static str,
+    pub model_id: Uuid,
+    pub split: String,
+    pub step: i64,
+    /// Means of every numeric metric (and `reward`) over the log's trajectories.
+    pub metrics: BTreeMap<String, f64>,
+    pub num_groups: i64,
+    pub num_trajectories: i64,
+    pub created_at: Option<String>,
+    /// The groups as they were logged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub trajectory_groups: Option<Value>,
 }
 
-pub fn event(e: &JobEvent) -> Value {
-    json!({
-        "id": e.id, "object": "training_job.event", "type": e.kind, "data": e.data,
-        "created_at": timestamp(e.created_at),
-    })
+pub fn log_entry(l: &LogEntry) -> LogView {
+    LogView {
+        id: l.id,
+        object: "trajectory_log",
+        model_id: l.model_id,
+        split: l.split.clone(),
+        step: l.step,
+        metrics: l.metrics.clone(),
+        num_groups: l.num_groups,
+        num_trajectories: l.num_trajectories,
+        created_at: timestamp(l.created_at),
+        trajectory_groups: None,
+    }
+}
+
+/// A training job (RL or SFT).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobView {
+    pub id: Uuid,
+    /// Always `training_job`.
+    pub object: &'static str,
+    /// `rl` or `sft`.
+    pub kind: &'static str,
+    pub model_id: Uuid,
+    /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+    pub status: &'static str,
+    /// The checkpoint step the job produced, once it succeeded.
+    pub step: Option<i64>,
+    pub error_message: Option<String>,
+    pub created_at: Option<String>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+pub fn job(j: &Job) -> JobView {
+    JobView {
+        id: j.id,
+        object: "training_job",
+        kind: j.kind.as_str(),
+        model_id: j.model_id,
+        status: j.status.as_str(),
+        step: j.step,
+        error_message: j.error_message.clone(),
+        created_at: timestamp(j.created_at),
+        started_at: j.started_at.and_then(timestamp),
+        finished_at: j.finished_at.and_then(timestamp),
+    }
+}
+
+/// An uploaded SFT dataset version, with the `wandb-artifact:///` URL that names it as an SFT
+/// job's `training_data_url`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetView {
+    pub id: Uuid,
+    /// Always `dataset`.
+    pub object: &'static str,
+    pub entity: String,
+    pub project: String,
+    pub name: String,
+    pub version: i64,
+    pub url: String,
+    pub num_rows: i64,
+    pub size_bytes: i64,
+    pub created_at: Option<String>,
+}
+
+pub fn dataset(d: &Dataset) -> DatasetView {
+    DatasetView {
+        id: d.id,
+        object: "dataset",
+        entity: d.entity.clone(),
+        project: d.project.clone(),
+        name: d.name.clone(),
+        version: d.version,
+        url: format!("wandb-artifact:///{}/{}/{}:v{}", d.entity, d.project, d.name, d.version),
+        num_rows: d.num_rows,
+        size_bytes: d.size_bytes,
+        created_at: timestamp(d.created_at),
+    }
+}
+
+/// One event of a training job, in append order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventView {
+    pub id: Uuid,
+    /// Always `training_job.event`.
+    pub object: &'static str,
+    /// `training_started`, `gradient_step`, `training_ended`, `training_failed` or
+    /// `training_restarted`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[schema(value_type = Object)]
+    pub data: Value,
+    pub created_at: Option<String>,
+}
+
+pub fn event(e: &JobEvent) -> EventView {
+    EventView {
+        id: e.id,
+        object: "training_job.event",
+        kind: e.kind.clone(),
+        data: e.data.clone(),
+        created_at: timestamp(e.created_at),
+    }
 }
 
 /// A cursor page in the OpenAI list shape: `first_id`/`last_id` are null on an empty page.
-pub fn list<T>(page: &Page<T>, id: impl Fn(&T) -> uuid::Uuid, view: impl Fn(&T) -> Value) -> Value {
-    json!({
-        "object": "list",
-        "data": page.items.iter().map(view).collect::<Vec<_>>(),
-        "first_id": page.items.first().map(&id),
-        "last_id": page.items.last().map(&id),
-        "has_more": page.has_more,
-    })
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ListView<T> {
+    /// Always `list`.
+    pub object: &'static str,
+    pub data: Vec<T>,
+    pub first_id: Option<Uuid>,
+    pub last_id: Option<Uuid>,
+    pub has_more: bool,
+}
+
+pub fn list<T, V>(page: &Page<T>, id: impl Fn(&T) -> Uuid, view: impl Fn(&T) -> V) -> ListView<V> {
+    ListView {
+        object: "list",
+        data: page.items.iter().map(view).collect(),
+        first_id: page.items.first().map(&id),
+        last_id: page.items.last().map(&id),
+        has_more: page.has_more,
+    }
+}
+
+/// What `DELETE /models/{id}/checkpoints` removed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CheckpointsDeleted {
+    pub deleted_count: usize,
+    /// Requested steps that had no checkpoint.
+    pub not_found_steps: Vec<i64>,
+}
+
+/// What `DELETE /models/{id}` removed (the model, its logs, jobs and checkpoints).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelDeleted {
+    pub model_id: Uuid,
+    pub deleted_checkpoints: usize,
+    pub deleted_run: bool,
+}
+
+/// `DELETE /datasets/{id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetDeleted {
+    pub id: Uuid,
+    pub deleted: bool,
 }
 
 #[cfg(test)]
@@ -81,7 +244,7 @@ mod tests {
 
     #[test]
     fn timestamps_are_rfc3339_utc() {
-        assert_eq!(timestamp(0), json!("1970-01-01T00:00:00Z"));
-        assert_eq!(timestamp(1_700_000_000_123), json!("2023-11-14T22:13:20.123Z"));
+        assert_eq!(timestamp(0).as_deref(), Some("1970-01-01T00:00:00Z"));
+        assert_eq!(timestamp(1_700_000_000_123).as_deref(), Some("2023-11-14T22:13:20.123Z"));
     }
 }

@@ -286,6 +286,9 @@ pub struct ChatRender {
     /// A per-request template, replacing the model's.
     pub chat_template: Option<String>,
     pub add_special_tokens: bool,
+    /// The entity asking: request templates render in a shared jail, and no one entity may hold
+    /// all of its places.
+    pub tenant: String,
 }
 
 /// The engine, as the api sees it.

@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub kv_cache_bytes: u64,
     /// Prompt positions kept for prefix reuse.
     pub prefix_cache_tokens: usize,
+    /// Serves at most this context (vLLM's `--max-model-len`); `None`: the model's own.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +46,7 @@ impl Default for EngineConfig {
             max_waiting: 256,
             kv_cache_bytes: machine_memory_bytes().map_or(4 << 30, |m| m / 4),
             prefix_cache_tokens: 16 * 1024,
+            max_model_len: None,
         }
     }
 }

@@ -93,10 +93,14 @@ impl Engine {
         &mut self,
         id: &str,
         path: &str,
-        model: Llama,
+        mut model: Llama,
         meta: &TokenizerMeta,
         config: EngineConfig,
     ) -> Result<(), EngineError> {
+        if let Some(n) = config.max_model_len {
+            // Only ever shorter: positions past the model's own context have no trained meaning.
+            model.config.context_len = model.config.context_len.min(n.max(1));
+        }
         let tok = Arc::new(TextTokenizer::from_meta(meta)?);
         let template = meta.chat_template.as_deref().map(ChatTemplate::new).transpose()?;
         let info = BaseModelInfo {
@@ -183,7 +187,7 @@ impl Engine {
             // A request's own template: in the jail when there is one (see `template::jail`).
             (Some(source), Some(jail)) => {
                 let job = JailJob { source: source.clone(), messages: chat.messages.clone(), inputs };
-                return jail.render(&job).map_err(|e| e.to_string());
+                return jail.render(&job, &chat.tenant).map_err(|e| e.to_string());
             }
             (Some(source), None) => {
                 own = ChatTemplate::new(source).map_err(|e| e.to_string())?;

@@ -115,13 +115,22 @@ impl KvCache {
         let own_tiles = tiles - self.base / KEY_TILE;
         let split = own_tiles * KEY_TILE * d;
         let shared = self.base * d;
+        // What stays own: the partial last tile only (not the spare capacity grown for writes,
+        // which every clone would copy).
+        let keep = (self.len - tiles * KEY_TILE).next_multiple_of(KEY_TILE) * d;
+        let trim = |v: &mut Vec<f32>| {
+            v.truncate(keep);
+            v.shrink_to_fit();
+        };
         let frozen: Layers = match self.shared.take() {
             // The common case (a fresh prompt): the own vectors become the shared ones, uncopied.
             None => self
                 .own
                 .iter_mut()
                 .map(|(k, v)| {
-                    let (tk, tv) = (k.split_off(split), v.split_off(split));
+                    let (mut tk, mut tv) = (k.split_off(split), v.split_off(split));
+                    trim(&mut tk);
+                    trim(&mut tv);
                     let (mut k, mut v) = (std::mem::replace(k, tk), std::mem::replace(v, tv));
                     k.shrink_to_fit();
                     v.shrink_to_fit();
@@ -141,6 +150,8 @@ impl KvCache {
                     nv.extend_from_slice(&v[..split]);
                     k.drain(..split);
                     v.drain(..split);
+                    trim(k);
+                    trim(v);
                     (nk, nv)
                 })
                 .collect(),
@@ -253,7 +264,9 @@ mod tests {
         // Two forks share the 32 positions; each copies only the 5-position tail tile.
         let (mut b, c) = (a.clone(), a.clone());
         assert!(Arc::ptr_eq(a.shared.as_ref().unwrap(), b.shared.as_ref().unwrap()));
+        // One tile per layer for keys and values: none of the capacity grown for 37 writes.
         assert_eq!(b.own_bytes(), 2 * 2 * KEY_TILE * 3 * 4);
+        assert_eq!(a.own_bytes(), b.own_bytes());
         // Each: its 5 own positions and a third of the shared 32, rounded up (11).
         assert_eq!(a.positions_held() + b.positions_held() + c.positions_held(), 3 * (5 + 11));
         // b diverges at position 37; a and c still read their own.
@@ -264,6 +277,15 @@ mod tests {
         assert_eq!(read(&b, 0)[37], (vec![7.0; 3], vec![8.0; 3]));
         assert_eq!(read(&b, 0)[..37], before[..]);
         assert_eq!(read(&c, 0), before);
+    }
+
+    #[test]
+    fn freezing_keeps_no_spare_capacity_for_clones_to_copy() {
+        // 100 writes grew each vector to 128 positions; 96 become shared, 4 stay own.
+        let mut a = numbered(100, 2);
+        a.freeze();
+        assert_eq!(a.shared_len(), 96);
+        assert_eq!(a.clone().own_bytes(), 2 * 2 * KEY_TILE * 2 * 4);
     }
 
     #[test]

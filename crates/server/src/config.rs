@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// machine's memory). Decoding past it preempts sequences, as vLLM does.
     #[arg(long, env = "TANDEM_KV_CACHE_MIB")]
     pub kv_cache_mib: Option<u64>,
+    /// Context length served, in tokens (vLLM's flag): at most the model's own; prompts, the
+    /// default `max_tokens` and training sequences are bounded by it.
+    #[arg(long, env = "TANDEM_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
 }
 
 /// The TOML file: the same settings, all optional.
@@ -82,6 +86,7 @@ struct FileConfig {
     max_waiting: Option<usize>,
     per_entity_limit: Option<usize>,
     kv_cache_mib: Option<u64>,
+    max_model_len: Option<usize>,
 }
 
 /// One base model to serve.
@@ -106,6 +111,7 @@ pub struct ServeConfig {
     pub per_entity_limit: usize,
     /// None: the engine's default (a quarter of the machine's memory).
     pub kv_cache_bytes: Option<u64>,
+    pub max_model_len: Option<usize>,
 }
 
 impl ServeConfig {
@@ -156,6 +162,7 @@ impl ServeConfig {
             max_waiting,
             per_entity_limit: args.per_entity_limit.or(file.per_entity_limit).unwrap_or(max_waiting / 4).max(1),
             kv_cache_bytes: args.kv_cache_mib.or(file.kv_cache_mib).map(|m| m.max(1) << 20),
+            max_model_len: args.max_model_len.or(file.max_model_len).map(|n| n.max(16)),
         })
     }
 }

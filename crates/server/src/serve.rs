@@ -28,6 +28,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         max_seqs: config.max_num_seqs,
         max_waiting: config.max_waiting,
         kv_cache_bytes: config.kv_cache_bytes.unwrap_or(defaults.kv_cache_bytes),
+        max_model_len: config.max_model_len,
         ..defaults
     };
     let models = config.models.clone();

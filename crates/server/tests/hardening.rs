@@ -165,6 +165,13 @@ async fn a_hostile_tenant_cannot_stop_starve_or_spy_on_another() {
     assert_eq!(s, 400, "{v}");
     let (s, v) = api.post(&mallory, "/detokenize", json!({"tokens": vec![1; 1_100_000]})).await;
     assert_eq!(s, 400, "{v}");
+    // A field of the wrong type is a 400, never silently the default (schemathesis, R8).
+    for body in [json!({"prompt": "hi", "model": 5}), json!({"prompt": "hi", "add_special_tokens": "yes"})] {
+        let (s, v) = api.post(&mallory, "/tokenize", body).await;
+        assert_eq!(s, 400, "{v}");
+    }
+    let (s, v) = api.post(&mallory, "/detokenize", json!({"tokens": [1], "model": ["x"]})).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (400, Some("model")), "{v}");
 
     // 10: per-token lists are bounded.
     let (s, v) = api.chat(&mallory, json!({"messages": user("hi"), "allowed_token_ids": vec![1; 300_000]})).await;

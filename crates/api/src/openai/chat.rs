@@ -11,6 +11,7 @@ use crate::body::OpenAiJson;
 use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::AppState;
 use axum::body::{Body, Bytes};
+use axum::extract::FromRequest;
 use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -18,14 +19,44 @@ use std::convert::Infallible;
 use tandem_core::inference::{GenerateRequest, InferEvent, ReasoningParser, SharedBackend, SubmitError};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+#[utoipa::path(
+    post,
+    operation_id = "create_chat_completion",
+    path = "/v1/chat/completions",
+    tag = "inference",
+    summary = "Chat completion (vLLM's; streamed as server-sent events with `stream: true`)",
+    request_body = crate::openapi::bodies::ChatCompletionBody,
+    responses(
+        (status = 200, description = "The completion, or its chunks as `text/event-stream`", content(
+            (crate::openapi::bodies::ChatCompletionResponse = "application/json"),
+            (String = "text/event-stream")
+        )),
+        (status = 400, description = "Invalid request", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 429, description = "Too many concurrent requests of this entity (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 503, description = "Queue full or no engine (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     headers: HeaderMap,
-    OpenAiJson(body): OpenAiJson,
+    request: axum::extract::Request,
 ) -> Result<Response, OpenAiError> {
     let backend = super::engine(&state)?;
-    let plan = request::validate(&body, state.priority_scheduling())?;
+    // Under overload, shed before reading and parsing the body: when no served model can take
+    // another request, this answer is the same whatever the body says, and a burst of them must
+    // be answered at once (R2), not after parsing hundreds of bodies.
+    if (0..state.served_models().len()).all(|b| !backend.has_capacity(b)) {
+        return Err(ApiError::new(ErrorKind::Unavailable, "the server is at capacity; retry shortly")
+            .with_retry_after(1)
+            .into());
+    }
+    let OpenAiJson(body) = OpenAiJson::from_request(request, &state).await?;
+    let mut plan = request::validate(&body, state.priority_scheduling())?;
+    plan.render.tenant = caller.entity.clone();
     let target = resolve(&state, &caller.entity, plan.model.as_deref()).await?;
     // Admission comes before any rendering or tokenizing.
     let permit = super::admit(&state, &caller.entity)?;

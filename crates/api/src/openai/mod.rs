@@ -12,16 +12,17 @@ mod tools;
 
 use crate::auth::{require_openai, Caller};
 use crate::error::{ApiError, ErrorKind, OpenAiError};
-use crate::views::timestamp;
 use crate::AppState;
 use axum::extract::{Extension, State};
 use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::Json;
-use axum::Router;
-use serde_json::{json, Value};
+use serde::Serialize;
 use tandem_core::records::PageRequest;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use resolve::{resolve, Target};
 
@@ -30,46 +31,69 @@ pub(crate) fn engine(state: &AppState) -> Result<tandem_core::inference::SharedB
     state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))
 }
 
-pub fn router(state: AppState) -> Router<AppState> {
-    Router::new()
-        .route("/v1/chat/completions", post(chat::create))
+pub fn router(state: AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(chat::create))
+        // vLLM accepts the trailing slash too; the same operation, documented once.
         .route("/v1/chat/completions/", post(chat::create))
-        .route("/v1/models", get(models))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
-        .route("/metrics", get(metrics))
+        .routes(routes!(models))
+        .routes(routes!(tokenize::tokenize))
+        .routes(routes!(tokenize::detokenize))
+        .routes(routes!(metrics))
         .route_layer(from_fn_with_state(state, require_openai))
 }
 
 /// Base models, then the caller's trained models: each model's latest alias and every step.
+#[utoipa::path(
+    get,
+    operation_id = "list_served_models",
+    path = "/v1/models",
+    tag = "inference",
+    summary = "Every model id this key can address",
+    responses(
+        (status = 200, body = ModelList),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn models(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Value>, OpenAiError> {
+) -> Result<Json<ModelList>, OpenAiError> {
     let mut data = Vec::new();
     let infos = state.backend().map(|b| b.models()).unwrap_or_default();
     for (i, id) in state.served_models().iter().enumerate() {
-        let info = infos.get(i);
-        data.push(json!({
-            "id": id, "object": "model", "created": 0, "owned_by": "tandem",
+        data.push(ModelCard {
+            id: id.clone(),
+            object: "model",
+            created: 0,
+            owned_by: "tandem".into(),
             // vLLM puts the weights' path here; tandem never shows a server path to clients.
-            "root": id, "parent": null,
-            "max_model_len": info.map(|m| m.context_len),
-        }));
+            root: id.clone(),
+            parent: None,
+            max_model_len: infos.get(i).map(|m| m.context_len),
+        });
     }
     let mut page = PageRequest::first(100);
     loop {
         let models = state.store().list_models(&caller.entity, None, page).await?;
         for m in &models.items {
             let name = format!("wandb-artifact:///{}/{}/{}", m.entity, m.project, m.name);
-            data.push(json!({ "id": name, "object": "model", "created": timestamp(m.created_at), "owned_by": m.entity,
-                              "root": name, "parent": m.base_model, "max_model_len": null }));
+            let card = |id: String, created_ms: i64| ModelCard {
+                id,
+                object: "model",
+                created: created_ms.div_euclid(1000),
+                owned_by: m.entity.clone(),
+                root: name.clone(),
+                parent: Some(m.base_model.clone()),
+                max_model_len: None,
+            };
+            data.push(card(name.clone(), m.created_at));
             let mut cps = PageRequest::first(100);
             loop {
                 let checkpoints = state.store().list_checkpoints(m.id, cps).await?;
                 for c in &checkpoints.items {
-                    data.push(json!({ "id": format!("{name}:step{}", c.step), "object": "model", "created": timestamp(c.created_at),
-                                      "owned_by": m.entity, "root": name, "parent": m.base_model, "max_model_len": null }));
+                    data.push(card(format!("{name}:step{}", c.step), c.created_at));
                 }
                 match (checkpoints.has_more, checkpoints.items.last()) {
                     (true, Some(last)) => cps.after = Some(last.id),
@@ -82,9 +106,46 @@ async fn models(
             _ => break,
         }
     }
-    Ok(Json(json!({ "object": "list", "data": data })))
+    Ok(Json(ModelList { object: "list", data }))
 }
 
+/// `GET /v1/models`: the OpenAI list of model cards.
+#[derive(Serialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    object: &'static str,
+    data: Vec<ModelCard>,
+}
+
+/// One addressable model: a served base model, a model record (its latest checkpoint) or one
+/// checkpoint (`name:stepN`). `created` is Unix seconds, as OpenAI's.
+#[derive(Serialize, ToSchema)]
+pub struct ModelCard {
+    id: String,
+    /// Always `model`.
+    object: &'static str,
+    created: i64,
+    owned_by: String,
+    root: String,
+    /// The base model a trained model was created from.
+    parent: Option<String>,
+    /// The context length, for base models.
+    max_model_len: Option<usize>,
+}
+
+#[utoipa::path(
+    get,
+    operation_id = "metrics",
+    path = "/metrics",
+    tag = "inference",
+    summary = "The engine's Prometheus metrics",
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 503, description = "No inference engine", body = crate::openapi::bodies::OpenAiErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, OpenAiError> {
     let backend = engine(&state)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], backend.metrics_text()))

@@ -11,19 +11,37 @@ use axum::extract::{Extension, State};
 use axum::Json;
 use serde_json::{json, Value};
 
+#[utoipa::path(
+    post,
+    operation_id = "tokenize",
+    path = "/tokenize",
+    tag = "inference",
+    summary = "Token ids of a prompt or of rendered chat messages",
+    request_body = crate::openapi::bodies::TokenizeBody,
+    responses(
+        (status = 200, body = crate::openapi::bodies::TokenizeResponse),
+        (status = 400, description = "Invalid request", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 429, description = "Too many concurrent requests of this entity (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 503, description = "Queue full or no engine (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn tokenize(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Json<Value>, OpenAiError> {
     let backend = super::engine(&state)?;
-    let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
+    let target = resolve(&state, &caller.entity, typed(&body, "model", Value::as_str, "a string")?).await?;
     let _permit = super::admit(&state, &caller.entity)?;
-    let return_strs = body.get("return_token_strs").and_then(Value::as_bool).unwrap_or(false);
+    let return_strs = typed(&body, "return_token_strs", Value::as_bool, "a boolean")?.unwrap_or(false);
     let base = target.base;
     let ids = if body.get("messages").is_some() {
         // The chat form goes through the same validation and template as a chat completion.
-        let plan = request::validate(&body, true)?;
+        let mut plan = request::validate(&body, true)?;
+        plan.render.tenant = caller.entity.clone();
         tokio::task::spawn_blocking({
             let backend = backend.clone();
             move || backend.render_chat(base, &plan.render)
@@ -37,7 +55,7 @@ pub async fn tokenize(
             .and_then(Value::as_str)
             .ok_or_else(|| ApiError::bad_param("prompt", "either `prompt` (a string) or `messages` is required"))?
             .to_string();
-        let special = body.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
+        let special = typed(&body, "add_special_tokens", Value::as_bool, "a boolean")?.unwrap_or(true);
         let b = backend.clone();
         tokio::task::spawn_blocking(move || b.tokenize(base, &prompt, special))
             .await
@@ -53,13 +71,30 @@ pub async fn tokenize(
     Ok(Json(json!({ "count": ids.len(), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs })))
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "detokenize",
+    path = "/detokenize",
+    tag = "inference",
+    summary = "Text of token ids",
+    request_body = crate::openapi::bodies::DetokenizeBody,
+    responses(
+        (status = 200, body = crate::openapi::bodies::DetokenizeResponse),
+        (status = 400, description = "Invalid request", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 429, description = "Too many concurrent requests of this entity (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody),
+        (status = 503, description = "Queue full or no engine (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn detokenize(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Json<Value>, OpenAiError> {
     let backend = super::engine(&state)?;
-    let target = resolve(&state, &caller.entity, body.get("model").and_then(Value::as_str)).await?;
+    let target = resolve(&state, &caller.entity, typed(&body, "model", Value::as_str, "a string")?).await?;
     let _permit = super::admit(&state, &caller.entity)?;
     let tokens: Vec<u32> = match body.get("tokens") {
         Some(Value::Array(items)) if items.len() > MAX_DETOKENIZE => {
@@ -86,3 +121,18 @@ pub async fn detokenize(
 
 /// Most token ids one `/detokenize` takes (far more than any context).
 const MAX_DETOKENIZE: usize = 1 << 20;
+
+/// An optional field of one JSON type: absent or null is `None`; another type is a 400, never
+/// silently the default (the OpenAPI document states the types, and a client that sends
+/// `"model": 5` has a bug it should hear about).
+fn typed<'a, T>(
+    body: &'a Value,
+    key: &str,
+    get: impl Fn(&'a Value) -> Option<T>,
+    what: &str,
+) -> Result<Option<T>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => get(v).map(Some).ok_or_else(|| ApiError::bad_param(key, format!("{key} must be {what}"))),
+    }
+}

@@ -9,17 +9,32 @@ use crate::views;
 use crate::AppState;
 use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::records::Checkpoint;
 use tandem_core::validate::Validator;
 
+#[utoipa::path(
+    operation_id = "list_checkpoints",
+    get,
+    path = "/models/{model_id}/checkpoints",
+    tag = "training",
+    summary = "A model's checkpoints",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)"), crate::openapi::bodies::PageParams),
+    responses(
+        (status = 200, body = crate::views::ListView<crate::views::CheckpointView>),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(model_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ListView<views::CheckpointView>>, PreviewError> {
     let page = page_request(&query, true)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let checkpoints = state.store().list_checkpoints(model.id, page).await?;
@@ -42,18 +57,35 @@ fn validate_steps(body: &Value, max: usize) -> Result<Vec<i64>, ApiError> {
     v.finish(steps).map_err(ApiError::validation)
 }
 
+#[utoipa::path(
+    operation_id = "delete_checkpoints",
+    delete,
+    path = "/models/{model_id}/checkpoints",
+    tag = "training",
+    summary = "Delete checkpoints by step",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)")),
+    request_body = crate::openapi::bodies::DeleteCheckpointsBody,
+    responses(
+        (status = 200, body = crate::views::CheckpointsDeleted),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 409, description = "A job of the model is running", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(model_id): Path<String>,
     PreviewJson(body): PreviewJson,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::CheckpointsDeleted>, PreviewError> {
     let model = owned_model(&state, &caller, &model_id).await?;
     let steps = validate_steps(&body, state.limits().max_delete_steps)?;
     let out = state.store().delete_checkpoints(model.id, &steps).await?;
     remove_files(&state, &out.deleted).await;
     tracing::info!(model_id = %model.id, deleted = out.deleted.len(), "checkpoints deleted");
-    Ok(Json(json!({ "deleted_count": out.deleted.len(), "not_found_steps": out.not_found_steps })))
+    Ok(Json(views::CheckpointsDeleted { deleted_count: out.deleted.len(), not_found_steps: out.not_found_steps }))
 }
 
 /// Removes deleted checkpoints' files. The rows are already gone, so nothing serves them; a file

@@ -11,7 +11,7 @@ use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::names::name_problem;
 use tandem_core::sft::{parse_dataset, DatasetLimits};
@@ -48,12 +48,27 @@ fn names(query: &HashMap<String, String>) -> Result<(String, String), ApiError> 
     }
 }
 
+#[utoipa::path(
+    operation_id = "upload_dataset",
+    post,
+    path = "/datasets",
+    tag = "training",
+    summary = "Upload an SFT dataset (JSONL of chat rows) as the next version of a name",
+    params(crate::openapi::bodies::DatasetAddress),
+    request_body(content = String, content_type = "text/plain", description = "One JSON object per line: {\"messages\": [...], \"tools\": [...]}"),
+    responses(
+        (status = 200, body = crate::views::DatasetView, links(("dataset" = (operation_id = "get_dataset", parameters(("dataset_id" = "$response.body#/id")))), ("deleteDataset" = (operation_id = "delete_dataset", parameters(("dataset_id" = "$response.body#/id")))))),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn upload(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
     body: Bytes,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::DatasetView>, PreviewError> {
     let (project, name) = names(&query)?;
     // Parsing a large file is CPU work: off the async workers.
     let data = body.to_vec();
@@ -77,33 +92,77 @@ pub async fn upload(
     Ok(Json(views::dataset(&dataset)))
 }
 
+#[utoipa::path(
+    operation_id = "list_datasets",
+    get,
+    path = "/datasets",
+    tag = "training",
+    summary = "The key's datasets",
+    params(crate::openapi::bodies::PageParams, crate::openapi::bodies::ProjectFilter),
+    responses(
+        (status = 200, body = crate::views::ListView<crate::views::DatasetView>),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ListView<views::DatasetView>>, PreviewError> {
     let page = page_request(&query, true)?;
     let project = query.get("project").map(String::as_str);
     let items = state.store().list_datasets(&caller.entity, project, page).await?;
     Ok(Json(views::list(&items, |d| d.id, views::dataset)))
 }
 
+#[utoipa::path(
+    operation_id = "get_dataset",
+    get,
+    path = "/datasets/{dataset_id}",
+    tag = "training",
+    summary = "A dataset",
+    params(("dataset_id" = Uuid, Path, description = "A dataset id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::DatasetView),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such dataset for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::DatasetView>, PreviewError> {
     let id = path_id(&id, "dataset")?;
     let d = state.store().get_dataset(&caller.entity, id).await.map_err(not_found)?;
     Ok(Json(views::dataset(&d)))
 }
 
+#[utoipa::path(
+    operation_id = "delete_dataset",
+    delete,
+    path = "/datasets/{dataset_id}",
+    tag = "training",
+    summary = "Delete a dataset version",
+    params(("dataset_id" = Uuid, Path, description = "A dataset id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::DatasetDeleted),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such dataset for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::DatasetDeleted>, PreviewError> {
     let id = path_id(&id, "dataset")?;
     state.store().delete_dataset(&caller.entity, id).await.map_err(not_found)?;
-    Ok(Json(json!({ "id": id, "deleted": true })))
+    Ok(Json(views::DatasetDeleted { id, deleted: true }))
 }

@@ -27,11 +27,27 @@ fn job_not_found(e: StoreError) -> ApiError {
     }
 }
 
+#[utoipa::path(
+    operation_id = "create_training_job",
+    post,
+    path = "/training-jobs",
+    tag = "training",
+    summary = "Queue an RL training job",
+    request_body = crate::openapi::bodies::TrainingJobBody,
+    responses(
+        (status = 200, body = crate::views::JobView, links(("job" = (operation_id = "get_training_job", parameters(("job_id" = "$response.body#/id")))), ("cancel" = (operation_id = "cancel_training_job", parameters(("job_id" = "$response.body#/id")))), ("events" = (operation_id = "list_training_job_events", parameters(("job_id" = "$response.body#/id")))))),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 429, description = "Too many pending jobs", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     PreviewJson(mut body): PreviewJson,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::JobView>, PreviewError> {
     let mut v = Validator::new("body");
     let Some(obj) = v.object(&body) else { return Err(ApiError::validation(v.into_errors()).into()) };
     let model_id = v.required(obj, "model_id").and_then(|m| v.at("model_id", |v| v.uuid(m)));
@@ -184,32 +200,77 @@ async fn check_tokenizable(
     Ok(groups)
 }
 
+#[utoipa::path(
+    operation_id = "get_training_job",
+    get,
+    path = "/training-jobs/{job_id}",
+    tag = "training",
+    summary = "A training job",
+    params(("job_id" = Uuid, Path, description = "A job id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::JobView),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such job for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(job_id): Path<String>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::JobView>, PreviewError> {
     let id = path_id(&job_id, "training job")?;
     let job = state.store().get_job(&caller.entity, id).await.map_err(job_not_found)?;
     Ok(Json(views::job(&job)))
 }
 
+#[utoipa::path(
+    operation_id = "cancel_training_job",
+    post,
+    path = "/training-jobs/{job_id}/cancel",
+    tag = "training",
+    summary = "Cancel a queued or running job",
+    params(("job_id" = Uuid, Path, description = "A job id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::JobView),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such job for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(job_id): Path<String>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::JobView>, PreviewError> {
     let id = path_id(&job_id, "training job")?;
     let job = state.store().cancel_job(&caller.entity, id).await.map_err(job_not_found)?;
     Ok(Json(views::job(&job)))
 }
 
+#[utoipa::path(
+    operation_id = "list_training_job_events",
+    get,
+    path = "/training-jobs/{job_id}/events",
+    tag = "training",
+    summary = "A job's events, in append order",
+    params(("job_id" = Uuid, Path, description = "A job id (UUID)"), crate::openapi::bodies::EventPageParams),
+    responses(
+        (status = 200, body = crate::views::ListView<crate::views::EventView>),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such job for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(job_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ListView<views::EventView>>, PreviewError> {
     let page = page_request(&query, false)?;
     let id = path_id(&job_id, "training job")?;
     let page = tandem_core::records::PageRequest { order: Order::Asc, ..page };

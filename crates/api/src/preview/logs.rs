@@ -26,12 +26,28 @@ pub(super) fn groups_field(
     v.at("trajectory_groups", |v| validate_groups(v, value, limits))
 }
 
+#[utoipa::path(
+    operation_id = "create_log",
+    post,
+    path = "/models/{model_id}/log",
+    tag = "training",
+    summary = "Log scored trajectory groups",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)")),
+    request_body = crate::openapi::bodies::LogBody,
+    responses(
+        (status = 200, body = crate::views::LogView, links(("getLog" = (operation_id = "get_log", parameters(("model_id" = "$response.body#/model_id"), ("log_id" = "$response.body#/id")))))),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(model_id): Path<String>,
     PreviewJson(mut body): PreviewJson,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::LogView>, PreviewError> {
     let model = owned_model(&state, &caller, &model_id).await?;
     let mut v = Validator::new("body");
     let Some(obj) = v.object(&body) else { return Err(ApiError::validation(v.into_errors()).into()) };
@@ -66,12 +82,27 @@ pub async fn create(
     Ok(Json(views::log_entry(&entry)))
 }
 
+#[utoipa::path(
+    operation_id = "list_logs",
+    get,
+    path = "/models/{model_id}/logs",
+    tag = "training",
+    summary = "A model's trajectory logs",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)"), crate::openapi::bodies::PageParams, crate::openapi::bodies::SplitFilter),
+    responses(
+        (status = 200, body = crate::views::ListView<crate::views::LogView>),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(model_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ListView<views::LogView>>, PreviewError> {
     let page = page_request(&query, true)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let split = query.get("split").map(String::as_str);
@@ -79,11 +110,26 @@ pub async fn list(
     Ok(Json(views::list(&logs, |l| l.id, views::log_entry)))
 }
 
+#[utoipa::path(
+    operation_id = "get_log",
+    get,
+    path = "/models/{model_id}/logs/{log_id}",
+    tag = "training",
+    summary = "One trajectory log with its groups",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)"), ("log_id" = Uuid, Path, description = "A log id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::LogView),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model or log for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((model_id, log_id)): Path<(String, String)>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::LogView>, PreviewError> {
     let model = owned_model(&state, &caller, &model_id).await?;
     let log_id = path_id(&log_id, "log")?;
     let (entry, groups) = state.store().get_log(model.id, log_id).await.map_err(|e| match e {
@@ -91,6 +137,6 @@ pub async fn get(
         other => other.into(),
     })?;
     let mut view = views::log_entry(&entry);
-    view["trajectory_groups"] = groups;
+    view.trajectory_groups = Some(groups);
     Ok(Json(view))
 }

@@ -13,25 +13,25 @@ use crate::body::path_id;
 use crate::error::ApiError;
 use crate::AppState;
 use axum::middleware::from_fn_with_state;
-use axum::routing::{get, post};
-use axum::Router;
 use tandem_core::records::ModelRecord;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router(state: AppState) -> Router<AppState> {
-    Router::new()
-        .route("/models", post(models::create).get(models::list))
-        .route("/models/{model_id}", get(models::get).delete(models::delete))
-        .route("/models/{model_id}/checkpoints", get(checkpoints::list).delete(checkpoints::delete))
-        .route("/models/{model_id}/log", post(logs::create))
-        .route("/models/{model_id}/logs", get(logs::list))
-        .route("/models/{model_id}/logs/{log_id}", get(logs::get))
-        .route("/datasets", post(datasets::upload).get(datasets::list))
-        .route("/datasets/{dataset_id}", get(datasets::get).delete(datasets::delete))
-        .route("/sft-training-jobs", post(sft::create))
-        .route("/training-jobs", post(jobs::create))
-        .route("/training-jobs/{job_id}", get(jobs::get))
-        .route("/training-jobs/{job_id}/cancel", post(jobs::cancel))
-        .route("/training-jobs/{job_id}/events", get(jobs::events))
+pub fn router(state: AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(models::create, models::list))
+        .routes(routes!(models::get, models::delete))
+        .routes(routes!(checkpoints::list, checkpoints::delete))
+        .routes(routes!(logs::create))
+        .routes(routes!(logs::list))
+        .routes(routes!(logs::get))
+        .routes(routes!(datasets::upload, datasets::list))
+        .routes(routes!(datasets::get, datasets::delete))
+        .routes(routes!(sft::create))
+        .routes(routes!(jobs::create))
+        .routes(routes!(jobs::get))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(jobs::events))
         .route_layer(from_fn_with_state(state, require_preview))
 }
 

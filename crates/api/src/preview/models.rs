@@ -8,7 +8,7 @@ use crate::views;
 use crate::AppState;
 use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::names::name_problem;
 use tandem_core::validate::{optional, Validator};
@@ -58,11 +58,27 @@ fn validate_create(body: &Value, served: &[String]) -> Result<CreateModel, ApiEr
     })
 }
 
+#[utoipa::path(
+    operation_id = "create_model",
+    post,
+    path = "/models",
+    tag = "training",
+    summary = "Create a model (or return the existing one)",
+    request_body = crate::openapi::bodies::CreateModelBody,
+    responses(
+        (status = 200, body = crate::views::ModelView, links(("model" = (operation_id = "get_model", parameters(("model_id" = "$response.body#/id")))), ("deleteModel" = (operation_id = "delete_model", parameters(("model_id" = "$response.body#/id")))), ("checkpoints" = (operation_id = "list_checkpoints", parameters(("model_id" = "$response.body#/id")))), ("logs" = (operation_id = "list_logs", parameters(("model_id" = "$response.body#/id")))), ("log" = (operation_id = "create_log", parameters(("model_id" = "$response.body#/id")))))),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 403, description = "Another entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 409, description = "The name exists", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     PreviewJson(body): PreviewJson,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ModelView>, PreviewError> {
     let mut req = validate_create(&body, state.served_models())?;
     if let Some(entity) = req.entity.filter(|e| *e != caller.entity) {
         let msg =
@@ -77,38 +93,83 @@ pub async fn create(
     Ok(Json(views::model(&model)))
 }
 
+#[utoipa::path(
+    operation_id = "get_model",
+    get,
+    path = "/models/{model_id}",
+    tag = "training",
+    summary = "A model",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::ModelView),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(model_id): Path<String>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ModelView>, PreviewError> {
     let model = owned_model(&state, &caller, &model_id).await?;
     Ok(Json(views::model(&model)))
 }
 
+#[utoipa::path(
+    operation_id = "list_models",
+    get,
+    path = "/models",
+    tag = "training",
+    summary = "The key's models",
+    params(crate::openapi::bodies::PageParams, crate::openapi::bodies::ProjectFilter),
+    responses(
+        (status = 200, body = crate::views::ListView<crate::views::ModelView>),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ListView<views::ModelView>>, PreviewError> {
     let page = page_request(&query, true)?;
     let project = query.get("project").map(String::as_str);
     let models = state.store().list_models(&caller.entity, project, page).await?;
     Ok(Json(views::list(&models, |m| m.id, views::model)))
 }
 
+#[utoipa::path(
+    operation_id = "delete_model",
+    delete,
+    path = "/models/{model_id}",
+    tag = "training",
+    summary = "Delete a model with its logs, jobs and checkpoints",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)")),
+    responses(
+        (status = 200, body = crate::views::ModelDeleted),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 409, description = "A job of the model is running", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(model_id): Path<String>,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::ModelDeleted>, PreviewError> {
     let model = owned_model(&state, &caller, &model_id).await?;
     let deleted = state.store().delete_model(&caller.entity, model.id).await?;
     super::checkpoints::remove_files(&state, &deleted.deleted_checkpoints).await;
     tracing::info!(model_id = %model.id, checkpoints = deleted.deleted_checkpoints.len(), "model deleted");
-    Ok(Json(json!({
-        "model_id": model.id,
-        "deleted_checkpoints": deleted.deleted_checkpoints.len(),
-        "deleted_run": true,
-    })))
+    Ok(Json(views::ModelDeleted {
+        model_id: model.id,
+        deleted_checkpoints: deleted.deleted_checkpoints.len(),
+        deleted_run: true,
+    }))
 }

@@ -28,11 +28,27 @@ fn invalid(field: &str, input: &str, why: &str) -> ApiError {
     ApiError::validation(v.into_errors())
 }
 
+#[utoipa::path(
+    operation_id = "create_sft_job",
+    post,
+    path = "/sft-training-jobs",
+    tag = "training",
+    summary = "Queue a supervised fine-tuning job",
+    request_body = crate::openapi::bodies::SftJobBody,
+    responses(
+        (status = 200, body = crate::views::JobView, links(("job" = (operation_id = "get_training_job", parameters(("job_id" = "$response.body#/id")))), ("events" = (operation_id = "list_training_job_events", parameters(("job_id" = "$response.body#/id")))))),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model or dataset for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 429, description = "Too many pending jobs", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     PreviewJson(body): PreviewJson,
-) -> Result<Json<Value>, PreviewError> {
+) -> Result<Json<views::JobView>, PreviewError> {
     let mut v = Validator::new("body");
     let Some(obj) = v.object(&body) else { return Err(ApiError::validation(v.into_errors()).into()) };
     let model_id = v.required(obj, "model_id").and_then(|m| v.at("model_id", |v| v.uuid(m)));

@@ -11,6 +11,7 @@
 use super::{ChatTemplate, RenderInputs, TemplateError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -41,9 +42,11 @@ pub struct TemplateJail {
     pub args: Vec<String>,
     /// Wall-clock limit of one render, process start included.
     pub timeout: Duration,
-    /// Children running at once.
+    /// Children running at once; one entity may hold all but one of them (so another entity's
+    /// template never waits behind a flood from one), or the only one when there is one.
     pub concurrency: usize,
-    running: Mutex<usize>,
+    /// Renders running, in total and per entity.
+    running: Mutex<(usize, HashMap<String, usize>)>,
     freed: Condvar,
 }
 
@@ -59,14 +62,14 @@ impl TemplateJail {
             args,
             timeout: Duration::from_secs(10),
             concurrency: 2,
-            running: Mutex::new(0),
+            running: Mutex::new((0, HashMap::new())),
             freed: Condvar::new(),
         }
     }
 
-    /// Renders in a child process. Blocking: call it from a blocking thread.
-    pub fn render(&self, job: &JailJob) -> Result<String, TemplateError> {
-        let _slot = self.slot()?;
+    /// Renders in a child process for `tenant`. Blocking: call it from a blocking thread.
+    pub fn render(&self, job: &JailJob, tenant: &str) -> Result<String, TemplateError> {
+        let _slot = self.slot(tenant)?;
         let input = serde_json::to_vec(job).map_err(|e| TemplateError::Render(e.to_string()))?;
         let unavailable = |e: std::io::Error| {
             tracing::error!(error = %e, "cannot run the chat-template jail");
@@ -120,28 +123,46 @@ impl TemplateJail {
         }
     }
 
-    /// Waits (up to the timeout) for one of the `concurrency` slots.
-    fn slot(&self) -> Result<Slot<'_>, TemplateError> {
+    /// Waits (up to the timeout) for one of the `concurrency` slots that `tenant` may take.
+    fn slot(&self, tenant: &str) -> Result<Slot<'_>, TemplateError> {
+        let total = self.concurrency.max(1);
+        let per_tenant = total.saturating_sub(1).max(1);
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = Instant::now() + self.timeout;
-        while *running >= self.concurrency.max(1) {
+        while running.0 >= total || running.1.get(tenant).copied().unwrap_or(0) >= per_tenant {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(TemplateError::Render("too many chat templates are rendering; retry shortly".into()));
             }
             running = self.freed.wait_timeout(running, left).unwrap_or_else(|e| e.into_inner()).0;
         }
-        *running += 1;
-        Ok(Slot(self))
+        running.0 += 1;
+        *running.1.entry(tenant.to_string()).or_default() += 1;
+        Ok(Slot(self, tenant.to_string()))
+    }
+
+    /// Renders running now for `tenant` (tests).
+    #[doc(hidden)]
+    pub fn running_for(&self, tenant: &str) -> usize {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).1.get(tenant).copied().unwrap_or(0)
     }
 }
 
-struct Slot<'a>(&'a TemplateJail);
+struct Slot<'a>(&'a TemplateJail, String);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        *self.0.running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        self.0.freed.notify_one();
+        let mut running = self.0.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.0 -= 1;
+        if let Some(n) = running.1.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                running.1.remove(&self.1);
+            }
+        }
+        drop(running);
+        // Every waiter re-checks: the freed place may be one only another entity may take.
+        self.0.freed.notify_all();
     }
 }
 
@@ -168,4 +189,32 @@ pub fn serve_one(input: impl Read, mut output: impl Write) -> std::io::Result<()
     };
     serde_json::to_writer(&mut output, &answer).map_err(std::io::Error::other)?;
     output.flush()
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    /// One entity may hold all places but one: a flood of request templates from it leaves a
+    /// place for anyone else's.
+    #[test]
+    fn one_entity_never_holds_every_place() {
+        let mut jail = TemplateJail::new(PathBuf::from("/nonexistent"), Vec::new());
+        jail.timeout = Duration::from_millis(30);
+        let first = jail.slot("a").unwrap();
+        assert!(jail.slot("a").is_err(), "a second place for the same entity waits, then gives up");
+        let other = jail.slot("b").unwrap();
+        assert_eq!((jail.running_for("a"), jail.running_for("b")), (1, 1));
+        assert!(jail.slot("c").is_err(), "both places taken");
+        drop(first);
+        let again = jail.slot("a").unwrap();
+        drop((again, other));
+        assert_eq!(jail.running_for("a") + jail.running_for("b"), 0);
+        // With a single place, it is first come, first served.
+        jail.concurrency = 1;
+        let only = jail.slot("a").unwrap();
+        assert!(jail.slot("b").is_err());
+        drop(only);
+        assert!(jail.slot("b").is_ok());
+    }
 }

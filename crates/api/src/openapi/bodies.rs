@@ -1,0 +1,319 @@
+//! Schemas of what the routes read and of the bodies they answer with that are not typed views
+//! (errors, chat completions, health). The handlers validate raw JSON with `tandem_core::validate`
+//! (so that errors come in the contract's shape, every field at once); these types describe the
+//! same rules to the OpenAPI document and are never deserialised. Constraints are stated where the
+//! validator enforces exactly them, and left out where a rule is semantic (a served model's name,
+//! a context length): the reliability suite's schemathesis run checks both directions.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+// ---------- errors ----------
+
+/// The preview area's error body (FastAPI's): a message.
+#[derive(ToSchema)]
+pub struct PreviewErrorBody {
+    pub detail: String,
+}
+
+/// One problem with a request field, as FastAPI (pydantic) reports it.
+#[derive(ToSchema)]
+pub struct FieldErrorBody {
+    /// Where: `body`, `query` or `path`, then keys (strings) and indices (integers).
+    pub loc: Vec<Value>,
+    pub msg: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    /// The offending value, any JSON.
+    pub input: Value,
+    pub ctx: Option<Value>,
+}
+
+/// The preview area's validation error (422): every field problem at once.
+#[derive(ToSchema)]
+pub struct ValidationErrorBody {
+    pub detail: Vec<FieldErrorBody>,
+}
+
+/// The OpenAI-compatible area's error (vLLM's shape).
+#[derive(ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorDetail,
+}
+
+#[derive(ToSchema)]
+pub struct OpenAiErrorDetail {
+    pub message: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    /// The HTTP status.
+    pub code: u16,
+}
+
+// ---------- query parameters ----------
+
+/// A cursor page of a list, in creation order.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageParams {
+    /// The id (a UUID) of the last item of the previous page; empty: the first page.
+    pub after: Option<String>,
+    /// Items per page.
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<i64>,
+    /// `asc` (oldest first, the default) or `desc`.
+    #[param(inline)]
+    pub order: Option<SortOrder>,
+}
+
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum SortOrder {
+    Asc,
+    Desc,
+}
+
+/// A cursor page of a job's events, always in append order.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventPageParams {
+    /// The id (a UUID) of the last event already read; empty: from the first.
+    pub after: Option<String>,
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<i64>,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ProjectFilter {
+    /// Only this project's items.
+    pub project: Option<String>,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SplitFilter {
+    /// Only logs of this split.
+    pub split: Option<String>,
+}
+
+/// Where an uploaded dataset goes: the address `wandb-artifact:///entity/project/name:vN`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DatasetAddress {
+    #[param(min_length = 1, max_length = 128, pattern = r"^(?!.*:step[0-9]{1,18}$)[^/\s\x00-\x1f\x7f-\x9f]+$")]
+    pub project: String,
+    #[param(min_length = 1, max_length = 128, pattern = r"^(?!.*:step[0-9]{1,18}$)[^/\s\x00-\x1f\x7f-\x9f]+$")]
+    pub name: String,
+}
+
+// ---------- preview request bodies ----------
+
+/// `POST /v1/preview/models`.
+#[derive(ToSchema)]
+pub struct CreateModelBody {
+    /// Must be the key's own entity when given.
+    pub entity: Option<String>,
+    /// No `/`, whitespace or control characters, and no `:stepN` ending.
+    #[schema(min_length = 1, max_length = 128, pattern = r"^(?!.*:step[0-9]{1,18}$)[^/\s\x00-\x1f\x7f-\x9f]+$")]
+    pub project: String,
+    #[schema(min_length = 1, max_length = 128, pattern = r"^(?!.*:step[0-9]{1,18}$)[^/\s\x00-\x1f\x7f-\x9f]+$")]
+    pub name: String,
+    /// One of the base models this server serves (`GET /v1/models`).
+    pub base_model: String,
+    /// Answer with the existing model of that name instead of a 409.
+    pub return_existing: Option<bool>,
+}
+
+/// `POST /v1/preview/models/{model_id}/log`: a batch of scored trajectory groups.
+#[derive(ToSchema)]
+pub struct LogBody {
+    /// `train` or `val` (any short name without `/`).
+    #[schema(min_length = 1, max_length = 64)]
+    pub split: String,
+    #[schema(min_items = 1)]
+    pub trajectory_groups: Vec<TrajectoryGroupBody>,
+}
+
+/// Trajectories rolled out from one prompt; the advantage compares them.
+#[derive(ToSchema)]
+pub struct TrajectoryGroupBody {
+    #[schema(min_items = 1)]
+    pub trajectories: Vec<TrajectoryBody>,
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub exceptions: Option<Value>,
+}
+
+/// One rollout: its messages and choices (a choice holds the sampled tokens' logprobs), reward
+/// and metrics.
+#[derive(ToSchema)]
+pub struct TrajectoryBody {
+    #[schema(value_type = Vec<Object>, min_items = 1)]
+    pub messages_and_choices: Value,
+    pub reward: f64,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub additional_histories: Option<Value>,
+    pub metrics: Option<BTreeMap<String, f64>>,
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub logs: Option<Value>,
+    pub initial_policy_version: Option<i64>,
+    pub final_policy_version: Option<i64>,
+    pub start_time: Option<String>,
+    pub end_time: Option<String>,
+}
+
+/// `POST /v1/preview/training-jobs`: an RL step on the given logs (ART's `train`).
+#[derive(ToSchema)]
+pub struct TrainingJobBody {
+    pub model_id: Uuid,
+    /// The trajectory groups to train on.
+    #[schema(min_items = 1)]
+    pub trajectory_groups: Vec<TrajectoryGroupBody>,
+    /// ART's `dev` / `_config` knobs (learning rate, KL penalty, PPO/GRPO variants, ...).
+    #[schema(value_type = Option<Object>)]
+    pub experimental_config: Option<Value>,
+}
+
+/// `POST /v1/preview/sft-training-jobs`: supervised fine-tuning on an uploaded dataset.
+#[derive(ToSchema)]
+pub struct SftJobBody {
+    pub model_id: Uuid,
+    /// `wandb-artifact:///entity/project/name:vN` of an uploaded dataset.
+    pub training_data_url: String,
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub experimental_config: Option<Value>,
+}
+
+/// `DELETE /v1/preview/models/{model_id}/checkpoints`.
+#[derive(ToSchema)]
+pub struct DeleteCheckpointsBody {
+    /// Steps to delete (1 or more).
+    #[schema(min_items = 1)]
+    pub steps: Vec<i64>,
+}
+
+// ---------- OpenAI-compatible bodies ----------
+
+/// `POST /v1/chat/completions`, as vLLM serves it. Every field of the interface is accepted;
+/// the ones below are those with a shape worth stating (the rest: see the interface document).
+#[derive(ToSchema)]
+pub struct ChatCompletionBody {
+    #[schema(min_items = 1)]
+    pub messages: Vec<ChatMessageBody>,
+    /// A served base model, a model record's name, or `name:stepN` of a checkpoint.
+    pub model: Option<String>,
+    pub n: Option<i64>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stream: Option<bool>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    #[schema(value_type = Option<Object>)]
+    pub stop: Option<Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub structured_outputs: Option<Value>,
+    pub return_token_ids: Option<bool>,
+    pub priority: Option<i64>,
+    pub cache_salt: Option<String>,
+}
+
+/// One chat message; `content` is a string or a list of text parts.
+#[derive(ToSchema)]
+pub struct ChatMessageBody {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    #[schema(value_type = Object, nullable)]
+    pub content: Option<Value>,
+    pub name: Option<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Value>,
+    pub tool_call_id: Option<String>,
+}
+
+/// A chat completion (`stream: false`); a stream sends `chat.completion.chunk` events instead.
+#[derive(ToSchema)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    /// `chat.completion`.
+    pub object: String,
+    pub created: i64,
+    pub model: String,
+    #[schema(value_type = Vec<Object>)]
+    pub choices: Value,
+    #[schema(value_type = Object)]
+    pub usage: Value,
+}
+
+/// `POST /tokenize`: `prompt` text, or chat `messages` rendered with the model's template.
+#[derive(ToSchema)]
+pub struct TokenizeBody {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<Value>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub return_token_strs: Option<bool>,
+}
+
+#[derive(ToSchema)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    pub token_strs: Option<Vec<String>>,
+}
+
+/// `POST /detokenize`.
+#[derive(ToSchema)]
+pub struct DetokenizeBody {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+#[derive(ToSchema)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
+
+/// `GET /health`.
+#[derive(ToSchema)]
+pub struct HealthBody {
+    /// `ok` or `unavailable`.
+    pub status: String,
+    pub detail: Option<String>,
+}
+
+/// `GET /v1/system-check`: each part's `success`, `duration` and `error`.
+#[derive(ToSchema)]
+pub struct SystemCheckBody {
+    pub api: bool,
+    #[schema(value_type = Object)]
+    pub database: Value,
+    #[schema(value_type = Object)]
+    pub training_queue: Value,
+    #[schema(value_type = Object)]
+    pub inference: Value,
+}

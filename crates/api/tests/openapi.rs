@@ -1,0 +1,78 @@
+//! `/openapi.json`: every route the router serves is in it (the document is built from the same
+//! `routes!` registrations), it needs no key, and it knows the served base models.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+#[tokio::test]
+async fn the_document_lists_every_route_and_needs_no_key() {
+    let app = test_app().await;
+    let r = app.raw("GET", "/openapi.json", None, None).await;
+    assert_eq!(r.status, 200);
+    let doc = r.json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+    let mut operations = BTreeSet::new();
+    let mut ids = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            operations.insert(format!("{} {path}", method.to_uppercase()));
+            assert!(ids.insert(op["operationId"].as_str().unwrap().to_string()), "duplicate id at {method} {path}");
+            let secured = op.get("security").is_some();
+            assert_eq!(secured, !path.contains("health") && path != "/v1/system-check", "{method} {path}");
+            assert!(op["responses"]["200"].is_object(), "{method} {path} documents its success");
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "GET /health",
+        "GET /v1/health",
+        "GET /v1/system-check",
+        "POST /v1/chat/completions",
+        "GET /v1/models",
+        "POST /tokenize",
+        "POST /detokenize",
+        "GET /metrics",
+        "POST /v1/preview/models",
+        "GET /v1/preview/models",
+        "GET /v1/preview/models/{model_id}",
+        "DELETE /v1/preview/models/{model_id}",
+        "GET /v1/preview/models/{model_id}/checkpoints",
+        "DELETE /v1/preview/models/{model_id}/checkpoints",
+        "POST /v1/preview/models/{model_id}/log",
+        "GET /v1/preview/models/{model_id}/logs",
+        "GET /v1/preview/models/{model_id}/logs/{log_id}",
+        "POST /v1/preview/datasets",
+        "GET /v1/preview/datasets",
+        "GET /v1/preview/datasets/{dataset_id}",
+        "DELETE /v1/preview/datasets/{dataset_id}",
+        "POST /v1/preview/sft-training-jobs",
+        "POST /v1/preview/training-jobs",
+        "GET /v1/preview/training-jobs/{job_id}",
+        "POST /v1/preview/training-jobs/{job_id}/cancel",
+        "GET /v1/preview/training-jobs/{job_id}/events",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(operations, expected);
+    // The served base models are the only ones a model record may name.
+    let base = &doc["components"]["schemas"]["CreateModelBody"]["properties"]["base_model"]["enum"];
+    assert_eq!(base, &serde_json::json!([BASE]));
+    // A typed view is described by its own Serialize type: a model's fields are all there.
+    let model_props: BTreeSet<&str> = doc["components"]["schemas"]["ModelView"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let created: Value = app.create_model(KEY_A, "described").await;
+    let sent: BTreeSet<&str> = created.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(model_props, sent);
+    // `/v1/models` cards: `created` is Unix seconds for trained models too, as OpenAI's.
+    let list = app.ok("GET", "/v1/models", KEY_A, None).await;
+    let cards = list["data"].as_array().unwrap();
+    assert!(cards.iter().any(|c| c["id"].as_str().unwrap().ends_with("/described")), "{list}");
+    assert!(cards.iter().all(|c| c["created"].is_i64()), "{list}");
+}
