@@ -476,7 +476,7 @@ def r8(ctx):
     failures = result.get("failures", [])
     errors = result.get("errors", [])
     print(f"     schemathesis {SCHEMATHESIS_VERSION}: {cases['generated']} cases over "
-          f"{len(result.get('operations', []) or [])} operations in {took:.0f} s, "
+          f"{result['operations']['tested']} of {result['operations']['total']} operations in {took:.0f} s, "
           f"{cases.get('with_failures', 0)} failing, {cases.get('errored', 0)} errored; exit {run.returncode}")
     for fail in failures:
         print(f"     {fail['code']} {fail['title']}: {fail['count']} in {', '.join(fail['operations'][:5])}")
@@ -486,6 +486,7 @@ def r8(ctx):
     check(cases["generated"] >= 10_000 or ctx.args.st_seconds < 300, "at least 10,000 cases")
     check(not failures, "no check may fail (5xx, schema violations, cross-identity reads):\n" + run.stdout[-4000:])
     check(not errors, "no operation may error:\n" + run.stdout[-4000:])
+    check(result["operations"]["tested"] == result["operations"]["total"], "every operation must be tested")
     check(run.returncode == 0, "schemathesis must exit 0")
     ctx.note(f"server log lines mentioning a 5xx status: {five_xx}")
 

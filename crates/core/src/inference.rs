@@ -315,6 +315,9 @@ pub trait InferenceBackend: Send + Sync + 'static {
     /// Whether a request for `base` would be queued now; checked before any rendering.
     fn has_capacity(&self, base: usize) -> bool;
     fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
+    /// Loads a checkpoint's adapter into the engine's cache, so that a `submit` naming it finds
+    /// it there. Blocking (it reads safetensors): call it off the async workers.
+    fn load_adapter(&self, base: usize, adapter: &AdapterRef) -> Result<(), SubmitError>;
     /// Drops any cached copy of a checkpoint's adapter (after deletion).
     fn forget_adapter(&self, checkpoint_id: &str);
     /// Whether the engine loop is alive and making progress.

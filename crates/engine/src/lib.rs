@@ -64,9 +64,14 @@ struct Slot {
 /// Adapters recently used, kept loaded (bounded).
 const ADAPTER_CACHE: usize = 16;
 
+/// One checkpoint's adapter, loaded once. Requests for it wait on its own lock while it loads,
+/// never on the cache's: loading one checkpoint holds up no request for another.
+type AdapterSlot = Arc<Mutex<Option<Arc<LoraAdapter>>>>;
+
 pub struct Engine {
     slots: Vec<Slot>,
-    adapters: Mutex<HashMap<String, (Arc<LoraAdapter>, Instant)>>,
+    /// Checkpoint id -> its slot and when it was last used (the cache is bounded, LRU).
+    adapters: Mutex<HashMap<String, (AdapterSlot, Instant)>>,
     /// Where request-supplied chat templates render; without one (tests, library use) they
     /// render in-process under the fuel and output limits only.
     jail: Option<TemplateJail>,
@@ -142,23 +147,37 @@ impl Engine {
     }
 
     fn adapter(&self, a: &AdapterRef, base: &Slot) -> Result<Arc<LoraAdapter>, SubmitError> {
-        let mut cache = self.adapters.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((adapter, used)) = cache.get_mut(&a.checkpoint_id) {
-            *used = Instant::now();
+        let slot = {
+            let mut cache = self.adapters.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get_mut(&a.checkpoint_id) {
+                Some((slot, used)) => {
+                    *used = Instant::now();
+                    slot.clone()
+                }
+                None => {
+                    if cache.len() >= ADAPTER_CACHE {
+                        if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
+                            cache.remove(&oldest);
+                        }
+                    }
+                    let slot = AdapterSlot::default();
+                    cache.insert(a.checkpoint_id.clone(), (slot.clone(), Instant::now()));
+                    slot
+                }
+            }
+        };
+        let mut loaded = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(adapter) = loaded.as_ref() {
             return Ok(adapter.clone());
         }
-        // The error names files on the server: logged, not sent.
+        // The error names files on the server: logged, not sent. The slot stays empty, so a
+        // later request tries again.
         let adapter = LoraAdapter::load(&a.path, &base.model.config).map_err(|e| {
             tracing::error!(checkpoint = %a.checkpoint_id, error = %e, "cannot load a checkpoint's adapter");
             SubmitError::Invalid("this checkpoint's adapter cannot be loaded (the server logged why)".into())
         })?;
         let adapter = Arc::new(adapter);
-        if cache.len() >= ADAPTER_CACHE {
-            if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
-                cache.remove(&oldest);
-            }
-        }
-        cache.insert(a.checkpoint_id.clone(), (adapter.clone(), Instant::now()));
+        *loaded = Some(adapter.clone());
         Ok(adapter)
     }
 }
@@ -337,6 +356,11 @@ impl InferenceBackend for Engine {
             return Err(SubmitError::Stopped);
         }
         Ok(rx)
+    }
+
+    fn load_adapter(&self, base: usize, adapter: &AdapterRef) -> Result<(), SubmitError> {
+        let slot = self.slot(base).map_err(SubmitError::Invalid)?;
+        self.adapter(adapter, slot).map(|_| ())
     }
 
     fn forget_adapter(&self, checkpoint_id: &str) {

@@ -258,3 +258,38 @@ async fn choices_share_the_prompt_kv() {
     let metrics = engine.metrics_text();
     assert!(metrics.contains("tandem:num_preemptions_total{model_name=\"tiny\"} 0"), "{metrics}");
 }
+
+/// `load_adapter` (what the api calls on a blocking thread before submitting) caches the
+/// adapter for the submit that follows; a load that fails is not cached, so the checkpoint loads
+/// once its files are there; loads of one checkpoint hold up no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_load_before_submit_and_failures_are_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let mut engine = Engine::new();
+    engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
+    let prompt = [1, 2, 3, 4];
+    let late = AdapterRef { checkpoint_id: "late".into(), path: dir.path().join("late") };
+    assert!(engine.load_adapter(0, &late).is_err(), "no files yet");
+    assert!(engine.submit(request(&prompt, 4, Some(late.clone()))).is_err());
+    write_adapter(&dir.path().join("late"), 0.5);
+    engine.load_adapter(0, &late).unwrap();
+    let with = tokens(engine.submit(request(&prompt, 4, Some(late.clone()))).unwrap()).await;
+    // Loaded once: removing the files changes nothing for later requests.
+    std::fs::remove_dir_all(dir.path().join("late")).unwrap();
+    assert_eq!(tokens(engine.submit(request(&prompt, 4, Some(late))).unwrap()).await, with);
+    // Many checkpoints loading at once, from several threads, all succeed.
+    let engine = std::sync::Arc::new(engine);
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let path = dir.path().join(format!("c{i}"));
+            write_adapter(&path, 0.1 * i as f32);
+            let e = engine.clone();
+            std::thread::spawn(move || e.load_adapter(0, &AdapterRef { checkpoint_id: format!("c{i}"), path }))
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+}

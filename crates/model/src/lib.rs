@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod kv;
 pub mod llama;
 pub mod lora;
+pub mod peft;
 pub mod testing;
 
 pub use gguf::{GgufFile, TokenizerMeta};

@@ -7,7 +7,6 @@
 //! trained on the Hugging Face model works here and the reverse holds for adapters we save.
 
 use crate::{LlamaConfig, ModelError};
-use candle_core::Device;
 use std::path::Path;
 
 /// One adapted projection: `a` is (r, in), `b` is (out, r), both row-major f32.
@@ -60,60 +59,21 @@ impl LoraAdapter {
         &self.layers[i]
     }
 
-    /// Loads a PEFT adapter directory for a model of shape `config`.
+    /// Loads a PEFT adapter directory for a model of shape `config` (`crate::peft` reads it;
+    /// modules the file lacks stay unadapted).
     pub fn load(dir: &Path, config: &LlamaConfig) -> Result<Self, ModelError> {
-        let bad = |m: String| ModelError::Adapter(format!("{}: {m}", dir.display()));
-        let cfg_text = std::fs::read_to_string(dir.join("adapter_config.json"))
-            .map_err(|e| bad(format!("adapter_config.json: {e}")))?;
-        let cfg: serde_json::Value =
-            serde_json::from_str(&cfg_text).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
-        let rank = cfg["r"].as_u64().ok_or_else(|| bad("adapter_config.json has no integer r".into()))? as usize;
-        let alpha = cfg["lora_alpha"].as_f64().unwrap_or(rank as f64) as f32;
-        let scale =
-            if cfg["use_rslora"].as_bool() == Some(true) { alpha / (rank as f32).sqrt() } else { alpha / rank as f32 };
-        let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
-            .map_err(|e| bad(format!("adapter_model.safetensors: {e}")))?;
-        let get = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
-            match tensors.get(name) {
-                None => Ok(None),
-                Some(t) => t
-                    .to_dtype(candle_core::DType::F32)
-                    .and_then(|t| t.flatten_all())
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map(Some)
-                    .map_err(|e| bad(format!("{name}: {e}"))),
-            }
-        };
-        let mut layers = Vec::with_capacity(config.n_layer);
-        for i in 0..config.n_layer {
-            let mut layer = LoraLayer::default();
-            let projections: [(&str, usize, usize, &mut Option<LoraPair>, bool); 7] = [
-                ("self_attn.q_proj", config.hidden, config.q_dim(), &mut layer.q, true),
-                ("self_attn.k_proj", config.hidden, config.kv_dim(), &mut layer.k, true),
-                ("self_attn.v_proj", config.hidden, config.kv_dim(), &mut layer.v, false),
-                ("self_attn.o_proj", config.q_dim(), config.hidden, &mut layer.o, false),
-                ("mlp.gate_proj", config.hidden, config.ffn, &mut layer.gate, false),
-                ("mlp.up_proj", config.hidden, config.ffn, &mut layer.up, false),
-                ("mlp.down_proj", config.ffn, config.hidden, &mut layer.down, false),
-            ];
-            for (module, in_dim, out_dim, slot, permute) in projections {
-                let prefix = format!("base_model.model.model.layers.{i}.{module}");
-                let (Some(a), Some(mut b)) =
-                    (get(&format!("{prefix}.lora_A.weight"))?, get(&format!("{prefix}.lora_B.weight"))?)
-                else {
-                    continue;
-                };
-                if a.len() != rank * in_dim || b.len() != out_dim * rank {
-                    return Err(bad(format!("{prefix}: shapes do not match rank {rank} and the model")));
-                }
-                if permute {
-                    b = hf_to_gguf_rows(&b, out_dim / config.head_dim, config.head_dim, rank);
-                }
-                *slot = Some(LoraPair { rank, in_dim, a, b });
-            }
-            layers.push(layer);
-        }
-        Ok(LoraAdapter { layers, scale })
+        let peft = crate::peft::read(dir, config)?;
+        let rank = peft.config.r;
+        let layers = peft
+            .layers
+            .into_iter()
+            .map(|layer| {
+                let [q, k, v, o, gate, up, down] =
+                    layer.map(|p| p.map(|p| LoraPair { rank, in_dim: p.a.len() / rank, a: p.a, b: p.b }));
+                LoraLayer { q, k, v, o, gate, up, down }
+            })
+            .collect();
+        Ok(LoraAdapter { layers, scale: peft.config.scale() as f32 })
     }
 }
 

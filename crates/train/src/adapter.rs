@@ -1,121 +1,78 @@
-//! LoRA adapters as PEFT writes them: `adapter_config.json` + `adapter_model.safetensors`, with
-//! tensors `base_model.model.model.layers.{i}.{module}.lora_{A,B}.weight`. In memory, q/k rows
-//! follow the GGUF (interleaved RoPE) layout of the base weights; on disk, Hugging Face's.
+//! The trainer's adapter: a fresh one as PEFT initialises it, or one read from a checkpoint to
+//! continue from, and its files when a job ends. The files are read and written by
+//! `tandem_model::peft`, the same code that serves them, in PEFT's layout.
 
-use crate::net::{Base, Lora, MODULES};
+use crate::net::{Base, Lora};
 use candle_core::{Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
 use std::path::Path;
-use tandem_model::lora::{gguf_to_hf_rows, hf_to_gguf_rows};
+use tandem_model::peft::{self, AdapterConfig, PairData};
 
 /// ART's adapter: rank 8, alpha 16.
 pub const RANK: usize = 8;
 pub const ALPHA: f64 = 16.0;
 
-fn key(layer: usize, module: &str, ab: &str) -> String {
-    format!("base_model.model.model.layers.{layer}.{module}.lora_{ab}.weight")
+/// A pair as PEFT initialises it: A ~ U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with
+/// a = sqrt(5)), B = 0, so it adds nothing until trained.
+fn fresh_pair(din: usize, dout: usize, rank: usize, rng: &mut impl Rng) -> candle_core::Result<(Var, Var)> {
+    let bound = 1.0 / (din as f32).sqrt();
+    let a: Vec<f32> = (0..rank * din).map(|_| rng.random_range(-bound..bound)).collect();
+    let a = Var::from_tensor(&Tensor::from_vec(a, (rank, din), &Device::Cpu)?)?;
+    let b = Var::from_tensor(&Tensor::zeros((dout, rank), candle_core::DType::F32, &Device::Cpu)?)?;
+    Ok((a, b))
 }
 
-/// Whether projection `m` has RoPE-permuted rows (q and k).
-fn permuted(m: usize) -> bool {
-    m < 2
+fn layer_of(pairs: Vec<(Var, Var)>) -> candle_core::Result<[(Var, Var); 7]> {
+    pairs.try_into().map_err(|_| candle_core::Error::Msg("an adapter layer needs seven pairs".into()))
 }
 
-/// A fresh adapter as PEFT initialises one: A ~ U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with
-/// a = sqrt(5)), B = 0, so it starts equal to the base model. Seeded: the same every time.
+/// A fresh adapter of ART's shape, equal to the base model. Seeded: the same every time.
 pub fn init(base: &Base, seed: u64) -> candle_core::Result<Lora> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut pairs = Vec::with_capacity(base.config.n_layer);
     for _ in 0..base.config.n_layer {
-        let mut layer = Vec::with_capacity(7);
-        for m in 0..7 {
+        let layer = (0..7).map(|m| {
             let (din, dout) = base.dims(m);
-            let bound = 1.0 / (din as f32).sqrt();
-            let a: Vec<f32> = (0..RANK * din).map(|_| rng.random_range(-bound..bound)).collect();
-            let a = Var::from_tensor(&Tensor::from_vec(a, (RANK, din), &Device::Cpu)?)?;
-            let b = Var::from_tensor(&Tensor::zeros((dout, RANK), candle_core::DType::F32, &Device::Cpu)?)?;
-            layer.push((a, b));
-        }
-        pairs.push(layer.try_into().map_err(|_| candle_core::Error::Msg("adapter layer".into()))?);
+            fresh_pair(din, dout, RANK, &mut rng)
+        });
+        pairs.push(layer_of(layer.collect::<candle_core::Result<_>>()?)?);
     }
-    Ok(Lora { rank: RANK, alpha: ALPHA, pairs })
+    Ok(Lora { config: AdapterConfig { r: RANK, lora_alpha: Some(ALPHA), use_rslora: false }, pairs })
 }
 
-/// Loads an adapter directory written by [`save`] (or PEFT) to continue training from it.
-pub fn load(dir: &Path, base: &Base) -> Result<Lora, String> {
-    let cfg: serde_json::Value = std::fs::read_to_string(dir.join("adapter_config.json"))
-        .map_err(|e| e.to_string())
-        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-        .map_err(|e| format!("adapter_config.json of the latest checkpoint: {e}"))?;
-    let rank = cfg["r"].as_u64().ok_or("the latest checkpoint's adapter_config.json has no r")? as usize;
-    let alpha = cfg["lora_alpha"].as_f64().unwrap_or(rank as f64);
-    let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
-        .map_err(|e| format!("adapter_model.safetensors of the latest checkpoint: {e}"))?;
-    let c = &base.config;
-    let mut pairs = Vec::with_capacity(c.n_layer);
-    for l in 0..c.n_layer {
-        let mut layer = Vec::with_capacity(7);
-        for (m, module) in MODULES.iter().enumerate() {
+/// Loads an adapter directory (a checkpoint, or any PEFT adapter) to continue training from it.
+/// Modules the file lacks start fresh (B = 0: the adapter's function is unchanged), with its rank
+/// and scale (rsLoRA included).
+pub fn load(dir: &Path, base: &Base, seed: u64) -> Result<Lora, String> {
+    let adapter = peft::read(dir, &base.config).map_err(|e| format!("the adapter to continue from: {e}"))?;
+    let rank = adapter.config.r;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let var = |v: Vec<f32>, shape: (usize, usize)| {
+        Tensor::from_vec(v, shape, &Device::Cpu).and_then(|t| Var::from_tensor(&t)).map_err(|e| e.to_string())
+    };
+    let mut pairs = Vec::with_capacity(adapter.layers.len());
+    for layer in adapter.layers {
+        let mut out = Vec::with_capacity(7);
+        for (m, pair) in layer.into_iter().enumerate() {
             let (din, dout) = base.dims(m);
-            let get = |ab: &str, rows: usize, cols: usize| -> Result<Vec<f32>, String> {
-                let k = key(l, module, ab);
-                let t = tensors.get(&k).ok_or_else(|| format!("the latest checkpoint has no {k}"))?;
-                let v = t
-                    .to_dtype(candle_core::DType::F32)
-                    .and_then(|t| t.flatten_all())
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(|e| format!("{k}: {e}"))?;
-                if v.len() != rows * cols {
-                    return Err(format!("{k} has {} values, expected {rows} x {cols}", v.len()));
-                }
-                Ok(v)
-            };
-            let a = get("A", rank, din)?;
-            let mut b = get("B", dout, rank)?;
-            if permuted(m) {
-                b = hf_to_gguf_rows(&b, dout / c.head_dim, c.head_dim, rank);
-            }
-            let var = |v: Vec<f32>, shape: (usize, usize)| {
-                Tensor::from_vec(v, shape, &Device::Cpu).and_then(|t| Var::from_tensor(&t)).map_err(|e| e.to_string())
-            };
-            layer.push((var(a, (rank, din))?, var(b, (dout, rank))?));
+            out.push(match pair {
+                Some(p) => (var(p.a, (rank, din))?, var(p.b, (dout, rank))?),
+                None => fresh_pair(din, dout, rank, &mut rng).map_err(|e| e.to_string())?,
+            });
         }
-        pairs.push(layer.try_into().map_err(|_| "adapter layer".to_string())?);
+        pairs.push(layer_of(out).map_err(|e| e.to_string())?);
     }
-    Ok(Lora { rank, alpha, pairs })
+    Ok(Lora { config: adapter.config, pairs })
 }
 
 /// The adapter's files: `(name, bytes)` for `adapter_config.json` and `adapter_model.safetensors`.
 pub fn save(lora: &Lora, base: &Base, base_model: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let c = &base.config;
-    let mut tensors: HashMap<String, Tensor> = HashMap::new();
-    for (l, layer) in lora.pairs.iter().enumerate() {
-        for (m, (a, b)) in layer.iter().enumerate() {
-            let (_, dout) = base.dims(m);
-            let mut bv = b.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
-            if permuted(m) {
-                bv = gguf_to_hf_rows(&bv, dout / c.head_dim, c.head_dim, lora.rank);
-            }
-            let bt = Tensor::from_vec(bv, (dout, lora.rank), &Device::Cpu).map_err(|e| e.to_string())?;
-            tensors.insert(key(l, MODULES[m], "A"), a.as_tensor().clone());
-            tensors.insert(key(l, MODULES[m], "B"), bt);
-        }
+    let values = |v: &Var| v.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string());
+    let mut layers = Vec::with_capacity(lora.pairs.len());
+    for layer in &lora.pairs {
+        let pairs: Vec<PairData> =
+            layer.iter().map(|(a, b)| Ok(PairData { a: values(a)?, b: values(b)? })).collect::<Result<_, String>>()?;
+        layers.push(<[PairData; 7]>::try_from(pairs).map_err(|_| "an adapter layer needs seven pairs".to_string())?);
     }
-    let weights = safetensors::serialize(tensors, None).map_err(|e| format!("serialising the adapter: {e}"))?;
-    let config = serde_json::json!({
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
-        "r": lora.rank,
-        "lora_alpha": lora.alpha,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": false,
-        "use_rslora": false,
-        "inference_mode": true,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    });
-    let config = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
-    Ok(vec![("adapter_config.json".into(), config), ("adapter_model.safetensors".into(), weights)])
+    peft::write(&lora.config, &layers, &base.config, base_model).map_err(|e| e.to_string())
 }

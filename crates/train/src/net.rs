@@ -15,25 +15,15 @@ use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use tandem_model::gguf::GgufFile;
 use tandem_model::kernels::{Q8Matrix, Weights, QK};
+use tandem_model::peft::{AdapterConfig, Module};
 use tandem_model::LlamaConfig;
 
 type Res<T> = candle_core::Result<T>;
 
-/// The seven adapted projections, in PEFT's module names.
-pub const MODULES: [&str; 7] = [
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-];
-
 struct BaseLayer {
     attn_norm: Arc<Vec<f32>>,
     ffn_norm: Arc<Vec<f32>>,
-    /// q, k, v, o, gate, up, down as (out, in), in [`MODULES`] order.
+    /// q, k, v, o, gate, up, down as (out, in), in [`Module::ALL`] order.
     w: [Frozen; 7],
 }
 
@@ -138,16 +128,9 @@ impl Base {
         Ok(Base { config, embed, head, layers, out_norm, cos, sin })
     }
 
-    /// (in, out) of projection `m` (index into [`MODULES`]).
+    /// (in, out) of projection `m` (index into [`Module::ALL`]).
     pub fn dims(&self, m: usize) -> (usize, usize) {
-        let c = &self.config;
-        match m {
-            0 => (c.hidden, c.q_dim()),
-            1 | 2 => (c.hidden, c.kv_dim()),
-            3 => (c.q_dim(), c.hidden),
-            4 | 5 => (c.hidden, c.ffn),
-            _ => (c.ffn, c.hidden),
-        }
+        Module::ALL[m].dims(&self.config)
     }
 }
 
@@ -170,15 +153,19 @@ fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
 
 /// The trainable adapter: `A (r, in)` and `B (out, r)` per layer and module; delta = scale B A.
 pub struct Lora {
-    pub rank: usize,
-    pub alpha: f64,
-    /// [layer][module] -> (A, B)
+    /// Rank, alpha and rsLoRA, as `adapter_config.json` holds them.
+    pub config: AdapterConfig,
+    /// [layer][module] -> (A, B), modules in [`Module::ALL`] order.
     pub pairs: Vec<[(Var, Var); 7]>,
 }
 
 impl Lora {
+    pub fn rank(&self) -> usize {
+        self.config.r
+    }
+
     pub fn scale(&self) -> f64 {
-        self.alpha / self.rank as f64
+        self.config.scale()
     }
 
     pub fn vars(&self) -> Vec<Var> {

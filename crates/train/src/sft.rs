@@ -72,7 +72,7 @@ pub(crate) fn train_sft(
     sink.started(batches.len() as u64, extra);
 
     let lora = match &job.base_checkpoint {
-        Some(dir) => adapter::load(dir, &base).map_err(TrainError::Failed)?,
+        Some(dir) => adapter::load(dir, &base, INIT_SEED).map_err(TrainError::Failed)?,
         None => adapter::init(&base, INIT_SEED).map_err(failed)?,
     };
     let vars = lora.vars();

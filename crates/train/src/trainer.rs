@@ -308,7 +308,7 @@ fn reference_logprobs(
 ) -> Result<(), TrainError> {
     let lora = match reference {
         ReferencePolicy::Base => adapter::init(base, INIT_SEED).map_err(failed)?,
-        ReferencePolicy::Checkpoint { dir, .. } => adapter::load(dir, base).map_err(TrainError::Failed)?,
+        ReferencePolicy::Checkpoint { dir, .. } => adapter::load(dir, base, INIT_SEED).map_err(TrainError::Failed)?,
     };
     for part in parts.iter_mut().flatten() {
         let lps = pool.on_training_threads(|| logprobs(base, &lora, part))?;
@@ -411,7 +411,7 @@ impl LoraTrainer {
         let row_len = row_length(longest, config.packed_sequence_length, base.config.context_len);
         let rows = pack(&trajs, row_len, config.advantage_balance).map_err(TrainError::Invalid)?;
         let lora = match &job.base_checkpoint {
-            Some(dir) => adapter::load(dir, &base).map_err(TrainError::Failed)?,
+            Some(dir) => adapter::load(dir, &base, INIT_SEED).map_err(TrainError::Failed)?,
             None => adapter::init(&base, INIT_SEED).map_err(failed)?,
         };
         let trainable: usize = rows.iter().map(|r| r.targets.len()).sum();

@@ -288,7 +288,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
     for (name, bytes) in &out.files {
         std::fs::write(ckpt.join(name), bytes).unwrap();
     }
-    let trained = adapter::load(&ckpt, &base).unwrap();
+    let trained = adapter::load(&ckpt, &base, 0).unwrap();
     let after = score(&trained);
     assert!(after.0 > before.0, "rewarded completion: {} -> {}", before.0, after.0);
     assert!(after.1 < before.1, "unrewarded completion: {} -> {}", before.1, after.1);
@@ -306,7 +306,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
     for (name, bytes) in &out2.files {
         std::fs::write(ckpt2.join(name), bytes).unwrap();
     }
-    let again = score(&adapter::load(&ckpt2, &base).unwrap());
+    let again = score(&adapter::load(&ckpt2, &base, 0).unwrap());
     assert!(again.0 > after.0, "second job continues: {} -> {}", after.0, again.0);
 
     // A KL-penalised job from step 1 against the base model: the learner's logprobs (step 1)
@@ -468,7 +468,7 @@ fn zero_variance_jobs_train_nothing() {
         std::fs::write(ckpt.join(name), bytes).unwrap();
     }
     let base = Base::load(&path).unwrap();
-    let lora = adapter::load(&ckpt, &base).unwrap();
+    let lora = adapter::load(&ckpt, &base, 0).unwrap();
     for layer in &lora.pairs {
         for (_, b) in layer {
             let max = b.as_tensor().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();

@@ -72,6 +72,15 @@ pub async fn create(
         .unwrap_or_else(|| tandem_core::new_id().simple().to_string());
     let (generate, prompt, tool_mode) =
         prepare(backend.clone(), &plan, &target, &caller.entity, request_id.clone(), state.reasoning_parser()).await?;
+    // A checkpoint's adapter is read from disk on a blocking thread, never on an async worker;
+    // the submits below (the beam search's too) then find it loaded.
+    if let Some(adapter) = generate.adapter.clone() {
+        let (b, base) = (backend.clone(), target.base);
+        tokio::task::spawn_blocking(move || b.load_adapter(base, &adapter))
+            .await
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("adapter task failed: {e}")))?
+            .map_err(submit_error)?;
+    }
     let rx = match plan.beam {
         // The search runs to the end first; its result then flows through the same renderers.
         Some(length_penalty) => {
@@ -286,18 +295,41 @@ async fn collect(mut rx: UnboundedReceiver<InferEvent>, n: usize) -> Result<Coll
 
 /// SSE: a task turns engine events into frames; dropping the body (client gone) ends the task,
 /// which drops the engine receiver, which cancels the generation.
+/// How long a stream may be silent before it sends a keep-alive comment.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(200);
+
 fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit: crate::limiter::Permit) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let _permit = permit;
         let frame = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
-        for chunk in renderer.opening() {
-            if tx.send(frame(chunk)).await.is_err() {
-                return;
-            }
-        }
+        let mut opened = false;
         while !renderer.done() {
-            let chunks = match rx.recv().await {
+            // While nothing comes (queued, or a long prefill), an SSE comment every
+            // KEEP_ALIVE: writing is how the server learns that the client has gone (hyper
+            // notices a closed connection only on a write), so a request abandoned while it
+            // waits is dropped before the engine admits it. Clients skip comment lines.
+            let next = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = tokio::time::sleep(KEEP_ALIVE) => {
+                    if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // The role chunks go out with the engine's first event (its admission), as vLLM
+            // sends its first chunk with the first output: a client that reads one chunk and
+            // leaves has then been admitted, and its sequence is freed at its next token.
+            if !opened {
+                opened = true;
+                for chunk in renderer.opening() {
+                    if tx.send(frame(chunk)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let chunks = match next {
                 Some(InferEvent::Error(m)) => vec![error_frame(&format!("generation failed: {m}"))],
                 Some(ev) => renderer.event(ev),
                 None => vec![error_frame("the inference engine stopped during generation")],

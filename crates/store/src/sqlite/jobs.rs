@@ -45,9 +45,7 @@ pub(crate) async fn cancel_job(tx: &mut Transaction<'_, Sqlite>, entity: &str, i
     let job = get_job(&mut **tx, entity, id).await?;
     match job.status {
         JobStatus::Queued => {
-            let msg = "training job cancelled before it started";
-            set_terminal(tx, id, JobStatus::Cancelled, None, Some(msg)).await?;
-            insert_event(tx, id, event_type::TRAINING_FAILED, &json!({ "error_message": msg })).await?;
+            fail_with_event(tx, id, JobStatus::Cancelled, "training job cancelled before it started").await?;
         }
         JobStatus::Running => {
             sqlx::query("UPDATE training_jobs SET cancel_requested = 1 WHERE id = ?")
@@ -112,6 +110,31 @@ pub(crate) async fn append_event(pool: &SqlitePool, job_id: Uuid, kind: &str, da
     insert_event(&mut conn, job_id, kind, data).await
 }
 
+/// Whether a job has any event yet (ART reads `training_started` before anything else, so the
+/// first event a job gets must be that one).
+async fn has_events(conn: &mut SqliteConnection, job_id: Uuid) -> Result<bool> {
+    Ok(sqlx::query("SELECT 1 FROM job_events WHERE job_id = ? LIMIT 1")
+        .bind(job_id.to_string())
+        .fetch_optional(conn)
+        .await?
+        .is_some())
+}
+
+/// Ends a job with `training_failed`, preceded by `training_started` if it never got one.
+async fn fail_with_event(
+    tx: &mut Transaction<'_, Sqlite>,
+    id: Uuid,
+    status: JobStatus,
+    error_message: &str,
+) -> Result<()> {
+    set_terminal(tx, id, status, None, Some(error_message)).await?;
+    if !has_events(tx, id).await? {
+        insert_event(tx, id, event_type::TRAINING_STARTED, &json!({ "num_sequences": 0 })).await?;
+    }
+    insert_event(tx, id, event_type::TRAINING_FAILED, &json!({ "error_message": error_message })).await?;
+    Ok(())
+}
+
 async fn insert_event(conn: &mut SqliteConnection, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent> {
     let data = serde_json::to_string(data).map_err(|e| StoreError::Database(e.to_string()))?;
     let row =
@@ -170,9 +193,7 @@ pub(crate) async fn finish_job(tx: &mut Transaction<'_, Sqlite>, id: Uuid, outco
                 JobOutcome::Cancelled { .. } => JobStatus::Cancelled,
                 _ => JobStatus::Failed,
             };
-            set_terminal(tx, id, status, None, Some(error_message)).await?;
-            let data = json!({ "error_message": error_message });
-            insert_event(tx, id, event_type::TRAINING_FAILED, &data).await?;
+            fail_with_event(tx, id, status, error_message).await?;
         }
     }
     job_by_id(tx, id).await
@@ -185,22 +206,24 @@ pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64)
     for row in &rows {
         let job = rows::job(row)?;
         if job.cancel_requested {
-            let msg = "training job cancelled";
-            set_terminal(tx, job.id, JobStatus::Cancelled, None, Some(msg)).await?;
-            insert_event(tx, job.id, event_type::TRAINING_FAILED, &json!({ "error_message": msg })).await?;
+            fail_with_event(tx, job.id, JobStatus::Cancelled, "training job cancelled").await?;
             out.failed.push(job.id);
         } else if job.attempts >= max_attempts {
             let msg = format!("training job was interrupted {} times by a server restart; giving up", job.attempts);
-            set_terminal(tx, job.id, JobStatus::Failed, None, Some(&msg)).await?;
-            insert_event(tx, job.id, event_type::TRAINING_FAILED, &json!({ "error_message": msg })).await?;
+            fail_with_event(tx, job.id, JobStatus::Failed, &msg).await?;
             out.failed.push(job.id);
         } else {
             sqlx::query("UPDATE training_jobs SET status = 'queued' WHERE id = ?")
                 .bind(job.id.to_string())
                 .execute(&mut **tx)
                 .await?;
-            let data = json!({ "attempt": job.attempts + 1, "reason": "server restarted while the job was running" });
-            insert_event(tx, job.id, event_type::TRAINING_RESTARTED, &data).await?;
+            // Only a job whose events a client may have read says it restarts; one killed before
+            // its `training_started` simply runs again, and its first event is still that one.
+            if has_events(tx, job.id).await? {
+                let data =
+                    json!({ "attempt": job.attempts + 1, "reason": "server restarted while the job was running" });
+                insert_event(tx, job.id, event_type::TRAINING_RESTARTED, &data).await?;
+            }
             out.requeued.push(job.id);
         }
     }

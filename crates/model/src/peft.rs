@@ -1,0 +1,267 @@
+//! PEFT LoRA adapters on disk: the one reader and writer of `adapter_config.json` and
+//! `adapter_model.safetensors` (tensors `base_model.model.model.layers.{i}.{module}.lora_{A,B}.weight`),
+//! used by serving (`lora::LoraAdapter`) and by training (`tandem_train::adapter`), so both read
+//! the same files the same way.
+//!
+//! On disk the rows of q and k follow Hugging Face's rotary layout, the one PEFT trains against;
+//! in memory they follow the GGUF's (llama.cpp's converter permutes them), so reading permutes
+//! `lora_B` of q and k one way and writing the other way. A module missing from the file reads as
+//! `None` (PEFT adapters often target only some projections); `use_rslora` sets the scale.
+
+use crate::lora::{gguf_to_hf_rows, hf_to_gguf_rows};
+use crate::{LlamaConfig, ModelError};
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The seven projections of a Llama layer an adapter may target, in PEFT's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Module {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Module {
+    pub const ALL: [Module; 7] = [Module::Q, Module::K, Module::V, Module::O, Module::Gate, Module::Up, Module::Down];
+
+    /// The module's path under a layer, as PEFT names its tensors.
+    pub fn path(self) -> &'static str {
+        match self {
+            Module::Q => "self_attn.q_proj",
+            Module::K => "self_attn.k_proj",
+            Module::V => "self_attn.v_proj",
+            Module::O => "self_attn.o_proj",
+            Module::Gate => "mlp.gate_proj",
+            Module::Up => "mlp.up_proj",
+            Module::Down => "mlp.down_proj",
+        }
+    }
+
+    /// The name in `target_modules`.
+    pub fn target(self) -> &'static str {
+        self.path().rsplit('.').next().unwrap_or_default()
+    }
+
+    /// (in, out) of the projection in a model of shape `c`.
+    pub fn dims(self, c: &LlamaConfig) -> (usize, usize) {
+        match self {
+            Module::Q => (c.hidden, c.q_dim()),
+            Module::K | Module::V => (c.hidden, c.kv_dim()),
+            Module::O => (c.q_dim(), c.hidden),
+            Module::Gate | Module::Up => (c.hidden, c.ffn),
+            Module::Down => (c.ffn, c.hidden),
+        }
+    }
+
+    /// Whether its output rows are in rotary order (q and k), permuted between the layouts.
+    pub fn rotary_rows(self) -> bool {
+        matches!(self, Module::Q | Module::K)
+    }
+}
+
+/// The fields of `adapter_config.json` tandem reads and writes (PEFT's names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdapterConfig {
+    pub r: usize,
+    /// PEFT's default is `r` (a scale of 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_alpha: Option<f64>,
+    #[serde(default)]
+    pub use_rslora: bool,
+}
+
+impl AdapterConfig {
+    /// The factor on `B (A x)`: `alpha / r`, or `alpha / sqrt(r)` with rsLoRA.
+    pub fn scale(&self) -> f64 {
+        let alpha = self.lora_alpha.unwrap_or(self.r as f64);
+        if self.use_rslora {
+            alpha / (self.r as f64).sqrt()
+        } else {
+            alpha / self.r as f64
+        }
+    }
+}
+
+/// One projection's matrices, row-major f32: `a` is (r, in), `b` is (out, r), rows of `b` in the
+/// GGUF layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairData {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+}
+
+/// An adapter as stored: its config and, per layer, each module's pair if the file has it.
+#[derive(Debug, Clone)]
+pub struct PeftAdapter {
+    pub config: AdapterConfig,
+    pub layers: Vec<[Option<PairData>; 7]>,
+}
+
+fn tensor_name(layer: usize, module: Module, ab: &str) -> String {
+    format!("base_model.model.model.layers.{layer}.{}.lora_{ab}.weight", module.path())
+}
+
+/// Reads a PEFT adapter directory for a model of shape `c`. Errors name the directory's files
+/// (server paths: log them, do not send them).
+pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
+    let bad = |m: String| ModelError::Adapter(format!("{}: {m}", dir.display()));
+    let text = std::fs::read_to_string(dir.join("adapter_config.json"))
+        .map_err(|e| bad(format!("adapter_config.json: {e}")))?;
+    let config: AdapterConfig = serde_json::from_str(&text).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
+    if config.r == 0 {
+        return Err(bad("adapter_config.json: r must be at least 1".into()));
+    }
+    let rank = config.r;
+    let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
+        .map_err(|e| bad(format!("adapter_model.safetensors: {e}")))?;
+    let get = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
+        match tensors.get(name) {
+            None => Ok(None),
+            Some(t) => t
+                .to_dtype(candle_core::DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .map(Some)
+                .map_err(|e| bad(format!("{name}: {e}"))),
+        }
+    };
+    let mut layers = Vec::with_capacity(c.n_layer);
+    for l in 0..c.n_layer {
+        let mut layer: [Option<PairData>; 7] = Default::default();
+        for (slot, module) in layer.iter_mut().zip(Module::ALL) {
+            let (a_name, b_name) = (tensor_name(l, module, "A"), tensor_name(l, module, "B"));
+            let (Some(a), Some(mut b)) = (get(&a_name)?, get(&b_name)?) else { continue };
+            let (din, dout) = module.dims(c);
+            if a.len() != rank * din || b.len() != dout * rank {
+                return Err(bad(format!("layer {l} {}: shapes do not match rank {rank} and the model", module.path())));
+            }
+            if module.rotary_rows() {
+                b = hf_to_gguf_rows(&b, dout / c.head_dim, c.head_dim, rank);
+            }
+            *slot = Some(PairData { a, b });
+        }
+        layers.push(layer);
+    }
+    Ok(PeftAdapter { config, layers })
+}
+
+/// The two files of an adapter whose every layer holds all seven pairs (GGUF row layout), as
+/// `(name, bytes)`: what PEFT and vLLM load.
+pub fn write(
+    config: &AdapterConfig,
+    layers: &[[PairData; 7]],
+    c: &LlamaConfig,
+    base_model: &str,
+) -> Result<Vec<(String, Vec<u8>)>, ModelError> {
+    let rank = config.r;
+    let err = |e: candle_core::Error| ModelError::Adapter(format!("serialising the adapter: {e}"));
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for (l, layer) in layers.iter().enumerate() {
+        for (pair, module) in layer.iter().zip(Module::ALL) {
+            let (din, dout) = module.dims(c);
+            let b = if module.rotary_rows() {
+                gguf_to_hf_rows(&pair.b, dout / c.head_dim, c.head_dim, rank)
+            } else {
+                pair.b.clone()
+            };
+            tensors.insert(
+                tensor_name(l, module, "A"),
+                Tensor::from_vec(pair.a.clone(), (rank, din), &Device::Cpu).map_err(err)?,
+            );
+            tensors.insert(tensor_name(l, module, "B"), Tensor::from_vec(b, (dout, rank), &Device::Cpu).map_err(err)?);
+        }
+    }
+    let weights = safetensors::serialize(tensors, None)
+        .map_err(|e| ModelError::Adapter(format!("serialising the adapter: {e}")))?;
+    let json = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": config.lora_alpha.unwrap_or(rank as f64),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "use_rslora": config.use_rslora,
+        "inference_mode": true,
+        "target_modules": Module::ALL.map(Module::target),
+    });
+    let json = serde_json::to_vec_pretty(&json).map_err(|e| ModelError::Adapter(e.to_string()))?;
+    Ok(vec![("adapter_config.json".into(), json), ("adapter_model.safetensors".into(), weights)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LlamaConfig {
+        LlamaConfig {
+            n_layer: 2,
+            hidden: 16,
+            ffn: 24,
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim: 4,
+            rope_base: 10000.0,
+            rms_eps: 1e-5,
+            vocab: 32,
+            context_len: 64,
+        }
+    }
+
+    #[test]
+    fn written_adapters_read_back_identically_and_partial_ones_read_as_none() {
+        let c = config();
+        let pairs: Vec<[PairData; 7]> = (0..c.n_layer)
+            .map(|l| {
+                Module::ALL.map(|m| {
+                    let (din, dout) = m.dims(&c);
+                    let a = (0..4 * din).map(|i| (i + l) as f32 * 0.01).collect();
+                    let b = (0..dout * 4).map(|i| (i as f32 - 7.0) * 0.02).collect();
+                    PairData { a, b }
+                })
+            })
+            .collect();
+        let cfg = AdapterConfig { r: 4, lora_alpha: Some(16.0), use_rslora: true };
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in write(&cfg, &pairs, &c, "base").unwrap() {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        let back = read(dir.path(), &c).unwrap();
+        assert_eq!(back.config, cfg);
+        assert_eq!(back.config.scale(), 8.0, "rsLoRA: 16 / sqrt(4)");
+        for (l, layer) in back.layers.iter().enumerate() {
+            for (m, pair) in layer.iter().enumerate() {
+                assert_eq!(pair.as_ref(), Some(&pairs[l][m]), "layer {l} module {m}");
+            }
+        }
+        // On disk, q's B rows are in Hugging Face's order: not the in-memory bytes.
+        let t = candle_core::safetensors::load(dir.path().join("adapter_model.safetensors"), &Device::Cpu).unwrap();
+        let q_b: Vec<f32> = t[&tensor_name(0, Module::Q, "B")].flatten_all().unwrap().to_vec1().unwrap();
+        assert_ne!(q_b, pairs[0][0].b);
+        // Only q and v in the file (a PEFT adapter targeting two modules): the others are None.
+        let mut some: HashMap<String, Tensor> = HashMap::new();
+        for l in 0..c.n_layer {
+            for m in [Module::Q, Module::V] {
+                for ab in ["A", "B"] {
+                    some.insert(tensor_name(l, m, ab), t[&tensor_name(l, m, ab)].clone());
+                }
+            }
+        }
+        std::fs::write(dir.path().join("adapter_model.safetensors"), safetensors::serialize(some, None).unwrap())
+            .unwrap();
+        std::fs::write(dir.path().join("adapter_config.json"), r#"{"r": 4, "lora_alpha": 8}"#).unwrap();
+        let partial = read(dir.path(), &c).unwrap();
+        assert_eq!(partial.config.scale(), 2.0);
+        for layer in &partial.layers {
+            let present: Vec<bool> = layer.iter().map(Option::is_some).collect();
+            assert_eq!(present, [true, false, true, false, false, false, false]);
+        }
+    }
+}
