@@ -1,7 +1,9 @@
 //! The one typed configuration of `tandem serve`: defaults < TOML file < `TANDEM_*` env < flags.
 //!
-//! clap already merges flags over environment variables; the TOML file fills only what neither
-//! gave, and defaults fill the rest.
+//! One struct, [`ServeArgs`], declares every setting once: clap derives its flag and environment
+//! variable, serde its TOML key (the field name). clap already merges flags over environment
+//! variables; the file, parsed into the same struct, fills only what neither gave, and defaults
+//! fill the rest. A test holds the README's configuration table to this struct.
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -14,10 +16,12 @@ pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The id the bundled model is served under.
 pub const BUNDLED_MODEL_ID: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 
-#[derive(Debug, Args, Default)]
+#[derive(Debug, Args, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServeArgs {
     /// TOML file with any of the settings below (flags and TANDEM_* variables override it).
     #[arg(long, env = "TANDEM_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "TANDEM_HOST")]
@@ -67,26 +71,15 @@ pub struct ServeArgs {
     /// default `max_tokens` and training sequences are bounded by it.
     #[arg(long, env = "TANDEM_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
-}
-
-/// The TOML file: the same settings, all optional.
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    host: Option<String>,
-    port: Option<u16>,
-    data_dir: Option<PathBuf>,
-    models: Option<Vec<PathBuf>>,
-    served_model_names: Option<Vec<String>>,
-    api_key: Option<String>,
-    max_body_bytes: Option<usize>,
-    scheduling: Option<String>,
-    reasoning_parser: Option<String>,
-    max_num_seqs: Option<usize>,
-    max_waiting: Option<usize>,
-    per_entity_limit: Option<usize>,
-    kv_cache_mib: Option<u64>,
-    max_model_len: Option<usize>,
+    /// New tokens per engine step, prefill chunks and decode together (vLLM's flag).
+    #[arg(long, env = "TANDEM_MAX_NUM_BATCHED_TOKENS")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Prompt positions kept for prefix reuse (shared copy-on-write with running sequences).
+    #[arg(long, env = "TANDEM_PREFIX_CACHE_TOKENS")]
+    pub prefix_cache_tokens: Option<usize>,
+    /// Times a training job interrupted by restarts is run again before it is failed.
+    #[arg(long, env = "TANDEM_JOB_MAX_ATTEMPTS")]
+    pub job_max_attempts: Option<i64>,
 }
 
 /// One base model to serve.
@@ -112,6 +105,10 @@ pub struct ServeConfig {
     /// None: the engine's default (a quarter of the machine's memory).
     pub kv_cache_bytes: Option<u64>,
     pub max_model_len: Option<usize>,
+    /// None: the engine's defaults.
+    pub max_num_batched_tokens: Option<usize>,
+    pub prefix_cache_tokens: Option<usize>,
+    pub job_max_attempts: i64,
 }
 
 impl ServeConfig {
@@ -119,12 +116,13 @@ impl ServeConfig {
         let file = match &args.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                toml::from_str::<FileConfig>(&text).with_context(|| format!("parsing {}", path.display()))?
+                toml::from_str::<ServeArgs>(&text).with_context(|| format!("parsing {}", path.display()))?
             }
-            None => FileConfig::default(),
+            None => ServeArgs::default(),
         };
-        let paths = non_empty(args.models).or(file.models).unwrap_or_else(|| vec![PathBuf::from(DEFAULT_MODEL)]);
-        let names = non_empty(args.served_model_names).or(file.served_model_names).unwrap_or_default();
+        let paths =
+            non_empty(args.models).or(non_empty(file.models)).unwrap_or_else(|| vec![PathBuf::from(DEFAULT_MODEL)]);
+        let names = non_empty(args.served_model_names).or(non_empty(file.served_model_names)).unwrap_or_default();
         if names.len() > paths.len() {
             bail!("{} --served-model-name values for {} --model files", names.len(), paths.len());
         }
@@ -163,6 +161,9 @@ impl ServeConfig {
             per_entity_limit: args.per_entity_limit.or(file.per_entity_limit).unwrap_or(max_waiting / 4).max(1),
             kv_cache_bytes: args.kv_cache_mib.or(file.kv_cache_mib).map(|m| m.max(1) << 20),
             max_model_len: args.max_model_len.or(file.max_model_len).map(|n| n.max(16)),
+            max_num_batched_tokens: args.max_num_batched_tokens.or(file.max_num_batched_tokens).map(|n| n.max(1)),
+            prefix_cache_tokens: args.prefix_cache_tokens.or(file.prefix_cache_tokens),
+            job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
         })
     }
 }
@@ -201,6 +202,40 @@ mod tests {
 
         std::fs::write(&file, "prot = 1\n").unwrap();
         assert!(ServeConfig::resolve(ServeArgs { config: Some(file), ..Default::default() }).is_err());
+    }
+
+    /// The README's configuration table and TOML key list are this struct: every flag with its
+    /// environment variable, every TOML key, and nothing else.
+    #[test]
+    fn the_readme_documents_every_setting() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+        let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `--")).collect();
+        let keys_start = readme.find("TOML keys:").expect("the README lists the TOML keys");
+        let keys = &readme[keys_start..keys_start + readme[keys_start..].find(". ").unwrap()];
+        let mut flags = Vec::new();
+        for arg in Cli::command().get_arguments() {
+            let (Some(long), Some(env)) = (arg.get_long(), arg.get_env()) else { continue };
+            let env = env.to_string_lossy();
+            flags.push(format!("--{long}"));
+            assert!(
+                rows.iter().any(|r| r.starts_with(&format!("| `--{long}`")) && r.contains(&format!("`{env}`"))),
+                "README has no row for --{long} ({env})"
+            );
+            let key = arg.get_id().as_str();
+            if key != "config" {
+                assert!(keys.contains(&format!("`{key}`")), "README lists no TOML key `{key}`");
+            }
+        }
+        for row in rows {
+            let flag = row.split('`').nth(1).unwrap();
+            assert!(flags.iter().any(|f| f == flag), "README documents {flag}, which tandem serve does not have");
+        }
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         max_waiting: config.max_waiting,
         kv_cache_bytes: config.kv_cache_bytes.unwrap_or(defaults.kv_cache_bytes),
         max_model_len: config.max_model_len,
-        ..defaults
+        step_tokens: config.max_num_batched_tokens.unwrap_or(defaults.step_tokens),
+        prefix_cache_tokens: config.prefix_cache_tokens.unwrap_or(defaults.prefix_cache_tokens),
     };
     let models = config.models.clone();
     let started = std::time::Instant::now();
@@ -70,7 +71,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         })
         .collect();
     let trainer = Arc::new(LoraTrainer::new(bases));
-    let worker = Worker::new(store.clone(), checkpoints.clone(), trainer, WorkerConfig::default());
+    let worker = Worker::new(
+        store.clone(),
+        checkpoints.clone(),
+        trainer,
+        WorkerConfig { max_attempts: config.job_max_attempts, ..WorkerConfig::default() },
+    );
     worker.recover().await.context("recovering interrupted training jobs")?;
     let state = AppState::new(AppConfig {
         store: store.clone(),
