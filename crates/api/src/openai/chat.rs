@@ -31,11 +31,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
             (crate::openapi::bodies::ChatCompletionResponse = "application/json"),
             (String = "text/event-stream")
         )),
-        (status = 400, description = "Invalid request", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 429, description = "Too many concurrent requests of this entity (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 503, description = "Queue full or no engine (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody)
+        crate::openapi::bodies::InferenceErrors
     ),
     security(("bearer" = []))
 )]
@@ -304,6 +300,9 @@ fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit:
         let _permit = permit;
         let frame = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
         let mut opened = false;
+        // One timer for the whole stream, pushed back at every event (not a new one per token).
+        let silence = tokio::time::sleep(KEEP_ALIVE);
+        tokio::pin!(silence);
         while !renderer.done() {
             // While nothing comes (queued, or a long prefill), an SSE comment every
             // KEEP_ALIVE: writing is how the server learns that the client has gone (hyper
@@ -311,13 +310,15 @@ fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit:
             // waits is dropped before the engine admits it. Clients skip comment lines.
             let next = tokio::select! {
                 ev = rx.recv() => ev,
-                _ = tokio::time::sleep(KEEP_ALIVE) => {
+                _ = &mut silence => {
+                    silence.as_mut().reset(tokio::time::Instant::now() + KEEP_ALIVE);
                     if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
                         return;
                     }
                     continue;
                 }
             };
+            silence.as_mut().reset(tokio::time::Instant::now() + KEEP_ALIVE);
             // The role chunks go out with the engine's first event (its admission), as vLLM
             // sends its first chunk with the first output: a client that reads one chunk and
             // leaves has then been admitted, and its sequence is freed at its next token.

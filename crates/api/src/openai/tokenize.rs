@@ -20,11 +20,7 @@ use serde_json::{json, Value};
     request_body = crate::openapi::bodies::TokenizeBody,
     responses(
         (status = 200, body = crate::openapi::bodies::TokenizeResponse),
-        (status = 400, description = "Invalid request", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 429, description = "Too many concurrent requests of this entity (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 503, description = "Queue full or no engine (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody)
+        crate::openapi::bodies::InferenceErrors
     ),
     security(("bearer" = []))
 )]
@@ -80,11 +76,7 @@ pub async fn tokenize(
     request_body = crate::openapi::bodies::DetokenizeBody,
     responses(
         (status = 200, body = crate::openapi::bodies::DetokenizeResponse),
-        (status = 400, description = "Invalid request", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 429, description = "Too many concurrent requests of this entity (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 503, description = "Queue full or no engine (Retry-After)", body = crate::openapi::bodies::OpenAiErrorBody)
+        crate::openapi::bodies::InferenceErrors
     ),
     security(("bearer" = []))
 )]

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::{IntoParams, IntoResponses, ToSchema};
 use uuid::Uuid;
 
 // ---------- errors ----------
@@ -42,6 +42,21 @@ pub struct ValidationErrorBody {
 #[derive(ToSchema)]
 pub struct OpenAiErrorBody {
     pub error: OpenAiErrorDetail,
+}
+
+/// The errors every inference route (chat, `/tokenize`, `/detokenize`) may answer with.
+#[derive(IntoResponses)]
+pub enum InferenceErrors {
+    #[response(status = 400, description = "Invalid request")]
+    BadRequest(OpenAiErrorBody),
+    #[response(status = 401, description = "No valid API key")]
+    Unauthorized(OpenAiErrorBody),
+    #[response(status = 404, description = "No such model for this key's entity")]
+    NotFound(OpenAiErrorBody),
+    #[response(status = 429, description = "Too many concurrent requests of this entity (Retry-After)")]
+    TooManyRequests(OpenAiErrorBody),
+    #[response(status = 503, description = "Queue full or no engine (Retry-After)")]
+    Unavailable(OpenAiErrorBody),
 }
 
 #[derive(ToSchema)]
