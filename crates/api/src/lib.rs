@@ -25,7 +25,7 @@ use axum::Router;
 use std::sync::Arc;
 use std::time::Duration;
 use tandem_core::health::Heartbeat;
-use tandem_core::inference::{ReasoningParser, SharedBackend};
+use tandem_core::inference::{ModelHandle, ReasoningParser, SharedBackend};
 use tandem_core::trajectory::TrajectoryLimits;
 use tandem_store::{CheckpointDir, Store};
 use tokio::sync::Notify;
@@ -82,21 +82,27 @@ pub struct AppConfig {
 
 /// Shared, cheap-to-clone handler state.
 #[derive(Clone)]
-pub struct AppState(Arc<AppConfig>, Arc<limiter::EntityLimiter>);
+pub struct AppState(Arc<AppConfig>, Arc<limiter::EntityLimiter>, Arc<[ModelHandle]>);
 
 impl AppState {
     pub fn new(config: AppConfig) -> Self {
         let limiter = Arc::new(limiter::EntityLimiter::new(config.per_entity_limit));
-        AppState(Arc::new(config), limiter)
+        let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
+        AppState(Arc::new(config), limiter, models)
     }
 
     pub fn backend(&self) -> Option<&SharedBackend> {
         self.0.backend.as_ref()
     }
 
-    /// The engine's index of a served base model.
-    pub fn base_index(&self, id: &str) -> Option<usize> {
-        self.backend()?.models().iter().position(|m| m.id == id)
+    /// The engine's served base models (none without an engine), the default first.
+    pub fn models(&self) -> &[ModelHandle] {
+        &self.2
+    }
+
+    /// The served base model of this id.
+    pub fn model(&self, id: &str) -> Option<&ModelHandle> {
+        self.2.iter().find(|m| m.info().id == id)
     }
 
     pub fn limiter(&self) -> &Arc<limiter::EntityLimiter> {

@@ -178,7 +178,7 @@ pub struct EventView {
     /// `training_started`, `gradient_step`, `training_ended`, `training_failed` or
     /// `training_restarted`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: &'static str,
     #[schema(value_type = Object)]
     pub data: Value,
     pub created_at: Option<String>,
@@ -188,7 +188,7 @@ pub fn event(e: &JobEvent) -> EventView {
     EventView {
         id: e.id,
         object: "training_job.event",
-        kind: e.kind.clone(),
+        kind: e.kind.as_str(),
         data: e.data.clone(),
         created_at: timestamp(e.created_at),
     }

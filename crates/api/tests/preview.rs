@@ -4,12 +4,10 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_api::Limits;
-use tandem_core::records::JobKind;
 use tandem_jobs::{NoTrainer, Worker, WorkerConfig};
-use tandem_store::{ApiKeyRecord, JobOutcome, NewCheckpoint, NewJob, Store};
+use tandem_store::{ApiKeyRecord, Store};
 use uuid::Uuid;
 
 #[tokio::test]
@@ -126,26 +124,6 @@ async fn model_create_get_list_delete() {
     let del = app.ok("DELETE", &format!("/v1/preview/models/{id}"), KEY_A, None).await;
     assert_eq!(del, json!({"model_id": id, "deleted_checkpoints": 0, "deleted_run": true}));
     assert_eq!(app.call("GET", &format!("/v1/preview/models/{id}"), KEY_A, None).await.status, 404);
-}
-
-/// Runs a job to success by hand (the trainer is a later issue), with adapter files on disk.
-async fn add_checkpoint(app: &TestApp, model_id: Uuid, step: i64) -> String {
-    let job = app
-        .store
-        .create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) })
-        .await
-        .unwrap();
-    app.store.claim_next_job().await.unwrap().unwrap();
-    let id = Uuid::now_v7();
-    let path = tandem_store::CheckpointDir::relative_path(model_id, id);
-    app.checkpoints.write_atomic(&path, &[("adapter_config.json", b"{}")]).unwrap();
-    let checkpoint =
-        NewCheckpoint { id, model_id, step, path: path.clone(), metrics: BTreeMap::from([("loss".into(), 1.5)]) };
-    app.store
-        .finish_job(job.id, &JobOutcome::Succeeded { checkpoint, event_data: json!({"step": step}) })
-        .await
-        .unwrap();
-    path
 }
 
 #[tokio::test]

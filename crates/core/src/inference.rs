@@ -1,9 +1,13 @@
 //! The inference port: what the api hands the engine, and the events it gets back.
 //!
-//! The api validates a chat request into a [`GenerateRequest`] (every default resolved, the
-//! prompt already tokenized through [`InferenceBackend`]); the engine streams [`InferEvent`]s on
-//! a channel. Dropping the receiver cancels the request.
+//! The backend lists its served models as [`ModelHandle`]s. The api resolves a request to one
+//! handle, builds a [`GenerateRequest`] with it (every default resolved, the prompt rendered and
+//! tokenized through the handle), and has the handle [`ServedModel::prepare`] it into a
+//! [`ValidRequest`] (limits checked, constraint compiled, adapter loaded: blocking work, done off
+//! the async workers). [`ServedModel::submit`] then only queues it; the engine streams
+//! [`InferEvent`]s on a channel, and dropping the receiver cancels the request.
 
+use std::any::Any;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -158,12 +162,10 @@ pub struct AdapterRef {
     pub path: std::path::PathBuf,
 }
 
-/// A validated generation request.
+/// A generation request with every default resolved, before the engine prepared it.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub request_id: String,
-    /// Index of the base model in the backend's list.
-    pub base: usize,
     pub adapter: Option<AdapterRef>,
     pub prompt: Vec<u32>,
     /// Number of choices; choice i samples with seed + i.
@@ -263,14 +265,33 @@ pub struct BaseModelInfo {
 pub enum SubmitError {
     #[error("the server is at capacity; retry shortly")]
     Overloaded,
+    /// The model cannot run it (an adapter that does not load; the message is safe to show).
     #[error("{0}")]
     Invalid(String),
-    /// A request field the engine found invalid (a structured-output constraint that does not
-    /// compile): a 400 naming the field.
+    /// A request field the engine found invalid (a constraint that does not compile, more
+    /// choices than fit): a 400 naming the field.
     #[error("{message}")]
     InvalidField { field: String, message: String },
     #[error("the inference engine has stopped")]
     Stopped,
+}
+
+/// Why a served model could not render, tokenize or detokenize an input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InputError {
+    /// The chat template failed or is missing; the message says where.
+    #[error("{0}")]
+    Template(String),
+    /// Longer than any prompt the context can hold: refused before the tokenizer sees it.
+    #[error(
+        "the text is {bytes} bytes long: more than the model's context of {context} tokens can hold (at most {limit} bytes)"
+    )]
+    TooLong { bytes: usize, context: usize, limit: usize },
+    #[error("token id {token} is out of vocabulary (size {vocab})")]
+    OutOfVocabulary { token: u32, vocab: usize },
+    /// The tokenizer itself refused the text.
+    #[error("{0}")]
+    Tokenizer(String),
 }
 
 /// Everything a chat render needs (the template inputs of the request).
@@ -291,33 +312,105 @@ pub struct ChatRender {
     pub tenant: String,
 }
 
-/// The engine, as the api sees it.
-pub trait InferenceBackend: Send + Sync + 'static {
-    fn models(&self) -> Vec<BaseModelInfo>;
-    /// Renders and tokenizes a chat for base model `base`; the error says what failed.
-    fn render_chat(&self, base: usize, chat: &ChatRender) -> Result<Vec<u32>, String>;
+/// A request the engine prepared and will queue as it is: its limits checked, its constraint
+/// compiled and its adapter loaded. Only [`ServedModel::prepare`] makes one with a constraint or
+/// an adapter; what the engine prepared is opaque here.
+pub struct ValidRequest {
+    request: GenerateRequest,
+    /// The served model that prepared it; another refuses to run it.
+    model: String,
+    adapter: Option<Arc<dyn Any + Send + Sync>>,
+    constraint: Option<Box<dyn Any + Send>>,
+}
+
+impl ValidRequest {
+    /// For engines: the request and what preparing it produced.
+    pub fn new(
+        model: &str,
+        request: GenerateRequest,
+        adapter: Option<Arc<dyn Any + Send + Sync>>,
+        constraint: Option<Box<dyn Any + Send>>,
+    ) -> Self {
+        ValidRequest { request, model: model.to_string(), adapter, constraint }
+    }
+
+    pub fn request(&self) -> &GenerateRequest {
+        &self.request
+    }
+
+    /// The id of the served model that prepared it.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// For engines: the request, the loaded adapter and the compiled constraint.
+    #[allow(clippy::type_complexity)]
+    pub fn into_parts(self) -> (GenerateRequest, Option<Arc<dyn Any + Send + Sync>>, Option<Box<dyn Any + Send>>) {
+        (self.request, self.adapter, self.constraint)
+    }
+
+    /// One step of a beam search built on this request: the same model and adapter, a longer
+    /// prompt, greedy single-token sampling without a constraint (a search has none). It takes
+    /// no queue place: the search was admitted once.
+    pub fn beam_step(&self, request_id: String, prompt: Vec<u32>, params: SamplingParams) -> ValidRequest {
+        let request = GenerateRequest {
+            request_id,
+            prompt,
+            n: 1,
+            params: SamplingParams { constraint: None, ..params },
+            prompt_logprobs: None,
+            beam_step: true,
+            ..self.request.clone()
+        };
+        ValidRequest { request, model: self.model.clone(), adapter: self.adapter.clone(), constraint: None }
+    }
+}
+
+impl std::fmt::Debug for ValidRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValidRequest")
+            .field("model", &self.model)
+            .field("request", &self.request)
+            .field("adapter_loaded", &self.adapter.is_some())
+            .field("constraint_compiled", &self.constraint.is_some())
+            .finish()
+    }
+}
+
+/// One served base model: its template, tokenizer and limits, and the queue of its engine.
+/// Rendering, tokenizing and `prepare` are blocking (CPU work, file reads): call them off the
+/// async workers.
+pub trait ServedModel: Send + Sync + 'static {
+    fn info(&self) -> &BaseModelInfo;
+    /// Whether a request would be queued now; checked before any rendering.
+    fn has_capacity(&self) -> bool;
     /// Whether the chat template (the request's or the model's) renders `tools` at all: decides
     /// between the template's tool format and tandem's generic one.
-    fn renders_tools(&self, base: usize, chat: &ChatRender) -> bool;
-    fn tokenize(&self, base: usize, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
-    fn detokenize(&self, base: usize, tokens: &[u32], skip_special_tokens: bool) -> Result<String, String>;
+    fn renders_tools(&self, chat: &ChatRender) -> bool;
+    /// Renders and tokenizes a chat.
+    fn render_chat(&self, chat: &ChatRender) -> Result<Vec<u32>, InputError>;
+    fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, InputError>;
+    fn detokenize(&self, tokens: &[u32], skip_special_tokens: bool) -> Result<String, InputError>;
     /// Each token's text as a stream shows it (a character split across tokens appears with
     /// its last token), and the text held back at the end; linear in the number of tokens.
-    fn token_texts(
-        &self,
-        base: usize,
-        tokens: &[u32],
-        skip_special_tokens: bool,
-    ) -> Result<(Vec<String>, String), String>;
-    fn token_text(&self, base: usize, token: u32) -> String;
+    fn token_texts(&self, tokens: &[u32], skip_special_tokens: bool) -> Result<(Vec<String>, String), InputError>;
+    fn token_text(&self, token: u32) -> String;
     /// The token whose raw bytes these are (logprob entries carry them).
-    fn token_id_for_bytes(&self, base: usize, bytes: &[u8]) -> Option<u32>;
-    /// Whether a request for `base` would be queued now; checked before any rendering.
-    fn has_capacity(&self, base: usize) -> bool;
-    fn submit(&self, request: GenerateRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
-    /// Loads a checkpoint's adapter into the engine's cache, so that a `submit` naming it finds
-    /// it there. Blocking (it reads safetensors): call it off the async workers.
-    fn load_adapter(&self, base: usize, adapter: &AdapterRef) -> Result<(), SubmitError>;
+    fn token_id_for_bytes(&self, bytes: &[u8]) -> Option<u32>;
+    /// The engine's half of validation: the request fits the engine (choices, KV positions), its
+    /// constraint compiles (a 400 naming the field otherwise) and its adapter is loaded.
+    fn prepare(&self, request: GenerateRequest) -> Result<ValidRequest, SubmitError>;
+    /// Queues a prepared request. Never blocks.
+    fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
+}
+
+/// A served model as handlers hold it.
+pub type ModelHandle = Arc<dyn ServedModel>;
+
+/// The engine, as the api sees it: its served models, and what concerns all of them.
+pub trait InferenceBackend: Send + Sync + 'static {
+    /// The served base models, the default first.
+    fn models(&self) -> Vec<ModelHandle>;
     /// Drops any cached copy of a checkpoint's adapter (after deletion).
     fn forget_adapter(&self, checkpoint_id: &str);
     /// Whether the engine loop is alive and making progress.

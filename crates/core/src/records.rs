@@ -139,13 +139,41 @@ pub struct Job {
     pub finished_at: Option<i64>,
 }
 
-/// Event types the worker writes. ART is strict about the first and the two terminal ones.
-pub mod event_type {
-    pub const TRAINING_STARTED: &str = "training_started";
-    pub const GRADIENT_STEP: &str = "gradient_step";
-    pub const TRAINING_ENDED: &str = "training_ended";
-    pub const TRAINING_FAILED: &str = "training_failed";
-    pub const TRAINING_RESTARTED: &str = "training_restarted";
+/// The types of job event the worker writes (their `type` on the wire). ART is strict about the
+/// first and the two terminal ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    TrainingStarted,
+    GradientStep,
+    TrainingEnded,
+    TrainingFailed,
+    /// The server restarted while the job ran; it runs again from its start.
+    TrainingRestarted,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 5] = [
+        EventKind::TrainingStarted,
+        EventKind::GradientStep,
+        EventKind::TrainingEnded,
+        EventKind::TrainingFailed,
+        EventKind::TrainingRestarted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::TrainingStarted => "training_started",
+            EventKind::GradientStep => "gradient_step",
+            EventKind::TrainingEnded => "training_ended",
+            EventKind::TrainingFailed => "training_failed",
+            EventKind::TrainingRestarted => "training_restarted",
+        }
+    }
+
+    /// The kind a stored `type` names.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
 }
 
 /// One event of a job, in append order.
@@ -153,7 +181,7 @@ pub mod event_type {
 pub struct JobEvent {
     pub id: Uuid,
     pub job_id: Uuid,
-    pub kind: String,
+    pub kind: EventKind,
     pub data: Value,
     pub created_at: i64,
 }

@@ -14,7 +14,7 @@ mod exchanges;
 
 pub use exchanges::{TrainedModel, KINDS as EXCHANGE_KINDS};
 
-use crate::inference::{content_text, ChatRender, SharedBackend};
+use crate::inference::{content_text, ChatRender, ModelHandle};
 use serde_json::Value;
 
 /// Renders a conversation with the served model's chat template (generation prompt added) and
@@ -32,14 +32,11 @@ pub trait ChatTokenizer {
     fn token_id(&self, bytes: &[u8]) -> Option<u32>;
 }
 
-/// The inference engine's template and tokenizer for base model `base`: Choices that came
-/// without token ids are re-rendered exactly as serving rendered the prompt.
-pub struct BackendTokenizer {
-    pub backend: SharedBackend,
-    pub base: usize,
-}
+/// A served model's template and tokenizer: Choices that came without token ids are re-rendered
+/// exactly as serving rendered the prompt.
+pub struct ModelTokenizer(pub ModelHandle);
 
-impl ChatTokenizer for BackendTokenizer {
+impl ChatTokenizer for ModelTokenizer {
     fn render(
         &self,
         messages: &[Value],
@@ -52,15 +49,15 @@ impl ChatTokenizer for BackendTokenizer {
             tools: tools.cloned(),
             ..ChatRender::default()
         };
-        self.backend.render_chat(self.base, &chat)
+        self.0.render_chat(&chat).map_err(|e| e.to_string())
     }
 
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.backend.tokenize(self.base, text, false)
+        self.0.tokenize(text, false).map_err(|e| e.to_string())
     }
 
     fn token_id(&self, bytes: &[u8]) -> Option<u32> {
-        self.backend.token_id_for_bytes(self.base, bytes)
+        self.0.token_id_for_bytes(bytes)
     }
 }
 

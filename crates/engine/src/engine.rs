@@ -8,7 +8,7 @@
 use crate::metrics::EngineMetrics;
 use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
-use crate::sequence::Seq;
+use crate::sequence::{Seq, SeqId};
 use crate::tokenizer::TextTokenizer;
 use rayon::prelude::*;
 use std::panic::AssertUnwindSafe;
@@ -91,7 +91,7 @@ impl Drop for StoppedOnExit {
 }
 
 struct Queued {
-    id: u64,
+    id: SeqId,
     arrival: u64,
     tenant: u64,
     job: Job,
@@ -170,7 +170,7 @@ impl EngineLoop {
         let failed = self.running.len() + self.preempted.len();
         tracing::error!(panic = %what, failed, "an engine step panicked; its requests end with an error, the engine goes on");
         for seq in self.running.drain(..).chain(self.preempted.drain(..)) {
-            let _ = seq.tx.send(InferEvent::Error(
+            let _ = seq.req.tx.send(InferEvent::Error(
                 "the inference engine failed while running this request (the failure is logged; other \
                  requests go on)"
                     .into(),
@@ -204,20 +204,20 @@ impl EngineLoop {
 
     fn enqueue(&mut self, job: Job) {
         self.next_id += 1;
-        // The low 8 bits number a request's choices (see `sequence`).
         let tenant = crate::sequence::tenant_id(&job.req.tenant);
-        self.waiting.push(Queued { id: self.next_id << 8, arrival: self.next_id, tenant, job });
+        let id = SeqId { request: self.next_id, choice: 0 };
+        self.waiting.push(Queued { id, arrival: self.next_id, tenant, job });
     }
 
     fn step(&mut self) {
         // A closed channel means the client is gone: free its sequences now.
         let before = self.running.len() + self.waiting.len() + self.preempted.len();
-        self.running.retain(|s| !s.tx.is_closed());
+        self.running.retain(|s| !s.req.tx.is_closed());
         let places = |w: &[Queued]| w.iter().filter(|q| q.job.holds_place).count();
         let places_before = places(&self.waiting);
         self.waiting.retain(|q| !q.job.tx.is_closed());
         self.metrics.dequeued(places_before - places(&self.waiting));
-        self.preempted.retain(|s| !s.tx.is_closed());
+        self.preempted.retain(|s| !s.req.tx.is_closed());
         let dropped = before - self.running.len() - self.waiting.len() - self.preempted.len();
         if dropped > 0 {
             self.metrics.aborted(dropped);
@@ -240,7 +240,7 @@ impl EngineLoop {
                 None => self.admit(*id),
             }
         }
-        let work: std::collections::HashMap<u64, usize> = plan.work.iter().copied().collect();
+        let work: std::collections::HashMap<SeqId, usize> = plan.work.iter().copied().collect();
         if work.is_empty() {
             return;
         }
@@ -260,7 +260,7 @@ impl EngineLoop {
                 tracing::error!(error = %e, "forward pass failed");
                 for i in order.iter().rev() {
                     let seq = self.running.remove(*i);
-                    let _ = seq.tx.send(InferEvent::Error(e.to_string()));
+                    let _ = seq.req.tx.send(InferEvent::Error(e.to_string()));
                 }
                 return;
             }
@@ -270,7 +270,7 @@ impl EngineLoop {
         // with 16 sequences the sequential loop left a core idle for a millisecond per step).
         let mut forks = Vec::new();
         // Sequence id -> the slot of the logits it samples from.
-        let mut slot_of: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+        let mut slot_of: std::collections::HashMap<SeqId, usize> = std::collections::HashMap::new();
         for (slot, i) in order.iter().enumerate() {
             let seq = &mut self.running[*i];
             let n = work[&seq.id].min(seq.prefill_left.max(1));
@@ -295,7 +295,7 @@ impl EngineLoop {
             }
         }
         let (tok, cfg, metrics) = (&*self.tok, &self.model.config, &*self.metrics);
-        let finished: Vec<u64> = self
+        let finished: Vec<SeqId> = self
             .running
             .par_iter_mut()
             .chain(forks.par_iter_mut())
@@ -309,21 +309,21 @@ impl EngineLoop {
         self.metrics.step(started.elapsed());
     }
 
-    fn plan(&mut self) -> scheduler::Plan {
-        let running: Vec<Running> = self
+    fn plan(&mut self) -> scheduler::Plan<SeqId> {
+        let running: Vec<Running<SeqId>> = self
             .running
             .iter()
             .map(|s| Running {
                 id: s.id,
-                tenant: s.tenant,
+                tenant: s.req.tenant,
                 prefill_left: s.prefill_left,
-                priority: s.priority,
-                arrival: s.arrival,
+                priority: s.req.priority,
+                arrival: s.req.arrival,
                 reserve: s.kv_positions(),
                 preemptible: s.preemptible(),
             })
             .collect();
-        let mut waiting: Vec<Waiting> = self
+        let mut waiting: Vec<Waiting<SeqId>> = self
             .waiting
             .iter()
             .map(|q| {
@@ -343,9 +343,9 @@ impl EngineLoop {
             .collect();
         waiting.extend(self.preempted.iter().map(|s| Waiting {
             id: s.id,
-            tenant: s.tenant,
-            priority: s.priority,
-            arrival: s.arrival,
+            tenant: s.req.tenant,
+            priority: s.req.priority,
+            arrival: s.req.arrival,
             prefill: s.prefill_source_len(),
             reserve: s.prefill_source_len() + 1,
             seqs: 1,
@@ -359,7 +359,7 @@ impl EngineLoop {
     }
 
     /// Moves a waiting request into the running set, reusing a cached prefix if there is one.
-    fn admit(&mut self, id: u64) {
+    fn admit(&mut self, id: SeqId) {
         let Some(pos) = self.waiting.iter().position(|q| q.id == id) else { return };
         let q = self.waiting.remove(pos);
         self.metrics.dequeued(usize::from(q.job.holds_place));
@@ -382,7 +382,7 @@ impl EngineLoop {
         self.metrics.prefix_lookup(req.prompt.len(), cached);
         self.metrics.queued_for(q.job.received.elapsed());
         let _ = q.job.tx.send(InferEvent::Started { cached_tokens: cached });
-        self.running.push(Seq::new(q.id, q.arrival, q.job, cache, cached, hashes));
+        self.running.push(Seq::new(q.id.request, q.arrival, q.job, cache, cached, hashes));
     }
 }
 
@@ -408,7 +408,6 @@ mod tests {
         let params = SamplingParams { temperature: 0.0, max_tokens: 3, ignore_eos: true, ..Default::default() };
         let req = GenerateRequest {
             request_id: "t".into(),
-            base: 0,
             adapter: None,
             prompt,
             n: 1,

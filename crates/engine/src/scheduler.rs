@@ -12,10 +12,11 @@
 //! the latest arrivals first), as vLLM's priority scheduling does; the engine drops their KV
 //! cache and recomputes it when they are admitted again.
 
-/// A running sequence as the scheduler sees it.
+/// A running sequence as the scheduler sees it. `Id` is the engine's sequence id (the scheduler
+/// only compares them; its tests use plain numbers).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Running {
-    pub id: u64,
+pub struct Running<Id = u64> {
+    pub id: Id,
     /// Who asked (an id per tenant).
     pub tenant: u64,
     /// Prompt tokens not yet in the KV cache (0 = decoding).
@@ -32,8 +33,8 @@ pub struct Running {
 
 /// A request waiting for admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
-    pub id: u64,
+pub struct Waiting<Id = u64> {
+    pub id: Id,
     pub tenant: u64,
     pub priority: i64,
     pub arrival: u64,
@@ -56,33 +57,33 @@ pub struct Budget {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct Plan<Id = u64> {
     /// Running ids to preempt before this step (they get no work).
-    pub preempt: Vec<u64>,
+    pub preempt: Vec<Id>,
     /// Waiting ids to admit, in order.
-    pub admit: Vec<u64>,
+    pub admit: Vec<Id>,
     /// (id, new tokens this step), for running and newly admitted sequences.
-    pub work: Vec<(u64, usize)>,
+    pub work: Vec<(Id, usize)>,
 }
 
 /// Plans one step. Decoding adds one
 /// position per sequence per step; when that would pass the KV budget, sequences are preempted
 /// first (vLLM's recompute preemption), from the tenant holding the most KV, its lowest
 /// priority and latest arrival first.
-pub fn schedule(running: &[Running], waiting: &[Waiting], budget: &Budget) -> Plan {
+pub fn schedule<Id: Copy + Ord>(running: &[Running<Id>], waiting: &[Waiting<Id>], budget: &Budget) -> Plan<Id> {
     let kv_reserved = running.iter().map(|r| r.reserve).sum();
     let mut preempt = growth_preemptions(running, kv_reserved, budget);
-    let grown: Vec<Running> = running
+    let grown: Vec<Running<Id>> = running
         .iter()
         .filter(|r| !preempt.contains(&r.id))
         .map(|r| Running { reserve: r.reserve + usize::from(r.prefill_left == 0), ..r.clone() })
         .collect();
     let kv_grown = grown.iter().map(|r| r.reserve).sum();
     preempt.extend(preemptions(&grown, waiting, kv_grown, budget));
-    let mut plan = Plan { preempt, ..Plan::default() };
+    let mut plan = Plan { preempt, admit: Vec::new(), work: Vec::new() };
     let (running, kv_reserved) = (&grown[..], kv_grown);
     let freed: usize = running.iter().filter(|r| plan.preempt.contains(&r.id)).map(|r| r.reserve).sum();
-    let kept: Vec<Running> = running.iter().filter(|r| !plan.preempt.contains(&r.id)).cloned().collect();
+    let kept: Vec<Running<Id>> = running.iter().filter(|r| !plan.preempt.contains(&r.id)).cloned().collect();
     let running = &kept[..];
     let kv_reserved = kv_reserved.saturating_sub(freed);
     let mut tokens = budget.step_tokens;
@@ -93,7 +94,7 @@ pub fn schedule(running: &[Running], waiting: &[Waiting], budget: &Budget) -> Pl
         plan.work.push((r.id, 1));
         tokens -= 1;
     }
-    let mut prefilling: Vec<&Running> = running.iter().filter(|r| r.prefill_left > 0).collect();
+    let mut prefilling: Vec<&Running<Id>> = running.iter().filter(|r| r.prefill_left > 0).collect();
     prefilling.sort_by_key(|r| (r.priority, r.arrival, r.id));
     for r in prefilling {
         if tokens == 0 {
@@ -123,7 +124,7 @@ pub fn schedule(running: &[Running], waiting: &[Waiting], budget: &Budget) -> Pl
 }
 
 /// Running sequences to evict so that every decoding sequence has room for its next position.
-fn growth_preemptions(running: &[Running], kv_reserved: usize, budget: &Budget) -> Vec<u64> {
+fn growth_preemptions<Id: Copy + Ord>(running: &[Running<Id>], kv_reserved: usize, budget: &Budget) -> Vec<Id> {
     let growth = running.iter().filter(|r| r.prefill_left == 0).count();
     let mut need = (kv_reserved + growth).saturating_sub(budget.kv_tokens);
     if need == 0 {
@@ -133,7 +134,7 @@ fn growth_preemptions(running: &[Running], kv_reserved: usize, budget: &Budget) 
     for r in running {
         *held.entry(r.tenant).or_default() += r.reserve;
     }
-    let mut victims: Vec<&Running> = running.iter().filter(|r| r.preemptible).collect();
+    let mut victims: Vec<&Running<Id>> = running.iter().filter(|r| r.preemptible).collect();
     victims.sort_by_key(|r| {
         (std::cmp::Reverse(held[&r.tenant]), std::cmp::Reverse(r.priority), std::cmp::Reverse(r.arrival), r.id)
     });
@@ -152,13 +153,18 @@ fn growth_preemptions(running: &[Running], kv_reserved: usize, budget: &Budget) 
 /// request in order, if it does not fit, the running sequences of strictly lower priority are
 /// taken worst first (largest priority, then latest arrival) until it does; if even all of them
 /// would not make room, nothing is evicted for it and the walk stops (strict order).
-fn preemptions(running: &[Running], waiting: &[Waiting], kv_reserved: usize, budget: &Budget) -> Vec<u64> {
+fn preemptions<Id: Copy + Ord>(
+    running: &[Running<Id>],
+    waiting: &[Waiting<Id>],
+    kv_reserved: usize,
+    budget: &Budget,
+) -> Vec<Id> {
     let queue = fair_order(running, waiting);
-    let mut victims: Vec<&Running> = running.iter().filter(|r| r.preemptible).collect();
+    let mut victims: Vec<&Running<Id>> = running.iter().filter(|r| r.preemptible).collect();
     victims.sort_by_key(|r| (std::cmp::Reverse(r.priority), std::cmp::Reverse(r.arrival), std::cmp::Reverse(r.id)));
     let (mut seqs, mut kv) = (running.len(), kv_reserved);
-    let mut evicted: Vec<u64> = Vec::new();
-    let fits = |seqs: usize, kv: usize, w: &Waiting| {
+    let mut evicted: Vec<Id> = Vec::new();
+    let fits = |seqs: usize, kv: usize, w: &Waiting<Id>| {
         seqs + w.seqs <= budget.max_seqs.max(w.seqs) && (kv + w.reserve <= budget.kv_tokens || (seqs == 0 && kv == 0))
     };
     for w in queue {
@@ -191,12 +197,12 @@ fn preemptions(running: &[Running], waiting: &[Waiting], kv_reserved: usize, bud
 /// The order in which waiting requests are considered: repeatedly, the first (by priority, then
 /// arrival) request of the tenant that has the fewest sequences so far, counting the running
 /// ones and those ordered before (max-min fairness between tenants).
-fn fair_order<'a>(running: &[Running], waiting: &'a [Waiting]) -> Vec<&'a Waiting> {
+fn fair_order<'a, Id: Copy + Ord>(running: &[Running<Id>], waiting: &'a [Waiting<Id>]) -> Vec<&'a Waiting<Id>> {
     let mut held: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for r in running {
         *held.entry(r.tenant).or_default() += 1;
     }
-    let mut pending: Vec<&Waiting> = waiting.iter().collect();
+    let mut pending: Vec<&Waiting<Id>> = waiting.iter().collect();
     pending.sort_by_key(|w| (w.priority, w.arrival, w.id));
     let mut order = Vec::with_capacity(pending.len());
     while !pending.is_empty() {

@@ -1,6 +1,6 @@
 //! One choice of a request as it runs: its KV cache, sampler state, text state, and the rules
-//! that end it. Ids: a request's choice 0 has an id whose low 8 bits are zero; choice c of the
-//! same request is that id plus c (so n is at most 255).
+//! that end it. What all choices of a request share (prompt, sampling, adapter, channel) sits
+//! once behind an `Arc` ([`RequestParts`]); a [`Seq`] holds only its own choice's state.
 
 /// KV positions a request of `n` choices needs to start: the prompt and a first token once, and a
 /// tile for each further choice (forks share the prompt's whole tiles and copy the partial last
@@ -26,23 +26,35 @@ use tandem_model::kernels::KEY_TILE;
 use tandem_model::{KvCache, LlamaConfig, Logits, LoraAdapter, SeqInput};
 use tokio::sync::mpsc::UnboundedSender;
 
-pub(crate) struct Seq {
-    pub id: u64,
+/// A sequence: its request (numbered by the loop in arrival order) and which of its choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub(crate) struct SeqId {
+    pub request: u64,
+    pub choice: usize,
+}
+
+/// What every choice of one request shares.
+pub(crate) struct RequestParts {
     pub arrival: u64,
     pub priority: i64,
-    pub choice: usize,
+    /// Who asked, as the scheduler tells tenants apart.
+    pub tenant: u64,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub adapter: Option<Arc<LoraAdapter>>,
+    pub tx: UnboundedSender<InferEvent>,
+    received: Instant,
+}
+
+pub(crate) struct Seq {
+    pub id: SeqId,
+    pub req: Arc<RequestParts>,
     /// Choices still to fork from this one once its prompt is in the cache.
     pub n: usize,
-    pub prompt: Arc<Vec<u32>>,
     pub generated: Vec<u32>,
     pub cache: KvCache,
     pub prefill_left: usize,
     pub prefix_hashes: Vec<u64>,
-    /// Who asked, as the scheduler tells tenants apart.
-    pub tenant: u64,
-    pub params: Arc<SamplingParams>,
-    pub adapter: Option<Arc<LoraAdapter>>,
-    pub tx: UnboundedSender<InferEvent>,
     /// Requested prompt logprobs and those computed so far (position 0 has none).
     pub prompt_logprobs: Option<usize>,
     prompt_lp: Vec<Option<Vec<RankedLogprob>>>,
@@ -50,7 +62,6 @@ pub(crate) struct Seq {
     decoder: IncrementalDecoder,
     stops: StopStrings,
     last_token_at: Option<Instant>,
-    received: Instant,
     /// Structured output: masks each step's logits and follows the sampled tokens.
     matcher: Option<Matcher>,
     /// After a preemption: prompt and generated tokens, to prefill again.
@@ -71,33 +82,47 @@ fn rng_for(seed: Option<u64>, choice: usize) -> ChaCha8Rng {
 }
 
 impl Seq {
-    pub fn new(id: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, prefix_hashes: Vec<u64>) -> Self {
-        let req = job.req;
-        let params = Arc::new(req.params);
+    /// A choice with nothing generated yet, whose prompt is already in `cache`.
+    fn start(id: SeqId, req: Arc<RequestParts>, cache: KvCache, matcher: Option<Matcher>) -> Self {
         Seq {
             id,
-            arrival,
-            priority: req.priority,
-            choice: 0,
-            n: req.n,
-            prefill_left: req.prompt.len() - cached,
-            prompt: Arc::new(req.prompt),
+            rng: rng_for(req.params.seed, id.choice),
+            stops: StopStrings::new(&req.params.stop, req.params.include_stop_str_in_output),
+            req,
+            n: 1,
             generated: Vec::new(),
             cache,
-            prefix_hashes,
-            tenant: tenant_id(&req.tenant),
-            rng: rng_for(params.seed, 0),
-            stops: StopStrings::new(&params.stop, params.include_stop_str_in_output),
-            params,
-            adapter: job.adapter,
-            tx: job.tx,
-            prompt_logprobs: req.prompt_logprobs,
-            prompt_lp: vec![None],
+            prefill_left: 0,
+            prefix_hashes: Vec::new(),
+            prompt_logprobs: None,
+            prompt_lp: Vec::new(),
             decoder: IncrementalDecoder::default(),
             last_token_at: None,
-            received: job.received,
-            matcher: job.matcher,
+            matcher,
             resume: None,
+        }
+    }
+
+    /// Choice 0 of an admitted request, `cached` of its prompt positions already in `cache`.
+    pub fn new(request: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, prefix_hashes: Vec<u64>) -> Self {
+        let Job { req, adapter, tx, received, matcher, .. } = job;
+        let parts = RequestParts {
+            arrival,
+            priority: req.priority,
+            tenant: tenant_id(&req.tenant),
+            prompt: req.prompt,
+            params: req.params,
+            adapter,
+            tx,
+            received,
+        };
+        Seq {
+            n: req.n,
+            prefill_left: parts.prompt.len() - cached,
+            prefix_hashes,
+            prompt_logprobs: req.prompt_logprobs,
+            prompt_lp: vec![None],
+            ..Seq::start(SeqId { request, choice: 0 }, Arc::new(parts), cache, matcher)
         }
     }
 
@@ -110,7 +135,7 @@ impl Seq {
     /// Drops the KV cache; the prompt and everything generated are prefilled again on
     /// readmission, and generation continues where it stopped (vLLM's recompute preemption).
     pub fn preempt(&mut self) {
-        let mut tokens = self.prompt.to_vec();
+        let mut tokens = self.req.prompt.clone();
         tokens.extend_from_slice(&self.generated);
         self.prefill_left = tokens.len();
         self.resume = Some(tokens);
@@ -129,7 +154,7 @@ impl Seq {
 
     /// Tokens still to prefill before it samples again.
     pub fn prefill_source_len(&self) -> usize {
-        self.resume.as_ref().map_or(self.prompt.len(), Vec::len)
+        self.resume.as_ref().map_or(self.req.prompt.len(), Vec::len)
     }
 
     /// Choices 1..n, made when the prefill ends. Each shares this prompt's KV cache (frozen by the
@@ -137,39 +162,19 @@ impl Seq {
     pub fn fork_choices(&mut self) -> Vec<Seq> {
         let n = std::mem::replace(&mut self.n, 1);
         (1..n)
-            .map(|c| Seq {
-                id: self.id + c as u64,
-                choice: c,
-                n: 1,
-                generated: Vec::new(),
-                cache: self.cache.clone(),
-                prefix_hashes: Vec::new(),
-                rng: rng_for(self.params.seed, c),
-                decoder: IncrementalDecoder::default(),
-                stops: StopStrings::new(&self.params.stop, self.params.include_stop_str_in_output),
-                prompt: self.prompt.clone(),
-                params: self.params.clone(),
-                adapter: self.adapter.clone(),
-                tx: self.tx.clone(),
-                prompt_logprobs: None,
-                prompt_lp: Vec::new(),
-                arrival: self.arrival,
-                priority: self.priority,
-                prefill_left: 0,
-                tenant: self.tenant,
-                last_token_at: None,
-                received: self.received,
-                matcher: self.matcher.as_ref().map(Matcher::deep_clone),
-                resume: None,
+            .map(|choice| {
+                let id = SeqId { choice, ..self.id };
+                Seq::start(id, self.req.clone(), self.cache.clone(), self.matcher.as_ref().map(Matcher::deep_clone))
             })
             .collect()
     }
 
     /// This step's model input: a chunk of the prompt, or the last generated token.
     pub fn input(&mut self, n: usize) -> SeqInput<'_> {
-        let Seq { prompt, generated, cache, adapter, prefill_left, prompt_logprobs, resume, .. } = self;
+        let Seq { req, generated, cache, prefill_left, prompt_logprobs, resume, .. } = self;
+        let adapter = req.adapter.as_deref();
         if *prefill_left > 0 {
-            let source: &[u32] = resume.as_deref().unwrap_or(prompt);
+            let source: &[u32] = resume.as_deref().unwrap_or(&req.prompt);
             let start = cache.len();
             let end = start + n;
             let logits = if prompt_logprobs.is_some() {
@@ -179,10 +184,10 @@ impl Seq {
             } else {
                 Logits::None
             };
-            SeqInput { tokens: &source[start..end], cache, adapter: adapter.as_deref(), logits }
+            SeqInput { tokens: &source[start..end], cache, adapter, logits }
         } else {
             let last = generated.len() - 1;
-            SeqInput { tokens: &generated[last..], cache, adapter: adapter.as_deref(), logits: Logits::Last }
+            SeqInput { tokens: &generated[last..], cache, adapter, logits: Logits::Last }
         }
     }
 
@@ -191,7 +196,7 @@ impl Seq {
     pub fn record_prompt_logprobs(&mut self, start: usize, rows: &[Vec<f32>], tok: &TextTokenizer) {
         let Some(k) = self.prompt_logprobs else { return };
         for (j, row) in rows.iter().enumerate() {
-            let Some(&actual) = self.prompt.get(start + j + 1) else { break };
+            let Some(&actual) = self.req.prompt.get(start + j + 1) else { break };
             let lse = sampler::log_normalizer(row);
             let ranked = |id: u32| {
                 let l = row[id as usize];
@@ -206,8 +211,8 @@ impl Seq {
             entries.extend(sampler::top_k_ids(row, k).into_iter().filter(|id| *id != actual).map(ranked));
             self.prompt_lp.push(Some(entries));
         }
-        if self.prompt_lp.len() >= self.prompt.len() {
-            let _ = self.tx.send(InferEvent::PromptLogprobs(std::mem::take(&mut self.prompt_lp)));
+        if self.prompt_lp.len() >= self.req.prompt.len() {
+            let _ = self.req.tx.send(InferEvent::PromptLogprobs(std::mem::take(&mut self.prompt_lp)));
         }
     }
 
@@ -219,8 +224,8 @@ impl Seq {
         let mut tail = self.decoder.flush();
         tail = self.stops.push(&tail, false).emit + &self.stops.flush();
         metrics.finished(FinishReason::Abort);
-        let _ = self.tx.send(InferEvent::Finished {
-            choice: self.choice,
+        let _ = self.req.tx.send(InferEvent::Finished {
+            choice: self.id.choice,
             reason: FinishReason::Abort,
             stop_reason: None,
             text: tail,
@@ -236,13 +241,14 @@ impl Seq {
         config: &LlamaConfig,
         metrics: &EngineMetrics,
     ) -> bool {
-        let p = self.params.clone();
+        let req = self.req.clone();
+        let p = &req.params;
         let mut logits = raw.to_vec();
-        sampler::process(&mut logits, &p, &History { prompt: &self.prompt, generated: &self.generated }, tok.eos_id);
+        sampler::process(&mut logits, p, &History { prompt: &req.prompt, generated: &self.generated }, tok.eos_id);
         if let Some(Err(e)) = self.matcher.as_mut().map(|m| constrain(m, &mut logits, tok.eos_id)) {
             return self.grammar_failed(e, metrics);
         }
-        let token = sampler::sample(&logits, &p, &mut self.rng);
+        let token = sampler::sample(&logits, p, &mut self.rng);
         // EOS ends the grammar (the mask allowed it only where the output is complete).
         if token != tok.eos_id {
             if let Some(Err(e)) = self.matcher.as_mut().map(|m| m.consume_token(token).map_err(|e| e.to_string())) {
@@ -253,7 +259,7 @@ impl Seq {
         self.generated.push(token);
         let now = Instant::now();
         match self.last_token_at {
-            None => metrics.first_token(now - self.received),
+            None => metrics.first_token(now - req.received),
             Some(t) => metrics.inter_token(now - t),
         }
         self.last_token_at = Some(now);
@@ -281,11 +287,11 @@ impl Seq {
             }
         }
         if finish.is_none()
-            && (self.generated.len() >= p.max_tokens || self.prompt.len() + self.generated.len() >= config.context_len)
+            && (self.generated.len() >= p.max_tokens || req.prompt.len() + self.generated.len() >= config.context_len)
         {
             finish = Some((FinishReason::Length, None));
         }
-        let _ = self.tx.send(InferEvent::Token { choice: self.choice, token_id: token, text, logprob });
+        let _ = req.tx.send(InferEvent::Token { choice: self.id.choice, token_id: token, text, logprob });
         let Some((reason, stop_reason)) = finish else { return false };
         let mut tail = String::new();
         if !matches!(stop_reason, Some(StopReason::Text(_))) {
@@ -294,7 +300,7 @@ impl Seq {
             tail.push_str(&self.stops.flush());
         }
         metrics.finished(reason);
-        let _ = self.tx.send(InferEvent::Finished { choice: self.choice, reason, stop_reason, text: tail });
+        let _ = req.tx.send(InferEvent::Finished { choice: self.id.choice, reason, stop_reason, text: tail });
         true
     }
 }

@@ -2,7 +2,9 @@
 //! correct forward pass produces.
 
 use std::path::PathBuf;
-use tandem_core::inference::{ChatRender, FinishReason, GenerateRequest, InferEvent, InferenceBackend, SamplingParams};
+use tandem_core::inference::{
+    ChatRender, FinishReason, GenerateRequest, InferEvent, InferenceBackend, ModelHandle, SamplingParams,
+};
 use tandem_engine::{Engine, EngineConfig};
 
 fn model_path() -> PathBuf {
@@ -13,10 +15,10 @@ fn model_path() -> PathBuf {
     path
 }
 
-fn engine() -> Engine {
+fn engine() -> ModelHandle {
     let mut e = Engine::new();
     e.add_gguf("smol", &model_path(), EngineConfig::default()).unwrap();
-    e
+    e.models()[0].clone()
 }
 
 fn chat(user: &str) -> ChatRender {
@@ -27,10 +29,9 @@ fn chat(user: &str) -> ChatRender {
     }
 }
 
-async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<u32>, String, FinishReason) {
+async fn generate(e: &ModelHandle, prompt: Vec<u32>, params: SamplingParams) -> (Vec<u32>, String, FinishReason) {
     let req = GenerateRequest {
         request_id: "t".into(),
-        base: 0,
         adapter: None,
         prompt,
         n: 1,
@@ -41,7 +42,7 @@ async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<
         prompt_logprobs: None,
         beam_step: false,
     };
-    let mut rx = e.submit(req).unwrap();
+    let mut rx = e.submit(e.prepare(req).unwrap()).unwrap();
     let (mut ids, mut text) = (Vec::new(), String::new());
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -63,23 +64,23 @@ async fn generate(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> (Vec<
 #[test]
 fn tokenizer_matches_the_model() {
     let e = engine();
-    assert_eq!(e.tokenize(0, "<|im_start|>user\n", false).unwrap()[0], 1);
-    assert_eq!(e.tokenize(0, "<|im_end|>", false).unwrap(), vec![2]);
+    assert_eq!(e.tokenize("<|im_start|>user\n", false).unwrap()[0], 1);
+    assert_eq!(e.tokenize("<|im_end|>", false).unwrap(), vec![2]);
     // Digits are split one by one; no prefix space is added.
-    let ids = e.tokenize(0, "2024", false).unwrap();
+    let ids = e.tokenize("2024", false).unwrap();
     assert_eq!(ids.len(), 4);
-    let hello = e.tokenize(0, "Hello", false).unwrap();
+    let hello = e.tokenize("Hello", false).unwrap();
     assert_eq!(hello.len(), 1);
-    assert_eq!(e.token_text(0, hello[0]), "Hello");
+    assert_eq!(e.token_text(hello[0]), "Hello");
     for s in
         ["Hello, world!", "naïve café 日本語 🎉", "  two  spaces\n\nand tabs\t", "<|im_start|>assistant\nHi<|im_end|>"]
     {
-        let ids = e.tokenize(0, s, false).unwrap();
-        assert_eq!(e.detokenize(0, &ids, false).unwrap(), s);
+        let ids = e.tokenize(s, false).unwrap();
+        assert_eq!(e.detokenize(&ids, false).unwrap(), s);
     }
-    let prompt = e.render_chat(0, &chat("Hi")).unwrap();
+    let prompt = e.render_chat(&chat("Hi")).unwrap();
     assert_eq!(
-        e.detokenize(0, &prompt, false).unwrap(),
+        e.detokenize(&prompt, false).unwrap(),
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
 }
@@ -88,7 +89,7 @@ fn tokenizer_matches_the_model() {
 async fn greedy_answers_are_sensible() {
     let e = engine();
     let greedy = SamplingParams { temperature: 0.0, max_tokens: 24, ..Default::default() };
-    let prompt = e.tokenize(0, "The capital of France is", false).unwrap();
+    let prompt = e.tokenize("The capital of France is", false).unwrap();
     let (ids, text, reason) = generate(&e, prompt.clone(), greedy.clone()).await;
     assert!(text.starts_with(" Paris"), "{text:?}");
     assert_eq!((ids.len(), reason), (24, FinishReason::Length));

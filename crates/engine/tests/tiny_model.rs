@@ -5,7 +5,9 @@ use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tandem_core::inference::{AdapterRef, GenerateRequest, InferEvent, InferenceBackend, SamplingParams};
+use tandem_core::inference::{
+    AdapterRef, GenerateRequest, InferEvent, InferenceBackend, ModelHandle, SamplingParams, SubmitError,
+};
 use tandem_engine::{Engine, EngineConfig};
 
 use tandem_model::testing::{weights, write_tiny_gguf, FFN, HIDDEN, LAYERS};
@@ -39,7 +41,6 @@ fn request(prompt: &[u32], max_tokens: usize, adapter: Option<AdapterRef>) -> Ge
     let params = SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() };
     GenerateRequest {
         request_id: "t".into(),
-        base: 0,
         adapter,
         prompt: prompt.to_vec(),
         n: 1,
@@ -50,6 +51,14 @@ fn request(prompt: &[u32], max_tokens: usize, adapter: Option<AdapterRef>) -> Ge
         prompt_logprobs: None,
         beam_step: false,
     }
+}
+
+/// Prepares and queues a request, as the api does (there on a blocking thread).
+fn submit(
+    m: &ModelHandle,
+    req: GenerateRequest,
+) -> Result<tokio::sync::mpsc::UnboundedReceiver<InferEvent>, SubmitError> {
+    m.submit(m.prepare(req)?)
 }
 
 async fn tokens(mut rx: tokio::sync::mpsc::UnboundedReceiver<InferEvent>) -> Vec<u32> {
@@ -72,14 +81,14 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
     engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
-    let e = &engine;
-    let prompt = e.tokenize(0, "hello tiny model", false).unwrap();
+    let e = &engine.models()[0];
+    let prompt = e.tokenize("hello tiny model", false).unwrap();
     assert_eq!(prompt.len(), 16, "one token per byte");
 
     // Alone, then batched with other sequences of other lengths: the same tokens.
-    let alone = tokens(e.submit(request(&prompt, 12, None)).unwrap()).await;
-    let others: Vec<_> = (0..3).map(|i| e.submit(request(&prompt[..5 + i * 3], 20, None)).unwrap()).collect();
-    let together = e.submit(request(&prompt, 12, None)).unwrap();
+    let alone = tokens(submit(e, request(&prompt, 12, None)).unwrap()).await;
+    let others: Vec<_> = (0..3).map(|i| submit(e, request(&prompt[..5 + i * 3], 20, None)).unwrap()).collect();
+    let together = submit(e, request(&prompt, 12, None)).unwrap();
     let batched = tokens(together).await;
     for o in others {
         tokens(o).await;
@@ -92,12 +101,12 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     write_adapter(&dir.path().join("trained"), 0.5);
     let zero = AdapterRef { checkpoint_id: "zero".into(), path: dir.path().join("zero") };
     let trained = AdapterRef { checkpoint_id: "trained".into(), path: dir.path().join("trained") };
-    assert_eq!(tokens(e.submit(request(&prompt, 12, Some(zero))).unwrap()).await, alone);
-    let with_lora = tokens(e.submit(request(&prompt, 12, Some(trained))).unwrap()).await;
+    assert_eq!(tokens(submit(e, request(&prompt, 12, Some(zero))).unwrap()).await, alone);
+    let with_lora = tokens(submit(e, request(&prompt, 12, Some(trained))).unwrap()).await;
     assert_ne!(with_lora, alone, "a trained adapter must change greedy output");
 
     // A dropped receiver frees its sequence within a step or two.
-    let mut rx = e.submit(request(&prompt, 8000, None)).unwrap();
+    let mut rx = submit(e, request(&prompt, 8000, None)).unwrap();
     while !matches!(rx.recv().await, Some(InferEvent::Token { .. })) {}
     drop(rx);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -105,7 +114,7 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     let freed = |m: String| {
         m.contains("tandem:num_requests_running{model_name=\"tiny\"} 0") && m.contains("finished_reason=\"abort\"} 1")
     };
-    while !freed(e.metrics_text()) {
+    while !freed(engine.metrics_text()) {
         assert!(Instant::now() < deadline, "the cancelled sequence is still running");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -121,12 +130,12 @@ async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
     engine.add_gguf("tiny", &gguf, EngineConfig { max_seqs: 1, ..EngineConfig::default() }).unwrap();
-    let e = &engine;
-    let prompt = e.tokenize(0, "hello tiny model", false).unwrap();
-    let uninterrupted = tokens(e.submit(request(&prompt, 300, None)).unwrap()).await;
+    let e = &engine.models()[0];
+    let prompt = e.tokenize("hello tiny model", false).unwrap();
+    let uninterrupted = tokens(submit(e, request(&prompt, 300, None)).unwrap()).await;
 
     let low = GenerateRequest { priority: 5, ..request(&prompt, 300, None) };
-    let mut low_rx = e.submit(low).unwrap();
+    let mut low_rx = submit(e, low).unwrap();
     let mut low_tokens = Vec::new();
     while low_tokens.is_empty() {
         if let Some(InferEvent::Token { token_id, .. }) = low_rx.recv().await {
@@ -134,7 +143,7 @@ async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
         }
     }
     let high = GenerateRequest { priority: 0, ..request(&prompt[..6], 10, None) };
-    let high_rx = e.submit(high).unwrap();
+    let high_rx = submit(e, high).unwrap();
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let o = order.clone();
     let high_task = tokio::spawn(async move {
@@ -152,7 +161,7 @@ async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
     low_tokens.extend(low_task.await.unwrap());
     assert_eq!(*order.lock().unwrap(), ["high", "low"], "the higher priority finished first");
     assert_eq!(low_tokens, uninterrupted, "the preempted sequence resumed exactly");
-    assert!(e.metrics_text().contains("tandem:num_preemptions_total{model_name=\"tiny\"} 1"));
+    assert!(engine.metrics_text().contains("tandem:num_preemptions_total{model_name=\"tiny\"} 1"));
 }
 
 /// (cached prompt tokens, generated tokens) of a request.
@@ -180,27 +189,27 @@ async fn prefix_cache_hits_reuse_every_shared_token_and_change_nothing() {
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
     engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
-    let e = &engine;
-    let prompt = e.tokenize(0, "a shared prompt of some length", false).unwrap();
+    let e = &engine.models()[0];
+    let prompt = e.tokenize("a shared prompt of some length", false).unwrap();
     let salted = |p: &[u32], salt: &str| GenerateRequest { cache_salt: Some(salt.into()), ..request(p, 10, None) };
 
-    let (first_cached, first) = cached_and_tokens(e.submit(request(&prompt, 10, None)).unwrap()).await;
+    let (first_cached, first) = cached_and_tokens(submit(e, request(&prompt, 10, None)).unwrap()).await;
     assert_eq!(first_cached, 0);
     // The same prompt again: all but the last token (whose logits are needed) come from cache.
-    let (again_cached, again) = cached_and_tokens(e.submit(request(&prompt, 10, None)).unwrap()).await;
+    let (again_cached, again) = cached_and_tokens(submit(e, request(&prompt, 10, None)).unwrap()).await;
     assert_eq!((again_cached, &again), (prompt.len() - 1, &first));
     // Another entity shares nothing, even with the exact same prompt (no cross-tenant oracle).
     let other_tenant = GenerateRequest { tenant: "b".into(), ..request(&prompt, 10, None) };
-    let (tenant_cached, for_b) = cached_and_tokens(e.submit(other_tenant).unwrap()).await;
+    let (tenant_cached, for_b) = cached_and_tokens(submit(e, other_tenant).unwrap()).await;
     assert_eq!((tenant_cached, &for_b), (0, &first));
     // Another salt shares nothing, and computes the same output from scratch.
-    let (salt_cached, with_salt) = cached_and_tokens(e.submit(salted(&prompt, "s1")).unwrap()).await;
+    let (salt_cached, with_salt) = cached_and_tokens(submit(e, salted(&prompt, "s1")).unwrap()).await;
     assert_eq!((salt_cached, &with_salt), (0, &first));
     // A prompt sharing 11 tokens (not a multiple of any block size) reuses exactly those.
     let mut fork = prompt[..11].to_vec();
-    fork.extend(e.tokenize(0, " then it differs", false).unwrap());
-    let (fork_cached, fork_out) = cached_and_tokens(e.submit(request(&fork, 10, None)).unwrap()).await;
-    let (_, fork_fresh) = cached_and_tokens(e.submit(salted(&fork, "s2")).unwrap()).await;
+    fork.extend(e.tokenize(" then it differs", false).unwrap());
+    let (fork_cached, fork_out) = cached_and_tokens(submit(e, request(&fork, 10, None)).unwrap()).await;
+    let (_, fork_fresh) = cached_and_tokens(submit(e, salted(&fork, "s2")).unwrap()).await;
     assert_eq!((fork_cached, &fork_out), (11, &fork_fresh));
 }
 
@@ -213,11 +222,12 @@ async fn beam_steps_take_no_queue_place() {
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
     engine.add_gguf("tiny", &gguf, EngineConfig { max_waiting: 0, ..EngineConfig::default() }).unwrap();
+    let m = &engine.models()[0];
     let prompt = [1, 2, 3];
-    assert!(!engine.has_capacity(0));
-    assert!(matches!(engine.submit(request(&prompt, 2, None)), Err(tandem_core::inference::SubmitError::Overloaded)));
+    assert!(!m.has_capacity());
+    assert!(matches!(submit(m, request(&prompt, 2, None)), Err(SubmitError::Overloaded)));
     let step = GenerateRequest { beam_step: true, ..request(&prompt, 2, None) };
-    assert_eq!(tokens(engine.submit(step).unwrap()).await.len(), 2);
+    assert_eq!(tokens(submit(m, step).unwrap()).await.len(), 2);
 }
 
 /// The `n` choices of a request share its prompt's KV copy-on-write: four choices of a
@@ -232,13 +242,13 @@ async fn choices_share_the_prompt_kv() {
     let mut engine = Engine::new();
     // The smallest budget: one full context (8,192 positions on the tiny model).
     engine.add_gguf("tiny", &gguf, EngineConfig { kv_cache_bytes: 1, ..EngineConfig::default() }).unwrap();
+    let m = &engine.models()[0];
     let prompt: Vec<u32> = (0..3000).map(|i| 1 + (i * 7 % 50) as u32).collect();
-    let alone = tokens(
-        engine.submit(GenerateRequest { cache_salt: Some("alone".into()), ..request(&prompt, 6, None) }).unwrap(),
-    )
-    .await;
+    let alone =
+        tokens(submit(m, GenerateRequest { cache_salt: Some("alone".into()), ..request(&prompt, 6, None) }).unwrap())
+            .await;
     assert_eq!(alone.len(), 6);
-    let mut rx = engine.submit(GenerateRequest { n: 4, ..request(&prompt, 6, None) }).unwrap();
+    let mut rx = submit(m, GenerateRequest { n: 4, ..request(&prompt, 6, None) }).unwrap();
     let mut per_choice = vec![Vec::new(); 4];
     let mut finished = 0;
     while let Some(ev) = rx.recv().await {
@@ -259,9 +269,9 @@ async fn choices_share_the_prompt_kv() {
     assert!(metrics.contains("tandem:num_preemptions_total{model_name=\"tiny\"} 0"), "{metrics}");
 }
 
-/// `load_adapter` (what the api calls on a blocking thread before submitting) caches the
-/// adapter for the submit that follows; a load that fails is not cached, so the checkpoint loads
-/// once its files are there; loads of one checkpoint hold up no other.
+/// `prepare` (what the api calls on a blocking thread before submitting) loads the adapter and
+/// caches it; a load that fails is not cached, so the checkpoint loads once its files are there;
+/// loads of one checkpoint hold up no other; `submit` itself never reads a file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adapters_load_before_submit_and_failures_are_retried() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,27 +279,34 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
     engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
+    let m = engine.models()[0].clone();
     let prompt = [1, 2, 3, 4];
     let late = AdapterRef { checkpoint_id: "late".into(), path: dir.path().join("late") };
-    assert!(engine.load_adapter(0, &late).is_err(), "no files yet");
-    assert!(engine.submit(request(&prompt, 4, Some(late.clone()))).is_err());
+    let err = m.prepare(request(&prompt, 4, Some(late.clone()))).unwrap_err();
+    assert!(matches!(err, SubmitError::Invalid(_)), "no files yet: {err:?}");
     write_adapter(&dir.path().join("late"), 0.5);
-    engine.load_adapter(0, &late).unwrap();
-    let with = tokens(engine.submit(request(&prompt, 4, Some(late.clone()))).unwrap()).await;
-    // Loaded once: removing the files changes nothing for later requests.
+    let prepared = m.prepare(request(&prompt, 4, Some(late.clone()))).unwrap();
+    // Loaded: removing the files changes nothing for the prepared request or later ones.
     std::fs::remove_dir_all(dir.path().join("late")).unwrap();
-    assert_eq!(tokens(engine.submit(request(&prompt, 4, Some(late))).unwrap()).await, with);
+    let with = tokens(m.submit(prepared).unwrap()).await;
+    assert_eq!(tokens(submit(&m, request(&prompt, 4, Some(late))).unwrap()).await, with);
+    assert_ne!(tokens(submit(&m, request(&prompt, 4, None)).unwrap()).await, with, "the adapter changes the output");
     // Many checkpoints loading at once, from several threads, all succeed.
-    let engine = std::sync::Arc::new(engine);
     let handles: Vec<_> = (0..6)
         .map(|i| {
             let path = dir.path().join(format!("c{i}"));
             write_adapter(&path, 0.1 * i as f32);
-            let e = engine.clone();
-            std::thread::spawn(move || e.load_adapter(0, &AdapterRef { checkpoint_id: format!("c{i}"), path }))
+            let (m, prompt) = (m.clone(), prompt.to_vec());
+            let adapter = AdapterRef { checkpoint_id: format!("c{i}"), path };
+            std::thread::spawn(move || m.prepare(request(&prompt, 4, Some(adapter))).map(|_| ()))
         })
         .collect();
     for h in handles {
         h.join().unwrap().unwrap();
     }
+    // A request prepared by another served model is refused, not run.
+    let mut two = Engine::new();
+    two.add_gguf("other", &gguf, EngineConfig::default()).unwrap();
+    let foreign = two.models()[0].prepare(request(&prompt, 4, None)).unwrap();
+    assert!(matches!(m.submit(foreign), Err(SubmitError::Invalid(_))));
 }

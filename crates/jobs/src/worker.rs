@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_core::health::Heartbeat;
-use tandem_core::records::{event_type, JobKind, Order, PageRequest};
+use tandem_core::records::{EventKind, JobKind, Order, PageRequest};
 use tandem_core::sft::SftConfig;
 use tandem_core::train_config::{KlReference, TrainConfig};
 use tandem_store::{now_ms, CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
@@ -141,9 +141,7 @@ impl Worker {
             let recorded = async {
                 // ART reads `training_started` before anything else; add it if the job never got one.
                 if self.store.list_events(entity, job_id, PageRequest::first(1)).await?.items.is_empty() {
-                    self.store
-                        .append_event(job_id, event_type::TRAINING_STARTED, &json!({ "num_sequences": 0 }))
-                        .await?;
+                    self.store.append_event(job_id, EventKind::TrainingStarted, &json!({ "num_sequences": 0 })).await?;
                 }
                 ignore_gone(self.store.finish_job(job_id, &outcome).await)
             }
@@ -321,7 +319,7 @@ impl Worker {
     /// Every job's events begin with `training_started` (ART requires it before anything else).
     async fn ensure_started(&self, job_id: Uuid, started: bool) -> Result<(), StoreError> {
         if !started {
-            self.store.append_event(job_id, event_type::TRAINING_STARTED, &json!({ "num_sequences": 0 })).await?;
+            self.store.append_event(job_id, EventKind::TrainingStarted, &json!({ "num_sequences": 0 })).await?;
         }
         Ok(())
     }
@@ -347,7 +345,7 @@ struct StoreSink {
 }
 
 impl StoreSink {
-    fn append(&self, kind: &str, data: Value) {
+    fn append(&self, kind: EventKind, data: Value) {
         self.heartbeat.beat(now_ms(), true);
         if let Err(e) = self.handle.block_on(self.store.append_event(self.job_id, kind, &data)) {
             tracing::error!(job_id = %self.job_id, error = %e, "could not append training event");
@@ -361,7 +359,7 @@ impl TrainSink for StoreSink {
             return;
         }
         extra.insert("num_sequences".into(), json!(num_sequences));
-        self.append(event_type::TRAINING_STARTED, Value::Object(extra));
+        self.append(EventKind::TrainingStarted, Value::Object(extra));
         self.started = true;
     }
 
@@ -370,7 +368,7 @@ impl TrainSink for StoreSink {
         // client would reject.
         let data: Map<String, Value> =
             metrics.into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
-        self.append(event_type::GRADIENT_STEP, Value::Object(data));
+        self.append(EventKind::GradientStep, Value::Object(data));
     }
 
     fn should_stop(&mut self) -> Option<TrainError> {

@@ -88,7 +88,7 @@ impl Fixture {
     async fn events(&self, job: Uuid) -> Vec<(String, serde_json::Value)> {
         let page = PageRequest { after: None, limit: 100, order: Order::Asc };
         let events = self.store.list_events("e", job, page).await.unwrap();
-        events.items.into_iter().map(|e| (e.kind, e.data)).collect()
+        events.items.into_iter().map(|e| (e.kind.as_str().to_string(), e.data)).collect()
     }
 }
 

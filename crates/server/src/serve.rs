@@ -14,7 +14,7 @@ use tandem_engine::template::jail::TemplateJail;
 use tandem_engine::{Engine, EngineConfig};
 use tandem_jobs::{Worker, WorkerConfig};
 use tandem_store::{CheckpointDir, Store};
-use tandem_train::{BackendTokenizer, LoraTrainer, TrainBase};
+use tandem_train::{LoraTrainer, ModelTokenizer, TrainBase};
 
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     for m in &config.models {
@@ -63,11 +63,11 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let bases = config
         .models
         .iter()
-        .enumerate()
-        .map(|(i, m)| TrainBase {
+        .zip(backend.models())
+        .map(|(m, served)| TrainBase {
             id: m.id.clone(),
             path: m.path.clone(),
-            tokenizer: Arc::new(BackendTokenizer { backend: backend.clone(), base: i }),
+            tokenizer: Arc::new(ModelTokenizer(served)),
         })
         .collect();
     let trainer = Arc::new(LoraTrainer::new(bases));

@@ -224,7 +224,8 @@ pub trait Store: Send + Sync + 'static {
     // --- the worker's side ---
     /// Atomically moves the oldest queued job whose model has no running job to `running`.
     async fn claim_next_job(&self) -> Result<Option<ClaimedJob>>;
-    async fn append_event(&self, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent>;
+    async fn append_event(&self, job_id: Uuid, kind: tandem_core::records::EventKind, data: &Value)
+        -> Result<JobEvent>;
     async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool>;
     /// Ends a running job with its terminal event (and, on success, its checkpoint) in one
     /// transaction.

@@ -5,7 +5,7 @@
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tandem_core::records::{event_type, JobKind, JobStatus, Order, PageRequest};
+use tandem_core::records::{EventKind, JobKind, JobStatus, Order, PageRequest};
 use tandem_store::{
     ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, SqliteStore, Store, StoreError,
 };
@@ -172,7 +172,7 @@ async fn job_state_machine() {
         assert_eq!(c3.job.id, j3.id, "{name}: j2 must wait for j1");
         assert!(store.claim_next_job().await.unwrap().is_none());
 
-        store.append_event(j1.id, event_type::TRAINING_STARTED, &json!({"num_sequences": 1})).await.unwrap();
+        store.append_event(j1.id, EventKind::TrainingStarted, &json!({"num_sequences": 1})).await.unwrap();
         // Cancelling a running job only flags it; the worker ends it.
         let flagged = store.cancel_job("a", j1.id).await.unwrap();
         assert_eq!((flagged.status, flagged.cancel_requested), (JobStatus::Running, true));
@@ -235,7 +235,7 @@ async fn event_pages_under_concurrent_appends() {
             let store = store.clone();
             tokio::spawn(async move {
                 for i in 0..N {
-                    store.append_event(job.id, "gradient_step", &json!({ "i": i })).await.unwrap();
+                    store.append_event(job.id, EventKind::GradientStep, &json!({ "i": i })).await.unwrap();
                     if i % 7 == 0 {
                         tokio::task::yield_now().await;
                     }

@@ -25,8 +25,8 @@ pub mod trainer;
 
 pub use trainer::{LoraTrainer, TrainBase};
 
-pub use tandem_core::sequences::BackendTokenizer;
 use tandem_core::sequences::ChatTokenizer;
+pub use tandem_core::sequences::ModelTokenizer;
 
 /// A chat tokenizer the trainer can share across threads.
 pub trait TrainTokenizer: ChatTokenizer + Send + Sync {}

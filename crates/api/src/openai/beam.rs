@@ -4,10 +4,10 @@
 //! cache serves the shared prompt. The result comes back as ordinary engine events, so the JSON
 //! and SSE renderers treat it like any other generation.
 
-use super::chat::submit_error;
+use super::generate::submit_error;
 use crate::error::{ApiError, ErrorKind};
 use tandem_core::beam::{BeamParams, BeamSearch};
-use tandem_core::inference::{FinishReason, GenerateRequest, InferEvent, SamplingParams, SharedBackend, TokenLogprob};
+use tandem_core::inference::{FinishReason, InferEvent, ModelHandle, SamplingParams, TokenLogprob, ValidRequest};
 
 /// What the search needs beyond the request.
 pub struct BeamJob {
@@ -20,7 +20,8 @@ pub struct BeamJob {
 
 /// Runs the search to the end and returns its result as engine events: `Started`, then for each
 /// of the `width` best beams its tokens and a `Finished`.
-pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -> Result<Vec<InferEvent>, ApiError> {
+pub async fn run(model: &ModelHandle, valid: ValidRequest, job: BeamJob) -> Result<Vec<InferEvent>, ApiError> {
+    let req = valid.request();
     let p = &req.params;
     let params = BeamParams {
         width: job.width,
@@ -41,23 +42,16 @@ pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -
         for (i, beam) in search.live.iter().enumerate() {
             let mut prompt = req.prompt.clone();
             prompt.extend_from_slice(&beam.tokens);
-            let one = GenerateRequest {
-                request_id: format!("{}-beam{step}.{i}", req.request_id),
-                prompt,
-                n: 1,
-                params: SamplingParams {
-                    temperature: 0.0,
-                    max_tokens: 1,
-                    ignore_eos: true,
-                    logprobs: Some(k),
-                    skip_special_tokens: p.skip_special_tokens,
-                    ..SamplingParams::default()
-                },
-                prompt_logprobs: None,
-                beam_step: true,
-                ..req.clone()
+            let params = SamplingParams {
+                temperature: 0.0,
+                max_tokens: 1,
+                ignore_eos: true,
+                logprobs: Some(k),
+                skip_special_tokens: p.skip_special_tokens,
+                ..SamplingParams::default()
             };
-            receivers.push(backend.submit(one).map_err(submit_error)?);
+            let one = valid.beam_step(format!("{}-beam{step}.{i}", req.request_id), prompt, params);
+            receivers.push(model.submit(one).map_err(submit_error)?);
         }
         let mut candidates = Vec::with_capacity(receivers.len());
         for mut rx in receivers {
@@ -95,15 +89,15 @@ pub async fn run(backend: &SharedBackend, req: &GenerateRequest, job: BeamJob) -
     }
     // Materialising the beams and their text is linear in their length, but still CPU work:
     // on a blocking thread.
-    let (backend, base, skip) = (backend.clone(), req.base, req.params.skip_special_tokens);
+    let (model, skip) = (model.clone(), req.params.skip_special_tokens);
     let cached = cached_tokens.unwrap_or(0);
     tokio::task::spawn_blocking(move || {
         let mut events = vec![InferEvent::Started { cached_tokens: cached }];
         for (choice, beam) in search.best().into_iter().enumerate() {
             // The engine's incremental decoder: each token's text once, a split character held
             // back until it completes, the rest at the end.
-            let (deltas, rest) = backend
-                .token_texts(base, &beam.tokens, skip)
+            let (deltas, rest) = model
+                .token_texts(&beam.tokens, skip)
                 .map_err(|m| ApiError::new(ErrorKind::Internal, format!("detokenize failed: {m}")))?;
             for ((id, lp), text) in beam.tokens.iter().zip(beam.payloads.to_vec()).zip(deltas) {
                 events.push(InferEvent::Token { choice, token_id: *id, text, logprob: Some(lp) });

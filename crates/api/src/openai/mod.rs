@@ -3,6 +3,7 @@
 
 mod beam;
 mod chat;
+mod generate;
 mod reasoning;
 pub mod request;
 mod resolve;
@@ -26,9 +27,14 @@ use utoipa_axum::routes;
 
 pub use resolve::{resolve, Target};
 
+/// The 503 of a server that runs without an inference engine.
+pub(crate) fn no_engine() -> ApiError {
+    ApiError::new(ErrorKind::Unavailable, "this server has no inference engine")
+}
+
 /// The inference engine, or a 503 when this server runs without one.
 pub(crate) fn engine(state: &AppState) -> Result<tandem_core::inference::SharedBackend, ApiError> {
-    state.backend().cloned().ok_or_else(|| ApiError::new(ErrorKind::Unavailable, "this server has no inference engine"))
+    state.backend().cloned().ok_or_else(no_engine)
 }
 
 pub fn router(state: AppState) -> OpenApiRouter<AppState> {
@@ -61,8 +67,7 @@ async fn models(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<ModelList>, OpenAiError> {
     let mut data = Vec::new();
-    let infos = state.backend().map(|b| b.models()).unwrap_or_default();
-    for (i, id) in state.served_models().iter().enumerate() {
+    for id in state.served_models() {
         data.push(ModelCard {
             id: id.clone(),
             object: "model",
@@ -71,7 +76,7 @@ async fn models(
             // vLLM puts the weights' path here; tandem never shows a server path to clients.
             root: id.clone(),
             parent: None,
-            max_model_len: infos.get(i).map(|m| m.context_len),
+            max_model_len: state.model(id).map(|m| m.info().context_len),
         });
     }
     let mut page = PageRequest::first(100);

@@ -5,14 +5,14 @@
 
 use crate::error::{ApiError, ErrorKind};
 use crate::AppState;
-use tandem_core::inference::AdapterRef;
+use tandem_core::inference::{AdapterRef, ModelHandle};
 use tandem_core::names::split_step_suffix;
 use tandem_store::StoreError;
 
-/// What a `model` string resolves to.
-#[derive(Debug, Clone, PartialEq)]
+/// What a `model` string resolves to: the served base model and, for a trained step, its adapter.
+#[derive(Clone)]
 pub struct Target {
-    pub base: usize,
+    pub model: ModelHandle,
     pub adapter: Option<AdapterRef>,
     /// The name echoed in responses.
     pub name: String,
@@ -26,13 +26,18 @@ fn not_found(model: &str, state: &AppState) -> ApiError {
     }
 }
 
+/// Resolves `model` for `entity`; a 503 when this server runs no inference engine.
 pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Result<Target, ApiError> {
-    let served = state.served_models();
+    let served = state.models();
     let Some(model) = model else {
-        return Ok(Target { base: 0, adapter: None, name: served.first().cloned().unwrap_or_default() });
+        let Some(base) = served.first() else { return Err(super::no_engine()) };
+        return Ok(Target { model: base.clone(), adapter: None, name: base.info().id.clone() });
     };
-    if let Some(i) = served.iter().position(|m| m == model) {
-        return Ok(Target { base: i, adapter: None, name: model.to_string() });
+    if let Some(base) = state.model(model) {
+        return Ok(Target { model: base.clone(), adapter: None, name: model.to_string() });
+    }
+    if served.is_empty() {
+        return Err(super::no_engine());
     }
     let path =
         model.strip_prefix("wandb-artifact:///").or_else(|| model.strip_prefix("wandb-artifact://")).unwrap_or(model);
@@ -46,18 +51,22 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
         StoreError::NotFound => not_found(model, state),
         other => other.into(),
     })?;
-    let base = served.iter().position(|m| *m == record.base_model).ok_or_else(|| not_found(model, state))?;
+    let base = state.model(&record.base_model).cloned().ok_or_else(|| not_found(model, state))?;
     let step = match step {
         Some(s) => s,
         None => state.store().latest_step(record.id).await?,
     };
     if step == 0 {
-        return Ok(Target { base, adapter: None, name: model.to_string() });
+        return Ok(Target { model: base, adapter: None, name: model.to_string() });
     }
     let cp = state.store().get_checkpoint(record.id, step).await.map_err(|e| match e {
         StoreError::NotFound => not_found(model, state),
         other => other.into(),
     })?;
     let path = state.checkpoints().resolve(&cp.path).ok_or_else(|| not_found(model, state))?;
-    Ok(Target { base, adapter: Some(AdapterRef { checkpoint_id: cp.id.to_string(), path }), name: model.to_string() })
+    Ok(Target {
+        model: base,
+        adapter: Some(AdapterRef { checkpoint_id: cp.id.to_string(), path }),
+        name: model.to_string(),
+    })
 }

@@ -29,22 +29,21 @@ pub async fn tokenize(
     Extension(caller): Extension<Caller>,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Json<Value>, OpenAiError> {
-    let backend = super::engine(&state)?;
     let target = resolve(&state, &caller.entity, typed(&body, "model", Value::as_str, "a string")?).await?;
     let _permit = super::admit(&state, &caller.entity)?;
     let return_strs = typed(&body, "return_token_strs", Value::as_bool, "a boolean")?.unwrap_or(false);
-    let base = target.base;
+    let model = target.model;
     let ids = if body.get("messages").is_some() {
         // The chat form goes through the same validation and template as a chat completion.
         let mut plan = request::validate(&body, true)?;
         plan.render.tenant = caller.entity.clone();
         tokio::task::spawn_blocking({
-            let backend = backend.clone();
-            move || backend.render_chat(base, &plan.render)
+            let model = model.clone();
+            move || model.render_chat(&plan.render)
         })
         .await
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
-        .map_err(|m| ApiError::bad_param("messages", m))?
+        .map_err(|e| ApiError::bad_param("messages", e.to_string()))?
     } else {
         let prompt = body
             .get("prompt")
@@ -52,18 +51,15 @@ pub async fn tokenize(
             .ok_or_else(|| ApiError::bad_param("prompt", "either `prompt` (a string) or `messages` is required"))?
             .to_string();
         let special = typed(&body, "add_special_tokens", Value::as_bool, "a boolean")?.unwrap_or(true);
-        let b = backend.clone();
-        tokio::task::spawn_blocking(move || b.tokenize(base, &prompt, special))
+        let m = model.clone();
+        tokio::task::spawn_blocking(move || m.tokenize(&prompt, special))
             .await
             .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
-            .map_err(|m| ApiError::bad_param("prompt", m))?
+            .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?
     };
-    let max_model_len = backend.models().get(base).map(|m| m.context_len);
-    let strs: Value = if return_strs {
-        json!(ids.iter().map(|t| backend.token_text(base, *t)).collect::<Vec<_>>())
-    } else {
-        Value::Null
-    };
+    let max_model_len = model.info().context_len;
+    let strs: Value =
+        if return_strs { json!(ids.iter().map(|t| model.token_text(*t)).collect::<Vec<_>>()) } else { Value::Null };
     Ok(Json(json!({ "count": ids.len(), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs })))
 }
 
@@ -85,7 +81,6 @@ pub async fn detokenize(
     Extension(caller): Extension<Caller>,
     OpenAiJson(body): OpenAiJson,
 ) -> Result<Json<Value>, OpenAiError> {
-    let backend = super::engine(&state)?;
     let target = resolve(&state, &caller.entity, typed(&body, "model", Value::as_str, "a string")?).await?;
     let _permit = super::admit(&state, &caller.entity)?;
     let tokens: Vec<u32> = match body.get("tokens") {
@@ -103,11 +98,11 @@ pub async fn detokenize(
             .ok_or_else(|| ApiError::bad_param("tokens", "tokens must be a list of non-negative integers"))?,
         _ => return Err(ApiError::bad_param("tokens", "tokens (a list of token ids) is required").into()),
     };
-    let base = target.base;
-    let prompt = tokio::task::spawn_blocking(move || backend.detokenize(base, &tokens, false))
+    let model = target.model;
+    let prompt = tokio::task::spawn_blocking(move || model.detokenize(&tokens, false))
         .await
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
-        .map_err(|m| ApiError::bad_param("tokens", m))?;
+        .map_err(|e| ApiError::bad_param("tokens", e.to_string()))?;
     Ok(Json(json!({ "prompt": prompt })))
 }
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::names::{checkpoint_ref, CheckpointRef, ModelName};
 use tandem_core::records::{JobKind, ModelRecord, Order, PageRequest};
-use tandem_core::sequences::{fits_model, tokenize_trajectory, BackendTokenizer, TrainedModel};
+use tandem_core::sequences::{fits_model, tokenize_trajectory, ModelTokenizer, TrainedModel};
 use tandem_core::train_config::parse_train_config;
 use tandem_core::train_config::KlReference;
 use tandem_core::validate::{optional, Validator};
@@ -166,13 +166,11 @@ async fn check_tokenizable(
     groups: Value,
     allow_without_logprobs: bool,
 ) -> Result<Value, ApiError> {
-    let (Some(backend), Some(base)) = (state.backend().cloned(), state.base_index(&model.base_model)) else {
-        return Ok(groups);
-    };
+    let Some(served) = state.model(&model.base_model).cloned() else { return Ok(groups) };
     let model = model.clone();
-    let Some(info) = backend.models().get(base).cloned() else { return Ok(groups) };
     let result = tokio::task::spawn_blocking(move || {
-        let tok = BackendTokenizer { backend, base };
+        let info = served.info().clone();
+        let tok = ModelTokenizer(served);
         let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
         let empty = Vec::new();
         let mut v = Validator::new("body");

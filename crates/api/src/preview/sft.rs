@@ -12,7 +12,7 @@ use axum::extract::{Extension, State};
 use axum::Json;
 use serde_json::Value;
 use tandem_core::records::JobKind;
-use tandem_core::sequences::BackendTokenizer;
+use tandem_core::sequences::ModelTokenizer;
 use tandem_core::sft::{
     parse_artifact_url, parse_dataset, parse_sft_config, sft_batches, DatasetLimits, DatasetVersion, SftConfig,
 };
@@ -109,15 +109,15 @@ async fn check_trainable(
     data: Vec<u8>,
     config: SftConfig,
 ) -> Result<Vec<Value>, ApiError> {
-    let target = state.backend().cloned().zip(state.base_index(base_model));
-    let context = target.as_ref().and_then(|(b, i)| b.models().get(*i).map(|m| m.context_len));
+    let served = state.model(base_model).cloned();
     tokio::task::spawn_blocking(move || {
         let text = String::from_utf8_lossy(&data);
         let mut v = Validator::new("body");
         let rows = parse_dataset(&mut v, &text, &DatasetLimits::default())
             .ok_or_else(|| invalid("training_data_url", "", "the stored dataset no longer parses"))?;
-        let (Some((backend, base)), Some(context)) = (target, context) else { return Ok(rows) };
-        let tok = BackendTokenizer { backend, base };
+        let Some(served) = served else { return Ok(rows) };
+        let context = served.info().context_len;
+        let tok = ModelTokenizer(served);
         let (batches, _) =
             sft_batches(&rows, &config, &tok, context).map_err(|e| invalid("training_data_url", "", &e))?;
         if batches.is_empty() {

@@ -28,6 +28,11 @@ pub struct TestApp {
 }
 
 pub async fn test_app_with(limits: Limits) -> TestApp {
+    test_app_serving(limits, None).await
+}
+
+/// A test app whose inference routes run on `backend` (a fake served model in the api's tests).
+pub async fn test_app_serving(limits: Limits, backend: Option<tandem_core::inference::SharedBackend>) -> TestApp {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
     let checkpoints = CheckpointDir::open(dir.path().join("checkpoints")).unwrap();
@@ -43,7 +48,7 @@ pub async fn test_app_with(limits: Limits) -> TestApp {
         served_models: vec![BASE.to_string()],
         limits,
         jobs_waker: waker.clone(),
-        backend: None,
+        backend,
         per_entity_limit: 64,
         priority_scheduling: true,
         reasoning_parser: None,
@@ -100,6 +105,33 @@ impl TestApp {
         let body = serde_json::json!({"project": "proj", "name": name, "base_model": BASE, "return_existing": true});
         self.ok("POST", "/v1/preview/models", key, Some(body)).await
     }
+}
+
+/// Runs a job to success by hand (no trainer runs here), with adapter files on disk; returns the
+/// checkpoint's relative path.
+pub async fn add_checkpoint(app: &TestApp, model_id: uuid::Uuid, step: i64) -> String {
+    use tandem_store::{JobOutcome, NewCheckpoint, NewJob};
+    let job = app
+        .store
+        .create_job(&NewJob {
+            model_id,
+            kind: tandem_core::records::JobKind::Rl,
+            config: serde_json::json!({}),
+            inputs: serde_json::json!([]),
+        })
+        .await
+        .unwrap();
+    app.store.claim_next_job().await.unwrap().unwrap();
+    let id = uuid::Uuid::now_v7();
+    let path = CheckpointDir::relative_path(model_id, id);
+    app.checkpoints.write_atomic(&path, &[("adapter_config.json", b"{}")]).unwrap();
+    let metrics = std::collections::BTreeMap::from([("loss".into(), 1.5)]);
+    let checkpoint = NewCheckpoint { id, model_id, step, path: path.clone(), metrics };
+    app.store
+        .finish_job(job.id, &JobOutcome::Succeeded { checkpoint, event_data: serde_json::json!({"step": step}) })
+        .await
+        .unwrap();
+    path
 }
 
 /// A small valid group: rewards as given, one user message each.

@@ -5,7 +5,7 @@ use super::rows;
 use crate::{now_ms, ClaimedJob, JobOutcome, NewJob, Recovery, Result, StoreError};
 use serde_json::{json, Value};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tandem_core::records::{event_type, Job, JobEvent, JobStatus, Page};
+use tandem_core::records::{EventKind, Job, JobEvent, JobStatus, Page};
 use uuid::Uuid;
 
 pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
@@ -105,7 +105,7 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
     }))
 }
 
-pub(crate) async fn append_event(pool: &SqlitePool, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent> {
+pub(crate) async fn append_event(pool: &SqlitePool, job_id: Uuid, kind: EventKind, data: &Value) -> Result<JobEvent> {
     let mut conn = pool.acquire().await?;
     insert_event(&mut conn, job_id, kind, data).await
 }
@@ -129,19 +129,19 @@ async fn fail_with_event(
 ) -> Result<()> {
     set_terminal(tx, id, status, None, Some(error_message)).await?;
     if !has_events(tx, id).await? {
-        insert_event(tx, id, event_type::TRAINING_STARTED, &json!({ "num_sequences": 0 })).await?;
+        insert_event(tx, id, EventKind::TrainingStarted, &json!({ "num_sequences": 0 })).await?;
     }
-    insert_event(tx, id, event_type::TRAINING_FAILED, &json!({ "error_message": error_message })).await?;
+    insert_event(tx, id, EventKind::TrainingFailed, &json!({ "error_message": error_message })).await?;
     Ok(())
 }
 
-async fn insert_event(conn: &mut SqliteConnection, job_id: Uuid, kind: &str, data: &Value) -> Result<JobEvent> {
+async fn insert_event(conn: &mut SqliteConnection, job_id: Uuid, kind: EventKind, data: &Value) -> Result<JobEvent> {
     let data = serde_json::to_string(data).map_err(|e| StoreError::Database(e.to_string()))?;
     let row =
         sqlx::query("INSERT INTO job_events (id, job_id, type, data, created_at) VALUES (?, ?, ?, ?, ?) RETURNING *")
             .bind(tandem_core::new_id().to_string())
             .bind(job_id.to_string())
-            .bind(kind)
+            .bind(kind.as_str())
             .bind(data)
             .bind(now_ms())
             .fetch_one(conn)
@@ -186,7 +186,7 @@ pub(crate) async fn finish_job(tx: &mut Transaction<'_, Sqlite>, id: Uuid, outco
             .execute(&mut **tx)
             .await?;
             set_terminal(tx, id, JobStatus::Succeeded, Some(checkpoint.step), None).await?;
-            insert_event(tx, id, event_type::TRAINING_ENDED, event_data).await?;
+            insert_event(tx, id, EventKind::TrainingEnded, event_data).await?;
         }
         JobOutcome::Failed { error_message } | JobOutcome::Cancelled { error_message } => {
             let status = match outcome {
@@ -222,7 +222,7 @@ pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64)
             if has_events(tx, job.id).await? {
                 let data =
                     json!({ "attempt": job.attempts + 1, "reason": "server restarted while the job was running" });
-                insert_event(tx, job.id, event_type::TRAINING_RESTARTED, &data).await?;
+                insert_event(tx, job.id, EventKind::TrainingRestarted, &data).await?;
             }
             out.requeued.push(job.id);
         }

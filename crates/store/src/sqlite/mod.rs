@@ -470,7 +470,12 @@ impl crate::Store for SqliteStore {
         jobs::claim_next_job(&self.pool).await
     }
 
-    async fn append_event(&self, job_id: Uuid, kind: &str, data: &Value) -> Result<tandem_core::records::JobEvent> {
+    async fn append_event(
+        &self,
+        job_id: Uuid,
+        kind: tandem_core::records::EventKind,
+        data: &Value,
+    ) -> Result<tandem_core::records::JobEvent> {
         jobs::append_event(&self.pool, job_id, kind, data).await
     }
 

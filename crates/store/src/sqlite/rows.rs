@@ -5,7 +5,7 @@ use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 use std::collections::BTreeMap;
-use tandem_core::records::{Checkpoint, Dataset, Job, JobEvent, JobKind, JobStatus, LogEntry, ModelRecord};
+use tandem_core::records::{Checkpoint, Dataset, EventKind, Job, JobEvent, JobKind, JobStatus, LogEntry, ModelRecord};
 use uuid::Uuid;
 
 pub(crate) fn uuid(row: &SqliteRow, col: &str) -> Result<Uuid> {
@@ -119,7 +119,10 @@ pub(crate) fn event(row: &SqliteRow) -> Result<JobEvent> {
     Ok(JobEvent {
         id: uuid(row, "id")?,
         job_id: uuid(row, "job_id")?,
-        kind: row.try_get("type")?,
+        kind: {
+            let kind: String = row.try_get("type")?;
+            EventKind::parse(&kind).ok_or_else(|| StoreError::Database(format!("unknown job event type {kind:?}")))?
+        },
         data: json(row, "data")?,
         created_at: row.try_get("created_at")?,
     })

@@ -1,13 +1,14 @@
 //! Validation of a chat-completion body into a [`ChatPlan`]: every field typed, ranged and
 //! defaulted as vLLM does, in one place. Checks that need the model (vocabulary, prompt length)
-//! happen in `chat` once the model is resolved.
+//! happen in `generate::validate` once the model is resolved; [`ChatPlan::draft`] hands them over.
 
+use super::generate::{Draft, Prompt};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 use tandem_core::inference::{ChatRender, LogitsProcessor, SamplingParams};
 use tandem_core::validate::{optional, Validator};
 
-/// Most choices one request may ask for (ids reserve 8 bits for them).
+/// Most choices one request may ask for (as a batch: each is a sequence of its own).
 pub const MAX_N: i64 = 128;
 /// Most top logprobs per token, as vLLM's default `--max-logprobs`.
 pub const MAX_LOGPROBS: i64 = 20;
@@ -54,6 +55,29 @@ pub struct ChatPlan {
     pub tools: Option<super::tools::ToolPlan>,
     /// `include_reasoning` (default true): with a reasoning parser, false drops the reasoning.
     pub include_reasoning: bool,
+}
+
+impl ChatPlan {
+    /// What the model-dependent validation needs of this plan.
+    pub fn draft(&self, request_id: String, tenant: &str) -> Draft {
+        Draft {
+            request_id,
+            tenant: tenant.to_string(),
+            prompt: Prompt::Chat(ChatRender { tenant: tenant.to_string(), ..self.render.clone() }),
+            tools: self.tools.clone(),
+            params: self.params.clone(),
+            max_tokens: self.max_tokens,
+            max_tokens_field: "max_completion_tokens",
+            n: self.n,
+            beam: self.beam.is_some(),
+            truncate_prompt_tokens: self.truncate_prompt_tokens,
+            bad_words: self.bad_words.clone(),
+            priority: self.priority,
+            cache_salt: self.cache_salt.clone(),
+            prompt_logprobs: self.prompt_logprobs,
+            held_whole: !self.stream || self.beam.is_some(),
+        }
+    }
 }
 
 fn num(v: &mut Validator, obj: &Map<String, Value>, key: &str) -> Option<f64> {

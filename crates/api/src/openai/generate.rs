@@ -1,0 +1,221 @@
+//! The one model-dependent validation every inference route shares. A route parses its body
+//! into a [`Draft`] (no model needed), resolves the model to a [`Target`], and calls
+//! [`validate`]: on a blocking thread it applies every default that depends on the model,
+//! renders and tokenizes, checks ids against the vocabulary and the prompt against the context,
+//! and has the served model prepare the request (limits, constraint compiled, adapter loaded).
+//! What comes back is submitted as it is.
+
+use super::request::MAX_HELD_LOGPROB_ENTRIES;
+use super::resolve::Target;
+use super::tools::{self, ToolMode, ToolPlan};
+use crate::error::{ApiError, ErrorKind};
+use tandem_core::inference::{
+    ChatRender, GenerateRequest, LogitsProcessor, ReasoningParser, SamplingParams, SubmitError, ValidRequest,
+};
+
+/// Where the prompt comes from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Messages, rendered with the chat template (the request's or the model's).
+    Chat(ChatRender),
+}
+
+/// A parsed request, before the model is consulted.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    pub request_id: String,
+    /// The entity asking (scopes the prefix cache and the template jail).
+    pub tenant: String,
+    pub prompt: Prompt,
+    /// Tools whose calls the output is parsed for.
+    pub tools: Option<ToolPlan>,
+    /// Sampling with the model-independent defaults applied; `max_tokens` and `bad_words`
+    /// are filled in here.
+    pub params: SamplingParams,
+    /// The requested output length (clamped to the context left), and the field it came from.
+    pub max_tokens: Option<usize>,
+    pub max_tokens_field: &'static str,
+    pub n: usize,
+    /// A beam search of width `n` (each beam extends by 2n candidates).
+    pub beam: bool,
+    /// vLLM's `truncate_prompt_tokens`: keep the last k prompt tokens (-1: the context).
+    pub truncate_prompt_tokens: Option<i64>,
+    /// `bad_words` as text: each is banned with and without a leading space.
+    pub bad_words: Vec<String>,
+    pub priority: i64,
+    pub cache_salt: Option<String>,
+    pub prompt_logprobs: Option<usize>,
+    /// The response is held whole until it is sent (not streamed, or a beam search), so its
+    /// logprob entries count against [`MAX_HELD_LOGPROB_ENTRIES`].
+    pub held_whole: bool,
+}
+
+/// A request ready to submit, and what the response renderer needs of its validation.
+#[derive(Debug)]
+pub struct Validated {
+    pub request: ValidRequest,
+    pub tool_mode: Option<ToolMode>,
+}
+
+/// [`validate`] on a blocking thread.
+pub async fn validate_blocking(
+    target: &Target,
+    draft: Draft,
+    reasoning: Option<ReasoningParser>,
+) -> Result<Validated, ApiError> {
+    let target = target.clone();
+    tokio::task::spawn_blocking(move || validate(&target, draft, reasoning))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("validation task failed: {e}")))?
+}
+
+/// Validates a draft against its model. Blocking: renders, tokenizes, compiles the constraint
+/// and loads the adapter.
+pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser>) -> Result<Validated, ApiError> {
+    let model = target.model.as_ref();
+    let info = model.info();
+    let Draft { mut params, prompt: Prompt::Chat(mut render), .. } = draft;
+    if draft.beam && 2 * draft.n > info.vocab_size {
+        return Err(ApiError::bad_param(
+            "n",
+            format!("a beam width of {} needs a vocabulary of at least {} tokens", draft.n, 2 * draft.n),
+        ));
+    }
+    // Tools: the template renders them, or tandem's generic format is described and enforced.
+    let tool_mode = draft.tools.as_ref().map(|t| {
+        let (constraint, mode) = tools::apply(t, model.renders_tools(&render), &mut render);
+        params.constraint = constraint;
+        mode
+    });
+    if let Some(c) = params.constraint.as_mut() {
+        c.after_reasoning = reasoning.filter(|_| !super::reasoning::scripts_reasoning(&c.kind));
+    }
+    let mut prompt = model.render_chat(&render).map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+    if let Some(t) = draft.truncate_prompt_tokens {
+        let keep = if t == -1 { info.context_len } else { t as usize };
+        if prompt.len() > keep {
+            prompt.drain(..prompt.len() - keep);
+        }
+    }
+    // The first token is sampled from the last prompt position, so there must be one.
+    if prompt.is_empty() {
+        let param = if draft.truncate_prompt_tokens == Some(0) { "truncate_prompt_tokens" } else { "messages" };
+        return Err(ApiError::bad_param(
+            param,
+            "The prompt is empty after the chat template and truncation; at least one token is needed.",
+        ));
+    }
+    check_vocabulary(&params, info.vocab_size)?;
+    for word in &draft.bad_words {
+        let w = word.trim_start();
+        for variant in [w.to_string(), format!(" {w}")] {
+            let ids = model.tokenize(&variant, false).map_err(|e| ApiError::bad_param("bad_words", e.to_string()))?;
+            if !ids.is_empty() {
+                params.bad_words.push(ids);
+            }
+        }
+    }
+    if prompt.len() >= info.context_len {
+        return Err(ApiError::bad_param(
+            "messages",
+            format!(
+                "This model's maximum context length is {} tokens. However, your prompt contains {} tokens.",
+                info.context_len,
+                prompt.len()
+            ),
+        ));
+    }
+    params.max_tokens = output_budget(draft.max_tokens, draft.max_tokens_field, prompt.len(), info.context_len)?;
+    params.min_tokens = params.min_tokens.min(params.max_tokens);
+    if let Some(k) = params.logprobs.filter(|_| draft.held_whole) {
+        let entries = draft.n.saturating_mul(params.max_tokens).saturating_mul(k + 1);
+        if entries > MAX_HELD_LOGPROB_ENTRIES {
+            return Err(ApiError::bad_param(
+                "max_tokens",
+                format!(
+                    "n={} x max_tokens={} x (top_logprobs+1)={} logprob entries is more than one response may hold \
+                     ({MAX_HELD_LOGPROB_ENTRIES}); lower max_tokens or n, or stream the response",
+                    draft.n,
+                    params.max_tokens,
+                    k + 1,
+                ),
+            ));
+        }
+    }
+    let request = GenerateRequest {
+        request_id: draft.request_id,
+        adapter: target.adapter.clone(),
+        prompt,
+        n: draft.n,
+        params,
+        priority: draft.priority,
+        tenant: draft.tenant,
+        cache_salt: draft.cache_salt,
+        prompt_logprobs: draft.prompt_logprobs,
+        beam_step: false,
+    };
+    let request = model.prepare(request).map_err(submit_error)?;
+    Ok(Validated { request, tool_mode })
+}
+
+/// Every token id a request names must be in the vocabulary.
+fn check_vocabulary(params: &SamplingParams, vocab: usize) -> Result<(), ApiError> {
+    fn check(name: &str, mut ids: impl Iterator<Item = u32>, vocab: usize) -> Result<(), ApiError> {
+        match ids.find(|t| *t as usize >= vocab) {
+            Some(bad) => Err(ApiError::bad_param(name, format!("token id {bad} is out of vocabulary (size {vocab})"))),
+            None => Ok(()),
+        }
+    }
+    check("stop_token_ids", params.stop_token_ids.iter().copied(), vocab)?;
+    check("allowed_token_ids", params.allowed_token_ids.iter().flatten().copied(), vocab)?;
+    check("logit_bias", params.logit_bias.iter().map(|(t, _)| *t), vocab)?;
+    for proc in &params.processors {
+        if let LogitsProcessor::SuppressTokens { token_ids } = proc {
+            check("logits_processors", token_ids.iter().copied(), vocab)?;
+        }
+    }
+    Ok(())
+}
+
+/// The output length: what was asked, within the context the prompt leaves (vLLM: asking for
+/// more than the whole context is an error; more than what is left is clamped), or all of it.
+pub fn output_budget(
+    asked: Option<usize>,
+    field: &str,
+    prompt_len: usize,
+    context_len: usize,
+) -> Result<usize, ApiError> {
+    let room = context_len.saturating_sub(prompt_len);
+    match asked {
+        Some(m) if m > context_len => {
+            Err(ApiError::bad_param(field, format!("{field}={m} cannot be greater than max_model_len={context_len}")))
+        }
+        Some(m) => Ok(m.min(room)),
+        None => Ok(room),
+    }
+}
+
+/// An engine refusal as an API error (503 with `Retry-After` when full).
+pub fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Overloaded => ApiError::new(ErrorKind::Unavailable, e.to_string()).with_retry_after(1),
+        SubmitError::Invalid(m) => ApiError::bad_param("model", m),
+        SubmitError::InvalidField { field, message } => ApiError::bad_param(&field, message),
+        SubmitError::Stopped => ApiError::new(ErrorKind::Unavailable, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_budget_is_clamped_to_the_room_left() {
+        assert_eq!(output_budget(None, "max_tokens", 100, 2048).unwrap(), 1948);
+        assert_eq!(output_budget(Some(50), "max_tokens", 100, 2048).unwrap(), 50);
+        assert_eq!(output_budget(Some(2000), "max_tokens", 100, 2048).unwrap(), 1948);
+        assert_eq!(output_budget(Some(2048), "max_tokens", 100, 2048).unwrap(), 1948);
+        let err = output_budget(Some(2049), "max_completion_tokens", 100, 2048).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("max_completion_tokens"));
+    }
+}

@@ -1,0 +1,294 @@
+//! One served base model as the api holds it (`ServedModel`): template, tokenizer, limits,
+//! constraint compiler and adapter loader, and the queue of its engine loop.
+
+use crate::engine::Job;
+use crate::grammar::Grammars;
+use crate::metrics::EngineMetrics;
+use crate::sequence;
+use crate::template::jail::{JailJob, TemplateJail};
+use crate::template::{ChatTemplate, RenderInputs};
+use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+use tandem_core::inference::{
+    AdapterRef, BaseModelInfo, ChatRender, GenerateRequest, InferEvent, InputError, ServedModel, SubmitError,
+    ValidRequest,
+};
+use tandem_model::{Llama, LoraAdapter};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// What every served model of one engine shares.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub adapters: AdapterCache,
+    /// Where request-supplied chat templates render; without one (tests, library use) they
+    /// render in-process under the fuel and output limits only.
+    pub jail: OnceLock<TemplateJail>,
+}
+
+/// Adapters recently used, kept loaded (bounded).
+const ADAPTER_CACHE: usize = 16;
+
+/// One checkpoint's adapter, loaded once. Requests for it wait on its own lock while it loads,
+/// never on the cache's: loading one checkpoint holds up no request for another.
+type AdapterSlot = Arc<Mutex<Option<Arc<LoraAdapter>>>>;
+
+/// Checkpoint id -> its slot and when it was last used (bounded, least recently used out).
+#[derive(Default)]
+pub(crate) struct AdapterCache(Mutex<HashMap<String, (AdapterSlot, Instant)>>);
+
+impl AdapterCache {
+    /// The checkpoint's adapter, read from disk the first time (blocking).
+    fn load(&self, a: &AdapterRef, base: &Llama) -> Result<Arc<LoraAdapter>, SubmitError> {
+        let slot = {
+            let mut cache = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get_mut(&a.checkpoint_id) {
+                Some((slot, used)) => {
+                    *used = Instant::now();
+                    slot.clone()
+                }
+                None => {
+                    if cache.len() >= ADAPTER_CACHE {
+                        if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
+                            cache.remove(&oldest);
+                        }
+                    }
+                    let slot = AdapterSlot::default();
+                    cache.insert(a.checkpoint_id.clone(), (slot.clone(), Instant::now()));
+                    slot
+                }
+            }
+        };
+        let mut loaded = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(adapter) = loaded.as_ref() {
+            return Ok(adapter.clone());
+        }
+        // The error names files on the server: logged, not sent. The slot stays empty, so a
+        // later request tries again.
+        let adapter = LoraAdapter::load(&a.path, &base.config).map_err(|e| {
+            tracing::error!(checkpoint = %a.checkpoint_id, error = %e, "cannot load a checkpoint's adapter");
+            SubmitError::Invalid("this checkpoint's adapter cannot be loaded (the server logged why)".into())
+        })?;
+        let adapter = Arc::new(adapter);
+        *loaded = Some(adapter.clone());
+        Ok(adapter)
+    }
+
+    pub fn forget(&self, checkpoint_id: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(checkpoint_id);
+    }
+}
+
+/// One served base model and its loop.
+pub(crate) struct Served {
+    pub info: BaseModelInfo,
+    pub model: Arc<Llama>,
+    pub tok: Arc<TextTokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub grammars: Grammars,
+    pub tx: Mutex<std::sync::mpsc::Sender<Job>>,
+    pub metrics: Arc<EngineMetrics>,
+    pub max_waiting: usize,
+    pub max_seqs: usize,
+    pub kv_tokens: usize,
+    pub shared: Arc<Shared>,
+}
+
+impl Served {
+    /// The chat rendered to text with the request's template or the model's.
+    fn render_text(&self, chat: &ChatRender) -> Result<String, InputError> {
+        let inputs = RenderInputs {
+            add_generation_prompt: chat.add_generation_prompt,
+            continue_final_message: chat.continue_final_message,
+            tools: chat.tools.clone(),
+            documents: chat.documents.clone(),
+            reasoning_effort: chat.reasoning_effort.clone(),
+            kwargs: chat.kwargs.clone(),
+            bos_token: self.tok.bos_id.map(|b| self.tok.token_text(b)).unwrap_or_default(),
+            eos_token: self.tok.token_text(self.tok.eos_id),
+        };
+        let template_error = |e: &dyn std::fmt::Display| InputError::Template(e.to_string());
+        let own;
+        let template = match (&chat.chat_template, self.shared.jail.get()) {
+            // A request's own template: in the jail when there is one (see `template::jail`).
+            (Some(source), Some(jail)) => {
+                let job = JailJob { source: source.clone(), messages: chat.messages.clone(), inputs };
+                return jail.render(&job, &chat.tenant).map_err(|e| template_error(&e));
+            }
+            (Some(source), None) => {
+                own = ChatTemplate::new(source).map_err(|e| template_error(&e))?;
+                &own
+            }
+            (None, _) => self
+                .template
+                .as_ref()
+                .ok_or_else(|| InputError::Template("this model has no chat template; pass `chat_template`".into()))?,
+        };
+        template.render(&chat.messages, &inputs).map_err(|e| template_error(&e))
+    }
+
+    fn check_vocabulary(&self, tokens: &[u32]) -> Result<(), InputError> {
+        let vocab = self.tok.vocab_size();
+        match tokens.iter().find(|t| **t as usize >= vocab) {
+            Some(&token) => Err(InputError::OutOfVocabulary { token, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Every choice is a sequence, and all of them together must be able to start.
+    fn check_fits(&self, request: &GenerateRequest) -> Result<(), SubmitError> {
+        let invalid = |field: &str, message: String| SubmitError::InvalidField { field: field.into(), message };
+        // A sequence samples from its last prompt position: there must be one.
+        if request.prompt.is_empty() {
+            return Err(invalid("messages", "the prompt is empty: at least one token is needed".into()));
+        }
+        if request.n > self.max_seqs {
+            return Err(invalid(
+                "n",
+                format!("n={} is more than this server runs at once (--max-num-seqs {})", request.n, self.max_seqs),
+            ));
+        }
+        let need = sequence::start_reserve(request.prompt.len(), request.n);
+        if need > self.kv_tokens {
+            return Err(invalid(
+                "n",
+                format!(
+                    "{} choices of a {}-token prompt need {need} KV cache positions; this server's budget is {}",
+                    request.n,
+                    request.prompt.len(),
+                    self.kv_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ServedModel for Served {
+    fn info(&self) -> &BaseModelInfo {
+        &self.info
+    }
+
+    fn has_capacity(&self) -> bool {
+        (self.metrics.queued() as usize) < self.max_waiting
+    }
+
+    fn renders_tools(&self, chat: &ChatRender) -> bool {
+        // A template that uses `tools` puts the tool's name into the prompt; one that ignores them
+        // (SmolLM2's) renders the same text with or without.
+        const PROBE: &str = "tandem_probe_tool_7f3a";
+        let probe = ChatRender {
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
+            add_generation_prompt: true,
+            tools: Some(serde_json::json!([{"type": "function", "function": {"name": PROBE, "description": PROBE,
+                "parameters": {"type": "object", "properties": {}}}}])),
+            chat_template: chat.chat_template.clone(),
+            kwargs: chat.kwargs.clone(),
+            tenant: chat.tenant.clone(),
+            ..ChatRender::default()
+        };
+        self.render_text(&probe).is_ok_and(|t| t.contains(PROBE))
+    }
+
+    fn render_chat(&self, chat: &ChatRender) -> Result<Vec<u32>, InputError> {
+        let text = self.render_text(chat)?;
+        self.tokenize(&text, chat.add_special_tokens)
+    }
+
+    fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, InputError> {
+        // Tokenizing costs about 100 bytes of memory per byte of text. A text this long cannot
+        // fit the context whatever its tokens (each stands for at most `max_token_bytes`), so it
+        // is refused before the tokenizer sees it (twice the bound, to allow for normalisation).
+        let context = self.info.context_len;
+        let limit = 2 * context * self.tok.max_token_bytes();
+        if text.len() > limit {
+            return Err(InputError::TooLong { bytes: text.len(), context, limit });
+        }
+        let mut ids = Vec::new();
+        if add_special_tokens && self.tok.add_bos {
+            ids.extend(self.tok.bos_id);
+        }
+        ids.extend(self.tok.encode(text).map_err(|e| InputError::Tokenizer(e.to_string()))?);
+        Ok(ids)
+    }
+
+    fn detokenize(&self, tokens: &[u32], skip_special_tokens: bool) -> Result<String, InputError> {
+        self.check_vocabulary(tokens)?;
+        Ok(self.tok.decode(tokens, skip_special_tokens))
+    }
+
+    fn token_texts(&self, tokens: &[u32], skip_special_tokens: bool) -> Result<(Vec<String>, String), InputError> {
+        self.check_vocabulary(tokens)?;
+        let mut decoder = IncrementalDecoder::default();
+        let texts = tokens.iter().map(|t| decoder.push(&self.tok, *t, skip_special_tokens)).collect();
+        Ok((texts, decoder.flush()))
+    }
+
+    fn token_text(&self, token: u32) -> String {
+        self.tok.token_text(token)
+    }
+
+    fn token_id_for_bytes(&self, bytes: &[u8]) -> Option<u32> {
+        self.tok.token_id_for_bytes(bytes)
+    }
+
+    fn prepare(&self, request: GenerateRequest) -> Result<ValidRequest, SubmitError> {
+        self.check_fits(&request)?;
+        let adapter = request.adapter.as_ref().map(|a| self.shared.adapters.load(a, &self.model)).transpose()?;
+        // Compiled here, on the caller's (blocking) thread, so that an invalid constraint is a
+        // 400 before anything is queued and a slow compile never holds up the engine's step.
+        let matcher = match &request.params.constraint {
+            Some(c) => Some(self.grammars.compile(c).map_err(|e| SubmitError::InvalidField {
+                field: c.field.clone(),
+                message: format!("invalid {}: {e}", c.field),
+            })?),
+            None => None,
+        };
+        Ok(ValidRequest::new(
+            &self.info.id,
+            request,
+            adapter.map(|a| a as Arc<dyn std::any::Any + Send + Sync>),
+            matcher.map(|m| Box::new(m) as Box<dyn std::any::Any + Send>),
+        ))
+    }
+
+    fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {
+        if request.model() != self.info.id {
+            return Err(SubmitError::Invalid(format!(
+                "this request was prepared for {}, not {}",
+                request.model(),
+                self.info.id
+            )));
+        }
+        let (req, adapter, constraint) = request.into_parts();
+        // What `prepare` made, back in its own types (a step derived from a prepared request
+        // carries the same adapter).
+        let adapter = adapter.map(|a| a.downcast::<LoraAdapter>()).transpose().map_err(|_| foreign())?;
+        let matcher =
+            constraint.map(|c| c.downcast::<llguidance::Matcher>().map(|m| *m)).transpose().map_err(|_| foreign())?;
+        if req.prompt.is_empty()
+            || req.adapter.is_some() != adapter.is_some()
+            || req.params.constraint.is_some() != matcher.is_some()
+        {
+            return Err(foreign());
+        }
+        let (tx, rx) = unbounded_channel();
+        let holds_place = !req.beam_step;
+        let job = Job { req, adapter, tx, received: Instant::now(), matcher, holds_place };
+        // The place is taken last, after everything that can refuse the request.
+        if holds_place && !self.metrics.try_enqueue(self.max_waiting) {
+            return Err(SubmitError::Overloaded);
+        }
+        if self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(job).is_err() {
+            self.metrics.dequeued(usize::from(holds_place));
+            return Err(SubmitError::Stopped);
+        }
+        Ok(rx)
+    }
+}
+
+/// A request this engine did not prepare.
+fn foreign() -> SubmitError {
+    SubmitError::Invalid("this request was not prepared by this engine".into())
+}
