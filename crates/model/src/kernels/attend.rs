@@ -8,6 +8,7 @@
 //! the output is a sum of whole value rows weighted by the softmax, four vectors per position.
 #![allow(unsafe_code)]
 
+use super::cpu::{cpu, Avx2Fma, Avx512F};
 use super::exp_approx;
 
 /// Positions per key tile.
@@ -47,29 +48,37 @@ impl<'a> HeadKv<'a> {
 }
 
 /// Causal attention of one query head over positions `0..n_ctx` of `kv`. `scores` holds at least
-/// `n_ctx` rounded up to [`KEY_TILE`] floats of scratch; `out` (head_dim) receives the weighted sum
-/// of values.
+/// `n_ctx` rounded up to [`KEY_TILE`] floats of scratch; `out` (head_dim, as `q`) receives the
+/// weighted sum of values. Panics when a buffer is shorter than that (what the SIMD kernels rely
+/// on is checked here, once per call).
 #[inline]
 pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
-    assert!(scores.len() >= n_ctx.next_multiple_of(KEY_TILE));
+    let hd = q.len();
+    let tiles = n_ctx.div_ceil(KEY_TILE);
+    assert!(scores.len() >= tiles * KEY_TILE && out.len() == hd);
+    // Every key tile read holds the head's `hd * KEY_TILE` floats. Within a segment a later tile's
+    // slice is shorter, so the last tile of each segment is the one to check.
+    let shared = kv.shared_tiles.min(tiles);
+    assert!(shared == 0 || kv.tile(shared - 1).len() >= hd * KEY_TILE, "shared key tiles too short");
+    assert!(tiles == shared || kv.tile(tiles - 1).len() >= hd * KEY_TILE, "key tiles too short");
+    let features = cpu();
     #[cfg(target_arch = "x86_64")]
-    {
-        let hd = q.len();
-        if super::has_avx512f() && (hd == 64 || hd == 128) {
-            // SAFETY: AVX-512F was detected at run time; the head dimension is 4 or 8 vectors.
-            unsafe {
-                if hd == 64 {
-                    avx512::attend::<4>(q, kv, n_ctx, scale, scores, out)
-                } else {
-                    avx512::attend::<8>(q, kv, n_ctx, scale, scores, out)
-                }
+    if let Some(avx512) = features.avx512f.filter(|_| hd == 64 || hd == 128) {
+        // SAFETY: the token proves AVX-512F; `hd` is 4 or 8 vectors, and the lengths the kernel
+        // reads are asserted above.
+        unsafe {
+            if hd == 64 {
+                avx512::attend::<4>(avx512, q, kv, n_ctx, scale, scores, out)
+            } else {
+                avx512::attend::<8>(avx512, q, kv, n_ctx, scale, scores, out)
             }
-            return;
         }
-        if super::has_avx2() {
-            // SAFETY: AVX2 and FMA were detected at run time.
-            return unsafe { attend_avx2(q, kv, n_ctx, scale, scores, out) };
-        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = features.avx2 {
+        // SAFETY: the token proves AVX2 and FMA; the body is safe code.
+        return unsafe { attend_avx2(avx2, q, kv, n_ctx, scale, scores, out) };
     }
     attend_generic(q, kv, n_ctx, scale, scores, out)
 }
@@ -115,22 +124,40 @@ fn softmax_in_place(s: &mut [f32]) -> f32 {
     1.0 / sum
 }
 
+/// [`attend_generic`] compiled with AVX2 and FMA enabled.
+///
+/// # Safety
+/// None beyond the target features (the body is safe code).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+unsafe fn attend_avx2(
+    _: Avx2Fma,
+    q: &[f32],
+    kv: HeadKv<'_>,
+    n_ctx: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     attend_generic(q, kv, n_ctx, scale, scores, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{softmax_in_place, HeadKv, KEY_TILE};
+    use super::{softmax_in_place, Avx512F, HeadKv, KEY_TILE};
     use std::arch::x86_64::*;
 
     /// Head dimension `16 * V`. Scores: two tiles at a time, each dimension's products split over
     /// four accumulators per tile, so eight independent FMA chains keep both FMA ports busy.
     /// Output: `V` accumulators held in registers across all positions.
+    ///
+    /// # Safety
+    /// `q` and `out` hold `16 * V` floats, `scores` at least `n_ctx` rounded up to whole tiles,
+    /// and every key tile of `kv` below `n_ctx` at least `16 * V * KEY_TILE` floats (`attend`
+    /// asserts all three). Value rows are sliced with bounds checks.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn attend<const V: usize>(
+        _: Avx512F,
         q: &[f32],
         kv: HeadKv<'_>,
         n_ctx: usize,
@@ -139,7 +166,6 @@ mod avx512 {
         out: &mut [f32],
     ) {
         let hd = 16 * V;
-        debug_assert_eq!(q.len(), hd);
         let tiles = n_ctx.div_ceil(KEY_TILE);
         let sc = _mm512_set1_ps(scale);
         let mut j = 0;

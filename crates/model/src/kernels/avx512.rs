@@ -20,6 +20,7 @@
 // Index loops over small register arrays read closer to the math than iterator chains.
 #![allow(clippy::needless_range_loop)]
 
+use super::cpu::Avx512Vnni;
 use std::arch::x86_64::*;
 
 /// Lane `i` of a two-float pair expanded to 16 lanes: element 0 in lanes 0..8, element 1 in 8..16.
@@ -53,15 +54,18 @@ pub(crate) struct ActRows {
 
 /// `R` Q4_1 weight rows times `C` activation rows of `blocks` blocks each (an even count).
 ///
-/// Safety: AVX-512 F/BW/VNNI present; `R` weight rows and `C` activation rows readable from `w`
-/// and `a`.
+/// # Safety
+/// `blocks` is even, and from `w` there are `R` weight rows readable (`blocks * 16` nibble bytes,
+/// `blocks` scales and minimums each), from `a` `C` activation rows (`blocks * 32` quants,
+/// `blocks` scales, scaled sums and sums each). The token proves the CPU features. The safe
+/// caller (`kernels::Q4Tile`) asserts all of it.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(
+    _: Avx512Vnni,
     w: WeightRows,
     a: ActRows,
     blocks: usize,
 ) -> [[f32; C]; R] {
-    debug_assert_eq!(blocks % 2, 0);
     let mask = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): every offset stays inside the R weight rows (blocks * 16 nibble bytes,
@@ -116,14 +120,15 @@ pub(crate) unsafe fn q4_tile<const R: usize, const C: usize>(
 /// bit turns an i8 into that u8) and the extra `128 * sum(a)` of each block is taken out exactly,
 /// in integers, by starting the block's first lane at `-128 * sum(a)` instead of zero.
 ///
-/// Safety: as [`q4_tile`], with `blocks * 32` quants per weight row.
+/// # Safety
+/// As [`q4_tile`], with `blocks * 32` quants per weight row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(crate) unsafe fn q8_tile<const R: usize, const C: usize>(
+    _: Avx512Vnni,
     w: WeightRows,
     a: ActRows,
     blocks: usize,
 ) -> [[f32; C]; R] {
-    debug_assert_eq!(blocks % 2, 0);
     let flip = _mm512_set1_epi8(-128);
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     let mut acc = [[_mm512_setzero_ps(); C]; R];

@@ -14,6 +14,7 @@
 //! 2e-6).
 #![allow(unsafe_code)]
 
+use super::cpu::SharedOut;
 use rayon::prelude::*;
 
 /// Attention geometry.
@@ -27,20 +28,6 @@ pub struct Heads {
 
 /// Rows of scores computed per block (the diagonal bounds each block's columns).
 const ROWS: usize = 64;
-
-/// A raw pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: every task writes only its own (segment rows, head columns); see the callers.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer (a method, so that closures capture the whole `Out`, which is `Sync`).
-    fn ptr(&self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// `dst = (read ? dst : 0) + lhs * rhs` for m x k and k x n operands given by (row, column)
 /// strides, on this thread.
@@ -120,7 +107,7 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], segments: &[(us
     let (q_rs, kv_rs) = (nh * hd, nkv * hd);
     check(q, k, v, out.len(), segments, h);
     let group = nh / nkv;
-    let dst = Out(out.as_mut_ptr());
+    let dst = SharedOut::new(out);
     let tasks: Vec<((usize, usize), usize)> =
         segments.iter().flat_map(|&seg| (0..nh).map(move |head| (seg, head))).collect();
     tasks.into_par_iter().for_each_init(Vec::new, |p, ((start, s), head)| {
@@ -165,7 +152,8 @@ pub fn backward(
     check(q, k, v, dout.len(), segments, h);
     assert!(dq.len() == q.len() && dk.len() == k.len() && dv.len() == v.len());
     let group = nh / nkv;
-    let (dq_p, dk_p, dv_p) = (Out(dq.as_mut_ptr()), Out(dk.as_mut_ptr()), Out(dv.as_mut_ptr()));
+    // Every task writes only its own (segment rows, head columns) of these.
+    let (dq_p, dk_p, dv_p) = (SharedOut::new(dq), SharedOut::new(dk), SharedOut::new(dv));
     let tasks: Vec<((usize, usize), usize)> =
         segments.iter().flat_map(|&seg| (0..nkv).map(move |g| (seg, g))).collect();
     tasks.into_par_iter().for_each_init(

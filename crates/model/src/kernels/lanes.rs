@@ -22,8 +22,9 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
+use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
-use super::{Q4Matrix, Q8Acts, Q8Matrix, SharedOut};
+use super::{Q4Matrix, Q8Acts, Q8Matrix};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 
@@ -146,10 +147,9 @@ impl Packed {
     }
 }
 
-/// `out[t, n] = sum_k w[n, k] * a[t, k]` with the lane kernels; `out` is row-major (T, N).
-///
-/// The caller checks `super::has_avx512_vnni()`.
-pub fn matmul(w: &Packed, a: &Q8Acts, out: &mut [f32]) {
+/// `out[t, n] = sum_k w[n, k] * a[t, k]` with the lane kernels; `out` is row-major (T, N). The
+/// token proves the CPU features; the shapes are asserted here and per tile.
+pub fn matmul(vnni: Avx512Vnni, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
     let (n_out, t_rows) = (w.rows, a.rows());
     assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
@@ -159,7 +159,7 @@ pub fn matmul(w: &Packed, a: &Q8Acts, out: &mut [f32]) {
     let by_balance = groups.div_ceil(threads * 4);
     let by_work = (1024 / t_rows.max(1)).max(2);
     let chunk = by_balance.min(by_work).max(1).next_multiple_of(2);
-    let shared = SharedOut(out.as_mut_ptr());
+    let shared = SharedOut::new(out);
     (0..groups.div_ceil(chunk)).into_par_iter().for_each(|c| {
         let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
         let shared = &shared;
@@ -176,12 +176,12 @@ pub fn matmul(w: &Packed, a: &Q8Acts, out: &mut [f32]) {
                     1
                 };
                 match (two, cols) {
-                    (true, 4) => tile::<2, 4>(w, a, g, t, n_out, shared),
-                    (true, 2) => tile::<2, 2>(w, a, g, t, n_out, shared),
-                    (true, _) => tile::<2, 1>(w, a, g, t, n_out, shared),
-                    (false, 4) => tile::<1, 4>(w, a, g, t, n_out, shared),
-                    (false, 2) => tile::<1, 2>(w, a, g, t, n_out, shared),
-                    (false, _) => tile::<1, 1>(w, a, g, t, n_out, shared),
+                    (true, 4) => tile::<2, 4>(vnni, w, a, g, t, n_out, shared),
+                    (true, 2) => tile::<2, 2>(vnni, w, a, g, t, n_out, shared),
+                    (true, _) => tile::<2, 1>(vnni, w, a, g, t, n_out, shared),
+                    (false, 4) => tile::<1, 4>(vnni, w, a, g, t, n_out, shared),
+                    (false, 2) => tile::<1, 2>(vnni, w, a, g, t, n_out, shared),
+                    (false, _) => tile::<1, 1>(vnni, w, a, g, t, n_out, shared),
                 }
                 t += cols;
             }
@@ -192,22 +192,33 @@ pub fn matmul(w: &Packed, a: &Q8Acts, out: &mut [f32]) {
 
 /// Groups `g..g+R` times activation rows `t..t+C`, stored into the output (padding rows masked).
 #[inline(always)]
-fn tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usize, n_out: usize, out: &SharedOut) {
+fn tile<const R: usize, const C: usize>(
+    vnni: Avx512Vnni,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+    n_out: usize,
+    out: &SharedOut,
+) {
     assert!((g + R) * LANES < n_out + LANES && t + C <= a.rows());
-    // SAFETY: VNNI was checked by the caller of `matmul`; groups g..g+R and rows t..t+C exist
-    // (asserted); each task owns the output columns of its groups, so writes never overlap.
+    // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
+    // `matmul` asserted the output's shape); each task owns the output columns of its groups, so
+    // writes never overlap.
     unsafe {
-        let acc = if w.q4 { q4_tile::<R, C>(w, a, g, t) } else { q8_tile::<R, C>(w, a, g, t) };
-        store::<R, C>(&acc, g, t, n_out, out.0);
+        let acc = if w.q4 { q4_tile::<R, C>(vnni, w, a, g, t) } else { q8_tile::<R, C>(vnni, w, a, g, t) };
+        store::<R, C>(vnni, &acc, g, t, n_out, out.ptr());
     }
 }
 
 /// Writes a tile's registers to output rows `t..t+C`, columns of groups `g..g+R` (padding lanes
 /// masked). Its own target-feature function so that the store intrinsic is inlined.
 ///
-/// Safety: AVX-512F present; the rows and groups lie inside the (T, n_out) output.
+/// # Safety
+/// Rows `t..t+C` and the columns of groups `g..g+R` lie inside the (T, n_out) output at `out`.
 #[target_feature(enable = "avx512f")]
 unsafe fn store<const R: usize, const C: usize>(
+    _: Avx512Vnni,
     acc: &[[__m512; C]; R],
     g: usize,
     t: usize,
@@ -227,9 +238,16 @@ unsafe fn store<const R: usize, const C: usize>(
 
 /// Q4_1 groups `g..g+R` times activation rows `t..t+C`: 16 outputs per register.
 ///
-/// Safety: AVX-512 F/BW/VNNI present; the groups and rows exist.
+/// # Safety
+/// Groups `g..g+R` of `w` and rows `t..t+C` of `a` exist, and `w.blocks * QK == a.cols()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m512; C]; R] {
+unsafe fn q4_tile<const R: usize, const C: usize>(
+    _: Avx512Vnni,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m512; C]; R] {
     let blocks = w.blocks;
     let k = blocks * QK;
     let mask = _mm512_set1_epi8(0x0F);
@@ -276,9 +294,16 @@ unsafe fn q4_tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usi
 
 /// int8 groups `g..g+R` times activation rows `t..t+C`.
 ///
-/// Safety: as [`q4_tile`].
+/// # Safety
+/// As [`q4_tile`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_tile<const R: usize, const C: usize>(w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m512; C]; R] {
+unsafe fn q8_tile<const R: usize, const C: usize>(
+    _: Avx512Vnni,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m512; C]; R] {
     let blocks = w.blocks;
     let k = blocks * QK;
     let mut acc = [[_mm512_setzero_ps(); C]; R];

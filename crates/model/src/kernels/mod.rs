@@ -7,14 +7,16 @@
 //! size). Each (row, output) value is computed by the same instruction sequence whatever T is,
 //! so batched results equal unbatched ones bit for bit.
 //!
-//! x86-64 with AVX2+FMA takes the SIMD path, chosen at run time; anything else the scalar path.
-//! Both are tested against each other.
-#![allow(unsafe_code)] // SIMD intrinsics, each call guarded by run-time feature detection
+//! x86-64 takes the AVX-512 VNNI or AVX2+FMA path, chosen at run time from the features
+//! detected once (`cpu`, whose tokens every `unsafe` SIMD function requires); anything else the
+//! scalar path. All are tested against each other.
+#![allow(unsafe_code)] // SIMD intrinsics: each needs a feature token, and its lengths are asserted
 
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod causal;
+pub mod cpu;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 mod q4;
@@ -23,6 +25,7 @@ pub mod sgemm;
 mod simd;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
+use cpu::{cpu, Avx2Fma, SharedOut};
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
 
@@ -110,44 +113,39 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
-    if let Some(packed) = w.lanes.as_deref().filter(|_| has_avx512_vnni()) {
-        return lanes::matmul(packed, a, out);
+    if let (Some(packed), Some(vnni)) = (w.lanes.as_deref(), cpu().vnni) {
+        return lanes::matmul(vnni, packed, a, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q4Tile(w, a)));
+    if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {
+        return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q4Tile(vnni, w, a)));
     }
-    let avx2 = has_avx2();
+    let avx2 = cpu().avx2;
     tiled(n_out, t_rows, out, |cols| {
         let n1 = cols.n1;
         let mut n = cols.n0;
         while n < n1 {
-            let four = avx2 && n + 4 <= n1;
+            let four = avx2.filter(|_| n + 4 <= n1);
             for t in 0..t_rows {
                 let (aq, as_) = a.row(t);
                 let sums = a.sums(t);
-                if four {
+                if let Some(avx2) = four {
                     let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
-                    #[cfg(target_arch = "x86_64")]
-                    {
-                        // SAFETY: AVX2 and FMA were detected at run time.
-                        let r = unsafe {
-                            simd::dot_q4_avx2::<4>(
-                                [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
-                                [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
-                                [rows[0].2, rows[1].2, rows[2].2, rows[3].2],
-                                aq,
-                                as_,
-                                sums,
-                            )
-                        };
-                        cols.put(n, t, r.map(|x| [x]));
-                    }
+                    let r = simd::dot_q4(
+                        avx2,
+                        [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
+                        [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
+                        [rows[0].2, rows[1].2, rows[2].2, rows[3].2],
+                        aq,
+                        as_,
+                        sums,
+                    );
+                    cols.put(n, t, r.map(|x| [x]));
                 } else {
                     cols.put(n, t, [[dot_q4_row(w, n, aq, as_, sums, avx2)]]);
                 }
             }
-            n += if four { 4 } else { 1 };
+            n += if four.is_some() { 4 } else { 1 };
         }
     });
 }
@@ -193,47 +191,44 @@ trait TileCall {
     fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R];
 }
 
-/// The Q4_1 tile kernel; only built after the CPU features and the even block count were checked.
+/// The Q4_1 tile kernel; only built with the VNNI token, after the even block count was checked.
 #[cfg(target_arch = "x86_64")]
-struct Q4Tile<'a>(&'a Q4Matrix, &'a Q8Acts);
+struct Q4Tile<'a>(cpu::Avx512Vnni, &'a Q4Matrix, &'a Q8Acts);
 
 #[cfg(target_arch = "x86_64")]
 impl TileCall for Q4Tile<'_> {
     #[inline(always)]
     fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
-        let (w, a) = (self.0, self.1);
-        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols());
-        // SAFETY: AVX-512 F/BW/VNNI were detected and the block count is even (see construction);
-        // the R weight rows and C activation rows exist (asserted above).
-        unsafe { avx512::q4_tile::<R, C>(w.rows_from(n), a.rows_from(t), w.cols() / QK) }
+        let (vnni, w, a) = (self.0, self.1, self.2);
+        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols() && (w.cols() / QK).is_multiple_of(2));
+        // SAFETY: the token proves AVX-512 F/BW/VNNI; the block count is even and the R weight
+        // rows and C activation rows exist (asserted above).
+        unsafe { avx512::q4_tile::<R, C>(vnni, w.rows_from(n), a.rows_from(t), w.cols() / QK) }
     }
 }
 
-/// The int8 tile kernel; only built after the CPU features and the even block count were checked.
+/// The int8 tile kernel; only built with the VNNI token, after the even block count was checked.
 #[cfg(target_arch = "x86_64")]
-struct Q8Tile<'a>(&'a Q8Matrix, &'a Q8Acts);
+struct Q8Tile<'a>(cpu::Avx512Vnni, &'a Q8Matrix, &'a Q8Acts);
 
 #[cfg(target_arch = "x86_64")]
 impl TileCall for Q8Tile<'_> {
     #[inline(always)]
     fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
-        let (w, a) = (self.0, self.1);
-        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols());
+        let (vnni, w, a) = (self.0, self.1, self.2);
+        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols() && (w.cols() / QK).is_multiple_of(2));
         // SAFETY: as for Q4Tile.
-        unsafe { avx512::q8_tile::<R, C>(w.rows_from(n), a.rows_from(t), w.cols() / QK) }
+        unsafe { avx512::q8_tile::<R, C>(vnni, w.rows_from(n), a.rows_from(t), w.cols() / QK) }
     }
 }
 
 #[inline]
-fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2: bool) -> f32 {
+fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2: Option<Avx2Fma>) -> f32 {
     let (q, d, m) = w.row(n);
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { simd::dot_q4_avx2::<1>([q], [d], [m], aq, as_, sums)[0] };
+    match avx2 {
+        Some(avx2) => simd::dot_q4(avx2, [q], [d], [m], aq, as_, sums)[0],
+        None => q4::dot_q4_scalar(q, d, m, aq, as_, sums),
     }
-    let _ = avx2;
-    q4::dot_q4_scalar(q, d, m, aq, as_, sums)
 }
 
 /// Splits the N weight rows into chunks, one parallel task each; `fill(cols)` computes the output
@@ -242,21 +237,15 @@ fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2
 fn tiled(n_out: usize, t_rows: usize, out: &mut [f32], fill: impl Fn(Cols) + Sync) {
     assert_eq!(out.len(), n_out * t_rows);
     let chunk = chunk_rows(n_out, t_rows);
-    let shared = SharedOut(out.as_mut_ptr());
+    let shared = SharedOut::new(out);
     (0..n_out.div_ceil(chunk)).into_par_iter().for_each(|c| {
         let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
         fill(Cols { out: &shared, n_out, t_rows, n0, n1, _borrow: std::marker::PhantomData });
     });
 }
 
-/// The output pointer, shared by the tasks of one [`tiled`] call.
-struct SharedOut(*mut f32);
-// SAFETY: tasks write disjoint column ranges (see `Cols`), and `tiled` holds the `&mut` borrow of
-// the output until every task has finished.
-unsafe impl Sync for SharedOut {}
-
 /// One task's columns `n0..n1` of the (T, N) output: every write is checked to lie in them, so
-/// tasks never write the same element.
+/// the tasks of one [`tiled`] call, sharing its output pointer, never write the same element.
 struct Cols<'a> {
     out: &'a SharedOut,
     n_out: usize,
@@ -274,7 +263,7 @@ impl Cols<'_> {
         for (r, row) in v.iter().enumerate() {
             for (c, x) in row.iter().enumerate() {
                 // SAFETY: in bounds and inside this task's columns (asserted above).
-                unsafe { *self.out.0.add((t + c) * self.n_out + n + r) = *x };
+                unsafe { *self.out.ptr().add((t + c) * self.n_out + n + r) = *x };
             }
         }
     }
@@ -282,42 +271,19 @@ impl Cols<'_> {
 
 use rayon::prelude::*;
 
-/// True when the SIMD kernels can run on this CPU.
+/// True when the AVX2 kernels can run on this CPU.
 pub fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cpu().avx2.is_some()
 }
 
 /// True when the AVX-512F kernels (attention) can run on this CPU.
 pub fn has_avx512f() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cpu().avx512f.is_some()
 }
 
 /// True when the AVX-512 VNNI kernels can run on this CPU.
 pub fn has_avx512_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cpu().vnni.is_some()
 }
 
 /// `out[t, n] = sum_k w[n, k] * a[t, k]` for quantized weights and activations.
@@ -327,33 +293,30 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
-    if let Some(packed) = w.lanes.as_deref().filter(|_| has_avx512_vnni()) {
-        return lanes::matmul(packed, a, out);
+    if let (Some(packed), Some(vnni)) = (w.lanes.as_deref(), cpu().vnni) {
+        return lanes::matmul(vnni, packed, a, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if has_avx512_vnni() && (w.cols() / QK).is_multiple_of(2) {
-        return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q8Tile(w, a)));
+    if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {
+        return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q8Tile(vnni, w, a)));
     }
-    let avx2 = has_avx2();
+    let avx2 = cpu().avx2;
     tiled(n_out, t_rows, out, |cols| {
         let n1 = cols.n1;
         let mut n = cols.n0;
         // Four weight rows at a time where possible (same per-row arithmetic as one at a time).
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
+        if let Some(avx2) = avx2 {
             while n + 4 <= n1 {
                 let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
                 for t in 0..t_rows {
                     let (aq, as_) = a.row(t);
-                    // SAFETY: AVX2 and FMA were detected at run time.
-                    let d = unsafe {
-                        simd::dot_q8x4_avx2(
-                            [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
-                            [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
-                            aq,
-                            as_,
-                        )
-                    };
+                    let d = simd::dot_q8x4(
+                        avx2,
+                        [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
+                        [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
+                        aq,
+                        as_,
+                    );
                     cols.put(n, t, d.map(|x| [x]));
                 }
                 n += 4;
@@ -376,28 +339,23 @@ fn chunk_rows(n_out: usize, t_rows: usize) -> usize {
 }
 
 #[inline]
-fn dot_row(w: &Q8Matrix, n: usize, a: &Q8Acts, t: usize, avx2: bool) -> f32 {
+fn dot_row(w: &Q8Matrix, n: usize, a: &Q8Acts, t: usize, avx2: Option<Avx2Fma>) -> f32 {
     let (wq, ws) = w.row(n);
     let (aq, as_) = a.row(t);
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { simd::dot_q8_avx2(wq, ws, aq, as_) };
+    match avx2 {
+        Some(avx2) => simd::dot_q8(avx2, wq, ws, aq, as_),
+        None => q8::dot_q8_scalar(wq, ws, aq, as_),
     }
-    let _ = avx2;
-    q8::dot_q8_scalar(wq, ws, aq, as_)
 }
 
 /// `sum(a[i] * b[i])` in f32, vectorised where the CPU allows.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { simd::dot_f32_avx2(a, b) };
+    assert_eq!(a.len(), b.len());
+    match cpu().avx2 {
+        Some(avx2) => simd::dot_f32(avx2, a, b),
+        None => dot_generic(a, b),
     }
-    dot_generic(a, b)
 }
 
 /// Eight independent accumulators, so the compiler can vectorise without reassociating.
@@ -443,16 +401,20 @@ pub fn exp_approx(x: f32) -> f32 {
 /// x86-64, where the same loops get 4-wide SSE).
 pub fn exp_normalize(row: &mut [f32], scale: f32) -> (f32, f32, f32) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx512f() {
-        // SAFETY: AVX-512F was detected at run time.
-        return unsafe { exp_normalize_avx512(row, scale) };
+    if let Some(avx512) = cpu().avx512f {
+        // SAFETY: the token proves AVX-512F; the body is safe code on any slice.
+        return unsafe { exp_normalize_avx512(avx512, row, scale) };
     }
     exp_normalize_body(row, scale)
 }
 
+/// [`exp_normalize_body`] compiled with AVX-512F enabled so that it vectorises to 512 bits.
+///
+/// # Safety
+/// None beyond the target feature, which the token proves.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn exp_normalize_avx512(row: &mut [f32], scale: f32) -> (f32, f32, f32) {
+unsafe fn exp_normalize_avx512(_: cpu::Avx512F, row: &mut [f32], scale: f32) -> (f32, f32, f32) {
     exp_normalize_body(row, scale)
 }
 
@@ -525,12 +487,11 @@ pub fn softmax(x: &mut [f32]) {
 /// [`exp_approx`] covers) as `1 / (1 + e)` or `e / (1 + e)`, so the loop has no libm call and
 /// vectorises (a libm `expf` per element cost ~10% of prefill).
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { simd::silu_mul_avx2(gate, up) };
+    assert_eq!(gate.len(), up.len());
+    match cpu().avx2 {
+        Some(avx2) => simd::silu_mul(avx2, gate, up),
+        None => silu_mul_generic(gate, up),
     }
-    silu_mul_generic(gate, up)
 }
 
 #[inline(always)]

@@ -1,9 +1,93 @@
-//! AVX2 + FMA versions of the kernels. Every function here must only be called after
-//! `has_avx2()` returned true.
+//! AVX2 + FMA versions of the kernels. The safe functions at the top take the `Avx2Fma` token
+//! (the features were detected) and assert the slice lengths the `unsafe` kernels below rely on,
+//! once per call; the kernels' `# Safety` sections say what that is.
 #![allow(unsafe_code)]
 
+use super::cpu::Avx2Fma;
+use super::QK;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+/// One int8 weight row times one activation row (blocks of [`QK`], one scale each).
+#[inline]
+pub(crate) fn dot_q8(avx2: Avx2Fma, wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) -> f32 {
+    assert!(wq.len() == ws.len() * QK && aq.len() == wq.len() && as_.len() == ws.len());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the token proves AVX2 and FMA; the lengths are asserted above.
+    return unsafe { dot_q8_avx2(avx2, wq, ws, aq, as_) };
+    #[cfg(not(target_arch = "x86_64"))]
+    return {
+        let _ = avx2;
+        super::q8::dot_q8_scalar(wq, ws, aq, as_)
+    };
+}
+
+/// Four int8 weight rows times one activation row.
+#[inline]
+pub(crate) fn dot_q8x4(avx2: Avx2Fma, w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], as_: &[f32]) -> [f32; 4] {
+    let blocks = as_.len();
+    assert!(aq.len() == blocks * QK && (0..4).all(|r| w[r].len() == aq.len() && ws[r].len() == blocks));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the token proves AVX2 and FMA; the lengths are asserted above.
+    return unsafe { dot_q8x4_avx2(avx2, w, ws, aq, as_) };
+    #[cfg(not(target_arch = "x86_64"))]
+    return {
+        let _ = avx2;
+        std::array::from_fn(|r| super::q8::dot_q8_scalar(w[r], ws[r], aq, as_))
+    };
+}
+
+/// `R` Q4_1 weight rows (nibbles, scales, minimums) times one activation row with its block sums.
+#[inline]
+pub(crate) fn dot_q4<const R: usize>(
+    avx2: Avx2Fma,
+    q: [&[u8]; R],
+    d: [&[f32]; R],
+    m: [&[f32]; R],
+    aq: &[i8],
+    as_: &[f32],
+    sums: &[i32],
+) -> [f32; R] {
+    let blocks = as_.len();
+    assert!(aq.len() == blocks * QK && sums.len() == blocks);
+    assert!((0..R).all(|r| q[r].len() == blocks * QK / 2 && d[r].len() == blocks && m[r].len() == blocks));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the token proves AVX2 and FMA; the lengths are asserted above.
+    return unsafe { dot_q4_avx2::<R>(avx2, q, d, m, aq, as_, sums) };
+    #[cfg(not(target_arch = "x86_64"))]
+    return {
+        let _ = avx2;
+        std::array::from_fn(|r| super::q4::dot_q4_scalar(q[r], d[r], m[r], aq, as_, sums))
+    };
+}
+
+/// `sum(a[i] * b[i])`, vectorised to 256 bits.
+#[inline]
+pub(crate) fn dot_f32(avx2: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the token proves AVX2 and FMA; the body is safe code on any slices.
+    return unsafe { dot_f32_avx2(avx2, a, b) };
+    #[cfg(not(target_arch = "x86_64"))]
+    return {
+        let _ = avx2;
+        super::dot_generic(a, b)
+    };
+}
+
+/// `gate <- silu(gate) * up`, vectorised to 256 bits.
+#[inline]
+pub(crate) fn silu_mul(avx2: Avx2Fma, gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the token proves AVX2 and FMA; the body is safe code on any slices.
+    unsafe {
+        silu_mul_avx2(avx2, gate, up)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = avx2;
+        super::silu_mul_generic(gate, up)
+    }
+}
 
 /// One weight row times one activation row, 32 int8 pairs per step.
 ///
@@ -11,10 +95,12 @@ use std::arch::x86_64::*;
 /// activation (`sign_epi8`) and its absolute value used; values never reach -128, so the absolute
 /// value fits. Pairs of i16 products are then widened to i32 (`madd` with ones), converted to f32
 /// and accumulated with the block's combined scale, lane-wise; the 8 lanes are summed at the end.
+///
+/// # Safety
+/// `wq` and `aq` hold at least `ws.len() * 32` bytes and `as_` at least `ws.len()` scales.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_q8_avx2(wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) -> f32 {
-    debug_assert_eq!(wq.len(), aq.len());
+unsafe fn dot_q8_avx2(_: Avx2Fma, wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) -> f32 {
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     for b in 0..ws.len() {
@@ -34,9 +120,13 @@ pub(crate) unsafe fn dot_q8_avx2(wq: &[i8], ws: &[f32], aq: &[i8], as_: &[f32]) 
 /// Four weight rows times one activation row: four independent accumulator chains hide the FMA
 /// latency that a single dot product waits on, and the activation block is loaded once for all
 /// four. Each row's result is computed exactly as [`dot_q8_avx2`] computes it.
+///
+/// # Safety
+/// `aq` and each `w[r]` hold at least `as_.len() * 32` bytes, each `ws[r]` at least `as_.len()`
+/// scales.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_q8x4_avx2(w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], as_: &[f32]) -> [f32; 4] {
+unsafe fn dot_q8x4_avx2(_: Avx2Fma, w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], as_: &[f32]) -> [f32; 4] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); 4];
     for b in 0..as_.len() {
@@ -56,9 +146,14 @@ pub(crate) unsafe fn dot_q8x4_avx2(w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], as
 /// R Q4_1 weight rows times one activation row. Nibbles are unsigned, so `maddubs` takes them
 /// directly (no sign trick); the per-block minimum is added through the activation block sums.
 /// Each row's result is computed the same way whatever R is.
+///
+/// # Safety
+/// With `blocks = as_.len()`: `aq` holds at least `blocks * 32` bytes, each `q[r]` at least
+/// `blocks * 16`; each `d[r]`, `m[r]` and `sums` at least `blocks` entries.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_q4_avx2<const R: usize>(
+unsafe fn dot_q4_avx2<const R: usize>(
+    _: Avx2Fma,
     q: [&[u8]; R],
     d: [&[f32]; R],
     m: [&[f32]; R],
@@ -98,15 +193,21 @@ fn hsum(v: __m256) -> f32 {
 }
 
 /// The generic f32 dot product, compiled with AVX2/FMA enabled so that it vectorises to 256 bits.
+///
+/// # Safety
+/// None beyond the target features (the body is safe code).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+unsafe fn dot_f32_avx2(_: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
     super::dot_generic(a, b)
 }
 
 /// [`super::silu_mul_generic`] compiled with AVX2/FMA enabled so that it vectorises.
+///
+/// # Safety
+/// None beyond the target features (the body is safe code).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+unsafe fn silu_mul_avx2(_: Avx2Fma, gate: &mut [f32], up: &[f32]) {
     super::silu_mul_generic(gate, up)
 }

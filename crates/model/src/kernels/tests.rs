@@ -59,7 +59,7 @@ fn simd_and_scalar_paths_agree() {
     let (w_q, w_s) = wq.row(0);
     let (a_q, a_s) = a.row(0);
     let scalar = q8::dot_q8_scalar(w_q, w_s, a_q, a_s);
-    let dispatched = dot_row(&wq, 0, &a, 0, has_avx2());
+    let dispatched = dot_row(&wq, 0, &a, 0, cpu().avx2);
     assert!((scalar - dispatched).abs() <= 1e-4 * scalar.abs().max(1.0), "{scalar} vs {dispatched}");
     let (x, y) = (values(100, 7), values(100, 8));
     let plain: f32 = x.iter().zip(&y).map(|(a, b)| a * b).sum();
@@ -118,7 +118,7 @@ fn four_row_path_equals_row_by_row_exactly() {
     matmul_q8(&wq, &a, &mut out);
     for ti in 0..t {
         for ni in 0..n {
-            assert_eq!(out[ti * n + ni], dot_row(&wq, ni, &a, ti, has_avx2()), "({ti},{ni})");
+            assert_eq!(out[ti * n + ni], dot_row(&wq, ni, &a, ti, cpu().avx2), "({ti},{ni})");
         }
     }
 }
@@ -232,7 +232,7 @@ fn q4_matmul_matches_its_dequantised_weights_and_rows_agree() {
             assert!((got - exact).abs() < 0.02 * exact.abs().max(1.0), "({ti},{ni}): {got} vs {exact}");
             // The four-row path equals the one-row path, and the SIMD path the scalar one closely.
             let (aq, as_) = a.row(ti);
-            assert_eq!(got, dot_q4_row(&w, ni, aq, as_, a.sums(ti), has_avx2()));
+            assert_eq!(got, dot_q4_row(&w, ni, aq, as_, a.sums(ti), cpu().avx2));
             let (q, d, m) = w.row(ni);
             let scalar = q4::dot_q4_scalar(q, d, m, aq, as_, a.sums(ti));
             assert!((scalar - got).abs() <= 1e-4 * scalar.abs().max(1.0));

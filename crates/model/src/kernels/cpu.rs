@@ -1,0 +1,74 @@
+//! The CPU's SIMD features, detected once per process, as tokens.
+//!
+//! A token (`Avx2Fma`, `Avx512F`, `Avx512Vnni`) can only be obtained from [`cpu`], and only when
+//! the feature is there; the `unsafe` SIMD functions take one as an argument, so none can be
+//! called without the detection having succeeded. What remains for each caller to guarantee is
+//! stated in the function's `# Safety` section (slice lengths), and the safe dispatch functions
+//! check it with an `assert!` before the call.
+
+use std::sync::OnceLock;
+
+/// Proof that the CPU runs AVX2 and FMA.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx2Fma(());
+
+/// Proof that the CPU runs AVX-512F.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512F(());
+
+/// Proof that the CPU runs AVX-512 F, BW and VNNI.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512Vnni(());
+
+/// The features this process may use.
+#[derive(Debug, Clone, Copy)]
+pub struct Cpu {
+    pub avx2: Option<Avx2Fma>,
+    pub avx512f: Option<Avx512F>,
+    pub vnni: Option<Avx512Vnni>,
+}
+
+/// Detected on first use, then read from memory (the detection macro caches too, but one load of
+/// a struct is cheaper than three of its atomics on every matmul row).
+pub fn cpu() -> &'static Cpu {
+    static CPU: OnceLock<Cpu> = OnceLock::new();
+    CPU.get_or_init(detect)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Cpu {
+    use std::is_x86_feature_detected as has;
+    Cpu {
+        avx2: (has!("avx2") && has!("fma")).then_some(Avx2Fma(())),
+        avx512f: has!("avx512f").then_some(Avx512F(())),
+        vnni: (has!("avx512f") && has!("avx512bw") && has!("avx512vnni")).then_some(Avx512Vnni(())),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Cpu {
+    Cpu { avx2: None, avx512f: None, vnni: None }
+}
+
+/// An output buffer that parallel tasks write disjoint elements of, through a raw pointer (the
+/// one such type of the kernels: the matmul tasks and the training attention's tasks use it).
+/// Whoever builds one keeps the `&mut` borrow of the buffer until every task has finished.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(*mut f32);
+
+// SAFETY: the tasks sharing it write disjoint elements (each user says how), and the buffer
+// outlives them (the `&mut` borrow is held across the parallel section).
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    pub fn new(out: &mut [f32]) -> Self {
+        SharedOut(out.as_mut_ptr())
+    }
+
+    /// The pointer (a method, so that closures capture the whole `SharedOut`, which is `Sync`).
+    #[inline(always)]
+    pub fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
