@@ -46,8 +46,8 @@ pub async fn create(
     // another request, this answer is the same whatever the body says, and a burst of them must
     // be answered at once (R2), not after parsing hundreds of bodies.
     if !state.models().iter().any(|m| m.has_capacity()) {
-        super::engine(&state)?;
-        return Err(at_capacity().into());
+        let refusal = if state.models().is_empty() { super::no_engine() } else { at_capacity() };
+        return Err(refusal.into());
     }
     let OpenAiJson(body) = OpenAiJson::from_request(request, &state).await?;
     let plan = request::validate(&body, state.priority_scheduling())?;
@@ -101,9 +101,9 @@ pub async fn create(
     Ok(response)
 }
 
-/// Every queue this request could join is full.
+/// Every queue this request could join is full: the engine's own refusal, before asking it.
 fn at_capacity() -> ApiError {
-    ApiError::new(ErrorKind::Unavailable, "the server is at capacity; retry shortly").with_retry_after(1)
+    submit_error(tandem_core::inference::SubmitError::Overloaded)
 }
 
 /// With `echo`, the last message's text is prepended when its role is the reply's role.

@@ -24,7 +24,7 @@ pub enum Prompt {
 #[derive(Debug, Clone)]
 pub struct Draft {
     pub request_id: String,
-    /// The entity asking (scopes the prefix cache and the template jail).
+    /// The entity asking (scopes the prefix cache and, for the prompt's render, the template jail).
     pub tenant: String,
     pub prompt: Prompt,
     /// Tools whose calls the output is parsed for.
@@ -75,6 +75,7 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     let model = target.model.as_ref();
     let info = model.info();
     let Draft { mut params, prompt: Prompt::Chat(mut render), .. } = draft;
+    render.tenant = draft.tenant.clone();
     if draft.beam && 2 * draft.n > info.vocab_size {
         return Err(ApiError::bad_param(
             "n",

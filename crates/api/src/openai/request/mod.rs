@@ -63,7 +63,7 @@ impl ChatPlan {
         Draft {
             request_id,
             tenant: tenant.to_string(),
-            prompt: Prompt::Chat(ChatRender { tenant: tenant.to_string(), ..self.render.clone() }),
+            prompt: Prompt::Chat(self.render.clone()),
             tools: self.tools.clone(),
             params: self.params.clone(),
             max_tokens: self.max_tokens,
