@@ -62,11 +62,8 @@ impl InferenceBackend for FakeBackend {
     }
 }
 
-fn text_of(messages: &[Value]) -> String {
-    messages
-        .iter()
-        .map(|m| format!("{}: {}\n", m["role"].as_str().unwrap_or(""), m["content"].as_str().unwrap_or("")))
-        .collect()
+fn text_of(messages: &[tandem_core::chat::ChatMessage]) -> String {
+    messages.iter().map(|m| format!("{}: {}\n", m.role, m.text())).collect()
 }
 
 impl ServedModel for Fake {

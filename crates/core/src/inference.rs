@@ -297,7 +297,7 @@ pub enum InputError {
 /// Everything a chat render needs (the template inputs of the request).
 #[derive(Debug, Clone, Default)]
 pub struct ChatRender {
-    pub messages: Vec<serde_json::Value>,
+    pub messages: Vec<crate::chat::ChatMessage>,
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
     pub tools: Option<serde_json::Value>,
@@ -420,21 +420,3 @@ pub trait InferenceBackend: Send + Sync + 'static {
 }
 
 pub type SharedBackend = Arc<dyn InferenceBackend>;
-
-/// Text of a message content (shared by the template's string format and `echo`): a string as
-/// is, text parts joined with "\n", anything else "".
-pub fn content_text(content: &serde_json::Value) -> String {
-    match content {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| match p {
-                serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Object(o) => o.get("text").and_then(serde_json::Value::as_str).map(str::to_string),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}

@@ -8,11 +8,13 @@
 //! - [`sft`]: supervised fine-tuning: datasets, config, trained spans of a conversation.
 //! - [`records`]: models, checkpoints, logs, jobs and events as the store keeps them.
 //! - [`names`]: what a model address may contain.
+//! - [`chat`]: chat messages (role and content typed, the rest as sent).
 //! - [`inference`]: the port between the api and the inference engine.
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 //! - [`health`]: the training worker's heartbeat.
 
 pub mod beam;
+pub mod chat;
 pub mod health;
 pub mod inference;
 pub mod metrics;

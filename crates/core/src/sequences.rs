@@ -11,10 +11,16 @@
 //! is tokenized from the exact ids of its calls ([`exchanges`]).
 
 mod exchanges;
+mod stored;
 
 pub use exchanges::{TrainedModel, KINDS as EXCHANGE_KINDS};
+pub use stored::{
+    tokenize_groups, ModelBounds, RlInputs, TokenizeError, TokenizedGroup, TokenizedGroups, TokenizedTrajectory,
+    TOKENIZED_FORMAT,
+};
 
-use crate::inference::{content_text, ChatRender, ModelHandle};
+use crate::chat::{content_text, messages_from_values, ChatMessage};
+use crate::inference::{ChatRender, InputError, ModelHandle};
 use serde_json::Value;
 
 /// Renders a conversation with the served model's chat template (generation prompt added) and
@@ -23,11 +29,11 @@ pub trait ChatTokenizer {
     /// `add_generation_prompt`: end with the opening of an assistant turn.
     fn render(
         &self,
-        messages: &[Value],
+        messages: &[ChatMessage],
         tools: Option<&Value>,
         add_generation_prompt: bool,
-    ) -> Result<Vec<u32>, String>;
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String>;
+    ) -> Result<Vec<u32>, InputError>;
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, InputError>;
     /// The token whose raw bytes these are.
     fn token_id(&self, bytes: &[u8]) -> Option<u32>;
 }
@@ -39,21 +45,21 @@ pub struct ModelTokenizer(pub ModelHandle);
 impl ChatTokenizer for ModelTokenizer {
     fn render(
         &self,
-        messages: &[Value],
+        messages: &[ChatMessage],
         tools: Option<&Value>,
         add_generation_prompt: bool,
-    ) -> Result<Vec<u32>, String> {
+    ) -> Result<Vec<u32>, InputError> {
         let chat = ChatRender {
             messages: messages.to_vec(),
             add_generation_prompt,
             tools: tools.cloned(),
             ..ChatRender::default()
         };
-        self.0.render_chat(&chat).map_err(|e| e.to_string())
+        self.0.render_chat(&chat)
     }
 
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.0.tokenize(text, false).map_err(|e| e.to_string())
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, InputError> {
+        self.0.tokenize(text, false)
     }
 
     fn token_id(&self, bytes: &[u8]) -> Option<u32> {
@@ -61,8 +67,9 @@ impl ChatTokenizer for ModelTokenizer {
     }
 }
 
-/// One token sequence: context and trained tokens, in order.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// One token sequence: context and trained tokens, in order. Stored compactly (see [`stored`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "stored::StoredSequence", try_from = "stored::StoredSequence")]
 pub struct Sequence {
     pub tokens: Vec<u32>,
     /// Whether token i is trained (predicted from the tokens before it).
@@ -221,8 +228,10 @@ fn choice_tokens(
         _ => {
             // An older client: render the conversation so far, and take the completion's ids from
             // the logprob entries (`token_id:N`, or each entry's raw bytes), else from its text.
+            let messages =
+                messages_from_values(context).map_err(|e| format!("{here}: the conversation before it: {e}"))?;
             let prompt = tok
-                .render(context, tools, true)
+                .render(&messages, tools, true)
                 .map_err(|e| format!("{here}: cannot render the chat template: {e}"))?;
             let from_logprobs: Option<Vec<u32>> =
                 entries.as_ref().and_then(|es| es.iter().map(|e| entry_id(e, tok)).collect());

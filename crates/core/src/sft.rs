@@ -8,6 +8,7 @@
 //! and including that message adds to rendering it up to the message with the generation prompt,
 //! so templates only need to render append-only, which is checked.
 
+use crate::chat::messages_from_values;
 use crate::sequences::{ChatTokenizer, Sequence};
 use crate::validate::{optional, Validator};
 use serde::{Deserialize, Serialize};
@@ -242,13 +243,14 @@ pub fn parse_artifact_url(url: &str) -> Option<(&str, &str, &str, DatasetVersion
 pub fn sft_sequence(row: &Value, turns: AssistantTurns, tok: &dyn ChatTokenizer, at: &str) -> Result<Sequence, String> {
     let empty = Vec::new();
     let messages = row.get("messages").and_then(Value::as_array).unwrap_or(&empty);
+    let messages = messages_from_values(messages).map_err(|e| format!("{at}.{e}"))?;
     let tools = row.get("tools").filter(|t| !t.is_null());
     let assistant: Vec<usize> =
-        messages.iter().enumerate().filter(|(_, m)| m["role"] == "assistant").map(|(i, _)| i).collect();
+        messages.iter().enumerate().filter(|(_, m)| m.role == "assistant").map(|(i, _)| i).collect();
     let trained: Vec<usize> = match turns {
         AssistantTurns::All => assistant,
         AssistantTurns::Last => match messages.last() {
-            Some(m) if m["role"] == "assistant" => vec![messages.len() - 1],
+            Some(m) if m.role == "assistant" => vec![messages.len() - 1],
             _ => return Err(format!("{at}: assistant_turns 'last' needs the final message to be an assistant's")),
         },
     };

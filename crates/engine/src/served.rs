@@ -11,6 +11,7 @@ use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+use tandem_core::chat::ChatMessage;
 use tandem_core::inference::{
     AdapterRef, BaseModelInfo, ChatRender, GenerateRequest, InferEvent, InputError, ServedModel, SubmitError,
     ValidRequest,
@@ -109,11 +110,14 @@ impl Served {
             eos_token: self.tok.token_text(self.tok.eos_id),
         };
         let template_error = |e: &dyn std::fmt::Display| InputError::Template(e.to_string());
+        // The template sees each message as JSON: its typed role and content, and every other
+        // field as the client sent it.
+        let messages: Vec<serde_json::Value> = chat.messages.iter().map(ChatMessage::to_value).collect();
         let own;
         let template = match (&chat.chat_template, self.shared.jail.get()) {
             // A request's own template: in the jail when there is one (see `template::jail`).
             (Some(source), Some(jail)) => {
-                let job = JailJob { source: source.clone(), messages: chat.messages.clone(), inputs };
+                let job = JailJob { source: source.clone(), messages, inputs };
                 return jail.render(&job, &chat.tenant).map_err(|e| template_error(&e));
             }
             (Some(source), None) => {
@@ -125,7 +129,7 @@ impl Served {
                 .as_ref()
                 .ok_or_else(|| InputError::Template("this model has no chat template; pass `chat_template`".into()))?,
         };
-        template.render(&chat.messages, &inputs).map_err(|e| template_error(&e))
+        template.render(&messages, &inputs).map_err(|e| template_error(&e))
     }
 
     fn check_vocabulary(&self, tokens: &[u32]) -> Result<(), InputError> {
@@ -179,7 +183,7 @@ impl ServedModel for Served {
         // (SmolLM2's) renders the same text with or without.
         const PROBE: &str = "tandem_probe_tool_7f3a";
         let probe = ChatRender {
-            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
+            messages: vec![ChatMessage::text_message("user", "hi")],
             add_generation_prompt: true,
             tools: Some(serde_json::json!([{"type": "function", "function": {"name": PROBE, "description": PROBE,
                 "parameters": {"type": "object", "properties": {}}}}])),

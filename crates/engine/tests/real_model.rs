@@ -23,7 +23,7 @@ fn engine() -> ModelHandle {
 
 fn chat(user: &str) -> ChatRender {
     ChatRender {
-        messages: vec![serde_json::json!({"role": "user", "content": user})],
+        messages: vec![tandem_core::chat::ChatMessage::text_message("user", user)],
         add_generation_prompt: true,
         ..Default::default()
     }

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tandem_core::records::ModelRecord;
+use tandem_core::sequences::RlInputs;
 use tandem_core::sft::SftConfig;
 use tandem_core::train_config::TrainConfig;
 use uuid::Uuid;
@@ -33,7 +34,8 @@ pub struct TrainJob {
 pub enum TrainTask {
     Rl {
         config: TrainConfig,
-        trajectory_groups: Value,
+        /// The trajectories: tokenized when the job was created, or raw from an older job.
+        inputs: RlInputs,
         /// The KL penalty's reference policy, resolved by the worker when the config has one.
         kl_reference: Option<ReferencePolicy>,
     },

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_core::health::Heartbeat;
 use tandem_core::records::{EventKind, JobKind, Order, PageRequest};
+use tandem_core::sequences::RlInputs;
 use tandem_core::sft::SftConfig;
 use tandem_core::train_config::{KlReference, TrainConfig};
 use tandem_store::{now_ms, CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
@@ -222,7 +223,10 @@ impl Worker {
                     },
                     None => None,
                 };
-                Ok(Ok(TrainTask::Rl { config, trajectory_groups: claimed.inputs.clone(), kl_reference }))
+                match RlInputs::from_stored(claimed.inputs.clone()) {
+                    Ok(inputs) => Ok(Ok(TrainTask::Rl { config, inputs, kl_reference })),
+                    Err(why) => Ok(Err(why)),
+                }
             }
             JobKind::Sft => {
                 let config: SftConfig = match serde_json::from_value(claimed.config.clone()) {

@@ -1,6 +1,7 @@
 //! [`LoraTrainer`]: one training job from trajectory groups to adapter files.
 //!
-//! Tokenize every trajectory, compute group advantages, pack rows, then per row: forward,
+//! Take the job's token sequences (tokenized when the job was created), compute group advantages,
+//! pack rows, then per row: forward,
 //! policy loss and its per-token gradient ([`crate::loss`]), backward through the surrogate
 //! `sum(g * new_lp)`, gradient clipping, one AdamW step. The job continues from the model's
 //! latest checkpoint, or from a fresh adapter (equal to the base model).
@@ -17,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tandem_core::sequences::{fits_model, tokenize_trajectory, TrainedModel};
+use tandem_core::sequences::{fits_model, tokenize_groups, ModelBounds, RlInputs, TrainedModel};
 use tandem_core::train_config::TrainConfig;
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 
@@ -106,34 +107,41 @@ impl LoraTrainer {
     }
 }
 
-/// Trajectories of the job, tokenized, with their group advantages.
+/// The job's trajectories with their group advantages. Inputs stored raw (a job from before
+/// tokenization at creation) are tokenized here with the base's tokenizer, as they were then.
 fn prepare(
     job: &TrainJob,
     config: &TrainConfig,
-    groups: &Value,
+    inputs: &RlInputs,
     tok: &dyn TrainTokenizer,
+    bounds: ModelBounds,
 ) -> Result<(Vec<TrajectoryInput>, Map<String, Value>), TrainError> {
-    let groups = groups.as_array().ok_or_else(|| TrainError::Invalid("trajectory_groups must be a list".into()))?;
+    let tokenized;
+    let groups = match inputs {
+        RlInputs::Tokenized(t) => t,
+        RlInputs::Raw(raw) => {
+            let model = TrainedModel { entity: &job.model.entity, project: &job.model.project, name: &job.model.name };
+            tokenized = tokenize_groups(raw, tok, &model, config.allow_training_without_logprobs, bounds).map_err(
+                |errors| TrainError::Invalid(errors.into_iter().map(|e| e.message).collect::<Vec<_>>().join("; ")),
+            )?;
+            &tokenized
+        }
+    };
     let mut out = Vec::new();
     let (mut n_traj, mut trainable_groups) = (0usize, 0usize);
-    let model = TrainedModel { entity: &job.model.entity, project: &job.model.project, name: &job.model.name };
-    for (g, group) in groups.iter().enumerate() {
-        let trajs = group.get("trajectories").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-        let rewards: Vec<f64> = trajs.iter().map(|t| t.get("reward").and_then(Value::as_f64).unwrap_or(0.0)).collect();
+    for group in &groups.groups {
+        let rewards: Vec<f64> = group.trajectories.iter().map(|t| t.reward).collect();
         let adv = group_advantages(&rewards, config.scale_rewards);
-        n_traj += trajs.len();
+        n_traj += rewards.len();
         if adv.iter().any(|a| *a != 0.0) {
             trainable_groups += 1;
         }
-        for (t, (traj, a)) in trajs.iter().zip(adv).enumerate() {
-            let at = format!("trajectory_groups[{g}].trajectories[{t}]");
-            let sequences = tokenize_trajectory(traj, tok, &model, config.allow_training_without_logprobs, &at)
-                .map_err(TrainError::Invalid)?;
-            out.push(TrajectoryInput { advantage: a, sequences });
+        for (traj, a) in group.trajectories.iter().zip(adv) {
+            out.push(TrajectoryInput { advantage: a, sequences: traj.sequences.clone() });
         }
     }
     let mut extra = Map::new();
-    extra.insert("num_groups".into(), json!(groups.len()));
+    extra.insert("num_groups".into(), json!(groups.groups.len()));
     extra.insert("num_groups_trainable".into(), json!(trainable_groups));
     extra.insert("num_trajectories".into(), json!(n_traj));
     Ok((out, extra))
@@ -382,8 +390,8 @@ impl StepTotals {
 impl Trainer for LoraTrainer {
     fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
         match &job.task {
-            TrainTask::Rl { config, trajectory_groups, kl_reference } => {
-                self.train_rl(job, config, trajectory_groups, kl_reference.as_ref(), sink)
+            TrainTask::Rl { config, inputs, kl_reference } => {
+                self.train_rl(job, config, inputs, kl_reference.as_ref(), sink)
             }
             TrainTask::Sft { config, rows } => crate::sft::train_sft(self, job, config, rows, sink),
         }
@@ -395,14 +403,15 @@ impl LoraTrainer {
         &self,
         job: &TrainJob,
         config: &TrainConfig,
-        groups: &Value,
+        inputs: &RlInputs,
         kl_reference: Option<&ReferencePolicy>,
         sink: &mut dyn TrainSink,
     ) -> Result<TrainOutput, TrainError> {
         let (base, tb) = self.base(&job.model.base_model)?;
-        let (trajs, mut extra) = prepare(job, config, groups, tb.tokenizer.as_ref())?;
-        // Checked at job creation too; a job created before that check (or without a served
-        // model to check against) must still never index past the embeddings or positions.
+        let bounds = ModelBounds { vocab: base.config.vocab, context: base.config.context_len };
+        let (trajs, mut extra) = prepare(job, config, inputs, tb.tokenizer.as_ref(), bounds)?;
+        // Checked when the job was tokenized too; stored inputs are the store's to keep, and the
+        // trainer must never index past the embeddings or positions whatever they hold.
         for (i, t) in trajs.iter().enumerate() {
             fits_model(&t.sequences, base.config.vocab, base.config.context_len, &format!("trajectory {i}"))
                 .map_err(TrainError::Invalid)?;

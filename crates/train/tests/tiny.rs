@@ -6,7 +6,9 @@ use candle_core::{Tensor, Var};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tandem_core::sequences::ChatTokenizer;
+use tandem_core::chat::ChatMessage;
+use tandem_core::inference::InputError;
+use tandem_core::sequences::{tokenize_groups, ChatTokenizer, ModelBounds, RlInputs, TrainedModel};
 use tandem_core::sft::{AssistantTurns, LearningRate, SftConfig};
 use tandem_core::train_config::{ImportanceSamplingLevel, KlPenalty, KlReference, KlSource, LossKind, TrainConfig};
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainSink, TrainTask, Trainer};
@@ -179,10 +181,10 @@ fn tiny_model_record() -> tandem_core::records::ModelRecord {
 
 struct Bytes;
 impl ChatTokenizer for Bytes {
-    fn render(&self, _m: &[Value], _t: Option<&Value>, _g: bool) -> Result<Vec<u32>, String> {
-        Err("not used".into())
+    fn render(&self, _m: &[ChatMessage], _t: Option<&Value>, _g: bool) -> Result<Vec<u32>, InputError> {
+        Err(InputError::Template("not used".into()))
     }
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, InputError> {
         Ok(text.bytes().map(u32::from).collect())
     }
     fn token_id(&self, bytes: &[u8]) -> Option<u32> {
@@ -270,7 +272,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
         model,
         base_step: 0,
         base_checkpoint: None,
-        task: TrainTask::Rl { config, trajectory_groups: groups, kl_reference: None },
+        task: TrainTask::Rl { config, inputs: RlInputs::Raw(groups), kl_reference: None },
     };
     let mut sink = Sink::default();
     let out = trainer.train(&job, &mut sink).unwrap();
@@ -351,7 +353,7 @@ fn parts_give_the_same_step_as_the_whole_row() {
                 importance_sampling_level: ImportanceSamplingLevel::Sequence,
                 ..TrainConfig::default()
             },
-            trajectory_groups: groups,
+            inputs: RlInputs::Raw(groups),
             kl_reference: None,
         },
     };
@@ -392,6 +394,39 @@ fn parts_give_the_same_step_as_the_whole_row() {
     }
 }
 
+/// A job whose trajectories were tokenized at creation (what the api stores now) trains exactly
+/// as the same job stored raw (what older servers stored, tokenized by the trainer), and the
+/// tokenized form survives the store's JSON.
+#[test]
+fn stored_tokenized_inputs_train_like_raw_ones() {
+    let (_dir, path) = tiny();
+    let base = Base::load(&path).unwrap();
+    let groups = json!([{"trajectories": [
+        {"reward": 1.0, "messages_and_choices": [choice(&[20, 21, 22], &[70, 71], -1.0)]},
+        {"messages_and_choices": [choice(&[20, 21, 23], &[90, 91, 92], -1.5)]},
+    ]}]);
+    let model = tiny_model_record();
+    let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
+    let bounds = ModelBounds { vocab: base.config.vocab, context: base.config.context_len };
+    let tokenized = tokenize_groups(&groups, &Bytes, &trained, false, bounds).unwrap();
+    let stored = RlInputs::from_stored(RlInputs::Tokenized(tokenized).to_stored()).unwrap();
+    assert!(matches!(stored, RlInputs::Tokenized(_)));
+    let trainer =
+        LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
+    let run = |inputs: RlInputs| {
+        let task = TrainTask::Rl { config: TrainConfig::default(), inputs, kl_reference: None };
+        let job =
+            TrainJob { job_id: uuid::Uuid::now_v7(), model: model.clone(), base_step: 0, base_checkpoint: None, task };
+        let mut sink = Sink::default();
+        let out = trainer.train(&job, &mut sink).unwrap();
+        (sink.steps[0]["loss"], out.files)
+    };
+    let (raw_loss, raw_files) = run(RlInputs::Raw(groups.clone()));
+    let (tok_loss, tok_files) = run(stored);
+    assert_eq!(raw_loss, tok_loss);
+    assert_eq!(raw_files, tok_files);
+}
+
 /// With `precalculate_logprobs` the old logprobs are recomputed under the job's starting weights,
 /// so the first step's ratios are exactly 1 whatever the sampler reported; without it they are not.
 #[test]
@@ -413,7 +448,7 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
                     truncated_importance_sampling: Some(2.0),
                     ..TrainConfig::default()
                 },
-                trajectory_groups: groups.clone(),
+                inputs: RlInputs::Raw(groups.clone()),
                 kl_reference: None,
             },
         };
@@ -456,7 +491,7 @@ fn zero_variance_jobs_train_nothing() {
         model: tiny_model_record(),
         base_step: 0,
         base_checkpoint: None,
-        task: TrainTask::Rl { config: TrainConfig::default(), trajectory_groups: groups, kl_reference: None },
+        task: TrainTask::Rl { config: TrainConfig::default(), inputs: RlInputs::Raw(groups), kl_reference: None },
     };
     let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
     let mut sink = Sink::default();
@@ -519,11 +554,11 @@ fn int8_projections_track_the_exact_gradient() {
 struct ByteChat;
 
 impl ChatTokenizer for ByteChat {
-    fn render(&self, messages: &[Value], _t: Option<&Value>, generation: bool) -> Result<Vec<u32>, String> {
+    fn render(&self, messages: &[ChatMessage], _t: Option<&Value>, generation: bool) -> Result<Vec<u32>, InputError> {
         let mut out = Vec::new();
         for m in messages {
-            out.push(if m["role"] == "assistant" { 3 } else { 1 });
-            out.extend(m["content"].as_str().unwrap_or_default().bytes().map(u32::from));
+            out.push(if m.role == "assistant" { 3 } else { 1 });
+            out.extend(m.text().bytes().map(u32::from));
             out.push(2);
         }
         if generation {
@@ -531,7 +566,7 @@ impl ChatTokenizer for ByteChat {
         }
         Ok(out)
     }
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, InputError> {
         Ok(text.bytes().map(u32::from).collect())
     }
     fn token_id(&self, _bytes: &[u8]) -> Option<u32> {

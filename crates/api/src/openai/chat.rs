@@ -112,8 +112,7 @@ fn echo_text(plan: &ChatPlan) -> Option<String> {
         return None;
     }
     let last = plan.render.messages.last()?;
-    (last.get("role").and_then(|r| r.as_str()) == Some(plan.role.as_str()))
-        .then(|| tandem_core::inference::content_text(last.get("content").unwrap_or(&serde_json::Value::Null)))
+    (last.role == plan.role).then(|| last.text())
 }
 
 /// Waits for every choice to finish.
@@ -140,7 +139,6 @@ fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit:
     let (tx, out) = tokio::sync::mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let _permit = permit;
-        let frame = |v: serde_json::Value| Bytes::from(format!("data: {v}\n\n"));
         let mut opened = false;
         // One timer for the whole stream, pushed back at every event (not a new one per token).
         let silence = tokio::time::sleep(KEEP_ALIVE);
@@ -167,29 +165,33 @@ fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit:
             if !opened {
                 opened = true;
                 for chunk in renderer.opening() {
-                    if tx.send(frame(chunk)).await.is_err() {
+                    if tx.send(frame(&chunk)).await.is_err() {
                         return;
                     }
                 }
             }
             let chunks = match next {
-                Some(InferEvent::Error(m)) => vec![error_frame(&format!("generation failed: {m}"))],
-                Some(ev) => renderer.event(ev),
-                None => vec![error_frame("the inference engine stopped during generation")],
+                Some(InferEvent::Error(m)) => Err(format!("generation failed: {m}")),
+                Some(ev) => Ok(renderer.event(ev)),
+                None => Err("the inference engine stopped during generation".to_string()),
             };
-            let failed = chunks.iter().any(|c| c.get("error").is_some());
-            for chunk in chunks {
-                if tx.send(frame(chunk)).await.is_err() {
+            match chunks {
+                Ok(chunks) => {
+                    for chunk in chunks {
+                        if tx.send(frame(&chunk)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(message) => {
+                    let _ = tx.send(frame(&error_frame(&message))).await;
+                    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
                     return;
                 }
             }
-            if failed {
-                let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
-                return;
-            }
         }
         for chunk in renderer.closing() {
-            if tx.send(frame(chunk)).await.is_err() {
+            if tx.send(frame(&chunk)).await.is_err() {
                 return;
             }
         }
@@ -201,6 +203,13 @@ fn stream(mut renderer: Renderer, mut rx: UnboundedReceiver<InferEvent>, permit:
         .header(header::CACHE_CONTROL, "no-cache")
         .body(body)
         .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// One SSE data frame. The chunk types hold only strings, numbers and lists, which always
+/// serialise.
+fn frame<T: serde::Serialize>(v: &T) -> Bytes {
+    let json = serde_json::to_string(v).unwrap_or_default();
+    Bytes::from(format!("data: {json}\n\n"))
 }
 
 fn error_frame(message: &str) -> serde_json::Value {

@@ -10,6 +10,7 @@ mod resolve;
 mod response;
 mod tokenize;
 mod tools;
+pub mod wire;
 
 use crate::auth::{require_openai, Caller};
 use crate::error::{ApiError, ErrorKind, OpenAiError};

@@ -1,11 +1,16 @@
-//! Engine events as OpenAI/vLLM chat responses: one `chat.completion`, or `chat.completion.chunk`
-//! frames (role chunk per choice first, content chunks, one finish chunk per choice, an optional
-//! usage chunk).
+//! Engine events as OpenAI/vLLM chat responses ([`super::wire`]): one `chat.completion`, or
+//! `chat.completion.chunk` frames (role chunk per choice first, content chunks, one finish chunk
+//! per choice, an optional usage chunk).
 
 use super::reasoning;
 use super::request::ChatPlan;
 use super::tools::{self, Format, ToolMode};
-use serde_json::{json, Value};
+use super::wire::{
+    ChatCompletion, Choice, ChoiceLogprobs, Chunk, ChunkChoice, CompletionTokensDetails, Delta, FunctionCall,
+    FunctionDelta, LogprobEntry, Message, PositionLogprobs, PromptTokensDetails, StopReasonOut, ToolCall,
+    ToolCallDelta, TopEntry, Usage,
+};
+use std::sync::Arc;
 use tandem_core::inference::{
     FinishReason, InferEvent, RankedLogprob, ReasoningParser, StopReason, TokenLogprob, TopLogprob,
 };
@@ -63,9 +68,9 @@ impl Collected {
 
 /// Builds response bodies for one request.
 pub struct Renderer {
-    id: String,
+    id: Arc<str>,
     created: u64,
-    model: String,
+    model: Arc<str>,
     role: String,
     n: usize,
     prompt: Vec<u32>,
@@ -91,61 +96,40 @@ pub struct Renderer {
 
 /// The `finish_reason` of a choice: `tool_calls` when calls were made and the engine stopped by
 /// itself, except for a named tool choice (`stop`, as OpenAI and vLLM report it).
-fn finish_json(reason: FinishReason, calls: &[tools::Call], mode: Option<&ToolMode>) -> &'static str {
+fn finish_reason(reason: FinishReason, calls: &[tools::Call], mode: Option<&ToolMode>) -> &'static str {
     match (reason, mode) {
         (FinishReason::Stop, Some(m)) if !calls.is_empty() && !matches!(m.format, Format::Arguments(_)) => "tool_calls",
         _ => reason.as_str(),
     }
 }
 
-fn calls_json(calls: &[tools::Call]) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .map(|c| json!({"id": tools::call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect(),
-    )
+fn tool_calls(calls: &[tools::Call]) -> Vec<ToolCall> {
+    calls
+        .iter()
+        .map(|c| ToolCall {
+            id: tools::call_id(),
+            kind: "function",
+            function: FunctionCall { name: c.name.clone(), arguments: c.arguments.clone() },
+        })
+        .collect()
 }
 
-/// vLLM's shape: null for the first position, then `{"<id>": {logprob, rank, decoded_token}}`.
-fn prompt_logprobs_json(p: &Option<Vec<Option<Vec<RankedLogprob>>>>) -> Value {
-    let Some(positions) = p else { return Value::Null };
-    Value::Array(
-        positions
-            .iter()
-            .map(|pos| match pos {
-                None => Value::Null,
-                Some(entries) => Value::Object(
-                    entries
-                        .iter()
-                        .map(|e| {
-                            (
-                                e.token_id.to_string(),
-                                json!({ "logprob": e.logprob, "rank": e.rank, "decoded_token": e.decoded }),
-                            )
-                        })
-                        .collect(),
-                ),
-            })
-            .collect(),
-    )
+/// vLLM's shape: null for the first position, then each position's ranked entries.
+fn prompt_logprobs(p: &Option<Vec<Option<Vec<RankedLogprob>>>>) -> Option<Vec<Option<PositionLogprobs>>> {
+    p.as_ref().map(|positions| positions.iter().map(|pos| pos.clone().map(PositionLogprobs)).collect())
 }
 
-fn stop_reason_json(s: &Option<StopReason>) -> Value {
-    match s {
-        None => Value::Null,
-        Some(StopReason::Text(t)) => json!(t),
-        Some(StopReason::Token(id)) => json!(id),
-    }
+fn stop_reason(s: &Option<StopReason>) -> Option<StopReasonOut> {
+    s.as_ref().map(StopReasonOut::from)
 }
 
 impl Renderer {
     pub fn new(plan: &ChatPlan, model: &str, request_id: &str, prompt: Vec<u32>, echo: Option<String>) -> Self {
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Renderer {
-            id: format!("chatcmpl-{request_id}"),
+            id: format!("chatcmpl-{request_id}").into(),
             created,
-            model: model.to_string(),
+            model: model.into(),
             role: plan.role.clone(),
             n: plan.n,
             prompt,
@@ -217,9 +201,7 @@ impl Renderer {
         (if self.include_reasoning { reasoning } else { String::new() }, content)
     }
 
-    fn top_json(&self, t: &TopLogprob) -> Value {
-        // `bytes` are the token's raw bytes (whole even when the text shows a split character),
-        // so a client can map an entry back to its token id.
+    fn top_entry(&self, t: &TopLogprob) -> TopEntry {
         let (token, bytes) = if self.tokens_as_ids {
             let t = format!("token_id:{}", t.token_id);
             let b = t.as_bytes().to_vec();
@@ -227,34 +209,32 @@ impl Renderer {
         } else {
             (t.token.clone(), t.bytes.clone())
         };
-        json!({ "token": token, "logprob": t.logprob, "bytes": bytes })
+        TopEntry { token, logprob: t.logprob, bytes }
     }
 
-    fn logprob_json(&self, lp: &TokenLogprob) -> Value {
-        let mut entry = self.top_json(&lp.token);
-        entry["top_logprobs"] = Value::Array(lp.top.iter().map(|t| self.top_json(t)).collect());
-        entry
+    fn logprob_entry(&self, lp: &TokenLogprob) -> LogprobEntry {
+        let TopEntry { token, logprob, bytes } = self.top_entry(&lp.token);
+        LogprobEntry { token, logprob, bytes, top_logprobs: lp.top.iter().map(|t| self.top_entry(t)).collect() }
     }
 
     /// Usage over `choices`; with a reasoning parser also how many tokens wrote reasoning.
-    fn usage(&self, choices: &[ChoiceOut], cached: usize) -> Value {
+    fn usage(&self, choices: &[ChoiceOut], cached: usize) -> Usage {
         let completion: usize = choices.iter().map(|c| c.token_ids.len()).sum();
-        let mut usage = json!({
-            "prompt_tokens": self.prompt.len(),
-            "completion_tokens": completion,
-            "total_tokens": self.prompt.len() + completion,
-            "prompt_tokens_details": { "cached_tokens": cached },
+        let completion_tokens_details = self.reasoning.map(|parser| CompletionTokensDetails {
+            reasoning_tokens: choices.iter().map(|c| reasoning::tokens(parser, &c.text, &c.token_ends)).sum(),
         });
-        if let Some(parser) = self.reasoning {
-            let thought: usize = choices.iter().map(|c| reasoning::tokens(parser, &c.text, &c.token_ends)).sum();
-            usage["completion_tokens_details"] = json!({ "reasoning_tokens": thought });
+        Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: completion,
+            total_tokens: self.prompt.len() + completion,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+            completion_tokens_details,
         }
-        usage
     }
 
     /// The non-streamed `chat.completion`.
-    pub fn full(&self, c: Collected) -> Value {
-        let choices: Vec<Value> = c
+    pub fn full(&self, c: Collected) -> ChatCompletion {
+        let choices = c
             .choices
             .iter()
             .enumerate()
@@ -265,65 +245,80 @@ impl Renderer {
                     Some(mode) => tools::parse(mode, text),
                     None => (Some(format!("{}{}", self.echo.as_deref().unwrap_or(""), text)), Vec::new()),
                 };
-                let thought = thought.filter(|_| self.include_reasoning);
-                let mut message = json!({
-                    "role": self.role, "content": content, "refusal": null, "annotations": null,
-                    "audio": null, "function_call": null, "reasoning": thought,
-                });
-                if self.reasoning.is_some() {
-                    // vLLM <= 0.11's name, still read by older clients.
-                    message["reasoning_content"] = json!(thought);
+                let thought = thought.filter(|_| self.include_reasoning).map(str::to_string);
+                let message = Message {
+                    role: self.role.clone(),
+                    content,
+                    refusal: None,
+                    annotations: None,
+                    audio: None,
+                    function_call: None,
+                    reasoning_content: self.reasoning.map(|_| thought.clone()),
+                    reasoning: thought,
+                    tool_calls: tool_calls(&calls),
+                };
+                Choice {
+                    index: i,
+                    message,
+                    logprobs: self.logprobs.then(|| ChoiceLogprobs {
+                        content: ch.logprobs.iter().map(|l| self.logprob_entry(l)).collect(),
+                    }),
+                    finish_reason: finish_reason(reason, &calls, self.tools.as_ref()),
+                    stop_reason: stop_reason(&stop),
+                    token_ids: self.return_token_ids.then(|| ch.token_ids.clone()),
                 }
-                if !calls.is_empty() {
-                    message["tool_calls"] = calls_json(&calls);
-                }
-                json!({
-                    "index": i,
-                    "message": message,
-                    "logprobs": if self.logprobs { json!({ "content": ch.logprobs.iter().map(|l| self.logprob_json(l)).collect::<Vec<_>>() }) } else { Value::Null },
-                    "finish_reason": finish_json(reason, &calls, self.tools.as_ref()),
-                    "stop_reason": stop_reason_json(&stop),
-                    "token_ids": if self.return_token_ids { json!(ch.token_ids) } else { Value::Null },
-                })
             })
             .collect();
-        json!({
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": choices, "usage": self.usage(&c.choices, c.cached_tokens),
-            "system_fingerprint": null, "service_tier": null, "prompt_logprobs": prompt_logprobs_json(&c.prompt_logprobs),
-            "prompt_token_ids": if self.return_token_ids { json!(self.prompt) } else { Value::Null },
-            "kv_transfer_params": null,
-        })
-    }
-
-    fn chunk(&self, choice: Value) -> Value {
-        json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [choice] })
-    }
-
-    fn with_usage(&self, mut chunk: Value, choice: usize) -> Value {
-        if self.continuous_usage {
-            let so_far = self.state.choices.get(choice..=choice).unwrap_or_default();
-            chunk["usage"] = self.usage(so_far, self.state.cached_tokens);
+        ChatCompletion {
+            id: self.id.clone(),
+            object: "chat.completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage: self.usage(&c.choices, c.cached_tokens),
+            system_fingerprint: None,
+            service_tier: None,
+            prompt_logprobs: prompt_logprobs(&c.prompt_logprobs),
+            prompt_token_ids: self.return_token_ids.then(|| self.prompt.clone()),
+            kv_transfer_params: None,
         }
-        chunk
+    }
+
+    /// A chunk of `choices`; with `continuous_usage_stats`, the usage of choice `usage_of` so far.
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage_of: Option<usize>) -> Chunk {
+        let usage = match usage_of {
+            Some(i) if self.continuous_usage => {
+                let so_far = self.state.choices.get(i..=i).unwrap_or_default();
+                Some(self.usage(so_far, self.state.cached_tokens))
+            }
+            _ => None,
+        };
+        Chunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            prompt_token_ids: None,
+            usage,
+        }
     }
 
     /// The role chunk of every choice (and echo chunks), before any token.
-    pub fn opening(&self) -> Vec<Value> {
+    pub fn opening(&self) -> Vec<Chunk> {
         let mut out = Vec::new();
         for i in 0..self.n {
-            let mut c = self.chunk(json!({ "index": i, "delta": { "role": self.role, "content": "" }, "logprobs": null, "finish_reason": null }));
+            let delta = Delta { role: Some(self.role.clone()), content: Some(String::new()), ..Delta::default() };
+            let mut c = self.chunk(vec![ChunkChoice { index: i, delta, ..ChunkChoice::default() }], Some(i));
             if i == 0 && self.return_token_ids {
-                c["prompt_token_ids"] = json!(self.prompt);
+                c.prompt_token_ids = Some(self.prompt.clone());
             }
-            out.push(self.with_usage(c, i));
+            out.push(c);
         }
         if let Some(echo) = &self.echo {
             for i in 0..self.n {
-                let c = self.chunk(
-                    json!({ "index": i, "delta": { "content": echo }, "logprobs": null, "finish_reason": null }),
-                );
-                out.push(self.with_usage(c, i));
+                let delta = Delta { content: Some(echo.clone()), ..Delta::default() };
+                out.push(self.chunk(vec![ChunkChoice { index: i, delta, ..ChunkChoice::default() }], Some(i)));
             }
         }
         out
@@ -334,7 +329,7 @@ impl Renderer {
     }
 
     /// Frames for one engine event.
-    pub fn event(&mut self, ev: InferEvent) -> Vec<Value> {
+    pub fn event(&mut self, ev: InferEvent) -> Vec<Chunk> {
         self.state.push(ev.clone());
         match ev {
             InferEvent::Token { choice, token_id, text: _, logprob } => {
@@ -345,23 +340,29 @@ impl Renderer {
                 if text.is_empty() && thought.is_empty() && !self.logprobs && !self.return_token_ids {
                     return Vec::new();
                 }
-                let mut body = json!({ "index": choice, "delta": { "content": text }, "finish_reason": null });
-                if !thought.is_empty() {
-                    body["delta"] = json!({ "reasoning": thought });
-                    if !text.is_empty() {
-                        body["delta"]["content"] = json!(text);
+                // Content is sent even when empty (a logprobs-only chunk), except beside reasoning.
+                let delta = if thought.is_empty() {
+                    Delta { content: Some(text), ..Delta::default() }
+                } else {
+                    Delta {
+                        reasoning: Some(thought),
+                        content: Some(text).filter(|t| !t.is_empty()),
+                        ..Delta::default()
                     }
-                }
-                body["logprobs"] = match (&logprob, self.logprobs) {
-                    (Some(lp), true) => json!({ "content": [self.logprob_json(lp)] }),
-                    _ => Value::Null,
                 };
-                if self.return_token_ids {
-                    body["token_ids"] = json!([token_id]);
-                }
-                vec![self.with_usage(self.chunk(body), choice)]
+                let body = ChunkChoice {
+                    index: choice,
+                    delta,
+                    logprobs: match (&logprob, self.logprobs) {
+                        (Some(lp), true) => Some(ChoiceLogprobs { content: vec![self.logprob_entry(lp)] }),
+                        _ => None,
+                    },
+                    token_ids: self.return_token_ids.then(|| vec![token_id]),
+                    ..ChunkChoice::default()
+                };
+                vec![self.chunk(vec![body], Some(choice))]
             }
-            InferEvent::Finished { choice, reason, stop_reason, text: _ } => {
+            InferEvent::Finished { choice, reason, stop_reason: stop, text: _ } => {
                 if let Some(f) = self.finished.get_mut(choice) {
                     *f = true;
                 }
@@ -373,8 +374,10 @@ impl Renderer {
                 let mode = self.tools.clone().filter(|_| self.emitted[choice] == 0);
                 let (thought, rest_text) = self.deltas(choice, true);
                 if !thought.is_empty() {
-                    let body = json!({ "index": choice, "delta": { "reasoning": thought }, "logprobs": null, "finish_reason": null });
-                    out.push(self.with_usage(self.chunk(body), choice));
+                    let delta = Delta { reasoning: Some(thought), ..Delta::default() };
+                    out.push(
+                        self.chunk(vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }], Some(choice)),
+                    );
                 }
                 let rest = if let Some(mode) = mode {
                     let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
@@ -382,12 +385,22 @@ impl Renderer {
                     let (content, parsed) = tools::parse(&mode, &content_part);
                     // As vLLM streams calls: one delta naming each call, then its arguments.
                     for (k, c) in parsed.iter().enumerate() {
-                        let named = json!({"index": k, "id": tools::call_id(), "type": "function",
-                                           "function": {"name": c.name, "arguments": ""}});
-                        let arguments = json!({"index": k, "function": {"arguments": c.arguments}});
+                        let named = ToolCallDelta {
+                            index: k,
+                            id: Some(tools::call_id()),
+                            kind: Some("function"),
+                            function: FunctionDelta { name: Some(c.name.clone()), arguments: String::new() },
+                        };
+                        let arguments = ToolCallDelta {
+                            index: k,
+                            id: None,
+                            kind: None,
+                            function: FunctionDelta { name: None, arguments: c.arguments.clone() },
+                        };
                         for call in [named, arguments] {
-                            let body = json!({ "index": choice, "delta": { "tool_calls": [call] }, "logprobs": null, "finish_reason": null });
-                            out.push(self.with_usage(self.chunk(body), choice));
+                            let delta = Delta { tool_calls: Some(vec![call]), ..Delta::default() };
+                            let body = ChunkChoice { index: choice, delta, ..ChunkChoice::default() };
+                            out.push(self.chunk(vec![body], Some(choice)));
                         }
                     }
                     calls = parsed;
@@ -399,13 +412,15 @@ impl Renderer {
                 } else {
                     rest_text
                 };
-                let mut body = json!({ "index": choice, "delta": { "content": rest }, "logprobs": null,
-                                       "finish_reason": finish_json(reason, &calls, self.tools.as_ref()),
-                                       "stop_reason": stop_reason_json(&stop_reason) });
-                if self.return_token_ids {
-                    body["token_ids"] = json!([]);
-                }
-                out.push(self.with_usage(self.chunk(body), choice));
+                let body = ChunkChoice {
+                    index: choice,
+                    delta: Delta { content: Some(rest), ..Delta::default() },
+                    logprobs: None,
+                    finish_reason: Some(finish_reason(reason, &calls, self.tools.as_ref())),
+                    stop_reason: Some(stop_reason(&stop)),
+                    token_ids: self.return_token_ids.then(Vec::new),
+                };
+                out.push(self.chunk(vec![body], Some(choice)));
                 out
             }
             _ => Vec::new(),
@@ -413,11 +428,12 @@ impl Renderer {
     }
 
     /// The usage chunk, when asked for.
-    pub fn closing(&self) -> Vec<Value> {
+    pub fn closing(&self) -> Vec<Chunk> {
         if !self.include_usage {
             return Vec::new();
         }
-        vec![json!({ "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                     "choices": [], "usage": self.usage(&self.state.choices, self.state.cached_tokens) })]
+        let mut c = self.chunk(Vec::new(), None);
+        c.usage = Some(self.usage(&self.state.choices, self.state.cached_tokens));
+        vec![c]
     }
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use tandem_core::names::{checkpoint_ref, CheckpointRef, ModelName};
 use tandem_core::records::{JobKind, ModelRecord, Order, PageRequest};
-use tandem_core::sequences::{fits_model, tokenize_trajectory, ModelTokenizer, TrainedModel};
+use tandem_core::sequences::{tokenize_groups, ModelBounds, ModelTokenizer, RlInputs, TrainedModel};
 use tandem_core::train_config::parse_train_config;
 use tandem_core::train_config::KlReference;
 use tandem_core::validate::{optional, Validator};
@@ -65,13 +65,12 @@ pub async fn create(
         kl.reference = kl_reference(&state, &model, &kl.reference).await?;
     }
     let trajectory_groups = body.as_object_mut().and_then(|o| o.remove("trajectory_groups")).unwrap_or(Value::Null);
-    let trajectory_groups =
-        check_tokenizable(&state, &model, trajectory_groups, config.allow_training_without_logprobs).await?;
+    let inputs = tokenize_inputs(&state, &model, trajectory_groups, config.allow_training_without_logprobs).await?;
     let new = NewJob {
         model_id: model.id,
         kind: JobKind::Rl,
         config: serde_json::to_value(&config).unwrap_or(Value::Null),
-        inputs: trajectory_groups,
+        inputs: inputs.to_stored(),
     };
     let job = state.store().create_job(&new).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("model"),
@@ -157,45 +156,42 @@ async fn checkpoint_step(state: &AppState, model_id: Uuid, id: Uuid) -> Result<O
     }
 }
 
-/// Tokenizes every trajectory as the trainer will, so that one it cannot train on is a 422 now
-/// (naming the trajectory and why) rather than a failed job later. Rendering runs on a blocking
-/// thread.
-async fn check_tokenizable(
+/// Tokenizes every trajectory once, as the trainer trains on it, on a blocking thread: the job
+/// stores the token sequences, and a trajectory it cannot train on is a 422 now (naming it and
+/// why) rather than a failed job later. Without a served model for the base there is nothing to
+/// tokenize with: the groups are stored raw and the trainer decides.
+async fn tokenize_inputs(
     state: &AppState,
     model: &ModelRecord,
     groups: Value,
     allow_without_logprobs: bool,
-) -> Result<Value, ApiError> {
-    let Some(served) = state.model(&model.base_model).cloned() else { return Ok(groups) };
+) -> Result<RlInputs, ApiError> {
+    let Some(served) = state.model(&model.base_model).cloned() else { return Ok(RlInputs::Raw(groups)) };
     let model = model.clone();
     let result = tokio::task::spawn_blocking(move || {
         let info = served.info().clone();
-        let tok = ModelTokenizer(served);
+        let bounds = ModelBounds { vocab: info.vocab_size, context: info.context_len };
         let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
-        let empty = Vec::new();
-        let mut v = Validator::new("body");
-        v.at("trajectory_groups", |v| {
-            for (g, group) in groups.as_array().unwrap_or(&empty).iter().enumerate() {
-                let trajs = group.get("trajectories").and_then(Value::as_array).unwrap_or(&empty);
-                for (t, traj) in trajs.iter().enumerate() {
-                    let at = format!("trajectory_groups[{g}].trajectories[{t}]");
-                    let checked = tokenize_trajectory(traj, &tok, &trained, allow_without_logprobs, &at)
-                        .and_then(|seqs| fits_model(&seqs, info.vocab_size, info.context_len, &at));
-                    if let Err(msg) = checked {
-                        v.at(g, |v| v.at("trajectories", |v| v.at(t, |v| v.value_error(traj, &msg))));
-                    }
-                }
-            }
-        });
-        (groups, v)
+        tokenize_groups(&groups, &ModelTokenizer(served), &trained, allow_without_logprobs, bounds)
+            .map_err(|errors| (groups, errors))
     })
     .await
     .map_err(|e| ApiError::new(crate::error::ErrorKind::Internal, format!("tokenize task failed: {e}")))?;
-    let (groups, v) = result;
-    if v.has_errors() {
-        return Err(ApiError::validation(v.into_errors()));
+    match result {
+        Ok(tokenized) => Ok(RlInputs::Tokenized(tokenized)),
+        Err((groups, errors)) => {
+            let mut v = Validator::new("body");
+            v.at("trajectory_groups", |v| {
+                for e in errors {
+                    let traj = &groups[e.group]["trajectories"][e.trajectory];
+                    v.at(e.group, |v| {
+                        v.at("trajectories", |v| v.at(e.trajectory, |v| v.value_error(traj, &e.message)))
+                    });
+                }
+            });
+            Err(ApiError::validation(v.into_errors()))
+        }
     }
-    Ok(groups)
 }
 
 #[utoipa::path(

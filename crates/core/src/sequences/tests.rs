@@ -6,9 +6,14 @@ use serde_json::json;
 struct Fake;
 
 impl ChatTokenizer for Fake {
-    fn render(&self, messages: &[Value], tools: Option<&Value>, _generation: bool) -> Result<Vec<u32>, String> {
-        if messages.iter().any(|m| m["content"] == "boom") {
-            return Err("template failed".into());
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+        _generation: bool,
+    ) -> Result<Vec<u32>, InputError> {
+        if messages.iter().any(|m| m.text() == "boom") {
+            return Err(InputError::Template("template failed".into()));
         }
         let mut out: Vec<u32> = (0..messages.len() as u32).map(|i| 100 + i).collect();
         if tools.is_some() {
@@ -17,7 +22,7 @@ impl ChatTokenizer for Fake {
         out.push(99);
         Ok(out)
     }
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, InputError> {
         Ok(text.bytes().map(u32::from).collect())
     }
     /// One-byte tokens are their byte; the bytes "<|im_end|>" are token 2.

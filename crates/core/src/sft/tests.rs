@@ -1,4 +1,6 @@
 use super::*;
+use crate::chat::ChatMessage;
+use crate::inference::InputError;
 use serde_json::json;
 
 /// A template that renders each message as [50 + role code, content bytes..., 2] and the
@@ -7,20 +9,26 @@ use serde_json::json;
 struct Fake;
 
 impl ChatTokenizer for Fake {
-    fn render(&self, messages: &[Value], tools: Option<&Value>, generation: bool) -> Result<Vec<u32>, String> {
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+        generation: bool,
+    ) -> Result<Vec<u32>, InputError> {
         let mut out = Vec::new();
         if tools.is_some() {
             out.push(7);
         }
         for (i, m) in messages.iter().enumerate() {
-            let code = match m["role"].as_str() {
-                Some("system") => 1,
-                Some("user") => 2,
-                Some("assistant") => 3,
-                _ => return Err("unknown role".into()),
+            let code = match m.role.as_str() {
+                "system" => 1,
+                "user" => 2,
+                "assistant" => 3,
+                _ => return Err(InputError::Template("unknown role".into())),
             };
             out.push(50 + code);
-            let text = m["content"].as_str().unwrap_or_default();
+            let text = m.text();
+            let text = text.as_str();
             if text == "unstable" && i + 1 < messages.len() {
                 out.push(0);
             }
@@ -32,7 +40,7 @@ impl ChatTokenizer for Fake {
         }
         Ok(out)
     }
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, InputError> {
         Ok(text.bytes().map(u32::from).collect())
     }
     fn token_id(&self, _bytes: &[u8]) -> Option<u32> {

@@ -187,7 +187,7 @@ impl ChatTemplate {
         if self.format == ContentFormat::String {
             if let Some(obj) = m.as_object_mut() {
                 let content = obj.get("content").cloned().unwrap_or(Value::Null);
-                obj.insert("content".into(), Value::String(tandem_core::inference::content_text(&content)));
+                obj.insert("content".into(), Value::String(tandem_core::chat::content_text(&content)));
             }
         }
         m
@@ -217,7 +217,7 @@ impl std::io::Write for CappedWriter {
 }
 
 fn final_text(message: &Value) -> String {
-    tandem_core::inference::content_text(message.get("content").unwrap_or(&Value::Null))
+    tandem_core::chat::content_text(message.get("content").unwrap_or(&Value::Null))
 }
 
 /// transformers' rule: keep everything up to the last occurrence of the final message's text, so

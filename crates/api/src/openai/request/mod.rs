@@ -5,6 +5,7 @@
 use super::generate::{Draft, Prompt};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
+use tandem_core::chat::ChatMessage;
 use tandem_core::inference::{ChatRender, LogitsProcessor, SamplingParams};
 use tandem_core::validate::{optional, Validator};
 
@@ -276,9 +277,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True (add_generation_prompt defaults to true: send it as false).",
         ));
     }
-    if render.continue_final_message
-        && messages.last().and_then(|m| m.get("role")).and_then(Value::as_str) != Some("assistant")
-    {
+    if render.continue_final_message && messages.last().map(|m| m.role.as_str()) != Some("assistant") {
         return Err(bad(
             "continue_final_message",
             "continue_final_message requires the last message to be an assistant message.",
@@ -322,7 +321,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
     let role = if render.add_generation_prompt {
         "assistant".to_string()
     } else {
-        messages.last().and_then(|m| m.get("role")).and_then(Value::as_str).unwrap_or("assistant").to_string()
+        messages.last().map_or("assistant", |m| m.role.as_str()).to_string()
     };
     render.messages = messages;
     Ok(ChatPlan {
@@ -353,7 +352,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
 
 /// A non-empty list of message objects, each with a string role; content a string, a list of
 /// parts or null.
-fn messages(v: &mut Validator, value: &Value) -> Option<Vec<Value>> {
+fn messages(v: &mut Validator, value: &Value) -> Option<Vec<ChatMessage>> {
     let items = v.array(value)?;
     if items.is_empty() {
         v.value_error(value, "messages must not be empty");
@@ -375,7 +374,11 @@ fn messages(v: &mut Validator, value: &Value) -> Option<Vec<Value>> {
             }
         });
     }
-    (v.error_count() == before).then(|| items.clone())
+    if v.error_count() != before {
+        return None;
+    }
+    // Checked above: every item reads as a message.
+    items.iter().map(|m| ChatMessage::from_value(m).ok()).collect()
 }
 
 fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {

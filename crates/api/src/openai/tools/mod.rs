@@ -15,6 +15,7 @@
 use super::request::bad;
 use crate::error::ApiError;
 use serde_json::{json, Map, Value};
+use tandem_core::chat::{ChatMessage, Content};
 use tandem_core::inference::{ChatRender, Constraint, ConstraintKind};
 
 /// `tool_choice`, once validated.
@@ -232,19 +233,17 @@ fn system_text(plan: &ToolPlan) -> String {
 
 /// Appends the instructions to the first system message, or puts one first.
 fn inject_system(render: &mut ChatRender, text: &str) {
-    if let Some(first) = render.messages.first_mut().filter(|m| m.get("role").and_then(Value::as_str) == Some("system"))
-    {
-        let existing = tandem_core::inference::content_text(first.get("content").unwrap_or(&Value::Null));
-        first["content"] = json!(format!("{existing}\n\n{text}"));
+    if let Some(first) = render.messages.first_mut().filter(|m| m.role == "system") {
+        first.content = Some(Content::Text(format!("{}\n\n{text}", first.text())));
     } else {
-        render.messages.insert(0, json!({"role": "system", "content": text}));
+        render.messages.insert(0, ChatMessage::text_message("system", text));
     }
 }
 
 /// History in the generic format: an assistant's `tool_calls` become the JSON object it would have
 /// written; `tool` messages keep their role with their text content.
-fn generic_history(m: &Value) -> Value {
-    let Some(calls) = m.get("tool_calls").and_then(Value::as_array).filter(|c| !c.is_empty()) else { return m.clone() };
+fn generic_history(m: &ChatMessage) -> ChatMessage {
+    let Some(calls) = m.tool_calls() else { return m.clone() };
     let calls: Vec<Value> = calls
         .iter()
         .map(|c| {
@@ -257,13 +256,11 @@ fn generic_history(m: &Value) -> Value {
             json!({"name": f.get("name").cloned().unwrap_or(Value::Null), "arguments": args})
         })
         .collect();
-    let text = tandem_core::inference::content_text(m.get("content").unwrap_or(&Value::Null));
+    let text = m.text();
     let object = json!({"tool_calls": calls}).to_string();
     let mut out = m.clone();
-    out["content"] = json!(if text.trim().is_empty() { object } else { format!("{text}\n{object}") });
-    if let Some(o) = out.as_object_mut() {
-        o.remove("tool_calls");
-    }
+    out.content = Some(Content::Text(if text.trim().is_empty() { object } else { format!("{text}\n{object}") }));
+    out.extra.remove("tool_calls");
     out
 }
 

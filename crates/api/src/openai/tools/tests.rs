@@ -47,22 +47,23 @@ fn generic_path_describes_tools_and_constrains_the_reply() {
     let (p, _) = plan(json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false})).unwrap();
     let p = p.unwrap();
     let mut render = ChatRender {
-        messages: vec![
+        messages: tandem_core::chat::messages_from_values(&[
             json!({"role": "system", "content": "Be brief."}),
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}),
             json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"}),
-        ],
+        ])
+        .unwrap(),
         ..ChatRender::default()
     };
     let (c, mode) = apply(&p, false, &mut render);
-    let system = render.messages[0]["content"].as_str().unwrap();
+    let system = render.messages[0].text();
     assert!(system.starts_with("Be brief.") && system.contains("get_weather") && system.contains("tool_calls"));
     assert_eq!(
-        render.messages[1]["content"],
-        json!("{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}]}")
+        render.messages[1].text(),
+        "{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}]}"
     );
-    assert!(render.messages[1].get("tool_calls").is_none() && render.tools.is_none());
+    assert!(render.messages[1].tool_calls().is_none() && render.tools.is_none());
     let ConstraintKind::Json(schema) = c.unwrap().kind else { panic!("a JSON schema") };
     assert_eq!(schema["properties"]["tool_calls"]["maxItems"], json!(1));
     assert_eq!(
