@@ -11,6 +11,8 @@ direct reads of the API to check what ART did:
   rollout         3 groups x 4 rollouts through `model.openai_client()` on the pinned step, logprobs on
   train           one RL job (a group of all-0.0 rewards and mixed groups): step + 1, loss reported
   serve-new-step  the new step serves (HTTP 200 with tokens) and ART rolls out on it
+  completions-exchanges  (0.5.23) rollouts through `/v1/completions` recorded by ART's capture
+                  (`with art.Trajectory()`), trained as `exchanges.completions`: step + 1
   sft-train_sft   ART's `model.train_sft` unchanged, its W&B upload redirected to tandem (examples/tandem_sft.py)
   sft-from-file   `tandem_sft.sft_from_file`: a JSONL file, per-batch learning rates
   rl-after-sft    an RL job on the SFT'd model: step + 1 again
@@ -225,6 +227,37 @@ async def serve_new_step(ctx):
     body = serves(ctx, step)
     print(f"     step {step} answered {body['choices'][0]['message']['content']!r}")
     await roll_out(ctx, step)  # ART's client on the new step (kept for the next job)
+
+
+@stage("completions-exchanges", new_art_only=True, needs=("serve-new-step",))
+async def completions_exchanges(ctx):
+    """Rollouts through `/v1/completions` recorded by 0.5.23's capture (`with art.Trajectory()`),
+    trained as `exchanges.completions`: the step advances."""
+    step = await ctx.model.get_step()
+    name = ctx.model.get_inference_name(step)
+    client = ctx.model.openai_client()
+    groups = []
+    for question in QUESTIONS[1:]:
+        trajectories = []
+        for i in range(ROLLOUTS_PER_GROUP):
+            with art.Trajectory() as t:
+                r = await client.completions.create(
+                    model=name, prompt=f"Question: {question}\nAnswer (yes or no):", max_tokens=4, temperature=1.0,
+                    logprobs=0, extra_body={"return_token_ids": True})
+            choice = r.choices[0]
+            check((choice.model_extra or {}).get("prompt_token_ids"), f"no prompt_token_ids on the choice: {choice}")
+            # Mixed rewards in every group, whatever was sampled.
+            t.reward = float(i % 2)
+            trajectories.append(t)
+        groups.append(art.TrajectoryGroup(trajectories))
+    recorded = [len(t.exchanges.completions) for g in groups for t in g.trajectories]
+    check(recorded == [1] * len(recorded), f"completions exchanges recorded per trajectory: {recorded}")
+    check(all(not t.messages_and_choices for g in groups for t in g.trajectories), "legacy histories recorded")
+    result = await asyncio.wait_for(ctx.backend.train(ctx.model, groups, learning_rate=LEARNING_RATE), JOB_TIMEOUT)
+    m = result.metrics
+    print(f"     train on completions exchanges: step {step} -> {result.step}, loss/train {m.get('loss/train')}")
+    check(result.step == step + 1, f"the step went from {step} to {result.step}, expected {step + 1}")
+    check(m.get("data/step_num_groups_trainable") == float(len(groups)), f"trainable groups: {m}")
 
 
 SFT_EXAMPLES = [

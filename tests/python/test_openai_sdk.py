@@ -93,6 +93,47 @@ def errors_raise_the_sdk_exceptions(client):
 
 
 @check
+def completions_text_tokens_and_lists(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8,
+                                  logprobs=2, extra_body={"return_token_ids": True})
+    c = r.choices[0]
+    assert r.object == "text_completion" and c.text and c.finish_reason in ("stop", "length")
+    extra = c.model_extra or {}
+    assert len(extra["token_ids"]) == r.usage.completion_tokens == len(c.logprobs.tokens) == len(c.logprobs.token_logprobs)
+    assert len(extra["prompt_token_ids"]) == r.usage.prompt_tokens
+    assert all(len(top) >= 1 for top in c.logprobs.top_logprobs)
+    assert c.logprobs.text_offset == sorted(c.logprobs.text_offset)
+    # The same prompt as token ids gives the same greedy text.
+    again = client.completions.create(model=MODEL, prompt=extra["prompt_token_ids"], temperature=0, max_tokens=8,
+                                      extra_body={"add_special_tokens": False})
+    assert again.choices[0].text == c.text, (again.choices[0].text, c.text)
+    # Two prompts, two choices each: numbered prompt by prompt.
+    many = client.completions.create(model=MODEL, prompt=["One, two,", "Red, green,"], n=2, temperature=0.8, max_tokens=4,
+                                     seed=3)
+    assert [x.index for x in many.choices] == [0, 1, 2, 3]
+
+
+@check
+def completions_stream_and_echo(client):
+    args = dict(model=MODEL, prompt="Once upon a time", temperature=0, max_tokens=10)
+    full = client.completions.create(echo=True, **args).choices[0].text
+    assert full.startswith("Once upon a time")
+    text, usage = "", None
+    for chunk in client.completions.create(stream=True, echo=True, stream_options={"include_usage": True}, **args):
+        if chunk.choices:
+            text += chunk.choices[0].text
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == full, (text, full)
+    assert usage is not None and usage.completion_tokens > 0
+    try:
+        client.completions.create(model=MODEL, prompt="x", suffix="y")
+        raise AssertionError("expected BadRequestError")
+    except openai.BadRequestError as e:
+        assert "suffix" in str(e)
+
+
+@check
 def models_list(client):
     ids = [m.id for m in client.models.list()]
     assert "HuggingFaceTB/SmolLM2-135M-Instruct" in ids

@@ -30,6 +30,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "GET /v1/health",
         "GET /v1/system-check",
         "POST /v1/chat/completions",
+        "POST /v1/completions",
         "GET /v1/models",
         "POST /tokenize",
         "POST /detokenize",

@@ -10,14 +10,31 @@ use super::resolve::Target;
 use super::tools::{self, ToolMode, ToolPlan};
 use crate::error::{ApiError, ErrorKind};
 use tandem_core::inference::{
-    ChatRender, GenerateRequest, LogitsProcessor, ReasoningParser, SamplingParams, SubmitError, ValidRequest,
+    ChatRender, GenerateRequest, InferEvent, LogitsProcessor, ReasoningParser, SamplingParams, SubmitError,
+    ValidRequest,
 };
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Where the prompt comes from.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    /// Messages, rendered with the chat template (the request's or the model's).
-    Chat(ChatRender),
+    /// Messages, rendered with the chat template (the request's or the model's). Boxed: a
+    /// render's inputs are large beside the other prompts.
+    Chat(Box<ChatRender>),
+    /// Text tokenized as it is; `add_special_tokens` adds what the tokenizer adds (a BOS).
+    Text { text: String, add_special_tokens: bool },
+    /// Token ids, as given.
+    Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    /// The request field errors about the prompt name.
+    fn field(&self) -> &'static str {
+        match self {
+            Prompt::Chat(_) => "messages",
+            Prompt::Text { .. } | Prompt::Tokens(_) => "prompt",
+        }
+    }
 }
 
 /// A parsed request, before the model is consulted.
@@ -48,6 +65,9 @@ pub struct Draft {
     /// The response is held whole until it is sent (not streamed, or a beam search), so its
     /// logprob entries count against [`MAX_HELD_LOGPROB_ENTRIES`].
     pub held_whole: bool,
+    /// How many prompts' choices the response holds (completions take a list): the held
+    /// entries are counted for all of them.
+    pub prompts_in_response: usize,
 }
 
 /// A request ready to submit, and what the response renderer needs of its validation.
@@ -74,24 +94,45 @@ pub async fn validate_blocking(
 pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser>) -> Result<Validated, ApiError> {
     let model = target.model.as_ref();
     let info = model.info();
-    let Draft { mut params, prompt: Prompt::Chat(mut render), .. } = draft;
-    render.tenant = draft.tenant.clone();
+    let mut params = draft.params;
+    let field = draft.prompt.field();
     if draft.beam && 2 * draft.n > info.vocab_size {
         return Err(ApiError::bad_param(
             "n",
             format!("a beam width of {} needs a vocabulary of at least {} tokens", draft.n, 2 * draft.n),
         ));
     }
-    // Tools: the template renders them, or tandem's generic format is described and enforced.
-    let tool_mode = draft.tools.as_ref().map(|t| {
-        let (constraint, mode) = tools::apply(t, model.renders_tools(&render), &mut render);
-        params.constraint = constraint;
-        mode
-    });
-    if let Some(c) = params.constraint.as_mut() {
-        c.after_reasoning = reasoning.filter(|_| !super::reasoning::scripts_reasoning(&c.kind));
-    }
-    let mut prompt = model.render_chat(&render).map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+    let (mut prompt, tool_mode) = match draft.prompt {
+        Prompt::Chat(render) => {
+            let mut render = *render;
+            render.tenant = draft.tenant.clone();
+            // Tools: the template renders them, or tandem's generic format is described and
+            // enforced.
+            let tool_mode = draft.tools.as_ref().map(|t| {
+                let (constraint, mode) = tools::apply(t, model.renders_tools(&render), &mut render);
+                params.constraint = constraint;
+                mode
+            });
+            // A chat reply may reason first; the constraint applies after the reasoning.
+            if let Some(c) = params.constraint.as_mut() {
+                c.after_reasoning = reasoning.filter(|_| !super::reasoning::scripts_reasoning(&c.kind));
+            }
+            let ids = model.render_chat(&render).map_err(|e| ApiError::bad_param(field, e.to_string()))?;
+            (ids, tool_mode)
+        }
+        Prompt::Text { text, add_special_tokens } => {
+            (model.tokenize(&text, add_special_tokens).map_err(|e| ApiError::bad_param(field, e.to_string()))?, None)
+        }
+        Prompt::Tokens(ids) => {
+            if let Some(bad) = ids.iter().find(|t| **t as usize >= info.vocab_size) {
+                return Err(ApiError::bad_param(
+                    field,
+                    format!("token id {bad} is out of vocabulary (size {})", info.vocab_size),
+                ));
+            }
+            (ids, None)
+        }
+    };
     if let Some(t) = draft.truncate_prompt_tokens {
         let keep = if t == -1 { info.context_len } else { t as usize };
         if prompt.len() > keep {
@@ -100,10 +141,10 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     }
     // The first token is sampled from the last prompt position, so there must be one.
     if prompt.is_empty() {
-        let param = if draft.truncate_prompt_tokens == Some(0) { "truncate_prompt_tokens" } else { "messages" };
+        let param = if draft.truncate_prompt_tokens == Some(0) { "truncate_prompt_tokens" } else { field };
         return Err(ApiError::bad_param(
             param,
-            "The prompt is empty after the chat template and truncation; at least one token is needed.",
+            "The prompt is empty after the chat template, tokenization and truncation; at least one token is needed.",
         ));
     }
     check_vocabulary(&params, info.vocab_size)?;
@@ -118,7 +159,7 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     }
     if prompt.len() >= info.context_len {
         return Err(ApiError::bad_param(
-            "messages",
+            field,
             format!(
                 "This model's maximum context length is {} tokens. However, your prompt contains {} tokens.",
                 info.context_len,
@@ -129,7 +170,9 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     params.max_tokens = output_budget(draft.max_tokens, draft.max_tokens_field, prompt.len(), info.context_len)?;
     params.min_tokens = params.min_tokens.min(params.max_tokens);
     if let Some(k) = params.logprobs.filter(|_| draft.held_whole) {
-        let entries = draft.n.saturating_mul(params.max_tokens).saturating_mul(k + 1);
+        let entries = (draft.n.saturating_mul(draft.prompts_in_response.max(1)))
+            .saturating_mul(params.max_tokens)
+            .saturating_mul(k + 1);
         if entries > MAX_HELD_LOGPROB_ENTRIES {
             return Err(ApiError::bad_param(
                 "max_tokens",
@@ -194,6 +237,28 @@ pub fn output_budget(
         Some(m) => Ok(m.min(room)),
         None => Ok(room),
     }
+}
+
+/// Starts a validated request: submits it, or runs its beam search to the end (whose result
+/// then flows through the same renderers as ordinary engine events).
+pub async fn start(
+    target: &Target,
+    valid: ValidRequest,
+    sampling: &super::request::Sampling,
+) -> Result<UnboundedReceiver<InferEvent>, ApiError> {
+    let Some(length_penalty) = sampling.beam else { return target.model.submit(valid).map_err(submit_error) };
+    let job = super::beam::BeamJob {
+        width: sampling.n,
+        length_penalty,
+        top_logprobs: sampling.params.logprobs.unwrap_or(0),
+        eos: target.model.info().eos_token_id,
+    };
+    let events = super::beam::run(&target.model, valid, job).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for ev in events {
+        let _ = tx.send(ev);
+    }
+    Ok(rx)
 }
 
 /// An engine refusal as an API error (503 with `Retry-After` when full).

@@ -3,11 +3,13 @@
 
 mod beam;
 mod chat;
+mod completions;
 mod generate;
 mod reasoning;
 pub mod request;
 mod resolve;
 mod response;
+mod sse;
 mod tokenize;
 mod tools;
 pub mod wire;
@@ -41,6 +43,7 @@ pub(crate) fn engine(state: &AppState) -> Result<tandem_core::inference::SharedB
 pub fn router(state: AppState) -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(chat::create))
+        .routes(routes!(completions::create))
         // vLLM accepts the trailing slash too; the same operation, documented once.
         .route("/v1/chat/completions/", post(chat::create))
         .routes(routes!(models))
@@ -164,4 +167,27 @@ pub(crate) fn admit(state: &AppState, entity: &str) -> Result<crate::limiter::Pe
         ApiError::new(ErrorKind::TooManyRequests, "too many concurrent requests for this API key's entity")
             .with_retry_after(1)
     })
+}
+
+/// Under overload, shed before reading and parsing the body: when no served model can take
+/// another request, this answer is the same whatever the body says, and a burst of them must be
+/// answered at once (R2), not after parsing hundreds of bodies.
+pub(crate) fn shed(state: &AppState) -> Result<(), ApiError> {
+    if state.models().iter().any(|m| m.has_capacity()) {
+        return Ok(());
+    }
+    Err(if state.models().is_empty() { no_engine() } else { at_capacity() })
+}
+
+/// Every queue this request could join is full: the engine's own refusal, before asking it.
+pub(crate) fn at_capacity() -> ApiError {
+    generate::submit_error(tandem_core::inference::SubmitError::Overloaded)
+}
+
+/// The request's id: the body's `request_id`, else the `x-request-id` header, else a new one.
+pub(crate) fn request_id(from_body: Option<&str>, headers: &axum::http::HeaderMap) -> String {
+    from_body
+        .map(str::to_string)
+        .or_else(|| headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_string))
+        .unwrap_or_else(|| tandem_core::new_id().simple().to_string())
 }

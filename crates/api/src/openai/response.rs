@@ -4,12 +4,14 @@
 
 use super::reasoning;
 use super::request::ChatPlan;
+use super::sse::{self, Frames};
 use super::tools::{self, Format, ToolMode};
 use super::wire::{
     ChatCompletion, Choice, ChoiceLogprobs, Chunk, ChunkChoice, CompletionTokensDetails, Delta, FunctionCall,
     FunctionDelta, LogprobEntry, Message, PositionLogprobs, PromptTokensDetails, StopReasonOut, ToolCall,
     ToolCallDelta, TopEntry, Usage,
 };
+use axum::body::Bytes;
 use std::sync::Arc;
 use tandem_core::inference::{
     FinishReason, InferEvent, RankedLogprob, ReasoningParser, StopReason, TokenLogprob, TopLogprob,
@@ -131,21 +133,21 @@ impl Renderer {
             created,
             model: model.into(),
             role: plan.role.clone(),
-            n: plan.n,
+            n: plan.sampling.n,
             prompt,
             echo,
             logprobs: plan.logprobs,
-            return_token_ids: plan.return_token_ids,
-            tokens_as_ids: plan.tokens_as_ids,
-            include_usage: plan.include_usage,
-            continuous_usage: plan.continuous_usage,
+            return_token_ids: plan.sampling.return_token_ids,
+            tokens_as_ids: plan.sampling.tokens_as_ids,
+            include_usage: plan.sampling.include_usage,
+            continuous_usage: plan.sampling.continuous_usage,
             tools: None,
             reasoning: None,
             include_reasoning: plan.include_reasoning,
-            state: Collected::new(plan.n),
-            finished: vec![false; plan.n],
-            emitted: vec![0; plan.n],
-            emitted_reasoning: vec![0; plan.n],
+            state: Collected::new(plan.sampling.n),
+            finished: vec![false; plan.sampling.n],
+            emitted: vec![0; plan.sampling.n],
+            emitted_reasoning: vec![0; plan.sampling.n],
         }
     }
 
@@ -305,7 +307,7 @@ impl Renderer {
     }
 
     /// The role chunk of every choice (and echo chunks), before any token.
-    pub fn opening(&self) -> Vec<Chunk> {
+    pub fn opening_chunks(&self) -> Vec<Chunk> {
         let mut out = Vec::new();
         for i in 0..self.n {
             let delta = Delta { role: Some(self.role.clone()), content: Some(String::new()), ..Delta::default() };
@@ -324,12 +326,8 @@ impl Renderer {
         out
     }
 
-    pub fn done(&self) -> bool {
-        self.finished.iter().all(|f| *f)
-    }
-
     /// Frames for one engine event.
-    pub fn event(&mut self, ev: InferEvent) -> Vec<Chunk> {
+    pub fn chunks_for(&mut self, ev: InferEvent) -> Vec<Chunk> {
         self.state.push(ev.clone());
         match ev {
             InferEvent::Token { choice, token_id, text: _, logprob } => {
@@ -428,12 +426,41 @@ impl Renderer {
     }
 
     /// The usage chunk, when asked for.
-    pub fn closing(&self) -> Vec<Chunk> {
+    pub fn closing_chunks(&self) -> Vec<Chunk> {
         if !self.include_usage {
             return Vec::new();
         }
         let mut c = self.chunk(Vec::new(), None);
         c.usage = Some(self.usage(&self.state.choices, self.state.cached_tokens));
         vec![c]
+    }
+}
+
+impl Frames for Renderer {
+    type Event = InferEvent;
+
+    fn opening(&mut self) -> Vec<Bytes> {
+        self.opening_chunks().iter().map(sse::data).collect()
+    }
+
+    fn event(&mut self, ev: InferEvent) -> Result<Vec<Bytes>, String> {
+        match ev {
+            InferEvent::Error(m) => Err(m),
+            ev => Ok(self.chunks_for(ev).iter().map(sse::data).collect()),
+        }
+    }
+
+    fn failure(&self, message: &str) -> Vec<Bytes> {
+        vec![sse::data(&sse::openai_error(message)), sse::DONE]
+    }
+
+    fn closing(&mut self) -> Vec<Bytes> {
+        let mut out: Vec<Bytes> = self.closing_chunks().iter().map(sse::data).collect();
+        out.push(sse::DONE);
+        out
+    }
+
+    fn done(&self) -> bool {
+        self.finished.iter().all(|f| *f)
     }
 }

@@ -281,6 +281,57 @@ pub struct ChatCompletionResponse {
     pub usage: Value,
 }
 
+/// `POST /v1/completions`, as vLLM serves it. The sampling fields and vLLM's extras are those of
+/// chat completions; the ones below are completions' own or worth stating.
+#[derive(ToSchema)]
+pub struct CompletionBody {
+    /// A string, a list of strings, a list of token ids, or a list of lists of token ids.
+    #[schema(value_type = Object)]
+    pub prompt: Value,
+    /// A served base model, a model record's name, or `name:stepN` of a checkpoint.
+    pub model: Option<String>,
+    /// Default 16.
+    pub max_tokens: Option<i64>,
+    pub n: Option<i64>,
+    /// Must equal `n` when given.
+    pub best_of: Option<i64>,
+    /// Prepend the prompt to each choice's text (and, with `logprobs`, its tokens' logprobs).
+    pub echo: Option<bool>,
+    /// Top alternatives per token (0-20); 0 returns the sampled tokens' logprobs alone.
+    pub logprobs: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub stream: Option<bool>,
+    #[schema(value_type = Option<Object>)]
+    pub stop: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub structured_outputs: Option<Value>,
+    /// Default true: text prompts get the tokenizer's special tokens (a BOS).
+    pub add_special_tokens: Option<bool>,
+    pub return_token_ids: Option<bool>,
+    pub prompt_logprobs: Option<i64>,
+    pub priority: Option<i64>,
+    pub cache_salt: Option<String>,
+}
+
+/// A completion (`stream: false`); a stream sends `text_completion` chunks instead.
+#[derive(ToSchema)]
+pub struct CompletionResponseBody {
+    pub id: String,
+    /// `text_completion`.
+    pub object: String,
+    pub created: i64,
+    pub model: String,
+    /// `n` choices per prompt, numbered prompt by prompt.
+    #[schema(value_type = Vec<Object>)]
+    pub choices: Value,
+    #[schema(value_type = Object)]
+    pub usage: Value,
+}
+
 /// `POST /tokenize`: `prompt` text, or chat `messages` rendered with the model's template.
 #[derive(ToSchema)]
 pub struct TokenizeBody {

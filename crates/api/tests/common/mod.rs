@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;

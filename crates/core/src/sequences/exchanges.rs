@@ -7,8 +7,9 @@
 //! prompt begins with (the prompt's new tokens are context), or starts a new one; the choices of
 //! one call (`n > 1`) each get their own branch. A sampled token is trained once per
 //! trajectory: a position whose whole token prefix was already trained in an earlier sequence is
-//! context. Only chat-completions exchanges can be trained on here (the only endpoint tandem
-//! serves); a trajectory whose calls to the model are of another kind is refused, naming it.
+//! context. Chat-completions and completions exchanges are trained on (the endpoints tandem
+//! serves); the choices of a completions call with several prompts extend or branch per prompt.
+//! A trajectory whose calls to the model are of another kind is refused, naming it.
 
 use super::Sequence;
 use serde_json::Value;
@@ -69,20 +70,46 @@ fn times(x: &Value) -> (i128, i128) {
     (t("start_time"), t("end_time"))
 }
 
-/// One sampled generation: the full prompt's ids, the sampled ids and their logprobs.
+/// Exchange kinds tandem trains on.
+const TRAINED_KINDS: [&str; 2] = ["chat_completions", "completions"];
+
+/// One sampled generation: the full prompt's ids, the sampled ids and their logprobs, and where
+/// it is (for errors).
 struct Generation {
     prompt: Vec<u32>,
     output: Vec<u32>,
     logprobs: Option<Vec<f64>>,
+    at: String,
+}
+
+/// `compact_logprobs` (or `art_completion_logprobs`): one per sampled token, when present.
+fn compact_logprobs(choice: &Value) -> Option<Option<Vec<f64>>> {
+    match choice.get("compact_logprobs").or_else(|| choice.get("art_completion_logprobs"))? {
+        Value::Array(xs) => Some(Some(xs.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect())),
+        _ => Some(None),
+    }
+}
+
+fn prompt_ids(response: &Value, choice: &Value, here: &str) -> Result<Vec<u32>, String> {
+    id_list(choice.get("prompt_token_ids"))
+        .or_else(|| id_list(response.get("prompt_token_ids")))
+        .ok_or_else(|| format!("{here}: the response has no prompt_token_ids (request return_token_ids)"))
+}
+
+fn check_lengths(g: &Generation) -> Result<(), String> {
+    match &g.logprobs {
+        Some(l) if l.len() != g.output.len() => {
+            Err(format!("{}: the choice has {} logprobs for {} token ids", g.at, l.len(), g.output.len()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The exact tokens of one chat-completions choice: ids on the choice, else on the response;
 /// output ids from `token_ids`, else from `token_id:N` logprob entries; logprobs from
 /// `compact_logprobs` / `art_completion_logprobs`, else from the logprob entries.
 fn chat_generation(response: &Value, choice: &Value, here: &str) -> Result<Generation, String> {
-    let prompt = id_list(choice.get("prompt_token_ids"))
-        .or_else(|| id_list(response.get("prompt_token_ids")))
-        .ok_or_else(|| format!("{here}: the response has no prompt_token_ids (request return_token_ids)"))?;
+    let prompt = prompt_ids(response, choice, here)?;
     let entries: Vec<&Value> = ["content", "refusal"]
         .iter()
         .filter_map(|k| choice.get("logprobs").and_then(|l| l.get(*k)).and_then(Value::as_array))
@@ -101,19 +128,55 @@ fn chat_generation(response: &Value, choice: &Value, here: &str) -> Result<Gener
         (None, Some(from)) if !from.is_empty() => from,
         _ => return Err(format!("{here}: the choice has no token_ids (request return_token_ids)")),
     };
-    let compact = choice.get("compact_logprobs").or_else(|| choice.get("art_completion_logprobs"));
-    let logprobs: Option<Vec<f64>> = match compact {
-        Some(Value::Array(xs)) => Some(xs.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect()),
-        Some(_) => None,
+    let logprobs: Option<Vec<f64>> = match compact_logprobs(choice) {
+        Some(compact) => compact,
         None if entries.is_empty() => None,
         None => Some(entries.iter().map(|e| e.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN)).collect()),
     };
-    if let Some(l) = &logprobs {
-        if l.len() != output.len() {
-            return Err(format!("{here}: the choice has {} logprobs for {} token ids", l.len(), output.len()));
+    let g = Generation { prompt, output, logprobs, at: here.to_string() };
+    check_lengths(&g)?;
+    Ok(g)
+}
+
+/// The exact tokens of one completions choice: prompt ids on the choice, else on the response;
+/// output ids from `token_ids`, else from `logprobs.tokens` written as `token_id:N`; logprobs
+/// from `compact_logprobs`, else `logprobs.token_logprobs`. With `echo` the legacy lists begin
+/// with the prompt's tokens: only their last `len(output)` entries are the sampled ones.
+fn completion_generation(response: &Value, choice: &Value, here: &str) -> Result<Generation, String> {
+    let prompt = prompt_ids(response, choice, here)?;
+    let legacy = choice.get("logprobs").filter(|l| l.is_object());
+    let list = |k: &str| legacy.and_then(|l| l.get(k)).and_then(Value::as_array).cloned().unwrap_or_default();
+    let (tokens, token_lps) = (list("tokens"), list("token_logprobs"));
+    let output = match id_list(choice.get("token_ids")) {
+        Some(ids) => ids,
+        None => {
+            let from: Option<Vec<u32>> = tokens.iter().map(token_id).collect();
+            match from {
+                // Echoed prompt tokens first, when their count says so.
+                Some(all) if all.len() > prompt.len() && all.starts_with(&prompt) => all[prompt.len()..].to_vec(),
+                Some(all) if !all.is_empty() => all,
+                _ => return Err(format!("{here}: the choice has no token_ids (request return_token_ids)")),
+            }
         }
-    }
-    Ok(Generation { prompt, output, logprobs })
+    };
+    let logprobs = match compact_logprobs(choice) {
+        Some(compact) => compact,
+        None if token_lps.is_empty() => None,
+        None => {
+            let tail = token_lps.len().checked_sub(output.len()).filter(|skip| *skip == 0 || *skip == prompt.len());
+            let Some(skip) = tail else {
+                return Err(format!(
+                    "{here}: the choice has {} logprobs for {} token ids",
+                    token_lps.len(),
+                    output.len()
+                ));
+            };
+            Some(token_lps[skip..].iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect())
+        }
+    };
+    let g = Generation { prompt, output, logprobs, at: here.to_string() };
+    check_lengths(&g)?;
+    Ok(g)
 }
 
 /// A trajectory's `exchanges`, tokenized (see the module docs). `allow_without_logprobs`: a
@@ -138,16 +201,16 @@ pub fn tokenize_exchanges(
             model.entity, model.project, model.name
         ));
     }
-    if let Some((kind, k, _)) = calls.iter().find(|(kind, _, _)| *kind != "chat_completions") {
+    if let Some((kind, k, _)) = calls.iter().find(|(kind, _, _)| !TRAINED_KINDS.contains(kind)) {
         return Err(format!(
-            "{at}.exchanges.{kind}[{k}]: tandem trains on chat-completions exchanges only (it serves no {kind} endpoint)"
+            "{at}.exchanges.{kind}[{k}]: tandem trains on chat_completions and completions exchanges only (it serves no {kind} endpoint yet)"
         ));
     }
     calls.sort_by_key(|(_, k, x)| (times(x), *k));
 
     let mut seqs: Vec<Sequence> = Vec::new();
-    for (_, k, x) in calls {
-        let here = format!("{at}.exchanges.chat_completions[{k}]");
+    for (kind, k, x) in calls {
+        let here = format!("{at}.exchanges.{kind}[{k}]");
         let response = x.get("response").unwrap_or(&Value::Null);
         let mut choices: Vec<&Value> =
             response.get("choices").and_then(Value::as_array).into_iter().flatten().collect();
@@ -155,37 +218,48 @@ pub fn tokenize_exchanges(
             return Err(format!("{here}: the response has no choices"));
         }
         choices.sort_by_key(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0));
+        let generation = if kind == "completions" { completion_generation } else { chat_generation };
         let gens = choices
             .iter()
             .enumerate()
-            .map(|(c, choice)| chat_generation(response, choice, &format!("{here}.response.choices[{c}]")))
+            .map(|(c, choice)| generation(response, choice, &format!("{here}.response.choices[{c}]")))
             .collect::<Result<Vec<_>, _>>()?;
-        // The longest sequence this call's prompt continues (every choice shares the prompt).
-        let parent = seqs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| gens[0].prompt.starts_with(&s.tokens))
-            .max_by_key(|(_, s)| s.tokens.len())
-            .map(|(i, _)| i);
-        let base = parent.map(|i| seqs[i].clone());
-        for (c, g) in gens.iter().enumerate() {
-            if g.logprobs.is_none() && !allow_without_logprobs {
-                return Err(format!(
-                    "{here}.response.choices[{c}]: the choice has no logprobs (request logprobs, or set allow_training_without_logprobs)"
-                ));
-            }
-            let mut seq = base.clone().unwrap_or_default();
-            seq.push(&g.prompt[seq.tokens.len()..], false, None);
-            seq.push(&g.output, true, g.logprobs.as_deref());
-            match (c, parent) {
-                // The first choice consumes its parent; further choices branch from it.
-                (0, Some(i)) => seqs[i] = seq,
-                _ => seqs.push(seq),
-            }
+        // Choices of one prompt are adjacent (a completions call numbers them prompt by prompt).
+        for group in gens.chunk_by(|a, b| a.prompt == b.prompt) {
+            extend(&mut seqs, group, allow_without_logprobs)?;
         }
     }
     train_each_prefix_once(&mut seqs);
     Ok(seqs)
+}
+
+/// Adds the choices of one prompt: the first extends the longest sequence the prompt continues
+/// (or starts one); further choices branch from that sequence.
+fn extend(seqs: &mut Vec<Sequence>, gens: &[Generation], allow_without_logprobs: bool) -> Result<(), String> {
+    let parent = seqs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| gens[0].prompt.starts_with(&s.tokens))
+        .max_by_key(|(_, s)| s.tokens.len())
+        .map(|(i, _)| i);
+    let base = parent.map(|i| seqs[i].clone());
+    for (c, g) in gens.iter().enumerate() {
+        if g.logprobs.is_none() && !allow_without_logprobs {
+            return Err(format!(
+                "{}: the choice has no logprobs (request logprobs, or set allow_training_without_logprobs)",
+                g.at
+            ));
+        }
+        let mut seq = base.clone().unwrap_or_default();
+        seq.push(&g.prompt[seq.tokens.len()..], false, None);
+        seq.push(&g.output, true, g.logprobs.as_deref());
+        match (c, parent) {
+            // The first choice consumes its parent; further choices branch from it.
+            (0, Some(i)) => seqs[i] = seq,
+            _ => seqs.push(seq),
+        }
+    }
+    Ok(())
 }
 
 /// Unmarks trained positions whose whole token prefix was already trained in an earlier
@@ -269,9 +343,9 @@ mod tests {
         assert!(tokenize_exchanges(&none, &MODEL, false, "t")
             .unwrap_err()
             .contains("no exchange calls the trained model"));
-        let completions = json!({"completions": [call("2026-01-01T00:00:00Z", m, json!([]), &[1])]});
-        let e = tokenize_exchanges(&completions, &MODEL, false, "t").unwrap_err();
-        assert!(e.contains("t.exchanges.completions[0]") && e.contains("chat-completions"), "{e}");
+        let responses = json!({"responses": [call("2026-01-01T00:00:00Z", m, json!([]), &[1])]});
+        let e = tokenize_exchanges(&responses, &MODEL, false, "t").unwrap_err();
+        assert!(e.contains("t.exchanges.responses[0]") && e.contains("no responses endpoint"), "{e}");
         let mut no_ids = chat_choice(0, &[3], &[-0.1]);
         no_ids.as_object_mut().unwrap().remove("token_ids");
         no_ids["logprobs"]["content"][0]["token"] = json!("hello");
@@ -300,5 +374,58 @@ mod tests {
         let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
         assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4]);
         assert_eq!(seqs[0].old_lp[2..], [-0.1, -0.2]);
+    }
+
+    fn completion_choice(index: u32, prompt: &[u32], ids: &[u32], lps: &[f64]) -> Value {
+        json!({"index": index, "text": "x", "finish_reason": "length", "prompt_token_ids": prompt, "token_ids": ids,
+               "logprobs": {"tokens": ids.iter().map(|i| format!("token_id:{i}")).collect::<Vec<_>>(),
+                            "token_logprobs": lps, "top_logprobs": [], "text_offset": []}})
+    }
+
+    fn completions_call(start: &str, choices: Value) -> Value {
+        json!({"start_time": start, "end_time": start,
+               "request": {"model": "e/p/m", "prompt": "p"}, "response": {"model": "e/p/m", "choices": choices}})
+    }
+
+    #[test]
+    fn completions_calls_extend_like_chat_and_each_prompt_branches_on_its_own() {
+        let x = json!({"completions": [
+            completions_call("2026-01-01T00:00:00Z", json!([completion_choice(0, &[1, 2], &[3], &[-0.1])])),
+            // Two prompts, n = 1: [1, 2, 3, 4] continues the first call's sequence; [8] starts one.
+            completions_call("2026-01-01T00:00:01Z", json!([
+                completion_choice(0, &[1, 2, 3, 4], &[5, 6], &[-0.5, -0.6]),
+                completion_choice(1, &[8], &[9], &[-0.9]),
+            ])),
+        ]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs.len(), 2);
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(seqs[0].trained, vec![false, false, true, false, true, true]);
+        assert_eq!(seqs[0].old_lp[4..], [-0.5, -0.6]);
+        assert_eq!((seqs[1].tokens.clone(), seqs[1].old_lp[1]), (vec![8, 9], -0.9));
+        // Chat and completions calls of one rollout join the same sequences.
+        let mixed = json!({
+            "completions": [completions_call("2026-01-01T00:00:00Z", json!([completion_choice(0, &[1], &[2], &[-0.2])]))],
+            "chat_completions": [call("2026-01-01T00:00:01Z", "e/p/m", json!([chat_choice(0, &[4], &[-0.4])]), &[1, 2, 3])],
+        });
+        let seqs = tokenize_exchanges(&mixed, &MODEL, false, "t").unwrap();
+        assert_eq!((seqs.len(), seqs[0].tokens.clone()), (1, vec![1, 2, 3, 4]));
+    }
+
+    #[test]
+    fn echoed_completions_keep_only_the_sampled_tail() {
+        // echo: the legacy lists start with the prompt (its first logprob null).
+        let choice = json!({"index": 0, "text": "abx", "prompt_token_ids": [1, 2],
+            "logprobs": {"tokens": ["token_id:1", "token_id:2", "token_id:7"], "token_logprobs": [null, -1.0, -0.7]}});
+        let x = json!({"completions": [completions_call("2026-01-01T00:00:00Z", json!([choice]))]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs[0].tokens, vec![1, 2, 7]);
+        assert_eq!(seqs[0].trained, vec![false, false, true]);
+        assert_eq!(seqs[0].old_lp[2], -0.7);
+        // Without prompt ids there is nothing exact to train on.
+        let bare = json!({"index": 0, "text": "x", "token_ids": [3], "logprobs": {"tokens": ["token_id:3"], "token_logprobs": [-0.1]}});
+        let x = json!({"completions": [completions_call("2026-01-01T00:00:00Z", json!([bare]))]});
+        let e = tokenize_exchanges(&x, &MODEL, false, "t").unwrap_err();
+        assert!(e.contains("completions[0].response.choices[0]: the response has no prompt_token_ids"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
 use serde_json::json;
+use tandem_core::inference::LogitsProcessor;
 
 fn ok(body: Value) -> ChatPlan {
     validate(&body, true).unwrap_or_else(|e| panic!("{}: {}", e.message, body))
@@ -17,13 +18,13 @@ fn msgs() -> Value {
 #[test]
 fn defaults_follow_vllm() {
     let p = ok(json!({"messages": msgs()}));
-    assert_eq!((p.n, p.stream, p.logprobs, p.priority), (1, false, false, 0));
-    assert_eq!(p.params.temperature, 1.0);
-    assert_eq!(p.params.top_k, 0);
+    assert_eq!((p.sampling.n, p.sampling.stream, p.logprobs, p.sampling.priority), (1, false, false, 0));
+    assert_eq!(p.sampling.params.temperature, 1.0);
+    assert_eq!(p.sampling.params.top_k, 0);
     assert!(p.render.add_generation_prompt && !p.render.add_special_tokens);
-    assert_eq!(p.max_tokens, None);
+    assert_eq!(p.sampling.max_tokens, None);
     assert_eq!(p.role, "assistant");
-    assert!(p.params.skip_special_tokens);
+    assert!(p.sampling.params.skip_special_tokens);
 }
 
 #[test]
@@ -34,13 +35,16 @@ fn fields_map_onto_params() {
         "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true},
         "return_token_ids": true, "return_tokens_as_token_ids": true, "nvext": {"x": 1},
         "chat_template_kwargs": {"preserve_thinking": true}, "priority": -3, "cache_salt": "abc"}));
-    assert_eq!(p.max_tokens, Some(7), "max_completion_tokens wins");
-    assert_eq!(p.params.stop, vec!["END".to_string()]);
-    assert_eq!(p.params.logprobs, Some(5));
-    assert_eq!(p.params.logit_bias, vec![(5, 100.0)], "bias clamped to 100");
-    assert_eq!((p.n, p.include_usage, p.continuous_usage, p.tokens_as_ids), (2, true, true, true));
+    assert_eq!(p.sampling.max_tokens, Some(7), "max_completion_tokens wins");
+    assert_eq!(p.sampling.params.stop, vec!["END".to_string()]);
+    assert_eq!(p.sampling.params.logprobs, Some(5));
+    assert_eq!(p.sampling.params.logit_bias, vec![(5, 100.0)], "bias clamped to 100");
+    assert_eq!(
+        (p.sampling.n, p.sampling.include_usage, p.sampling.continuous_usage, p.sampling.tokens_as_ids),
+        (2, true, true, true)
+    );
     assert_eq!(p.render.kwargs["preserve_thinking"], json!(true));
-    assert_eq!(p.priority, -3);
+    assert_eq!(p.sampling.priority, -3);
 }
 
 #[test]
@@ -134,7 +138,7 @@ fn builtin_logits_processors_by_name() {
         {"qualname": "no_repeat_ngram", "kwargs": {"n": 3}},
         {"qualname": "suppress_tokens", "args": [[5, 6]]}]}));
     assert_eq!(
-        p.params.processors,
+        p.sampling.params.processors,
         vec![LogitsProcessor::NoRepeatNgram { n: 3 }, LogitsProcessor::SuppressTokens { token_ids: vec![5, 6] }]
     );
 }
@@ -143,16 +147,16 @@ fn builtin_logits_processors_by_name() {
 fn beam_search_takes_n_as_its_width() {
     // n > 1 with greedy defaults is fine for beam search (vLLM refuses it otherwise).
     let p = ok(json!({"messages": msgs(), "use_beam_search": true, "n": 3, "length_penalty": 0.5}));
-    assert_eq!((p.n, p.beam), (3, Some(0.5)));
+    assert_eq!((p.sampling.n, p.sampling.beam), (3, Some(0.5)));
     let p = ok(json!({"messages": msgs(), "use_beam_search": true}));
-    assert_eq!(p.beam, Some(1.0));
-    assert_eq!(ok(json!({"messages": msgs()})).beam, None);
+    assert_eq!(p.sampling.beam, Some(1.0));
+    assert_eq!(ok(json!({"messages": msgs()})).sampling.beam, None);
 }
 
 #[test]
 fn structured_outputs_response_format_and_aliases_become_one_constraint() {
     use tandem_core::inference::ConstraintKind;
-    let c = |body: serde_json::Value| ok(body).params.constraint;
+    let c = |body: serde_json::Value| ok(body).sampling.params.constraint;
     assert_eq!(c(json!({"messages": msgs()})), None);
     assert_eq!(c(json!({"messages": msgs(), "response_format": {"type": "text"}})), None);
     let so = c(json!({"messages": msgs(), "structured_outputs": {"json": "{\"type\": \"object\"}",

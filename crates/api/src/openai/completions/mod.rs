@@ -1,0 +1,155 @@
+//! `POST /v1/completions` (vLLM's legacy completions): raw prompts (text or token ids, one or a
+//! list) on the same path as chat. Parse the body, resolve the model, admit, validate every
+//! prompt against the model (`generate::validate`, on a blocking thread) before any is queued,
+//! submit them all, then answer with one response or an SSE stream whose choices are numbered
+//! prompt by prompt.
+
+mod body;
+mod plan;
+
+use super::generate::{self, Prompt, Validated};
+use super::resolve::{resolve, Target};
+use super::sse;
+use crate::auth::Caller;
+use crate::body::OpenAiJson;
+use crate::error::{ApiError, ErrorKind, OpenAiError};
+use crate::AppState;
+use axum::extract::{Extension, FromRequest, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use body::{CompletionRenderer, PromptOut};
+use plan::{CompletionPlan, PromptInput};
+use tandem_core::inference::{InferEvent, ValidRequest};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+#[utoipa::path(
+    post,
+    operation_id = "create_completion",
+    path = "/v1/completions",
+    tag = "inference",
+    summary = "Completion of raw prompts (vLLM's; streamed as server-sent events with `stream: true`)",
+    request_body = crate::openapi::bodies::CompletionBody,
+    responses(
+        (status = 200, description = "The completion, or its chunks as `text/event-stream`", content(
+            (crate::openapi::bodies::CompletionResponseBody = "application/json"),
+            (String = "text/event-stream")
+        )),
+        crate::openapi::bodies::InferenceErrors
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    request: axum::extract::Request,
+) -> Result<Response, OpenAiError> {
+    super::shed(&state)?;
+    let OpenAiJson(body) = OpenAiJson::from_request(request, &state).await?;
+    let plan = plan::validate(&body, state.priority_scheduling())?;
+    let asked_prompt_logprobs = body.get("prompt_logprobs").is_some_and(|v| !v.is_null());
+    let target = resolve(&state, &caller.entity, plan.sampling.model.as_deref()).await?;
+    // Admission comes before any tokenizing.
+    let permit = super::admit(&state, &caller.entity)?;
+    if !target.model.has_capacity() {
+        return Err(super::at_capacity().into());
+    }
+    let request_id = super::request_id(plan.sampling.request_id.as_deref(), &headers);
+    // Every prompt is validated before any is queued: one bad prompt refuses the request whole.
+    let mut valid = Vec::with_capacity(plan.prompts.len());
+    for (i, p) in plan.prompts.iter().enumerate() {
+        let id = if plan.prompts.len() == 1 { request_id.clone() } else { format!("{request_id}-{i}") };
+        let prompt = match p {
+            PromptInput::Text(text) => Prompt::Text { text: text.clone(), add_special_tokens: plan.add_special_tokens },
+            PromptInput::Tokens(ids) => Prompt::Tokens(ids.clone()),
+        };
+        let mut draft = plan.sampling.draft(id, &caller.entity, prompt, "max_tokens");
+        draft.prompts_in_response = plan.prompts.len();
+        // A raw prompt has no reasoning section for a parser to split off.
+        let Validated { request, .. } = generate::validate_blocking(&target, draft, None).await?;
+        valid.push(request);
+    }
+    let ids: Vec<Vec<u32>> = valid.iter().map(|v| v.request().prompt.clone()).collect();
+    let prompts = prompt_outs(&target, &plan, ids).await?;
+    let rx = start_all(&target, valid, &plan).await?;
+    let renderer = CompletionRenderer::new(&plan, &target.name, &request_id, prompts, asked_prompt_logprobs);
+    let mut response = if plan.sampling.stream {
+        sse::respond(renderer, rx, permit)
+    } else {
+        let renderer = collect(renderer, rx).await?;
+        drop(permit);
+        axum::Json(renderer.full()).into_response()
+    };
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    Ok(response)
+}
+
+/// What the body needs of each prompt: its ids and, with `echo`, its text (the request's text,
+/// or the decoded ids) and each token's text. Decoding runs on a blocking thread.
+async fn prompt_outs(target: &Target, plan: &CompletionPlan, ids: Vec<Vec<u32>>) -> Result<Vec<PromptOut>, ApiError> {
+    if !plan.echo {
+        return Ok(ids.into_iter().map(|ids| PromptOut { ids, echo: None, token_texts: Vec::new() }).collect());
+    }
+    let (model, inputs) = (target.model.clone(), plan.prompts.clone());
+    let skip_special = plan.sampling.params.skip_special_tokens;
+    let truncated = plan.sampling.truncate_prompt_tokens.is_some();
+    tokio::task::spawn_blocking(move || {
+        ids.into_iter()
+            .zip(inputs)
+            .map(|(ids, input)| {
+                let (token_texts, rest) =
+                    model.token_texts(&ids, skip_special).map_err(|e| ApiError::bad_param("prompt", e.to_string()))?;
+                let echo = match input {
+                    // A text prompt is echoed as sent, unless it was truncated.
+                    PromptInput::Text(t) if !truncated => t,
+                    _ => token_texts.concat() + &rest,
+                };
+                Ok(PromptOut { ids, echo: Some(echo), token_texts })
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("decoding task failed: {e}")))?
+}
+
+/// Submits every prompt (or runs its beam search) and merges their events, tagged with the
+/// prompt's index. When the merged receiver is dropped (the client left), each forwarder's next
+/// send fails and it drops its engine receiver, which cancels that generation.
+async fn start_all(
+    target: &Target,
+    valid: Vec<ValidRequest>,
+    plan: &CompletionPlan,
+) -> Result<UnboundedReceiver<(usize, InferEvent)>, ApiError> {
+    let (tx, rx) = unbounded_channel();
+    for (i, v) in valid.into_iter().enumerate() {
+        let mut events = generate::start(target, v, &plan.sampling).await?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = events.recv().await {
+                if tx.send((i, ev)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(rx)
+}
+
+/// Waits for every choice of every prompt to finish.
+async fn collect(
+    mut renderer: CompletionRenderer,
+    mut rx: UnboundedReceiver<(usize, InferEvent)>,
+) -> Result<CompletionRenderer, ApiError> {
+    while !renderer.all_done() {
+        match rx.recv().await {
+            Some((_, InferEvent::Error(m))) => {
+                return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}")))
+            }
+            Some((i, ev)) => renderer.push(i, ev),
+            None => return Err(ApiError::new(ErrorKind::Internal, "the inference engine stopped during generation")),
+        }
+    }
+    Ok(renderer)
+}
