@@ -25,13 +25,16 @@ run: model build
 	@echo "         more with: ./target/release/tandem keys create --data-dir $(DATA_DIR) --entity NAME"
 	./target/release/tandem serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --model $(MODEL)
 
-# The official OpenAI SDK, pinned, in a virtualenv of its own (created once).
+# The official OpenAI and Anthropic SDKs, pinned, in a virtualenv of their own (created once).
 PYENV := target/pyenv
 OPENAI_VERSION := 3.54.0
+ANTHROPIC_VERSION := 2.12.0
+PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)
 
-$(PYENV)/.ok-$(OPENAI_VERSION):
+$(PYENV_OK):
 	python3 -m venv $(PYENV)
-	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
+	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION)
 	touch $@
 
 # OpenPipe ART's own client, in the two releases users run, each in a virtualenv of its own (created
@@ -87,11 +90,12 @@ fuzz-smoke:
 			|| exit 1; done
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
-test: model $(PYENV)/.ok-$(OPENAI_VERSION) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION)
+test: model $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
 	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
+	$(PYENV)/bin/python tests/python/test_anthropic_sdk.py target/debug/tandem $(MODEL)
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 

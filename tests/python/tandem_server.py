@@ -88,3 +88,27 @@ class Server:
         out = subprocess.run([self.binary, "keys", "create", "--entity", entity, "--data-dir", self.data],
                              capture_output=True, text=True, check=True)
         return out.stdout.strip().splitlines()[-1].strip()
+
+
+def run_checks(suite, checks, binary, model_path, key, make_client):
+    """Starts a server, runs each `check(client)` against `make_client(server)`, prints
+    '<suite>: N passed, M failed', and returns the exit code (1 on any failure)."""
+    import traceback
+
+    server = Server(binary, model_path, key)
+    try:
+        client = make_client(server)
+        passed = failed = 0
+        for fn in checks:
+            try:
+                fn(client)
+                passed += 1
+                print(f"ok   {fn.__name__}")
+            except Exception:
+                failed += 1
+                print(f"FAIL {fn.__name__}")
+                traceback.print_exc()
+        print(f"{suite}: {passed} passed, {failed} failed")
+        return 1 if failed else 0
+    finally:
+        server.stop()

@@ -13,6 +13,8 @@ direct reads of the API to check what ART did:
   serve-new-step  the new step serves (HTTP 200 with tokens) and ART rolls out on it
   completions-exchanges  (0.5.23) rollouts through `/v1/completions` recorded by ART's capture
                   (`with art.Trajectory()`), trained as `exchanges.completions`: step + 1
+  messages-exchanges  (0.5.23) the same through `/v1/messages` with Anthropic's client
+  responses-exchanges  (0.5.23) the same through `/v1/responses` with ART's OpenAI client
   sft-train_sft   ART's `model.train_sft` unchanged, its W&B upload redirected to tandem (examples/tandem_sft.py)
   sft-from-file   `tandem_sft.sft_from_file`: a JSONL file, per-batch learning rates
   rl-after-sft    an RL job on the SFT'd model: step + 1 again
@@ -229,6 +231,19 @@ async def serve_new_step(ctx):
     await roll_out(ctx, step)  # ART's client on the new step (kept for the next job)
 
 
+async def train_on_exchanges(ctx, step, groups, kind):
+    """Each trajectory recorded exactly one `kind` exchange and nothing else; one job on them
+    advances the step, every group (rewards mixed by construction) trainable."""
+    recorded = [len(getattr(t.exchanges, kind)) for g in groups for t in g.trajectories]
+    check(recorded == [1] * len(recorded), f"{kind} exchanges recorded per trajectory: {recorded}")
+    check(all(not t.messages_and_choices for g in groups for t in g.trajectories), "legacy histories recorded")
+    result = await asyncio.wait_for(ctx.backend.train(ctx.model, groups, learning_rate=LEARNING_RATE), JOB_TIMEOUT)
+    m = result.metrics
+    print(f"     train on {kind} exchanges: step {step} -> {result.step}, loss/train {m.get('loss/train')}")
+    check(result.step == step + 1, f"the step went from {step} to {result.step}, expected {step + 1}")
+    check(m.get("data/step_num_groups_trainable") == float(len(groups)), f"trainable groups: {m}")
+
+
 @stage("completions-exchanges", new_art_only=True, needs=("serve-new-step",))
 async def completions_exchanges(ctx):
     """Rollouts through `/v1/completions` recorded by 0.5.23's capture (`with art.Trajectory()`),
@@ -250,14 +265,59 @@ async def completions_exchanges(ctx):
             t.reward = float(i % 2)
             trajectories.append(t)
         groups.append(art.TrajectoryGroup(trajectories))
-    recorded = [len(t.exchanges.completions) for g in groups for t in g.trajectories]
-    check(recorded == [1] * len(recorded), f"completions exchanges recorded per trajectory: {recorded}")
-    check(all(not t.messages_and_choices for g in groups for t in g.trajectories), "legacy histories recorded")
-    result = await asyncio.wait_for(ctx.backend.train(ctx.model, groups, learning_rate=LEARNING_RATE), JOB_TIMEOUT)
-    m = result.metrics
-    print(f"     train on completions exchanges: step {step} -> {result.step}, loss/train {m.get('loss/train')}")
-    check(result.step == step + 1, f"the step went from {step} to {result.step}, expected {step + 1}")
-    check(m.get("data/step_num_groups_trainable") == float(len(groups)), f"trainable groups: {m}")
+    await train_on_exchanges(ctx, step, groups, "completions")
+
+
+@stage("messages-exchanges", new_art_only=True, needs=("completions-exchanges",))
+async def messages_exchanges(ctx):
+    """Rollouts through `/v1/messages`, recorded by 0.5.23's capture, trained as
+    `exchanges.messages`: the step advances. The calls go through httpx: ART 0.5.23 captures
+    httpx, aiohttp and requests, while anthropic >= 2.0 (2.12 is what 0.5.23 installs) sends
+    through httpx2, which it does not see (tests/python/test_anthropic_sdk.py drives the SDK)."""
+    import httpx
+
+    step = await ctx.model.get_step()
+    name = ctx.model.get_inference_name(step)
+    headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+    groups = []
+    async with httpx.AsyncClient(base_url=ctx.server.url, headers=headers, timeout=120) as client:
+        for question in QUESTIONS[1:]:
+            trajectories = []
+            for i in range(ROLLOUTS_PER_GROUP):
+                with art.Trajectory() as t:
+                    r = await client.post("/v1/messages", json={
+                        "model": name, "max_tokens": 6, "system": SYSTEM, "temperature": 1.0,
+                        "messages": [{"role": "user", "content": question}],
+                        "return_token_ids": True, "logprobs": True})
+                m = r.json()
+                check(r.status_code == 200 and m.get("token_ids") and m.get("prompt_token_ids"),
+                      f"no token ids on the message: {r.status_code} {m}")
+                t.reward = float(i % 2)
+                trajectories.append(t)
+            groups.append(art.TrajectoryGroup(trajectories))
+    await train_on_exchanges(ctx, step, groups, "messages")
+
+
+@stage("responses-exchanges", new_art_only=True, needs=("serve-new-step",))
+async def responses_exchanges(ctx):
+    """Rollouts through `/v1/responses` with ART's OpenAI client, recorded by 0.5.23's capture,
+    trained as `exchanges.responses` (from the response's `token_generations`): the step advances."""
+    step = await ctx.model.get_step()
+    name = ctx.model.get_inference_name(step)
+    client = ctx.model.openai_client()
+    groups = []
+    for question in QUESTIONS[1:]:
+        trajectories = []
+        for i in range(ROLLOUTS_PER_GROUP):
+            with art.Trajectory() as t:
+                r = await client.responses.create(
+                    model=name, input=question, instructions=SYSTEM, max_output_tokens=6, temperature=1.0, store=False,
+                    include=["message.output_text.logprobs"], extra_body={"return_token_ids": True})
+            check((r.model_extra or {}).get("token_generations"), f"no token_generations on the response: {r}")
+            t.reward = float(i % 2)
+            trajectories.append(t)
+        groups.append(art.TrajectoryGroup(trajectories))
+    await train_on_exchanges(ctx, step, groups, "responses")
 
 
 SFT_EXAMPLES = [

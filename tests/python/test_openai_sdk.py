@@ -1,17 +1,15 @@
 """The official `openai` Python package, unchanged, against a running tandem.
 
 Usage: python test_openai_sdk.py <path to tandem binary> <model gguf>
-Starts its own server on a free port with a temporary data dir, runs the checks, stops it, and
-prints 'N passed, M failed'.
+Starts its own server (tandem_server.py) on a free port with a temporary data dir, runs the checks,
+stops it, and prints 'N passed, M failed'.
 """
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import traceback
 
 import openai
+
+from tandem_server import run_checks
 
 KEY = "sdk-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -134,39 +132,66 @@ def completions_stream_and_echo(client):
 
 
 @check
+def responses_store_chain_and_delete(client):
+    r = client.responses.create(model=MODEL, input="What is 2+2?", instructions="Answer briefly.", max_output_tokens=12,
+                                temperature=0)
+    assert r.object == "response" and r.status in ("completed", "incomplete") and r.output_text, r
+    assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 12
+    again = client.responses.retrieve(r.id)
+    assert again.id == r.id and again.output_text == r.output_text
+    nxt = client.responses.create(model=MODEL, input="And 3+3?", previous_response_id=r.id, max_output_tokens=8,
+                                  temperature=0)
+    assert nxt.previous_response_id == r.id and nxt.usage.input_tokens > r.usage.input_tokens
+    client.responses.delete(r.id)
+    try:
+        client.responses.retrieve(r.id)
+        raise AssertionError("expected NotFoundError")
+    except openai.NotFoundError:
+        pass
+
+
+@check
+def responses_stream_and_structured_output(client):
+    args = dict(model=MODEL, input="Name a fruit.", max_output_tokens=10, temperature=0)
+    full = client.responses.create(**args).output_text
+    text, done = "", None
+    for event in client.responses.create(stream=True, **args):
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        if event.type in ("response.completed", "response.incomplete"):
+            done = event.response
+    assert text == full and done is not None and done.output_text == full, (text, full)
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["answer"], "additionalProperties": False}
+    r = client.responses.create(model=MODEL, input="Is the sky blue?", max_output_tokens=30,
+                                text={"format": {"type": "json_schema", "name": "yn", "schema": schema, "strict": True}})
+    assert json.loads(r.output_text)["answer"] in ("yes", "no"), r.output_text
+
+
+@check
+def responses_function_calls(client):
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                             "additionalProperties": False}}]
+    r = client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=tools, tool_choice="required",
+                                parallel_tool_calls=False, max_output_tokens=120, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments), r.output
+    follow = client.responses.create(model=MODEL, previous_response_id=r.id, tools=tools, max_output_tokens=16,
+                                     input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                             "output": "sunny"}])
+    assert follow.status in ("completed", "incomplete"), follow
+
+
+@check
 def models_list(client):
     ids = [m.id for m in client.models.list()]
     assert "HuggingFaceTB/SmolLM2-135M-Instruct" in ids
 
 
 def main():
-    binary, model = sys.argv[1], sys.argv[2]
-    data = tempfile.mkdtemp()
-    proc = subprocess.Popen([binary, "serve", "--port", "0", "--data-dir", data, "--model", model, "--api-key", KEY],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "TANDEM_LOG": "warn"})
-    try:
-        url = None
-        for line in proc.stdout:
-            if line.startswith("tandem listening on "):
-                url = line.split()[-1]
-                break
-        assert url, "server did not start"
-        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-        passed = failed = 0
-        for fn in checks:
-            try:
-                fn(client)
-                passed += 1
-                print(f"ok   {fn.__name__}")
-            except Exception:
-                failed += 1
-                print(f"FAIL {fn.__name__}")
-                traceback.print_exc()
-        print(f"openai-sdk: {passed} passed, {failed} failed")
-        return 1 if failed else 0
-    finally:
-        proc.kill()
-        proc.wait()
+    return run_checks("openai-sdk", checks, sys.argv[1], sys.argv[2], KEY,
+                      lambda server: openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120))
 
 
 if __name__ == "__main__":

@@ -86,10 +86,25 @@ pub async fn authenticate(state: &AppState, token: Option<&str>) -> Result<Calle
     }
 }
 
+/// Anthropic's clients send the key as `x-api-key`; a bearer token works too.
+fn api_key_or_bearer(req: &Request) -> Option<&str> {
+    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim).filter(|k| !k.is_empty());
+    key.or_else(|| bearer(req))
+}
+
 /// Runs the request as its authenticated caller, or returns why it may not run.
-async fn admit(state: &AppState, mut req: Request, next: Next) -> Result<Response, ApiError> {
+async fn admit(state: &AppState, req: Request, next: Next) -> Result<Response, ApiError> {
     // The token is copied out so that no borrow of the (non-Sync) request lives across an await.
     let token = bearer(&req).map(str::to_owned);
+    admit_with(state, token, req, next).await
+}
+
+async fn admit_with(
+    state: &AppState,
+    token: Option<String>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let caller = authenticate(state, token.as_deref()).await?;
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
@@ -98,6 +113,13 @@ async fn admit(state: &AppState, mut req: Request, next: Next) -> Result<Respons
 /// Middleware for the preview area: rejects unauthenticated requests in its error shape.
 pub async fn require_preview(State(state): State<AppState>, req: Request, next: Next) -> Response {
     admit(&state, req, next).await.unwrap_or_else(|e| e.into_preview_response().into_response())
+}
+
+/// Middleware for Anthropic's Messages API: the key from `x-api-key` or a bearer token, errors
+/// in Anthropic's shape.
+pub async fn require_anthropic(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let token = api_key_or_bearer(&req).map(str::to_owned);
+    admit_with(&state, token, req, next).await.unwrap_or_else(|e| e.into_anthropic_response().into_response())
 }
 
 /// Middleware for the OpenAI-compatible area: the same check, rendered in its error shape.

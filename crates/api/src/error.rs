@@ -171,6 +171,63 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Anthropic's body: `{"type": "error", "error": {"type", "message"}}`; validation is a 400.
+    /// A validation error names its field in the message (Anthropic's shape has no `param`).
+    pub fn into_anthropic_response(self) -> Response {
+        let status = match self.kind {
+            ErrorKind::Validation => StatusCode::BAD_REQUEST,
+            _ => self.status(),
+        };
+        let kind = match self.kind {
+            ErrorKind::Validation | ErrorKind::Conflict => "invalid_request_error",
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::Forbidden => "permission_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::PayloadTooLarge => "request_too_large",
+            ErrorKind::TooManyRequests => "rate_limit_error",
+            ErrorKind::Unavailable => "overloaded_error",
+            ErrorKind::Internal => "api_error",
+        };
+        let message = match (&self.param, self.fields.first()) {
+            (Some(p), _) if !self.message.contains(p.as_str()) => format!("{p}: {}", self.message),
+            (None, Some(f)) => {
+                let loc: Vec<String> = f
+                    .loc
+                    .iter()
+                    .skip(1)
+                    .map(|l| match l {
+                        Loc::Key(k) => k.clone(),
+                        Loc::Index(i) => i.to_string(),
+                    })
+                    .collect();
+                format!("{}: {}", loc.join("."), f.msg)
+            }
+            _ => self.message.clone(),
+        };
+        let body = json!({ "type": "error", "error": { "type": kind, "message": message } });
+        let mut response = (status, axum::Json(body)).into_response();
+        self.decorate(&mut response);
+        response
+    }
+}
+
+/// An [`ApiError`] rendered in Anthropic's shape (`/v1/messages`).
+#[derive(Debug)]
+pub struct AnthropicError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for AnthropicError {
+    fn from(e: E) -> Self {
+        AnthropicError(e.into())
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        self.0.into_anthropic_response()
+    }
+}
+
 /// An [`ApiError`] rendered in the OpenAI-compatible area's shape.
 #[derive(Debug)]
 pub struct OpenAiError(pub ApiError);

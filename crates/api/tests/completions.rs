@@ -77,8 +77,11 @@ async fn echo_and_logprobs_in_the_legacy_shape() {
     assert_eq!(lp["token_logprobs"], json!([null, -1.0, -0.5, -0.5]));
     assert_eq!(lp["text_offset"], json!([0, 1, 2, 3]));
     assert!(lp["top_logprobs"][0].is_null());
-    // The prompt's logprobs were needed, not asked for: not shown.
-    assert!(r["choices"][0]["prompt_logprobs"].is_null());
+    // The prompt's logprobs were computed for the echo: shown on the choice too (as vLLM).
+    assert_eq!(
+        r["choices"][0]["prompt_logprobs"][1],
+        json!({"98": {"logprob": -1.0, "rank": 1, "decoded_token": "b"}})
+    );
     let r = app.ok("POST", URL, KEY_A, Some(json!({"prompt": [120, 121], "echo": true}))).await;
     assert_eq!(texts(&r), ["xyyx"]);
 }

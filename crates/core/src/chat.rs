@@ -4,35 +4,66 @@
 //! `tool_calls`, `tool_call_id`, `reasoning`, vendor extensions) is kept as sent in `extra`,
 //! because chat templates read whatever a client puts there.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    /// Text, a list of content parts, or none (null or absent: an assistant turn that only
-    /// calls tools). The template always sees the field, null when none.
-    #[serde(default)]
-    pub content: Option<Content>,
+    /// Text, a list of content parts, null, or absent (an assistant turn that only calls tools
+    /// may send either): the template sees exactly what was sent.
+    #[serde(default, skip_serializing_if = "Content::is_absent")]
+    pub content: Content,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum Content {
+    /// The message has no `content` field.
+    #[default]
+    Absent,
+    /// `content: null`.
+    Null,
     Text(String),
     /// OpenAI's content parts (`{"type": "text", "text": ...}`, images, ...) as sent.
     Parts(Vec<Value>),
 }
 
 impl Content {
+    pub fn is_absent(&self) -> bool {
+        matches!(self, Content::Absent)
+    }
+
     /// The text of the content: a string as is, text parts joined by newlines (as vLLM joins
-    /// them for templates that take a string).
+    /// them for templates that take a string), nothing otherwise.
     pub fn text(&self) -> String {
         match self {
             Content::Text(s) => s.clone(),
             Content::Parts(parts) => parts_text(parts),
+            Content::Absent | Content::Null => String::new(),
+        }
+    }
+}
+
+impl Serialize for Content {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Content::Absent | Content::Null => s.serialize_none(),
+            Content::Text(t) => s.serialize_str(t),
+            Content::Parts(p) => p.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Content {
+    /// Called only when the field is present (absence is the default).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Null => Ok(Content::Null),
+            Value::String(s) => Ok(Content::Text(s)),
+            Value::Array(p) => Ok(Content::Parts(p)),
+            _ => Err(serde::de::Error::custom("content must be a string, a list of content parts or null")),
         }
     }
 }
@@ -62,12 +93,12 @@ fn parts_text(parts: &[Value]) -> String {
 impl ChatMessage {
     /// A message of plain text.
     pub fn text_message(role: &str, text: impl Into<String>) -> Self {
-        ChatMessage { role: role.to_string(), content: Some(Content::Text(text.into())), extra: Map::new() }
+        ChatMessage { role: role.to_string(), content: Content::Text(text.into()), extra: Map::new() }
     }
 
     /// The text of the content; empty without content.
     pub fn text(&self) -> String {
-        self.content.as_ref().map(Content::text).unwrap_or_default()
+        self.content.text()
     }
 
     /// The message's non-empty `tool_calls` list, if it has one.
@@ -116,12 +147,12 @@ mod tests {
     fn extra_fields_reach_the_template_as_sent() {
         let v = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1"}], "name": "bot"});
         let m = ChatMessage::from_value(&v).unwrap();
-        assert_eq!(m.content, None);
+        assert_eq!(m.content, Content::Null);
         assert_eq!(m.tool_calls().unwrap().len(), 1);
         assert_eq!(m.to_value(), v);
-        // Absent content is shown as null.
+        // Absent content stays absent (templates may test `is defined`).
         let m = ChatMessage::from_value(&json!({"role": "user"})).unwrap();
-        assert_eq!(m.to_value(), json!({"role": "user", "content": null}));
+        assert_eq!(m.to_value(), json!({"role": "user"}));
         assert_eq!(m.text(), "");
     }
 

@@ -1,5 +1,5 @@
 //! tandem's durable state behind one [`Store`] trait: API keys, models, checkpoints, trajectory
-//! logs, training jobs and their events.
+//! logs, training jobs and their events, datasets, stored Responses.
 //!
 //! The trait speaks domain records (`tandem_core::records`); SQL stays inside the backends.
 //! SQLite ([`SqliteStore`]) is the default; a PostgreSQL backend must pass the same behaviour test
@@ -151,6 +151,21 @@ pub struct NewCheckpoint {
     pub metrics: BTreeMap<String, f64>,
 }
 
+/// A stored Response (`/v1/responses` with `store: true`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResponse {
+    /// `resp_...`.
+    pub id: String,
+    pub entity: String,
+    /// The response object as returned.
+    pub body: Value,
+    /// The conversation up to and including this response's output, as chat messages.
+    pub conversation: Value,
+}
+
+/// Most stored Responses an entity keeps; storing another drops its oldest.
+pub const MAX_STORED_RESPONSES: usize = 10_000;
+
 /// What start-up recovery did with jobs left `running` by a previous process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -233,6 +248,12 @@ pub trait Store: Send + Sync + 'static {
     /// At start-up: jobs left `running` are re-queued with a `training_restarted` event, or failed
     /// with `training_failed` once they have been attempted `max_attempts` times.
     async fn recover_interrupted_jobs(&self, max_attempts: i64) -> Result<Recovery>;
+
+    // --- stored Responses (scoped to the entity) ---
+    /// Stores a response; beyond [`MAX_STORED_RESPONSES`] the entity's oldest is dropped.
+    async fn put_response(&self, response: &StoredResponse) -> Result<()>;
+    async fn get_response(&self, entity: &str, id: &str) -> Result<StoredResponse>;
+    async fn delete_response(&self, entity: &str, id: &str) -> Result<()>;
 }
 
 /// Current time in Unix milliseconds.

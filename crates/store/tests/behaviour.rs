@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tandem_core::records::{EventKind, JobKind, JobStatus, Order, PageRequest};
 use tandem_store::{
     ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, SqliteStore, Store, StoreError,
+    StoredResponse,
 };
 use uuid::Uuid;
 
@@ -291,6 +292,27 @@ async fn datasets_are_versioned_and_entity_scoped() {
         assert!(matches!(store.get_dataset("a", v0.id).await, Err(StoreError::NotFound)));
         // The next upload continues after the highest version left.
         assert_eq!(store.create_dataset(&new("a", b"{}")).await.unwrap().version, 2);
+    }
+}
+
+#[tokio::test]
+async fn stored_responses_are_entity_scoped() {
+    for (name, store, _dir) in backends().await {
+        let r = StoredResponse {
+            id: "resp_1".into(),
+            entity: "a".into(),
+            body: serde_json::json!({"id": "resp_1", "object": "response"}),
+            conversation: serde_json::json!([{"role": "user", "content": "hi"}]),
+        };
+        store.put_response(&r).await.unwrap();
+        assert_eq!(store.get_response("a", "resp_1").await.unwrap(), r, "{name}");
+        // Another entity's response does not exist for you, and an id is stored once.
+        assert!(matches!(store.get_response("b", "resp_1").await, Err(StoreError::NotFound)), "{name}");
+        assert!(matches!(store.delete_response("b", "resp_1").await, Err(StoreError::NotFound)), "{name}");
+        assert!(matches!(store.put_response(&r).await, Err(StoreError::Conflict(_))), "{name}");
+        store.delete_response("a", "resp_1").await.unwrap();
+        assert!(matches!(store.get_response("a", "resp_1").await, Err(StoreError::NotFound)), "{name}");
+        assert!(matches!(store.delete_response("a", "resp_1").await, Err(StoreError::NotFound)), "{name}");
     }
 }
 

@@ -43,33 +43,58 @@ pub async fn create(
     super::shed(&state)?;
     let OpenAiJson(body) = OpenAiJson::from_request(request, &state).await?;
     let plan = request::validate(&body, state.priority_scheduling())?;
-    let target = resolve(&state, &caller.entity, plan.sampling.model.as_deref()).await?;
-    // Admission comes before any rendering or tokenizing.
-    let permit = super::admit(&state, &caller.entity)?;
-    if !target.model.has_capacity() {
-        return Err(super::at_capacity().into());
+    let run = start(&state, &caller, &headers, &plan).await?;
+    let mut response = if plan.sampling.stream {
+        sse::respond(run.renderer, run.events, run.permit)
+    } else {
+        let collected = collect(run.events, plan.sampling.n).await?;
+        drop(run.permit);
+        axum::Json(run.renderer.full(collected)).into_response()
+    };
+    if let Ok(v) = HeaderValue::from_str(&run.request_id) {
+        response.headers_mut().insert("x-request-id", v);
     }
-    let request_id = super::request_id(plan.sampling.request_id.as_deref(), &headers);
+    Ok(response)
+}
+
+/// A chat request under way: its events, the renderer for them, and its admission permit
+/// (held until the answer is sent).
+pub(super) struct Run {
+    pub renderer: Renderer,
+    pub events: UnboundedReceiver<InferEvent>,
+    pub permit: crate::limiter::Permit,
+    pub request_id: String,
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// The model name the response echoes.
+    pub model: String,
+}
+
+/// Steps 3 to 7 of a chat request (docs/architecture.md): resolve the model, admit, validate
+/// against the model on a blocking thread, and start generating. Shared with the fronts that
+/// translate their bodies into a chat plan (Anthropic's Messages).
+pub(super) async fn start(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    plan: &ChatPlan,
+) -> Result<Run, ApiError> {
+    let target = resolve(state, &caller.entity, plan.sampling.model.as_deref()).await?;
+    // Admission comes before any rendering or tokenizing.
+    let permit = super::admit(state, &caller.entity)?;
+    if !target.model.has_capacity() {
+        return Err(super::at_capacity());
+    }
+    let request_id = super::request_id(plan.sampling.request_id.as_deref(), headers);
     let draft = plan.draft(request_id.clone(), &caller.entity);
     let Validated { request: valid, tool_mode } =
         generate::validate_blocking(&target, draft, state.reasoning_parser()).await?;
     let prompt = valid.request().prompt.clone();
-    let rx = generate::start(&target, valid, &plan.sampling).await?;
-    let echo = echo_text(&plan);
-    let renderer = Renderer::new(&plan, &target.name, &request_id, prompt, echo)
+    let events = generate::start(&target, valid, &plan.sampling).await?;
+    let renderer = Renderer::new(plan, &target.name, &request_id, prompt.clone(), echo_text(plan))
         .with_tools(tool_mode)
         .with_reasoning(state.reasoning_parser());
-    let mut response = if plan.sampling.stream {
-        sse::respond(renderer, rx, permit)
-    } else {
-        let collected = collect(rx, plan.sampling.n).await?;
-        drop(permit);
-        axum::Json(renderer.full(collected)).into_response()
-    };
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert("x-request-id", v);
-    }
-    Ok(response)
+    Ok(Run { renderer, events, permit, request_id, prompt, model: target.name })
 }
 
 /// With `echo`, the last message's text is prepended when its role is the reply's role.
@@ -82,7 +107,7 @@ fn echo_text(plan: &ChatPlan) -> Option<String> {
 }
 
 /// Waits for every choice to finish.
-async fn collect(mut rx: UnboundedReceiver<InferEvent>, n: usize) -> Result<Collected, ApiError> {
+pub(super) async fn collect(mut rx: UnboundedReceiver<InferEvent>, n: usize) -> Result<Collected, ApiError> {
     let mut c = Collected::new(n);
     while !c.done() {
         match rx.recv().await {

@@ -68,6 +68,8 @@ pub struct Draft {
     /// How many prompts' choices the response holds (completions take a list): the held
     /// entries are counted for all of them.
     pub prompts_in_response: usize,
+    /// The prompt's logprobs appear on every choice (completions), not once per response.
+    pub prompt_logprobs_per_choice: bool,
 }
 
 /// A request ready to submit, and what the response renderer needs of its validation.
@@ -169,22 +171,14 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     }
     params.max_tokens = output_budget(draft.max_tokens, draft.max_tokens_field, prompt.len(), info.context_len)?;
     params.min_tokens = params.min_tokens.min(params.max_tokens);
-    if let Some(k) = params.logprobs.filter(|_| draft.held_whole) {
-        let entries = (draft.n.saturating_mul(draft.prompts_in_response.max(1)))
-            .saturating_mul(params.max_tokens)
-            .saturating_mul(k + 1);
-        if entries > MAX_HELD_LOGPROB_ENTRIES {
-            return Err(ApiError::bad_param(
-                "max_tokens",
-                format!(
-                    "n={} x max_tokens={} x (top_logprobs+1)={} logprob entries is more than one response may hold \
-                     ({MAX_HELD_LOGPROB_ENTRIES}); lower max_tokens or n, or stream the response",
-                    draft.n,
-                    params.max_tokens,
-                    k + 1,
-                ),
-            ));
-        }
+    if draft.held_whole {
+        let held = Held {
+            n: draft.n,
+            prompts: draft.prompts_in_response.max(1),
+            prompt_logprobs: draft.prompt_logprobs,
+            per_choice: draft.prompt_logprobs_per_choice,
+        };
+        held.check(&params, prompt.len())?;
     }
     let request = GenerateRequest {
         request_id: draft.request_id,
@@ -200,6 +194,43 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     };
     let request = model.prepare(request).map_err(submit_error)?;
     Ok(Validated { request, tool_mode })
+}
+
+/// A response held whole (not streamed, or a beam search) may carry at most
+/// [`MAX_HELD_LOGPROB_ENTRIES`] logprob entries: the generated tokens' (`choices x max_tokens x
+/// (k+1)`) and the prompt's (`copies x prompt x (k+1)`, copied per choice where the API puts
+/// them on each choice), for every prompt of the response.
+struct Held {
+    n: usize,
+    prompts: usize,
+    prompt_logprobs: Option<usize>,
+    /// The prompt's logprobs are repeated on every choice.
+    per_choice: bool,
+}
+
+impl Held {
+    fn check(&self, params: &SamplingParams, prompt_len: usize) -> Result<(), ApiError> {
+        let prompts = self.prompts;
+        let choices = self.n.saturating_mul(prompts);
+        let generated = params.logprobs.map_or(0, |k| choices.saturating_mul(params.max_tokens).saturating_mul(k + 1));
+        let copies = if self.per_choice { choices } else { prompts };
+        let prompt_side = self.prompt_logprobs.map_or(0, |k| copies.saturating_mul(prompt_len).saturating_mul(k + 1));
+        if generated.saturating_add(prompt_side) <= MAX_HELD_LOGPROB_ENTRIES {
+            return Ok(());
+        }
+        let (field, what) = if generated >= prompt_side {
+            ("max_tokens", format!("{choices} choices x max_tokens={} x (top logprobs + 1)", params.max_tokens))
+        } else {
+            ("prompt_logprobs", format!("{copies} copies of {prompt_len} prompt positions x (prompt logprobs + 1)"))
+        };
+        Err(ApiError::bad_param(
+            field,
+            format!(
+            "{what} is more logprob entries than one response may hold ({MAX_HELD_LOGPROB_ENTRIES}); ask for fewer, \
+             or stream the response"
+        ),
+        ))
+    }
 }
 
 /// Every token id a request names must be in the vocabulary.

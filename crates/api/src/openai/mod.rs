@@ -1,20 +1,24 @@
 //! The OpenAI/vLLM-compatible area: `/v1/chat/completions` (also with a trailing slash),
-//! `/v1/models`, `/tokenize`, `/detokenize` and `/metrics`. Errors use the OpenAI body shape.
+//! `/v1/completions`, `/v1/responses` (and `GET`/`DELETE /v1/responses/{id}`), `/v1/models`, `/tokenize`, `/detokenize` and `/metrics`, with errors in the
+//! OpenAI body shape; and Anthropic's `/v1/messages` (its key header and error shape), which runs
+//! as a translated chat request.
 
 mod beam;
 mod chat;
 mod completions;
 mod generate;
+mod messages;
 mod reasoning;
 pub mod request;
 mod resolve;
 mod response;
+mod responses;
 mod sse;
 mod tokenize;
 mod tools;
 pub mod wire;
 
-use crate::auth::{require_openai, Caller};
+use crate::auth::{require_anthropic, require_openai, Caller};
 use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::AppState;
 use axum::extract::{Extension, State};
@@ -41,9 +45,15 @@ pub(crate) fn engine(state: &AppState) -> Result<tandem_core::inference::SharedB
 }
 
 pub fn router(state: AppState) -> OpenApiRouter<AppState> {
+    // Anthropic's Messages API: its own key header and error shape.
+    let anthropic = OpenApiRouter::new()
+        .routes(routes!(messages::create))
+        .route_layer(from_fn_with_state(state.clone(), require_anthropic));
     OpenApiRouter::new()
         .routes(routes!(chat::create))
         .routes(routes!(completions::create))
+        .routes(routes!(responses::create))
+        .routes(routes!(responses::get, responses::delete))
         // vLLM accepts the trailing slash too; the same operation, documented once.
         .route("/v1/chat/completions/", post(chat::create))
         .routes(routes!(models))
@@ -51,6 +61,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(tokenize::detokenize))
         .routes(routes!(metrics))
         .route_layer(from_fn_with_state(state, require_openai))
+        .merge(anthropic)
 }
 
 /// Base models, then the caller's trained models: each model's latest alias and every step.

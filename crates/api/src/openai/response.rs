@@ -445,7 +445,7 @@ impl Frames for Renderer {
 
     fn event(&mut self, ev: InferEvent) -> Result<Vec<Bytes>, String> {
         match ev {
-            InferEvent::Error(m) => Err(m),
+            InferEvent::Error(m) => Err(format!("generation failed: {m}")),
             ev => Ok(self.chunks_for(ev).iter().map(sse::data).collect()),
         }
     }

@@ -17,10 +17,16 @@ pub trait Frames: Send + 'static {
     type Event: Send + 'static;
     /// What goes out with the engine's first event (its admission).
     fn opening(&mut self) -> Vec<Bytes>;
-    /// The frames for one event; `Err` when the event is the generation failing.
+    /// The frames for one event; `Err` (the message to send) when the event is the generation
+    /// failing.
     fn event(&mut self, ev: Self::Event) -> Result<Vec<Bytes>, String>;
     /// The frames that end a failed stream.
     fn failure(&self, message: &str) -> Vec<Bytes>;
+    /// Work to finish before the closing frames go out (a stored response is written before the
+    /// client learns its id is complete). None by default.
+    fn finish(&mut self) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+        None
+    }
     /// The frames that end a finished stream.
     fn closing(&mut self) -> Vec<Bytes>;
     fn done(&self) -> bool;
@@ -85,7 +91,7 @@ pub fn respond<F: Frames>(
                     false
                 }
                 Err(message) => {
-                    batch.extend(frames.failure(&format!("generation failed: {message}")));
+                    batch.extend(frames.failure(&message));
                     true
                 }
             };
@@ -97,6 +103,9 @@ pub fn respond<F: Frames>(
             if failed {
                 return;
             }
+        }
+        if let Some(work) = frames.finish() {
+            work.await;
         }
         for frame in frames.closing() {
             if tx.send(frame).await.is_err() {

@@ -59,6 +59,42 @@ pub enum InferenceErrors {
     Unavailable(OpenAiErrorBody),
 }
 
+/// The errors of `/v1/messages`, in Anthropic's shape.
+#[derive(IntoResponses)]
+pub enum AnthropicErrors {
+    #[response(status = 400, description = "Invalid request (`invalid_request_error`)")]
+    BadRequest(AnthropicErrorBody),
+    #[response(status = 401, description = "No valid API key (`authentication_error`)")]
+    Unauthorized(AnthropicErrorBody),
+    #[response(status = 404, description = "No such model for this key's entity (`not_found_error`)")]
+    NotFound(AnthropicErrorBody),
+    #[response(
+        status = 429,
+        description = "Too many concurrent requests of this entity (`rate_limit_error`, Retry-After)"
+    )]
+    TooManyRequests(AnthropicErrorBody),
+    #[response(status = 503, description = "Queue full or no engine (`overloaded_error`, Retry-After)")]
+    Unavailable(AnthropicErrorBody),
+}
+
+/// `{"type": "error", "error": {"type", "message"}}`.
+#[derive(ToSchema)]
+pub struct AnthropicErrorBody {
+    /// `error`.
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub error: AnthropicErrorDetail,
+}
+
+#[derive(ToSchema)]
+pub struct AnthropicErrorDetail {
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `rate_limit_error`,
+    /// `overloaded_error`, `api_error`, ...
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub message: String,
+}
+
 #[derive(ToSchema)]
 pub struct OpenAiErrorDetail {
     pub message: String,
@@ -328,6 +364,109 @@ pub struct CompletionResponseBody {
     /// `n` choices per prompt, numbered prompt by prompt.
     #[schema(value_type = Vec<Object>)]
     pub choices: Value,
+    #[schema(value_type = Object)]
+    pub usage: Value,
+}
+
+/// `POST /v1/messages` (Anthropic's Messages API, as vLLM serves it). vLLM's extra sampling
+/// fields (`return_token_ids`, `logprobs`, `priority`, `structured_outputs`, ...) are accepted too.
+#[derive(ToSchema)]
+pub struct MessagesBody {
+    /// `{role: "user" | "assistant", content}`; content a string or blocks (`text`, `tool_use`,
+    /// `tool_result`, `thinking`).
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Value,
+    pub max_tokens: i64,
+    pub model: Option<String>,
+    /// A string or a list of text blocks.
+    #[schema(value_type = Option<Object>)]
+    pub system: Option<Value>,
+    pub stop_sequences: Option<Vec<String>>,
+    pub stream: Option<bool>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    /// `{name, description, input_schema}` each.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Value>,
+    /// `{type: auto | any | tool | none, name?, disable_parallel_tool_use?}`.
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    /// `{type: enabled, budget_tokens}` or `{type: disabled}`.
+    #[schema(value_type = Option<Object>)]
+    pub thinking: Option<Value>,
+}
+
+/// A message (`stream: false`); a stream sends Anthropic's events instead.
+#[derive(ToSchema)]
+pub struct MessageResponseBody {
+    /// `msg_<request id>`.
+    pub id: String,
+    /// `message`.
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub role: String,
+    pub model: String,
+    /// `text`, `thinking` and `tool_use` blocks.
+    #[schema(value_type = Vec<Object>)]
+    pub content: Value,
+    /// `end_turn`, `max_tokens`, `stop_sequence` or `tool_use`.
+    pub stop_reason: Option<String>,
+    pub stop_sequence: Option<String>,
+    /// `{input_tokens, output_tokens}`.
+    #[schema(value_type = Object)]
+    pub usage: Value,
+}
+
+/// `POST /v1/responses` (OpenAI's Responses API, as vLLM serves it). vLLM's extra sampling fields
+/// (`return_token_ids`, `priority`, `top_k`, ...) are accepted too.
+#[derive(ToSchema)]
+pub struct ResponsesBody {
+    /// A string, or input items: messages (`{role, content}`), `function_call`,
+    /// `function_call_output`, `reasoning`.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    pub model: Option<String>,
+    pub instructions: Option<String>,
+    /// Continue the conversation of a stored response of this key's entity.
+    pub previous_response_id: Option<String>,
+    /// Default true: keep the response for `GET /v1/responses/{id}` and chaining.
+    pub store: Option<bool>,
+    pub max_output_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stream: Option<bool>,
+    /// Function tools: `{type: "function", name, description, parameters, strict}`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// `{format: {type: text | json_object | json_schema, ...}}`.
+    #[schema(value_type = Option<Object>)]
+    pub text: Option<Value>,
+    #[schema(value_type = Option<Object>)]
+    pub reasoning: Option<Value>,
+    pub include: Option<Vec<String>>,
+    pub top_logprobs: Option<i64>,
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+}
+
+/// A response object (`stream: false`, or `GET`); a stream sends the Responses events instead.
+#[derive(ToSchema)]
+pub struct ResponseObjectBody {
+    /// `resp_...`.
+    pub id: String,
+    /// `response`.
+    pub object: String,
+    pub created_at: i64,
+    /// `completed`, or `incomplete` (cut at `max_output_tokens`).
+    pub status: String,
+    pub model: String,
+    /// `reasoning`, `message` and `function_call` items.
+    #[schema(value_type = Vec<Object>)]
+    pub output: Value,
     #[schema(value_type = Object)]
     pub usage: Value,
 }

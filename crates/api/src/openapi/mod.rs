@@ -34,6 +34,13 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        // Anthropic's clients send the key as `x-api-key` (`/v1/messages` takes either).
+        components.add_security_scheme(
+            "x-api-key",
+            SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Header(
+                utoipa::openapi::security::ApiKeyValue::new("x-api-key"),
+            )),
+        );
     }
 }
 

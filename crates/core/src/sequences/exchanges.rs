@@ -7,8 +7,9 @@
 //! prompt begins with (the prompt's new tokens are context), or starts a new one; the choices of
 //! one call (`n > 1`) each get their own branch. A sampled token is trained once per
 //! trajectory: a position whose whole token prefix was already trained in an earlier sequence is
-//! context. Chat-completions and completions exchanges are trained on (the endpoints tandem
-//! serves); the choices of a completions call with several prompts extend or branch per prompt.
+//! context. Chat-completions, completions, Responses and Anthropic messages exchanges are trained
+//! on (every endpoint tandem serves); the choices of a completions call with several prompts
+//! extend or branch per prompt.
 //! A trajectory whose calls to the model are of another kind is refused, naming it.
 
 use super::Sequence;
@@ -71,7 +72,7 @@ fn times(x: &Value) -> (i128, i128) {
 }
 
 /// Exchange kinds tandem trains on.
-const TRAINED_KINDS: [&str; 2] = ["chat_completions", "completions"];
+const TRAINED_KINDS: [&str; 4] = ["chat_completions", "completions", "messages", "responses"];
 
 /// One sampled generation: the full prompt's ids, the sampled ids and their logprobs, and where
 /// it is (for errors).
@@ -139,44 +140,90 @@ fn chat_generation(response: &Value, choice: &Value, here: &str) -> Result<Gener
 }
 
 /// The exact tokens of one completions choice: prompt ids on the choice, else on the response;
-/// output ids from `token_ids`, else from `logprobs.tokens` written as `token_id:N`; logprobs
-/// from `compact_logprobs`, else `logprobs.token_logprobs`. With `echo` the legacy lists begin
-/// with the prompt's tokens: only their last `len(output)` entries are the sampled ones.
-fn completion_generation(response: &Value, choice: &Value, here: &str) -> Result<Generation, String> {
+/// output ids from `token_ids`, else from `logprobs.tokens` written as `token_id:N` (both present
+/// and different is an error); logprobs from `compact_logprobs`, else `logprobs.token_logprobs`.
+/// With `echo` (the request's) the legacy lists begin with the prompt's tokens, which are skipped.
+fn completion_generation(response: &Value, choice: &Value, echo: bool, here: &str) -> Result<Generation, String> {
     let prompt = prompt_ids(response, choice, here)?;
+    let skip = if echo { prompt.len() } else { 0 };
     let legacy = choice.get("logprobs").filter(|l| l.is_object());
-    let list = |k: &str| legacy.and_then(|l| l.get(k)).and_then(Value::as_array).cloned().unwrap_or_default();
+    let list = |k: &str| -> Vec<Value> {
+        let all = legacy.and_then(|l| l.get(k)).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+        all.get(skip..).unwrap_or_default().to_vec()
+    };
     let (tokens, token_lps) = (list("tokens"), list("token_logprobs"));
-    let output = match id_list(choice.get("token_ids")) {
-        Some(ids) => ids,
-        None => {
-            let from: Option<Vec<u32>> = tokens.iter().map(token_id).collect();
-            match from {
-                // Echoed prompt tokens first, when their count says so.
-                Some(all) if all.len() > prompt.len() && all.starts_with(&prompt) => all[prompt.len()..].to_vec(),
-                Some(all) if !all.is_empty() => all,
-                _ => return Err(format!("{here}: the choice has no token_ids (request return_token_ids)")),
-            }
+    let from_tokens: Option<Vec<u32>> = if tokens.is_empty() { None } else { tokens.iter().map(token_id).collect() };
+    let output = match (id_list(choice.get("token_ids")), from_tokens) {
+        (Some(ids), Some(from)) if ids != from => {
+            return Err(format!("{here}: the choice's token_ids disagree with its logprob tokens"))
         }
+        (Some(ids), _) => ids,
+        (None, Some(from)) => from,
+        (None, None) => return Err(format!("{here}: the choice has no token_ids (request return_token_ids)")),
     };
     let logprobs = match compact_logprobs(choice) {
         Some(compact) => compact,
         None if token_lps.is_empty() => None,
-        None => {
-            let tail = token_lps.len().checked_sub(output.len()).filter(|skip| *skip == 0 || *skip == prompt.len());
-            let Some(skip) = tail else {
-                return Err(format!(
-                    "{here}: the choice has {} logprobs for {} token ids",
-                    token_lps.len(),
-                    output.len()
-                ));
-            };
-            Some(token_lps[skip..].iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect())
-        }
+        None => Some(token_lps.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect()),
     };
     let g = Generation { prompt, output, logprobs, at: here.to_string() };
     check_lengths(&g)?;
     Ok(g)
+}
+
+/// The exact tokens of an Anthropic message (vLLM's extras on the message itself):
+/// `prompt_token_ids`, `token_ids`, and `compact_logprobs` or a `logprobs` list of numbers.
+fn messages_generation(response: &Value, here: &str) -> Result<Generation, String> {
+    let prompt = id_list(response.get("prompt_token_ids"))
+        .ok_or_else(|| format!("{here}: the message has no prompt_token_ids (request return_token_ids)"))?;
+    let output = id_list(response.get("token_ids"))
+        .ok_or_else(|| format!("{here}: the message has no token_ids (request return_token_ids)"))?;
+    let logprobs = match compact_logprobs(response) {
+        Some(compact) => compact,
+        None => response
+            .get("logprobs")
+            .and_then(Value::as_array)
+            .map(|xs| xs.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect()),
+    };
+    let g = Generation { prompt, output, logprobs, at: here.to_string() };
+    check_lengths(&g)?;
+    Ok(g)
+}
+
+/// The exact tokens of a Responses response: its `token_generations` (what tandem writes with
+/// `return_token_ids`, and what ART reads), each `{prompt_token_ids, token_ids,
+/// compact_logprobs?}` or `{prompt_token_ids, output_tokens: [{token_id | token, logprob}]}`.
+fn responses_generations(response: &Value, here: &str) -> Result<Vec<Generation>, String> {
+    let gens = response
+        .get("token_generations")
+        .and_then(Value::as_array)
+        .filter(|g| !g.is_empty())
+        .ok_or_else(|| format!("{here}: the response has no token_generations (request return_token_ids)"))?;
+    gens.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let at = format!("{here}.token_generations[{i}]");
+            let prompt = id_list(g.get("prompt_token_ids")).ok_or_else(|| format!("{at}: no prompt_token_ids"))?;
+            let tokens = g.get("output_tokens").and_then(Value::as_array);
+            let output = match id_list(g.get("token_ids")) {
+                Some(ids) => ids,
+                None => tokens
+                    .and_then(|t| {
+                        t.iter().map(|e| e.get("token_id").or_else(|| e.get("token")).and_then(token_id)).collect()
+                    })
+                    .filter(|ids: &Vec<u32>| !ids.is_empty())
+                    .ok_or_else(|| format!("{at}: no token_ids"))?,
+            };
+            let logprobs = match compact_logprobs(g) {
+                Some(compact) => compact,
+                None => tokens
+                    .map(|t| t.iter().map(|e| e.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN)).collect()),
+            };
+            let g = Generation { prompt, output, logprobs, at };
+            check_lengths(&g)?;
+            Ok(g)
+        })
+        .collect()
 }
 
 /// A trajectory's `exchanges`, tokenized (see the module docs). `allow_without_logprobs`: a
@@ -203,7 +250,7 @@ pub fn tokenize_exchanges(
     }
     if let Some((kind, k, _)) = calls.iter().find(|(kind, _, _)| !TRAINED_KINDS.contains(kind)) {
         return Err(format!(
-            "{at}.exchanges.{kind}[{k}]: tandem trains on chat_completions and completions exchanges only (it serves no {kind} endpoint yet)"
+            "{at}.exchanges.{kind}[{k}]: tandem trains on chat_completions, completions, responses and messages exchanges only"
         ));
     }
     calls.sort_by_key(|(_, k, x)| (times(x), *k));
@@ -214,15 +261,32 @@ pub fn tokenize_exchanges(
         let response = x.get("response").unwrap_or(&Value::Null);
         let mut choices: Vec<&Value> =
             response.get("choices").and_then(Value::as_array).into_iter().flatten().collect();
-        if choices.is_empty() {
+        if choices.is_empty() && kind != "messages" && kind != "responses" {
             return Err(format!("{here}: the response has no choices"));
         }
         choices.sort_by_key(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0));
-        let generation = if kind == "completions" { completion_generation } else { chat_generation };
+        if kind == "messages" {
+            // An Anthropic message is its own (one) choice.
+            extend(&mut seqs, &[messages_generation(response, &format!("{here}.response"))?], allow_without_logprobs)?;
+            continue;
+        }
+        if kind == "responses" {
+            for g in responses_generations(response, &format!("{here}.response"))? {
+                extend(&mut seqs, std::slice::from_ref(&g), allow_without_logprobs)?;
+            }
+            continue;
+        }
+        let echo = x.get("request").and_then(|r| r.get("echo")).and_then(Value::as_bool).unwrap_or(false);
         let gens = choices
             .iter()
             .enumerate()
-            .map(|(c, choice)| generation(response, choice, &format!("{here}.response.choices[{c}]")))
+            .map(|(c, choice)| {
+                let at = format!("{here}.response.choices[{c}]");
+                match kind {
+                    "completions" => completion_generation(response, choice, echo, &at),
+                    _ => chat_generation(response, choice, &at),
+                }
+            })
             .collect::<Result<Vec<_>, _>>()?;
         // Choices of one prompt are adjacent (a completions call numbers them prompt by prompt).
         for group in gens.chunk_by(|a, b| a.prompt == b.prompt) {
@@ -345,7 +409,7 @@ mod tests {
             .contains("no exchange calls the trained model"));
         let responses = json!({"responses": [call("2026-01-01T00:00:00Z", m, json!([]), &[1])]});
         let e = tokenize_exchanges(&responses, &MODEL, false, "t").unwrap_err();
-        assert!(e.contains("t.exchanges.responses[0]") && e.contains("no responses endpoint"), "{e}");
+        assert!(e.contains("t.exchanges.responses[0].response: the response has no token_generations"), "{e}");
         let mut no_ids = chat_choice(0, &[3], &[-0.1]);
         no_ids.as_object_mut().unwrap().remove("token_ids");
         no_ids["logprobs"]["content"][0]["token"] = json!("hello");
@@ -417,15 +481,64 @@ mod tests {
         // echo: the legacy lists start with the prompt (its first logprob null).
         let choice = json!({"index": 0, "text": "abx", "prompt_token_ids": [1, 2],
             "logprobs": {"tokens": ["token_id:1", "token_id:2", "token_id:7"], "token_logprobs": [null, -1.0, -0.7]}});
-        let x = json!({"completions": [completions_call("2026-01-01T00:00:00Z", json!([choice]))]});
-        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        let mut call = completions_call("2026-01-01T00:00:00Z", json!([choice.clone()]));
+        call["request"]["echo"] = json!(true);
+        let seqs = tokenize_exchanges(&json!({"completions": [call]}), &MODEL, false, "t").unwrap();
         assert_eq!(seqs[0].tokens, vec![1, 2, 7]);
         assert_eq!(seqs[0].trained, vec![false, false, true]);
         assert_eq!(seqs[0].old_lp[2], -0.7);
+        // Without the request's echo the lists are all output: their lengths disagree with
+        // nothing, so all three tokens are sampled ones (a guess would have trained one).
+        let x = json!({"completions": [completions_call("2026-01-01T00:00:00Z", json!([choice]))]});
+        let seqs = tokenize_exchanges(&x, &MODEL, true, "t").unwrap();
+        assert_eq!(seqs[0].tokens, vec![1, 2, 1, 2, 7]);
+        // token_ids that disagree with the logprob tokens.
+        let odd = json!({"index": 0, "text": "x", "prompt_token_ids": [1], "token_ids": [4],
+            "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.1]}});
+        let x = json!({"completions": [completions_call("2026-01-01T00:00:00Z", json!([odd]))]});
+        assert!(tokenize_exchanges(&x, &MODEL, false, "t").unwrap_err().contains("disagree"));
         // Without prompt ids there is nothing exact to train on.
         let bare = json!({"index": 0, "text": "x", "token_ids": [3], "logprobs": {"tokens": ["token_id:3"], "token_logprobs": [-0.1]}});
         let x = json!({"completions": [completions_call("2026-01-01T00:00:00Z", json!([bare]))]});
         let e = tokenize_exchanges(&x, &MODEL, false, "t").unwrap_err();
         assert!(e.contains("completions[0].response.choices[0]: the response has no prompt_token_ids"), "{e}");
+    }
+
+    #[test]
+    fn anthropic_messages_train_from_their_own_ids() {
+        let msg = |start: &str, prompt: &[u32], ids: &[u32], lps: &[f64]| {
+            json!({"start_time": start, "end_time": start, "request": {"model": "e/p/m", "max_tokens": 5},
+                   "response": {"type": "message", "model": "e/p/m", "content": [{"type": "text", "text": "x"}],
+                                "prompt_token_ids": prompt, "token_ids": ids, "logprobs": lps}})
+        };
+        let x = json!({"messages": [msg("2026-01-01T00:00:00Z", &[1], &[2, 3], &[-0.2, -0.3]),
+                                    msg("2026-01-01T00:00:01Z", &[1, 2, 3, 4], &[5], &[-0.5])]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs.len(), 1);
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4, 5]);
+        assert_eq!(seqs[0].trained, vec![false, true, true, false, true]);
+        assert_eq!(seqs[0].old_lp[4], -0.5);
+        let bare = json!({"messages": [{"start_time": "2026-01-01T00:00:00Z", "end_time": "2026-01-01T00:00:00Z",
+                           "request": {"model": "e/p/m"}, "response": {"type": "message", "content": []}}]});
+        let e = tokenize_exchanges(&bare, &MODEL, false, "t").unwrap_err();
+        assert!(e.contains("messages[0].response: the message has no prompt_token_ids"), "{e}");
+    }
+
+    #[test]
+    fn responses_train_from_their_token_generations() {
+        let resp = |start: &str, g: Value| {
+            json!({"start_time": start, "end_time": start, "request": {"model": "e/p/m", "input": "x"},
+                   "response": {"object": "response", "model": "e/p/m", "output": [], "token_generations": [g]}})
+        };
+        let x = json!({"responses": [
+            resp("2026-01-01T00:00:00Z", json!({"prompt_token_ids": [1], "token_ids": [2], "compact_logprobs": [-0.2], "output_indices": [0]})),
+            resp("2026-01-01T00:00:01Z", json!({"prompt_token_ids": [1, 2, 3], "output_indices": [0],
+                "output_tokens": [{"token": "token_id:4", "logprob": -0.4}, {"token_id": 5, "logprob": -0.5}]})),
+        ]});
+        let seqs = tokenize_exchanges(&x, &MODEL, false, "t").unwrap();
+        assert_eq!(seqs.len(), 1);
+        assert_eq!(seqs[0].tokens, vec![1, 2, 3, 4, 5]);
+        assert_eq!(seqs[0].trained, vec![false, true, false, true, true]);
+        assert_eq!(seqs[0].old_lp[3..], [-0.4, -0.5]);
     }
 }

@@ -7,6 +7,7 @@
 
 mod datasets;
 mod jobs;
+mod responses;
 mod rows;
 
 use crate::{now_ms, ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, Result, StoreError};
@@ -424,6 +425,18 @@ impl crate::Store for SqliteStore {
 
     async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()> {
         datasets::delete(&self.pool, entity, id).await
+    }
+
+    async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {
+        responses::put(&self.pool, response, crate::MAX_STORED_RESPONSES).await
+    }
+
+    async fn get_response(&self, entity: &str, id: &str) -> Result<crate::StoredResponse> {
+        responses::get(&self.pool, entity, id).await
+    }
+
+    async fn delete_response(&self, entity: &str, id: &str) -> Result<()> {
+        responses::delete(&self.pool, entity, id).await
     }
 
     async fn create_job(&self, new: &crate::NewJob) -> Result<tandem_core::records::Job> {

@@ -31,8 +31,18 @@ pub struct CompletionChoice {
     pub finish_reason: &'static str,
     pub stop_reason: Option<StopReasonOut>,
     pub token_ids: Option<Vec<u32>>,
-    pub prompt_logprobs: Option<Vec<Option<PositionLogprobs>>>,
+    pub prompt_logprobs: Option<Shared<Vec<Option<PositionLogprobs>>>>,
     pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// A value every choice of a prompt shows, held once (a prompt's logprobs can be large).
+#[derive(Debug, Clone)]
+pub struct Shared<T>(pub Arc<T>);
+
+impl<T: Serialize> Serialize for Shared<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
 }
 
 /// The legacy completions logprobs: parallel lists per token.
@@ -108,7 +118,8 @@ pub struct CompletionRenderer {
     n: usize,
     prompts: Vec<PromptOut>,
     logprobs: bool,
-    show_prompt_logprobs: bool,
+    /// `logprobs`: alternatives shown per token (an echoed prompt's too).
+    top: usize,
     return_token_ids: bool,
     tokens_as_ids: bool,
     include_usage: bool,
@@ -123,13 +134,7 @@ pub struct CompletionRenderer {
 }
 
 impl CompletionRenderer {
-    pub fn new(
-        plan: &CompletionPlan,
-        model: &str,
-        request_id: &str,
-        prompts: Vec<PromptOut>,
-        asked_prompt_logprobs: bool,
-    ) -> Self {
+    pub fn new(plan: &CompletionPlan, model: &str, request_id: &str, prompts: Vec<PromptOut>) -> Self {
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let choices = prompts.len() * plan.sampling.n;
         CompletionRenderer {
@@ -140,7 +145,7 @@ impl CompletionRenderer {
             state: prompts.iter().map(|_| Collected::new(plan.sampling.n)).collect(),
             prompts,
             logprobs: plan.logprobs.is_some(),
-            show_prompt_logprobs: asked_prompt_logprobs,
+            top: plan.logprobs.unwrap_or(0),
             return_token_ids: plan.sampling.return_token_ids,
             tokens_as_ids: plan.sampling.tokens_as_ids,
             include_usage: plan.sampling.include_usage,
@@ -194,16 +199,20 @@ impl CompletionRenderer {
     ) -> usize {
         let mut at = 0;
         for (i, id) in p.ids.iter().enumerate() {
-            let name = if self.tokens_as_ids {
-                format!("token_id:{id}")
-            } else {
-                p.token_texts.get(i).cloned().unwrap_or_default()
-            };
             let entries = ranked.and_then(|r| r.get(i)).and_then(Option::as_ref);
+            // The entry's own text, so that `top_logprobs[i][tokens[i]]` finds it; the first
+            // position has none (nothing predicts it).
+            let name = match (self.tokens_as_ids, entries.and_then(|e| e.first())) {
+                (true, _) => format!("token_id:{id}"),
+                (false, Some(r)) => r.decoded.clone(),
+                (false, None) => p.token_texts.get(i).cloned().unwrap_or_default(),
+            };
             let (lp, top) = match entries {
                 Some(e) => {
                     let mut top = TopMap::default();
-                    for r in e {
+                    // The actual token and `logprobs` alternatives, whatever prompt_logprobs
+                    // asked the engine for.
+                    for r in e.iter().take(self.top + 1) {
                         let t = if self.tokens_as_ids { format!("token_id:{}", r.token_id) } else { r.decoded.clone() };
                         top.insert(t, r.logprob);
                     }
@@ -242,6 +251,11 @@ impl CompletionRenderer {
     pub fn full(&self) -> CompletionResponse {
         let mut choices = Vec::new();
         for (pi, (p, s)) in self.prompts.iter().zip(&self.state).enumerate() {
+            // As vLLM: on every choice whenever they were computed (asked for, or for echo).
+            let prompt_logprobs = s
+                .prompt_logprobs
+                .as_ref()
+                .map(|ps| Shared(Arc::new(ps.iter().map(|pos| pos.clone().map(PositionLogprobs)).collect::<Vec<_>>())));
             for (j, ch) in s.choices.iter().enumerate() {
                 let (reason, stop) = ch.finish.clone().unwrap_or((FinishReason::Abort, None));
                 let logprobs = self.logprobs.then(|| {
@@ -262,11 +276,7 @@ impl CompletionRenderer {
                     finish_reason: reason.as_str(),
                     stop_reason: stop.as_ref().map(StopReasonOut::from),
                     token_ids: self.return_token_ids.then(|| ch.token_ids.clone()),
-                    prompt_logprobs: s
-                        .prompt_logprobs
-                        .as_ref()
-                        .filter(|_| self.show_prompt_logprobs)
-                        .map(|ps| ps.iter().map(|pos| pos.clone().map(PositionLogprobs)).collect()),
+                    prompt_logprobs: prompt_logprobs.clone(),
                     prompt_token_ids: self.return_token_ids.then(|| p.ids.clone()),
                 });
             }
@@ -374,7 +384,7 @@ impl Frames for CompletionRenderer {
 
     fn event(&mut self, (prompt, ev): (usize, InferEvent)) -> Result<Vec<Bytes>, String> {
         match ev {
-            InferEvent::Error(m) => Err(m),
+            InferEvent::Error(m) => Err(format!("generation failed: {m}")),
             ev => Ok(self.chunks_for(prompt, ev).iter().map(sse::data).collect()),
         }
     }

@@ -47,7 +47,6 @@ pub async fn create(
     super::shed(&state)?;
     let OpenAiJson(body) = OpenAiJson::from_request(request, &state).await?;
     let plan = plan::validate(&body, state.priority_scheduling())?;
-    let asked_prompt_logprobs = body.get("prompt_logprobs").is_some_and(|v| !v.is_null());
     let target = resolve(&state, &caller.entity, plan.sampling.model.as_deref()).await?;
     // Admission comes before any tokenizing.
     let permit = super::admit(&state, &caller.entity)?;
@@ -65,6 +64,7 @@ pub async fn create(
         };
         let mut draft = plan.sampling.draft(id, &caller.entity, prompt, "max_tokens");
         draft.prompts_in_response = plan.prompts.len();
+        draft.prompt_logprobs_per_choice = true;
         // A raw prompt has no reasoning section for a parser to split off.
         let Validated { request, .. } = generate::validate_blocking(&target, draft, None).await?;
         valid.push(request);
@@ -72,7 +72,7 @@ pub async fn create(
     let ids: Vec<Vec<u32>> = valid.iter().map(|v| v.request().prompt.clone()).collect();
     let prompts = prompt_outs(&target, &plan, ids).await?;
     let rx = start_all(&target, valid, &plan).await?;
-    let renderer = CompletionRenderer::new(&plan, &target.name, &request_id, prompts, asked_prompt_logprobs);
+    let renderer = CompletionRenderer::new(&plan, &target.name, &request_id, prompts);
     let mut response = if plan.sampling.stream {
         sse::respond(renderer, rx, permit)
     } else {
@@ -127,7 +127,14 @@ async fn start_all(
         let mut events = generate::start(target, v, &plan.sampling).await?;
         let tx = tx.clone();
         tokio::spawn(async move {
-            while let Some(ev) = events.recv().await {
+            loop {
+                // Waiting on the merged channel's closing too: a prompt still queued (sending
+                // nothing) is cancelled as soon as the client leaves, not at its first token.
+                let ev = tokio::select! {
+                    ev = events.recv() => ev,
+                    _ = tx.closed() => return,
+                };
+                let Some(ev) = ev else { return };
                 if tx.send((i, ev)).is_err() {
                     return;
                 }

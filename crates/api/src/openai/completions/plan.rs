@@ -81,7 +81,11 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<CompletionPla
     }
     sampling.max_tokens = Some(sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     if echo && logprobs.is_some() {
-        // The prompt's own logprobs come from the engine's prompt logprobs.
+        // The prompt's own logprobs come from the engine's prompt logprobs, which a beam search
+        // (ranking by the raw model) does not compute.
+        if sampling.beam.is_some() {
+            return Err(bad("echo", "echo with logprobs cannot be combined with use_beam_search"));
+        }
         if sampling.stream {
             return Err(bad(
                 "echo",

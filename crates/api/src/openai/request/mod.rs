@@ -83,12 +83,25 @@ impl Sampling {
             prompt_logprobs: self.prompt_logprobs,
             held_whole: !self.stream || self.beam.is_some(),
             prompts_in_response: 1,
+            prompt_logprobs_per_choice: false,
         }
     }
 }
 
 pub(super) fn bad(param: &str, msg: impl Into<String>) -> ApiError {
     ApiError::bad_param(param, msg)
+}
+
+/// A chat-side error of a front that translated its body into chat (Messages, Responses),
+/// renamed to the front's own field through `renamed` (`(chat field, front field)` pairs).
+pub(super) fn front_field(mut e: ApiError, renamed: &[(&str, &str)]) -> ApiError {
+    if let Some(p) = e.param.as_deref() {
+        if let Some((_, theirs)) = renamed.iter().find(|(ours, _)| *ours == p) {
+            e.message = e.message.replace(p, theirs);
+            e.param = Some(theirs.to_string());
+        }
+    }
+    e
 }
 
 /// Validates a chat body. Errors name the field (`param`).
@@ -118,6 +131,9 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         return Err(ApiError::validation(v.into_errors()));
     }
     let messages = messages.ok_or_else(|| bad("messages", "messages must be a non-empty list"))?;
+    // The sampling ranges are checked first (vLLM's order), then `top_logprobs`.
+    let top = logprobs.then(|| top_logprobs.unwrap_or(0).clamp(0, MAX_LOGPROBS) as usize);
+    let sampling = fields.check(obj, top, "max_completion_tokens", priority_scheduling)?;
     match top_logprobs {
         Some(k) if !(0..=MAX_LOGPROBS).contains(&k) => {
             return Err(bad("top_logprobs", format!("top_logprobs must be between 0 and {MAX_LOGPROBS}, got {k}.")));
@@ -127,8 +143,6 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         }
         _ => {}
     }
-    let top = logprobs.then(|| top_logprobs.unwrap_or(0) as usize);
-    let sampling = fields.check(obj, top, "max_completion_tokens", priority_scheduling)?;
     if render.continue_final_message && render.add_generation_prompt {
         return Err(bad(
             "continue_final_message",

@@ -234,7 +234,7 @@ fn system_text(plan: &ToolPlan) -> String {
 /// Appends the instructions to the first system message, or puts one first.
 fn inject_system(render: &mut ChatRender, text: &str) {
     if let Some(first) = render.messages.first_mut().filter(|m| m.role == "system") {
-        first.content = Some(Content::Text(format!("{}\n\n{text}", first.text())));
+        first.content = Content::Text(format!("{}\n\n{text}", first.text()));
     } else {
         render.messages.insert(0, ChatMessage::text_message("system", text));
     }
@@ -259,7 +259,7 @@ fn generic_history(m: &ChatMessage) -> ChatMessage {
     let text = m.text();
     let object = json!({"tool_calls": calls}).to_string();
     let mut out = m.clone();
-    out.content = Some(Content::Text(if text.trim().is_empty() { object } else { format!("{text}\n{object}") }));
+    out.content = Content::Text(if text.trim().is_empty() { object } else { format!("{text}\n{object}") });
     out.extra.remove("tool_calls");
     out
 }
