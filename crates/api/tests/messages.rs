@@ -123,6 +123,10 @@ async fn errors_take_anthropics_shape_and_name_its_fields() {
             json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}),
             "messages.0.content.0",
         ),
+        // A type error of a translated field names it as Anthropic does.
+        (json!({"max_tokens": "x", "messages": [{"role": "user", "content": "x"}]}), "max_tokens"),
+        // One message per request, whatever `n` says (2.0 is an integer to the chat validator).
+        (json!({"max_tokens": 5, "n": 2.0, "temperature": 1, "messages": [{"role": "user", "content": "x"}]}), "n"),
     ];
     for (body, field) in cases {
         let (status, bytes) = post(&app, Some(KEY_A), body.clone()).await;

@@ -89,6 +89,9 @@ async fn limits_ids_and_field_names() {
         (json!({"input": "x", "temperature": 9}), "temperature"),
         (json!({"input": []}), "input"),
         (json!({"input": "x", "background": true}), "background"),
+        (json!({"input": "x", "n": 2.0, "temperature": 1}), "n"),
+        // Too large to store: refused before any work, with the way out.
+        (json!({"input": "y".repeat(1 << 20)}), "store"),
     ] {
         let r = app.call("POST", URL, KEY_A, Some(body.clone())).await;
         let e = r.json();

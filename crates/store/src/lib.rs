@@ -164,7 +164,7 @@ pub struct StoredResponse {
 }
 
 /// Most stored Responses an entity keeps; storing another drops its oldest.
-pub const MAX_STORED_RESPONSES: usize = 10_000;
+pub const MAX_STORED_RESPONSES: usize = 1_000;
 
 /// What start-up recovery did with jobs left `running` by a previous process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

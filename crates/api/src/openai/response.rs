@@ -377,39 +377,49 @@ impl Renderer {
                         self.chunk(vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }], Some(choice)),
                     );
                 }
-                let rest = if let Some(mode) = mode {
-                    let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
-                    let content_part = self.parts(&full).1.to_string();
-                    let (content, parsed) = tools::parse(&mode, &content_part);
-                    // As vLLM streams calls: one delta naming each call, then its arguments.
-                    for (k, c) in parsed.iter().enumerate() {
-                        let named = ToolCallDelta {
-                            index: k,
-                            id: Some(tools::call_id()),
-                            kind: Some("function"),
-                            function: FunctionDelta { name: Some(c.name.clone()), arguments: String::new() },
-                        };
-                        let arguments = ToolCallDelta {
-                            index: k,
-                            id: None,
-                            kind: None,
-                            function: FunctionDelta { name: None, arguments: c.arguments.clone() },
-                        };
-                        for call in [named, arguments] {
-                            let delta = Delta { tool_calls: Some(vec![call]), ..Delta::default() };
-                            let body = ChunkChoice { index: choice, delta, ..ChunkChoice::default() };
-                            out.push(self.chunk(vec![body], Some(choice)));
+                let rest =
+                    if let Some(mode) = mode {
+                        let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
+                        let content_part = self.parts(&full).1.to_string();
+                        let (content, parsed) = tools::parse(&mode, &content_part);
+                        // The text written before the calls goes first, as in the whole response.
+                        let before = content.clone().unwrap_or_default();
+                        if !parsed.is_empty() && !before.is_empty() {
+                            let delta = Delta { content: Some(before), ..Delta::default() };
+                            out.push(self.chunk(
+                                vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }],
+                                Some(choice),
+                            ));
                         }
-                    }
-                    calls = parsed;
-                    if calls.is_empty() {
-                        rest_text
+                        // As vLLM streams calls: one delta naming each call, then its arguments.
+                        for (k, c) in parsed.iter().enumerate() {
+                            let named = ToolCallDelta {
+                                index: k,
+                                id: Some(tools::call_id()),
+                                kind: Some("function"),
+                                function: FunctionDelta { name: Some(c.name.clone()), arguments: String::new() },
+                            };
+                            let arguments = ToolCallDelta {
+                                index: k,
+                                id: None,
+                                kind: None,
+                                function: FunctionDelta { name: None, arguments: c.arguments.clone() },
+                            };
+                            for call in [named, arguments] {
+                                let delta = Delta { tool_calls: Some(vec![call]), ..Delta::default() };
+                                let body = ChunkChoice { index: choice, delta, ..ChunkChoice::default() };
+                                out.push(self.chunk(vec![body], Some(choice)));
+                            }
+                        }
+                        calls = parsed;
+                        if calls.is_empty() {
+                            rest_text
+                        } else {
+                            String::new()
+                        }
                     } else {
-                        content.unwrap_or_default()
-                    }
-                } else {
-                    rest_text
-                };
+                        rest_text
+                    };
                 let body = ChunkChoice {
                     index: choice,
                     delta: Delta { content: Some(rest), ..Delta::default() },

@@ -52,6 +52,7 @@ pub async fn create(
     };
     let chat_body = translate::to_chat(obj)?;
     let plan = request::validate(&chat_body, state.priority_scheduling()).map_err(anthropic_field)?;
+    request::one_choice(&plan)?;
     let with_ids = chat_body.get("return_token_ids").and_then(Value::as_bool).unwrap_or(false);
     let with_logprobs = plan.logprobs;
     let run = chat::start(&state, &caller, &headers, &plan).await.map_err(anthropic_field)?;

@@ -96,7 +96,9 @@ pub fn message(c: ChatCompletion, request_id: &str) -> Message {
             input: input(&call.function.arguments),
         });
     }
-    let (reason, sequence) = stop(choice.finish_reason, choice.stop_reason.as_ref());
+    let called = out.content.iter().any(|b| matches!(b, Block::ToolUse { .. }));
+    let (reason, sequence) =
+        stop(if called { "tool_calls" } else { choice.finish_reason }, choice.stop_reason.as_ref());
     out.stop_reason = Some(reason);
     out.stop_sequence = sequence;
     out.token_ids = choice.token_ids;
@@ -131,6 +133,8 @@ pub struct Stream {
     logprobs: Vec<f32>,
     /// The index and kind of the open block.
     open: Option<(usize, Open)>,
+    /// A tool_use block was sent (the stop reason is then `tool_use`, whatever the choice).
+    called: bool,
     next_index: usize,
     finished: bool,
 }
@@ -156,6 +160,7 @@ impl Stream {
             token_ids: Vec::new(),
             logprobs: Vec::new(),
             open: None,
+            called: false,
             next_index: 0,
             finished: false,
         }
@@ -214,6 +219,7 @@ impl Stream {
                         let start =
                             json!({"type": "tool_use", "id": call.id.unwrap_or_default(), "name": name, "input": {}});
                         self.ensure(Open::ToolUse, start, out);
+                        self.called = true;
                     }
                     None => {
                         if let Some((i, Open::ToolUse)) = self.open {
@@ -226,7 +232,12 @@ impl Stream {
                 }
             }
             if let Some(finish) = choice.finish_reason {
+                if self.next_index == 0 {
+                    // Nothing was written: one empty text block, as the whole message has.
+                    self.ensure(Open::Text, json!({"type": "text", "text": ""}), out);
+                }
                 self.close(out);
+                let finish = if self.called { "tool_calls" } else { finish };
                 let (reason, sequence) = stop(finish, choice.stop_reason.flatten().as_ref());
                 let mut delta = json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                        "usage": {"output_tokens": self.output_tokens}});

@@ -54,9 +54,6 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Value, ApiError> {
             chat.insert(k.clone(), v.clone());
         }
     }
-    if chat.get("n").and_then(Value::as_i64).is_some_and(|n| n != 1) {
-        return Err(bad("n", "the Messages API returns one message: n must be 1"));
-    }
     for k in ["model", "temperature", "top_p", "top_k", "stream"] {
         if let Some(v) = body.get(k) {
             chat.insert(k.into(), v.clone());
@@ -82,6 +79,11 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Value, ApiError> {
     };
     for (i, m) in items.iter().enumerate() {
         message(m, &format!("messages.{i}"), &mut messages)?;
+    }
+    // A last assistant turn is a prefill: the reply continues it (Anthropic's rule).
+    if items.last().and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant") {
+        chat.insert("add_generation_prompt".into(), Value::Bool(false));
+        chat.insert("continue_final_message".into(), Value::Bool(true));
     }
     chat.insert("messages".into(), Value::Array(messages));
     if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
@@ -185,10 +187,13 @@ fn message(m: &Value, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
             ("assistant", Some("redacted_thinking")) => {}
             ("user", Some("tool_result")) => {
                 let id = b.get("tool_use_id").and_then(Value::as_str).unwrap_or_default();
-                let content = match b.get("content") {
+                let mut content = match b.get("content") {
                     None | Some(Value::Null) => String::new(),
                     Some(c) => text_of(c, &format!("{here}.content"))?,
                 };
+                if b.get("is_error").and_then(Value::as_bool) == Some(true) {
+                    content = format!("Error: {content}");
+                }
                 out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
             }
             (_, Some(other)) => {
@@ -200,7 +205,7 @@ fn message(m: &Value, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
             (_, None) => return Err(bad(&here, "a content block needs a type")),
         }
     }
-    if text.is_empty() && calls.is_empty() && role == "user" {
+    if text.is_empty() && calls.is_empty() && role == "user" && !blocks.is_empty() {
         // Only tool results: they are the turn.
         return Ok(());
     }
@@ -209,7 +214,9 @@ fn message(m: &Value, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
         msg["tool_calls"] = Value::Array(calls);
     }
     if !thinking.is_empty() {
+        // Under both names templates read (vLLM's `reasoning`, Qwen3's `reasoning_content`).
         msg["reasoning"] = Value::String(thinking.join("\n"));
+        msg["reasoning_content"] = msg["reasoning"].clone();
     }
     out.push(msg);
     Ok(())
@@ -319,6 +326,15 @@ mod tests {
         assert_eq!(c["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
         assert_eq!((c["reasoning_effort"].clone(), c["include_reasoning"].clone()), (json!("low"), json!(true)));
         assert!(c.get("speed").is_none() && c.get("output_config").is_none());
+        // A last assistant turn is continued, not answered; an error result says so.
+        let c = chat(json!({"max_tokens": 5, "messages": [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "boom", "is_error": true}]},
+            {"role": "assistant", "content": "The answer is"}]}));
+        assert_eq!(
+            (c["continue_final_message"].clone(), c["add_generation_prompt"].clone()),
+            (json!(true), json!(false))
+        );
+        assert_eq!(c["messages"][0]["content"], "Error: boom");
     }
 
     #[test]
@@ -336,7 +352,6 @@ mod tests {
             "tools.0"
         );
         assert_eq!(err(json!({"max_tokens": 1, "messages": msgs, "tool_choice": {"type": "maybe"}})), "tool_choice");
-        assert_eq!(err(json!({"max_tokens": 1, "messages": msgs, "n": 2})), "n");
         assert_eq!(err(json!({"max_tokens": 1, "messages": "hi"})), "messages");
     }
 }

@@ -101,7 +101,24 @@ pub(super) fn front_field(mut e: ApiError, renamed: &[(&str, &str)]) -> ApiError
             e.param = Some(theirs.to_string());
         }
     }
+    // Type errors locate their field instead (`["body", "max_completion_tokens"]`).
+    for f in &mut e.fields {
+        if let Some(tandem_core::validate::Loc::Key(k)) = f.loc.get_mut(1) {
+            if let Some((_, theirs)) = renamed.iter().find(|(ours, _)| *ours == k.as_str()) {
+                *k = theirs.to_string();
+            }
+        }
+    }
     e
+}
+
+/// The Messages and Responses APIs answer with one output: `n` (a vLLM extra they pass
+/// through) must be 1.
+pub(super) fn one_choice(plan: &ChatPlan) -> Result<(), ApiError> {
+    if plan.sampling.n == 1 {
+        return Ok(());
+    }
+    Err(bad("n", "this API returns one output: n must be 1"))
 }
 
 /// Validates a chat body. Errors name the field (`param`).

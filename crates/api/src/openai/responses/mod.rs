@@ -22,6 +22,10 @@ use axum::Json;
 use serde_json::{json, Value};
 use tandem_store::{StoreError, StoredResponse};
 
+/// Most bytes of conversation and settings one stored response may hold (with
+/// `tandem_store::MAX_STORED_RESPONSES` per entity, an entity stores at most about 1 GiB).
+const MAX_STORED_BYTES: usize = 1 << 20;
+
 /// A chat-side error, renamed to the Responses field it came from.
 fn responses_field(e: ApiError) -> ApiError {
     request::front_field(e, &translate::RENAMED)
@@ -81,7 +85,19 @@ pub async fn create(
         }
     };
     let t = translate::to_chat(obj, &history)?;
+    if t.store {
+        // Checked before any work: the output adds at most the context's worth of text.
+        let size = t.chat["messages"].to_string().len() + Value::Object(t.settings.clone()).to_string().len();
+        if size > MAX_STORED_BYTES {
+            let why = format!(
+                "a stored response holds at most {MAX_STORED_BYTES} bytes of conversation and settings, this one \
+                 {size}: send `store: false`, or start a new conversation"
+            );
+            return Err(ApiError::bad_param("store", why).into());
+        }
+    }
     let plan = request::validate(&t.chat, state.priority_scheduling()).map_err(responses_field)?;
+    request::one_choice(&plan)?;
     let with_ids = t.chat.get("return_token_ids").and_then(Value::as_bool).unwrap_or(false);
     let run = chat::start(&state, &caller, &headers, &plan).await.map_err(responses_field)?;
     let head = reply::Head::new(&run.model, t.settings, with_ids, t.logprobs);

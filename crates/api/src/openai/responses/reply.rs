@@ -136,7 +136,8 @@ pub fn response(head: &Head, c: ChatCompletion) -> (Value, Value) {
     }
     let logprobs = choice.logprobs.as_ref().map(|l| logprob_entries(&l.content));
     let text = m.content.clone().unwrap_or_default();
-    if !text.is_empty() || m.tool_calls.is_empty() {
+    // A message when there is text, or when there is nothing else (as the stream has it).
+    if !text.is_empty() || (output.is_empty() && m.tool_calls.is_empty()) {
         let part = text_part(&text, logprobs.as_deref().filter(|_| head.with_logprobs));
         output.push(message_item(&head.item_id("msg", 0), "completed", vec![part]));
     }

@@ -81,9 +81,6 @@ pub fn to_chat(body: &Map<String, Value>, history: &[Value]) -> Result<Translate
             chat.insert(k.clone(), v.clone());
         }
     }
-    if chat.get("n").and_then(Value::as_i64).is_some_and(|n| n != 1) {
-        return Err(bad("n", "a response has one output: n must be 1"));
-    }
     let get = |k: &str| body.get(k).filter(|v| !v.is_null());
     for k in ["model", "temperature", "top_p", "stream", "parallel_tool_calls"] {
         if let Some(v) = get(k) {
@@ -158,25 +155,75 @@ pub fn to_chat(body: &Map<String, Value>, history: &[Value]) -> Result<Translate
             return Err(bad("metadata", "metadata is at most 16 string values of at most 512 characters"));
         }
     }
-    let setting = |k: &str, default: Value| get(k).cloned().unwrap_or(default);
-    let mut settings = Map::new();
-    settings.insert("instructions".into(), setting("instructions", Value::Null));
-    settings.insert("max_output_tokens".into(), setting("max_output_tokens", Value::Null));
-    settings.insert("metadata".into(), setting("metadata", json!({})));
-    settings.insert("parallel_tool_calls".into(), setting("parallel_tool_calls", Value::Bool(true)));
-    settings.insert("previous_response_id".into(), setting("previous_response_id", Value::Null));
-    settings.insert("reasoning".into(), setting("reasoning", json!({"effort": null, "summary": null})));
-    settings.insert("store".into(), Value::Bool(store));
-    settings.insert("temperature".into(), setting("temperature", json!(1.0)));
-    settings.insert("text".into(), setting("text", json!({"format": {"type": "text"}})));
-    settings.insert("tool_choice".into(), setting("tool_choice", json!("auto")));
-    settings.insert("tools".into(), setting("tools", json!([])));
-    settings.insert("top_logprobs".into(), setting("top_logprobs", Value::Null));
-    settings.insert("top_p".into(), setting("top_p", json!(1.0)));
-    settings.insert("truncation".into(), setting("truncation", json!("disabled")));
-    settings.insert("user".into(), setting("user", Value::Null));
-    settings.insert("background".into(), Value::Bool(false));
+    let settings = settings(body, store)?;
     Ok(Translated { chat: Value::Object(chat), input, settings, store, logprobs })
+}
+
+/// The request settings a response object shows, rebuilt from what was checked (so a stored
+/// response holds nothing a request could pad it with), with the Responses API's defaults.
+fn settings(body: &Map<String, Value>, store: bool) -> Result<Map<String, Value>, ApiError> {
+    let get = |k: &str| body.get(k).filter(|v| !v.is_null());
+    let short = |k: &str, max: usize| -> Result<Value, ApiError> {
+        match get(k) {
+            None => Ok(Value::Null),
+            Some(Value::String(s)) if s.len() <= max => Ok(Value::String(s.clone())),
+            Some(_) => Err(bad(k, format!("{k} must be a string of at most {max} characters"))),
+        }
+    };
+    let truncation = match get("truncation").and_then(Value::as_str) {
+        None => "disabled",
+        Some(t @ ("auto" | "disabled")) => t,
+        Some(_) => return Err(bad("truncation", "truncation must be \"auto\" or \"disabled\"")),
+    };
+    let reasoning = get("reasoning");
+    let reasoning_part = |k: &str| -> Result<Value, ApiError> {
+        match reasoning.and_then(|r| r.get(k)).filter(|v| !v.is_null()) {
+            None => Ok(Value::Null),
+            Some(Value::String(s)) if s.len() <= 32 => Ok(Value::String(s.clone())),
+            Some(_) => Err(bad(&format!("reasoning.{k}"), format!("reasoning.{k} must be a short string"))),
+        }
+    };
+    let format = get("text").and_then(|t| t.get("format")).filter(|f| !f.is_null()).cloned();
+    let tools: Vec<Value> = get("tools")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .map(|t| {
+                    let mut f = json!({"type": "function"});
+                    for k in ["name", "description", "parameters", "strict"] {
+                        if let Some(v) = t.get(k) {
+                            f[k] = v.clone();
+                        }
+                    }
+                    f
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let tool_choice = match get("tool_choice") {
+        None => json!("auto"),
+        Some(Value::String(s)) => json!(s),
+        Some(o) => json!({"type": "function", "name": o.get("name")}),
+    };
+    let mut out = Map::new();
+    out.insert("instructions".into(), get("instructions").cloned().unwrap_or(Value::Null));
+    out.insert("max_output_tokens".into(), get("max_output_tokens").cloned().unwrap_or(Value::Null));
+    out.insert("metadata".into(), get("metadata").cloned().unwrap_or_else(|| json!({})));
+    out.insert("parallel_tool_calls".into(), get("parallel_tool_calls").cloned().unwrap_or(Value::Bool(true)));
+    out.insert("previous_response_id".into(), get("previous_response_id").cloned().unwrap_or(Value::Null));
+    out.insert("reasoning".into(), json!({"effort": reasoning_part("effort")?, "summary": reasoning_part("summary")?}));
+    out.insert("store".into(), Value::Bool(store));
+    out.insert("temperature".into(), get("temperature").cloned().unwrap_or(json!(1.0)));
+    out.insert("text".into(), json!({"format": format.unwrap_or_else(|| json!({"type": "text"}))}));
+    out.insert("tool_choice".into(), tool_choice);
+    out.insert("tools".into(), Value::Array(tools));
+    out.insert("top_logprobs".into(), get("top_logprobs").cloned().unwrap_or(Value::Null));
+    out.insert("top_p".into(), get("top_p").cloned().unwrap_or(json!(1.0)));
+    out.insert("truncation".into(), json!(truncation));
+    out.insert("user".into(), short("user", 256)?);
+    out.insert("background".into(), Value::Bool(false));
+    Ok(out)
 }
 
 /// The text of a message's content: a string, or `input_text` / `output_text` / `text` /
@@ -393,6 +440,15 @@ mod tests {
         assert_eq!(err(json!({"input": [{"type": "item_reference", "id": "x"}]})), "input.0.type");
         assert_eq!(err(json!({"input": []})), "input");
         assert_eq!(err(json!({"input": "x", "text": {"format": {"type": "yaml"}}})), "text.format");
-        assert_eq!(err(json!({"input": "x", "n": 3})), "n");
+        // What the response repeats is rebuilt from checked values: nothing to pad it with.
+        assert_eq!(err(json!({"input": "x", "user": "u".repeat(300)})), "user");
+        assert_eq!(err(json!({"input": "x", "truncation": "sometimes"})), "truncation");
+        let t = chat(
+            json!({"input": "x", "text": {"format": {"type": "text"}, "junk": "j"},
+                            "tools": [{"type": "function", "name": "f", "junk": "j"}]}),
+            &[],
+        );
+        assert_eq!(t.settings["text"], json!({"format": {"type": "text"}}));
+        assert_eq!(t.settings["tools"], json!([{"type": "function", "name": "f"}]));
     }
 }

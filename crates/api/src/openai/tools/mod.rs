@@ -307,12 +307,16 @@ pub fn parse(mode: &ToolMode, text: &str) -> (Option<String>, Vec<Call>) {
     (content, calls)
 }
 
+/// A call object, if it is one: a name, and arguments that are JSON (an object, or a string
+/// holding one). Arguments that do not parse are no call, as in vLLM's parsers: clients parse
+/// them (Anthropic's stream accumulator, strict Responses tools).
 fn call_of(v: &Value) -> Option<Call> {
     let name = v.get("name")?.as_str()?.to_string();
     let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
     let arguments = match args {
-        Value::String(s) => s,
-        other => other.to_string(),
+        Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object).map(|_| s)?,
+        Value::Object(_) => args.to_string(),
+        _ => return None,
     };
     Some(Call { name, arguments })
 }
