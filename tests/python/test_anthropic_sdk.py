@@ -29,6 +29,9 @@ def text_message(client):
     assert m.content and m.content[0].type == "text" and m.content[0].text
     assert m.stop_reason in ("end_turn", "max_tokens"), m.stop_reason
     assert m.usage.input_tokens > 0 and 0 < m.usage.output_tokens <= 12
+    counted = client.messages.count_tokens(model=MODEL, system="Answer briefly.",
+                                           messages=[{"role": "user", "content": "What is 2+2?"}])
+    assert counted.input_tokens == m.usage.input_tokens, (counted, m.usage)
 
 
 @check

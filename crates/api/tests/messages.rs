@@ -16,7 +16,11 @@ const URL: &str = "/v1/messages";
 
 /// A request with `x-api-key` (as Anthropic's SDK sends it), or none.
 async fn post(app: &TestApp, key: Option<&str>, body: Value) -> (u16, Vec<u8>) {
-    let mut req = Request::builder().method("POST").uri(URL).header("content-type", "application/json");
+    post_to(app, URL, key, body).await
+}
+
+async fn post_to(app: &TestApp, url: &str, key: Option<&str>, body: Value) -> (u16, Vec<u8>) {
+    let mut req = Request::builder().method("POST").uri(url).header("content-type", "application/json");
     if let Some(k) = key {
         req = req.header("x-api-key", k).header("anthropic-version", "2023-06-01");
     }
@@ -58,6 +62,19 @@ async fn a_message_answers_in_anthropics_shape() {
     assert_eq!(m["token_ids"], json!([111, 108, 108]));
     assert_eq!(m["logprobs"], json!([-0.5, -0.5, -0.5]));
     assert_eq!(m["prompt_token_ids"].as_array().unwrap().len(), 12);
+
+    // count_tokens: the input tokens a message would take, without generating.
+    let submitted = fake.submitted.load(std::sync::atomic::Ordering::SeqCst);
+    let (status, bytes) = post_to(
+        &app,
+        "/v1/messages/count_tokens",
+        Some(KEY_A),
+        json!({"model": BASE,
+        "messages": [{"role": "user", "content": "hello"}]}),
+    )
+    .await;
+    assert_eq!((status, serde_json::from_slice::<Value>(&bytes).unwrap()), (200, json!({"input_tokens": 12})));
+    assert_eq!(fake.submitted.load(std::sync::atomic::Ordering::SeqCst), submitted, "nothing generated");
 
     // A bearer token works too, and a system prompt becomes the first message.
     let mut body = hello();

@@ -32,6 +32,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "POST /v1/chat/completions",
         "POST /v1/completions",
         "POST /v1/messages",
+        "POST /v1/messages/count_tokens",
         "POST /v1/responses",
         "GET /v1/responses/{response_id}",
         "DELETE /v1/responses/{response_id}",

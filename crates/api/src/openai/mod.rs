@@ -48,6 +48,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
     // Anthropic's Messages API: its own key header and error shape.
     let anthropic = OpenApiRouter::new()
         .routes(routes!(messages::create))
+        .routes(routes!(messages::count_tokens))
         .route_layer(from_fn_with_state(state.clone(), require_anthropic));
     OpenApiRouter::new()
         .routes(routes!(chat::create))

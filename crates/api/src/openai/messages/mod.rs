@@ -69,3 +69,39 @@ pub async fn create(
     }
     Ok(response)
 }
+
+#[utoipa::path(
+    post,
+    operation_id = "count_message_tokens",
+    path = "/v1/messages/count_tokens",
+    tag = "inference",
+    summary = "The input tokens a Messages request would take (Anthropic's count_tokens)",
+    request_body = crate::openapi::bodies::MessagesBody,
+    responses(
+        (status = 200, description = "`{\"input_tokens\": N}`", body = Object),
+        crate::openapi::bodies::AnthropicErrors
+    ),
+    security(("bearer" = []), ("x-api-key" = []))
+)]
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    request: axum::extract::Request,
+) -> Result<axum::Json<Value>, AnthropicError> {
+    let OpenAiJson(body) = OpenAiJson::from_request(request, &state).await.map_err(|e| e.0)?;
+    let Some(obj) = body.as_object() else {
+        return Err(ApiError::bad_param("body", "the body must be a JSON object").into());
+    };
+    // Counting needs no output length; the translation wants one.
+    let mut obj = obj.clone();
+    obj.entry("max_tokens").or_insert(Value::from(1));
+    let chat_body = translate::to_chat(&obj)?;
+    let mut plan = request::validate(&chat_body, true).map_err(anthropic_field)?;
+    plan.sampling.max_tokens = Some(1);
+    let target = super::resolve(&state, &caller.entity, plan.sampling.model.as_deref()).await?;
+    let _permit = super::admit(&state, &caller.entity)?;
+    // The prompt exactly as a message would render it (tools described, template applied).
+    let draft = plan.draft(tandem_core::new_id().simple().to_string(), &caller.entity);
+    let valid = super::generate::validate_blocking(&target, draft, state.reasoning_parser()).await?;
+    Ok(axum::Json(serde_json::json!({"input_tokens": valid.request.request().prompt.len()})))
+}
