@@ -13,7 +13,7 @@ use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::AppState;
 use axum::extract::FromRequest;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use tandem_core::inference::InferEvent;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -51,9 +51,7 @@ pub async fn create(
         drop(run.permit);
         axum::Json(run.renderer.full(collected)).into_response()
     };
-    if let Ok(v) = HeaderValue::from_str(&run.request_id) {
-        response.headers_mut().insert("x-request-id", v);
-    }
+    super::tag_request_id(&mut response, "x-request-id", &run.request_id);
     Ok(response)
 }
 

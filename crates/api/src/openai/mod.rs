@@ -196,6 +196,13 @@ pub(crate) fn at_capacity() -> ApiError {
     generate::submit_error(tandem_core::inference::SubmitError::Overloaded)
 }
 
+/// Names the request's id in a response header (`x-request-id`; Anthropic's `request-id`).
+pub(crate) fn tag_request_id(response: &mut axum::response::Response, header: &'static str, id: &str) {
+    if let Ok(v) = axum::http::HeaderValue::from_str(id) {
+        response.headers_mut().insert(header, v);
+    }
+}
+
 /// The request's id: the body's `request_id`, else the `x-request-id` header, else a new one.
 pub(crate) fn request_id(from_body: Option<&str>, headers: &axum::http::HeaderMap) -> String {
     from_body

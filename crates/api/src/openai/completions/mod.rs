@@ -15,7 +15,7 @@ use crate::body::OpenAiJson;
 use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::AppState;
 use axum::extract::{Extension, FromRequest, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use body::{CompletionRenderer, PromptOut};
 use plan::{CompletionPlan, PromptInput};
@@ -80,9 +80,7 @@ pub async fn create(
         drop(permit);
         axum::Json(renderer.full()).into_response()
     };
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert("x-request-id", v);
-    }
+    super::tag_request_id(&mut response, "x-request-id", &request_id);
     Ok(response)
 }
 

@@ -14,7 +14,7 @@ use crate::body::OpenAiJson;
 use crate::error::{AnthropicError, ApiError};
 use crate::AppState;
 use axum::extract::{Extension, FromRequest, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
@@ -53,7 +53,7 @@ pub async fn create(
     let chat_body = translate::to_chat(obj)?;
     let plan = request::validate(&chat_body, state.priority_scheduling()).map_err(anthropic_field)?;
     request::one_choice(&plan)?;
-    let with_ids = chat_body.get("return_token_ids").and_then(Value::as_bool).unwrap_or(false);
+    let with_ids = plan.sampling.return_token_ids;
     let with_logprobs = plan.logprobs;
     let run = chat::start(&state, &caller, &headers, &plan).await.map_err(anthropic_field)?;
     let mut response = if plan.sampling.stream {
@@ -64,9 +64,7 @@ pub async fn create(
         drop(run.permit);
         axum::Json(reply::message(run.renderer.full(collected), &run.request_id)).into_response()
     };
-    if let Ok(v) = HeaderValue::from_str(&run.request_id) {
-        response.headers_mut().insert("request-id", v);
-    }
+    super::tag_request_id(&mut response, "request-id", &run.request_id);
     Ok(response)
 }
 

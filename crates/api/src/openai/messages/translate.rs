@@ -5,6 +5,7 @@
 //! not define (vLLM's extras: `return_token_ids`, `logprobs`, `priority`, ...) pass through.
 
 use crate::error::ApiError;
+use crate::openai::request::bad;
 use serde_json::{json, Map, Value};
 
 /// The Anthropic fields this translation consumes (or, for the platform's own settings such as
@@ -41,10 +42,6 @@ pub const RENAMED: [(&str, &str); 4] = [
     ("parallel_tool_calls", "tool_choice"),
     ("response_format", "output_config.format"),
 ];
-
-fn bad(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_param(field, message)
-}
 
 /// The chat body of a Messages body.
 pub fn to_chat(body: &Map<String, Value>) -> Result<Value, ApiError> {

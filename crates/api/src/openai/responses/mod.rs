@@ -16,7 +16,7 @@ use crate::body::OpenAiJson;
 use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::AppState;
 use axum::extract::{Extension, FromRequest, Path, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -98,7 +98,7 @@ pub async fn create(
     }
     let plan = request::validate(&t.chat, state.priority_scheduling()).map_err(responses_field)?;
     request::one_choice(&plan)?;
-    let with_ids = t.chat.get("return_token_ids").and_then(Value::as_bool).unwrap_or(false);
+    let with_ids = plan.sampling.return_token_ids;
     let run = chat::start(&state, &caller, &headers, &plan).await.map_err(responses_field)?;
     let head = reply::Head::new(&run.model, t.settings, with_ids, t.logprobs);
     // What a later request continues: the history, this input, and (added at the end) the output.
@@ -126,9 +126,7 @@ pub async fn create(
         }
         Json(object).into_response()
     };
-    if let Ok(v) = HeaderValue::from_str(&run.request_id) {
-        response.headers_mut().insert("x-request-id", v);
-    }
+    super::tag_request_id(&mut response, "x-request-id", &run.request_id);
     Ok(response)
 }
 

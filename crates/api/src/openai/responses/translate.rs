@@ -8,6 +8,7 @@
 //! collected in [`Translated::settings`].
 
 use crate::error::ApiError;
+use crate::openai::request::bad;
 use serde_json::{json, Map, Value};
 
 /// Responses fields this translation consumes; every other key passes through.
@@ -43,10 +44,6 @@ const OWN: [&str; 26] = [
 /// Chat fields whose errors name their Responses field instead.
 pub const RENAMED: [(&str, &str); 3] =
     [("max_completion_tokens", "max_output_tokens"), ("messages", "input"), ("response_format", "text.format")];
-
-fn bad(field: &str, message: impl Into<String>) -> ApiError {
-    ApiError::bad_param(field, message)
-}
 
 /// A translated request.
 #[derive(Debug)]
