@@ -25,16 +25,18 @@ run: model build
 	@echo "         more with: ./target/release/tandem keys create --data-dir $(DATA_DIR) --entity NAME"
 	./target/release/tandem serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --model $(MODEL)
 
-# The official OpenAI and Anthropic SDKs, pinned, in a virtualenv of their own (created once).
+# The official OpenAI and Anthropic SDKs, and the Prometheus client whose parser reads /metrics,
+# pinned, in a virtualenv of their own (created once).
 PYENV := target/pyenv
 OPENAI_VERSION := 3.54.0
 ANTHROPIC_VERSION := 2.12.0
-PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)
+PROMETHEUS_VERSION := 0.26.0
+PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)
 
 $(PYENV_OK):
 	python3 -m venv $(PYENV)
 	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check \
-		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION)
+		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION) prometheus-client==$(PROMETHEUS_VERSION)
 	touch $@
 
 # OpenPipe ART's own client, in the two releases users run, each in a virtualenv of its own (created

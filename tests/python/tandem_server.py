@@ -90,18 +90,19 @@ class Server:
         return out.stdout.strip().splitlines()[-1].strip()
 
 
-def run_checks(suite, checks, binary, model_path, key, make_client):
-    """Starts a server, runs each `check(client)` against `make_client(server)`, prints
+def run_checks(suite, checks, binary, model_path, key, make_client, extra=()):
+    """Starts a server (with `extra` flags), runs each `check(client)` (or `check(client, server)`
+    for checks that take two arguments) against `make_client(server)`, prints
     '<suite>: N passed, M failed', and returns the exit code (1 on any failure)."""
     import traceback
 
-    server = Server(binary, model_path, key)
+    server = Server(binary, model_path, key, extra)
     try:
         client = make_client(server)
         passed = failed = 0
         for fn in checks:
             try:
-                fn(client)
+                fn(client, server) if fn.__code__.co_argcount == 2 else fn(client)
                 passed += 1
                 print(f"ok   {fn.__name__}")
             except Exception:
@@ -112,3 +113,31 @@ def run_checks(suite, checks, binary, model_path, key, make_client):
         return 1 if failed else 0
     finally:
         server.stop()
+
+
+def trained_step(server, base="HuggingFaceTB/SmolLM2-135M-Instruct"):
+    """A real trained checkpoint, made once per server: model `sdk/trained` after one RL step on
+    two sampled answers rewarded 0 and 1. Returns (its address `wandb-artifact:///{entity}/sdk/
+    trained:step1`, the model id)."""
+    if getattr(server, "trained", None):
+        return server.trained
+    status, model, _ = server.api("POST", "/v1/preview/models",
+                                  {"project": "sdk", "name": "trained", "base_model": base, "return_existing": True})
+    assert status == 200, model
+    messages = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+    status, r, _ = server.api("POST", "/v1/chat/completions",
+                              {"model": base, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 16,
+                               "seed": 3, "logprobs": True, "return_token_ids": True})
+    assert status == 200, r
+    trajectories = [{"messages_and_choices": messages + [c], "reward": float(i)} for i, c in enumerate(r["choices"])]
+    status, job, _ = server.api("POST", "/v1/preview/training-jobs",
+                                {"model_id": model["id"], "trajectory_groups": [{"trajectories": trajectories}]})
+    assert status == 200, job
+    deadline = time.monotonic() + 300
+    while job["status"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+        _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}")
+    assert job["status"] == "succeeded", job
+    server.trained = (f"wandb-artifact:///{model['entity']}/sdk/trained:step1", model["id"])
+    return server.trained

@@ -9,7 +9,7 @@ import sys
 
 import anthropic
 
-from tandem_server import run_checks
+from tandem_server import run_checks, trained_step
 
 KEY = "anthropic-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -109,6 +109,18 @@ def errors_raise_the_sdk_exceptions(client):
         raise AssertionError("expected AuthenticationError")
     except anthropic.AuthenticationError:
         pass
+
+
+@check
+def trained_checkpoint(client, server):
+    name, _ = trained_step(server)
+    args = dict(model=name, max_tokens=8, messages=[{"role": "user", "content": "Is snow white?"}],
+                extra_body={"temperature": 0})
+    m = client.messages.create(**args)
+    assert m.model == name and m.content[0].text, m
+    with client.messages.stream(**args) as stream:
+        streamed = "".join(stream.text_stream)
+    assert streamed == m.content[0].text, (streamed, m.content[0].text)
 
 
 def main():

@@ -5,14 +5,20 @@ Starts its own server (tandem_server.py) on a free port with a temporary data di
 stops it, and prints 'N passed, M failed'.
 """
 import json
+import os
+import shutil
 import sys
+import tempfile
 
 import openai
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tandem_server import run_checks
+from tandem_server import run_checks, trained_step
 
 KEY = "sdk-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The server's --lora-root (runtime_lora_adapter copies a checkpoint under it).
+LORA_ROOT = tempfile.mkdtemp(prefix="tandem-loras-")
 checks = []
 
 
@@ -124,6 +130,12 @@ def completions_stream_and_echo(client):
             usage = chunk.usage
     assert text == full, (text, full)
     assert usage is not None and usage.completion_tokens > 0
+    # Echo-only scoring (max_tokens 0): the prompt and its logprobs, nothing generated.
+    scored = client.completions.create(model=MODEL, prompt="Once upon a time", echo=True, max_tokens=0, logprobs=1)
+    c = scored.choices[0]
+    assert c.text == "Once upon a time" and c.finish_reason == "length", c
+    assert scored.usage.completion_tokens == 0 and len(c.logprobs.tokens) == scored.usage.prompt_tokens, scored
+    assert c.logprobs.token_logprobs[0] is None and all(lp <= 0 for lp in c.logprobs.token_logprobs[1:]), c.logprobs
     try:
         client.completions.create(model=MODEL, prompt="x", suffix="y")
         raise AssertionError("expected BadRequestError")
@@ -189,9 +201,86 @@ def models_list(client):
     assert "HuggingFaceTB/SmolLM2-135M-Instruct" in ids
 
 
+@check
+def trained_checkpoint_on_every_route(client, server):
+    name, _ = trained_step(server)
+    chat = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Is snow white?"}],
+                                          temperature=0, max_tokens=8, logprobs=True)
+    assert chat.model == name and chat.choices[0].message.content and chat.choices[0].logprobs.content
+    text = client.completions.create(model=name, prompt="The sky is", max_tokens=4, temperature=0, logprobs=1)
+    assert text.model == name and text.choices[0].text and len(text.choices[0].logprobs.tokens) == 4
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=name, prompt="The sky is", max_tokens=4, temperature=0, stream=True) if c.choices)
+    assert streamed == text.choices[0].text, (streamed, text.choices[0].text)
+    resp = client.responses.create(model=name, input="Is snow white?", max_output_tokens=8, temperature=0)
+    assert resp.model == name and resp.output_text
+    ids = [m.id for m in client.models.list()]
+    assert name in ids and name.rsplit(":", 1)[0] in ids, ids
+
+
+@check
+def runtime_lora_adapter(client, server):
+    """vLLM's /v1/load_lora_adapter with the trained checkpoint's PEFT files copied under the
+    server's --lora-root: served under its name exactly as the checkpoint, listed with its parent,
+    gone once unloaded."""
+    name, model_id = trained_step(server)
+    checkpoints = os.path.join(server.data, "checkpoints", model_id)
+    (step1,) = [os.path.join(checkpoints, d) for d in os.listdir(checkpoints)]
+    os.makedirs(os.path.join(LORA_ROOT, "step1"))
+    for f in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(os.path.join(step1, f), os.path.join(LORA_ROOT, "step1", f))
+    status, body, _ = server.api("POST", "/v1/load_lora_adapter", {"lora_name": "sdk-lora", "lora_path": "step1"})
+    assert (status, body) == (200, "Success: LoRA adapter 'sdk-lora' added successfully."), (status, body)
+    ask = dict(messages=[{"role": "user", "content": "Is snow white?"}], temperature=0, max_tokens=8)
+    loaded = client.chat.completions.create(model="sdk-lora", **ask)
+    assert loaded.model == "sdk-lora"
+    assert loaded.choices[0].message.content == client.chat.completions.create(model=name, **ask).choices[0].message.content
+    cards = {m.id: m for m in client.models.list()}
+    assert (cards["sdk-lora"].model_extra or {})["parent"] == MODEL, cards["sdk-lora"]
+    status, body, _ = server.api("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "../etc"})
+    assert status == 400 and body["error"]["param"] == "lora_path", body
+    status, body, _ = server.api("POST", "/v1/unload_lora_adapter", {"lora_name": "sdk-lora"})
+    assert status == 200, body
+    try:
+        client.chat.completions.create(model="sdk-lora", **ask)
+        raise AssertionError("expected NotFoundError")
+    except openai.NotFoundError:
+        pass
+
+
+@check
+def metrics_parse_as_openmetrics(client, server):
+    """/metrics read by the Prometheus Python client's strict OpenMetrics parser, after the
+    checks above sent traffic: vLLM's families with their types and samples."""
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    status, text, headers = server.api("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("application/openmetrics-text"), (status, headers)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    types = {name: f.type for name, f in families.items()}
+    for name, kind in [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
+                       ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:prompt_tokens", "counter"),
+                       ("vllm:generation_tokens", "counter"), ("vllm:request_success", "counter"),
+                       ("vllm:time_to_first_token_seconds", "histogram"),
+                       ("vllm:e2e_request_latency_seconds", "histogram"), ("tandem:training_jobs", "gauge"),
+                       ("tandem:training_gradient_steps", "counter"), ("http_requests", "counter"),
+                       ("http_request_duration_seconds", "histogram")]:
+        assert types.get(name) == kind, (name, types.get(name))
+
+    def total(family, sample, **labels):
+        return sum(s.value for s in families[family].samples
+                   if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    assert total("vllm:prompt_tokens", "vllm:prompt_tokens_total", model_name=MODEL) > 0
+    assert total("vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") > 0
+    assert total("tandem:training_gradient_steps", "tandem:training_gradient_steps_total", kind="rl") >= 1
+    assert total("http_requests", "http_requests_total", handler="/v1/chat/completions", status="2xx") > 0
+    assert total("http_requests", "http_requests_total", handler="/v1/load_lora_adapter", status="4xx") >= 1
+
+
 def main():
     return run_checks("openai-sdk", checks, sys.argv[1], sys.argv[2], KEY,
-                      lambda server: openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120))
+                      lambda server: openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120),
+                      extra=["--lora-root", LORA_ROOT])
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def r1(ctx):
     for t in threads:
         t.join()
     time.sleep(1)
-    running, waiting = metric(server, "tandem:num_requests_running"), metric(server, "tandem:num_requests_waiting")
+    running, waiting = metric(server, "vllm:num_requests_running"), metric(server, "vllm:num_requests_waiting")
     warm = samples[min(len(samples) - 1, 3)] if samples else 0
     print(f"     {results['ok']} streams ok, {len(results['bad'])} non-2xx, {results['undone']} without [DONE]; "
           f"RSS after warm-up {warm:.0f} MiB, at the end {samples[-1]:.0f} MiB, max {max(samples):.0f} MiB; "
@@ -248,12 +248,12 @@ def r3(ctx):
     for t in threads:
         t.join()
     closed = time.monotonic()
-    while metric(server, "tandem:num_requests_running") > 0 and time.monotonic() - closed < 5:
+    while metric(server, "vllm:num_requests_running") > 0 and time.monotonic() - closed < 5:
         time.sleep(0.05)
     drained = time.monotonic() - closed
-    tokens = metric(server, "tandem:generation_tokens_total")
+    tokens = metric(server, "vllm:generation_tokens_total")
     time.sleep(1)
-    later = metric(server, "tandem:generation_tokens_total")
+    later = metric(server, "vllm:generation_tokens_total")
     print(f"     running gauge at 0 {drained * 1000:.0f} ms after the last close; {later - tokens:.0f} tokens "
           f"generated in the second after")
     check(drained <= 1.0, "the running gauge must be back to 0 within 1 s")

@@ -17,6 +17,7 @@ pub mod limiter;
 pub mod openai;
 pub mod openapi;
 pub mod preview;
+pub mod telemetry;
 pub(crate) mod views;
 
 use axum::extract::DefaultBodyLimit;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tandem_core::health::Heartbeat;
 use tandem_core::inference::{ModelHandle, ReasoningParser, SharedBackend};
+use tandem_core::telemetry::TrainingMetrics;
 use tandem_core::trajectory::TrajectoryLimits;
 use tandem_store::{CheckpointDir, Store};
 use tokio::sync::Notify;
@@ -78,17 +80,42 @@ pub struct AppConfig {
     pub reasoning_parser: Option<ReasoningParser>,
     /// The training worker's heartbeat; `None` where no worker runs (system-check says so).
     pub training_heartbeat: Option<Arc<Heartbeat>>,
+    /// The training worker's metrics, for `GET /metrics`; `None` where no worker runs.
+    pub training_metrics: Option<Arc<TrainingMetrics>>,
+    /// `--lora-root`, canonical: turns on `/v1/load_lora_adapter` for adapters under it.
+    pub lora_root: Option<std::path::PathBuf>,
 }
 
 /// Shared, cheap-to-clone handler state.
 #[derive(Clone)]
-pub struct AppState(Arc<AppConfig>, Arc<limiter::EntityLimiter>, Arc<[ModelHandle]>);
+pub struct AppState(
+    Arc<AppConfig>,
+    Arc<limiter::EntityLimiter>,
+    Arc<[ModelHandle]>,
+    Arc<telemetry::Telemetry>,
+    Arc<openai::lora::LoraRegistry>,
+);
 
 impl AppState {
     pub fn new(config: AppConfig) -> Self {
         let limiter = Arc::new(limiter::EntityLimiter::new(config.per_entity_limit));
         let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
-        AppState(Arc::new(config), limiter, models)
+        let telemetry =
+            Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
+        AppState(Arc::new(config), limiter, models, telemetry, Arc::default())
+    }
+
+    /// Adapters loaded at run time (`/v1/load_lora_adapter`), per entity.
+    pub fn loras(&self) -> &openai::lora::LoraRegistry {
+        &self.4
+    }
+
+    pub fn lora_root(&self) -> Option<&std::path::Path> {
+        self.0.lora_root.as_deref()
+    }
+
+    pub(crate) fn telemetry(&self) -> &telemetry::Telemetry {
+        &self.3
     }
 
     pub fn backend(&self) -> Option<&SharedBackend> {
@@ -166,11 +193,14 @@ pub fn app(state: AppState) -> Router {
             }),
         )
         .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
-        .with_state(state)
+        .with_state(state.clone())
         .layer(DefaultBodyLimit::max(max_body))
         .layer(CatchPanicLayer::custom(|_| {
             error::ApiError::new(error::ErrorKind::Internal, "internal server error").into_preview_response()
         }))
+        // Per route (`Router::layer` wraps each route after routing, so the route template is
+        // known), outside the panic guard so that a caught panic counts as the 500 it became.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), telemetry::track))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request<_>| {

@@ -148,3 +148,99 @@ async fn adapters_load_off_the_async_worker() {
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.bytes));
     assert_eq!(fake.submitted.load(Ordering::SeqCst), submitted, "refused requests are never queued");
 }
+
+/// vLLM's runtime LoRA routes: off without `--lora-root`; with it, an adapter directory under
+/// the root is served under its name to the entity that loaded it, and to no one else.
+#[tokio::test]
+async fn runtime_lora_adapters_are_the_loading_entitys_own() {
+    let fake = Fake::new();
+    let off = app_with(&fake).await;
+    let load = |name: &str, path: &str| json!({"lora_name": name, "lora_path": path});
+    let r = off.call("POST", "/v1/load_lora_adapter", KEY_A, Some(load("x", "good"))).await;
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("--lora-root"));
+    assert_eq!(off.call("POST", "/v1/unload_lora_adapter", KEY_A, Some(json!({"lora_name": "x"}))).await.status, 404);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("root")).unwrap();
+    let root = dir.path().join("root").canonicalize().unwrap();
+    let adapter = |at: &std::path::Path, config: &str| {
+        std::fs::create_dir_all(at).unwrap();
+        std::fs::write(at.join("adapter_config.json"), config).unwrap();
+        std::fs::write(at.join("adapter_model.safetensors"), b"weights").unwrap();
+    };
+    adapter(&root.join("good"), r#"{"r": 8}"#);
+    adapter(&root.join("rankless"), r#"{"alpha": 8}"#);
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    adapter(&dir.path().join("outside"), r#"{"r": 8}"#);
+    std::os::unix::fs::symlink(dir.path().join("outside"), root.join("link")).unwrap();
+    let app = test_app_configured(
+        tandem_api::Limits::default(),
+        Some(Arc::new(FakeBackend(fake.clone()))),
+        Some(root.clone()),
+    )
+    .await;
+
+    let r = app.call("POST", "/v1/load_lora_adapter", KEY_A, Some(load("mine", "good"))).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.bytes));
+    assert_eq!(String::from_utf8(r.bytes).unwrap(), "Success: LoRA adapter 'mine' added successfully.");
+    let again = app.call("POST", "/v1/load_lora_adapter", KEY_A, Some(load("mine", "good"))).await;
+    assert_eq!(again.status, 400);
+    assert_eq!(again.json()["error"]["message"], "The lora adapter 'mine' has already been loaded.");
+    let mut inplace = load("mine", &root.join("good").display().to_string());
+    inplace["load_inplace"] = json!(true);
+    assert_eq!(app.call("POST", "/v1/load_lora_adapter", KEY_A, Some(inplace)).await.status, 200);
+
+    let ask = json!({"model": "mine", "messages": [{"role": "user", "content": "ab"}]});
+    let r = app.ok("POST", "/v1/chat/completions", KEY_A, Some(ask.clone())).await;
+    assert_eq!(r["model"], "mine");
+    let content = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with("[runtime-lora-") && content.ends_with("ba"), "{content}");
+    let models = app.ok("GET", "/v1/models", KEY_A, None).await;
+    let card = models["data"].as_array().unwrap().iter().find(|c| c["id"] == "mine").unwrap().clone();
+    assert_eq!((card["parent"].as_str(), card["owned_by"].as_str()), (Some(BASE), Some("a")));
+    // `root` is lora_path exactly as the caller sent it (here, last, the absolute form).
+    assert_eq!(card["root"], json!(root.join("good").display().to_string()));
+
+    // Entity b sees nothing of it, and cannot unload it.
+    assert_eq!(app.call("POST", "/v1/chat/completions", KEY_B, Some(ask.clone())).await.status, 404);
+    let theirs = app.ok("GET", "/v1/models", KEY_B, None).await;
+    assert!(theirs["data"].as_array().unwrap().iter().all(|c| c["id"] != "mine"));
+    let r = app.call("POST", "/v1/unload_lora_adapter", KEY_B, Some(json!({"lora_name": "mine"}))).await;
+    assert_eq!(
+        (r.status.as_u16(), r.json()["error"]["message"].clone()),
+        (404, json!("The lora adapter 'mine' cannot be found."))
+    );
+    // Entity b may load the same directory under the same name: its own.
+    assert_eq!(app.call("POST", "/v1/load_lora_adapter", KEY_B, Some(load("mine", "good"))).await.status, 200);
+
+    let r = app.call("POST", "/v1/unload_lora_adapter", KEY_A, Some(json!({"lora_name": "mine"}))).await;
+    assert_eq!(String::from_utf8(r.bytes).unwrap(), "Success: LoRA adapter 'mine' removed successfully.");
+    assert_eq!(app.call("POST", "/v1/chat/completions", KEY_A, Some(ask)).await.status, 404);
+
+    // Hostile input: each refused with the field named, nothing outside the root read.
+    let outside_root = dir.path().join("outside").display().to_string();
+    for (body, status, param) in [
+        (load("x", "../outside"), 400, "lora_path"),
+        (load("x", &outside_root), 400, "lora_path"),
+        (load("x", "/etc"), 400, "lora_path"),
+        (load("x", "link"), 400, "lora_path"),
+        (load("x", ""), 400, "lora_path"),
+        (load("x", "nope"), 404, ""),
+        (load("x", "empty"), 404, ""),
+        (load("x", "rankless"), 400, "lora_path"),
+        (load(BASE, "good"), 400, "lora_name"),
+        (load("a b", "good"), 400, "lora_name"),
+        (load("wandb-artifact:///a/p/n", "good"), 400, "lora_name"),
+        (json!({"lora_name": "x"}), 400, ""),
+        (json!({"lora_name": "x", "lora_path": "good", "surprise": 1}), 400, ""),
+        (json!({"lora_name": "x", "lora_path": "good", "base_model_name": "other"}), 400, "base_model_name"),
+    ] {
+        let r = app.call("POST", "/v1/load_lora_adapter", KEY_A, Some(body.clone())).await;
+        let v = r.json();
+        assert_eq!(r.status.as_u16(), status, "{body}: {v}");
+        assert_eq!(v["error"]["param"].as_str().unwrap_or(""), param, "{body}: {v}");
+        assert!(!v.to_string().contains(&*dir.path().to_string_lossy()), "a server path leaked: {v}");
+    }
+    assert!(app.ok("GET", "/v1/models", KEY_A, None).await["data"].as_array().unwrap().iter().all(|c| c["id"] != "x"));
+}

@@ -84,6 +84,34 @@ async fn echo_and_logprobs_in_the_legacy_shape() {
     );
     let r = app.ok("POST", URL, KEY_A, Some(json!({"prompt": [120, 121], "echo": true}))).await;
     assert_eq!(texts(&r), ["xyyx"]);
+
+    // Echo with max_tokens 0 scores the prompt alone (vLLM's form; what lm-eval sends): the
+    // prompt's tokens and logprobs, nothing generated, finish_reason "length".
+    let body = json!({"prompt": ["ab", "xyz"], "echo": true, "logprobs": 0, "max_tokens": 0, "return_token_ids": true});
+    let r = app.ok("POST", URL, KEY_A, Some(body)).await;
+    assert_eq!(texts(&r), ["ab", "xyz"]);
+    let lp = &r["choices"][1]["logprobs"];
+    assert_eq!(
+        (lp["tokens"].clone(), lp["token_logprobs"].clone()),
+        (json!(["x", "y", "z"]), json!([null, -1.0, -1.0]))
+    );
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    assert_eq!(r["choices"][0]["token_ids"], json!([]));
+    assert_eq!(r["usage"]["completion_tokens"], 0);
+    assert_eq!(r["usage"]["prompt_tokens"], 5);
+    let mut streamed = json!({"prompt": "ab", "echo": true, "max_tokens": 0, "stream": true});
+    let text = String::from_utf8(app.call("POST", URL, KEY_A, Some(streamed.clone())).await.bytes).unwrap();
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let all: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(all, "ab");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    streamed["echo"] = json!(false);
+    assert_eq!(app.call("POST", URL, KEY_A, Some(streamed)).await.status, 400);
 }
 
 #[tokio::test]

@@ -40,6 +40,8 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "POST /tokenize",
         "POST /detokenize",
         "GET /metrics",
+        "POST /v1/load_lora_adapter",
+        "POST /v1/unload_lora_adapter",
         "POST /v1/preview/models",
         "GET /v1/preview/models",
         "GET /v1/preview/models/{model_id}",

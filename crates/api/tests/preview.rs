@@ -392,3 +392,56 @@ async fn system_check_reports_each_part() {
     assert_eq!(body["database"]["success"], false);
     assert_eq!(body["database"]["error"], "the database is not answering");
 }
+
+/// `GET /metrics`: OpenMetrics text (the Python suite reads a real server's with the Prometheus
+/// client's strict parser). The engine's families, the jobs per state read from the store, and
+/// HTTP requests labelled by route template: never by the ids a caller put in the path.
+#[tokio::test]
+async fn metrics_count_jobs_routes_and_the_engine() {
+    let fake = common::fake::Fake::new();
+    let app = common::fake::app_with(&fake).await;
+    let model = app.create_model(KEY_A, "m").await;
+    let model_id: Uuid = model["id"].as_str().unwrap().parse().unwrap();
+    app.store
+        .create_job(&tandem_store::NewJob {
+            model_id,
+            kind: tandem_core::records::JobKind::Sft,
+            config: json!({}),
+            inputs: json!([]),
+        })
+        .await
+        .unwrap();
+    let secret = Uuid::now_v7();
+    assert_eq!(app.call("GET", &format!("/v1/preview/models/{secret}"), KEY_B, None).await.status, 404);
+    assert_eq!(app.call("GET", &format!("/v1/preview/no-such-route/{secret}"), KEY_B, None).await.status, 404);
+
+    assert_eq!(app.raw("GET", "/metrics", None, None).await.status, 401);
+    let r = app.call("GET", "/metrics", KEY_A, None).await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers["content-type"].to_str().unwrap().starts_with("application/openmetrics-text; version=1.0.0"));
+    let text = String::from_utf8(r.bytes).unwrap();
+    for line in [
+        "# TYPE vllm:num_requests_running gauge\n",
+        "tandem:training_jobs{kind=\"sft\",state=\"queued\"} 1\n",
+        "tandem:training_jobs{kind=\"rl\",state=\"queued\"} 0\n",
+        "tandem:training_jobs{kind=\"sft\",state=\"running\"} 0\n",
+        "# TYPE http_requests counter\n",
+        "http_requests_total{handler=\"/v1/preview/models\",method=\"POST\",status=\"2xx\"} 1\n",
+        "http_requests_total{handler=\"/v1/preview/models/{model_id}\",method=\"GET\",status=\"4xx\"} 1\n",
+        "http_requests_total{handler=\"none\",method=\"GET\",status=\"4xx\"} 1\n",
+        "http_request_duration_seconds_count{handler=\"/v1/preview/models\",method=\"POST\"} 1\n",
+        "# TYPE tandem:training_gradient_steps counter\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    assert!(!text.contains(&secret.to_string()), "a path id leaked into a label");
+    assert!(text.ends_with("# EOF\n"));
+    // Every family is declared once, with its help.
+    let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+    let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+    assert_eq!(types.len(), helps);
+    let mut names: Vec<&str> = types.iter().map(|l| l.split(' ').nth(2).unwrap()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), types.len(), "a family declared twice");
+}

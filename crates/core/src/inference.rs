@@ -400,6 +400,9 @@ pub trait ServedModel: Send + Sync + 'static {
     /// The engine's half of validation: the request fits the engine (choices, KV positions), its
     /// constraint compiles (a 400 naming the field otherwise) and its adapter is loaded.
     fn prepare(&self, request: GenerateRequest) -> Result<ValidRequest, SubmitError>;
+    /// Loads an adapter now and keeps it cached (`/v1/load_lora_adapter`; blocking). The error
+    /// says why it does not fit this model, naming files relative to the adapter's directory.
+    fn load_adapter(&self, adapter: &AdapterRef) -> Result<(), String>;
     /// Queues a prepared request. Never blocks.
     fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
 }
@@ -415,8 +418,8 @@ pub trait InferenceBackend: Send + Sync + 'static {
     fn forget_adapter(&self, checkpoint_id: &str);
     /// Whether the engine loop is alive and making progress.
     fn healthy(&self) -> bool;
-    /// Prometheus text of the engine's metrics.
-    fn metrics_text(&self) -> String;
+    /// Adds the engine's metric families (vLLM's names) to the server's registry, once.
+    fn register_metrics(&self, registry: &mut crate::telemetry::prometheus_client::registry::Registry);
 }
 
 pub type SharedBackend = Arc<dyn InferenceBackend>;

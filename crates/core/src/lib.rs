@@ -22,6 +22,7 @@ pub mod names;
 pub mod records;
 pub mod sequences;
 pub mod sft;
+pub mod telemetry;
 pub mod train_config;
 pub mod trajectory;
 pub mod validate;

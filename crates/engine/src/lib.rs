@@ -24,11 +24,11 @@ pub mod tokenizer;
 pub use engine::EngineConfig;
 
 use engine::EngineLoop;
-use metrics::EngineMetrics;
 use served::{Served, Shared};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tandem_core::inference::{BaseModelInfo, InferenceBackend, ModelHandle};
+use tandem_core::telemetry::prometheus_client::registry::Registry;
 use tandem_model::{Llama, TokenizerMeta};
 use template::jail::TemplateJail;
 use template::ChatTemplate;
@@ -90,7 +90,7 @@ impl Engine {
         };
         tracing::info!(model = id, weights_mb = model.weight_bytes() / (1 << 20), "model loaded");
         let model = Arc::new(model);
-        let metrics = Arc::new(EngineMetrics::default());
+        let metrics = Arc::new(self.shared.families.for_model(id, self.slots.len()));
         metrics.beat();
         let (tx, rx) = std::sync::mpsc::channel();
         let (max_waiting, max_seqs, kv_tokens) = (config.max_waiting, config.max_seqs, config.kv_tokens(&model.config));
@@ -138,7 +138,7 @@ impl InferenceBackend for Engine {
         self.slots.iter().all(|s| !s.metrics.is_stopped() && s.metrics.since_heartbeat_ms() < 60_000)
     }
 
-    fn metrics_text(&self) -> String {
-        self.slots.iter().map(|s| s.metrics.render(&s.info.id)).collect()
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.shared.families.register(registry);
     }
 }

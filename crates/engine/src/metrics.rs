@@ -1,70 +1,258 @@
-//! Engine metrics in Prometheus text format, kept in atomics so the api reads them without
-//! touching the loop. Names follow vLLM's (`vllm:` prefix dropped for `tandem:`).
+//! Engine metrics under vLLM's names (`vllm:...`, labelled `model_name` and `engine` as vLLM's
+//! v1 engine labels them), plus a few of tandem's own (`tandem:...`). Values are
+//! `prometheus-client` atomics the loop updates without locking; the api encodes them on scrape.
+//! The queue bound, the heartbeat and the stopped flag are plain atomics: they steer admission and
+//! health, and are not exported.
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tandem_core::inference::FinishReason;
+use tandem_core::telemetry::{buckets_1_2_5, INTER_TOKEN_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS};
 
-/// Latency buckets in seconds (upper bounds), as vLLM uses for time to first token.
-const BUCKETS: [f64; 14] = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; 15],
-    sum: f64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model_name: String,
+    engine: String,
 }
 
-impl Histogram {
-    fn observe(&mut self, secs: f64) {
-        let i = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
-        self.counts[i] += 1;
-        self.sum += secs;
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SuccessLabels {
+    model_name: String,
+    engine: String,
+    finished_reason: &'static str,
+}
 
-    fn render(&self, name: &str, labels: &str, out: &mut String) {
-        out.push_str(&format!("# TYPE {name} histogram\n"));
-        let mut acc = 0;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            acc += self.counts[i];
-            out.push_str(&format!("{name}_bucket{{{labels},le=\"{b}\"}} {acc}\n"));
+type Histograms = Family<ModelLabels, Histogram, fn() -> Histogram>;
+
+fn ttft() -> Histogram {
+    Histogram::new(TTFT_BUCKETS)
+}
+fn inter_token() -> Histogram {
+    Histogram::new(INTER_TOKEN_BUCKETS)
+}
+fn latency() -> Histogram {
+    Histogram::new(REQUEST_LATENCY_BUCKETS)
+}
+/// Token counts per request. vLLM stops these at the model's context length; one family serves
+/// every model here, so they stop at 100,000 tokens (the longest context tandem loads is shorter).
+fn token_counts() -> Histogram {
+    Histogram::new(buckets_1_2_5(100_000))
+}
+
+/// Every engine's series, one family per metric name (the api registers them once).
+pub(crate) struct Families {
+    running: Family<ModelLabels, Gauge>,
+    waiting: Family<ModelLabels, Gauge>,
+    kv_usage: Family<ModelLabels, Gauge<f64, AtomicU64>>,
+    prompt_tokens: Family<ModelLabels, Counter>,
+    generation_tokens: Family<ModelLabels, Counter>,
+    prefix_queries: Family<ModelLabels, Counter>,
+    prefix_hits: Family<ModelLabels, Counter>,
+    preemptions: Family<ModelLabels, Counter>,
+    success: Family<SuccessLabels, Counter>,
+    ttft: Histograms,
+    inter_token: Histograms,
+    per_output_token: Histograms,
+    e2e: Histograms,
+    queue: Histograms,
+    prefill: Histograms,
+    decode: Histograms,
+    inference: Histograms,
+    request_prompt_tokens: Histograms,
+    request_generation_tokens: Histograms,
+    steps: Family<ModelLabels, Counter>,
+    failures: Family<ModelLabels, Counter>,
+}
+
+impl Default for Families {
+    fn default() -> Self {
+        Families {
+            running: Family::default(),
+            waiting: Family::default(),
+            kv_usage: Family::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            prefix_queries: Family::default(),
+            prefix_hits: Family::default(),
+            preemptions: Family::default(),
+            success: Family::default(),
+            ttft: Family::new_with_constructor(ttft),
+            inter_token: Family::new_with_constructor(inter_token),
+            per_output_token: Family::new_with_constructor(inter_token),
+            e2e: Family::new_with_constructor(latency),
+            queue: Family::new_with_constructor(latency),
+            prefill: Family::new_with_constructor(latency),
+            decode: Family::new_with_constructor(latency),
+            inference: Family::new_with_constructor(latency),
+            request_prompt_tokens: Family::new_with_constructor(token_counts),
+            request_generation_tokens: Family::new_with_constructor(token_counts),
+            steps: Family::default(),
+            failures: Family::default(),
         }
-        acc += self.counts[BUCKETS.len()];
-        out.push_str(&format!(
-            "{name}_bucket{{{labels},le=\"+Inf\"}} {acc}\n{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {acc}\n",
-            self.sum
-        ));
     }
 }
 
-#[derive(Default)]
+impl Families {
+    /// The handles of one engine, `index` in the order models were added.
+    pub fn for_model(&self, model_name: &str, index: usize) -> EngineMetrics {
+        let l = ModelLabels { model_name: model_name.to_string(), engine: index.to_string() };
+        let reason = |finished_reason| {
+            self.success.get_or_create_owned(&SuccessLabels {
+                model_name: l.model_name.clone(),
+                engine: l.engine.clone(),
+                finished_reason,
+            })
+        };
+        EngineMetrics {
+            queued: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+            heartbeat_ms: AtomicU64::new(0),
+            running: self.running.get_or_create_owned(&l),
+            waiting: self.waiting.get_or_create_owned(&l),
+            kv_usage: self.kv_usage.get_or_create_owned(&l),
+            prompt_tokens: self.prompt_tokens.get_or_create_owned(&l),
+            generation_tokens: self.generation_tokens.get_or_create_owned(&l),
+            prefix_queries: self.prefix_queries.get_or_create_owned(&l),
+            prefix_hits: self.prefix_hits.get_or_create_owned(&l),
+            preemptions: self.preemptions.get_or_create_owned(&l),
+            finished: [reason("stop"), reason("length"), reason("abort")],
+            ttft: self.ttft.get_or_create_owned(&l),
+            inter_token: self.inter_token.get_or_create_owned(&l),
+            per_output_token: self.per_output_token.get_or_create_owned(&l),
+            e2e: self.e2e.get_or_create_owned(&l),
+            queue: self.queue.get_or_create_owned(&l),
+            prefill: self.prefill.get_or_create_owned(&l),
+            decode: self.decode.get_or_create_owned(&l),
+            inference: self.inference.get_or_create_owned(&l),
+            request_prompt_tokens: self.request_prompt_tokens.get_or_create_owned(&l),
+            request_generation_tokens: self.request_generation_tokens.get_or_create_owned(&l),
+            steps: self.steps.get_or_create_owned(&l),
+            failures: self.failures.get_or_create_owned(&l),
+        }
+    }
+
+    pub fn register(&self, r: &mut Registry) {
+        r.register("vllm:num_requests_running", "Number of requests in model execution batches", self.running.clone());
+        r.register("vllm:num_requests_waiting", "Number of requests waiting to be processed", self.waiting.clone());
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage (positions held by running sequences over the budget)",
+            self.kv_usage.clone(),
+        );
+        r.register("vllm:prompt_tokens", "Number of prefill tokens processed", self.prompt_tokens.clone());
+        r.register("vllm:generation_tokens", "Number of generation tokens processed", self.generation_tokens.clone());
+        r.register(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens",
+            self.prefix_queries.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens",
+            self.prefix_hits.clone(),
+        );
+        r.register("vllm:num_preemptions", "Cumulative number of preemption from the engine", self.preemptions.clone());
+        r.register("vllm:request_success", "Count of successfully processed requests", self.success.clone());
+        r.register(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds",
+            self.ttft.clone(),
+        );
+        r.register(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds",
+            self.inter_token.clone(),
+        );
+        r.register(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (decode time over output tokens after the first)",
+            self.per_output_token.clone(),
+        );
+        r.register("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds", self.e2e.clone());
+        r.register(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request",
+            self.queue.clone(),
+        );
+        r.register(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request",
+            self.prefill.clone(),
+        );
+        r.register(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request",
+            self.decode.clone(),
+        );
+        r.register(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request",
+            self.inference.clone(),
+        );
+        r.register(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed per request",
+            self.request_prompt_tokens.clone(),
+        );
+        r.register(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed per request",
+            self.request_generation_tokens.clone(),
+        );
+        r.register("tandem:engine_steps", "Steps (batched forward passes) the engine loop ran", self.steps.clone());
+        r.register(
+            "tandem:engine_step_failures",
+            "Engine steps that panicked; their requests ended with an error and the loop went on",
+            self.failures.clone(),
+        );
+    }
+}
+
+/// One engine's handles into [`Families`], and the atomics that steer it.
 pub struct EngineMetrics {
-    running: AtomicU64,
-    waiting: AtomicU64,
-    /// KV positions the running sequences hold (shared prompt tiles once), and the budget.
-    kv_used: AtomicU64,
-    kv_budget: AtomicU64,
-    prompt_tokens: AtomicU64,
-    generation_tokens: AtomicU64,
-    prefix_queries: AtomicU64,
-    prefix_hits: AtomicU64,
-    finished_stop: AtomicU64,
-    finished_length: AtomicU64,
-    finished_abort: AtomicU64,
-    steps: AtomicU64,
-    preemptions: AtomicU64,
     /// Requests submitted and not yet admitted or dropped (in the channel or waiting): the
     /// queue bound, counted at submission so that a burst cannot overshoot it.
     queued: AtomicU64,
-    /// Steps that panicked: their requests ended with an error, the loop went on.
-    failures: AtomicU64,
     /// Set when the loop's thread ends (no more requests will be served).
     stopped: AtomicBool,
     /// Unix ms of the loop's last iteration.
     heartbeat_ms: AtomicU64,
-    ttft: Mutex<Histogram>,
-    itl: Mutex<Histogram>,
-    queue: Mutex<Histogram>,
+    running: Gauge,
+    waiting: Gauge,
+    kv_usage: Gauge<f64, AtomicU64>,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
+    preemptions: Counter,
+    /// By finish reason: stop, length, abort.
+    finished: [Counter; 3],
+    ttft: Histogram,
+    inter_token: Histogram,
+    per_output_token: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    inference: Histogram,
+    request_prompt_tokens: Histogram,
+    request_generation_tokens: Histogram,
+    steps: Counter,
+    failures: Counter,
+}
+
+/// When one choice reached each phase, for the per-request histograms at its end.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeline {
+    pub received: Instant,
+    pub admitted: Instant,
+    pub first_token: Option<Instant>,
 }
 
 fn now_ms() -> u64 {
@@ -72,6 +260,11 @@ fn now_ms() -> u64 {
 }
 
 impl EngineMetrics {
+    /// An engine outside any registry (tests that build a loop by hand).
+    pub fn detached(model_name: &str) -> Self {
+        Families::default().for_model(model_name, 0)
+    }
+
     pub fn beat(&self) {
         self.heartbeat_ms.store(now_ms(), Ordering::Relaxed);
     }
@@ -82,18 +275,13 @@ impl EngineMetrics {
     }
 
     pub fn set_gauges(&self, running: usize, waiting: usize, kv_used: usize, kv_budget: usize) {
-        self.running.store(running as u64, Ordering::Relaxed);
-        self.waiting.store(waiting as u64, Ordering::Relaxed);
-        self.kv_used.store(kv_used as u64, Ordering::Relaxed);
-        self.kv_budget.store(kv_budget as u64, Ordering::Relaxed);
+        self.running.set(running as i64);
+        self.waiting.set(waiting as i64);
+        self.kv_usage.set(if kv_budget == 0 { 0.0 } else { kv_used as f64 / kv_budget as f64 });
     }
 
-    pub fn running(&self) -> u64 {
-        self.running.load(Ordering::Relaxed)
-    }
-
-    pub fn waiting(&self) -> u64 {
-        self.waiting.load(Ordering::Relaxed)
+    pub fn running(&self) -> i64 {
+        self.running.get()
     }
 
     /// Takes a place in the queue if fewer than `max` are taken.
@@ -111,39 +299,62 @@ impl EngineMetrics {
     }
 
     pub fn prompt_tokens(&self, n: usize) {
-        self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+        self.prompt_tokens.inc_by(n as u64);
     }
 
     pub fn generation_tokens(&self, n: usize) {
-        self.generation_tokens.fetch_add(n as u64, Ordering::Relaxed);
+        self.generation_tokens.inc_by(n as u64);
     }
 
     pub fn prefix_lookup(&self, queried: usize, hit: usize) {
-        self.prefix_queries.fetch_add(queried as u64, Ordering::Relaxed);
-        self.prefix_hits.fetch_add(hit as u64, Ordering::Relaxed);
+        self.prefix_queries.inc_by(queried as u64);
+        self.prefix_hits.inc_by(hit as u64);
     }
 
-    pub fn finished(&self, reason: FinishReason) {
-        let c = match reason {
-            FinishReason::Stop => &self.finished_stop,
-            FinishReason::Length => &self.finished_length,
-            FinishReason::Abort => &self.finished_abort,
+    /// A choice ended (for `Abort` from inside the loop: the grammar gave up). `generated` is
+    /// how many tokens it produced.
+    pub fn finished(&self, reason: FinishReason, timeline: Timeline, prompt: usize, generated: usize) {
+        let i = match reason {
+            FinishReason::Stop => 0,
+            FinishReason::Length => 1,
+            FinishReason::Abort => 2,
         };
-        c.fetch_add(1, Ordering::Relaxed);
+        self.finished[i].inc();
+        let now = Instant::now();
+        self.e2e.observe((now - timeline.received).as_secs_f64());
+        self.inference.observe((now - timeline.admitted).as_secs_f64());
+        if let Some(first) = timeline.first_token {
+            self.prefill.observe((first - timeline.admitted).as_secs_f64());
+            self.decode.observe((now - first).as_secs_f64());
+            if generated > 1 {
+                self.per_output_token.observe((now - first).as_secs_f64() / (generated - 1) as f64);
+            }
+        }
+        self.request_prompt_tokens.observe(prompt as f64);
+        self.request_generation_tokens.observe(generated as f64);
     }
 
+    /// Choices that ended because their client left or the loop dropped them.
     pub fn aborted(&self, n: usize) {
-        self.finished_abort.fetch_add(n as u64, Ordering::Relaxed);
+        self.finished[2].inc_by(n as u64);
     }
 
     /// A running sequence gave way to a higher-priority request (vLLM's `num_preemptions`).
     pub fn preempted(&self) {
-        self.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.preemptions.inc();
     }
 
     /// A step panicked and was recovered from.
     pub fn failure(&self) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.failures.inc();
+    }
+
+    pub fn failures(&self) -> u64 {
+        self.failures.get()
+    }
+
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions.get()
     }
 
     /// The loop's thread has ended, for whatever reason.
@@ -156,55 +367,51 @@ impl EngineMetrics {
     }
 
     pub fn step(&self, _took: Duration) {
-        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.steps.inc();
     }
 
     pub fn first_token(&self, d: Duration) {
-        self.ttft.lock().unwrap_or_else(|e| e.into_inner()).observe(d.as_secs_f64());
+        self.ttft.observe(d.as_secs_f64());
     }
 
     pub fn inter_token(&self, d: Duration) {
-        self.itl.lock().unwrap_or_else(|e| e.into_inner()).observe(d.as_secs_f64());
+        self.inter_token.observe(d.as_secs_f64());
     }
 
     pub fn queued_for(&self, d: Duration) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).observe(d.as_secs_f64());
+        self.queue.observe(d.as_secs_f64());
     }
+}
 
-    /// This engine's series, labelled with its model.
-    pub fn render(&self, model: &str) -> String {
-        let l = format!("model_name=\"{}\"", model.replace('"', "'"));
-        let g = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let mut out = String::new();
-        let mut line = |kind: &str, name: &str, value: u64| {
-            out.push_str(&format!("# TYPE {name} {kind}\n{name}{{{l}}} {value}\n"));
-        };
-        line("gauge", "tandem:num_requests_running", g(&self.running));
-        line("gauge", "tandem:num_requests_waiting", g(&self.waiting));
-        line("counter", "tandem:prompt_tokens_total", g(&self.prompt_tokens));
-        line("counter", "tandem:generation_tokens_total", g(&self.generation_tokens));
-        line("counter", "tandem:prefix_cache_queries_total", g(&self.prefix_queries));
-        line("counter", "tandem:prefix_cache_hits_total", g(&self.prefix_hits));
-        line("counter", "tandem:engine_steps_total", g(&self.steps));
-        line("counter", "tandem:num_preemptions_total", g(&self.preemptions));
-        line("counter", "tandem:engine_step_failures_total", g(&self.failures));
-        out.push_str("# TYPE tandem:request_success_total counter\n");
-        for (reason, v) in
-            [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)]
-        {
-            out.push_str(&format!("tandem:request_success_total{{{l},finished_reason=\"{reason}\"}} {}\n", g(v)));
-        }
-        let budget = g(&self.kv_budget);
-        let usage = if budget == 0 { 0.0 } else { g(&self.kv_used) as f64 / budget as f64 };
-        out.push_str(&format!("# TYPE tandem:kv_cache_usage_perc gauge\ntandem:kv_cache_usage_perc{{{l}}} {usage}\n"));
-        let q = g(&self.prefix_queries);
-        let rate = if q == 0 { 0.0 } else { g(&self.prefix_hits) as f64 / q as f64 };
-        out.push_str(&format!(
-            "# TYPE tandem:prefix_cache_hit_rate gauge\ntandem:prefix_cache_hit_rate{{{l}}} {rate}\n"
-        ));
-        self.ttft.lock().unwrap_or_else(|e| e.into_inner()).render("tandem:time_to_first_token_seconds", &l, &mut out);
-        self.itl.lock().unwrap_or_else(|e| e.into_inner()).render("tandem:inter_token_latency_seconds", &l, &mut out);
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).render("tandem:request_queue_time_seconds", &l, &mut out);
-        out
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn two_engines_share_one_family_per_name() {
+        let families = Families::default();
+        let a = families.for_model("a", 0);
+        let b = families.for_model("b", 1);
+        a.prompt_tokens(7);
+        b.prompt_tokens(2);
+        a.set_gauges(1, 2, 25, 100);
+        let t = Instant::now();
+        a.finished(FinishReason::Length, Timeline { received: t, admitted: t, first_token: Some(t) }, 5, 3);
+        let mut reg = Registry::default();
+        families.register(&mut reg);
+        let mut text = String::new();
+        encode(&mut text, &reg).unwrap();
+        assert_eq!(text.matches("# TYPE vllm:prompt_tokens counter\n").count(), 1, "{text}");
+        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"a\",engine=\"0\"} 7\n"), "{text}");
+        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"b\",engine=\"1\"} 2\n"), "{text}");
+        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"a\",engine=\"0\"} 0.25\n"), "{text}");
+        assert!(text.contains("vllm:num_requests_waiting{model_name=\"a\",engine=\"0\"} 2\n"), "{text}");
+        assert!(
+            text.contains("vllm:request_success_total{model_name=\"a\",engine=\"0\",finished_reason=\"length\"} 1\n")
+        );
+        assert!(text.contains("vllm:request_generation_tokens_sum{model_name=\"a\",engine=\"0\"} 3.0\n"), "{text}");
+        assert!(text.contains("vllm:e2e_request_latency_seconds_count{model_name=\"a\",engine=\"0\"} 1\n"), "{text}");
+        assert!(text.contains("# HELP vllm:num_requests_running "), "{text}");
     }
 }

@@ -10,7 +10,7 @@ pub fn start_reserve(prompt_len: usize, n: usize) -> usize {
 }
 
 use crate::engine::Job;
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, Timeline};
 use crate::sampler::{self, History};
 use crate::stop::StopStrings;
 use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
@@ -44,6 +44,8 @@ pub(crate) struct RequestParts {
     pub adapter: Option<Arc<LoraAdapter>>,
     pub tx: UnboundedSender<InferEvent>,
     received: Instant,
+    /// When the loop admitted it (its choices forked later share this).
+    admitted: Instant,
 }
 
 pub(crate) struct Seq {
@@ -62,6 +64,7 @@ pub(crate) struct Seq {
     decoder: IncrementalDecoder,
     stops: StopStrings,
     last_token_at: Option<Instant>,
+    first_token_at: Option<Instant>,
     /// Structured output: masks each step's logits and follows the sampled tokens.
     matcher: Option<Matcher>,
     /// After a preemption: prompt and generated tokens, to prefill again.
@@ -98,6 +101,7 @@ impl Seq {
             prompt_lp: Vec::new(),
             decoder: IncrementalDecoder::default(),
             last_token_at: None,
+            first_token_at: None,
             matcher,
             resume: None,
         }
@@ -115,6 +119,7 @@ impl Seq {
             adapter,
             tx,
             received,
+            admitted: Instant::now(),
         };
         Seq {
             n: req.n,
@@ -124,6 +129,10 @@ impl Seq {
             prompt_lp: vec![None],
             ..Seq::start(SeqId { request, choice: 0 }, Arc::new(parts), cache, matcher)
         }
+    }
+
+    fn timeline(&self) -> Timeline {
+        Timeline { received: self.req.received, admitted: self.req.admitted, first_token: self.first_token_at }
     }
 
     /// Whether the scheduler may preempt it: not while it still has choices to fork or records
@@ -223,7 +232,7 @@ impl Seq {
         tracing::warn!(error = %e, "structured output stopped a choice");
         let mut tail = self.decoder.flush();
         tail = self.stops.push(&tail, false).emit + &self.stops.flush();
-        metrics.finished(FinishReason::Abort);
+        metrics.finished(FinishReason::Abort, self.timeline(), self.req.prompt.len(), self.generated.len());
         let _ = self.req.tx.send(InferEvent::Finished {
             choice: self.id.choice,
             reason: FinishReason::Abort,
@@ -259,7 +268,10 @@ impl Seq {
         self.generated.push(token);
         let now = Instant::now();
         match self.last_token_at {
-            None => metrics.first_token(now - req.received),
+            None => {
+                metrics.first_token(now - req.received);
+                self.first_token_at = Some(now);
+            }
             Some(t) => metrics.inter_token(now - t),
         }
         self.last_token_at = Some(now);
@@ -299,7 +311,7 @@ impl Seq {
             tail.push_str(&self.stops.push(&rest, false).emit);
             tail.push_str(&self.stops.flush());
         }
-        metrics.finished(reason);
+        metrics.finished(reason, self.timeline(), req.prompt.len(), self.generated.len());
         let _ = req.tx.send(InferEvent::Finished { choice: self.id.choice, reason, stop_reason, text: tail });
         true
     }

@@ -23,6 +23,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 #[derive(Default)]
 pub(crate) struct Shared {
     pub adapters: AdapterCache,
+    /// Every served model's metric series, one family per name.
+    pub families: crate::metrics::Families,
     /// Where request-supplied chat templates render; without one (tests, library use) they
     /// render in-process under the fuel and output limits only.
     pub jail: OnceLock<TemplateJail>,
@@ -74,6 +76,17 @@ impl AdapterCache {
         let adapter = Arc::new(adapter);
         *loaded = Some(adapter.clone());
         Ok(adapter)
+    }
+
+    /// Keeps an adapter the caller loaded already (evicting the least recently used if full).
+    fn insert(&self, checkpoint_id: &str, adapter: Arc<LoraAdapter>) {
+        let mut cache = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= ADAPTER_CACHE && !cache.contains_key(checkpoint_id) {
+            if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
+                cache.remove(&oldest);
+            }
+        }
+        cache.insert(checkpoint_id.to_string(), (Arc::new(Mutex::new(Some(adapter))), Instant::now()));
     }
 
     pub fn forget(&self, checkpoint_id: &str) {
@@ -255,6 +268,16 @@ impl ServedModel for Served {
             adapter.map(|a| a as Arc<dyn std::any::Any + Send + Sync>),
             matcher.map(|m| Box::new(m) as Box<dyn std::any::Any + Send>),
         ))
+    }
+
+    fn load_adapter(&self, a: &AdapterRef) -> Result<(), String> {
+        let adapter = LoraAdapter::load(&a.path, &self.model.config).map_err(|e| {
+            // The messages name the directory; the caller knows it by its own name.
+            let dir = a.path.display().to_string();
+            e.to_string().replace(&format!("{dir}/"), "").replace(&format!("{dir}: "), "").replace(&dir, "the adapter")
+        })?;
+        self.shared.adapters.insert(&a.checkpoint_id, Arc::new(adapter));
+        Ok(())
     }
 
     fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {

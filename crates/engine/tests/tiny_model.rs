@@ -10,6 +10,16 @@ use tandem_core::inference::{
 };
 use tandem_engine::{Engine, EngineConfig};
 
+/// The engine's series as `GET /metrics` encodes them.
+fn metrics_text(engine: &Engine) -> String {
+    use tandem_core::telemetry::prometheus_client::{encoding::text::encode, registry::Registry};
+    let mut registry = Registry::default();
+    engine.register_metrics(&mut registry);
+    let mut text = String::new();
+    encode(&mut text, &registry).unwrap();
+    text
+}
+
 use tandem_model::testing::{weights, write_tiny_gguf, FFN, HIDDEN, LAYERS};
 
 /// A PEFT adapter on q and down of every layer, with `b_value` in every B entry (0 = no-op).
@@ -112,9 +122,10 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     let deadline = Instant::now() + Duration::from_secs(10);
     // The gauge may still read 0 from before this request ran, so wait for the abort as well.
     let freed = |m: String| {
-        m.contains("tandem:num_requests_running{model_name=\"tiny\"} 0") && m.contains("finished_reason=\"abort\"} 1")
+        m.contains("vllm:num_requests_running{model_name=\"tiny\",engine=\"0\"} 0")
+            && m.contains("finished_reason=\"abort\"} 1")
     };
-    while !freed(engine.metrics_text()) {
+    while !freed(metrics_text(&engine)) {
         assert!(Instant::now() < deadline, "the cancelled sequence is still running");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -161,7 +172,7 @@ async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
     low_tokens.extend(low_task.await.unwrap());
     assert_eq!(*order.lock().unwrap(), ["high", "low"], "the higher priority finished first");
     assert_eq!(low_tokens, uninterrupted, "the preempted sequence resumed exactly");
-    assert!(engine.metrics_text().contains("tandem:num_preemptions_total{model_name=\"tiny\"} 1"));
+    assert!(metrics_text(&engine).contains("vllm:num_preemptions_total{model_name=\"tiny\",engine=\"0\"} 1"));
 }
 
 /// (cached prompt tokens, generated tokens) of a request.
@@ -265,8 +276,8 @@ async fn choices_share_the_prompt_kv() {
     for (c, got) in per_choice.iter().enumerate() {
         assert_eq!(got, &alone, "choice {c}");
     }
-    let metrics = engine.metrics_text();
-    assert!(metrics.contains("tandem:num_preemptions_total{model_name=\"tiny\"} 0"), "{metrics}");
+    let metrics = metrics_text(&engine);
+    assert!(metrics.contains("vllm:num_preemptions_total{model_name=\"tiny\",engine=\"0\"} 0"), "{metrics}");
 }
 
 /// `prepare` (what the api calls on a blocking thread before submitting) loads the adapter and

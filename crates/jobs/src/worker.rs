@@ -10,6 +10,7 @@ use tandem_core::health::Heartbeat;
 use tandem_core::records::{EventKind, JobKind, Order, PageRequest};
 use tandem_core::sequences::RlInputs;
 use tandem_core::sft::SftConfig;
+use tandem_core::telemetry::TrainingMetrics;
 use tandem_core::train_config::{KlReference, TrainConfig};
 use tandem_store::{now_ms, CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
 use tokio::runtime::Handle;
@@ -39,6 +40,7 @@ pub struct Worker {
     wake: Arc<Notify>,
     stopping: Arc<AtomicBool>,
     heartbeat: Arc<Heartbeat>,
+    metrics: Arc<TrainingMetrics>,
     config: WorkerConfig,
 }
 
@@ -56,6 +58,7 @@ impl Worker {
             wake: Arc::new(Notify::new()),
             stopping: Arc::new(AtomicBool::new(false)),
             heartbeat: Arc::new(Heartbeat::default()),
+            metrics: Arc::default(),
             config,
         }
     }
@@ -63,6 +66,11 @@ impl Worker {
     /// Beats while the loop serves the queue (`GET /v1/system-check` reads it).
     pub fn heartbeat(&self) -> Arc<Heartbeat> {
         self.heartbeat.clone()
+    }
+
+    /// Gradient steps, trained tokens and job durations (`GET /metrics` encodes them).
+    pub fn metrics(&self) -> Arc<TrainingMetrics> {
+        self.metrics.clone()
     }
 
     /// Notified by the api when a job is queued, so it starts without waiting for the poll.
@@ -163,6 +171,7 @@ impl Worker {
     }
 
     async fn run_claimed(&self, claimed: ClaimedJob) -> Result<(), StoreError> {
+        let claimed_at = Instant::now();
         let job_id = claimed.job.id;
         let base_step = self.store.latest_step(claimed.model.id).await?;
         let base_checkpoint = if base_step > 0 {
@@ -177,8 +186,11 @@ impl Worker {
         };
         let train_job = TrainJob { job_id, model: claimed.model.clone(), base_step, base_checkpoint, task };
         self.heartbeat.beat(now_ms(), true);
+        let kind = claimed.job.kind.as_str();
         let mut sink = StoreSink {
             heartbeat: self.heartbeat.clone(),
+            metrics: self.metrics.clone(),
+            kind,
             store: self.store.clone(),
             handle: Handle::current(),
             job_id,
@@ -193,7 +205,13 @@ impl Worker {
         })
         .await
         .map_err(|e| StoreError::Io(format!("trainer thread panicked: {e}")))?;
-        match result {
+        let outcome = match &result {
+            Ok(_) => Some("succeeded"),
+            Err(TrainError::Interrupted) => None,
+            Err(TrainError::Cancelled) => Some("cancelled"),
+            Err(_) => Some("failed"),
+        };
+        let done = match result {
             Ok(output) => self.succeed(&claimed.model.id, job_id, sink.started, output).await,
             Err(TrainError::Interrupted) => {
                 tracing::warn!(%job_id, "training job interrupted by shutdown; it resumes at the next start");
@@ -205,7 +223,11 @@ impl Worker {
                 ignore_gone(self.store.finish_job(job_id, &outcome).await).map(|_| ())
             }
             Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
+        };
+        if let (Some(outcome), Ok(())) = (outcome, &done) {
+            self.metrics.job_finished(kind, outcome, claimed_at.elapsed().as_secs_f64());
         }
+        done
     }
 
     /// The job's stored inputs as a task; `Ok(Err(why))` fails the job.
@@ -340,6 +362,9 @@ fn ignore_gone<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
 /// The sink a trainer writes through: each call is a short blocking store write.
 struct StoreSink {
     heartbeat: Arc<Heartbeat>,
+    metrics: Arc<TrainingMetrics>,
+    /// The job's kind, as the metrics label it.
+    kind: &'static str,
     store: Arc<dyn Store>,
     handle: Handle,
     job_id: Uuid,
@@ -368,6 +393,8 @@ impl TrainSink for StoreSink {
     }
 
     fn gradient_step(&mut self, metrics: BTreeMap<String, f64>) {
+        let tokens = metrics.get("num_trainable_tokens").copied().filter(|t| t.is_finite() && *t >= 0.0);
+        self.metrics.gradient_step(self.kind, tokens.map_or(0, |t| t as u64));
         // JSON has no NaN: a non-finite value is dropped rather than sent as null, which ART's
         // client would reject.
         let data: Map<String, Value> =

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// Times a training job interrupted by restarts is run again before it is failed.
     #[arg(long, env = "TANDEM_JOB_MAX_ATTEMPTS")]
     pub job_max_attempts: Option<i64>,
+    /// Turns on `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`) for PEFT adapter directories under this one; off
+    /// when unset. It may not overlap the data directory.
+    #[arg(long, env = "TANDEM_LORA_ROOT")]
+    pub lora_root: Option<PathBuf>,
 }
 
 /// One base model to serve.
@@ -109,6 +114,7 @@ pub struct ServeConfig {
     pub max_num_batched_tokens: Option<usize>,
     pub prefix_cache_tokens: Option<usize>,
     pub job_max_attempts: i64,
+    pub lora_root: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -164,6 +170,7 @@ impl ServeConfig {
             max_num_batched_tokens: args.max_num_batched_tokens.or(file.max_num_batched_tokens).map(|n| n.max(1)),
             prefix_cache_tokens: args.prefix_cache_tokens.or(file.prefix_cache_tokens),
             job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
+            lora_root: args.lora_root.or(file.lora_root),
         })
     }
 }

@@ -23,6 +23,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         }
     }
     let store = Arc::new(open_store(&config.data_dir).await?);
+    let lora_root = config.lora_root.as_deref().map(|r| lora_root(r, &config.data_dir)).transpose()?;
     let defaults = EngineConfig::default();
     let engine_config = EngineConfig {
         max_seqs: config.max_num_seqs,
@@ -90,6 +91,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         priority_scheduling: config.priority_scheduling,
         reasoning_parser: config.reasoning_parser,
         training_heartbeat: Some(worker.heartbeat()),
+        training_metrics: Some(worker.metrics()),
+        lora_root,
     });
     let worker_task = tokio::spawn(worker.clone().run());
 
@@ -113,6 +116,25 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         tracing::warn!("training worker did not stop in 30 s; its job resumes at the next start");
     }
     Ok(())
+}
+
+/// `--lora-root`, canonical. Adapters load from anywhere under it, for any entity, so it may not
+/// hold the data directory (other entities' checkpoints) nor lie inside it.
+fn lora_root(root: &Path, data_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let root = root.canonicalize().with_context(|| format!("--lora-root {}", root.display()))?;
+    if !root.is_dir() {
+        bail!("--lora-root {} is not a directory", root.display());
+    }
+    let data = data_dir.canonicalize().with_context(|| format!("data directory {}", data_dir.display()))?;
+    if root.starts_with(&data) || data.starts_with(&root) {
+        bail!(
+            "--lora-root {} overlaps the data directory {}: any key could load other entities' checkpoints",
+            root.display(),
+            data.display()
+        );
+    }
+    tracing::info!(root = %root.display(), "runtime LoRA updating is on");
+    Ok(root)
 }
 
 /// On first start with no keys, creates one for entity `local`, prints it once and writes it to

@@ -292,12 +292,12 @@ async fn chat_completions_end_to_end() {
         let m = api.c.get(format!("{}/metrics", api.url)).bearer_auth(KEY).send().await.unwrap().text().await.unwrap();
         let running = m
             .lines()
-            .find(|l| l.starts_with("tandem:num_requests_running{"))
+            .find(|l| l.starts_with("vllm:num_requests_running{"))
             .and_then(|l| l.rsplit(' ').next())
             .unwrap_or("?")
             .to_string();
         if running == "0" {
-            assert!(m.contains("tandem:generation_tokens_total"));
+            assert!(m.contains("vllm:generation_tokens_total{"));
             break;
         }
         assert!(Instant::now() < deadline, "the abandoned stream is still running: {running}");

@@ -136,7 +136,8 @@ fn check_events(events: &[Value], step: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rl_loop_learns_and_serves_each_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--api-key", KEY]);
+    let loras = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--api-key", KEY, "--lora-root", loras.path().to_str().unwrap()]);
     let api = Api { c: client(), url: server.url.clone() };
     let m = api
         .post(
@@ -228,4 +229,52 @@ async fn rl_loop_learns_and_serves_each_checkpoint() {
     let (s, v) = api.call(reqwest::Method::POST, "/v1/chat/completions", Some(ask(format!("{name}:step1")))).await;
     assert_eq!(s, 404, "{v}");
     api.post("/v1/chat/completions", ask(format!("{name}:step2"))).await;
+
+    // vLLM's runtime LoRA route: the step-2 adapter, copied under --lora-root as PEFT wrote it,
+    // loads under a name and answers exactly as the checkpoint does.
+    let model_dir = dir.path().join("checkpoints").join(&model_id);
+    let step2_dir = std::fs::read_dir(&model_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("adapter_model.safetensors").is_file())
+        .expect("step 2's files");
+    std::fs::create_dir(loras.path().join("yes-2")).unwrap();
+    for f in ["adapter_config.json", "adapter_model.safetensors"] {
+        std::fs::copy(step2_dir.join(f), loras.path().join("yes-2").join(f)).unwrap();
+    }
+    let (s, v) = api
+        .call(reqwest::Method::POST, "/v1/load_lora_adapter", Some(json!({"lora_name": "yes-2", "lora_path": "yes-2"})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let loaded = api.post("/v1/chat/completions", ask("yes-2".into())).await;
+    assert_eq!(loaded["choices"][0]["message"]["content"], step2["choices"][0]["message"]["content"]);
+    assert_eq!(loaded["model"], "yes-2");
+    let models = api.get("/v1/models").await;
+    let card = models["data"].as_array().unwrap().iter().find(|c| c["id"] == "yes-2").cloned().unwrap();
+    assert_eq!(card["parent"], "HuggingFaceTB/SmolLM2-135M-Instruct");
+    // An adapter of another shape is refused with the reason, and nothing is served under it.
+    std::fs::create_dir(loras.path().join("wrong")).unwrap();
+    std::fs::write(loras.path().join("wrong/adapter_config.json"), br#"{"r": 3, "lora_alpha": 8}"#).unwrap();
+    std::fs::copy(step2_dir.join("adapter_model.safetensors"), loras.path().join("wrong/adapter_model.safetensors"))
+        .unwrap();
+    let (s, v) = api
+        .call(reqwest::Method::POST, "/v1/load_lora_adapter", Some(json!({"lora_name": "wrong", "lora_path": "wrong"})))
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let why = v["error"]["message"].as_str().unwrap();
+    assert!(why.contains("rank 3") && !why.contains(&*loras.path().to_string_lossy()), "{why}");
+
+    // The jobs above, as Prometheus reads them.
+    let text = api.c.get(format!("{}/metrics", api.url)).bearer_auth(KEY).send().await.unwrap().text().await.unwrap();
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("{series} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("tandem:training_job_duration_seconds_count{kind=\"rl\",outcome=\"succeeded\"}"), 3.0);
+    assert!(value("tandem:training_gradient_steps_total{kind=\"rl\"}") >= 3.0);
+    assert!(value("tandem:training_trained_tokens_total{kind=\"rl\"}") >= generated as f64);
+    assert_eq!(value("tandem:training_jobs{kind=\"rl\",state=\"running\"}"), 0.0);
+    assert!(value("vllm:generation_tokens_total{") > 0.0);
+    assert!(value("vllm:request_success_total{model_name=\"HuggingFaceTB/SmolLM2-135M-Instruct\",engine=\"0\",finished_reason=\"length\"}") > 0.0);
+    assert!(value("http_requests_total{handler=\"/v1/load_lora_adapter\",method=\"POST\",status=\"4xx\"}") >= 1.0);
 }

@@ -16,7 +16,9 @@ pub use sqlite::SqliteStore;
 use async_trait::async_trait;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use tandem_core::records::{Checkpoint, Dataset, Job, JobEvent, JobKind, LogEntry, ModelRecord, Page, PageRequest};
+use tandem_core::records::{
+    Checkpoint, Dataset, Job, JobEvent, JobKind, JobStatus, LogEntry, ModelRecord, Page, PageRequest,
+};
 use uuid::Uuid;
 
 /// What can go wrong in the store, in terms the api can map to statuses.
@@ -229,6 +231,9 @@ pub trait Store: Send + Sync + 'static {
     async fn create_job(&self, new: &NewJob) -> Result<Job>;
     /// Jobs of `entity` that are queued or running.
     async fn pending_jobs(&self, entity: &str) -> Result<i64>;
+    /// Jobs of every entity that are queued or running, by kind and status (for `/metrics`;
+    /// zero counts are left out).
+    async fn active_job_counts(&self) -> Result<Vec<(JobKind, JobStatus, i64)>>;
     /// The job, if its model belongs to `entity`.
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job>;
     /// Cancels a queued job at once (with its `training_failed` event); marks a running one for

@@ -7,6 +7,7 @@ mod beam;
 mod chat;
 mod completions;
 mod generate;
+pub mod lora;
 mod messages;
 mod reasoning;
 pub mod request;
@@ -39,11 +40,6 @@ pub(crate) fn no_engine() -> ApiError {
     ApiError::new(ErrorKind::Unavailable, "this server has no inference engine")
 }
 
-/// The inference engine, or a 503 when this server runs without one.
-pub(crate) fn engine(state: &AppState) -> Result<tandem_core::inference::SharedBackend, ApiError> {
-    state.backend().cloned().ok_or_else(no_engine)
-}
-
 pub fn router(state: AppState) -> OpenApiRouter<AppState> {
     // Anthropic's Messages API: its own key header and error shape.
     let anthropic = OpenApiRouter::new()
@@ -61,11 +57,14 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(tokenize::tokenize))
         .routes(routes!(tokenize::detokenize))
         .routes(routes!(metrics))
+        .routes(routes!(lora::load))
+        .routes(routes!(lora::unload))
         .route_layer(from_fn_with_state(state, require_openai))
         .merge(anthropic)
 }
 
-/// Base models, then the caller's trained models: each model's latest alias and every step.
+/// Base models, the caller's runtime-loaded adapters, then the caller's trained models: each
+/// model's latest alias and every step.
 #[utoipa::path(
     get,
     operation_id = "list_served_models",
@@ -93,6 +92,19 @@ async fn models(
             root: id.clone(),
             parent: None,
             max_model_len: state.model(id).map(|m| m.info().context_len),
+        });
+    }
+    // Adapters the caller loaded at run time, as vLLM lists LoRA modules (its `root` is the
+    // path as the caller gave it).
+    for (name, l) in state.loras().list(&caller.entity) {
+        data.push(ModelCard {
+            id: name,
+            object: "model",
+            created: l.created,
+            owned_by: caller.entity.clone(),
+            root: l.path,
+            parent: Some(l.base),
+            max_model_len: None,
         });
     }
     let mut page = PageRequest::first(100);
@@ -159,17 +171,16 @@ pub struct ModelCard {
     operation_id = "metrics",
     path = "/metrics",
     tag = "inference",
-    summary = "The engine's Prometheus metrics",
+    summary = "Prometheus metrics: the engine's under vLLM's names, training, jobs and HTTP requests",
     responses(
-        (status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
-        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody),
-        (status = 503, description = "No inference engine", body = crate::openapi::bodies::OpenAiErrorBody)
+        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody)
     ),
     security(("bearer" = []))
 )]
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, OpenAiError> {
-    let backend = engine(&state)?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], backend.metrics_text()))
+    let text = crate::telemetry::render(&state).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], text))
 }
 
 /// The entity's permit for an inference route (chat, tokenize, detokenize), or a 429 with

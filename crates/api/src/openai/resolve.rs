@@ -1,4 +1,5 @@
-//! Model addressing (contract §2): a served base id (the default), or a trained model of the
+//! Model addressing (contract §2): a served base id (the default), an adapter the caller's entity
+//! loaded with `/v1/load_lora_adapter` (by its name), or a trained model of the
 //! caller's entity as `wandb-artifact:///{entity}/{project}/{name}[:stepN]` (two slashes too) or
 //! `{entity}/{project}/{name}[:stepN]`. No suffix = the latest checkpoint (the base if none),
 //! `:step0` = the base. Anything else, another entity's model or a deleted step is a 404.
@@ -38,6 +39,11 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
     }
     if served.is_empty() {
         return Err(super::no_engine());
+    }
+    // An adapter this entity loaded at run time (`/v1/load_lora_adapter`).
+    if let Some(l) = state.loras().get(entity, model) {
+        let base = state.model(&l.base).cloned().ok_or_else(|| not_found(model, state))?;
+        return Ok(Target { model: base, adapter: Some(l.adapter), name: model.to_string() });
     }
     let path =
         model.strip_prefix("wandb-artifact:///").or_else(|| model.strip_prefix("wandb-artifact://")).unwrap_or(model);

@@ -491,6 +491,28 @@ pub struct TokenizeResponse {
     pub token_strs: Option<Vec<String>>,
 }
 
+/// `POST /v1/load_lora_adapter` (vLLM's body, plus `base_model_name`).
+#[derive(ToSchema)]
+pub struct LoadLoraBody {
+    /// The name requests use as `model`: printable, no spaces, not a base model's id.
+    pub lora_name: String,
+    /// A PEFT adapter directory (`adapter_config.json`, `adapter_model.safetensors`), relative to
+    /// the server's `--lora-root` or absolute under it.
+    pub lora_path: String,
+    /// Replace an adapter already loaded under this name (default false: that is a 400).
+    pub load_inplace: Option<bool>,
+    /// The served base model the adapter runs on (default: the first served model).
+    pub base_model_name: Option<String>,
+}
+
+/// `POST /v1/unload_lora_adapter`.
+#[derive(ToSchema)]
+pub struct UnloadLoraBody {
+    pub lora_name: String,
+    /// vLLM's; accepted and ignored.
+    pub lora_int_id: Option<i64>,
+}
+
 /// `POST /detokenize`.
 #[derive(ToSchema)]
 pub struct DetokenizeBody {

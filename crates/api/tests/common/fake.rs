@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use tandem_api::Limits;
 use tandem_core::inference::{
-    BaseModelInfo, ChatRender, FinishReason, GenerateRequest, InferEvent, InferenceBackend, InputError, ModelHandle,
-    RankedLogprob, ServedModel, SubmitError, TokenLogprob, TopLogprob, ValidRequest,
+    AdapterRef, BaseModelInfo, ChatRender, FinishReason, GenerateRequest, InferEvent, InferenceBackend, InputError,
+    ModelHandle, RankedLogprob, ServedModel, SubmitError, TokenLogprob, TopLogprob, ValidRequest,
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -54,8 +54,11 @@ impl InferenceBackend for FakeBackend {
     fn healthy(&self) -> bool {
         true
     }
-    fn metrics_text(&self) -> String {
-        String::new()
+    fn register_metrics(&self, registry: &mut tandem_core::telemetry::prometheus_client::registry::Registry) {
+        use tandem_core::telemetry::prometheus_client::metrics::gauge::Gauge;
+        let running = Gauge::<i64>::default();
+        running.set(self.0.submitted.load(std::sync::atomic::Ordering::SeqCst) as i64);
+        registry.register("vllm:num_requests_running", "Requests the fake has running", running);
     }
 }
 
@@ -120,6 +123,15 @@ impl ServedModel for Fake {
             None => None,
         };
         Ok(ValidRequest::new(&self.info.id, request, adapter, None))
+    }
+    fn load_adapter(&self, a: &AdapterRef) -> Result<(), String> {
+        // The fake serves any directory holding the two PEFT files whose config says `r`.
+        let config = std::fs::read_to_string(a.path.join("adapter_config.json")).map_err(|e| e.to_string())?;
+        let v: serde_json::Value = serde_json::from_str(&config).map_err(|e| format!("adapter_config.json: {e}"))?;
+        v.get("r")
+            .and_then(serde_json::Value::as_u64)
+            .map(|_| ())
+            .ok_or_else(|| "adapter_config.json: no rank `r`".into())
     }
     fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {
         self.submitted.fetch_add(1, Ordering::SeqCst);

@@ -35,6 +35,15 @@ pub async fn test_app_with(limits: Limits) -> TestApp {
 
 /// A test app whose inference routes run on `backend` (a fake served model in the api's tests).
 pub async fn test_app_serving(limits: Limits, backend: Option<tandem_core::inference::SharedBackend>) -> TestApp {
+    test_app_configured(limits, backend, None).await
+}
+
+/// The same, with runtime LoRA loading from `lora_root` (canonical) when given.
+pub async fn test_app_configured(
+    limits: Limits,
+    backend: Option<tandem_core::inference::SharedBackend>,
+    lora_root: Option<std::path::PathBuf>,
+) -> TestApp {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
     let checkpoints = CheckpointDir::open(dir.path().join("checkpoints")).unwrap();
@@ -55,6 +64,8 @@ pub async fn test_app_serving(limits: Limits, backend: Option<tandem_core::infer
         priority_scheduling: true,
         reasoning_parser: None,
         training_heartbeat: Some(heartbeat.clone()),
+        training_metrics: Some(Arc::default()),
+        lora_root,
     });
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, heartbeat, _dir: dir }
 }

@@ -121,6 +121,7 @@ async fn start_all(
     plan: &CompletionPlan,
 ) -> Result<UnboundedReceiver<(usize, InferEvent)>, ApiError> {
     let (tx, rx) = unbounded_channel();
+    let echo_only = plan.echo_only;
     for (i, v) in valid.into_iter().enumerate() {
         let mut events = generate::start(target, v, &plan.sampling).await?;
         let tx = tx.clone();
@@ -133,6 +134,17 @@ async fn start_all(
                     _ = tx.closed() => return,
                 };
                 let Some(ev) = ev else { return };
+                let ev = match ev {
+                    // Echo-only: the prompt is the whole answer, as if the length ran out at once.
+                    InferEvent::Token { .. } if echo_only => continue,
+                    InferEvent::Finished { choice, .. } if echo_only => InferEvent::Finished {
+                        choice,
+                        reason: tandem_core::inference::FinishReason::Length,
+                        stop_reason: None,
+                        text: String::new(),
+                    },
+                    ev => ev,
+                };
                 if tx.send((i, ev)).is_err() {
                     return;
                 }

@@ -25,6 +25,8 @@ pub struct CompletionPlan {
     pub sampling: Sampling,
     pub prompts: Vec<PromptInput>,
     pub echo: bool,
+    /// `echo` with `max_tokens: 0`: the one token the engine samples is not shown.
+    pub echo_only: bool,
     /// `logprobs`: how many top alternatives to show per token (0: the sampled token alone).
     pub logprobs: Option<usize>,
     /// Text prompts get the tokenizer's special tokens (a BOS), as vLLM's default.
@@ -38,7 +40,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<CompletionPla
     if v.required(obj, "prompt").is_none() {
         return Err(ApiError::validation(v.into_errors()));
     }
-    let fields = Fields::parse(&mut v, obj, &["max_tokens"]);
+    let mut fields = Fields::parse(&mut v, obj, &["max_tokens"]);
     let echo = flag(&mut v, obj, "echo").unwrap_or(false);
     let logprobs = int(&mut v, obj, "logprobs");
     let best_of = int(&mut v, obj, "best_of");
@@ -61,6 +63,8 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<CompletionPla
         }
         k => k.map(|k| k as usize),
     };
+    // `echo` with `max_tokens: 0` scores the prompt and generates nothing (vLLM's form).
+    let echo_only = echo && fields.zero_max_tokens_to_one();
     let mut sampling = fields.check(obj, logprobs, "max_tokens", priority_scheduling)?;
     if let Some(b) = best_of {
         if b != sampling.n as i64 {
@@ -94,7 +98,7 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<CompletionPla
         }
         sampling.prompt_logprobs = Some(sampling.prompt_logprobs.unwrap_or(0).max(logprobs.unwrap_or(0)));
     }
-    Ok(CompletionPlan { sampling, prompts, echo, logprobs, add_special_tokens })
+    Ok(CompletionPlan { sampling, prompts, echo, echo_only, logprobs, add_special_tokens })
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -192,5 +196,14 @@ mod tests {
         assert_eq!(p.sampling.prompt_logprobs, Some(2));
         assert_eq!(ok(json!({"prompt": "x", "echo": true})).sampling.prompt_logprobs, None);
         assert_eq!(err(json!({"prompt": "x", "echo": true, "logprobs": 1, "stream": true})).0.as_deref(), Some("echo"));
+    }
+
+    #[test]
+    fn echo_with_zero_max_tokens_scores_the_prompt_only() {
+        let p = ok(json!({"prompt": "x", "echo": true, "max_tokens": 0, "logprobs": 1}));
+        assert_eq!((p.echo_only, p.sampling.max_tokens, p.sampling.prompt_logprobs), (true, Some(1), Some(1)));
+        assert!(!ok(json!({"prompt": "x", "echo": true, "max_tokens": 1})).echo_only);
+        assert_eq!(err(json!({"prompt": "x", "max_tokens": 0})).0.as_deref(), Some("max_tokens"));
+        assert_eq!(err(json!({"prompt": "x", "echo": true, "max_tokens": -1})).0.as_deref(), Some("max_tokens"));
     }
 }

@@ -76,6 +76,16 @@ pub struct Sampling {
 }
 
 impl Fields {
+    /// vLLM's echo-only scoring (`echo` with `max_tokens: 0`): the engine still samples one token,
+    /// which the route then drops. True when `max_tokens` was 0 (it is now 1).
+    pub(crate) fn zero_max_tokens_to_one(&mut self) -> bool {
+        let zero = self.max_tokens == Some(0);
+        if zero {
+            self.max_tokens = Some(1);
+        }
+        zero
+    }
+
     /// Type-checks the shared fields into `v`. `max_tokens_keys`: the route's names for the
     /// output length, first found wins.
     pub(crate) fn parse(v: &mut Validator, obj: &Map<String, Value>, max_tokens_keys: &[&str]) -> Fields {
