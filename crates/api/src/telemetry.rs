@@ -84,6 +84,19 @@ impl Telemetry {
     }
 }
 
+fn standard_method(m: &axum::http::Method) -> &'static str {
+    match m.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
+}
+
 /// The status class vLLM's HTTP metrics label a response with.
 fn status_class(status: u16) -> &'static str {
     match status {
@@ -103,7 +116,9 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
     if matches!(handler.as_str(), "/metrics" | "/health" | "/v1/health") {
         return next.run(request).await;
     }
-    let method = request.method().as_str().to_string();
+    // Anyone may send any method name: only the standard ones become label values, so a client
+    // cannot grow the registry without bound.
+    let method = standard_method(request.method()).to_string();
     let started = Instant::now();
     let response = next.run(request).await;
     let t = state.telemetry();
@@ -133,7 +148,7 @@ pub(crate) async fn render(state: &AppState) -> Result<String, crate::error::Api
 
 #[cfg(test)]
 mod tests {
-    use super::status_class;
+    use super::{standard_method, status_class};
 
     #[test]
     fn statuses_are_grouped_by_class() {
@@ -141,5 +156,12 @@ mod tests {
         assert_eq!(status_class(429), "4xx");
         assert_eq!(status_class(503), "5xx");
         assert_eq!(status_class(101), "1xx");
+    }
+
+    #[test]
+    fn only_standard_methods_become_labels() {
+        use axum::http::Method;
+        assert_eq!(standard_method(&Method::POST), "POST");
+        assert_eq!(standard_method(&Method::from_bytes(b"FROBNICATE").unwrap()), "other");
     }
 }

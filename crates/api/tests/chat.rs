@@ -174,6 +174,14 @@ async fn runtime_lora_adapters_are_the_loading_entitys_own() {
     std::fs::create_dir_all(root.join("empty")).unwrap();
     adapter(&dir.path().join("outside"), r#"{"r": 8}"#);
     std::os::unix::fs::symlink(dir.path().join("outside"), root.join("link")).unwrap();
+    // A directory inside the root whose weights file links outside it.
+    std::fs::create_dir_all(root.join("filelink")).unwrap();
+    std::fs::write(root.join("filelink/adapter_config.json"), r#"{"r": 8}"#).unwrap();
+    std::os::unix::fs::symlink(
+        dir.path().join("outside/adapter_model.safetensors"),
+        root.join("filelink/adapter_model.safetensors"),
+    )
+    .unwrap();
     let app = test_app_configured(
         tandem_api::Limits::default(),
         Some(Arc::new(FakeBackend(fake.clone()))),
@@ -225,6 +233,7 @@ async fn runtime_lora_adapters_are_the_loading_entitys_own() {
         (load("x", &outside_root), 400, "lora_path"),
         (load("x", "/etc"), 400, "lora_path"),
         (load("x", "link"), 400, "lora_path"),
+        (load("x", "filelink"), 404, ""),
         (load("x", ""), 400, "lora_path"),
         (load("x", "nope"), 404, ""),
         (load("x", "empty"), 404, ""),

@@ -416,6 +416,10 @@ async fn metrics_count_jobs_routes_and_the_engine() {
     assert_eq!(app.call("GET", &format!("/v1/preview/no-such-route/{secret}"), KEY_B, None).await.status, 404);
 
     assert_eq!(app.raw("GET", "/metrics", None, None).await.status, 401);
+    // Made-up methods share one label value.
+    for m in ["FROB1", "FROB2"] {
+        app.raw(m, "/v1/preview/models", None, None).await;
+    }
     let r = app.call("GET", "/metrics", KEY_A, None).await;
     assert_eq!(r.status, 200);
     assert!(r.headers["content-type"].to_str().unwrap().starts_with("application/openmetrics-text; version=1.0.0"));
@@ -435,6 +439,7 @@ async fn metrics_count_jobs_routes_and_the_engine() {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }
     assert!(!text.contains(&secret.to_string()), "a path id leaked into a label");
+    assert!(!text.contains("FROB") && text.contains("method=\"other\""), "{text}");
     assert!(text.ends_with("# EOF\n"));
     // Every family is declared once, with its help.
     let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();

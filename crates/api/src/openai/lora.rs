@@ -212,7 +212,11 @@ pub async fn load(
         if !dir.starts_with(&root) {
             return Err(outside());
         }
-        let size = |name: &str| std::fs::metadata(dir.join(name)).ok().filter(|m| m.is_file()).map(|m| m.len());
+        // The files too: a link inside the directory may point anywhere.
+        let size = |name: &str| {
+            let file = dir.join(name).canonicalize().ok().filter(|f| f.starts_with(&root))?;
+            std::fs::metadata(file).ok().filter(|m| m.is_file()).map(|m| m.len())
+        };
         let (Some(config), Some(weights)) = (size("adapter_config.json"), size("adapter_model.safetensors")) else {
             return Err(not_found());
         };
