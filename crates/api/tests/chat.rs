@@ -222,6 +222,22 @@ async fn runtime_lora_adapters_are_the_loading_entitys_own() {
     // Entity b may load the same directory under the same name: its own.
     assert_eq!(app.call("POST", "/v1/load_lora_adapter", KEY_B, Some(load("mine", "good"))).await.status, 200);
 
+    // At most 64 per entity, however the loads race: b holds 1, loads 59 more, then 8 at once.
+    for i in 0..59 {
+        assert_eq!(
+            app.call("POST", "/v1/load_lora_adapter", KEY_B, Some(load(&format!("b{i}"), "good"))).await.status,
+            200
+        );
+    }
+    let racing = |i: usize| app.call("POST", "/v1/load_lora_adapter", KEY_B, Some(load(&format!("race{i}"), "good")));
+    let (r0, r1, r2, r3, r4, r5, r6, r7) =
+        tokio::join!(racing(0), racing(1), racing(2), racing(3), racing(4), racing(5), racing(6), racing(7));
+    let ok = [r0, r1, r2, r3, r4, r5, r6, r7].iter().filter(|r| r.status == 200).count();
+    assert_eq!(ok, 4, "64 minus the 60 loaded");
+    let theirs = app.ok("GET", "/v1/models", KEY_B, None).await;
+    let loaded = theirs["data"].as_array().unwrap().iter().filter(|c| c["owned_by"] == "b").count();
+    assert_eq!(loaded, 64);
+
     let r = app.call("POST", "/v1/unload_lora_adapter", KEY_A, Some(json!({"lora_name": "mine"}))).await;
     assert_eq!(String::from_utf8(r.bytes).unwrap(), "Success: LoRA adapter 'mine' removed successfully.");
     assert_eq!(app.call("POST", "/v1/chat/completions", KEY_A, Some(ask)).await.status, 404);
@@ -241,6 +257,7 @@ async fn runtime_lora_adapters_are_the_loading_entitys_own() {
         (load(BASE, "good"), 400, "lora_name"),
         (load("a b", "good"), 400, "lora_name"),
         (load("wandb-artifact:///a/p/n", "good"), 400, "lora_name"),
+        (load("a/proj/m", "good"), 400, "lora_name"),
         (json!({"lora_name": "x"}), 400, ""),
         (json!({"lora_name": "x", "lora_path": "good", "surprise": 1}), 400, ""),
         (json!({"lora_name": "x", "lora_path": "good", "base_model_name": "other"}), 400, "base_model_name"),

@@ -160,7 +160,17 @@ pub struct AdapterRef {
     /// Unique per checkpoint (a re-created step gets a new id), so caches never mix them up.
     pub checkpoint_id: String,
     pub path: std::path::PathBuf,
+    /// For an adapter loaded at run time (`/v1/load_lora_adapter`): the `--lora-root` its files
+    /// must resolve under, checked with the size caps below at every read (a cached copy may be
+    /// dropped and read again later). `None` for tandem's own checkpoints.
+    pub confined_to: Option<std::path::PathBuf>,
 }
+
+/// Largest `adapter_model.safetensors` a runtime adapter may have (a rank-64 adapter of every
+/// projection of an 8B model is about 700 MB).
+pub const MAX_RUNTIME_ADAPTER_BYTES: u64 = 1 << 30;
+/// Largest `adapter_config.json` a runtime adapter may have.
+pub const MAX_RUNTIME_ADAPTER_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A generation request with every default resolved, before the engine prepared it.
 #[derive(Debug, Clone)]

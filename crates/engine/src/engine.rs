@@ -210,15 +210,21 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
-        // A closed channel means the client is gone: free its sequences now.
-        let before = self.running.len() + self.waiting.len() + self.preempted.len();
+        // A closed channel means the client is gone: free its sequences now. Aborts are counted
+        // in choices, as finished ones are: a waiting request or an unforked sequence holds
+        // all of its choices.
+        let choices = |lp: &Self| -> usize {
+            lp.running.iter().chain(&lp.preempted).map(|s| s.n.max(1)).sum::<usize>()
+                + lp.waiting.iter().map(|q| q.job.req.n.max(1)).sum::<usize>()
+        };
+        let before = choices(self);
         self.running.retain(|s| !s.req.tx.is_closed());
         let places = |w: &[Queued]| w.iter().filter(|q| q.job.holds_place).count();
         let places_before = places(&self.waiting);
         self.waiting.retain(|q| !q.job.tx.is_closed());
         self.metrics.dequeued(places_before - places(&self.waiting));
         self.preempted.retain(|s| !s.req.tx.is_closed());
-        let dropped = before - self.running.len() - self.waiting.len() - self.preempted.len();
+        let dropped = before - choices(self);
         if dropped > 0 {
             self.metrics.aborted(dropped);
         }
@@ -439,6 +445,20 @@ mod tests {
             }
         }
         (tokens, None)
+    }
+
+    /// A client that leaves while its request waits aborts every choice it asked for.
+    #[test]
+    fn a_request_whose_client_left_counts_each_choice_as_aborted() {
+        let (mut lp, tx) = tiny_loop();
+        let (mut three, rx) = job(vec![1, 2, 3]);
+        three.req.n = 3;
+        three.req.params.temperature = 1.0;
+        tx.send(three).unwrap();
+        drop(rx);
+        assert!(lp.run_once());
+        assert_eq!(lp.metrics.aborts(), 3);
+        assert!(lp.waiting.is_empty() && lp.running.is_empty());
     }
 
     /// A step that panics (here: a sequence with no prompt, which the loop took before submit

@@ -170,8 +170,8 @@ impl Families {
             self.inter_token.clone(),
         );
         r.register(
-            "vllm:time_per_output_token_seconds",
-            "Histogram of time per output token in seconds (decode time over output tokens after the first)",
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request (decode time over output tokens after the first)",
             self.per_output_token.clone(),
         );
         r.register("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds", self.e2e.clone());
@@ -347,6 +347,10 @@ impl EngineMetrics {
     /// A step panicked and was recovered from.
     pub fn failure(&self) {
         self.failures.inc();
+    }
+
+    pub fn aborts(&self) -> u64 {
+        self.finished[2].get()
     }
 
     pub fn failures(&self) -> u64 {

@@ -69,6 +69,10 @@ impl AdapterCache {
         }
         // The error names files on the server: logged, not sent. The slot stays empty, so a
         // later request tries again.
+        if let Err(why) = check_confined(a) {
+            tracing::error!(checkpoint = %a.checkpoint_id, error = %why, "a runtime adapter's files no longer pass");
+            return Err(SubmitError::Invalid(format!("this adapter cannot be loaded: {why}")));
+        }
         let adapter = LoraAdapter::load(&a.path, &base.config).map_err(|e| {
             tracing::error!(checkpoint = %a.checkpoint_id, error = %e, "cannot load a checkpoint's adapter");
             SubmitError::Invalid("this checkpoint's adapter cannot be loaded (the server logged why)".into())
@@ -92,6 +96,32 @@ impl AdapterCache {
     pub fn forget(&self, checkpoint_id: &str) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(checkpoint_id);
     }
+}
+
+/// A runtime adapter's files (`AdapterRef::confined_to`): each must still resolve, links
+/// followed, under the root and fit its size cap. Checked before every read, not only at
+/// `/v1/load_lora_adapter`. (Whoever can write under the root can still swap a file between
+/// this check and the read: the root's contents are the operator's.)
+fn check_confined(a: &AdapterRef) -> Result<(), String> {
+    use tandem_core::inference::{MAX_RUNTIME_ADAPTER_BYTES, MAX_RUNTIME_ADAPTER_CONFIG_BYTES};
+    let Some(root) = &a.confined_to else { return Ok(()) };
+    for (name, max) in [
+        ("adapter_config.json", MAX_RUNTIME_ADAPTER_CONFIG_BYTES),
+        ("adapter_model.safetensors", MAX_RUNTIME_ADAPTER_BYTES),
+    ] {
+        let file = a.path.join(name).canonicalize().map_err(|_| format!("{name} is missing"))?;
+        if !file.starts_with(root) {
+            return Err(format!("{name} resolves outside the LoRA root"));
+        }
+        let meta = std::fs::metadata(&file).map_err(|_| format!("{name} cannot be read"))?;
+        if !meta.is_file() {
+            return Err(format!("{name} is not a file"));
+        }
+        if meta.len() > max {
+            return Err(format!("{name} is larger than {max} bytes"));
+        }
+    }
+    Ok(())
 }
 
 /// One served base model and its loop.
@@ -271,6 +301,7 @@ impl ServedModel for Served {
     }
 
     fn load_adapter(&self, a: &AdapterRef) -> Result<(), String> {
+        check_confined(a)?;
         let adapter = LoraAdapter::load(&a.path, &self.model.config).map_err(|e| {
             // The messages name the directory; the caller knows it by its own name.
             let dir = a.path.display().to_string();
@@ -318,4 +349,32 @@ impl ServedModel for Served {
 /// A request this engine did not prepare.
 fn foreign() -> SubmitError {
     SubmitError::Invalid("this request was not prepared by this engine".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_confined;
+    use tandem_core::inference::AdapterRef;
+
+    #[test]
+    fn runtime_adapter_files_must_stay_under_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let at = root.join("a");
+        std::fs::create_dir_all(&at).unwrap();
+        std::fs::write(at.join("adapter_config.json"), "{}").unwrap();
+        std::fs::write(at.join("adapter_model.safetensors"), "w").unwrap();
+        let root = root.canonicalize().unwrap();
+        let a = AdapterRef { checkpoint_id: "x".into(), path: at.clone(), confined_to: Some(root) };
+        assert_eq!(check_confined(&a), Ok(()));
+        // Swapped for a link to a file outside the root after the load: refused at the next read.
+        std::fs::write(dir.path().join("secret"), "s").unwrap();
+        std::fs::remove_file(at.join("adapter_model.safetensors")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), at.join("adapter_model.safetensors")).unwrap();
+        assert!(check_confined(&a).unwrap_err().contains("outside the LoRA root"));
+        std::fs::remove_file(at.join("adapter_model.safetensors")).unwrap();
+        assert!(check_confined(&a).unwrap_err().contains("missing"));
+        // Trained checkpoints are not confined.
+        assert_eq!(check_confined(&AdapterRef { confined_to: None, ..a }), Ok(()));
+    }
 }

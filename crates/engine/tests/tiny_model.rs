@@ -109,8 +109,8 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     // A zero-initialised adapter changes nothing; a non-zero one changes the output.
     write_adapter(&dir.path().join("zero"), 0.0);
     write_adapter(&dir.path().join("trained"), 0.5);
-    let zero = AdapterRef { checkpoint_id: "zero".into(), path: dir.path().join("zero") };
-    let trained = AdapterRef { checkpoint_id: "trained".into(), path: dir.path().join("trained") };
+    let zero = AdapterRef { checkpoint_id: "zero".into(), path: dir.path().join("zero"), confined_to: None };
+    let trained = AdapterRef { checkpoint_id: "trained".into(), path: dir.path().join("trained"), confined_to: None };
     assert_eq!(tokens(submit(e, request(&prompt, 12, Some(zero))).unwrap()).await, alone);
     let with_lora = tokens(submit(e, request(&prompt, 12, Some(trained))).unwrap()).await;
     assert_ne!(with_lora, alone, "a trained adapter must change greedy output");
@@ -292,7 +292,7 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
     let m = engine.models()[0].clone();
     let prompt = [1, 2, 3, 4];
-    let late = AdapterRef { checkpoint_id: "late".into(), path: dir.path().join("late") };
+    let late = AdapterRef { checkpoint_id: "late".into(), path: dir.path().join("late"), confined_to: None };
     let err = m.prepare(request(&prompt, 4, Some(late.clone()))).unwrap_err();
     assert!(matches!(err, SubmitError::Invalid(_)), "no files yet: {err:?}");
     write_adapter(&dir.path().join("late"), 0.5);
@@ -308,7 +308,7 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
             let path = dir.path().join(format!("c{i}"));
             write_adapter(&path, 0.1 * i as f32);
             let (m, prompt) = (m.clone(), prompt.to_vec());
-            let adapter = AdapterRef { checkpoint_id: format!("c{i}"), path };
+            let adapter = AdapterRef { checkpoint_id: format!("c{i}"), path, confined_to: None };
             std::thread::spawn(move || m.prepare(request(&prompt, 4, Some(adapter))).map(|_| ()))
         })
         .collect();

@@ -127,14 +127,20 @@ impl Worker {
         let job_id = claimed.job.id;
         let entity = claimed.model.entity.clone();
         tracing::info!(%job_id, model_id = %claimed.model.id, attempt = claimed.job.attempts, "training job started");
-        match self.run_claimed(claimed).await {
-            Ok(()) | Err(StoreError::NotFound) => Ok(true), // NotFound: the model was deleted meanwhile
+        let (claimed_at, kind) = (Instant::now(), claimed.job.kind.as_str());
+        let outcome = match self.run_claimed(claimed).await {
+            Ok(outcome) => outcome,
+            Err(StoreError::NotFound) => None, // the model was deleted meanwhile, and the job with it
             Err(e) => {
                 tracing::error!(%job_id, error = %e, "training job could not be finished");
                 self.fail_until_recorded(&entity, job_id, format!("internal error: {e}")).await;
-                Ok(true)
+                Some("failed")
             }
+        };
+        if let Some(outcome) = outcome {
+            self.metrics.job_finished(kind, outcome, claimed_at.elapsed().as_secs_f64());
         }
+        Ok(true)
     }
 
     /// Ends a job that could not be finished normally (its checkpoint or its outcome could not be
@@ -170,8 +176,9 @@ impl Worker {
         }
     }
 
-    async fn run_claimed(&self, claimed: ClaimedJob) -> Result<(), StoreError> {
-        let claimed_at = Instant::now();
+    /// Runs a claimed job to its end: `Some(outcome)` once it is recorded as succeeded, failed or
+    /// cancelled, `None` when shutdown interrupted it (it runs again at the next start).
+    async fn run_claimed(&self, claimed: ClaimedJob) -> Result<Option<&'static str>, StoreError> {
         let job_id = claimed.job.id;
         let base_step = self.store.latest_step(claimed.model.id).await?;
         let base_checkpoint = if base_step > 0 {
@@ -182,7 +189,7 @@ impl Worker {
         };
         let task = match self.task(&claimed, base_step).await? {
             Ok(task) => task,
-            Err(why) => return self.fail(job_id, false, why).await,
+            Err(why) => return self.fail(job_id, false, why).await.map(|()| Some("failed")),
         };
         let train_job = TrainJob { job_id, model: claimed.model.clone(), base_step, base_checkpoint, task };
         self.heartbeat.beat(now_ms(), true);
@@ -211,7 +218,7 @@ impl Worker {
             Err(TrainError::Cancelled) => Some("cancelled"),
             Err(_) => Some("failed"),
         };
-        let done = match result {
+        match result {
             Ok(output) => self.succeed(&claimed.model.id, job_id, sink.started, output).await,
             Err(TrainError::Interrupted) => {
                 tracing::warn!(%job_id, "training job interrupted by shutdown; it resumes at the next start");
@@ -223,11 +230,8 @@ impl Worker {
                 ignore_gone(self.store.finish_job(job_id, &outcome).await).map(|_| ())
             }
             Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
-        };
-        if let (Some(outcome), Ok(())) = (outcome, &done) {
-            self.metrics.job_finished(kind, outcome, claimed_at.elapsed().as_secs_f64());
         }
-        done
+        .map(|()| outcome)
     }
 
     /// The job's stored inputs as a task; `Ok(Err(why))` fails the job.

@@ -107,6 +107,9 @@ fn tensor_name(layer: usize, module: Module, ab: &str) -> String {
     format!("base_model.model.model.layers.{layer}.{}.lora_{ab}.weight", module.path())
 }
 
+/// Highest rank read (vLLM's `--max-lora-rank` tops out at 512).
+pub const MAX_RANK: usize = 512;
+
 /// Reads a PEFT adapter directory for a model of shape `c`. Errors name the directory's files
 /// (server paths: log them, do not send them).
 pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
@@ -114,8 +117,8 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
     let text = std::fs::read_to_string(dir.join("adapter_config.json"))
         .map_err(|e| bad(format!("adapter_config.json: {e}")))?;
     let config: AdapterConfig = serde_json::from_str(&text).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
-    if config.r == 0 {
-        return Err(bad("adapter_config.json: r must be at least 1".into()));
+    if config.r == 0 || config.r > MAX_RANK {
+        return Err(bad(format!("adapter_config.json: r must be between 1 and {MAX_RANK}, got {}", config.r)));
     }
     let rank = config.r;
     let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
@@ -138,6 +141,7 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
             let (a_name, b_name) = (tensor_name(l, module, "A"), tensor_name(l, module, "B"));
             let (Some(a), Some(mut b)) = (get(&a_name)?, get(&b_name)?) else { continue };
             let (din, dout) = module.dims(c);
+            // The rank is bounded, so these products cannot overflow.
             if a.len() != rank * din || b.len() != dout * rank {
                 return Err(bad(format!("layer {l} {}: shapes do not match rank {rank} and the model", module.path())));
             }

@@ -19,11 +19,6 @@ use tandem_core::inference::AdapterRef;
 
 /// Adapters one entity may have loaded at once.
 pub const MAX_LOADED_PER_ENTITY: usize = 64;
-/// Largest `adapter_model.safetensors` accepted (a rank-64 adapter of every projection of an
-/// 8B model is about 700 MB).
-pub const MAX_ADAPTER_BYTES: u64 = 1 << 30;
-/// Largest `adapter_config.json` accepted.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 const MAX_NAME_BYTES: usize = 256;
 
 /// One loaded adapter.
@@ -38,13 +33,23 @@ pub struct LoadedLora {
     pub created: i64,
 }
 
-/// Loaded adapters by (entity, name).
-#[derive(Default)]
-pub struct LoraRegistry(Mutex<HashMap<(String, String), LoadedLora>>);
+/// Loaded adapters by (entity, name), and the one load that may run at a time.
+pub struct LoraRegistry {
+    loaded: Mutex<HashMap<(String, String), LoadedLora>>,
+    /// Loads run one at a time, server-wide: each reads up to a GiB and converts it to f32, and
+    /// checking the per-entity cap and the name under it leaves no window for a second load.
+    loading: tokio::sync::Semaphore,
+}
+
+impl Default for LoraRegistry {
+    fn default() -> Self {
+        LoraRegistry { loaded: Mutex::default(), loading: tokio::sync::Semaphore::new(1) }
+    }
+}
 
 impl LoraRegistry {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), LoadedLora>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.loaded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn get(&self, entity: &str, name: &str) -> Option<LoadedLora> {
@@ -98,8 +103,8 @@ pub fn lexically_under(root: &Path, requested: &str) -> Result<PathBuf, PathRefu
     Ok(out)
 }
 
-/// What a `lora_name` may be: printable, without spaces, not a base model's id and not an
-/// artifact address (so that it can never shadow another way of naming a model).
+/// What a `lora_name` may be: printable, without spaces, not a base model's id and not shaped
+/// like a trained model's address (so that it can never shadow another way of naming a model).
 pub fn check_name(name: &str, base_ids: &[String]) -> Result<(), String> {
     if name.is_empty() {
         return Err("lora_name must not be empty".into());
@@ -113,8 +118,11 @@ pub fn check_name(name: &str, base_ids: &[String]) -> Result<(), String> {
     if base_ids.iter().any(|b| b == name) {
         return Err(format!("The lora adapter name '{name}' is the name of a base model."));
     }
-    if name.starts_with("wandb-artifact:") || name.contains(":step") {
-        return Err("lora_name must not look like a trained model's address (`wandb-artifact:` or `:step`)".into());
+    if name.starts_with("wandb-artifact:") || name.contains(":step") || name.split('/').count() == 3 {
+        return Err(
+            "lora_name must not look like a trained model's address (`wandb-artifact:`, `:step`, or `entity/project/name`)"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -183,7 +191,14 @@ pub async fn load(
         None => state.models().first().ok_or_else(super::no_engine)?,
     }
     .clone();
+    let outside = || ApiError::bad_param("lora_path", "lora_path must name a directory under the server's LoRA root");
+    let dir = lexically_under(root, &body.lora_path).map_err(|_| outside())?;
+    // A load is inference-route work for the entity's concurrency limit, and one at a time
+    // server-wide; the cap and the name are checked under that one permit.
+    let _permit = super::admit(&state, &caller.entity)?;
     let registry = state.loras();
+    let _loading =
+        registry.loading.acquire().await.map_err(|_| ApiError::new(ErrorKind::Unavailable, "shutting down"))?;
     let key = (caller.entity.clone(), body.lora_name.clone());
     {
         let loaded = registry.lock();
@@ -198,8 +213,6 @@ pub async fn load(
             return Err(ApiError::bad_param("lora_name", m).into());
         }
     }
-    let outside = || ApiError::bad_param("lora_path", "lora_path must name a directory under the server's LoRA root");
-    let dir = lexically_under(root, &body.lora_path).map_err(|_| outside())?;
     let shown = body.lora_path.clone();
     let (root, base_model) = (root.to_path_buf(), base.clone());
     // File-system checks and the load itself are blocking.
@@ -212,39 +225,32 @@ pub async fn load(
         if !dir.starts_with(&root) {
             return Err(outside());
         }
-        // The files too: a link inside the directory may point anywhere.
-        let size = |name: &str| {
-            let file = dir.join(name).canonicalize().ok().filter(|f| f.starts_with(&root))?;
-            std::fs::metadata(file).ok().filter(|m| m.is_file()).map(|m| m.len())
-        };
-        let (Some(config), Some(weights)) = (size("adapter_config.json"), size("adapter_model.safetensors")) else {
+        // The files too (the engine checks them again, with the size caps, at every read).
+        let present = |name: &str| dir.join(name).canonicalize().is_ok_and(|f| f.starts_with(&root) && f.is_file());
+        if !present("adapter_config.json") || !present("adapter_model.safetensors") {
             return Err(not_found());
-        };
-        if config > MAX_CONFIG_BYTES || weights > MAX_ADAPTER_BYTES {
-            let m = format!(
-                "the adapter's files are too large (at most {MAX_CONFIG_BYTES} bytes of config and {MAX_ADAPTER_BYTES} of weights)"
-            );
-            return Err(ApiError::bad_param("lora_path", m));
         }
-        let adapter = AdapterRef { checkpoint_id: format!("runtime-lora-{}", uuid::Uuid::new_v4()), path: dir };
+        let adapter = AdapterRef {
+            checkpoint_id: format!("runtime-lora-{}", uuid::Uuid::new_v4()),
+            path: dir,
+            confined_to: Some(root),
+        };
         base_model.load_adapter(&adapter).map_err(|why| {
-            ApiError::bad_param("lora_path", format!("this adapter cannot be served on {}: {why}", base_model.info().id))
+            ApiError::bad_param(
+                "lora_path",
+                format!("this adapter cannot be served on {}: {why}", base_model.info().id),
+            )
         })?;
         Ok(adapter)
     })
     .await
-    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))??;
+    .map_err(|e| {
+        tracing::error!(error = %e, "loading a runtime LoRA adapter panicked");
+        ApiError::new(ErrorKind::Internal, "loading the adapter failed (the server logged why)")
+    })??;
     let created = tandem_store::now_ms().div_euclid(1000);
     let entry = LoadedLora { base: base.info().id.clone(), adapter, path: body.lora_path, created };
-    let replaced = {
-        let mut loaded = registry.lock();
-        // Checked again: another load of this name may have finished meanwhile.
-        if loaded.contains_key(&key) && !body.load_inplace {
-            let m = format!("The lora adapter '{}' has already been loaded.", body.lora_name);
-            return Err(ApiError::bad_param("lora_name", m).into());
-        }
-        loaded.insert(key, entry)
-    };
+    let replaced = registry.lock().insert(key, entry);
     if let (Some(old), Some(backend)) = (replaced, state.backend()) {
         backend.forget_adapter(&old.adapter.checkpoint_id);
     }
@@ -308,7 +314,7 @@ mod tests {
         let bases = vec!["base".to_string()];
         assert!(check_name("sql-adapter", &bases).is_ok());
         assert!(check_name("org/adapter", &bases).is_ok());
-        for bad in ["", "base", "a b", "x\n", "wandb-artifact:///e/p/n", "e/p/n:step3"] {
+        for bad in ["", "base", "a b", "x\n", "wandb-artifact:///e/p/n", "e/p/n:step3", "e/p/n"] {
             assert!(check_name(bad, &bases).is_err(), "{bad:?}");
         }
         assert!(check_name(&"a".repeat(257), &bases).is_err());

@@ -72,7 +72,7 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
     let path = state.checkpoints().resolve(&cp.path).ok_or_else(|| not_found(model, state))?;
     Ok(Target {
         model: base,
-        adapter: Some(AdapterRef { checkpoint_id: cp.id.to_string(), path }),
+        adapter: Some(AdapterRef { checkpoint_id: cp.id.to_string(), path, confined_to: None }),
         name: model.to_string(),
     })
 }
