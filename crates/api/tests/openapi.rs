@@ -48,6 +48,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "DELETE /v1/preview/models/{model_id}",
         "GET /v1/preview/models/{model_id}/checkpoints",
         "DELETE /v1/preview/models/{model_id}/checkpoints",
+        "GET /v1/preview/models/{model_id}/history",
         "POST /v1/preview/models/{model_id}/log",
         "GET /v1/preview/models/{model_id}/logs",
         "GET /v1/preview/models/{model_id}/logs/{log_id}",

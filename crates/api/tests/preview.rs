@@ -450,3 +450,75 @@ async fn metrics_count_jobs_routes_and_the_engine() {
     names.dedup();
     assert_eq!(names.len(), types.len(), "a family declared twice");
 }
+
+/// The dashboard's curves: each log metric and each training metric over steps, downsampled
+/// server-side, with the checkpoints; another entity's model is a 404.
+#[tokio::test]
+async fn history_gives_curves_per_metric_downsampled() {
+    let app = test_app().await;
+    let m = app.create_model(KEY_A, "curves").await;
+    let id = m["id"].as_str().unwrap();
+    let model_id = Uuid::parse_str(id).unwrap();
+    let log = |rewards: &[f64]| json!({"split": "val", "trajectory_groups": [group(rewards)]});
+    let path = format!("/v1/preview/models/{id}/log");
+    app.ok("POST", &path, KEY_A, Some(log(&[0.0, 0.5]))).await; // step 0: mean 0.25
+    add_checkpoint(&app, model_id, 1).await;
+    app.ok("POST", &path, KEY_A, Some(log(&[1.0, 0.5]))).await; // step 1: mean 0.75
+    app.ok("POST", &path, KEY_A, Some(log(&[1.0, 1.0]))).await; // step 1: mean 1.0
+                                                                // A running job toward step 2 with two gradient steps.
+    let job = app
+        .store
+        .create_job(&tandem_store::NewJob {
+            model_id,
+            kind: tandem_core::records::JobKind::Rl,
+            config: json!({}),
+            inputs: json!([]),
+        })
+        .await
+        .unwrap();
+    app.store.claim_next_job().await.unwrap().unwrap();
+    for loss in [2.0, 1.0] {
+        app.store
+            .append_event(job.id, tandem_core::records::EventKind::GradientStep, &json!({"loss": loss}))
+            .await
+            .unwrap();
+    }
+
+    let h = app.ok("GET", &format!("/v1/preview/models/{id}/history"), KEY_A, None).await;
+    assert_eq!((h["latest_step"].as_i64(), h["checkpoints"][0]["step"].as_i64()), (Some(1), Some(1)));
+    let series = |key: &str| h["series"].as_array().unwrap().iter().find(|s| s["key"] == key).cloned().unwrap();
+    let reward = series("val/reward");
+    assert_eq!(reward["source"], "logs");
+    let points: Vec<(f64, f64)> = reward["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["step"].as_f64().unwrap(), p["value"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(points, [(0.0, 0.25), (1.0, 0.75), (1.0, 1.0)]);
+    let loss = series("training/loss");
+    assert_eq!((loss["source"].as_str(), loss["total"].as_u64()), (Some("training"), Some(1)));
+    assert_eq!((loss["points"][0]["step"].as_f64(), loss["points"][0]["value"].as_f64()), (Some(2.0), Some(1.5)));
+
+    // Downsampled to 2 points: the first bucket holds steps 0 and 1 (mean 0.5, extremes kept).
+    let h = app.ok("GET", &format!("/v1/preview/models/{id}/history?max_points=2"), KEY_A, None).await;
+    let reward = h["series"].as_array().unwrap().iter().find(|s| s["key"] == "val/reward").cloned().unwrap();
+    assert_eq!(reward["total"], 3);
+    assert_eq!(
+        reward["points"][0],
+        json!({"step": 0.5, "time_ms": reward["points"][0]["time_ms"], "value": 0.5,
+        "min": 0.25, "max": 0.75, "count": 2})
+    );
+    assert_eq!(reward["points"][1]["count"], 1);
+
+    for bad in ["1", "0", "5001", "x", "-3"] {
+        let r = app.call("GET", &format!("/v1/preview/models/{id}/history?max_points={bad}"), KEY_A, None).await;
+        assert_eq!(r.status, 422, "{bad}");
+        assert_eq!(r.json()["detail"][0]["loc"], json!(["query", "max_points"]));
+    }
+    assert_eq!(app.call("GET", &format!("/v1/preview/models/{id}/history"), KEY_B, None).await.status, 404);
+    assert_eq!(
+        app.call("GET", &format!("/v1/preview/models/{}/history", Uuid::now_v7()), KEY_A, None).await.status,
+        404
+    );
+}

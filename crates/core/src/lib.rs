@@ -12,10 +12,13 @@
 //! - [`inference`]: the port between the api and the inference engine.
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 //! - [`health`]: the training worker's heartbeat.
+//! - [`history`]: a model's curves over steps, downsampled.
+//! - [`telemetry`]: Prometheus metrics shared by the engine, the worker and the api.
 
 pub mod beam;
 pub mod chat;
 pub mod health;
+pub mod history;
 pub mod inference;
 pub mod metrics;
 pub mod names;

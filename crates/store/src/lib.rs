@@ -234,6 +234,9 @@ pub trait Store: Send + Sync + 'static {
     /// Jobs of every entity that are queued or running, by kind and status (for `/metrics`;
     /// zero counts are left out).
     async fn active_job_counts(&self) -> Result<Vec<(JobKind, JobStatus, i64)>>;
+    /// The model's `gradient_step` events with their jobs (the caller has checked that the model
+    /// is the entity's), oldest first; the newest [`MAX_HISTORY_EVENTS`] when there are more.
+    async fn gradient_step_history(&self, model_id: Uuid) -> Result<Vec<tandem_core::history::GradientStepRow>>;
     /// The job, if its model belongs to `entity`.
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job>;
     /// Cancels a queued job at once (with its `training_failed` event); marks a running one for
@@ -260,6 +263,10 @@ pub trait Store: Send + Sync + 'static {
     async fn get_response(&self, entity: &str, id: &str) -> Result<StoredResponse>;
     async fn delete_response(&self, entity: &str, id: &str) -> Result<()>;
 }
+
+/// Most `gradient_step` events one history read returns (the newest): a curve of a model with
+/// more still shows its last 100,000 optimiser steps.
+pub const MAX_HISTORY_EVENTS: i64 = 100_000;
 
 /// Current time in Unix milliseconds.
 pub fn now_ms() -> i64 {

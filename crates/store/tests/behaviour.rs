@@ -340,3 +340,44 @@ async fn training_queue_is_round_robin_between_entities() {
         assert_eq!(store.pending_jobs("c").await.unwrap(), 0);
     }
 }
+
+#[tokio::test]
+async fn job_counts_and_gradient_step_history() {
+    for (name, store, _dir) in backends().await {
+        let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
+        let (other, _) = store.create_model(&new_model("b", "m"), false).await.unwrap();
+        let new = |model_id, kind| NewJob { model_id, kind, config: json!({}), inputs: json!([]) };
+        let j1 = store.create_job(&new(m.id, JobKind::Rl)).await.unwrap();
+        store.create_job(&new(m.id, JobKind::Sft)).await.unwrap();
+        store.create_job(&new(other.id, JobKind::Rl)).await.unwrap();
+        let mut counts = store.active_job_counts().await.unwrap();
+        counts.sort_by_key(|(k, s, _)| (k.as_str(), s.as_str()));
+        assert_eq!(counts, vec![(JobKind::Rl, JobStatus::Queued, 2), (JobKind::Sft, JobStatus::Queued, 1)], "{name}");
+
+        // j1 runs (m's oldest), writes two steps and succeeds at step 1; the other model's job
+        // writes one step that m's history must not show.
+        assert_eq!(store.claim_next_job().await.unwrap().unwrap().job.id, j1.id);
+        let j3 = store.claim_next_job().await.unwrap().unwrap().job;
+        assert_eq!(j3.model_id, other.id, "{name}");
+        store.append_event(j1.id, EventKind::TrainingStarted, &json!({})).await.unwrap();
+        store.append_event(j1.id, EventKind::GradientStep, &json!({"loss": 1.0})).await.unwrap();
+        store.append_event(j3.id, EventKind::GradientStep, &json!({"loss": 9.0})).await.unwrap();
+        store.append_event(j1.id, EventKind::GradientStep, &json!({"loss": 3.0})).await.unwrap();
+        let running = store.gradient_step_history(m.id).await.unwrap();
+        assert_eq!(running.len(), 2, "{name}");
+        assert!(running.iter().all(|r| r.job_status == JobStatus::Running && r.job_step.is_none()));
+        assert_eq!(running[1].data, json!({"loss": 3.0}));
+        let counts = store.active_job_counts().await.unwrap();
+        assert!(counts.contains(&(JobKind::Rl, JobStatus::Running, 2)), "{name}: {counts:?}");
+
+        let cp =
+            NewCheckpoint { id: Uuid::now_v7(), model_id: m.id, step: 1, path: "x".into(), metrics: BTreeMap::new() };
+        let outcome = JobOutcome::Succeeded { checkpoint: cp, event_data: json!({ "step": 1 }) };
+        store.finish_job(j1.id, &outcome).await.unwrap();
+        let done = store.gradient_step_history(m.id).await.unwrap();
+        assert_eq!(done.len(), 2);
+        assert!(done.iter().all(|r| r.job_status == JobStatus::Succeeded && r.job_step == Some(1)), "{name}");
+        let series = tandem_core::history::training_series(&done, 1);
+        assert_eq!(series["training/loss"][0].value, 2.0);
+    }
+}

@@ -3,6 +3,7 @@
 
 mod checkpoints;
 mod datasets;
+mod history;
 mod jobs;
 mod logs;
 mod models;
@@ -22,6 +23,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(models::create, models::list))
         .routes(routes!(models::get, models::delete))
         .routes(routes!(checkpoints::list, checkpoints::delete))
+        .routes(routes!(history::get))
         .routes(routes!(logs::create))
         .routes(routes!(logs::list))
         .routes(routes!(logs::get))

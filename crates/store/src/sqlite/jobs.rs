@@ -5,8 +5,54 @@ use super::rows;
 use crate::{now_ms, ClaimedJob, JobOutcome, NewJob, Recovery, Result, StoreError};
 use serde_json::{json, Value};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tandem_core::records::{EventKind, Job, JobEvent, JobStatus, Page};
+use tandem_core::history::GradientStepRow;
+use tandem_core::records::{EventKind, Job, JobEvent, JobKind, JobStatus, Page};
 use uuid::Uuid;
+
+pub(crate) async fn active_job_counts(pool: &SqlitePool) -> Result<Vec<(JobKind, JobStatus, i64)>> {
+    // Served by the (status, seq) index: finished jobs, however many, are not read.
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT kind, status, COUNT(*) FROM training_jobs WHERE status IN ('queued', 'running')
+         GROUP BY kind, status",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(kind, status, n)| match (JobKind::parse(&kind), JobStatus::parse(&status)) {
+            (Some(k), Some(s)) => Ok((k, s, n)),
+            _ => Err(StoreError::Database(format!("a training job has kind {kind:?} and status {status:?}"))),
+        })
+        .collect()
+}
+
+/// A model's `gradient_step` events with their jobs, oldest first; the newest
+/// [`crate::MAX_HISTORY_EVENTS`] when there are more.
+pub(crate) async fn gradient_step_history(pool: &SqlitePool, model_id: Uuid) -> Result<Vec<GradientStepRow>> {
+    let rows: Vec<(i64, String, Option<i64>, String, i64)> = sqlx::query_as(
+        "SELECT job_seq, status, step, data, created_at FROM (
+             SELECT j.seq AS job_seq, j.status, j.step, e.data, e.created_at, e.seq AS event_seq
+             FROM job_events e JOIN training_jobs j ON j.id = e.job_id
+             WHERE j.model_id = ? AND e.type = 'gradient_step'
+             ORDER BY e.seq DESC LIMIT ?)
+         ORDER BY event_seq",
+    )
+    .bind(model_id.to_string())
+    .bind(crate::MAX_HISTORY_EVENTS)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(job_seq, status, job_step, data, created_at)| {
+            Ok(GradientStepRow {
+                job_seq,
+                job_status: JobStatus::parse(&status)
+                    .ok_or_else(|| StoreError::Database(format!("a training job has status {status:?}")))?,
+                job_step,
+                data: serde_json::from_str(&data).map_err(|e| StoreError::Database(e.to_string()))?,
+                created_at,
+            })
+        })
+        .collect()
+}
 
 pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
     let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));

@@ -17,6 +17,7 @@ use sqlx::{Row, SqlitePool};
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
+use tandem_core::history::GradientStepRow;
 use tandem_core::records::{Checkpoint, JobKind, JobStatus, LogEntry, ModelRecord, Order, Page, PageRequest};
 use uuid::Uuid;
 
@@ -455,19 +456,11 @@ impl crate::Store for SqliteStore {
     }
 
     async fn active_job_counts(&self) -> Result<Vec<(JobKind, JobStatus, i64)>> {
-        // Served by the (status, seq) index: finished jobs, however many, are not read.
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT kind, status, COUNT(*) FROM training_jobs WHERE status IN ('queued', 'running')
-             GROUP BY kind, status",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(kind, status, n)| match (JobKind::parse(&kind), JobStatus::parse(&status)) {
-                (Some(k), Some(s)) => Ok((k, s, n)),
-                _ => Err(StoreError::Database(format!("a training job has kind {kind:?} and status {status:?}"))),
-            })
-            .collect()
+        jobs::active_job_counts(&self.pool).await
+    }
+
+    async fn gradient_step_history(&self, model_id: Uuid) -> Result<Vec<GradientStepRow>> {
+        jobs::gradient_step_history(&self.pool, model_id).await
     }
 
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Job> {

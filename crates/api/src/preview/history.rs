@@ -1,0 +1,161 @@
+//! `GET /models/{model_id}/history`: a model's curves in one read, for the dashboard: every
+//! metric of its trajectory logs and the per-job mean of every `gradient_step` metric, over
+//! training steps, each downsampled to at most `max_points`, with its checkpoints' steps.
+
+use super::owned_model;
+use crate::auth::Caller;
+use crate::error::{ApiError, PreviewError};
+use crate::AppState;
+use axum::extract::{Extension, Path, Query, State};
+use axum::Json;
+use serde::Serialize;
+use serde_json::json;
+use std::collections::HashMap;
+use tandem_core::history::{downsample, log_series, training_series, Bucket};
+use tandem_core::records::{Order, PageRequest};
+use tandem_core::validate::Validator;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Points per series unless `max_points` says otherwise, and the most it may say.
+pub const DEFAULT_POINTS: usize = 500;
+pub const MAX_POINTS: usize = 5_000;
+/// Logs and checkpoints read per store page.
+const PAGE: u32 = 1_000;
+/// Most logs (the newest) a history reads.
+const MAX_LOGS: usize = 100_000;
+
+/// A model's curves.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryView {
+    pub model_id: Uuid,
+    /// The newest live checkpoint's step (0 before any).
+    pub latest_step: i64,
+    /// Live checkpoints, oldest first (steps to mark on the x-axis).
+    pub checkpoints: Vec<HistoryCheckpoint>,
+    /// One per metric, by key: log metrics as stored (`val/reward`, `train/reward_std_dev`, ...)
+    /// and training metrics as `training/{name}` (`training/loss`, `training/grad_norm`, ...).
+    pub series: Vec<SeriesView>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryCheckpoint {
+    pub step: i64,
+    /// Unix milliseconds.
+    pub time_ms: i64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SeriesView {
+    pub key: String,
+    /// `logs` or `training`.
+    pub source: &'static str,
+    /// Observations before downsampling.
+    pub total: usize,
+    pub points: Vec<PointView>,
+}
+
+/// A bucket of consecutive observations (one observation when the series was not downsampled).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PointView {
+    /// The mean step of the bucket's observations.
+    pub step: f64,
+    /// Unix milliseconds of its last observation.
+    pub time_ms: i64,
+    /// Their mean.
+    pub value: f64,
+    pub min: f64,
+    pub max: f64,
+    pub count: u64,
+}
+
+fn point(b: Bucket) -> PointView {
+    PointView { step: b.step, time_ms: b.time, value: b.value, min: b.min, max: b.max, count: b.count }
+}
+
+fn max_points(query: &HashMap<String, String>) -> Result<usize, ApiError> {
+    let mut v = Validator::new("query");
+    let mut max = DEFAULT_POINTS;
+    if let Some(raw) = query.get("max_points") {
+        let value = json!(raw);
+        v.at("max_points", |v| match raw.parse::<i64>() {
+            Ok(n) if v.range_i64(&value, n, 2, MAX_POINTS as i64) => max = n as usize,
+            Ok(_) => {}
+            Err(_) => {
+                v.error("int_parsing", "Input should be a valid integer, unable to parse string as an integer", &value)
+            }
+        });
+    }
+    v.finish(max).map_err(ApiError::validation)
+}
+
+#[utoipa::path(
+    operation_id = "model_history",
+    get,
+    path = "/models/{model_id}/history",
+    tag = "training",
+    summary = "A model's curves over training steps: log metrics and training metrics, downsampled",
+    params(
+        ("model_id" = Uuid, Path, description = "A model id (UUID)"),
+        ("max_points" = Option<usize>, Query, description = "Points per series, 2 to 5000 (default 500)")
+    ),
+    responses(
+        (status = 200, body = HistoryView),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid max_points", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<HistoryView>, PreviewError> {
+    let max = max_points(&query)?;
+    let model = owned_model(&state, &caller, &model_id).await?;
+    let store = state.store();
+    // The newest logs, read newest first and bounded.
+    let mut logs = Vec::new();
+    let mut page = PageRequest { after: None, limit: PAGE, order: Order::Desc };
+    loop {
+        let p = store.list_logs(model.id, None, page).await?;
+        logs.extend(p.items.iter().cloned());
+        match (p.has_more && logs.len() < MAX_LOGS, p.items.last()) {
+            (true, Some(last)) => page.after = Some(last.id),
+            _ => break,
+        }
+    }
+    let mut checkpoints = Vec::new();
+    let mut page = PageRequest { after: None, limit: PAGE, order: Order::Asc };
+    loop {
+        let p = store.list_checkpoints(model.id, page).await?;
+        checkpoints.extend(p.items.iter().map(|c| HistoryCheckpoint { step: c.step, time_ms: c.created_at }));
+        match (p.has_more, p.items.last()) {
+            (true, Some(last)) => page.after = Some(last.id),
+            _ => break,
+        }
+    }
+    checkpoints.sort_by_key(|c| c.step);
+    let latest_step = checkpoints.last().map_or(0, |c| c.step);
+    let steps = store.gradient_step_history(model.id).await?;
+    // Grouping and downsampling is CPU work proportional to the history: off the async workers.
+    let series = tokio::task::spawn_blocking(move || {
+        let mut series = Vec::new();
+        for (source, map) in [("logs", log_series(&logs)), ("training", training_series(&steps, latest_step))] {
+            for (key, points) in map {
+                series.push(SeriesView {
+                    key,
+                    source,
+                    total: points.len(),
+                    points: downsample(&points, max).into_iter().map(point).collect(),
+                });
+            }
+        }
+        series
+    })
+    .await
+    .map_err(|_| ApiError::new(crate::error::ErrorKind::Internal, "building the history failed"))?;
+    Ok(Json(HistoryView { model_id: model.id, latest_step, checkpoints, series }))
+}
