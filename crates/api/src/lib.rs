@@ -5,12 +5,14 @@
 //! - [`error`]: the one mapping from failures to responses.
 //! - [`preview`]: the `/v1/preview` area (models, checkpoints, logs, training jobs, events).
 //! - [`health`]: `GET /health` and `GET /v1/system-check`.
+//! - [`dashboard`]: the web pages at `/` (static, built in; they read the JSON routes).
 //!
 //! This crate never sees a tensor: training is reached through the store (jobs are rows the
 //! worker picks up) and a wake-up handle.
 
 pub mod auth;
 pub mod body;
+pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod limiter;
@@ -192,6 +194,7 @@ pub fn app(state: AppState) -> Router {
                 async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string()) }
             }),
         )
+        .merge(dashboard::router())
         .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
         .with_state(state.clone())
         .layer(DefaultBodyLimit::max(max_body))

@@ -85,3 +85,30 @@ async fn the_document_lists_every_route_and_needs_no_key() {
     assert!(cards.iter().any(|c| c["id"].as_str().unwrap().ends_with("/described")), "{list}");
     assert!(cards.iter().all(|c| c["created"].is_i64()), "{list}");
 }
+
+/// The dashboard's pages: served without a key (they hold no data), under a CSP that lets only
+/// this server's own files run, and offline (nothing they reference lives elsewhere).
+#[tokio::test]
+async fn the_dashboard_is_served_offline_under_a_strict_policy() {
+    let app = common::test_app().await;
+    let r = app.raw("GET", "/", None, None).await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers["content-type"].to_str().unwrap().starts_with("text/html"));
+    let csp = r.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+    let html = String::from_utf8(r.bytes).unwrap();
+    assert!(html.contains(r#"src="/ui/app.js""#));
+    for (file, kind) in [("app.js", "text/javascript"), ("chart.js", "text/javascript"), ("app.css", "text/css")] {
+        let r = app.raw("GET", &format!("/ui/{file}"), None, None).await;
+        assert_eq!(r.status, 200, "{file}");
+        assert!(r.headers["content-type"].to_str().unwrap().starts_with(kind), "{file}");
+        assert_eq!(r.headers["x-content-type-options"], "nosniff");
+        let text = String::from_utf8(r.bytes).unwrap();
+        // The SVG namespace is a name, not a load; nothing else may point off this server.
+        let outside = text.replace("http://www.w3.org/2000/svg", "");
+        assert!(!outside.contains("http://") && !outside.contains("https://"), "{file} points elsewhere");
+        assert!(!text.contains("innerHTML"), "{file}: data goes in through the DOM, never as HTML");
+    }
+    assert_eq!(app.raw("GET", "/ui/../Cargo.toml", None, None).await.status, 404);
+    assert_eq!(app.raw("GET", "/ui/nope.js", None, None).await.status, 404);
+}
