@@ -17,7 +17,7 @@ pub struct Point {
 }
 
 /// What a curve shows for a run of consecutive points: their mean, extremes and count, at the
-/// mean of their steps and the time of the last one. Without downsampling each bucket is one
+/// mean of their steps and the latest of their times. Without downsampling each bucket is one
 /// point (`min == max == value`, `count == 1`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bucket {
@@ -29,24 +29,23 @@ pub struct Bucket {
     pub count: u64,
 }
 
-/// At most `max` buckets (at least 1) of consecutive points, ordered by step then time; each
-/// bucket holds `ceil(n / max)` points or, the last, fewer. Non-finite values never reach here
-/// (the store keeps finite metrics only) and are skipped if they do.
+/// At most `max` buckets (at least 1) of consecutive points, ordered by step then time: bucket
+/// `i` of `b = min(n, max)` holds points `[i*n/b, (i+1)*n/b)`, so every bucket holds
+/// `floor(n/b)` or `ceil(n/b)` points and the budget is used whole. Non-finite values never
+/// reach here (the store keeps finite metrics only) and are skipped if they do.
 pub fn downsample(points: &[Point], max: usize) -> Vec<Bucket> {
     let mut sorted: Vec<Point> = points.iter().copied().filter(|p| p.value.is_finite()).collect();
     sorted.sort_by_key(|p| (p.step, p.time));
-    if sorted.is_empty() {
-        return Vec::new();
-    }
-    let per = sorted.len().div_ceil(max.max(1));
-    sorted
-        .chunks(per)
-        .map(|chunk| {
-            let n = chunk.len() as f64;
+    let n = sorted.len();
+    let b = n.min(max.max(1));
+    (0..b)
+        .map(|i| {
+            let chunk = &sorted[i * n / b..(i + 1) * n / b];
+            let k = chunk.len() as f64;
             Bucket {
-                step: chunk.iter().map(|p| p.step as f64).sum::<f64>() / n,
+                step: chunk.iter().map(|p| p.step as f64).sum::<f64>() / k,
                 time: chunk.iter().map(|p| p.time).max().unwrap_or(0),
-                value: chunk.iter().map(|p| p.value).sum::<f64>() / n,
+                value: chunk.iter().map(|p| p.value).sum::<f64>() / k,
                 min: chunk.iter().map(|p| p.value).fold(f64::INFINITY, f64::min),
                 max: chunk.iter().map(|p| p.value).fold(f64::NEG_INFINITY, f64::max),
                 count: chunk.len() as u64,
@@ -55,16 +54,50 @@ pub fn downsample(points: &[Point], max: usize) -> Vec<Bucket> {
         .collect()
 }
 
-/// Every metric of every log as a series keyed as stored (`val/reward`, `train/reward_std_dev`,
-/// `val/data/step_num_trajectories`, ...), at the log's step.
-pub fn log_series(logs: &[LogEntry]) -> BTreeMap<String, Vec<Point>> {
-    let mut out: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+/// Most series one history holds, and most observations over all of them: a tenant that logs
+/// millions of distinct metric keys gets a truncated history, not a server out of memory.
+pub const MAX_SERIES: usize = 256;
+pub const MAX_OBSERVATIONS: usize = 2_000_000;
+
+/// Series by (source, key), bounded by [`MAX_SERIES`] and [`MAX_OBSERVATIONS`]. The source
+/// (`logs` or `training`) is part of the key: a log split named `training` stays its own series.
+#[derive(Debug, Default)]
+pub struct Series {
+    pub by_key: BTreeMap<(&'static str, String), Vec<Point>>,
+    observations: usize,
+    /// Whether a point was left out for a bound.
+    pub truncated: bool,
+}
+
+impl Series {
+    pub fn add(&mut self, source: &'static str, key: &str, point: Point) {
+        if self.observations >= MAX_OBSERVATIONS {
+            self.truncated = true;
+            return;
+        }
+        let full = self.by_key.len() >= MAX_SERIES;
+        match self.by_key.get_mut(&(source, key.to_string())) {
+            Some(points) => points.push(point),
+            None if !full => {
+                self.by_key.insert((source, key.to_string()), vec![point]);
+            }
+            None => {
+                self.truncated = true;
+                return;
+            }
+        }
+        self.observations += 1;
+    }
+}
+
+/// Every metric of these logs into `out`, keyed as stored (`val/reward`,
+/// `train/reward_std_dev`, `val/data/step_num_trajectories`, ...), at the log's step.
+pub fn add_logs(out: &mut Series, logs: &[LogEntry]) {
     for log in logs {
         for (key, value) in &log.metrics {
-            out.entry(key.clone()).or_default().push(Point { step: log.step, time: log.created_at, value: *value });
+            out.add("logs", key, Point { step: log.step, time: log.created_at, value: *value });
         }
     }
-    out
 }
 
 /// One `gradient_step` event of a model's job, with what the curve needs of its job.
@@ -79,13 +112,13 @@ pub struct GradientStepRow {
     pub created_at: i64,
 }
 
-/// The mean of each numeric `gradient_step` metric over each job, keyed `training/{name}`, at
-/// the step the job produced. A job still running is placed at `latest_step + 1`, the step it
+/// The mean of each numeric `gradient_step` metric over each job, into `out`, keyed
+/// `training/{name}`, at the step the job produced. A job still running is placed at `latest_step + 1`, the step it
 /// will produce, so its curve grows live; failed and cancelled jobs produced no step and are
 /// left out.
-pub fn training_series(rows: &[GradientStepRow], latest_step: i64) -> BTreeMap<String, Vec<Point>> {
+pub fn add_training(out: &mut Series, rows: &[GradientStepRow], latest_step: i64) {
     // (job, metric) -> (sum, count, last time, step)
-    let mut per_job: BTreeMap<(i64, String), (f64, u64, i64, i64)> = BTreeMap::new();
+    let mut per_job: BTreeMap<(i64, &str), (f64, u64, i64, i64)> = BTreeMap::new();
     for row in rows {
         let step = match (row.job_status, row.job_step) {
             (JobStatus::Succeeded, Some(step)) => step,
@@ -95,21 +128,30 @@ pub fn training_series(rows: &[GradientStepRow], latest_step: i64) -> BTreeMap<S
         let Some(obj) = row.data.as_object() else { continue };
         for (name, v) in obj {
             let Some(x) = v.as_f64().filter(|x| x.is_finite()) else { continue };
-            let e = per_job.entry((row.job_seq, name.clone())).or_insert((0.0, 0, row.created_at, step));
+            let e = per_job.entry((row.job_seq, name.as_str())).or_insert((0.0, 0, row.created_at, step));
             e.0 += x;
             e.1 += 1;
             e.2 = e.2.max(row.created_at);
         }
     }
-    let mut out: BTreeMap<String, Vec<Point>> = BTreeMap::new();
     for ((_, name), (sum, n, time, step)) in per_job {
-        out.entry(format!("training/{name}")).or_default().push(Point { step, time, value: sum / n as f64 });
+        out.add("training", &format!("training/{name}"), Point { step, time, value: sum / n as f64 });
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn series_are_bounded() {
+        let mut s = Series::default();
+        for i in 0..MAX_SERIES + 10 {
+            s.add("logs", &format!("k{i}"), Point { step: 0, time: 0, value: 1.0 });
+        }
+        assert_eq!((s.by_key.len(), s.truncated), (MAX_SERIES, true));
+        s.add("logs", "k0", Point { step: 1, time: 0, value: 1.0 });
+        assert_eq!(s.by_key[&("logs", "k0".to_string())].len(), 2, "a known key still takes points");
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -127,13 +169,17 @@ mod tests {
 
     #[test]
     fn many_points_become_bucket_means_with_their_extremes() {
-        // 5 points into at most 2 buckets: 3 and 2.
+        // 5 points into 2 buckets: [0, 2) and [2, 5).
         let pts = [p(1, 1.0), p(2, 2.0), p(3, 6.0), p(4, -1.0), p(5, 1.0)];
         let b = downsample(&pts, 2);
         assert_eq!(b.len(), 2);
-        assert_eq!((b[0].step, b[0].value, b[0].min, b[0].max, b[0].count, b[0].time), (2.0, 3.0, 1.0, 6.0, 3, 30));
-        assert_eq!((b[1].step, b[1].value, b[1].min, b[1].max, b[1].count), (4.5, 0.0, -1.0, 1.0, 2));
+        assert_eq!((b[0].step, b[0].value, b[0].min, b[0].max, b[0].count, b[0].time), (1.5, 1.5, 1.0, 2.0, 2, 20));
+        assert_eq!((b[1].step, b[1].value, b[1].min, b[1].max, b[1].count), (4.0, 2.0, -1.0, 6.0, 3));
         assert_eq!(downsample(&pts, 0).len(), 1);
+        // The budget is used whole: 401 points into 400 buckets, not 201.
+        let many: Vec<Point> = (0..401).map(|i| p(i, 1.0)).collect();
+        let b = downsample(&many, 400);
+        assert_eq!((b.len(), b.iter().map(|x| x.count).sum::<u64>()), (400, 401));
         assert!(downsample(&[Point { step: 1, time: 0, value: f64::NAN }], 5).is_empty());
     }
 
@@ -149,12 +195,14 @@ mod tests {
             num_trajectories: 2,
             created_at: 100 + step,
         };
-        let s = log_series(&[log(0, 0.25), log(1, 0.75)]);
+        let mut s = Series::default();
+        add_logs(&mut s, &[log(0, 0.25), log(1, 0.75)]);
         assert_eq!(
-            s["val/reward"],
+            s.by_key[&("logs", "val/reward".to_string())],
             vec![Point { step: 0, time: 100, value: 0.25 }, Point { step: 1, time: 101, value: 0.75 }]
         );
-        assert_eq!(s["val/reward_std_dev"].len(), 2);
+        assert_eq!(s.by_key[&("logs", "val/reward_std_dev".to_string())].len(), 2);
+        assert!(!s.truncated);
     }
 
     #[test]
@@ -172,10 +220,12 @@ mod tests {
             row(2, JobStatus::Failed, None, 9.0, 20),
             row(3, JobStatus::Running, None, 1.0, 30),
         ];
-        let s = training_series(&rows, 1);
-        assert_eq!(s.keys().collect::<Vec<_>>(), ["training/loss"]);
+        let mut s = Series::default();
+        add_training(&mut s, &rows, 1);
+        let key = ("training", "training/loss".to_string());
+        assert_eq!(s.by_key.keys().collect::<Vec<_>>(), [&key]);
         assert_eq!(
-            s["training/loss"],
+            s.by_key[&key],
             vec![Point { step: 1, time: 11, value: 3.0 }, Point { step: 2, time: 30, value: 1.0 }]
         );
     }

@@ -377,7 +377,28 @@ async fn job_counts_and_gradient_step_history() {
         let done = store.gradient_step_history(m.id).await.unwrap();
         assert_eq!(done.len(), 2);
         assert!(done.iter().all(|r| r.job_status == JobStatus::Succeeded && r.job_step == Some(1)), "{name}");
-        let series = tandem_core::history::training_series(&done, 1);
-        assert_eq!(series["training/loss"][0].value, 2.0);
+        let mut series = tandem_core::history::Series::default();
+        tandem_core::history::add_training(&mut series, &done, 1);
+        assert_eq!(series.by_key[&("training", "training/loss".to_string())][0].value, 2.0);
+
+        // A job interrupted and re-run: only the last attempt's steps count.
+        let j2 = store.create_job(&new(m.id, JobKind::Rl)).await.unwrap();
+        let _sft = store.claim_next_job().await.unwrap();
+        let sft_done = JobOutcome::Failed { error_message: "x".into() };
+        store.finish_job(_sft.unwrap().job.id, &sft_done).await.unwrap();
+        assert_eq!(store.claim_next_job().await.unwrap().unwrap().job.id, j2.id, "{name}");
+        store.append_event(j2.id, EventKind::GradientStep, &json!({"loss": 100.0})).await.unwrap();
+        store.recover_interrupted_jobs(3).await.unwrap();
+        // The other model's job was re-queued too; either may be claimed first.
+        let mut claimed = vec![store.claim_next_job().await.unwrap().unwrap().job.id];
+        if claimed[0] != j2.id {
+            claimed.push(store.claim_next_job().await.unwrap().unwrap().job.id);
+        }
+        assert_eq!(claimed.last(), Some(&j2.id), "{name}");
+        store.append_event(j2.id, EventKind::GradientStep, &json!({"loss": 5.0})).await.unwrap();
+        let rows = store.gradient_step_history(m.id).await.unwrap();
+        let j2_losses: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r.job_status == JobStatus::Running).map(|r| &r.data["loss"]).collect();
+        assert_eq!(j2_losses, [&json!(5.0)], "{name}: the interrupted attempt's step is not shown");
     }
 }

@@ -11,7 +11,7 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::json;
 use std::collections::HashMap;
-use tandem_core::history::{downsample, log_series, training_series, Bucket};
+use tandem_core::history::{add_logs, add_training, downsample, Bucket, Series};
 use tandem_core::records::{Order, PageRequest};
 use tandem_core::validate::Validator;
 use utoipa::ToSchema;
@@ -36,6 +36,9 @@ pub struct HistoryView {
     /// One per metric, by key: log metrics as stored (`val/reward`, `train/reward_std_dev`, ...)
     /// and training metrics as `training/{name}` (`training/loss`, `training/grad_norm`, ...).
     pub series: Vec<SeriesView>,
+    /// Some observations were left out: more than 256 distinct keys, or more than 2,000,000
+    /// observations in all (the series listed are still whole up to that point).
+    pub truncated: bool,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -116,13 +119,15 @@ pub async fn get(
     let max = max_points(&query)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let store = state.store();
-    // The newest logs, read newest first and bounded.
-    let mut logs = Vec::new();
+    // The newest logs, read newest first and bounded, folded page by page into bounded series.
+    let mut series = Series::default();
+    let mut read = 0;
     let mut page = PageRequest { after: None, limit: PAGE, order: Order::Desc };
     loop {
         let p = store.list_logs(model.id, None, page).await?;
-        logs.extend(p.items.iter().cloned());
-        match (p.has_more && logs.len() < MAX_LOGS, p.items.last()) {
+        read += p.items.len();
+        add_logs(&mut series, &p.items);
+        match (p.has_more && read < MAX_LOGS, p.items.last()) {
             (true, Some(last)) => page.after = Some(last.id),
             _ => break,
         }
@@ -141,21 +146,21 @@ pub async fn get(
     let latest_step = checkpoints.last().map_or(0, |c| c.step);
     let steps = store.gradient_step_history(model.id).await?;
     // Grouping and downsampling is CPU work proportional to the history: off the async workers.
-    let series = tokio::task::spawn_blocking(move || {
-        let mut series = Vec::new();
-        for (source, map) in [("logs", log_series(&logs)), ("training", training_series(&steps, latest_step))] {
-            for (key, points) in map {
-                series.push(SeriesView {
-                    key,
-                    source,
-                    total: points.len(),
-                    points: downsample(&points, max).into_iter().map(point).collect(),
-                });
-            }
-        }
-        series
+    let (series, truncated) = tokio::task::spawn_blocking(move || {
+        add_training(&mut series, &steps, latest_step);
+        let out: Vec<SeriesView> = series
+            .by_key
+            .iter()
+            .map(|((source, key), points)| SeriesView {
+                key: key.clone(),
+                source,
+                total: points.len(),
+                points: downsample(points, max).into_iter().map(point).collect(),
+            })
+            .collect();
+        (out, series.truncated)
     })
     .await
     .map_err(|_| ApiError::new(crate::error::ErrorKind::Internal, "building the history failed"))?;
-    Ok(Json(HistoryView { model_id: model.id, latest_step, checkpoints, series }))
+    Ok(Json(HistoryView { model_id: model.id, latest_step, checkpoints, series, truncated }))
 }

@@ -25,14 +25,18 @@ pub(crate) async fn active_job_counts(pool: &SqlitePool) -> Result<Vec<(JobKind,
         .collect()
 }
 
-/// A model's `gradient_step` events with their jobs, oldest first; the newest
-/// [`crate::MAX_HISTORY_EVENTS`] when there are more.
+/// A model's `gradient_step` events with their jobs (of each job's last attempt), oldest first;
+/// the newest [`crate::MAX_HISTORY_EVENTS`] when there are more.
 pub(crate) async fn gradient_step_history(pool: &SqlitePool, model_id: Uuid) -> Result<Vec<GradientStepRow>> {
     let rows: Vec<(i64, String, Option<i64>, String, i64)> = sqlx::query_as(
         "SELECT job_seq, status, step, data, created_at FROM (
              SELECT j.seq AS job_seq, j.status, j.step, e.data, e.created_at, e.seq AS event_seq
              FROM job_events e JOIN training_jobs j ON j.id = e.job_id
              WHERE j.model_id = ? AND e.type = 'gradient_step'
+               -- A job re-run after a restart keeps its first attempt's events: count only
+               -- those after its last `training_restarted`.
+               AND e.seq > COALESCE((SELECT MAX(r.seq) FROM job_events r
+                                     WHERE r.job_id = e.job_id AND r.type = 'training_restarted'), 0)
              ORDER BY e.seq DESC LIMIT ?)
          ORDER BY event_seq",
     )

@@ -6,6 +6,8 @@ import { extent, scale, ticks, linePath, nearest } from "./chart.js";
 const KEY = "tandem-api-key";
 const main = document.getElementById("main");
 let refresh = null; // the timer of a live view
+let generation = 0; // bumped by each navigation: a view whose number is stale stops writing
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 const key = () => sessionStorage.getItem(KEY);
 
@@ -50,7 +52,7 @@ async function api(path) {
 }
 
 function show(...nodes) {
-  if (refresh) clearInterval(refresh);
+  if (refresh) clearTimeout(refresh);
   refresh = null;
   main.replaceChildren(...nodes);
 }
@@ -89,10 +91,11 @@ function signIn(why = "") {
   input.focus();
 }
 
-async function models(after) {
+async function models(after, gen) {
   const q = new URLSearchParams({ limit: "50" });
   if (after) q.set("after", after);
   const page = await api(`/v1/preview/models?${q}`);
+  if (gen !== generation) return;
   const filter = el("input", { type: "search", id: "filter", placeholder: "name or project" });
   const rows = page.data.map((m) =>
     el("tr", { "data-text": `${m.project}/${m.name}`.toLowerCase() },
@@ -114,7 +117,10 @@ async function models(after) {
         el("thead", {}, el("tr", {}, ["Name", "Project", "Base model", "Created"].map((h) => el("th", { scope: "col" }, h)))),
         el("tbody", {}, rows))),
     page.data.length === 0 ? el("p", {}, "No models yet: ART's ServerlessBackend creates one when it registers a model.") : "",
-    page.has_more && last ? el("button", { type: "button", onclick: () => models(last.id) }, "Next page") : "",
+    el("p", {},
+      after ? el("a", { href: "#/" }, "First page") : "",
+      after && page.has_more ? " · " : "",
+      page.has_more && last ? el("a", { href: `#/?after=${last.id}` }, "Next page") : ""),
   );
 }
 
@@ -126,6 +132,9 @@ function chart(series, checkpoints, xMode) {
   const pts = series.points.map((p) => ({
     x: xMode === "time" ? p.time_ms : p.step, y: p.value, min: p.min, max: p.max, count: p.count, step: p.step,
   }));
+  // Points come in step order; over time (a deleted checkpoint's step is written again) that
+  // order can go back, so the line is drawn in the order of the x-axis.
+  pts.sort((a, b) => a.x - b.x);
   const [x0, x1] = extent(pts.map((p) => p.x));
   const [y0, y1] = extent(pts.flatMap((p) => [p.min, p.max]));
   const sx = scale([x0, x1], [PAD.l, W - PAD.r]);
@@ -195,15 +204,17 @@ function ordered(series) {
   return [...series].sort((a, b) => rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
 }
 
-async function model(id) {
-  const m = await api(`/v1/preview/models/${encodeURIComponent(id)}`);
+async function model(id, gen) {
+  const m = await api(`/v1/preview/models/${id}`);
+  if (gen !== generation) return;
   let xMode = "step";
   const charts = el("div", { class: "charts" });
   const more = el("div", { class: "charts" });
   const ckpts = el("tbody");
   const updated = el("span", { class: "readout" });
   const draw = async () => {
-    const h = await api(`/v1/preview/models/${encodeURIComponent(id)}/history?max_points=400`);
+    const h = await api(`/v1/preview/models/${id}/history?max_points=400`);
+    if (gen !== generation) return;
     const primary = [];
     const rest = [];
     for (const s of ordered(h.series)) {
@@ -214,9 +225,13 @@ async function model(id) {
     more.replaceChildren(...rest);
     ckpts.replaceChildren(...[...h.checkpoints].reverse().map((c) =>
       el("tr", {}, el("td", {}, c.step), el("td", {}, new Date(c.time_ms).toLocaleString()))));
-    updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
+    updated.textContent = `${h.truncated ? "truncated history; " : ""}updated ${new Date().toLocaleTimeString()}`;
   };
-  const xSelect = el("select", { id: "xaxis", onchange: () => { xMode = xSelect.value; draw(); } },
+  const failed = (e) => {
+    if (e.status === 401) return route();
+    updated.textContent = `could not refresh: ${e.message}`;
+  };
+  const xSelect = el("select", { id: "xaxis", onchange: () => { xMode = xSelect.value; draw().catch(failed); } },
     el("option", { value: "step" }, "training step"), el("option", { value: "time" }, "time"));
   show(
     el("h1", {}, `${m.project} / ${m.name}`),
@@ -229,22 +244,31 @@ async function model(id) {
       el("table", {}, el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Step"), el("th", { scope: "col" }, "Created"))), ckpts)),
   );
   await draw();
-  // Live: the curves follow a running job (each read is one downsampled history).
-  refresh = setInterval(() => {
-    if (!document.hidden) draw().catch(() => {});
-  }, 5000);
+  // Live: the curves follow a running job. One read at a time (the next is scheduled when one
+  // ends), only while the tab is visible and this view is the current one.
+  const tick = async () => {
+    if (gen !== generation) return;
+    if (!document.hidden) await draw().catch(failed);
+    if (gen === generation) refresh = setTimeout(tick, 5000);
+  };
+  if (gen === generation) refresh = setTimeout(tick, 5000);
 }
 
 async function route() {
   const signedIn = Boolean(key());
   document.getElementById("signout").hidden = !signedIn;
   document.getElementById("who").textContent = signedIn ? "signed in" : "";
+  const gen = ++generation;
   if (!signedIn) return signIn();
-  const parts = location.hash.replace(/^#\/?/, "").split("/");
+  const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
+  const parts = path.split("/");
+  const after = new URLSearchParams(query || "").get("after");
   try {
-    if (parts[0] === "models" && parts[1]) await model(parts[1]);
-    else await models();
+    if (parts[0] === "models" && UUID.test(parts[1] || "")) await model(parts[1], gen);
+    else if (parts[0] === "models") throw new ApiError("No such model.", 404);
+    else await models(after && UUID.test(after) ? after : null, gen);
   } catch (e) {
+    if (gen !== generation) return;
     if (e.status === 401) {
       // A key revoked meanwhile: back to the sign-in form, saying why.
       sessionStorage.removeItem(KEY);
@@ -254,7 +278,7 @@ async function route() {
     }
     show(el("h1", {}, "Something went wrong"), el("p", { class: "error", role: "alert" }, e.message));
   }
-  main.focus();
+  if (gen === generation) main.focus();
 }
 
 document.getElementById("signout").addEventListener("click", signOut);
