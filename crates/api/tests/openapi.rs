@@ -49,6 +49,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "GET /v1/preview/models/{model_id}/checkpoints",
         "DELETE /v1/preview/models/{model_id}/checkpoints",
         "GET /v1/preview/models/{model_id}/history",
+        "GET /v1/preview/models/{model_id}/training-jobs",
         "POST /v1/preview/models/{model_id}/log",
         "GET /v1/preview/models/{model_id}/logs",
         "GET /v1/preview/models/{model_id}/logs/{log_id}",

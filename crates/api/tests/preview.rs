@@ -520,6 +520,15 @@ async fn history_gives_curves_per_metric_downsampled() {
         assert_eq!(r.json()["detail"][0]["loc"], json!(["query", "max_points"]));
     }
     assert_eq!(app.call("GET", &format!("/v1/preview/models/{id}/history"), KEY_B, None).await.status, 404);
+
+    // The model's jobs, paged: the one from add_checkpoint (succeeded) and the running one.
+    let jobs = app.ok("GET", &format!("/v1/preview/models/{id}/training-jobs?order=desc&limit=1"), KEY_A, None).await;
+    assert_eq!((jobs["data"][0]["id"].as_str(), jobs["has_more"].as_bool()), (Some(&*job.id.to_string()), Some(true)));
+    assert_eq!(jobs["data"][0]["status"], "running");
+    let next = format!("/v1/preview/models/{id}/training-jobs?order=desc&after={}", job.id);
+    let rest = app.ok("GET", &next, KEY_A, None).await;
+    assert_eq!((rest["data"][0]["status"].as_str(), rest["has_more"].as_bool()), (Some("succeeded"), Some(false)));
+    assert_eq!(app.call("GET", &format!("/v1/preview/models/{id}/training-jobs"), KEY_B, None).await.status, 404);
     assert_eq!(
         app.call("GET", &format!("/v1/preview/models/{}/history", Uuid::now_v7()), KEY_A, None).await.status,
         404

@@ -237,6 +237,8 @@ pub trait Store: Send + Sync + 'static {
     /// The model's `gradient_step` events with their jobs (the caller has checked that the model
     /// is the entity's), oldest first; the newest [`MAX_HISTORY_EVENTS`] when there are more.
     async fn gradient_step_history(&self, model_id: Uuid) -> Result<Vec<tandem_core::history::GradientStepRow>>;
+    /// A model's jobs (the caller has checked that the model is the entity's), in creation order.
+    async fn list_jobs(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Job>>;
     /// The job, if its model belongs to `entity`.
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job>;
     /// Cancels a queued job at once (with its `training_failed` event); marks a running one for

@@ -350,6 +350,9 @@ async fn job_counts_and_gradient_step_history() {
         let j1 = store.create_job(&new(m.id, JobKind::Rl)).await.unwrap();
         store.create_job(&new(m.id, JobKind::Sft)).await.unwrap();
         store.create_job(&new(other.id, JobKind::Rl)).await.unwrap();
+        let listed = store.list_jobs(m.id, PageRequest::first(10)).await.unwrap();
+        assert_eq!(listed.items.len(), 2, "{name}: m's jobs only");
+        assert_eq!(listed.items[0].id, j1.id);
         let mut counts = store.active_job_counts().await.unwrap();
         counts.sort_by_key(|(k, s, _)| (k.as_str(), s.as_str()));
         assert_eq!(counts, vec![(JobKind::Rl, JobStatus::Queued, 2), (JobKind::Sft, JobStatus::Queued, 1)], "{name}");

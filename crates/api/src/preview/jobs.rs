@@ -195,6 +195,33 @@ async fn tokenize_inputs(
 }
 
 #[utoipa::path(
+    operation_id = "list_model_training_jobs",
+    get,
+    path = "/models/{model_id}/training-jobs",
+    tag = "training",
+    summary = "A model's training jobs (RL and SFT), oldest first by default",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)"), crate::openapi::bodies::PageParams),
+    responses(
+        (status = 200, body = crate::views::ListView<crate::views::JobView>),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<views::ListView<views::JobView>>, PreviewError> {
+    let page = page_request(&query, true)?;
+    let model = super::owned_model(&state, &caller, &model_id).await?;
+    let jobs = state.store().list_jobs(model.id, page).await?;
+    Ok(Json(views::list(&jobs, |j| j.id, views::job)))
+}
+
+#[utoipa::path(
     operation_id = "get_training_job",
     get,
     path = "/training-jobs/{job_id}",

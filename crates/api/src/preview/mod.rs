@@ -32,6 +32,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(sft::create))
         .routes(routes!(jobs::create))
         .routes(routes!(jobs::get))
+        .routes(routes!(jobs::list))
         .routes(routes!(jobs::cancel))
         .routes(routes!(jobs::events))
         .route_layer(from_fn_with_state(state, require_preview))

@@ -6,7 +6,7 @@ use crate::{now_ms, ClaimedJob, JobOutcome, NewJob, Recovery, Result, StoreError
 use serde_json::{json, Value};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tandem_core::history::GradientStepRow;
-use tandem_core::records::{EventKind, Job, JobEvent, JobKind, JobStatus, Page};
+use tandem_core::records::{EventKind, Job, JobEvent, JobKind, JobStatus, Page, PageRequest};
 use uuid::Uuid;
 
 pub(crate) async fn active_job_counts(pool: &SqlitePool) -> Result<Vec<(JobKind, JobStatus, i64)>> {
@@ -56,6 +56,29 @@ pub(crate) async fn gradient_step_history(pool: &SqlitePool, model_id: Uuid) -> 
             })
         })
         .collect()
+}
+
+pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageRequest) -> Result<Page<Job>> {
+    let (cmp, order) = super::seq_clause(page.order);
+    let after = match page.after {
+        Some(a) => Some(super::cursor_seq(pool, "training_jobs", "model_id", &model_id.to_string(), a).await?),
+        None => None,
+    };
+    // Not `*`: a job's stored inputs can be megabytes, and a listing needs none of them.
+    let sql = format!(
+        "SELECT id, model_id, kind, status, step, error_message, cancel_requested, attempts, created_at, started_at,
+                finished_at
+         FROM training_jobs WHERE model_id = ? AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(model_id.to_string())
+        .bind(after)
+        .bind(after)
+        .bind(page.limit as i64 + 1)
+        .fetch_all(pool)
+        .await?;
+    let items = rows.iter().map(rows::job).collect::<Result<Vec<_>>>()?;
+    Ok(rows::page(items, page.limit))
 }
 
 pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {

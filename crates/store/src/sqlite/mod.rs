@@ -459,6 +459,10 @@ impl crate::Store for SqliteStore {
         jobs::active_job_counts(&self.pool).await
     }
 
+    async fn list_jobs(&self, model_id: Uuid, page: PageRequest) -> Result<Page<tandem_core::records::Job>> {
+        jobs::list_jobs(&self.pool, model_id, page).await
+    }
+
     async fn gradient_step_history(&self, model_id: Uuid) -> Result<Vec<GradientStepRow>> {
         jobs::gradient_step_history(&self.pool, model_id).await
     }

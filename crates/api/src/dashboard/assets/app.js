@@ -43,8 +43,8 @@ class ApiError extends Error {
   }
 }
 
-async function api(path) {
-  const r = await fetch(path, { headers: { Authorization: `Bearer ${key()}` } });
+async function api(path, method = "GET") {
+  const r = await fetch(path, { method, headers: { Authorization: `Bearer ${key()}` } });
   const body = await r.json().catch(() => null);
   if (r.status === 401) throw new ApiError("This API key was not accepted.", 401);
   if (!r.ok) throw new ApiError(errorText(body, r.status), r.status);
@@ -199,6 +199,35 @@ function chart(series, checkpoints, xMode) {
   return fig;
 }
 
+function seconds(a, b) {
+  return a && b ? `${Math.round((Date.parse(b) - Date.parse(a)) / 100) / 10} s` : "";
+}
+
+/** One job: its state, and a cancel button while it is queued or running. */
+function jobRow(j, changed) {
+  const live = j.status === "queued" || j.status === "running";
+  const status = el("td", {}, j.status);
+  if (j.error_message) status.append(el("details", {}, el("summary", {}, "error"), el("pre", {}, j.error_message)));
+  const cancel = live
+    ? el("button", {
+      type: "button",
+      onclick: async (ev) => {
+        if (!confirm(`Cancel this ${j.kind} job?`)) return;
+        ev.target.disabled = true;
+        try {
+          await api(`/v1/preview/training-jobs/${j.id}/cancel`, "POST");
+        } finally {
+          changed();
+        }
+      },
+    }, "Cancel")
+    : "";
+  return el("tr", {},
+    el("td", {}, j.kind), status, el("td", {}, j.step ?? ""),
+    el("td", {}, j.created_at ? new Date(j.created_at).toLocaleString() : ""),
+    el("td", {}, seconds(j.started_at, j.finished_at)), el("td", {}, cancel));
+}
+
 function ordered(series) {
   const rank = (k) => (k.endsWith("/reward") ? 0 : k.startsWith("training/") ? 1 : 2);
   return [...series].sort((a, b) => rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
@@ -211,6 +240,7 @@ async function model(id, gen) {
   const charts = el("div", { class: "charts" });
   const more = el("div", { class: "charts" });
   const ckpts = el("tbody");
+  const jobs = el("tbody");
   const updated = el("span", { class: "readout" });
   const draw = async () => {
     const h = await api(`/v1/preview/models/${id}/history?max_points=400`);
@@ -225,6 +255,9 @@ async function model(id, gen) {
     more.replaceChildren(...rest);
     ckpts.replaceChildren(...[...h.checkpoints].reverse().map((c) =>
       el("tr", {}, el("td", {}, c.step), el("td", {}, new Date(c.time_ms).toLocaleString()))));
+    const js = await api(`/v1/preview/models/${id}/training-jobs?order=desc&limit=20`);
+    if (gen !== generation) return;
+    jobs.replaceChildren(...js.data.map((j) => jobRow(j, () => draw().catch(failed))));
     updated.textContent = `${h.truncated ? "truncated history; " : ""}updated ${new Date().toLocaleTimeString()}`;
   };
   const failed = (e) => {
@@ -239,6 +272,9 @@ async function model(id, gen) {
     el("div", { class: "toolbar" }, el("label", { for: "xaxis" }, "x-axis"), xSelect, updated),
     charts,
     el("details", {}, el("summary", {}, "More metrics"), more),
+    el("h2", {}, "Training jobs (newest 20)"),
+    el("div", { class: "table-wrap" },
+      el("table", {}, el("thead", {}, el("tr", {}, ["Kind", "Status", "Step", "Created", "Duration", "Action"].map((h) => el("th", { scope: "col" }, h)))), jobs)),
     el("h2", {}, "Checkpoints"),
     el("div", { class: "table-wrap" },
       el("table", {}, el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Step"), el("th", { scope: "col" }, "Created"))), ckpts)),
