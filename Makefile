@@ -31,12 +31,25 @@ PYENV := target/pyenv
 OPENAI_VERSION := 3.54.0
 ANTHROPIC_VERSION := 2.12.0
 PROMETHEUS_VERSION := 0.26.0
-PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)
+# Playwright drives Debian's Chromium in the dashboard's browser tests (it downloads no browser).
+PLAYWRIGHT_VERSION := 1.65.2
+PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)
 
 $(PYENV_OK):
 	python3 -m venv $(PYENV)
 	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check \
-		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION) prometheus-client==$(PROMETHEUS_VERSION)
+		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION) prometheus-client==$(PROMETHEUS_VERSION) \
+		playwright==$(PLAYWRIGHT_VERSION)
+	touch $@
+
+# The browser tests' other needs: Debian's chromium (installed when missing; the machines run as
+# root) and axe-core from npm for the accessibility check.
+BROWSER := target/browser
+AXE_VERSION := 4.14.1
+$(BROWSER)/.ok-$(AXE_VERSION):
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	mkdir -p $(BROWSER)
+	cd $(BROWSER) && npm install --silent --no-audit --no-fund axe-core@$(AXE_VERSION)
 	touch $@
 
 # OpenPipe ART's own client, in the two releases users run, each in a virtualenv of its own (created
@@ -92,13 +105,14 @@ fuzz-smoke:
 			|| exit 1; done
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
-test: model $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION)
+test: model $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
 	node --test crates/api/src/dashboard/assets/
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
 	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
 	$(PYENV)/bin/python tests/python/test_anthropic_sdk.py target/debug/tandem $(MODEL)
+	$(PYENV)/bin/python tests/python/test_dashboard.py target/debug/tandem $(MODEL) $(BROWSER)/node_modules/axe-core/axe.min.js
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 

@@ -43,12 +43,14 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, method = "GET") {
-  const r = await fetch(path, { method, headers: { Authorization: `Bearer ${key()}` } });
-  const body = await r.json().catch(() => null);
+async function api(path, method = "GET", body = undefined) {
+  const headers = { Authorization: `Bearer ${key()}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const answer = await r.json().catch(() => null);
   if (r.status === 401) throw new ApiError("This API key was not accepted.", 401);
-  if (!r.ok) throw new ApiError(errorText(body, r.status), r.status);
-  return body;
+  if (!r.ok) throw new ApiError(errorText(answer, r.status), r.status);
+  return answer;
 }
 
 function show(...nodes) {
@@ -170,8 +172,10 @@ function chart(series, checkpoints, xMode) {
   g.append(cursor);
   const readout = el("p", { class: "readout", "aria-live": "polite" }, `${series.total} ${series.total === 1 ? "observation" : "observations"}`);
   let at = pts.length - 1;
+  let shown = false;
   const read = (p) => {
     if (!p) return;
+    shown = true;
     cursor.setAttribute("cx", sx(p.x));
     cursor.setAttribute("cy", sy(p.y));
     cursor.setAttribute("visibility", "visible");
@@ -191,7 +195,8 @@ function chart(series, checkpoints, xMode) {
     onkeydown: (ev) => {
       if (ev.key === "ArrowLeft" || ev.key === "ArrowRight") {
         ev.preventDefault();
-        at = Math.max(0, Math.min(pts.length - 1, at + (ev.key === "ArrowLeft" ? -1 : 1)));
+        // The first key shows the newest point; later ones step from the one shown.
+        if (shown) at = Math.max(0, Math.min(pts.length - 1, at + (ev.key === "ArrowLeft" ? -1 : 1)));
         read(pts[at]);
       }
     },
@@ -254,7 +259,21 @@ async function model(id, gen) {
     charts.replaceChildren(...(primary.length ? primary : [el("p", {}, "Nothing logged yet.")]));
     more.replaceChildren(...rest);
     ckpts.replaceChildren(...[...h.checkpoints].reverse().map((c) =>
-      el("tr", {}, el("td", {}, c.step), el("td", {}, new Date(c.time_ms).toLocaleString()))));
+      el("tr", {}, el("td", {}, c.step), el("td", {}, new Date(c.time_ms).toLocaleString()),
+        el("td", {}, el("button", {
+          type: "button",
+          "aria-label": `Delete checkpoint ${c.step}`,
+          onclick: async (ev) => {
+            if (!confirm(`Delete checkpoint ${c.step}? Its adapter files are removed and it is no longer served.`)) return;
+            ev.target.disabled = true;
+            try {
+              await api(`/v1/preview/models/${id}/checkpoints`, "DELETE", { steps: [c.step] });
+            } catch (e) {
+              updated.textContent = `could not delete: ${e.message}`;
+            }
+            draw().catch(failed);
+          },
+        }, "Delete")))));
     const js = await api(`/v1/preview/models/${id}/training-jobs?order=desc&limit=20`);
     if (gen !== generation) return;
     jobs.replaceChildren(...js.data.map((j) => jobRow(j, () => draw().catch(failed))));
@@ -277,7 +296,7 @@ async function model(id, gen) {
       el("table", {}, el("thead", {}, el("tr", {}, ["Kind", "Status", "Step", "Created", "Duration", "Action"].map((h) => el("th", { scope: "col" }, h)))), jobs)),
     el("h2", {}, "Checkpoints"),
     el("div", { class: "table-wrap" },
-      el("table", {}, el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Step"), el("th", { scope: "col" }, "Created"))), ckpts)),
+      el("table", {}, el("thead", {}, el("tr", {}, ["Step", "Created", "Action"].map((h) => el("th", { scope: "col" }, h)))), ckpts)),
   );
   await draw();
   // Live: the curves follow a running job. One read at a time (the next is scheduled when one

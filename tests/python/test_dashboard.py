@@ -1,0 +1,189 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright (the pip package, pointed
+at /usr/bin/chromium: nothing is downloaded), against a running tandem with a model that has logs
+and two trained steps. Accessibility is checked with axe-core (from npm, in target/browser).
+
+Usage: python test_dashboard.py <tandem binary> <model gguf> <axe.min.js>
+Screenshots of each page go to target/dashboard/. Prints 'dashboard: N passed, M failed'.
+"""
+import os
+import sys
+
+from playwright.sync_api import sync_playwright
+
+from tandem_server import run_checks, trained_step
+
+KEY = "dashboard-test-key"
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SHOTS = os.path.join("target", "dashboard")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+AXE = sys.argv[3] if len(sys.argv) > 3 else ""
+state = {}
+checks = []
+
+
+def check(fn):
+    checks.append(fn)
+    return fn
+
+
+def group(rewards):
+    return {"trajectories": [{"messages_and_choices": [{"role": "user", "content": "Is the sky blue?"},
+                                                       {"role": "assistant", "content": "yes"}],
+                              "reward": r} for r in rewards]}
+
+
+def train_again(server, model_id):
+    """A second real RL step for the model (two sampled answers rewarded 0 and 1)."""
+    import time
+    messages = [{"role": "user", "content": "Is snow white? Answer yes or no."}]
+    status, r, _ = server.api("POST", "/v1/chat/completions",
+                              {"model": MODEL, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 12,
+                               "seed": 9, "logprobs": True, "return_token_ids": True})
+    assert status == 200, r
+    trajectories = [{"messages_and_choices": messages + [c], "reward": float(i)} for i, c in enumerate(r["choices"])]
+    status, job, _ = server.api("POST", "/v1/preview/training-jobs",
+                                {"model_id": model_id, "trajectory_groups": [{"trajectories": trajectories}]})
+    assert status == 200, job
+    deadline = time.monotonic() + 300
+    while job["status"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+        _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}")
+    assert job["status"] == "succeeded", job
+
+
+def new_page(browser, **context):
+    page = browser.new_context(viewport={"width": 1100, "height": 900}, **context).new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: d.accept())
+    return page, errors
+
+
+def sign_in(page, server, key):
+    page.goto(server.url + "/")
+    page.fill("#key", key)
+    page.click("button[type=submit]")
+
+
+@check
+def seed_a_model_with_logs_and_two_steps(browser, server):
+    name, model_id = trained_step(server)
+    for rewards in ([0.0, 0.5], [0.25, 0.75]):
+        status, out, _ = server.api("POST", f"/v1/preview/models/{model_id}/log",
+                                    {"split": "val", "trajectory_groups": [group(rewards)]})
+        assert status == 200, out
+    train_again(server, model_id)
+    status, out, _ = server.api("POST", f"/v1/preview/models/{model_id}/log",
+                                {"split": "val", "trajectory_groups": [group([1.0, 1.0])]})
+    assert status == 200 and out["step"] == 2, out
+    state["model_id"] = model_id
+    os.makedirs(SHOTS, exist_ok=True)
+
+
+@check
+def a_wrong_key_is_refused_with_a_message(browser, server):
+    page, errors = new_page(browser)
+    sign_in(page, server, "not-a-key")
+    alert = page.wait_for_selector("[role=alert]:not(:empty)")
+    assert "not accepted" in alert.text_content(), alert.text_content()
+    page.screenshot(path=os.path.join(SHOTS, "sign-in.png"))
+    assert not errors, errors
+
+
+@check
+def the_reward_curve_shows_the_apis_numbers(browser, server):
+    model_id = state["model_id"]
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.wait_for_selector(f'a[href="#/models/{model_id}"]')
+    page.screenshot(path=os.path.join(SHOTS, "models.png"))
+    page.click(f'a[href="#/models/{model_id}"]')
+    figure = page.wait_for_selector('figure:has(figcaption:text-is("val/reward"))')
+    _, history, _ = server.api("GET", f"/v1/preview/models/{model_id}/history?max_points=400")
+    (series,) = [s for s in history["series"] if s["key"] == "val/reward"]
+    expected = [(p["step"], p["value"]) for p in series["points"]]
+    # Arrow keys walk the points from the newest back; the readout says "step S: V".
+    figure.focus()
+    seen = []
+    for _ in expected:
+        readout = figure.query_selector(".readout").text_content()
+        if readout.startswith("step "):
+            where, value = readout.split(":")[:2]
+            seen.append((float(where.split()[1]), float(value.split("(")[0])))
+        page.keyboard.press("ArrowLeft")
+    readout = figure.query_selector(".readout").text_content()
+    seen.append((float(readout.split(":")[0].split()[1]), float(readout.split(":")[1].split("(")[0])))
+    got = sorted(set(seen))
+    want = sorted({(s, round(v, 5)) for s, v in expected})
+    assert [(s, round(v, 5)) for s, v in got] == want, (got, want)
+    assert page.query_selector_all("svg.chart .ckpt"), "checkpoints are marked on the step axis"
+    page.screenshot(path=os.path.join(SHOTS, "model.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=os.path.join(SHOTS, "model-phone.png"))
+    assert not errors, errors
+
+
+@check
+def another_entity_sees_nothing(browser, server):
+    model_id = state["model_id"]
+    other = server.new_key("someone-else")
+    page, errors = new_page(browser)
+    sign_in(page, server, other)
+    page.wait_for_selector("h1:text-is('Models')")
+    assert not page.query_selector(f'a[href="#/models/{model_id}"]')
+    page.goto(f"{server.url}/#/models/{model_id}")
+    alert = page.wait_for_selector("[role=alert]")
+    assert "not found" in alert.text_content().lower(), alert.text_content()
+    assert not errors, errors
+
+
+@check
+def deleting_a_checkpoint_removes_it(browser, server):
+    model_id = state["model_id"]
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.goto(f"{server.url}/#/models/{model_id}")
+    page.click("button[aria-label='Delete checkpoint 1']")
+    page.wait_for_selector("button[aria-label='Delete checkpoint 1']", state="detached")
+    _, cps, _ = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints")
+    assert [c["step"] for c in cps["data"]] == [2], cps
+    assert not errors, errors
+
+
+@check
+def no_serious_accessibility_violations(browser, server):
+    if not AXE:
+        raise AssertionError("no axe.min.js given")
+    model_id = state["model_id"]
+    # axe runs as an injected script, which the pages' CSP forbids: this context bypasses it.
+    page, errors = new_page(browser, bypass_csp=True)
+    bad = []
+    for route in ["/", f"/#/models/{model_id}"]:
+        sign_in(page, server, KEY) if route == "/" else page.goto(server.url + route)
+        page.wait_for_selector("main h1")
+        page.wait_for_timeout(300)
+        page.add_script_tag(path=AXE)
+        result = page.evaluate("async () => (await axe.run()).violations.map(v => [v.id, v.impact, v.nodes.length])")
+        bad += [(route, *v) for v in result if v[1] in ("serious", "critical")]
+    assert not bad, bad
+    # The checker itself works: a picture without a text alternative is a critical violation.
+    page.set_content('<!doctype html><html lang="en"><title>t</title><main><img src="data:,"></main></html>')
+    page.add_script_tag(path=AXE)
+    ids = page.evaluate("async () => (await axe.run()).violations.map(v => v.id)")
+    assert "image-alt" in ids, ids
+    assert not errors, errors
+
+
+def main():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            return run_checks("dashboard", checks, sys.argv[1], sys.argv[2], KEY, lambda server: browser)
+        finally:
+            browser.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
