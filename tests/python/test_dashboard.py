@@ -126,6 +126,34 @@ def the_reward_curve_shows_the_apis_numbers(browser, server):
 
 
 @check
+def the_playground_streams_two_models_side_by_side(browser, server):
+    model_id = state["model_id"]
+    name, _ = trained_step(server)
+    step2 = name.replace(":step1", ":step2")
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.goto(f"{server.url}/#/models/{model_id}")
+    page.wait_for_selector("#pg-a")
+    page.select_option("#pg-a", step2)
+    page.select_option("#pg-b", MODEL)
+    page.fill("#pg-prompt", "Is snow white? Answer yes or no.")
+    page.fill("#pg-temperature", "0")
+    page.fill("#pg-max-tokens", "8")
+    page.click("form.playground button[type=submit]")
+    page.wait_for_function("() => !document.querySelector('form.playground button[type=submit]').disabled"
+                           " && document.getElementById('pg-out-a').textContent.length > 0")
+    for target, out in [(step2, "#pg-out-a"), (MODEL, "#pg-out-b")]:
+        status, r, _ = server.api("POST", "/v1/chat/completions", {
+            "model": target, "messages": [{"role": "user", "content": "Is snow white? Answer yes or no."}],
+            "temperature": 0, "top_p": 1, "max_tokens": 8})
+        assert status == 200, r
+        shown = page.text_content(out)
+        assert shown == r["choices"][0]["message"]["content"], (target, shown, r["choices"][0]["message"])
+    page.screenshot(path=os.path.join(SHOTS, "playground.png"), full_page=True)
+    assert not errors, errors
+
+
+@check
 def another_entity_sees_nothing(browser, server):
     model_id = state["model_id"]
     other = server.new_key("someone-else")

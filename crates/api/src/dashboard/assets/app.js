@@ -204,6 +204,94 @@ function chart(series, checkpoints, xMode) {
   return fig;
 }
 
+/** Reads an OpenAI chat stream, calling `onText` with each content delta; resolves at [DONE]. */
+async function streamChat(body, onText) {
+  const r = await fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key()}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ ...body, stream: true }),
+  });
+  if (!r.ok) {
+    const answer = await r.json().catch(() => null);
+    throw new ApiError(errorText(answer, r.status), r.status);
+  }
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        const data = line.slice(6);
+        if (data === "[DONE]") return;
+        const chunk = JSON.parse(data);
+        const text = chunk.choices && chunk.choices[0] && chunk.choices[0].delta && chunk.choices[0].delta.content;
+        if (text) onText(text);
+      }
+    }
+  }
+}
+
+/** Chat with the base model or any checkpoint, streamed; a second model answers side by side. */
+function playground(model, steps) {
+  const address = `wandb-artifact:///${model.entity}/${model.project}/${model.name}`;
+  const choices = [[model.base_model, `base model (${model.base_model})`], [address, "latest checkpoint"],
+    ...steps.map((s) => [`${address}:step${s}`, `step ${s}`])];
+  const select = (id, first) => el("select", { id },
+    ...(first ? [] : [el("option", { value: "" }, "none")]),
+    ...choices.map(([v, label]) => el("option", { value: v }, label)));
+  const a = select("pg-a", true);
+  const b = select("pg-b", false);
+  const system = el("textarea", { id: "pg-system", rows: "2" });
+  const prompt = el("textarea", { id: "pg-prompt", rows: "3", required: true });
+  const temperature = el("input", { id: "pg-temperature", type: "number", min: "0", max: "2", step: "any", value: "0.7" });
+  const topP = el("input", { id: "pg-top-p", type: "number", min: "0.01", max: "1", step: "any", value: "1" });
+  const maxTokens = el("input", { id: "pg-max-tokens", type: "number", min: "1", max: "2048", step: "1", value: "128" });
+  const outA = el("pre", { class: "answer", "aria-live": "polite", id: "pg-out-a" });
+  const outB = el("pre", { class: "answer", "aria-live": "polite", id: "pg-out-b" });
+  const status = el("p", { class: "error", role: "alert" });
+  const send = el("button", { class: "primary", type: "submit" }, "Send");
+  const form = el("form", {
+    class: "playground",
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      status.textContent = "";
+      send.disabled = true;
+      const messages = [...(system.value.trim() ? [{ role: "system", content: system.value }] : []),
+        { role: "user", content: prompt.value }];
+      const params = { messages, temperature: Number(temperature.value), top_p: Number(topP.value),
+        max_tokens: Number(maxTokens.value) };
+      const run = (target, out) => {
+        out.textContent = "";
+        return target ? streamChat({ model: target, ...params }, (t) => out.append(t)) : Promise.resolve();
+      };
+      try {
+        await Promise.all([run(a.value, outA), run(b.value, outB)]);
+      } catch (e) {
+        status.textContent = e.message;
+      } finally {
+        send.disabled = false;
+      }
+    },
+  },
+  el("div", { class: "toolbar" }, el("label", { for: "pg-a" }, "Model"), a, el("label", { for: "pg-b" }, "side by side with"), b),
+  el("label", { for: "pg-system" }, "System prompt"), system,
+  el("label", { for: "pg-prompt" }, "Message"), prompt,
+  el("div", { class: "toolbar" },
+    el("label", { for: "pg-temperature" }, "temperature"), temperature,
+    el("label", { for: "pg-top-p" }, "top_p"), topP,
+    el("label", { for: "pg-max-tokens" }, "max tokens"), maxTokens, send),
+  status,
+  el("div", { class: "answers" }, outA, outB));
+  return form;
+}
+
 function seconds(a, b) {
   return a && b ? `${Math.round((Date.parse(b) - Date.parse(a)) / 100) / 10} s` : "";
 }
@@ -246,6 +334,8 @@ async function model(id, gen) {
   const more = el("div", { class: "charts" });
   const ckpts = el("tbody");
   const jobs = el("tbody");
+  const playgroundSlot = el("div");
+  let playgroundSteps = null;
   const updated = el("span", { class: "readout" });
   const draw = async () => {
     const h = await api(`/v1/preview/models/${id}/history?max_points=400`);
@@ -274,6 +364,12 @@ async function model(id, gen) {
             draw().catch(failed);
           },
         }, "Delete")))));
+    // The playground is rebuilt only when the checkpoints change (never under the user's typing).
+    const steps = h.checkpoints.map((c) => c.step).reverse();
+    if (JSON.stringify(steps) !== playgroundSteps) {
+      playgroundSteps = JSON.stringify(steps);
+      playgroundSlot.replaceChildren(playground(m, steps));
+    }
     const js = await api(`/v1/preview/models/${id}/training-jobs?order=desc&limit=20`);
     if (gen !== generation) return;
     jobs.replaceChildren(...js.data.map((j) => jobRow(j, () => draw().catch(failed))));
@@ -291,6 +387,8 @@ async function model(id, gen) {
     el("div", { class: "toolbar" }, el("label", { for: "xaxis" }, "x-axis"), xSelect, updated),
     charts,
     el("details", {}, el("summary", {}, "More metrics"), more),
+    el("h2", {}, "Playground"),
+    playgroundSlot,
     el("h2", {}, "Training jobs (newest 20)"),
     el("div", { class: "table-wrap" },
       el("table", {}, el("thead", {}, el("tr", {}, ["Kind", "Status", "Step", "Created", "Duration", "Action"].map((h) => el("th", { scope: "col" }, h)))), jobs)),
