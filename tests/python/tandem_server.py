@@ -115,6 +115,26 @@ def run_checks(suite, checks, binary, model_path, key, make_client, extra=()):
         server.stop()
 
 
+def rl_step(server, model_id, question, seed, base="HuggingFaceTB/SmolLM2-135M-Instruct"):
+    """One real RL step for the model: two answers to `question` sampled from `base`, rewarded 0
+    and 1, trained as one group; waits for the job to succeed."""
+    messages = [{"role": "user", "content": question}]
+    status, r, _ = server.api("POST", "/v1/chat/completions",
+                              {"model": base, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 16,
+                               "seed": seed, "logprobs": True, "return_token_ids": True})
+    assert status == 200, r
+    trajectories = [{"messages_and_choices": messages + [c], "reward": float(i)} for i, c in enumerate(r["choices"])]
+    status, job, _ = server.api("POST", "/v1/preview/training-jobs",
+                                {"model_id": model_id, "trajectory_groups": [{"trajectories": trajectories}]})
+    assert status == 200, job
+    deadline = time.monotonic() + 300
+    while job["status"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+        _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}")
+    assert job["status"] == "succeeded", job
+
+
 def trained_step(server, base="HuggingFaceTB/SmolLM2-135M-Instruct"):
     """A real trained checkpoint, made once per server: model `sdk/trained` after one RL step on
     two sampled answers rewarded 0 and 1. Returns (its address `wandb-artifact:///{entity}/sdk/
@@ -124,20 +144,6 @@ def trained_step(server, base="HuggingFaceTB/SmolLM2-135M-Instruct"):
     status, model, _ = server.api("POST", "/v1/preview/models",
                                   {"project": "sdk", "name": "trained", "base_model": base, "return_existing": True})
     assert status == 200, model
-    messages = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
-    status, r, _ = server.api("POST", "/v1/chat/completions",
-                              {"model": base, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 16,
-                               "seed": 3, "logprobs": True, "return_token_ids": True})
-    assert status == 200, r
-    trajectories = [{"messages_and_choices": messages + [c], "reward": float(i)} for i, c in enumerate(r["choices"])]
-    status, job, _ = server.api("POST", "/v1/preview/training-jobs",
-                                {"model_id": model["id"], "trajectory_groups": [{"trajectories": trajectories}]})
-    assert status == 200, job
-    deadline = time.monotonic() + 300
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-        _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}")
-    assert job["status"] == "succeeded", job
+    rl_step(server, model["id"], "Is the sky blue? Answer yes or no.", seed=3, base=base)
     server.trained = (f"wandb-artifact:///{model['entity']}/sdk/trained:step1", model["id"])
     return server.trained

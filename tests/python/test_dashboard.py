@@ -10,7 +10,7 @@ import sys
 
 from playwright.sync_api import sync_playwright
 
-from tandem_server import run_checks, trained_step
+from tandem_server import rl_step, run_checks, trained_step
 
 KEY = "dashboard-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -31,26 +31,6 @@ def group(rewards):
     return {"trajectories": [{"messages_and_choices": [{"role": "user", "content": "Is the sky blue?"},
                                                        {"role": "assistant", "content": "yes"}],
                               "reward": r} for r in rewards]}
-
-
-def train_again(server, model_id):
-    """A second real RL step for the model (two sampled answers rewarded 0 and 1)."""
-    import time
-    messages = [{"role": "user", "content": "Is snow white? Answer yes or no."}]
-    status, r, _ = server.api("POST", "/v1/chat/completions",
-                              {"model": MODEL, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 12,
-                               "seed": 9, "logprobs": True, "return_token_ids": True})
-    assert status == 200, r
-    trajectories = [{"messages_and_choices": messages + [c], "reward": float(i)} for i, c in enumerate(r["choices"])]
-    status, job, _ = server.api("POST", "/v1/preview/training-jobs",
-                                {"model_id": model_id, "trajectory_groups": [{"trajectories": trajectories}]})
-    assert status == 200, job
-    deadline = time.monotonic() + 300
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-        _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}")
-    assert job["status"] == "succeeded", job
 
 
 def new_page(browser, **context):
@@ -74,7 +54,7 @@ def seed_a_model_with_logs_and_two_steps(browser, server):
         status, out, _ = server.api("POST", f"/v1/preview/models/{model_id}/log",
                                     {"split": "val", "trajectory_groups": [group(rewards)]})
         assert status == 200, out
-    train_again(server, model_id)
+    rl_step(server, model_id, "Is snow white? Answer yes or no.", seed=9)
     status, out, _ = server.api("POST", f"/v1/preview/models/{model_id}/log",
                                 {"split": "val", "trajectory_groups": [group([1.0, 1.0])]})
     assert status == 200 and out["step"] == 2, out

@@ -100,13 +100,7 @@ async fn echo_and_logprobs_in_the_legacy_shape() {
     assert_eq!(r["usage"]["completion_tokens"], 0);
     assert_eq!(r["usage"]["prompt_tokens"], 5);
     let mut streamed = json!({"prompt": "ab", "echo": true, "max_tokens": 0, "stream": true});
-    let text = String::from_utf8(app.call("POST", URL, KEY_A, Some(streamed.clone())).await.bytes).unwrap();
-    let chunks: Vec<Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = app.call("POST", URL, KEY_A, Some(streamed.clone())).await.sse_data();
     let all: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
     assert_eq!(all, "ab");
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
@@ -122,14 +116,9 @@ async fn streams_chunk_per_token_with_echo_first_and_usage_last() {
                       "stream_options": {"include_usage": true}});
     let r = app.call("POST", URL, KEY_A, Some(body)).await;
     assert_eq!(r.status, 200);
+    let chunks = r.sse_data();
     let text = String::from_utf8(r.bytes).unwrap();
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    let chunks: Vec<Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
     let mut by_choice = [String::new(), String::new()];
     let mut prompt_ids = [None, None];
     for c in chunks.iter().filter(|c| !c["choices"].as_array().unwrap().is_empty()) {

@@ -280,10 +280,6 @@ impl EngineMetrics {
         self.kv_usage.set(if kv_budget == 0 { 0.0 } else { kv_used as f64 / kv_budget as f64 });
     }
 
-    pub fn running(&self) -> i64 {
-        self.running.get()
-    }
-
     /// Takes a place in the queue if fewer than `max` are taken.
     pub fn try_enqueue(&self, max: usize) -> bool {
         self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| ((q as usize) < max).then_some(q + 1)).is_ok()
@@ -355,10 +351,6 @@ impl EngineMetrics {
 
     pub fn failures(&self) -> u64 {
         self.failures.get()
-    }
-
-    pub fn preemptions(&self) -> u64 {
-        self.preemptions.get()
     }
 
     /// The loop's thread has ended, for whatever reason.

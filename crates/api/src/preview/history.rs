@@ -142,7 +142,7 @@ pub async fn get(
             _ => break,
         }
     }
-    checkpoints.sort_by_key(|c| c.step);
+    // Listed by step already (the store orders checkpoints by step).
     let latest_step = checkpoints.last().map_or(0, |c| c.step);
     let steps = store.gradient_step_history(model.id).await?;
     // Grouping and downsampling is CPU work proportional to the history: off the async workers.

@@ -81,6 +81,16 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// The JSON of each `data:` line of an SSE body, `[DONE]` left out.
+    pub fn sse_data(&self) -> Vec<Value> {
+        String::from_utf8_lossy(&self.bytes)
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.bytes)
             .unwrap_or_else(|_| panic!("not json: {}", String::from_utf8_lossy(&self.bytes)))
