@@ -117,7 +117,7 @@ def run_checks(suite, checks, binary, model_path, key, make_client, extra=()):
 
 def rl_step(server, model_id, question, seed, base="HuggingFaceTB/SmolLM2-135M-Instruct"):
     """One real RL step for the model: two answers to `question` sampled from `base`, rewarded 0
-    and 1, trained as one group; waits for the job to succeed."""
+    and 1, trained as one group; waits for the job to succeed and returns it."""
     messages = [{"role": "user", "content": question}]
     status, r, _ = server.api("POST", "/v1/chat/completions",
                               {"model": base, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 16,
@@ -133,6 +133,7 @@ def rl_step(server, model_id, question, seed, base="HuggingFaceTB/SmolLM2-135M-I
         time.sleep(0.2)
         _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}")
     assert job["status"] == "succeeded", job
+    return job
 
 
 def trained_step(server, base="HuggingFaceTB/SmolLM2-135M-Instruct"):

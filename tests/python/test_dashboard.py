@@ -6,6 +6,7 @@ Usage: python test_dashboard.py <tandem binary> <model gguf> <axe.min.js>
 Screenshots of each page go to target/dashboard/. Prints 'dashboard: N passed, M failed'.
 """
 import os
+import re
 import sys
 
 from playwright.sync_api import sync_playwright
@@ -54,7 +55,7 @@ def seed_a_model_with_logs_and_two_steps(browser, server):
         status, out, _ = server.api("POST", f"/v1/preview/models/{model_id}/log",
                                     {"split": "val", "trajectory_groups": [group(rewards)]})
         assert status == 200, out
-    rl_step(server, model_id, "Is snow white? Answer yes or no.", seed=9)
+    state["job"] = rl_step(server, model_id, "Is snow white? Answer yes or no.", seed=9)
     status, out, _ = server.api("POST", f"/v1/preview/models/{model_id}/log",
                                 {"split": "val", "trajectory_groups": [group([1.0, 1.0])]})
     assert status == 200 and out["step"] == 2, out
@@ -148,6 +149,123 @@ def another_entity_sees_nothing(browser, server):
 
 
 @check
+def the_models_list_searches_on_the_server(browser, server):
+    model_id = state["model_id"]
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.wait_for_selector(f'a[href="#/models/{model_id}"]')
+    page.fill("#search", "no-such-model")
+    page.press("#search", "Enter")
+    page.wait_for_selector("text=No model matches.")
+    page.fill("#search", "SDK/TRAIN")
+    page.press("#search", "Enter")
+    row = page.wait_for_selector(f'tr:has(a[href="#/models/{model_id}"])')
+    _, listed, _ = server.api("GET", "/v1/preview/models?search=sdk/train&summary=true")
+    summary = listed["data"][0]["summary"]
+    cells = [c.text_content() for c in row.query_selector_all("td")]
+    assert cells[3] == str(summary["latest_step"]), (cells, summary)
+    assert abs(float(cells[4].split(" ")[0]) - summary["last_reward"]) < 1e-3, (cells, summary)
+    assert not errors, errors
+
+
+@check
+def zooming_reads_the_range_from_the_server(browser, server):
+    model_id = state["model_id"]
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.goto(f"{server.url}/#/models/{model_id}")
+    page.wait_for_selector('figure:has(figcaption:text-is("val/reward"))')
+    page.fill("#zoom-from", "2")
+    page.fill("#zoom-to", "2")
+    page.click("form[aria-label='Zoom to steps'] button[type=submit]")
+    _, h, _ = server.api("GET", f"/v1/preview/models/{model_id}/history?max_points=400&min_step=2&max_step=2")
+    (series,) = [s for s in h["series"] if s["key"] == "val/reward"]
+    label = f"val/reward: {len(series['points'])} points"
+    page.wait_for_selector(f'svg.chart[aria-label="{label}"]')
+    assert all(p["step"] == 2 for p in series["points"]), series
+    page.click("text=All steps")
+    page.wait_for_selector('svg.chart[aria-label^="val/reward: "]:not([aria-label="' + label + '"])')
+    assert not errors, errors
+
+
+@check
+def a_jobs_page_shows_its_progress_and_events(browser, server):
+    job = state["job"]
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.goto(f"{server.url}/#/models/{state['model_id']}")
+    page.click(f'a[href="#/jobs/{job["id"]}"]')
+    _, events, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}/events?limit=100")
+    steps = sum(1 for e in events["data"] if e["type"] == "gradient_step")
+    page.wait_for_selector(f"text={steps} of {steps} gradient steps")
+    kinds = [c.text_content() for c in page.query_selector_all("tbody tr td:first-child")]
+    assert kinds[0] == "training_ended" and kinds[-1] == "training_started", kinds
+    assert len(kinds) == len(events["data"]), (kinds, events)
+    page.screenshot(path=os.path.join(SHOTS, "job.png"), full_page=True)
+    assert not errors, errors
+
+
+@check
+def the_trajectory_browser_shows_chats_and_tokens_by_logprob(browser, server):
+    model_id, job = state["model_id"], state["job"]
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.goto(f"{server.url}/#/models/{model_id}")
+    page.click(f'a[href="#/models/{model_id}/trajectories"]')
+    # With no job chosen, the newest one is shown.
+    page.wait_for_selector(f"h2:text-is('Job {job['id']}')")
+    _, api_page, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}/trajectories")
+    cards = page.query_selector_all("article.trajectory")
+    trajs = api_page["groups"][0]["trajectories"]
+    assert len(cards) == len(trajs), (len(cards), trajs)
+    sampled = cards[1].query_selector_all(".msg.sampled .content")
+    assert sampled[0].text_content() == trajs[1]["histories"][0]["messages"][-1]["content"], sampled[0].text_content()
+    cards[1].query_selector("details summary").click()
+    token = cards[1].query_selector(".tokens .tok")
+    token.focus()
+    run = next(r for r in trajs[1]["sequences"][0] if r["trained"])
+    readout = cards[1].query_selector(".readout").text_content()
+    shown = float(re.search(r"logprob (\S+),", readout).group(1))
+    assert abs(shown - run["logprob"]) <= 1e-3 * max(1.0, abs(run["logprob"])), (readout, run)
+    assert token.evaluate("t => getComputedStyle(t).backgroundColor") != "rgba(0, 0, 0, 0)"
+    page.screenshot(path=os.path.join(SHOTS, "trajectories.png"), full_page=True)
+    # Sorted by reward, highest first: the reward-1 trajectory leads.
+    page.select_option("#tr-sort", "reward_desc")
+    page.click("form.toolbar button[type=submit]")
+    page.wait_for_function("() => (document.querySelector('article.trajectory h4') || {}).textContent"
+                           " && document.querySelector('article.trajectory h4').textContent.startsWith('Trajectory 1 ')")
+    assert not errors, errors
+
+
+@check
+def the_server_page_reads_the_metrics(browser, server):
+    page, errors = new_page(browser)
+    sign_in(page, server, KEY)
+    page.wait_for_selector("h1:text-is('Models')")
+    page.click("nav >> text=Server")
+    page.wait_for_selector(f"th:text-is('{MODEL}')")
+    assert page.text_content("#health").startswith("Health: ok"), page.text_content("#health")
+    # A request that fails shows up among the errors at the next reading.
+    server.api("GET", "/v1/preview/models/not-a-uuid")
+    page.wait_for_selector("td:text-is('4xx')", timeout=15000)
+    page.screenshot(path=os.path.join(SHOTS, "server.png"), full_page=True)
+    assert not errors, errors
+
+
+@check
+def the_api_reference_lists_every_operation(browser, server):
+    page, errors = new_page(browser)
+    page.goto(f"{server.url}/#/api")
+    page.wait_for_selector("details.op")
+    _, spec, _ = server.api("GET", "/openapi.json")
+    ops = sum(1 for item in spec["paths"].values() for m in item if m in ("get", "post", "put", "patch", "delete"))
+    assert len(page.query_selector_all("details.op")) == ops, ops
+    page.click("details.op summary >> nth=0")
+    page.screenshot(path=os.path.join(SHOTS, "api.png"))
+    assert not errors, errors
+
+
+@check
 def deleting_a_checkpoint_removes_it(browser, server):
     model_id = state["model_id"]
     page, errors = new_page(browser)
@@ -168,7 +286,9 @@ def no_serious_accessibility_violations(browser, server):
     # axe runs as an injected script, which the pages' CSP forbids: this context bypasses it.
     page, errors = new_page(browser, bypass_csp=True)
     bad = []
-    for route in ["/", f"/#/models/{model_id}"]:
+    routes = ["/", f"/#/models/{model_id}", f"/#/models/{model_id}/trajectories", f"/#/jobs/{state['job']['id']}",
+              "/#/server", "/#/api"]
+    for route in routes:
         sign_in(page, server, KEY) if route == "/" else page.goto(server.url + route)
         page.wait_for_selector("main h1")
         page.wait_for_timeout(300)

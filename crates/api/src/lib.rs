@@ -20,6 +20,7 @@ pub mod openai;
 pub mod openapi;
 pub mod preview;
 pub mod telemetry;
+pub mod trajectory_view;
 pub(crate) mod views;
 
 use axum::extract::DefaultBodyLimit;

@@ -29,6 +29,43 @@ pub struct ModelView {
     pub run_id: String,
     /// RFC 3339, UTC.
     pub created_at: Option<String>,
+    /// Progress, in a listing asked with `summary=true` (the dashboard's models list).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<ModelSummaryView>,
+}
+
+/// A model's progress at a glance.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelSummaryView {
+    /// The newest live checkpoint's step (0 before any).
+    pub latest_step: i64,
+    /// The newest checkpoint, log or job (RFC 3339), absent before any.
+    pub last_activity: Option<String>,
+    /// The newest reward seen: of the newest log (its `{split}/reward`) or RL job (its
+    /// `train/reward`), whichever is newer.
+    pub last_reward: Option<f64>,
+    /// Its key (`val/reward`, `train/reward`, ...).
+    pub last_reward_key: Option<String>,
+}
+
+pub fn model_summary(s: &tandem_store::ModelSummary) -> ModelSummaryView {
+    let reward = |(at, metrics): &(i64, BTreeMap<String, f64>)| {
+        // A log holds one split: the key ending in `/reward` that is not nested (`val/reward`).
+        metrics
+            .iter()
+            .find(|(k, _)| k.ends_with("/reward") && k.matches('/').count() == 1)
+            .map(|(k, v)| (*at, k.clone(), *v))
+    };
+    let newest = [s.job_metrics.as_ref().and_then(reward), s.log_metrics.as_ref().and_then(reward)]
+        .into_iter()
+        .flatten()
+        .max_by_key(|(at, _, _)| *at);
+    ModelSummaryView {
+        latest_step: s.latest_step,
+        last_activity: s.last_activity.and_then(timestamp),
+        last_reward: newest.as_ref().map(|(_, _, v)| *v),
+        last_reward_key: newest.map(|(_, k, _)| k),
+    }
 }
 
 pub fn model(m: &ModelRecord) -> ModelView {
@@ -41,6 +78,7 @@ pub fn model(m: &ModelRecord) -> ModelView {
         base_model: m.base_model.clone(),
         run_id: m.run_id.clone(),
         created_at: timestamp(m.created_at),
+        summary: None,
     }
 }
 
@@ -120,6 +158,10 @@ pub struct JobView {
     pub created_at: Option<String>,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+    /// An RL job's rollout metrics, computed from its groups as a `train` log's are
+    /// (`train/reward`, `train/reward_std_dev`, ...); left out when there are none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub rollout_metrics: BTreeMap<String, f64>,
 }
 
 pub fn job(j: &Job) -> JobView {
@@ -134,6 +176,7 @@ pub fn job(j: &Job) -> JobView {
         created_at: timestamp(j.created_at),
         started_at: j.started_at.and_then(timestamp),
         finished_at: j.finished_at.and_then(timestamp),
+        rollout_metrics: j.rollout_metrics.clone(),
     }
 }
 

@@ -53,6 +53,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "POST /v1/preview/models/{model_id}/log",
         "GET /v1/preview/models/{model_id}/logs",
         "GET /v1/preview/models/{model_id}/logs/{log_id}",
+        "GET /v1/preview/models/{model_id}/logs/{log_id}/trajectories",
         "POST /v1/preview/datasets",
         "GET /v1/preview/datasets",
         "GET /v1/preview/datasets/{dataset_id}",
@@ -62,6 +63,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "GET /v1/preview/training-jobs/{job_id}",
         "POST /v1/preview/training-jobs/{job_id}/cancel",
         "GET /v1/preview/training-jobs/{job_id}/events",
+        "GET /v1/preview/training-jobs/{job_id}/trajectories",
     ]
     .into_iter()
     .map(String::from)
@@ -78,7 +80,9 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         .map(String::as_str)
         .collect();
     let created: Value = app.create_model(KEY_A, "described").await;
-    let sent: BTreeSet<&str> = created.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut sent: BTreeSet<&str> = created.as_object().unwrap().keys().map(String::as_str).collect();
+    // `summary` is sent only in a listing that asks for it.
+    sent.insert("summary");
     assert_eq!(model_props, sent);
     // `/v1/models` cards: `created` is Unix seconds for trained models too, as OpenAI's.
     let list = app.ok("GET", "/v1/models", KEY_A, None).await;
@@ -99,7 +103,12 @@ async fn the_dashboard_is_served_offline_under_a_strict_policy() {
     assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
     let html = String::from_utf8(r.bytes).unwrap();
     assert!(html.contains(r#"src="/ui/app.js""#));
-    for (file, kind) in [("app.js", "text/javascript"), ("chart.js", "text/javascript"), ("app.css", "text/css")] {
+    // The stylesheet, the entry module and every module imported from there on is served.
+    let mut files = vec![("app.css".to_string(), "text/css"), ("app.js".to_string(), "text/javascript")];
+    let mut i = 0;
+    while i < files.len() {
+        let (file, kind) = files[i].clone();
+        i += 1;
         let r = app.raw("GET", &format!("/ui/{file}"), None, None).await;
         assert_eq!(r.status, 200, "{file}");
         assert!(r.headers["content-type"].to_str().unwrap().starts_with(kind), "{file}");
@@ -109,7 +118,14 @@ async fn the_dashboard_is_served_offline_under_a_strict_policy() {
         let outside = text.replace("http://www.w3.org/2000/svg", "");
         assert!(!outside.contains("http://") && !outside.contains("https://"), "{file} points elsewhere");
         assert!(!text.contains("innerHTML"), "{file}: data goes in through the DOM, never as HTML");
+        for import in text.split(" from \"./").skip(1) {
+            let name = import.split('"').next().unwrap().to_string();
+            if !files.iter().any(|(f, _)| *f == name) {
+                files.push((name, "text/javascript"));
+            }
+        }
     }
+    assert!(files.len() >= 9, "{files:?}");
     assert_eq!(app.raw("GET", "/ui/../Cargo.toml", None, None).await.status, 404);
     assert_eq!(app.raw("GET", "/ui/nope.js", None, None).await.status, 404);
 }

@@ -408,6 +408,7 @@ async fn metrics_count_jobs_routes_and_the_engine() {
             kind: tandem_core::records::JobKind::Sft,
             config: json!({}),
             inputs: json!([]),
+            rollout: None,
         })
         .await
         .unwrap();
@@ -473,6 +474,7 @@ async fn history_gives_curves_per_metric_downsampled() {
             kind: tandem_core::records::JobKind::Rl,
             config: json!({}),
             inputs: json!([]),
+            rollout: None,
         })
         .await
         .unwrap();

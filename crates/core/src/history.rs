@@ -2,7 +2,7 @@
 //! per-job means of its `gradient_step` metrics (what ART's `train()` reports), downsampled to a
 //! bounded number of points so that a page stays fast with thousands of steps.
 
-use crate::records::{JobStatus, LogEntry};
+use crate::records::{Job, JobStatus, LogEntry};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -100,6 +100,30 @@ pub fn add_logs(out: &mut Series, logs: &[LogEntry]) {
     }
 }
 
+/// The step a job's curves are placed at: the step it produced once it succeeded, the step it
+/// will produce (`latest_step + 1`) while it runs, so its points appear live; failed, cancelled
+/// and queued jobs produced nothing yet and are left out.
+fn job_step(status: JobStatus, step: Option<i64>, latest_step: i64) -> Option<i64> {
+    match (status, step) {
+        (JobStatus::Succeeded, Some(step)) => Some(step),
+        (JobStatus::Running, _) => Some(latest_step + 1),
+        _ => None,
+    }
+}
+
+/// Each RL job's rollout metrics (`train/reward`, ... computed from its groups when it was
+/// created), into `out` under source `jobs`, at the job's step (see [`job_step`]) and creation
+/// time. This is the reward curve of a client that trains without logging (ART 0.5.23 never
+/// calls `/log`).
+pub fn add_rollouts(out: &mut Series, jobs: &[Job], latest_step: i64) {
+    for job in jobs {
+        let Some(step) = job_step(job.status, job.step, latest_step) else { continue };
+        for (key, value) in &job.rollout_metrics {
+            out.add("jobs", key, Point { step, time: job.created_at, value: *value });
+        }
+    }
+}
+
 /// One `gradient_step` event of a model's job, with what the curve needs of its job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GradientStepRow {
@@ -120,11 +144,7 @@ pub fn add_training(out: &mut Series, rows: &[GradientStepRow], latest_step: i64
     // (job, metric) -> (sum, count, last time, step)
     let mut per_job: BTreeMap<(i64, &str), (f64, u64, i64, i64)> = BTreeMap::new();
     for row in rows {
-        let step = match (row.job_status, row.job_step) {
-            (JobStatus::Succeeded, Some(step)) => step,
-            (JobStatus::Running, _) => latest_step + 1,
-            _ => continue,
-        };
+        let Some(step) = job_step(row.job_status, row.job_step, latest_step) else { continue };
         let Some(obj) = row.data.as_object() else { continue };
         for (name, v) in obj {
             let Some(x) = v.as_f64().filter(|x| x.is_finite()) else { continue };
@@ -227,6 +247,41 @@ mod tests {
         assert_eq!(
             s.by_key[&key],
             vec![Point { step: 1, time: 11, value: 3.0 }, Point { step: 2, time: 30, value: 1.0 }]
+        );
+    }
+
+    #[test]
+    fn rollout_metrics_sit_at_the_step_their_job_made_or_will_make() {
+        let job = |status, step, reward: f64, at| Job {
+            id: uuid::Uuid::nil(),
+            model_id: uuid::Uuid::nil(),
+            kind: crate::records::JobKind::Rl,
+            status,
+            step,
+            error_message: None,
+            cancel_requested: false,
+            attempts: 1,
+            created_at: at,
+            started_at: None,
+            finished_at: None,
+            rollout_metrics: BTreeMap::from([("train/reward".to_string(), reward)]),
+        };
+        let jobs = [
+            job(JobStatus::Succeeded, Some(1), 0.25, 10),
+            job(JobStatus::Cancelled, None, 9.0, 15),
+            job(JobStatus::Succeeded, Some(2), 0.5, 20),
+            job(JobStatus::Queued, None, 9.0, 25),
+            job(JobStatus::Running, None, 0.75, 30),
+        ];
+        let mut s = Series::default();
+        add_rollouts(&mut s, &jobs, 2);
+        assert_eq!(
+            s.by_key[&("jobs", "train/reward".to_string())],
+            vec![
+                Point { step: 1, time: 10, value: 0.25 },
+                Point { step: 2, time: 20, value: 0.5 },
+                Point { step: 3, time: 30, value: 0.75 }
+            ]
         );
     }
 }

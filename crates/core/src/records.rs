@@ -137,6 +137,9 @@ pub struct Job {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// An RL job's rollout metrics (`train/reward`, ...), computed from its groups when it was
+    /// created; empty for SFT jobs and older jobs.
+    pub rollout_metrics: BTreeMap<String, f64>,
 }
 
 /// The types of job event the worker writes (their `type` on the wire). ART is strict about the

@@ -81,7 +81,7 @@ impl Fixture {
 
     async fn queue(&self) -> Uuid {
         let config = serde_json::to_value(tandem_core::train_config::TrainConfig::default()).unwrap();
-        let new = NewJob { model_id: self.model_id, kind: JobKind::Rl, config, inputs: json!([]) };
+        let new = NewJob { model_id: self.model_id, kind: JobKind::Rl, config, inputs: json!([]), rollout: None };
         self.store.create_job(&new).await.unwrap().id
     }
 

@@ -113,6 +113,39 @@ pub struct NewJob {
     pub kind: JobKind,
     pub config: Value,
     pub inputs: Value,
+    /// RL jobs: what people read of the rollouts (the trainer never does).
+    pub rollout: Option<Rollout>,
+}
+
+/// An RL job's rollouts as submitted, and their metrics, kept for reading (the dashboard's curves
+/// and trajectory browser).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rollout {
+    /// `train/reward`, `train/reward_std_dev`, ... as a trajectory log of split `train` has them.
+    pub metrics: BTreeMap<String, f64>,
+    /// The `trajectory_groups` list exactly as received.
+    pub groups: Value,
+}
+
+/// What a models list shows of each model's progress.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelSummary {
+    /// The newest live checkpoint's step (0 before any).
+    pub latest_step: i64,
+    /// Unix milliseconds of the newest checkpoint, log or job (None when there is none).
+    pub last_activity: Option<i64>,
+    /// The newest job's rollout metrics and the newest log's metrics, each with its time.
+    pub job_metrics: Option<(i64, BTreeMap<String, f64>)>,
+    pub log_metrics: Option<(i64, BTreeMap<String, f64>)>,
+}
+
+/// What a job's trajectory browser reads: the groups as submitted (absent for SFT jobs and jobs
+/// from before they were kept) and the inputs as the trainer reads them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRollout {
+    pub job: Job,
+    pub groups: Option<Value>,
+    pub inputs: Value,
 }
 
 /// A dataset to store as the next version of its name.
@@ -196,10 +229,19 @@ pub trait Store: Send + Sync + 'static {
     async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord>;
     /// The model named `{entity}/{project}/{name}`.
     async fn find_model(&self, entity: &str, project: &str, name: &str) -> Result<ModelRecord>;
-    async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>>;
+    /// `search`: only models whose `project/name` contains this text (ASCII case-insensitive).
+    async fn list_models(
+        &self,
+        entity: &str,
+        project: Option<&str>,
+        search: Option<&str>,
+        page: PageRequest,
+    ) -> Result<Page<ModelRecord>>;
     /// Deletes the model with its checkpoints, logs, jobs and events. Returns the checkpoints
     /// whose files the caller must remove.
     async fn delete_model(&self, entity: &str, id: Uuid) -> Result<DeletedModel>;
+    /// A model's progress for a listing (the caller owns the model).
+    async fn model_summary(&self, model_id: Uuid) -> Result<ModelSummary>;
 
     // --- checkpoints (the caller has checked that the model is the entity's) ---
     async fn list_checkpoints(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Checkpoint>>;
@@ -241,6 +283,8 @@ pub trait Store: Send + Sync + 'static {
     async fn list_jobs(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Job>>;
     /// The job, if its model belongs to `entity`.
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job>;
+    /// A job of this entity with its rollouts (reads the stored inputs: megabytes).
+    async fn get_job_rollout(&self, entity: &str, id: Uuid) -> Result<JobRollout>;
     /// Cancels a queued job at once (with its `training_failed` event); marks a running one for
     /// the worker to stop at its next step; leaves a finished one as it is.
     async fn cancel_job(&self, entity: &str, id: Uuid) -> Result<Job>;

@@ -5,9 +5,9 @@
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tandem_core::records::{EventKind, JobKind, JobStatus, Order, PageRequest};
+use tandem_core::records::{EventKind, JobKind, JobStatus, ModelRecord, Order, Page, PageRequest};
 use tandem_store::{
-    ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, SqliteStore, Store, StoreError,
+    ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, SqliteStore, Store, StoreError,
     StoredResponse,
 };
 use uuid::Uuid;
@@ -27,7 +27,7 @@ fn new_model(entity: &str, name: &str) -> NewModel {
 
 async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
     let job =
-        store.create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) }).await.unwrap();
+        store.create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None }).await.unwrap();
     let claimed = store.claim_next_job().await.unwrap().unwrap();
     assert_eq!(claimed.job.id, job.id);
     let cp = NewCheckpoint {
@@ -82,16 +82,24 @@ async fn models_are_unique_and_scoped() {
         for i in 2..=5 {
             store.create_model(&new_model("a", &format!("m{i}")), false).await.unwrap();
         }
-        let p1 = store.list_models("a", None, PageRequest::first(2)).await.unwrap();
+        let p1 = store.list_models("a", None, None, PageRequest::first(2)).await.unwrap();
         assert_eq!((p1.items.len(), p1.has_more), (2, true));
         let p2 = store
-            .list_models("a", Some("p"), PageRequest { after: Some(p1.items[1].id), ..PageRequest::first(10) })
+            .list_models("a", Some("p"), None, PageRequest { after: Some(p1.items[1].id), ..PageRequest::first(10) })
             .await
             .unwrap();
         assert_eq!((p2.items.len(), p2.has_more), (3, false));
-        assert_eq!(store.list_models("a", Some("q"), PageRequest::first(10)).await.unwrap().items.len(), 0);
+        assert_eq!(store.list_models("a", Some("q"), None, PageRequest::first(10)).await.unwrap().items.len(), 0);
+        // Search: literal text (`%` and `_` are not wildcards), case-insensitive, own entity only.
+        let names = |p: Page<ModelRecord>| p.items.into_iter().map(|m| m.name).collect::<Vec<_>>();
+        let found = store.list_models("a", None, Some("M3"), PageRequest::first(10)).await.unwrap();
+        assert_eq!(names(found), ["m3"]);
+        let found = store.list_models("a", None, Some("P/m"), PageRequest::first(2)).await.unwrap();
+        assert!(found.has_more, "search pages like a listing");
+        assert_eq!(store.list_models("a", None, Some("%"), PageRequest::first(10)).await.unwrap().items.len(), 0);
+        assert_eq!(store.list_models("b", None, Some("m3"), PageRequest::first(10)).await.unwrap().items.len(), 0);
         let bad = PageRequest { after: Some(other.id), ..PageRequest::first(2) };
-        assert!(matches!(store.list_models("a", None, bad).await, Err(StoreError::InvalidCursor)));
+        assert!(matches!(store.list_models("a", None, None, bad).await, Err(StoreError::InvalidCursor)));
         assert!(matches!(store.delete_model("b", m.id).await, Err(StoreError::NotFound)));
         store.delete_model("a", m.id).await.unwrap();
         assert!(matches!(store.get_model("a", m.id).await, Err(StoreError::NotFound)));
@@ -159,12 +167,24 @@ async fn job_state_machine() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let (m2, _) = store.create_model(&new_model("a", "m2"), false).await.unwrap();
-        let new = |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({"lr": 1}), inputs: json!([1]) };
+        let new = |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({"lr": 1}), inputs: json!([1]), rollout: None };
         let j1 = store.create_job(&new(m.id)).await.unwrap();
         let j2 = store.create_job(&new(m.id)).await.unwrap();
         let j3 = store.create_job(&new(m2.id)).await.unwrap();
         assert_eq!(j1.status, JobStatus::Queued);
         assert!(matches!(store.get_job("b", j1.id).await, Err(StoreError::NotFound)), "{name}");
+
+        // An RL job keeps its rollouts for reading: metrics in every job read, groups on request.
+        let rollout = Rollout { metrics: BTreeMap::from([("train/reward".into(), 0.5)]), groups: json!([{"g": 1}]) };
+        let jr = store.create_job(&NewJob { rollout: Some(rollout.clone()), ..new(m2.id) }).await.unwrap();
+        assert_eq!(jr.rollout_metrics, rollout.metrics, "{name}");
+        let listed = store.list_jobs(m2.id, PageRequest::first(10)).await.unwrap();
+        assert_eq!(listed.items.last().map(|j| j.rollout_metrics.clone()), Some(rollout.metrics.clone()));
+        let read = store.get_job_rollout("a", jr.id).await.unwrap();
+        assert_eq!((read.groups, read.inputs, read.job.id), (Some(rollout.groups), json!([1]), jr.id));
+        assert!(store.get_job_rollout("a", j1.id).await.unwrap().groups.is_none());
+        assert!(matches!(store.get_job_rollout("b", jr.id).await, Err(StoreError::NotFound)), "{name}: other entity");
+        store.cancel_job("a", jr.id).await.unwrap();
 
         // One job per model at a time, oldest first; another model's job may run meanwhile.
         let c1 = store.claim_next_job().await.unwrap().unwrap();
@@ -228,7 +248,7 @@ async fn event_pages_under_concurrent_appends() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let job = store
-            .create_job(&NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) })
+            .create_job(&NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None })
             .await
             .unwrap();
         const N: usize = 200;
@@ -324,11 +344,11 @@ async fn training_queue_is_round_robin_between_entities() {
         let mut a_jobs = Vec::new();
         for m in ["a1", "a2", "a3"] {
             let (model, _) = store.create_model(&new_model("a", m), false).await.unwrap();
-            let new = NewJob { model_id: model.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) };
+            let new = NewJob { model_id: model.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
             a_jobs.push(store.create_job(&new).await.unwrap().id);
         }
         let (b, _) = store.create_model(&new_model("b", "b1"), false).await.unwrap();
-        let new = NewJob { model_id: b.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]) };
+        let new = NewJob { model_id: b.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
         let b_job = store.create_job(&new).await.unwrap().id;
         assert_eq!((store.pending_jobs("a").await.unwrap(), store.pending_jobs("b").await.unwrap()), (3, 1));
         let mut order = Vec::new();
@@ -346,7 +366,7 @@ async fn job_counts_and_gradient_step_history() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let (other, _) = store.create_model(&new_model("b", "m"), false).await.unwrap();
-        let new = |model_id, kind| NewJob { model_id, kind, config: json!({}), inputs: json!([]) };
+        let new = |model_id, kind| NewJob { model_id, kind, config: json!({}), inputs: json!([]), rollout: None };
         let j1 = store.create_job(&new(m.id, JobKind::Rl)).await.unwrap();
         store.create_job(&new(m.id, JobKind::Sft)).await.unwrap();
         store.create_job(&new(other.id, JobKind::Rl)).await.unwrap();

@@ -1,4 +1,4 @@
-//! The web dashboard (issue 16, in progress): static pages built into the binary and served at
+//! The web dashboard (issue 16): static pages built into the binary and served at
 //! `/` and `/ui/...`, with no data of their own. They read the same JSON routes as any client,
 //! with the API key the user signed in with (kept in the tab's `sessionStorage`, sent as a
 //! Bearer header). A strict Content-Security-Policy allows only this server's own scripts,
@@ -14,9 +14,17 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The files, by name under `/ui/`.
-const ASSETS: [(&str, &str, &str); 3] = [
-    ("app.js", "text/javascript; charset=utf-8", include_str!("assets/app.js")),
-    ("chart.js", "text/javascript; charset=utf-8", include_str!("assets/chart.js")),
+const JS: &str = "text/javascript; charset=utf-8";
+const ASSETS: [(&str, &str, &str); 10] = [
+    ("app.js", JS, include_str!("assets/app.js")),
+    ("dom.js", JS, include_str!("assets/dom.js")),
+    ("chart.js", JS, include_str!("assets/chart.js")),
+    ("metrics.js", JS, include_str!("assets/metrics.js")),
+    ("model.js", JS, include_str!("assets/model.js")),
+    ("job.js", JS, include_str!("assets/job.js")),
+    ("trajectories.js", JS, include_str!("assets/trajectories.js")),
+    ("server.js", JS, include_str!("assets/server.js")),
+    ("reference.js", JS, include_str!("assets/reference.js")),
     ("app.css", "text/css; charset=utf-8", include_str!("assets/app.css")),
 ];
 const INDEX: &str = include_str!("assets/index.html");

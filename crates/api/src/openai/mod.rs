@@ -109,7 +109,7 @@ async fn models(
     }
     let mut page = PageRequest::first(100);
     loop {
-        let models = state.store().list_models(&caller.entity, None, page).await?;
+        let models = state.store().list_models(&caller.entity, None, None, page).await?;
         for m in &models.items {
             let name = format!("wandb-artifact:///{}/{}/{}", m.entity, m.project, m.name);
             let card = |id: String, created_ms: i64| ModelCard {

@@ -11,7 +11,7 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::json;
 use std::collections::HashMap;
-use tandem_core::history::{add_logs, add_training, downsample, Bucket, Series};
+use tandem_core::history::{add_logs, add_rollouts, add_training, downsample, Bucket, Point, Series};
 use tandem_core::records::{Order, PageRequest};
 use tandem_core::validate::Validator;
 use utoipa::ToSchema;
@@ -33,8 +33,10 @@ pub struct HistoryView {
     pub latest_step: i64,
     /// Live checkpoints, oldest first (steps to mark on the x-axis).
     pub checkpoints: Vec<HistoryCheckpoint>,
-    /// One per metric, by key: log metrics as stored (`val/reward`, `train/reward_std_dev`, ...)
-    /// and training metrics as `training/{name}` (`training/loss`, `training/grad_norm`, ...).
+    /// One per metric and source, by key: log metrics as stored (`val/reward`,
+    /// `train/reward_std_dev`, ...), RL jobs' rollout metrics (`train/reward`, ... from the groups
+    /// each job trained on) and training metrics as `training/{name}` (`training/loss`,
+    /// `training/grad_norm`, ...).
     pub series: Vec<SeriesView>,
     /// Some observations were left out: more than 256 distinct keys, or more than 2,000,000
     /// observations in all (the series listed are still whole up to that point).
@@ -51,9 +53,9 @@ pub struct HistoryCheckpoint {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SeriesView {
     pub key: String,
-    /// `logs` or `training`.
+    /// `logs`, `jobs` (rollout metrics) or `training`.
     pub source: &'static str,
-    /// Observations before downsampling.
+    /// Observations in the step range before downsampling.
     pub total: usize,
     pub points: Vec<PointView>,
 }
@@ -76,20 +78,41 @@ fn point(b: Bucket) -> PointView {
     PointView { step: b.step, time_ms: b.time, value: b.value, min: b.min, max: b.max, count: b.count }
 }
 
-fn max_points(query: &HashMap<String, String>) -> Result<usize, ApiError> {
+/// What a history read asks for: points per series, and the steps to cover (a zoomed range).
+struct Window {
+    max: usize,
+    min_step: i64,
+    max_step: i64,
+}
+
+impl Window {
+    fn holds(&self, p: &Point) -> bool {
+        (self.min_step..=self.max_step).contains(&p.step)
+    }
+}
+
+fn window(query: &HashMap<String, String>) -> Result<Window, ApiError> {
     let mut v = Validator::new("query");
-    let mut max = DEFAULT_POINTS;
-    if let Some(raw) = query.get("max_points") {
+    let mut int = |name: &str, lo: i64, hi: i64, default: i64| {
+        let Some(raw) = query.get(name) else { return default };
         let value = json!(raw);
-        v.at("max_points", |v| match raw.parse::<i64>() {
-            Ok(n) if v.range_i64(&value, n, 2, MAX_POINTS as i64) => max = n as usize,
+        let mut out = default;
+        v.at(name, |v| match raw.parse::<i64>() {
+            Ok(n) if v.range_i64(&value, n, lo, hi) => out = n,
             Ok(_) => {}
             Err(_) => {
                 v.error("int_parsing", "Input should be a valid integer, unable to parse string as an integer", &value)
             }
         });
+        out
+    };
+    let max = int("max_points", 2, MAX_POINTS as i64, DEFAULT_POINTS as i64) as usize;
+    let min_step = int("min_step", 0, i64::MAX, 0);
+    let max_step = int("max_step", 0, i64::MAX, i64::MAX);
+    if min_step > max_step {
+        v.at("max_step", |v| v.value_error(&json!(max_step), "max_step must not be below min_step"));
     }
-    v.finish(max).map_err(ApiError::validation)
+    v.finish(Window { max, min_step, max_step }).map_err(ApiError::validation)
 }
 
 #[utoipa::path(
@@ -100,13 +123,15 @@ fn max_points(query: &HashMap<String, String>) -> Result<usize, ApiError> {
     summary = "A model's curves over training steps: log metrics and training metrics, downsampled",
     params(
         ("model_id" = Uuid, Path, description = "A model id (UUID)"),
-        ("max_points" = Option<usize>, Query, description = "Points per series, 2 to 5000 (default 500)")
+        ("max_points" = Option<usize>, Query, description = "Points per series, 2 to 5000 (default 500)"),
+        ("min_step" = Option<i64>, Query, description = "Leave out observations before this step (a zoomed range; default 0)"),
+        ("max_step" = Option<i64>, Query, description = "Leave out observations after this step (default: none)")
     ),
     responses(
         (status = 200, body = HistoryView),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
-        (status = 422, description = "Invalid max_points", body = crate::openapi::bodies::ValidationErrorBody)
+        (status = 422, description = "Invalid max_points, min_step or max_step", body = crate::openapi::bodies::ValidationErrorBody)
     ),
     security(("bearer" = []))
 )]
@@ -116,7 +141,7 @@ pub async fn get(
     Path(model_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<HistoryView>, PreviewError> {
-    let max = max_points(&query)?;
+    let window = window(&query)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let store = state.store();
     // The newest logs, read newest first and bounded, folded page by page into bounded series.
@@ -144,18 +169,32 @@ pub async fn get(
     }
     // Listed by step already (the store orders checkpoints by step).
     let latest_step = checkpoints.last().map_or(0, |c| c.step);
+    let mut jobs = Vec::new();
+    let mut page = PageRequest { after: None, limit: PAGE, order: Order::Asc };
+    loop {
+        let p = store.list_jobs(model.id, page).await?;
+        jobs.extend(p.items.iter().filter(|j| !j.rollout_metrics.is_empty()).cloned());
+        match (p.has_more, p.items.last()) {
+            (true, Some(last)) => page.after = Some(last.id),
+            _ => break,
+        }
+    }
     let steps = store.gradient_step_history(model.id).await?;
     // Grouping and downsampling is CPU work proportional to the history: off the async workers.
     let (series, truncated) = tokio::task::spawn_blocking(move || {
+        add_rollouts(&mut series, &jobs, latest_step);
         add_training(&mut series, &steps, latest_step);
         let out: Vec<SeriesView> = series
             .by_key
             .iter()
-            .map(|((source, key), points)| SeriesView {
-                key: key.clone(),
-                source,
-                total: points.len(),
-                points: downsample(points, max).into_iter().map(point).collect(),
+            .map(|((source, key), points)| {
+                let inside: Vec<Point> = points.iter().copied().filter(|p| window.holds(p)).collect();
+                SeriesView {
+                    key: key.clone(),
+                    source,
+                    total: inside.len(),
+                    points: downsample(&inside, window.max).into_iter().map(point).collect(),
+                }
             })
             .collect();
         (out, series.truncated)

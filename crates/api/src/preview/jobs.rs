@@ -17,7 +17,8 @@ use tandem_core::sequences::{tokenize_groups, ModelBounds, ModelTokenizer, RlInp
 use tandem_core::train_config::parse_train_config;
 use tandem_core::train_config::KlReference;
 use tandem_core::validate::{optional, Validator};
-use tandem_store::{NewJob, StoreError};
+use tandem_core::metrics::log_metrics;
+use tandem_store::{NewJob, Rollout, StoreError};
 use uuid::Uuid;
 
 fn job_not_found(e: StoreError) -> ApiError {
@@ -53,7 +54,7 @@ pub async fn create(
     let model_id = v.required(obj, "model_id").and_then(|m| v.at("model_id", |v| v.uuid(m)));
     let groups = groups_field(&mut v, obj, &state.limits().trajectories);
     let config = v.at("experimental_config", |v| parse_train_config(v, optional(obj, "experimental_config")));
-    let (Some(model_id), Some(_groups), Some(mut config)) = (model_id, groups, config) else {
+    let (Some(model_id), Some(groups), Some(mut config)) = (model_id, groups, config) else {
         return Err(ApiError::validation(v.into_errors()).into());
     };
     let model = state.store().get_model(&caller.entity, model_id).await.map_err(|e| match e {
@@ -65,12 +66,15 @@ pub async fn create(
         kl.reference = kl_reference(&state, &model, &kl.reference).await?;
     }
     let trajectory_groups = body.as_object_mut().and_then(|o| o.remove("trajectory_groups")).unwrap_or(Value::Null);
+    // Kept for people (curves, trajectory browser) beside the tokenized copy the trainer reads.
+    let rollout = Rollout { metrics: log_metrics("train", &groups), groups: trajectory_groups.clone() };
     let inputs = tokenize_inputs(&state, &model, trajectory_groups, config.allow_training_without_logprobs).await?;
     let new = NewJob {
         model_id: model.id,
         kind: JobKind::Rl,
         config: serde_json::to_value(&config).unwrap_or(Value::Null),
         inputs: inputs.to_stored(),
+        rollout: Some(rollout),
     };
     let job = state.store().create_job(&new).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("model"),

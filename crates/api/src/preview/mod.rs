@@ -8,6 +8,7 @@ mod jobs;
 mod logs;
 mod models;
 mod sft;
+mod trajectories;
 
 use crate::auth::{require_preview, Caller};
 use crate::body::path_id;
@@ -27,6 +28,8 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(logs::create))
         .routes(routes!(logs::list))
         .routes(routes!(logs::get))
+        .routes(routes!(trajectories::of_log))
+        .routes(routes!(trajectories::of_job))
         .routes(routes!(datasets::upload, datasets::list))
         .routes(routes!(datasets::get, datasets::delete))
         .routes(routes!(sft::create))

@@ -123,7 +123,12 @@ pub async fn get(
     path = "/models",
     tag = "training",
     summary = "The key's models",
-    params(crate::openapi::bodies::PageParams, crate::openapi::bodies::ProjectFilter),
+    params(
+        crate::openapi::bodies::PageParams,
+        crate::openapi::bodies::ProjectFilter,
+        ("search" = Option<String>, Query, description = "Only models whose `project/name` contains this text (case-insensitive), at most 256 bytes"),
+        ("summary" = Option<bool>, Query, description = "`true`: add each model's progress (latest step, last activity, last reward)")
+    ),
     responses(
         (status = 200, body = crate::views::ListView<crate::views::ModelView>),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
@@ -138,8 +143,21 @@ pub async fn list(
 ) -> Result<Json<views::ListView<views::ModelView>>, PreviewError> {
     let page = page_request(&query, true)?;
     let project = query.get("project").map(String::as_str);
-    let models = state.store().list_models(&caller.entity, project, page).await?;
-    Ok(Json(views::list(&models, |m| m.id, views::model)))
+    let search = query.get("search").map(String::as_str).filter(|s| !s.is_empty());
+    if search.is_some_and(|s| s.len() > 256) {
+        let mut v = Validator::new("query");
+        v.at("search", |v| v.value_error(&serde_json::json!(search), "search must be at most 256 bytes"));
+        return Err(ApiError::validation(v.into_errors()).into());
+    }
+    let models = state.store().list_models(&caller.entity, project, search, page).await?;
+    let mut list = views::list(&models, |m| m.id, views::model);
+    if query.get("summary").is_some_and(|s| s == "true") {
+        // A page is at most 100 models; each summary is a few indexed reads.
+        for view in &mut list.data {
+            view.summary = Some(views::model_summary(&state.store().model_summary(view.id).await?));
+        }
+    }
+    Ok(Json(list))
 }
 
 #[utoipa::path(

@@ -91,6 +91,7 @@ pub async fn create(
         kind: JobKind::Sft,
         config: serde_json::to_value(&config).unwrap_or(Value::Null),
         inputs: Value::Array(rows),
+        rollout: None,
     };
     let job = state.store().create_job(&new).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("model"),

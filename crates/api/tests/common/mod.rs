@@ -141,6 +141,7 @@ pub async fn add_checkpoint(app: &TestApp, model_id: uuid::Uuid, step: i64) -> S
             kind: tandem_core::records::JobKind::Rl,
             config: serde_json::json!({}),
             inputs: serde_json::json!([]),
+            rollout: None,
         })
         .await
         .unwrap();

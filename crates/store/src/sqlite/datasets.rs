@@ -62,7 +62,7 @@ pub(crate) async fn list(
     project: Option<&str>,
     page: PageRequest,
 ) -> Result<Page<Dataset>> {
-    entity_page(pool, "datasets", COLUMNS, (entity, project), page, rows::dataset).await
+    entity_page(pool, "datasets", COLUMNS, (entity, project, None), page, rows::dataset).await
 }
 
 pub(crate) async fn data(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<Vec<u8>> {

@@ -2,9 +2,9 @@
 //! event written in the same transaction, so the status and the event log never disagree.
 
 use super::rows;
-use crate::{now_ms, ClaimedJob, JobOutcome, NewJob, Recovery, Result, StoreError};
+use crate::{now_ms, ClaimedJob, JobOutcome, JobRollout, NewJob, Recovery, Result, StoreError};
 use serde_json::{json, Value};
-use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tandem_core::history::GradientStepRow;
 use tandem_core::records::{EventKind, Job, JobEvent, JobKind, JobStatus, Page, PageRequest};
 use uuid::Uuid;
@@ -67,7 +67,7 @@ pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageReque
     // Not `*`: a job's stored inputs can be megabytes, and a listing needs none of them.
     let sql = format!(
         "SELECT id, model_id, kind, status, step, error_message, cancel_requested, attempts, created_at, started_at,
-                finished_at
+                finished_at, rollout_metrics
          FROM training_jobs WHERE model_id = ? AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
     );
     let rows = sqlx::query(&sql)
@@ -84,14 +84,17 @@ pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageReque
 pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
     let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));
     let row = sqlx::query(
-        "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, created_at)
-         VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
+        "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, rollout_metrics,
+                                    rollout_groups, created_at)
+         VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING *",
     )
     .bind(tandem_core::new_id().to_string())
     .bind(new.model_id.to_string())
     .bind(new.kind.as_str())
     .bind(text(&new.config)?)
     .bind(text(&new.inputs)?)
+    .bind(new.rollout.as_ref().map(|r| serde_json::to_string(&r.metrics)).transpose().map_err(|e| StoreError::Database(e.to_string()))?)
+    .bind(new.rollout.as_ref().map(|r| text(&r.groups)).transpose()?)
     .bind(now_ms())
     .fetch_one(pool)
     .await?;
@@ -107,6 +110,21 @@ pub(crate) async fn get_job<'e, E: sqlx::SqliteExecutor<'e>>(ex: E, entity: &str
     .fetch_one(ex)
     .await?;
     rows::job(&row)
+}
+
+pub(crate) async fn get_job_rollout(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<JobRollout> {
+    let row = sqlx::query(
+        "SELECT j.* FROM training_jobs j JOIN models m ON m.id = j.model_id WHERE j.id = ? AND m.entity = ?",
+    )
+    .bind(id.to_string())
+    .bind(entity)
+    .fetch_one(pool)
+    .await?;
+    let groups = match row.try_get::<Option<String>, _>("rollout_groups")? {
+        Some(text) => Some(serde_json::from_str(&text).map_err(|e| StoreError::Database(e.to_string()))?),
+        None => None,
+    };
+    Ok(JobRollout { job: rows::job(&row)?, groups, inputs: rows::json(&row, "trajectory_groups")? })
 }
 
 async fn job_by_id(conn: &mut SqliteConnection, id: Uuid) -> Result<Job> {

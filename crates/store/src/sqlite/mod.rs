@@ -14,6 +14,7 @@ use crate::{now_ms, ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewM
 use serde_json::Value;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -85,7 +86,7 @@ async fn entity_page<T>(
     pool: &SqlitePool,
     table: &str,
     columns: &str,
-    (entity, project): (&str, Option<&str>),
+    (entity, project, search): (&str, Option<&str>, Option<&str>),
     page: PageRequest,
     decode: fn(&sqlx::sqlite::SqliteRow) -> Result<T>,
 ) -> Result<Page<T>> {
@@ -95,13 +96,17 @@ async fn entity_page<T>(
         None => None,
     };
     let sql = format!(
-        "SELECT {columns} FROM {table} WHERE entity = ? AND (? IS NULL OR project = ?) AND (? IS NULL OR {cmp})
+        "SELECT {columns} FROM {table} WHERE entity = ? AND (? IS NULL OR project = ?)
+           AND (? IS NULL OR instr(lower(project || '/' || name), lower(?)) > 0) AND (? IS NULL OR {cmp})
          ORDER BY {order} LIMIT ?"
     );
+    // `instr`, not LIKE: a search text is matched literally (no wildcards to escape).
     let rows = sqlx::query(&sql)
         .bind(entity)
         .bind(project)
         .bind(project)
+        .bind(search)
+        .bind(search)
         .bind(after)
         .bind(after)
         .bind(page.limit as i64 + 1)
@@ -223,8 +228,55 @@ impl crate::Store for SqliteStore {
         rows::model(&row)
     }
 
-    async fn list_models(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<ModelRecord>> {
-        entity_page(&self.pool, "models", "*", (entity, project), page, rows::model).await
+    async fn list_models(
+        &self,
+        entity: &str,
+        project: Option<&str>,
+        search: Option<&str>,
+        page: PageRequest,
+    ) -> Result<Page<ModelRecord>> {
+        entity_page(&self.pool, "models", "*", (entity, project, search), page, rows::model).await
+    }
+
+    async fn model_summary(&self, model_id: Uuid) -> Result<crate::ModelSummary> {
+        // Each sub-query reads one model's rows through its (model_id, ...) index.
+        let row = sqlx::query(
+            "SELECT
+               (SELECT MAX(step) FROM checkpoints WHERE model_id = ? AND deleted_at IS NULL) AS latest_step,
+               (SELECT MAX(created_at) FROM checkpoints WHERE model_id = ?) AS checkpoint_at,
+               (SELECT created_at FROM training_jobs WHERE model_id = ? ORDER BY seq DESC LIMIT 1) AS job_at,
+               (SELECT created_at || ' ' || rollout_metrics FROM training_jobs
+                 WHERE model_id = ? AND rollout_metrics IS NOT NULL ORDER BY seq DESC LIMIT 1) AS job_metrics,
+               (SELECT created_at || ' ' || metrics FROM trajectory_logs
+                 WHERE model_id = ? ORDER BY seq DESC LIMIT 1) AS log_metrics",
+        )
+        .bind(model_id.to_string())
+        .bind(model_id.to_string())
+        .bind(model_id.to_string())
+        .bind(model_id.to_string())
+        .bind(model_id.to_string())
+        .fetch_one(&self.pool)
+        .await?;
+        // "<unix ms> <metrics JSON>"
+        let timed = |col: &str| -> Result<Option<(i64, BTreeMap<String, f64>)>> {
+            let Some(text) = row.try_get::<Option<String>, _>(col)? else { return Ok(None) };
+            let bad = || StoreError::Database(format!("unreadable {col}"));
+            let (at, json) = text.split_once(' ').ok_or_else(bad)?;
+            Ok(Some((at.parse().map_err(|_| bad())?, serde_json::from_str(json).map_err(|_| bad())?)))
+        };
+        let job_metrics = timed("job_metrics")?;
+        let log_metrics = timed("log_metrics")?;
+        let times = [
+            row.try_get::<Option<i64>, _>("checkpoint_at")?,
+            row.try_get::<Option<i64>, _>("job_at")?,
+            log_metrics.as_ref().map(|(at, _)| *at),
+        ];
+        Ok(crate::ModelSummary {
+            latest_step: row.try_get::<Option<i64>, _>("latest_step")?.unwrap_or(0),
+            last_activity: times.into_iter().flatten().max(),
+            job_metrics,
+            log_metrics,
+        })
     }
 
     async fn delete_model(&self, entity: &str, id: Uuid) -> Result<DeletedModel> {
@@ -469,6 +521,10 @@ impl crate::Store for SqliteStore {
 
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Job> {
         jobs::get_job(&self.pool, entity, id).await
+    }
+
+    async fn get_job_rollout(&self, entity: &str, id: Uuid) -> Result<crate::JobRollout> {
+        jobs::get_job_rollout(&self.pool, entity, id).await
     }
 
     async fn cancel_job(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Job> {

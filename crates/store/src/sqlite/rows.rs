@@ -99,6 +99,10 @@ pub(crate) fn job(row: &SqliteRow) -> Result<Job> {
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        rollout_metrics: match row.try_get::<Option<String>, _>("rollout_metrics")? {
+            Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::Database(e.to_string()))?,
+            None => Default::default(),
+        },
     })
 }
 

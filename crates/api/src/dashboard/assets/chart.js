@@ -54,3 +54,31 @@ export function nearest(points, x) {
   }
   return best;
 }
+
+/** The whole steps a drag from x `a` to x `b` covers, or null for a click (under one step). */
+export function zoomRange(a, b) {
+  const lo = Math.floor(Math.min(a, b));
+  const hi = Math.ceil(Math.max(a, b));
+  if (!Number.isFinite(lo) || !Number.isFinite(hi) || Math.abs(b - a) < 1) return null;
+  return [Math.max(0, lo), hi];
+}
+
+/** A trained token's background by its probability exp(logprob): hue 0 (red, unlikely) to 120
+ * (green, certain), light enough for dark text; null for an unknown logprob. */
+export function logprobColor(lp) {
+  if (!Number.isFinite(lp)) return null;
+  const p = Math.min(1, Math.exp(Math.min(0, lp)));
+  return `hsl(${Math.round(p * 120)} 70% 85%)`;
+}
+
+/** Each point's band: a bucket's extremes when it stands for several observations, else value
+ * ± the standard deviation observed with it (a `.../reward_std_dev` point of the same step and
+ * time), when there is one. `banded` says whether a point has a band at all. */
+export function bands(points, spread) {
+  const sd = new Map((spread || []).map((p) => [`${p.step} ${p.time_ms}`, p.value]));
+  return points.map((p) => {
+    const s = p.count > 1 ? undefined : sd.get(`${p.step} ${p.time_ms}`);
+    if (Number.isFinite(s)) return { ...p, min: p.value - s, max: p.value + s, sd: s, banded: true };
+    return { ...p, banded: p.count > 1 };
+  });
+}

@@ -1,7 +1,7 @@
 // node --test: the chart geometry, against hand-computed numbers.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { extent, scale, ticks, linePath, nearest } from "./chart.js";
+import { extent, scale, ticks, linePath, nearest, zoomRange, logprobColor, bands } from "./chart.js";
 
 test("extent pads a flat series and ignores non-numbers", () => {
   assert.deepEqual(extent([1, 3, NaN, 2]), [1, 3]);
@@ -34,4 +34,29 @@ test("linePath and nearest", () => {
   assert.equal(linePath(pts, sx, sy), "M0 100 L100 50 L200 0");
   assert.deepEqual(nearest(pts, 1.4), { x: 1, y: 0.5 });
   assert.equal(nearest([], 1), null);
+});
+
+test("a drag zooms to the whole steps it covers; a click does not zoom", () => {
+  assert.deepEqual(zoomRange(7.4, 2.6), [2, 8]);
+  assert.deepEqual(zoomRange(-0.5, 1.2), [0, 2]);
+  assert.equal(zoomRange(3.1, 3.6), null);
+  assert.equal(zoomRange(NaN, 3), null);
+});
+
+test("tokens are coloured by probability, red to green", () => {
+  assert.equal(logprobColor(0), "hsl(120 70% 85%)");
+  assert.equal(logprobColor(Math.log(0.5)), "hsl(60 70% 85%)");
+  assert.equal(logprobColor(-1e9), "hsl(0 70% 85%)");
+  assert.equal(logprobColor(0.3), "hsl(120 70% 85%)", "a positive logprob (rounding) is certainty");
+  assert.equal(logprobColor(NaN), null);
+  assert.equal(logprobColor(null), null);
+});
+
+test("a reward's band is its bucket's extremes, else plus or minus its std dev", () => {
+  const p = (step, value, count = 1, min = value, max = value) => ({ step, time_ms: step * 10, value, min, max, count });
+  const out = bands([p(1, 0.5), p(2, 0.7, 3, 0.2, 0.9), p(3, 0.4)], [p(1, 0.25), p(2, 0.1), { ...p(3, 0.3), time_ms: 99 }]);
+  assert.deepEqual([out[0].min, out[0].max, out[0].banded], [0.25, 0.75, true]);
+  assert.deepEqual([out[1].min, out[1].max, out[1].banded], [0.2, 0.9, true], "a bucket keeps its extremes");
+  assert.deepEqual([out[2].min, out[2].max, out[2].banded], [0.4, 0.4, false], "no std dev of that time");
+  assert.equal(bands([p(1, 0.5)], undefined)[0].banded, false);
 });
