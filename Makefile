@@ -112,7 +112,8 @@ test: model $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18
 	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
 	$(PYENV)/bin/python tests/python/test_anthropic_sdk.py target/debug/tandem $(MODEL)
-	$(PYENV)/bin/python tests/python/test_dashboard.py target/debug/tandem $(MODEL) $(BROWSER)/node_modules/axe-core/axe.min.js
+	$(PYENV)/bin/python tests/python/test_dashboard.py target/debug/tandem $(MODEL) \
+		$(BROWSER)/node_modules/axe-core/axe.min.js $(ART23ENV)/bin/python
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 

@@ -2,12 +2,14 @@
 at /usr/bin/chromium: nothing is downloaded), against a running tandem with a model that has logs
 and two trained steps. Accessibility is checked with axe-core (from npm, in target/browser).
 
-Usage: python test_dashboard.py <tandem binary> <model gguf> <axe.min.js>
+Usage: python test_dashboard.py <tandem binary> <model gguf> <axe.min.js> <python with openpipe-art>
 Screenshots of each page go to target/dashboard/. Prints 'dashboard: N passed, M failed'.
 """
 import os
 import re
+import subprocess
 import sys
+import time
 
 from playwright.sync_api import sync_playwright
 
@@ -19,6 +21,7 @@ SHOTS = os.path.join("target", "dashboard")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 AXE = sys.argv[3] if len(sys.argv) > 3 else ""
+ART_PYTHON = sys.argv[4] if len(sys.argv) > 4 else ""
 state = {}
 checks = []
 
@@ -229,6 +232,10 @@ def the_trajectory_browser_shows_chats_and_tokens_by_logprob(browser, server):
     assert abs(shown - run["logprob"]) <= 1e-3 * max(1.0, abs(run["logprob"])), (readout, run)
     assert token.evaluate("t => getComputedStyle(t).backgroundColor") != "rgba(0, 0, 0, 0)"
     page.screenshot(path=os.path.join(SHOTS, "trajectories.png"), full_page=True)
+    # Sorted, each trajectory keeps its own tokens (the job's stored sequences follow it).
+    _, by_reward, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}/trajectories?sort=reward_desc")
+    first = by_reward["groups"][0]["trajectories"][0]
+    assert (first["index"], first["sequences"]) == (1, trajs[1]["sequences"]), first["index"]
     # Sorted by reward, highest first: the reward-1 trajectory leads.
     page.select_option("#tr-sort", "reward_desc")
     page.click("form.toolbar button[type=submit]")
@@ -263,6 +270,60 @@ def the_api_reference_lists_every_operation(browser, server):
     page.click("details.op summary >> nth=0")
     page.screenshot(path=os.path.join(SHOTS, "api.png"))
     assert not errors, errors
+
+
+@check
+def an_art_run_is_watched_live(browser, server):
+    """The issue's walk-through, small: two tabs open on a model with no job yet, never reloaded,
+    while ART's own client runs examples/art_yes_no.py on it (ART registers the model with
+    return_existing): the reward curve gains each job's point and the trajectory browser shows
+    the newest job, by the pages' own polling."""
+    assert ART_PYTHON and os.path.exists(ART_PYTHON), f"no python with openpipe-art given ({ART_PYTHON!r})"
+    status, model, _ = server.api("POST", "/v1/preview/models",
+                                  {"project": "art-examples", "name": "live", "base_model": MODEL})
+    assert status == 200, model
+    model_id = model["id"]
+    curves, c_errors = new_page(browser)
+    sign_in(curves, server, KEY)
+    curves.wait_for_selector("h1:text-is('Models')")
+    curves.goto(f"{server.url}/#/models/{model_id}")
+    curves.wait_for_selector("text=Nothing logged yet.")
+    trajs, t_errors = new_page(browser)
+    sign_in(trajs, server, KEY)
+    trajs.wait_for_selector("h1:text-is('Models')")
+    trajs.goto(f"{server.url}/#/models/{model_id}/trajectories")
+    trajs.wait_for_selector("text=No RL jobs or logs yet.")
+    label = "() => [...document.querySelectorAll('svg.chart')].map(s => s.getAttribute('aria-label'))" \
+            ".find(l => l.startsWith('train/reward ')) || ''"
+    heading = "() => (document.querySelector('#groups h2') || {}).textContent || ''"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    proc = subprocess.Popen(
+        [ART_PYTHON, "examples/art_yes_no.py", "--url", server.url, "--api-key", KEY, "--name", "live",
+         "--questions", "2", "--samples", "4", "--steps", "3", "--art-path", os.path.join("target", "dashboard-art")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        counts = []
+        deadline = time.monotonic() + 600
+        while True:
+            shown = curves.evaluate(label)
+            n = int(re.search(r": (\d+) points", shown).group(1)) if shown else 0
+            if not counts or counts[-1] != n:
+                counts.append(n)
+            if n == 3 and proc.poll() is not None:
+                break
+            assert time.monotonic() < deadline, counts
+            time.sleep(0.5)
+        out = proc.stdout.read()
+        assert proc.returncode == 0, out
+        assert counts[0] == 0 and counts[-1] == 3, (counts, out)
+        _, listed, _ = server.api("GET", f"/v1/preview/models/{model_id}/training-jobs?order=desc")
+        newest = [j["id"] for j in listed["data"] if j["kind"] == "rl"][0]
+        trajs.wait_for_function(f"() => ({heading})() === 'Job {newest}'", timeout=15000)
+        curves.screenshot(path=os.path.join(SHOTS, "model-live.png"), full_page=True)
+        assert not c_errors and not t_errors, (c_errors, t_errors)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 @check

@@ -282,8 +282,8 @@ pub fn histories(traj: &Value, is_trained: &dyn Fn(&str) -> bool) -> (Vec<Histor
         }
     }
     if !calls.is_empty() {
-        // ART records calls with RFC 3339 start times; they sort as text.
-        calls.sort_by(|a, b| a.1["start_time"].as_str().cmp(&b.1["start_time"].as_str()));
+        // In time order, as the trainer takes them (RFC 3339 times do not sort as text).
+        calls.sort_by_key(|(_, c)| tandem_core::sequences::exchange_times(c));
         let model = |c: &Value| c["request"]["model"].as_str().or(c["response"]["model"].as_str()).map(is_trained);
         let last = calls.iter().rev().find(|(_, c)| model(c) == Some(true)).or(calls.last());
         let shown = last.map(|(kind, c)| exchange_history(kind, c)).into_iter().collect();
@@ -385,13 +385,14 @@ mod tests {
                    "response": {"choices": [{"message": {"role": "assistant", "content": answer}}]}})
         };
         let traj = json!({"reward": 1.0, "exchanges": {
-            "chat_completions": [chat("2026-01-01T00:00:02Z", "judge", "graded"), chat("2026-01-01T00:00:01Z", "e/p/m", "mine")],
+            "chat_completions": [chat("2026-01-01T00:00:02Z", "judge", "graded"), chat("2026-01-01T00:00:01.5Z", "e/p/m", "mine"),
+                                 chat("2026-01-01T00:00:01Z", "e/p/m", "earlier")],
             "messages": [{"start_time": "2026-01-01T00:00:00Z", "request": {"model": "e/p/m", "system": "s",
                 "messages": [{"role": "user", "content": "hi"}]},
                 "response": {"content": [{"type": "text", "text": "a"}, {"type": "tool_use", "name": "f", "input": {"x": 1}}]}}]
         }});
         let v = trajectory(0, &traj, &|m| m == "e/p/m");
-        assert_eq!(v.exchanges, 3);
+        assert_eq!(v.exchanges, 4);
         let msgs = &v.histories[0].messages;
         assert_eq!(msgs.last().map(|m| (m.content.as_str(), m.sampled)), Some(("mine", true)));
 

@@ -41,8 +41,8 @@ pub struct ModelSummaryView {
     pub latest_step: i64,
     /// The newest checkpoint, log or job (RFC 3339), absent before any.
     pub last_activity: Option<String>,
-    /// The newest reward seen: of the newest log (its `{split}/reward`) or RL job (its
-    /// `train/reward`), whichever is newer.
+    /// The newest reward seen: of the newest log (its `{split}/reward`) or of the newest RL job
+    /// that runs or succeeded (its `train/reward`), whichever is newer.
     pub last_reward: Option<f64>,
     /// Its key (`val/reward`, `train/reward`, ...).
     pub last_reward_key: Option<String>,

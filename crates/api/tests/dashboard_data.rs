@@ -62,7 +62,8 @@ async fn job_rollouts_give_a_reward_curve_and_a_trajectory_browser() {
     // No model is served in this test app: the tokens cannot be shown, and it says why.
     assert!(t["sequences_error"].as_str().unwrap().contains("not served"), "{t}");
 
-    // Sorted by mean reward (0.5 vs 0.5: stable), trajectories by reward; filtered; paged.
+    // From 0.3 up: group 0 keeps 1.0, group 1 keeps 0.5 and 0.75 (mean 0.625); sorted by mean
+    // reward, trajectories by reward.
     let page = app.ok("GET", &format!("{path}?sort=reward_desc&min_reward=0.3"), KEY_A, None).await;
     let rewards: Vec<Vec<f64>> = page["groups"]
         .as_array()
@@ -172,6 +173,18 @@ async fn models_are_searched_and_summarised() {
     let plain = app.ok("GET", "/v1/preview/models?search=alpha", KEY_A, None).await;
     assert!(plain["data"][0].get("summary").is_none());
     assert_eq!(app.ok("GET", "/v1/preview/models?search=%25", KEY_A, None).await["data"], json!([]));
+    // A running job's rollouts are newer than the log: its reward is the last one.
+    let body = json!({"model_id": id, "trajectory_groups": [group(&[0.0, 0.5])]});
+    app.ok("POST", "/v1/preview/training-jobs", KEY_A, Some(body)).await;
+    let queued = app.ok("GET", "/v1/preview/models?search=alpha&summary=true", KEY_A, None).await;
+    assert_eq!(queued["data"][0]["summary"]["last_reward_key"], "val/reward", "a queued job is not on the curve yet");
+    app.store.claim_next_job().await.unwrap().unwrap();
+    let running = app.ok("GET", "/v1/preview/models?search=alpha&summary=true", KEY_A, None).await;
+    let s = &running["data"][0]["summary"];
+    assert_eq!((s["last_reward_key"].as_str(), s["last_reward"].as_f64()), (Some("train/reward"), Some(0.25)));
+    // 256 characters of three bytes each are allowed; 257 are not.
+    let ok = "é".repeat(256);
+    assert_eq!(app.call("GET", &format!("/v1/preview/models?search={ok}"), KEY_A, None).await.status, 200);
     let long = "x".repeat(300);
     let r = app.call("GET", &format!("/v1/preview/models?search={long}"), KEY_A, None).await;
     assert_eq!(r.status, 422);

@@ -13,7 +13,7 @@
 mod exchanges;
 mod stored;
 
-pub use exchanges::{TrainedModel, KINDS as EXCHANGE_KINDS};
+pub use exchanges::{times as exchange_times, TrainedModel, KINDS as EXCHANGE_KINDS};
 pub use stored::{
     tokenize_groups, ModelBounds, RlInputs, TokenizeError, TokenizedGroup, TokenizedGroups, TokenizedTrajectory,
     TOKENIZED_FORMAT,

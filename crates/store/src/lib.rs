@@ -132,9 +132,10 @@ pub struct Rollout {
 pub struct ModelSummary {
     /// The newest live checkpoint's step (0 before any).
     pub latest_step: i64,
-    /// Unix milliseconds of the newest checkpoint, log or job (None when there is none).
+    /// Unix milliseconds of the newest live checkpoint, log or job (None when there is none).
     pub last_activity: Option<i64>,
-    /// The newest job's rollout metrics and the newest log's metrics, each with its time.
+    /// The rollout metrics of the newest job that runs or succeeded, and the newest log's
+    /// metrics, each with its time.
     pub job_metrics: Option<(i64, BTreeMap<String, f64>)>,
     pub log_metrics: Option<(i64, BTreeMap<String, f64>)>,
 }

@@ -126,8 +126,8 @@ pub async fn get(
     params(
         crate::openapi::bodies::PageParams,
         crate::openapi::bodies::ProjectFilter,
-        ("search" = Option<String>, Query, description = "Only models whose `project/name` contains this text (case-insensitive), at most 256 bytes"),
-        ("summary" = Option<bool>, Query, description = "`true`: add each model's progress (latest step, last activity, last reward)")
+        ("search" = Option<String>, Query, description = "Only models whose `project/name` contains this text (ASCII case-insensitive, literal), at most 256 characters"),
+        ("summary" = Option<bool>, Query, description = "Exactly `true`: add each model's progress (latest step, last activity, last reward); anything else leaves it out")
     ),
     responses(
         (status = 200, body = crate::views::ListView<crate::views::ModelView>),
@@ -144,9 +144,9 @@ pub async fn list(
     let page = page_request(&query, true)?;
     let project = query.get("project").map(String::as_str);
     let search = query.get("search").map(String::as_str).filter(|s| !s.is_empty());
-    if search.is_some_and(|s| s.len() > 256) {
+    if search.is_some_and(|s| s.chars().count() > 256) {
         let mut v = Validator::new("query");
-        v.at("search", |v| v.value_error(&serde_json::json!(search), "search must be at most 256 bytes"));
+        v.at("search", |v| v.value_error(&serde_json::json!(search), "search must be at most 256 characters"));
         return Err(ApiError::validation(v.into_errors()).into());
     }
     let models = state.store().list_models(&caller.entity, project, search, page).await?;

@@ -6,7 +6,7 @@ use super::owned_model;
 use crate::auth::Caller;
 use crate::body::path_id;
 use crate::error::{ApiError, ErrorKind, PreviewError};
-use crate::trajectory_view::{group, token_runs, GroupView, TrajectoriesView};
+use crate::trajectory_view::{group, token_runs, GroupView, TrajectoriesView, TrajectoryView};
 use crate::AppState;
 use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
@@ -22,6 +22,32 @@ use tandem_store::StoreError;
 /// sequences are rendered token by token).
 const DEFAULT_GROUPS: usize = 10;
 const MAX_GROUPS: usize = 50;
+/// Most tokens one page decodes for its token view; trajectories past it are sent without
+/// sequences (saying so). A page of 50 groups of 1,024 long trajectories would otherwise decode
+/// hundreds of millions of tokens in one request.
+const MAX_PAGE_TOKENS: usize = 262_144;
+
+/// Trajectory pages being read and rendered at once, over every tenant: each parses a whole log
+/// or job (up to the body limit) and decodes a page of tokens, so more would queue rather than
+/// take memory and the cores from inference.
+/// One of them per entity at a time (a second is a 429), so one tenant cannot hold both.
+static RENDERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+static PER_ENTITY: std::sync::LazyLock<std::sync::Arc<crate::limiter::EntityLimiter>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(crate::limiter::EntityLimiter::new(1)));
+
+async fn render_permit(
+    caller: &Caller,
+) -> Result<(crate::limiter::Permit, tokio::sync::SemaphorePermit<'static>), ApiError> {
+    let mine = PER_ENTITY.acquire(&caller.entity).ok_or_else(|| {
+        ApiError::new(ErrorKind::TooManyRequests, "a trajectory page of this entity is being read; retry when it is done")
+            .with_retry_after(1)
+    })?;
+    let shared = RENDERS
+        .acquire()
+        .await
+        .map_err(|_| ApiError::new(ErrorKind::Unavailable, "trajectory rendering is shut down"))?;
+    Ok((mine, shared))
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Sort {
@@ -89,27 +115,53 @@ fn render(
     let is_trained = |m: &str| trained.matches(m);
     let empty = Vec::new();
     let raw = groups.as_array().unwrap_or(&empty);
-    let mut views: Vec<GroupView> = raw.iter().enumerate().map(|(i, g)| group(i, g, &is_trained)).collect();
-    for g in &mut views {
-        g.trajectories.retain(|t| (q.min_reward..=q.max_reward).contains(&t.reward));
-    }
-    views.retain(|g| !g.trajectories.is_empty());
-    let mean = |g: &GroupView| g.trajectories.iter().map(|t| t.reward).sum::<f64>() / g.trajectories.len() as f64;
-    match q.sort {
-        Sort::Index => {}
-        Sort::RewardDesc | Sort::RewardAsc => {
-            let desc = q.sort == Sort::RewardDesc;
-            let order = |a: f64, b: f64| if desc { b.total_cmp(&a) } else { a.total_cmp(&b) };
-            views.sort_by(|a, b| order(mean(a), mean(b)));
-            for g in &mut views {
-                g.trajectories.sort_by(|a, b| order(a.reward, b.reward));
-            }
+    // Filter and sort on the rewards alone; only the page's groups are rendered (a job's groups
+    // can be tens of megabytes).
+    let reward = |t: &Value| t.get("reward").and_then(Value::as_f64).unwrap_or(0.0);
+    let mut kept: Vec<(usize, Vec<(usize, f64)>)> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let trajs = g.get("trajectories").and_then(Value::as_array).map_or(&empty, |a| a);
+            let rewards = trajs
+                .iter()
+                .map(reward)
+                .enumerate()
+                .filter(|(_, r)| (q.min_reward..=q.max_reward).contains(r))
+                .collect();
+            (i, rewards)
+        })
+        .filter(|(_, rewards): &(usize, Vec<(usize, f64)>)| !rewards.is_empty())
+        .collect();
+    let mean = |rs: &[(usize, f64)]| rs.iter().map(|(_, r)| r).sum::<f64>() / rs.len() as f64;
+    if q.sort != Sort::Index {
+        let desc = q.sort == Sort::RewardDesc;
+        let order = |a: f64, b: f64| if desc { b.total_cmp(&a) } else { a.total_cmp(&b) };
+        kept.sort_by(|a, b| order(mean(&a.1), mean(&b.1)));
+        for (_, rs) in &mut kept {
+            rs.sort_by(|a, b| order(a.1, b.1));
         }
     }
-    let total_groups = views.len();
-    let mut page: Vec<GroupView> = views.into_iter().skip(q.offset).take(q.limit).collect();
+    let total_groups = kept.len();
+    let page_of: Vec<(usize, Vec<(usize, f64)>)> = kept.into_iter().skip(q.offset).take(q.limit).collect();
+    let mut page: Vec<GroupView> = page_of
+        .into_iter()
+        .map(|(i, rs)| {
+            let mut g = group(i, &raw[i], &is_trained);
+            let mut all: Vec<Option<TrajectoryView>> = std::mem::take(&mut g.trajectories).into_iter().map(Some).collect();
+            g.trajectories = rs.iter().filter_map(|(t, _)| all.get_mut(*t).and_then(Option::take)).collect();
+            g
+        })
+        .collect();
+    let mut budget = MAX_PAGE_TOKENS;
     for g in &mut page {
         for t in &mut g.trajectories {
+            if budget == 0 {
+                t.sequences_error = Some(format!(
+                    "not shown: this page already shows {MAX_PAGE_TOKENS} tokens (ask for fewer groups, or filter)"
+                ));
+                continue;
+            }
             let at = format!("trajectory_groups[{}].trajectories[{}]", g.index, t.index);
             let seqs: Result<Vec<Sequence>, String> = match (stored, served) {
                 (Some(RlInputs::Tokenized(tok)), _) => tok
@@ -129,6 +181,7 @@ fn render(
             };
             match (seqs, served) {
                 (Ok(seqs), Some(served)) => {
+                    budget = budget.saturating_sub(seqs.iter().map(|q| q.tokens.len()).sum::<usize>());
                     for seq in &seqs {
                         match served.token_texts(&seq.tokens, false) {
                             Ok((mut texts, held)) => {
@@ -182,6 +235,7 @@ async fn render_off_thread(
         (status = 200, body = TrajectoriesView),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such model or log for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 429, description = "Another trajectory page of this entity is being read", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
     ),
     security(("bearer" = []))
@@ -195,6 +249,7 @@ pub async fn of_log(
     let q = parse(&query)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let log_id = path_id(&log_id, "log")?;
+    let _permits = render_permit(&caller).await?;
     let (_, groups) = state.store().get_log(model.id, log_id).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("log"),
         other => other.into(),
@@ -220,7 +275,8 @@ pub async fn of_log(
         (status = 200, body = TrajectoriesView),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such job for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
-        (status = 409, description = "The job keeps no rollouts (an SFT job, or one created before they were kept)", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 429, description = "Another trajectory page of this entity is being read", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 409, description = "The job keeps no trajectories: an SFT job, or an RL job tokenized at creation before its groups were kept", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
     ),
     security(("bearer" = []))
@@ -233,6 +289,7 @@ pub async fn of_job(
 ) -> Result<Json<TrajectoriesView>, PreviewError> {
     let q = parse(&query)?;
     let job_id = path_id(&job_id, "job")?;
+    let _permits = render_permit(&caller).await?;
     let not_found = |e| match e {
         StoreError::NotFound => ApiError::not_found("job"),
         other => other.into(),
@@ -245,7 +302,7 @@ pub async fn of_job(
         (Some(groups), _) => groups,
         (None, Some(RlInputs::Raw(groups))) if rollout.job.kind == tandem_core::records::JobKind::Rl => groups.clone(),
         _ => {
-            return Err(ApiError::new(ErrorKind::Conflict, "this job keeps no trajectories (an SFT job, or one created before they were kept)").into())
+            return Err(ApiError::new(ErrorKind::Conflict, "this job keeps no trajectories (an SFT job, or an RL job created before tandem kept its groups)").into())
         }
     };
     Ok(Json(render_off_thread(&state, groups, stored, model, q).await?))

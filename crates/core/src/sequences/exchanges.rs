@@ -60,8 +60,9 @@ fn id_list(v: Option<&Value>) -> Option<Vec<u32>> {
     (!ids.is_empty()).then_some(ids)
 }
 
-/// Start and end time in nanoseconds since the epoch (ART sorts by both).
-fn times(x: &Value) -> (i128, i128) {
+/// Start and end time in nanoseconds since the epoch (ART sorts by both); a missing or
+/// unreadable time sorts last.
+pub fn times(x: &Value) -> (i128, i128) {
     let t = |k: &str| {
         x.get(k)
             .and_then(Value::as_str)

@@ -58,17 +58,24 @@ pub(crate) async fn gradient_step_history(pool: &SqlitePool, model_id: Uuid) -> 
         .collect()
 }
 
+/// A job's columns without its inputs and rollout groups (each can be megabytes): what every
+/// read of a job as a record selects.
+const JOB_COLUMNS: &str = "id, model_id, kind, status, step, error_message, cancel_requested, attempts, created_at, \
+                           started_at, finished_at, rollout_metrics";
+
+/// [`JOB_COLUMNS`] of the table aliased `j`.
+fn job_columns_of_j() -> String {
+    JOB_COLUMNS.split(", ").map(|c| format!("j.{c}")).collect::<Vec<_>>().join(", ")
+}
+
 pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageRequest) -> Result<Page<Job>> {
     let (cmp, order) = super::seq_clause(page.order);
     let after = match page.after {
         Some(a) => Some(super::cursor_seq(pool, "training_jobs", "model_id", &model_id.to_string(), a).await?),
         None => None,
     };
-    // Not `*`: a job's stored inputs can be megabytes, and a listing needs none of them.
     let sql = format!(
-        "SELECT id, model_id, kind, status, step, error_message, cancel_requested, attempts, created_at, started_at,
-                finished_at, rollout_metrics
-         FROM training_jobs WHERE model_id = ? AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
+        "SELECT {JOB_COLUMNS} FROM training_jobs WHERE model_id = ? AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
     );
     let rows = sqlx::query(&sql)
         .bind(model_id.to_string())
@@ -83,11 +90,12 @@ pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageReque
 
 pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
     let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));
-    let row = sqlx::query(
+    let sql = format!(
         "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, rollout_metrics,
                                     rollout_groups, created_at)
-         VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING *",
-    )
+         VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING {JOB_COLUMNS}"
+    );
+    let row = sqlx::query(&sql)
     .bind(tandem_core::new_id().to_string())
     .bind(new.model_id.to_string())
     .bind(new.kind.as_str())
@@ -102,9 +110,11 @@ pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
 }
 
 pub(crate) async fn get_job<'e, E: sqlx::SqliteExecutor<'e>>(ex: E, entity: &str, id: Uuid) -> Result<Job> {
-    let row = sqlx::query(
-        "SELECT j.* FROM training_jobs j JOIN models m ON m.id = j.model_id WHERE j.id = ? AND m.entity = ?",
-    )
+    let sql = format!(
+        "SELECT {} FROM training_jobs j JOIN models m ON m.id = j.model_id WHERE j.id = ? AND m.entity = ?",
+        job_columns_of_j()
+    );
+    let row = sqlx::query(&sql)
     .bind(id.to_string())
     .bind(entity)
     .fetch_one(ex)
@@ -128,7 +138,8 @@ pub(crate) async fn get_job_rollout(pool: &SqlitePool, entity: &str, id: Uuid) -
 }
 
 async fn job_by_id(conn: &mut SqliteConnection, id: Uuid) -> Result<Job> {
-    let row = sqlx::query("SELECT * FROM training_jobs WHERE id = ?").bind(id.to_string()).fetch_one(conn).await?;
+    let sql = format!("SELECT {JOB_COLUMNS} FROM training_jobs WHERE id = ?");
+    let row = sqlx::query(&sql).bind(id.to_string()).fetch_one(conn).await?;
     rows::job(&row)
 }
 
@@ -171,7 +182,7 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
     // One statement, so the claim is atomic without an explicit transaction. Round robin between
     // entities: the next job is the oldest one of the entity whose latest job started longest
     // ago (never: first), so one entity's queue of jobs cannot hold back another's.
-    let row = sqlx::query(
+    let sql = format!(
         "UPDATE training_jobs SET status = 'running', started_at = ?, attempts = attempts + 1
          WHERE id = (
             SELECT j.id FROM training_jobs j JOIN models m ON m.id = j.model_id
@@ -180,8 +191,9 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
             ORDER BY (SELECT MAX(s.started_at) FROM training_jobs s JOIN models sm ON sm.id = s.model_id
                       WHERE sm.entity = m.entity) ASC NULLS FIRST, j.seq
             LIMIT 1)
-         RETURNING *",
-    )
+         RETURNING {JOB_COLUMNS}, config, trajectory_groups"
+    );
+    let row = sqlx::query(&sql)
     .bind(now_ms())
     .fetch_optional(pool)
     .await?;
@@ -291,8 +303,8 @@ pub(crate) async fn finish_job(tx: &mut Transaction<'_, Sqlite>, id: Uuid, outco
 }
 
 pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64) -> Result<Recovery> {
-    let rows =
-        sqlx::query("SELECT * FROM training_jobs WHERE status = 'running' ORDER BY seq").fetch_all(&mut **tx).await?;
+    let sql = format!("SELECT {JOB_COLUMNS} FROM training_jobs WHERE status = 'running' ORDER BY seq");
+    let rows = sqlx::query(&sql).fetch_all(&mut **tx).await?;
     let mut out = Recovery::default();
     for row in &rows {
         let job = rows::job(row)?;

@@ -239,14 +239,17 @@ impl crate::Store for SqliteStore {
     }
 
     async fn model_summary(&self, model_id: Uuid) -> Result<crate::ModelSummary> {
-        // Each sub-query reads one model's rows through its (model_id, ...) index.
+        // Each sub-query reads one model's rows through an index on model_id: live checkpoints
+        // through the partial (model_id, step) one, jobs and logs through (model_id, seq). A job's
+        // reward counts once it runs or succeeded, as on the history's curve.
         let row = sqlx::query(
             "SELECT
                (SELECT MAX(step) FROM checkpoints WHERE model_id = ? AND deleted_at IS NULL) AS latest_step,
-               (SELECT MAX(created_at) FROM checkpoints WHERE model_id = ?) AS checkpoint_at,
+               (SELECT MAX(created_at) FROM checkpoints WHERE model_id = ? AND deleted_at IS NULL) AS checkpoint_at,
                (SELECT created_at FROM training_jobs WHERE model_id = ? ORDER BY seq DESC LIMIT 1) AS job_at,
                (SELECT created_at || ' ' || rollout_metrics FROM training_jobs
-                 WHERE model_id = ? AND rollout_metrics IS NOT NULL ORDER BY seq DESC LIMIT 1) AS job_metrics,
+                 WHERE model_id = ? AND rollout_metrics IS NOT NULL AND status IN ('running', 'succeeded')
+                 ORDER BY seq DESC LIMIT 1) AS job_metrics,
                (SELECT created_at || ' ' || metrics FROM trajectory_logs
                  WHERE model_id = ? ORDER BY seq DESC LIMIT 1) AS log_metrics",
         )

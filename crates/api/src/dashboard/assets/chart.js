@@ -57,10 +57,11 @@ export function nearest(points, x) {
 
 /** The whole steps a drag from x `a` to x `b` covers, or null for a click (under one step). */
 export function zoomRange(a, b) {
-  const lo = Math.floor(Math.min(a, b));
+  const lo = Math.max(0, Math.floor(Math.min(a, b)));
   const hi = Math.ceil(Math.max(a, b));
-  if (!Number.isFinite(lo) || !Number.isFinite(hi) || Math.abs(b - a) < 1) return null;
-  return [Math.max(0, lo), hi];
+  // A drag in the margin left of step 0 reaches negative steps: no range, not [0, -2].
+  if (!Number.isFinite(lo) || !Number.isFinite(hi) || Math.abs(b - a) < 1 || hi < lo) return null;
+  return [lo, hi];
 }
 
 /** A trained token's background by its probability exp(logprob): hue 0 (red, unlikely) to 120

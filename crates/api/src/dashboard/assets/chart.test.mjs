@@ -41,6 +41,7 @@ test("a drag zooms to the whole steps it covers; a click does not zoom", () => {
   assert.deepEqual(zoomRange(-0.5, 1.2), [0, 2]);
   assert.equal(zoomRange(3.1, 3.6), null);
   assert.equal(zoomRange(NaN, 3), null);
+  assert.equal(zoomRange(-11, -2), null, "wholly left of step 0");
 });
 
 test("tokens are coloured by probability, red to green", () => {

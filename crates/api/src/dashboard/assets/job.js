@@ -19,9 +19,10 @@ export async function job(id, gen) {
   let j = await api(`/v1/preview/training-jobs/${id}`);
   if (gen !== nav.generation) return;
   const events = [];
-  const head = el("p", { role: "status" });
+  const head = el("p");
   const bar = el("progress", { id: "job-progress", max: "1", value: "0", "aria-label": "gradient steps done" });
-  const barText = el("span", { class: "readout" });
+  const barText = el("span", { class: "readout", "aria-live": "polite" });
+  const eventsTitle = el("h2", {}, "Events (newest first)");
   const error = el("div");
   const rows = el("tbody");
   const actions = el("div", { class: "toolbar" });
@@ -37,6 +38,7 @@ export async function job(id, gen) {
     error.replaceChildren(...(j.error_message
       ? [el("h2", {}, "Error"), el("pre", { class: "error-text" }, j.error_message)] : []));
     const shown = events.slice(-SHOWN_EVENTS).reverse();
+    eventsTitle.textContent = `Events (newest first${events.length > SHOWN_EVENTS ? `, the last ${SHOWN_EVENTS} of ${events.length}` : ""})`;
     rows.replaceChildren(...shown.map((e) => el("tr", {},
       el("td", {}, e.type), el("td", {}, when(e.created_at)), el("td", { class: "mono" }, summary(e.data)))));
     actions.replaceChildren(
@@ -47,13 +49,19 @@ export async function job(id, gen) {
         onclick: async (ev) => {
           if (!confirm(`Cancel this ${j.kind} job?`)) return;
           ev.target.disabled = true;
-          j = await api(`/v1/preview/training-jobs/${id}/cancel`, "POST").catch(() => j);
+          await api(`/v1/preview/training-jobs/${id}/cancel`, "POST").catch(() => null);
           await read();
         },
       }, "Cancel") : "");
   };
-  // Events are read onwards from the last one seen, a page at a time.
-  const read = async () => {
+  // Events are read onwards from the last one seen, a page at a time; one read at a time (a
+  // cancel during a poll waits for it, then reads again), so no page is appended twice.
+  let reading = Promise.resolve();
+  const read = () => {
+    reading = reading.then(readOnce, readOnce);
+    return reading;
+  };
+  const readOnce = async () => {
     for (;;) {
       const q = new URLSearchParams({ limit: "100" });
       if (events.length) q.set("after", events[events.length - 1].id);
@@ -73,7 +81,7 @@ export async function job(id, gen) {
     el("p", {}, bar, " ", barText),
     actions,
     error,
-    el("h2", {}, `Events (newest first${events.length > SHOWN_EVENTS ? `, last ${SHOWN_EVENTS}` : ""})`),
+    eventsTitle,
     table(["Type", "When", "Data"], rows),
   );
   await read();

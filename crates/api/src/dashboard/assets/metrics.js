@@ -53,7 +53,7 @@ export function rate(before, after, seconds) {
 /** HTTP answers of status class 4xx or 5xx by route since the last reading: [{ handler,
  * status, count }], most first. */
 export function newErrors(before, after) {
-  const key = (s) => `${s.labels.handler} ${s.labels.status}`;
+  const key = (s) => `${s.labels.method} ${s.labels.handler} ${s.labels.status}`;
   const was = new Map(before.filter((s) => s.name === "http_requests_total").map((s) => [key(s), s.value]));
   const out = [];
   for (const s of after) {

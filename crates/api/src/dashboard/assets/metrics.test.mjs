@@ -38,6 +38,12 @@ test("new errors are the 4xx and 5xx answers since the last reading", () => {
   const after = parseMetrics(TEXT.replace('status="4xx"} 3', 'status="4xx"} 5'));
   assert.deepEqual(newErrors(before, after), [{ handler: "/v1/chat/completions", method: "POST", status: "4xx", count: 2 }]);
   assert.equal(newErrors([], before).length, 2);
+  // One route, two methods: each counter is compared with its own earlier value.
+  const two = (get, del) => parseMetrics(`http_requests_total{handler="/m",method="GET",status="4xx"} ${get}
+http_requests_total{handler="/m",method="DELETE",status="4xx"} ${del}
+`);
+  assert.deepEqual(newErrors(two(5, 1), two(5, 1)), []);
+  assert.deepEqual(newErrors(two(5, 1), two(5, 3)), [{ handler: "/m", method: "DELETE", status: "4xx", count: 2 }]);
 });
 
 test("a job's progress counts gradient steps since its latest start", () => {

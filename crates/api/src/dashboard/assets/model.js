@@ -1,7 +1,7 @@
 // A model's page: its curves (reward, training metrics; zoom to a step range, hover or arrow
 // keys to read a value), its jobs, checkpoints and the playground.
 import { extent, scale, ticks, linePath, nearest, zoomRange, bands } from "./chart.js";
-import { el, svg, api, ApiError, errorText, key, nav, show, every, seconds, table } from "./dom.js";
+import { el, svg, api, ApiError, errorText, key, nav, show, every, seconds, table, when, num } from "./dom.js";
 
 const W = 480;
 const H = 220;
@@ -227,6 +227,16 @@ function jobRow(j, changed) {
     el("td", {}, seconds(j.started_at, j.finished_at)), el("td", {}, cancel));
 }
 
+/** A checkpoint's rewards and loss in a line; every metric on request. */
+function checkpointMetrics(metrics) {
+  const all = Object.entries(metrics || {});
+  const main = all.filter(([k]) => k.endsWith("/reward") || k === "loss");
+  const line = main.map(([k, v]) => `${k} ${num(v, 4)}`).join(" · ");
+  if (all.length <= main.length) return line;
+  return el("details", {}, el("summary", {}, line || `${all.length} ${all.length === 1 ? "metric" : "metrics"}`),
+    el("p", { class: "mono" }, all.map(([k, v]) => `${k}=${num(v, 5)}`).join(" ")));
+}
+
 function ordered(series) {
   const rank = (k) => (k.endsWith("/reward") ? 0 : k.startsWith("training/") ? 1 : 2);
   return [...series].sort((a, b) => rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
@@ -252,7 +262,7 @@ export async function model(id, gen) {
   const playgroundSlot = el("div");
   let playgroundSteps = null;
   const updated = el("span", { class: "readout" });
-  const draw = async () => {
+  const drawOnce = async () => {
     const q = new URLSearchParams({ max_points: "400" });
     if (zoom) {
       q.set("min_step", zoom[0]);
@@ -271,8 +281,11 @@ export async function model(id, gen) {
     }
     charts.replaceChildren(...(primary.length ? primary : [el("p", {}, "Nothing logged yet.")]));
     more.replaceChildren(...rest);
-    ckpts.replaceChildren(...[...h.checkpoints].reverse().map((c) =>
-      el("tr", {}, el("td", {}, c.step), el("td", {}, new Date(c.time_ms).toLocaleString()),
+    // The newest 100 with their metrics (the training summary and the logs made at that step).
+    const cps = await api(`/v1/preview/models/${id}/checkpoints?order=desc&limit=100`);
+    if (gen !== nav.generation) return;
+    ckpts.replaceChildren(...cps.data.map((c) =>
+      el("tr", {}, el("td", {}, c.step), el("td", {}, when(c.created_at)), el("td", {}, checkpointMetrics(c.metrics)),
         el("td", {}, el("button", {
           type: "button",
           "aria-label": `Delete checkpoint ${c.step}`,
@@ -297,6 +310,13 @@ export async function model(id, gen) {
     if (gen !== nav.generation) return;
     jobs.replaceChildren(...js.data.map((j) => jobRow(j, () => draw().catch(failed))));
     updated.textContent = `${h.truncated ? "truncated history; " : ""}updated ${new Date().toLocaleTimeString()}`;
+  };
+  // One read of the page's data at a time: a zoom, a delete or the poll that comes while one is
+  // under way runs after it, so an older answer never lands over a newer request's.
+  let drawing = Promise.resolve();
+  const draw = () => {
+    drawing = drawing.catch(() => {}).then(drawOnce);
+    return drawing;
   };
   const failed = (e) => {
     if (e.status === 401) return window.dispatchEvent(new HashChangeEvent("hashchange"));
@@ -328,8 +348,8 @@ export async function model(id, gen) {
     playgroundSlot,
     el("h2", {}, "Training jobs (newest 20)"),
     table(["Job", "Status", "Step", "Reward", "Created", "Duration", "Action"], jobs),
-    el("h2", {}, "Checkpoints"),
-    table(["Step", "Created", "Action"], ckpts),
+    el("h2", {}, "Checkpoints (newest 100)"),
+    table(["Step", "Created", "Metrics", "Action"], ckpts),
   );
   await draw();
   // Live: the curves follow a running job.

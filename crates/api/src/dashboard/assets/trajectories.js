@@ -15,14 +15,31 @@ function message(m) {
     ...m.tool_calls.map((c) => el("div", { class: "tool-call mono" }, `→ ${c.name}(${c.arguments})`)));
 }
 
+/** A sequence's text with its sampled tokens coloured. One tab stop per sequence: arrow keys move
+ * between its tokens (a long answer would otherwise be thousands of tab stops). */
 function tokens(seq, readout) {
-  return el("p", { class: "tokens mono" }, ...seq.map((run) => {
+  let first = true;
+  const p = el("p", {
+    class: "tokens mono",
+    onkeydown: (ev) => {
+      if (!["ArrowLeft", "ArrowRight", "Home", "End"].includes(ev.key) || !ev.target.classList.contains("tok")) return;
+      const all = [...p.querySelectorAll(".tok")];
+      const at = all.indexOf(ev.target);
+      const to = ev.key === "Home" ? 0 : ev.key === "End" ? all.length - 1
+        : Math.max(0, Math.min(all.length - 1, at + (ev.key === "ArrowLeft" ? -1 : 1)));
+      ev.preventDefault();
+      ev.target.tabIndex = -1;
+      all[to].tabIndex = 0;
+      all[to].focus();
+    },
+  }, ...seq.map((run) => {
     if (!run.trained) return el("span", { class: "context" }, run.text);
     const color = logprobColor(run.logprob);
     const say = run.logprob === null || run.logprob === undefined
       ? `${JSON.stringify(run.text)}: logprob unknown`
       : `${JSON.stringify(run.text)}: logprob ${num(run.logprob, 4)}, p ${num(Math.exp(run.logprob), 3)}`;
-    const span = el("span", { class: "tok", tabindex: "0", title: say, style: null }, run.text);
+    const span = el("span", { class: "tok", tabindex: first ? "0" : "-1", title: say }, run.text);
+    first = false;
     // Set through CSSOM: the page's CSP allows no inline style attributes.
     if (color) span.style.background = color;
     else span.classList.add("unknown");
@@ -31,6 +48,7 @@ function tokens(seq, readout) {
     span.addEventListener("focus", read);
     return span;
   }));
+  return p;
 }
 
 function trajectory(t) {
@@ -46,6 +64,7 @@ function trajectory(t) {
       ...h.messages.map(message))),
     el("details", {}, el("summary", {}, `Tokens trained on (${t.sequences.length} ${t.sequences.length === 1 ? "sequence" : "sequences"})`),
       t.sequences_error ? el("p", { class: "error" }, t.sequences_error) : "",
+      t.sequences.length ? el("p", { class: "hint" }, "Tab to a sequence, then arrow keys to read its tokens.") : "",
       readout, ...t.sequences.map((s) => tokens(s, readout))));
 }
 
@@ -71,8 +90,10 @@ export async function trajectories(modelId, params, gen) {
   const offset = Math.max(0, Number.parseInt(params.get("offset") || "0", 10) || 0);
   const sort = ["index", "reward_desc", "reward_asc"].includes(params.get("sort")) ? params.get("sort") : "index";
   const base = `#/models/${modelId}/trajectories`;
+  let shown = null;
+  // Paging links name the job shown (in follow mode too), so "next" stays on it.
   const link = (over) => {
-    const q = new URLSearchParams({ ...(jobId && !follow ? { job: jobId } : {}), ...(logId ? { log: logId } : {}), sort });
+    const q = new URLSearchParams({ ...(shown && !logId ? { job: shown } : {}), ...(logId ? { log: logId } : {}), sort });
     for (const k of ["min_reward", "max_reward"]) if (params.get(k)) q.set(k, params.get(k));
     for (const [k, v] of Object.entries(over)) q.set(k, v);
     return `${base}?${q}`;
@@ -109,7 +130,6 @@ export async function trajectories(modelId, params, gen) {
     filters,
     body,
   );
-  let shown = null;
   const load = async (id) => {
     if (!id && !logId) return;
     const q = new URLSearchParams({ offset: String(offset), limit: String(PER_PAGE), sort });
@@ -124,12 +144,20 @@ export async function trajectories(modelId, params, gen) {
       offset + page.groups.length < page.total_groups ? [" · ", el("a", { href: link({ offset: String(offset + PER_PAGE) }) }, "next")] : "");
     body.replaceChildren(el("h2", {}, logId ? "Log" : `Job ${id}`), pager, ...page.groups.map(group));
   };
-  await load(jobId);
+  // A source that cannot be shown (an old job, a bad filter) says why below the choices, which
+  // stay usable.
+  const loadOrSay = (id) => load(id).catch((e) => {
+    if (gen !== nav.generation) return;
+    if (e.status === 401) throw e;
+    shown = id;
+    body.replaceChildren(el("p", { class: "error", role: "alert" }, e.message));
+  });
+  await loadOrSay(jobId);
   if (follow) {
     every(gen, 5000, async () => {
       const newest = await api(`/v1/preview/models/${modelId}/training-jobs?order=desc&limit=20`).catch(() => null);
       const top = newest && newest.data.find((j) => j.kind === "rl");
-      if (top && top.id !== shown) await load(top.id).catch(() => {});
+      if (top && top.id !== shown) await loadOrSay(top.id).catch(() => {});
     });
   }
 }
