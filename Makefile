@@ -25,21 +25,24 @@ run: model build
 	@echo "         more with: ./target/release/tandem keys create --data-dir $(DATA_DIR) --entity NAME"
 	./target/release/tandem serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --model $(MODEL)
 
-# The official OpenAI and Anthropic SDKs, and the Prometheus client whose parser reads /metrics,
-# pinned, in a virtualenv of their own (created once).
+# The official OpenAI and Anthropic SDKs, the Prometheus client whose parser reads /metrics, and
+# Hugging Face's safetensors (with numpy) that reads exported adapters, pinned, in a virtualenv of
+# their own (created once).
 PYENV := target/pyenv
 OPENAI_VERSION := 3.54.0
 ANTHROPIC_VERSION := 2.12.0
 PROMETHEUS_VERSION := 0.26.0
+SAFETENSORS_VERSION := 0.8.0
+NUMPY_VERSION := 2.4.6
 # Playwright drives Debian's Chromium in the dashboard's browser tests (it downloads no browser).
 PLAYWRIGHT_VERSION := 1.65.2
-PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)
+PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)-$(SAFETENSORS_VERSION)-$(NUMPY_VERSION)
 
 $(PYENV_OK):
 	python3 -m venv $(PYENV)
 	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION) prometheus-client==$(PROMETHEUS_VERSION) \
-		playwright==$(PLAYWRIGHT_VERSION)
+		playwright==$(PLAYWRIGHT_VERSION) safetensors==$(SAFETENSORS_VERSION) numpy==$(NUMPY_VERSION)
 	touch $@
 
 # The browser tests' other needs: Debian's chromium (installed when missing; the machines run as

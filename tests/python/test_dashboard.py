@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
 
 from playwright.sync_api import sync_playwright
@@ -324,6 +325,26 @@ def an_art_run_is_watched_live(browser, server):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@check
+def a_checkpoint_downloads_as_a_peft_adapter(browser, server):
+    model_id = state["model_id"]
+    page, errors = new_page(browser, accept_downloads=True)
+    sign_in(page, server, KEY)
+    page.goto(f"{server.url}/#/models/{model_id}")
+    with page.expect_download() as info:
+        page.click("button[aria-label='Download checkpoint 2 as a PEFT adapter']")
+    download = info.value
+    assert download.suggested_filename == "sdk-trained-step2.tar", download.suggested_filename
+    saved = os.path.join(SHOTS, download.suggested_filename)
+    download.save_as(saved)
+    with tarfile.open(saved) as tar:
+        names = sorted(tar.getnames())
+    assert names == ["sdk-trained-step2/adapter_config.json", "sdk-trained-step2/adapter_model.safetensors"], names
+    _, direct, _ = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints/2/adapter")
+    assert open(saved, "rb").read() == direct, "the page saves exactly what the API answers"
+    assert not errors, errors
 
 
 @check

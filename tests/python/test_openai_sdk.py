@@ -4,20 +4,22 @@ Usage: python test_openai_sdk.py <path to tandem binary> <model gguf>
 Starts its own server (tandem_server.py) on a free port with a temporary data dir, runs the checks,
 stops it, and prints 'N passed, M failed'.
 """
+import io
 import json
 import os
-import shutil
 import sys
+import tarfile
 import tempfile
 
 import openai
+import safetensors.numpy
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tandem_server import run_checks, trained_step
+from tandem_server import rl_step, run_checks, trained_step
 
 KEY = "sdk-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# The server's --lora-root (runtime_lora_adapter copies a checkpoint under it).
+# The server's --lora-root (runtime_lora_adapter unpacks an exported checkpoint under it).
 LORA_ROOT = tempfile.mkdtemp(prefix="tandem-loras-")
 checks = []
 
@@ -220,21 +222,45 @@ def trained_checkpoint_on_every_route(client, server):
 
 @check
 def runtime_lora_adapter(client, server):
-    """vLLM's /v1/load_lora_adapter with the trained checkpoint's PEFT files copied under the
-    server's --lora-root: served under its name exactly as the checkpoint, listed with its parent,
-    gone once unloaded."""
+    """A trained checkpoint out and back in: exported as a PEFT adapter (the archive route), its
+    files checked with the `safetensors` package for PEFT's names, shapes and config, unpacked
+    under the server's --lora-root and loaded with vLLM's /v1/load_lora_adapter: served under its
+    name with the same tokens and logprobs as the checkpoint, listed with its parent, gone once
+    unloaded."""
     name, model_id = trained_step(server)
-    checkpoints = os.path.join(server.data, "checkpoints", model_id)
-    (step1,) = [os.path.join(checkpoints, d) for d in os.listdir(checkpoints)]
-    os.makedirs(os.path.join(LORA_ROOT, "step1"))
-    for f in ("adapter_config.json", "adapter_model.safetensors"):
-        shutil.copy(os.path.join(step1, f), os.path.join(LORA_ROOT, "step1", f))
+    status, archive, headers = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints/1/adapter")
+    assert status == 200 and headers["content-type"] == "application/x-tar", (status, headers)
+    folder = "sdk-trained-step1"
+    assert headers["content-disposition"] == f'attachment; filename="{folder}.tar"', headers
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert sorted(tar.getnames()) == [f"{folder}/adapter_config.json", f"{folder}/adapter_model.safetensors"]
+        tar.extractall(LORA_ROOT, filter="data")
+    os.rename(os.path.join(LORA_ROOT, folder), os.path.join(LORA_ROOT, "step1"))
+    config = json.load(open(os.path.join(LORA_ROOT, "step1", "adapter_config.json")))
+    assert (config["peft_type"], config["base_model_name_or_path"]) == ("LORA", MODEL), config
+    r = config["r"]
+    tensors = safetensors.numpy.load_file(os.path.join(LORA_ROOT, "step1", "adapter_model.safetensors"))
+    # SmolLM2-135M: 30 layers, hidden 576, 9 query and 3 key/value heads of 64, MLP 1536.
+    dims = {"self_attn.q_proj": (576, 576), "self_attn.k_proj": (576, 192), "self_attn.v_proj": (576, 192),
+            "self_attn.o_proj": (576, 576), "mlp.gate_proj": (576, 1536), "mlp.up_proj": (576, 1536),
+            "mlp.down_proj": (1536, 576)}
+    assert sorted(m.split(".")[-1] for m in dims) == sorted(config["target_modules"]), config["target_modules"]
+    expected = {}
+    for layer in range(30):
+        for module, (n_in, n_out) in dims.items():
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
+            expected[f"{prefix}.lora_A.weight"] = (r, n_in)
+            expected[f"{prefix}.lora_B.weight"] = (n_out, r)
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
+    assert all(v.dtype.name == "float32" for v in tensors.values())
     status, body, _ = server.api("POST", "/v1/load_lora_adapter", {"lora_name": "sdk-lora", "lora_path": "step1"})
     assert (status, body) == (200, "Success: LoRA adapter 'sdk-lora' added successfully."), (status, body)
-    ask = dict(messages=[{"role": "user", "content": "Is snow white?"}], temperature=0, max_tokens=8)
+    ask = dict(messages=[{"role": "user", "content": "Is snow white?"}], temperature=0, max_tokens=8, logprobs=True)
     loaded = client.chat.completions.create(model="sdk-lora", **ask)
     assert loaded.model == "sdk-lora"
-    assert loaded.choices[0].message.content == client.chat.completions.create(model=name, **ask).choices[0].message.content
+    served = client.chat.completions.create(model=name, **ask)
+    lps = lambda c: [(t.token, t.logprob) for t in c.choices[0].logprobs.content]
+    assert lps(loaded) == lps(served), (lps(loaded), lps(served))
     cards = {m.id: m for m in client.models.list()}
     assert (cards["sdk-lora"].model_extra or {})["parent"] == MODEL, cards["sdk-lora"]
     status, body, _ = server.api("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "../etc"})
@@ -246,6 +272,62 @@ def runtime_lora_adapter(client, server):
         raise AssertionError("expected NotFoundError")
     except openai.NotFoundError:
         pass
+
+
+@check
+def an_exported_adapter_imports_as_a_checkpoint_and_trains_further(client, server):
+    """A trained checkpoint's PEFT archive uploaded to another model: its step 1 at once, with the
+    same tokens and logprobs as the original; then a real RL step continues from it (step 2).
+    Archives that are not an adapter of this base model are 422s saying why."""
+    name, model_id = trained_step(server)
+    _, archive, _ = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints/1/adapter")
+    status, model, _ = server.api("POST", "/v1/preview/models",
+                                  {"project": "sdk", "name": "imported", "base_model": MODEL})
+    assert status == 200, model
+
+    def upload(data):
+        return server.api("POST", f"/v1/preview/models/{model['id']}/checkpoints", raw_body=data,
+                          headers={"Content-Type": "application/x-tar"})
+
+    status, cp, _ = upload(archive)
+    assert (status, cp.get("step")) == (200, 1), (status, cp)
+    ask = dict(messages=[{"role": "user", "content": "Is snow white?"}], temperature=0, max_tokens=8, logprobs=True)
+    lps = lambda c: [(t.token, t.logprob) for t in c.choices[0].logprobs.content]
+    imported = name.replace("/sdk/trained:step1", "/sdk/imported:step1")
+    original = client.chat.completions.create(model=name, **ask)
+    assert lps(client.chat.completions.create(model=imported, **ask)) == lps(original)
+
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        files = {m.name.split("/")[-1]: tar.extractfile(m).read() for m in tar.getmembers()}
+
+    def tar_of(entries, link=False):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            for n, data in entries.items():
+                info = tarfile.TarInfo(n)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            if link:
+                info = tarfile.TarInfo("adapter_model.safetensors")
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                tar.addfile(info)
+        return out.getvalue()
+
+    wrong_rank = json.dumps({**json.loads(files["adapter_config.json"]), "r": 4}).encode()
+    for data, says in [(b"not an archive", "tar"),
+                       (tar_of({"adapter_config.json": files["adapter_config.json"]}), "no adapter_model.safetensors"),
+                       (tar_of({"adapter_config.json": files["adapter_config.json"]}, link=True), "plain files"),
+                       (tar_of({"adapter_config.json": wrong_rank,
+                                "adapter_model.safetensors": files["adapter_model.safetensors"]}), "does not fit")]:
+        status, body, _ = upload(data)
+        assert status == 422 and says in json.dumps(body), (says, status, body)
+    # Nothing of a refused upload is kept: one directory, step 1's.
+    kept = os.listdir(os.path.join(server.data, "checkpoints", model["id"]))
+    assert len(kept) == 1, kept
+
+    rl_step(server, model["id"], "Is snow white? Answer yes or no.", seed=5)
+    _, cps, _ = server.api("GET", f"/v1/preview/models/{model['id']}/checkpoints")
+    assert [c["step"] for c in cps["data"]] == [1, 2], cps
 
 
 @check

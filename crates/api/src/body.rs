@@ -10,15 +10,20 @@ use tandem_core::records::{Order, PageRequest};
 use tandem_core::validate::{FieldError, Loc, Validator};
 use uuid::Uuid;
 
-/// Reads the body as JSON. Too large → 413; not JSON → a validation error at `["body", offset]`.
-pub async fn read_json(req: Request) -> Result<Value, ApiError> {
-    let bytes = Bytes::from_request(req, &()).await.map_err(|rejection| {
+/// Reads the whole body within the body limit. Too large → 413.
+pub async fn read_bytes(req: Request) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, &()).await.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(ErrorKind::PayloadTooLarge, "request body is larger than this server accepts")
         } else {
             ApiError::new(ErrorKind::Validation, rejection.body_text())
         }
-    })?;
+    })
+}
+
+/// Reads the body as JSON. Too large → 413; not JSON → a validation error at `["body", offset]`.
+pub async fn read_json(req: Request) -> Result<Value, ApiError> {
+    let bytes = read_bytes(req).await?;
     // A large body takes tens of milliseconds to parse: on a blocking thread, not on the async
     // workers that serve every other request (and `/health`).
     if bytes.len() > BLOCKING_PARSE_BYTES {

@@ -47,6 +47,8 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "GET /v1/preview/models/{model_id}",
         "DELETE /v1/preview/models/{model_id}",
         "GET /v1/preview/models/{model_id}/checkpoints",
+        "GET /v1/preview/models/{model_id}/checkpoints/{step}/adapter",
+        "POST /v1/preview/models/{model_id}/checkpoints",
         "DELETE /v1/preview/models/{model_id}/checkpoints",
         "GET /v1/preview/models/{model_id}/history",
         "GET /v1/preview/models/{model_id}/training-jobs",

@@ -65,11 +65,14 @@ impl Module {
     }
 }
 
+/// `lora_alpha` when a config leaves it out, as PEFT's `LoraConfig` does.
+pub const PEFT_DEFAULT_ALPHA: f64 = 8.0;
+
 /// The fields of `adapter_config.json` tandem reads and writes (PEFT's names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdapterConfig {
     pub r: usize,
-    /// PEFT's default is `r` (a scale of 1).
+    /// PEFT's default (`LoraConfig.lora_alpha`) is 8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_alpha: Option<f64>,
     #[serde(default)]
@@ -79,7 +82,7 @@ pub struct AdapterConfig {
 impl AdapterConfig {
     /// The factor on `B (A x)`: `alpha / r`, or `alpha / sqrt(r)` with rsLoRA.
     pub fn scale(&self) -> f64 {
-        let alpha = self.lora_alpha.unwrap_or(self.r as f64);
+        let alpha = self.lora_alpha.unwrap_or(PEFT_DEFAULT_ALPHA);
         if self.use_rslora {
             alpha / (self.r as f64).sqrt()
         } else {
@@ -117,12 +120,54 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
     let text = std::fs::read_to_string(dir.join("adapter_config.json"))
         .map_err(|e| bad(format!("adapter_config.json: {e}")))?;
     let config: AdapterConfig = serde_json::from_str(&text).map_err(|e| bad(format!("adapter_config.json: {e}")))?;
+    // PEFT settings that would change what the tensors mean, which tandem does not apply: refused
+    // rather than served at the wrong scale or shape.
+    let raw: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if let Some(kind) = raw.get("peft_type").and_then(serde_json::Value::as_str).filter(|k| *k != "LORA") {
+        return Err(bad(format!("adapter_config.json: peft_type {kind:?}; tandem serves LORA adapters")));
+    }
+    if raw.get("use_dora").and_then(serde_json::Value::as_bool) == Some(true) {
+        return Err(bad("adapter_config.json: use_dora is true; tandem serves plain LoRA, not DoRA".into()));
+    }
+    for key in ["alpha_pattern", "rank_pattern"] {
+        if raw.get(key).and_then(serde_json::Value::as_object).is_some_and(|o| !o.is_empty()) {
+            return Err(bad(format!("adapter_config.json: {key} is not supported (one rank and alpha for every module)")));
+        }
+    }
     if config.r == 0 || config.r > MAX_RANK {
         return Err(bad(format!("adapter_config.json: r must be between 1 and {MAX_RANK}, got {}", config.r)));
     }
     let rank = config.r;
     let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
         .map_err(|e| bad(format!("adapter_model.safetensors: {e}")))?;
+    // Every tensor must have a place in this model, with exactly its shape: a tensor tandem
+    // would ignore (an embedding's LoRA, a layer past the last, a transposed matrix) would make
+    // it serve something other than what was trained.
+    let mut expected: HashMap<String, [usize; 2]> = HashMap::new();
+    for l in 0..c.n_layer {
+        for module in Module::ALL {
+            let (din, dout) = module.dims(c);
+            expected.insert(tensor_name(l, module, "A"), [rank, din]);
+            expected.insert(tensor_name(l, module, "B"), [dout, rank]);
+        }
+    }
+    let mut unknown: Vec<&String> = tensors.keys().filter(|k| !expected.contains_key(*k)).collect();
+    if !unknown.is_empty() {
+        unknown.sort();
+        let shown: Vec<&str> = unknown.iter().take(3).map(|k| k.as_str()).collect();
+        return Err(bad(format!(
+            "adapter_model.safetensors: {} tensors have no place in this model (such as {}); tandem applies LoRA \
+             to the seven projections of each layer",
+            unknown.len(),
+            shown.join(", ")
+        )));
+    }
+    for (name, t) in &tensors {
+        let want = expected[name];
+        if t.dims() != want {
+            return Err(bad(format!("{name}: shape {:?}, but rank {rank} and this model need {want:?}", t.dims())));
+        }
+    }
     let get = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
         match tensors.get(name) {
             None => Ok(None),
@@ -139,7 +184,12 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
         let mut layer: [Option<PairData>; 7] = Default::default();
         for (slot, module) in layer.iter_mut().zip(Module::ALL) {
             let (a_name, b_name) = (tensor_name(l, module, "A"), tensor_name(l, module, "B"));
-            let (Some(a), Some(mut b)) = (get(&a_name)?, get(&b_name)?) else { continue };
+            let (a, mut b) = match (get(&a_name)?, get(&b_name)?) {
+                (Some(a), Some(b)) => (a, b),
+                (None, None) => continue,
+                (Some(_), None) => return Err(bad(format!("{a_name} has no lora_B to go with it"))),
+                (None, Some(_)) => return Err(bad(format!("{b_name} has no lora_A to go with it"))),
+            };
             let (din, dout) = module.dims(c);
             // The rank is bounded, so these products cannot overflow.
             if a.len() != rank * din || b.len() != dout * rank {
@@ -188,7 +238,7 @@ pub fn write(
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
         "r": rank,
-        "lora_alpha": config.lora_alpha.unwrap_or(rank as f64),
+        "lora_alpha": config.lora_alpha.unwrap_or(PEFT_DEFAULT_ALPHA),
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": false,
@@ -266,6 +316,57 @@ mod tests {
         for layer in &partial.layers {
             let present: Vec<bool> = layer.iter().map(Option::is_some).collect();
             assert_eq!(present, [true, false, true, false, false, false, false]);
+        }
+    }
+
+    #[test]
+    fn tensors_without_a_place_or_with_the_wrong_shape_are_refused() {
+        let c = config();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("adapter_config.json"), r#"{"r": 2}"#).unwrap();
+        let zeros = |r: usize, k: usize| Tensor::zeros((r, k), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let (din, dout) = Module::V.dims(&c);
+        let try_with = |tensors: Vec<(String, Tensor)>| {
+            let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+            std::fs::write(dir.path().join("adapter_model.safetensors"), safetensors::serialize(map, None).unwrap())
+                .unwrap();
+            read(dir.path(), &c).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let a = |l| tensor_name(l, Module::V, "A");
+        let b = |l| tensor_name(l, Module::V, "B");
+        assert!(try_with(vec![(a(0), zeros(2, din)), (b(0), zeros(dout, 2))]).is_ok());
+        // A layer past the last one, and an embedding's LoRA.
+        let e = try_with(vec![(a(0), zeros(2, din)), (b(0), zeros(dout, 2)), (a(2), zeros(2, din))]).unwrap_err();
+        assert!(e.contains("1 tensors have no place") && e.contains("layers.2."), "{e}");
+        let e = try_with(vec![("base_model.model.model.embed_tokens.lora_A.weight".into(), zeros(2, 32))]).unwrap_err();
+        assert!(e.contains("embed_tokens"), "{e}");
+        // Transposed (same number of values), and half a pair.
+        let e = try_with(vec![(a(0), zeros(din, 2)), (b(0), zeros(dout, 2))]).unwrap_err();
+        assert!(e.contains("shape [16, 2]"), "{e}");
+        let e = try_with(vec![(a(1), zeros(2, din))]).unwrap_err();
+        assert!(e.contains("has no lora_B"), "{e}");
+    }
+
+    #[test]
+    fn peft_settings_tandem_does_not_apply_are_refused() {
+        let c = config();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("adapter_model.safetensors"), safetensors::serialize(HashMap::<String, Tensor>::new(), None).unwrap())
+            .unwrap();
+        let with = |cfg: &str| {
+            std::fs::write(dir.path().join("adapter_config.json"), cfg).unwrap();
+            read(dir.path(), &c).map(|a| a.config.scale()).map_err(|e| e.to_string())
+        };
+        assert_eq!(with(r#"{"r": 4}"#), Ok(2.0), "PEFT's default alpha is 8");
+        assert_eq!(with(r#"{"r": 4, "peft_type": "LORA", "use_dora": false, "alpha_pattern": {}}"#), Ok(2.0));
+        for (cfg, says) in [
+            (r#"{"r": 4, "peft_type": "IA3"}"#, "peft_type"),
+            (r#"{"r": 4, "use_dora": true}"#, "DoRA"),
+            (r#"{"r": 4, "alpha_pattern": {"q_proj": 32}}"#, "alpha_pattern"),
+            (r#"{"r": 4, "rank_pattern": {"q_proj": 2}}"#, "rank_pattern"),
+        ] {
+            let e = with(cfg).unwrap_err();
+            assert!(e.contains(says), "{e}");
         }
     }
 }

@@ -250,6 +250,10 @@ pub trait Store: Send + Sync + 'static {
     /// The highest live step, or 0 when the model has no checkpoint.
     async fn latest_step(&self, model_id: Uuid) -> Result<i64>;
     async fn delete_checkpoints(&self, model_id: Uuid, steps: &[i64]) -> Result<DeletedCheckpoints>;
+    /// Records adapter files already written at `path` as the model's next checkpoint (the
+    /// latest live step + 1), as one write. A Conflict while a job of the model is queued or
+    /// running: it trains from the latest step when it starts and writes the next one.
+    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint>;
     /// Every live checkpoint's path, to sweep files no checkpoint owns.
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>>;
 

@@ -425,3 +425,26 @@ async fn job_counts_and_gradient_step_history() {
         assert_eq!(j2_losses, [&json!(5.0)], "{name}: the interrupted attempt's step is not shown");
     }
 }
+
+#[tokio::test]
+async fn an_imported_adapter_becomes_the_next_checkpoint() {
+    for (name, store, _dir) in backends().await {
+        let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
+        let first = store.import_checkpoint(m.id, Uuid::now_v7(), "m/one").await.unwrap();
+        assert_eq!((first.step, first.path.as_str()), (1, "m/one"), "{name}");
+        succeed(store.as_ref(), m.id, 2).await;
+        let third = store.import_checkpoint(m.id, Uuid::now_v7(), "m/three").await.unwrap();
+        assert_eq!(third.step, 3, "{name}");
+        assert_eq!(store.latest_step(m.id).await.unwrap(), 3);
+        // While a job of the model is queued or runs, it owns the next step.
+        store.create_job(&NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None })
+            .await
+            .unwrap();
+        let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;
+        assert!(matches!(busy, Err(StoreError::Conflict(_))), "{name}: queued: {busy:?}");
+        store.claim_next_job().await.unwrap().unwrap();
+        let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;
+        assert!(matches!(busy, Err(StoreError::Conflict(_))), "{name}: running: {busy:?}");
+        assert_eq!(store.latest_step(m.id).await.unwrap(), 3, "{name}: nothing recorded");
+    }
+}

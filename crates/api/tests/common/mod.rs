@@ -107,6 +107,11 @@ impl TestApp {
             req = req.header("content-type", "application/json");
         }
         let req = req.body(body.map(Body::from).unwrap_or_else(Body::empty)).unwrap();
+        self.send(req).await
+    }
+
+    /// Any request, as built by the caller (other content types, headers).
+    pub async fn send(&self, req: Request<Body>) -> Reply {
         let res = self.router.clone().oneshot(req).await.unwrap();
         let status = res.status();
         let headers = res.headers().clone();

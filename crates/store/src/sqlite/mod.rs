@@ -371,6 +371,37 @@ impl crate::Store for SqliteStore {
         Ok(out)
     }
 
+    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint> {
+        let mut tx = self.write_tx().await?;
+        // A queued job's rollouts were sampled from the current latest step, and it trains from
+        // whatever is latest when it starts: an import in between would become its base.
+        let pending =
+            sqlx::query("SELECT 1 FROM training_jobs WHERE model_id = ? AND status IN ('queued', 'running') LIMIT 1")
+                .bind(model_id.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+        if pending.is_some() {
+            return Err(StoreError::Conflict(
+                "a training job of this model is queued or running; import when it has ended".into(),
+            ));
+        }
+        let step = latest_step(&mut *tx, model_id).await? + 1;
+        let row = sqlx::query(
+            "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at) VALUES (?, ?, ?, ?, '{}', ?)
+             RETURNING *",
+        )
+        .bind(id.to_string())
+        .bind(model_id.to_string())
+        .bind(step)
+        .bind(path)
+        .bind(now_ms())
+        .fetch_one(&mut *tx)
+        .await?;
+        let checkpoint = rows::checkpoint(&row)?;
+        tx.commit().await?;
+        Ok(checkpoint)
+    }
+
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>> {
         let rows = sqlx::query("SELECT path FROM checkpoints WHERE deleted_at IS NULL").fetch_all(&self.pool).await?;
         Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())

@@ -227,6 +227,24 @@ function jobRow(j, changed) {
     el("td", {}, seconds(j.started_at, j.finished_at)), el("td", {}, cancel));
 }
 
+/** Saves what a keyed GET answers as a file: a plain link could not send the key. */
+async function download(path, button) {
+  button.disabled = true;
+  try {
+    const r = await fetch(path, { headers: { Authorization: `Bearer ${key()}` } });
+    if (!r.ok) throw new ApiError(errorText(await r.json().catch(() => null), r.status), r.status);
+    const name = (/filename="([^"]+)"/.exec(r.headers.get("Content-Disposition") || "") || [])[1] || "adapter.tar";
+    const url = URL.createObjectURL(await r.blob());
+    const a = el("a", { href: url, download: name, hidden: true });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 /** A checkpoint's rewards and loss in a line; every metric on request. */
 function checkpointMetrics(metrics) {
   const all = Object.entries(metrics || {});
@@ -258,6 +276,7 @@ export async function model(id, gen) {
   const charts = el("div", { class: "charts" });
   const more = el("div", { class: "charts" });
   const ckpts = el("tbody");
+  const ckptStatus = el("p", { class: "error", role: "alert" });
   const jobs = el("tbody");
   const playgroundSlot = el("div");
   let playgroundSteps = null;
@@ -299,7 +318,17 @@ export async function model(id, gen) {
             }
             draw().catch(failed);
           },
-        }, "Delete")))));
+        }, "Delete"), " ", el("button", {
+          type: "button",
+          "aria-label": `Download checkpoint ${c.step} as a PEFT adapter`,
+          onclick: (ev) => {
+            ckptStatus.textContent = "";
+            download(`/v1/preview/models/${id}/checkpoints/${c.step}/adapter`, ev.target).catch((e) => {
+              if (e.status === 401) return failed(e);
+              ckptStatus.textContent = `could not download checkpoint ${c.step}: ${e.message}`;
+            });
+          },
+        }, "Download")))));
     // The playground is rebuilt only when the checkpoints change (never under the user's typing).
     const steps = h.checkpoints.map((c) => c.step).reverse();
     if (JSON.stringify(steps) !== playgroundSteps) {
@@ -349,7 +378,8 @@ export async function model(id, gen) {
     el("h2", {}, "Training jobs (newest 20)"),
     table(["Job", "Status", "Step", "Reward", "Created", "Duration", "Action"], jobs),
     el("h2", {}, "Checkpoints (newest 100)"),
-    table(["Step", "Created", "Metrics", "Action"], ckpts),
+    table(["Step", "Created", "Metrics", "Actions"], ckpts),
+    ckptStatus,
   );
   await draw();
   // Live: the curves follow a running job.
