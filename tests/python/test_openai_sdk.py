@@ -7,15 +7,17 @@ stops it, and prints 'N passed, M failed'.
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import tempfile
 
+import gguf
 import openai
 import safetensors.numpy
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tandem_server import rl_step, run_checks, trained_step
+from tandem_server import Server, rl_step, run_checks, trained_step
 
 KEY = "sdk-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -328,6 +330,38 @@ def an_exported_adapter_imports_as_a_checkpoint_and_trains_further(client, serve
     rl_step(server, model["id"], "Is snow white? Answer yes or no.", seed=5)
     _, cps, _ = server.api("GET", f"/v1/preview/models/{model['id']}/checkpoints")
     assert [c["step"] for c in cps["data"]] == [1, 2], cps
+
+
+@check
+def a_checkpoint_merges_into_a_gguf_that_answers_as_the_checkpoint(client, server):
+    """`tandem export --merged` on the trained checkpoint: the file read back with the `gguf`
+    package has the base's tensors (names, types, shapes) and metadata; a second tandem serving it
+    as a plain base model gives the checkpoint's greedy answers."""
+    name, model_id = trained_step(server)
+    out = os.path.join(server.data, "merged.gguf")
+    run = subprocess.run([server.binary, "export", "--data-dir", server.data, "--model", model_id, "--step", "1",
+                          "--merged", out, "--base", server.model_path], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == out, run.stderr
+    base_file, merged_file = gguf.GGUFReader(server.model_path), gguf.GGUFReader(out)
+    layout = lambda r: {t.name: (t.tensor_type.name, [int(x) for x in t.shape]) for t in r.tensors}
+    assert layout(merged_file) == layout(base_file)
+    assert merged_file.fields["general.architecture"].contents() == "llama"
+    assert merged_file.fields["tokenizer.chat_template"].contents() == base_file.fields["tokenizer.chat_template"].contents()
+    second = Server(server.binary, out, KEY, prefix="tandem-merged-")
+    try:
+        merged_client = openai.OpenAI(base_url=second.url + "/v1", api_key=KEY)
+        (served,) = [m.id for m in merged_client.models.list()]
+        for q in ["Is snow white?", "Name a color."]:
+            ask = dict(messages=[{"role": "user", "content": q}], temperature=0, max_tokens=8)
+            got = merged_client.chat.completions.create(model=served, **ask).choices[0].message.content
+            want = client.chat.completions.create(model=name, **ask).choices[0].message.content
+            assert got == want, (q, got, want)
+    finally:
+        second.stop()
+    missing = subprocess.run([server.binary, "export", "--data-dir", server.data, "--model", model_id, "--step", "9",
+                              "--merged", out + ".x", "--base", server.model_path], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no live checkpoint at step 9" in missing.stderr, missing.stderr
+    assert not os.path.exists(out + ".x")
 
 
 @check

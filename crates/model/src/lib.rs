@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod kv;
 pub mod llama;
 pub mod lora;
+pub mod merge;
 pub mod peft;
 pub mod testing;
 

@@ -1,6 +1,7 @@
 //! The `tandem` binary: thin wiring over the library crates.
 
 mod config;
+mod export;
 mod keys;
 mod serve;
 
@@ -26,6 +27,8 @@ enum Command {
     Serve(Box<config::ServeArgs>),
     /// Manage API keys.
     Keys(keys::KeysArgs),
+    /// Write a checkpoint merged into its base model as one GGUF file.
+    Export(export::ExportArgs),
 }
 
 /// The hidden subcommand that renders one request-supplied chat template (see
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Serve(args) => serve::run(config::ServeConfig::resolve(*args)?).await,
             Command::Keys(args) => keys::run(args).await,
+            Command::Export(args) => export::run(args).await,
         }
     })
 }

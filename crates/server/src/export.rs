@@ -1,0 +1,63 @@
+//! `tandem export`: a trained checkpoint out of a data directory as one GGUF file with the
+//! adapter merged into its base model, for the tools that take a plain model (llama.cpp,
+//! Ollama). The adapter alone (PEFT) comes from the API: `GET .../checkpoints/{step}/adapter`.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use std::path::PathBuf;
+use tandem_model::merge::{merge_to_gguf, MergeFormat};
+use tandem_store::{CheckpointDir, Store};
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Data directory of the server.
+    #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+    /// The model's id (a UUID, as `/v1/preview/models` lists it).
+    #[arg(long = "model")]
+    pub model_id: uuid::Uuid,
+    /// The checkpoint's step (default: the latest).
+    #[arg(long)]
+    pub step: Option<i64>,
+    /// Write the base model with the checkpoint's adapter merged into this GGUF file.
+    #[arg(long)]
+    pub merged: PathBuf,
+    /// The base model's GGUF file, the one the server serves for the model's `base_model`.
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub base: PathBuf,
+    /// Type of the merged file's weight matrices: `base` (each tensor keeps its type), `f32`,
+    /// `f16` or `q8_0`.
+    #[arg(long, default_value = "base")]
+    pub format: String,
+}
+
+pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
+    let Some(format) = MergeFormat::parse(&args.format) else {
+        bail!("--format must be base, f32, f16 or q8_0, not {:?}", args.format);
+    };
+    let store = crate::keys::open_store(&args.data_dir).await?;
+    let step = match args.step {
+        Some(s) => s,
+        None => store.latest_step(args.model_id).await?,
+    };
+    if step < 1 {
+        bail!("model {} has no checkpoint to export", args.model_id);
+    }
+    let checkpoint = store
+        .get_checkpoint(args.model_id, step)
+        .await
+        .with_context(|| format!("model {} has no live checkpoint at step {step}", args.model_id))?;
+    let dir = CheckpointDir::open(args.data_dir.join("checkpoints"))?
+        .resolve(&checkpoint.path)
+        .context("the checkpoint's stored path is not usable")?;
+    let (base, out) = (args.base.clone(), args.merged.clone());
+    let report = tokio::task::spawn_blocking(move || merge_to_gguf(&base, &dir, &out, format))
+        .await?
+        .with_context(|| format!("merging step {step} into {}", args.base.display()))?;
+    eprintln!(
+        "merged step {step} of model {}: {} projections merged, {} tensors copied ({:?})",
+        args.model_id, report.merged, report.copied, format
+    );
+    println!("{}", args.merged.display());
+    Ok(())
+}
