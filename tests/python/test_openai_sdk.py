@@ -13,6 +13,7 @@ import tarfile
 import tempfile
 
 import gguf
+import numpy
 import openai
 import safetensors.numpy
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -336,7 +337,8 @@ def an_exported_adapter_imports_as_a_checkpoint_and_trains_further(client, serve
 def a_checkpoint_merges_into_a_gguf_that_answers_as_the_checkpoint(client, server):
     """`tandem export --merged` on the trained checkpoint: the file read back with the `gguf`
     package has the base's tensors (names, types, shapes) and metadata; a second tandem serving it
-    as a plain base model gives the checkpoint's greedy answers."""
+    as a plain base model gives the checkpoint's greedy answers; in f32 its projections are the
+    base's plus (alpha / r) B A of the exported PEFT files, computed here with numpy."""
     name, model_id = trained_step(server)
     out = os.path.join(server.data, "merged.gguf")
     run = subprocess.run([server.binary, "export", "--data-dir", server.data, "--model", model_id, "--step", "1",
@@ -358,6 +360,32 @@ def a_checkpoint_merges_into_a_gguf_that_answers_as_the_checkpoint(client, serve
             assert got == want, (q, got, want)
     finally:
         second.stop()
+    # In f32, independently of tandem's reader: merged - base = (alpha / r) B A, from the exported
+    # PEFT files, on projections whose rows need no rotary reordering.
+    f32_out = os.path.join(server.data, "merged-f32.gguf")
+    run = subprocess.run([server.binary, "export", "--data-dir", server.data, "--model", model_id, "--merged",
+                          f32_out, "--base", server.model_path, "--format", "f32"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    base_t = {t.name: t for t in base_file.tensors}
+    merged_t = {t.name: t for t in gguf.GGUFReader(f32_out).tensors}
+    _, archive, _ = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints/1/adapter")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        files = {m.name.split("/")[-1]: tar.extractfile(m).read() for m in tar.getmembers()}
+    lora = safetensors.numpy.load(files["adapter_model.safetensors"])
+    config = json.loads(files["adapter_config.json"])
+    scale = config["lora_alpha"] / config["r"]
+    for layer, module, short in [(0, "self_attn.v_proj", "attn_v"), (7, "mlp.down_proj", "ffn_down")]:
+        t = base_t[f"blk.{layer}.{short}.weight"]
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(numpy.float64)
+        merged = numpy.asarray(merged_t[f"blk.{layer}.{short}.weight"].data, dtype=numpy.float64)
+        prefix = f"base_model.model.model.layers.{layer}.{module}"
+        delta = scale * (lora[f"{prefix}.lora_B.weight"].astype(numpy.float64) @ lora[f"{prefix}.lora_A.weight"])
+        assert merged.shape == w.shape == delta.shape, (merged.shape, w.shape, delta.shape)
+        assert numpy.abs(delta).max() > 0, "the trained adapter is not zero"
+        # Up to the f32 rounding of the stored sum: one unit in the last place of each value.
+        ulp = numpy.spacing(numpy.abs(merged).astype(numpy.float32)).astype(numpy.float64)
+        excess = numpy.abs((merged - w) - delta) - ulp
+        assert excess.max() <= 1e-3 * numpy.abs(delta).max(), (short, excess.max(), numpy.abs(delta).max())
     missing = subprocess.run([server.binary, "export", "--data-dir", server.data, "--model", model_id, "--step", "9",
                               "--merged", out + ".x", "--base", server.model_path], capture_output=True, text=True)
     assert missing.returncode != 0 and "no live checkpoint at step 9" in missing.stderr, missing.stderr

@@ -87,22 +87,38 @@ fn io(what: &Path) -> impl Fn(std::io::Error) -> ModelError + '_ {
 pub fn merged_weight(w: &[f32], a: &[f32], b: &[f32], rank: usize, scale: f32, out_dim: usize) -> Vec<f32> {
     let in_dim = a.len() / rank.max(1);
     let mut out = w.to_vec();
+    // The product is summed apart (in f64) and added to each weight once: adding the rank terms
+    // into the weight one by one would round at the weight's scale once per term, which for a
+    // small update is most of it.
+    let mut delta = vec![0f64; in_dim];
     for o in 0..out_dim {
-        let row = &mut out[o * in_dim..(o + 1) * in_dim];
+        delta.iter_mut().for_each(|d| *d = 0.0);
         for (r, &bv) in b[o * rank..(o + 1) * rank].iter().enumerate() {
-            let k = scale * bv;
-            for (x, &av) in row.iter_mut().zip(&a[r * in_dim..(r + 1) * in_dim]) {
-                *x += k * av;
+            let k = f64::from(scale) * f64::from(bv);
+            for (d, &av) in delta.iter_mut().zip(&a[r * in_dim..(r + 1) * in_dim]) {
+                *d += k * f64::from(av);
             }
+        }
+        for (x, d) in out[o * in_dim..(o + 1) * in_dim].iter_mut().zip(&delta) {
+            *x = (f64::from(*x) + d) as f32;
         }
     }
     out
 }
 
-/// Writes `base` with the adapter of `adapter_dir` merged into `out` (through a temporary file
-/// beside it, renamed into place once whole). Weight matrices take `format` (1-D tensors, the
-/// norms, stay as stored).
+/// Writes `base` with the adapter of `adapter_dir` merged into `out`, through a new temporary
+/// file beside it, renamed into place once whole. Weight matrices take `format`; 1-D tensors
+/// (the norms) stay as stored. Refused: `out` naming the base itself, a base that declares an
+/// alignment other than the 32 bytes the writer uses, an adapter with a projection the base does
+/// not have.
 pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeFormat) -> Result<MergeReport, ModelError> {
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
+    if same(base, out) {
+        return Err(ModelError::Gguf(format!("{} is the base model itself; write the merge elsewhere", out.display())));
+    }
+    // The temporary file first: a target directory that cannot take it fails before the work.
+    let parent = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new().prefix(".tandem-merge-").suffix(".gguf").tempfile_in(parent).map_err(io(parent))?;
     let config = GgufFile::open(base)?.llama_config()?;
     let adapter = peft::read(adapter_dir, &config)?;
     let scale = adapter.config.scale() as f32;
@@ -110,12 +126,20 @@ pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeF
     for (l, layer) in adapter.layers.iter().enumerate() {
         for (pair, module) in layer.iter().zip(Module::ALL) {
             if let Some(p) = pair {
-                pairs.insert(gguf_name(l, module), (p, module.dims(&config).1));
+                pairs.insert(gguf_name(l, module), (p, module.dims(&config)));
             }
         }
     }
     let mut reader = std::io::BufReader::new(std::fs::File::open(base).map_err(io(base))?);
     let content = gguf_file::Content::read(&mut reader).map_err(err)?;
+    match content.metadata.get("general.alignment").map(|v| v.to_u32()) {
+        None | Some(Ok(32)) => {}
+        other => {
+            return Err(ModelError::Unsupported(format!(
+                "the base declares general.alignment {other:?}; the merged file can only be written with 32"
+            )))
+        }
+    }
     // In the base file's order, so the merged file reads the same way.
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
@@ -125,13 +149,13 @@ pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeF
         let q = content.tensor(&mut reader, name, &Device::Cpu).map_err(err)?;
         let dtype = if q.shape().rank() >= 2 { format.dtype(q.dtype()) } else { q.dtype() };
         let written = match pairs.get(name.as_str()) {
-            Some((pair, out_dim)) => {
+            Some((pair, (in_dim, out_dim))) => {
                 let t = q.dequantize(&Device::Cpu).map_err(err)?;
                 let dims = t.dims().to_vec();
-                let w = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;
-                if w.len() != out_dim * (pair.a.len() / adapter.config.r) {
-                    return Err(ModelError::Gguf(format!("{name}: shape {dims:?} does not match the adapter")));
+                if dims != [*out_dim, *in_dim] {
+                    return Err(ModelError::Gguf(format!("{name}: shape {dims:?}, the adapter needs [{out_dim}, {in_dim}]")));
                 }
+                let w = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;
                 let m = merged_weight(&w, &pair.a, &pair.b, adapter.config.r, scale, *out_dim);
                 report.merged += 1;
                 let t = Tensor::from_vec(m, dims, &Device::Cpu).map_err(err)?;
@@ -149,8 +173,10 @@ pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeF
         };
         tensors.push((name.clone(), written));
     }
-    if report.merged == 0 {
-        return Err(ModelError::Adapter("the adapter holds no projection of this model to merge".into()));
+    if report.merged != pairs.len() {
+        let mut missing: Vec<&String> = pairs.keys().filter(|k| !content.tensor_infos.contains_key(*k)).collect();
+        missing.sort();
+        return Err(ModelError::Adapter(format!("the base has no tensor for the adapter's {missing:?}")));
     }
     let mut metadata: Vec<(String, Value)> = content.metadata.clone().into_iter().collect();
     metadata.sort_by(|a, b| a.0.cmp(&b.0));
@@ -158,25 +184,16 @@ pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeF
         metadata.retain(|(k, _)| k != "general.file_type");
         metadata.push(("general.file_type".into(), Value::U32(ft)));
     }
-    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
-    let written = (|| -> Result<(), ModelError> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
-        let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        gguf_file::write(&mut f, &meta_refs, &tensor_refs).map_err(err)?;
-        let f = f.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-        f.sync_all().map_err(io(&tmp))?;
-        Ok(())
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, out).map_err(io(out))?;
-    // The rename itself is durable once the directory is.
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
-    }
+    let mut f = std::io::BufWriter::new(tmp.as_file());
+    let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut f, &meta_refs, &tensor_refs).map_err(err)?;
+    std::io::Write::flush(&mut f).map_err(io(tmp.path()))?;
+    drop(f);
+    tmp.as_file().sync_all().map_err(io(tmp.path()))?;
+    // Dropped on any error above, the temporary file is removed; persisted, it becomes `out`.
+    tmp.persist(out).map_err(|e| io(out)(e.error))?;
+    std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(io(parent))?;
     Ok(report)
 }
 

@@ -82,12 +82,17 @@ fn a_merged_file_holds_w_plus_ba_and_computes_what_base_plus_adapter_computes() 
     let from_q4 = last_logits(&q4.model, None);
     assert!(max_diff(&from_q4, &with_adapter) * 3.0 < effect, "Q4_1 merge drifts too far");
 
-    // An adapter for another model does not merge.
+    // An adapter of another rank than its tensors (or any that does not fit) does not merge, and
+    // nothing is left behind; nor may the merge overwrite its base.
     let other = dir.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    std::fs::write(other.join("adapter_config.json"), r#"{"r": 4}"#).unwrap();
     std::fs::copy(adapter_dir.join("adapter_model.safetensors"), other.join("adapter_model.safetensors")).unwrap();
     std::fs::write(other.join("adapter_config.json"), r#"{"r": 2}"#).unwrap();
+    let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(merge_to_gguf(&base, &other, &dir.path().join("x.gguf"), MergeFormat::F32).is_err());
-    assert!(!dir.path().join("x.gguf").exists());
+    let after: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(after.len(), before.len(), "no temporary or partial file: {after:?}");
+    let e = merge_to_gguf(&base, &adapter_dir, &base, MergeFormat::Base).unwrap_err().to_string();
+    assert!(e.contains("base model itself"), "{e}");
+    assert_eq!(std::fs::read(&base).unwrap().len(), std::fs::metadata(&base).unwrap().len() as usize);
 }

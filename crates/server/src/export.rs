@@ -5,6 +5,7 @@
 use anyhow::{bail, Context};
 use clap::Args;
 use std::path::PathBuf;
+use crate::config::{BUNDLED_MODEL_ID, DEFAULT_MODEL};
 use tandem_model::merge::{merge_to_gguf, MergeFormat};
 use tandem_store::{CheckpointDir, Store};
 
@@ -22,9 +23,10 @@ pub struct ExportArgs {
     /// Write the base model with the checkpoint's adapter merged into this GGUF file.
     #[arg(long)]
     pub merged: PathBuf,
-    /// The base model's GGUF file, the one the server serves for the model's `base_model`.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub base: PathBuf,
+    /// The base model's GGUF file, the one the server serves as the model's `base_model`
+    /// (default: the bundled model's, when that is the model's base).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
     /// Type of the merged file's weight matrices: `base` (each tensor keeps its type), `f32`,
     /// `f16` or `q8_0`.
     #[arg(long, default_value = "base")]
@@ -35,13 +37,26 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
     let Some(format) = MergeFormat::parse(&args.format) else {
         bail!("--format must be base, f32, f16 or q8_0, not {:?}", args.format);
     };
+    // Never create a data directory: a mistyped path is an error, not an empty store.
+    if !args.data_dir.join("tandem.db").is_file() {
+        bail!("{} is not a tandem data directory (it has no tandem.db)", args.data_dir.display());
+    }
     let store = crate::keys::open_store(&args.data_dir).await?;
+    let model = store
+        .model_by_id(args.model_id)
+        .await
+        .with_context(|| format!("no model {} in {}", args.model_id, args.data_dir.display()))?;
+    let base = match args.base.clone() {
+        Some(path) => path,
+        None if model.base_model == BUNDLED_MODEL_ID => PathBuf::from(DEFAULT_MODEL),
+        None => bail!("model {} was trained on {}: give --base with that model's GGUF file", args.model_id, model.base_model),
+    };
     let step = match args.step {
         Some(s) => s,
         None => store.latest_step(args.model_id).await?,
     };
     if step < 1 {
-        bail!("model {} has no checkpoint to export", args.model_id);
+        bail!("--step must be 1 or more (step 0 is the base model itself); model {} has no checkpoint yet", args.model_id);
     }
     let checkpoint = store
         .get_checkpoint(args.model_id, step)
@@ -50,13 +65,20 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
     let dir = CheckpointDir::open(args.data_dir.join("checkpoints"))?
         .resolve(&checkpoint.path)
         .context("the checkpoint's stored path is not usable")?;
-    let (base, out) = (args.base.clone(), args.merged.clone());
-    let report = tokio::task::spawn_blocking(move || merge_to_gguf(&base, &dir, &out, format))
+    let (from, out) = (base.clone(), args.merged.clone());
+    let report = tokio::task::spawn_blocking(move || merge_to_gguf(&from, &dir, &out, format))
         .await?
-        .with_context(|| format!("merging step {step} into {}", args.base.display()))?;
+        .with_context(|| format!("merging step {step} into {}", base.display()))?;
     eprintln!(
-        "merged step {step} of model {}: {} projections merged, {} tensors copied ({:?})",
-        args.model_id, report.merged, report.copied, format
+        "merged step {step} of {}/{}/{} (base {} from {}): {} projections merged, {} tensors copied ({:?})",
+        model.entity,
+        model.project,
+        model.name,
+        model.base_model,
+        base.display(),
+        report.merged,
+        report.copied,
+        format
     );
     println!("{}", args.merged.display());
     Ok(())

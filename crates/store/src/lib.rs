@@ -228,6 +228,9 @@ pub trait Store: Send + Sync + 'static {
     /// (`Ok((model, false))`). Without it a duplicate is `Conflict`.
     async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)>;
     async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord>;
+    /// A model by id whatever its entity: for the operator's command line (`tandem export`),
+    /// never for a request.
+    async fn model_by_id(&self, id: Uuid) -> Result<ModelRecord>;
     /// The model named `{entity}/{project}/{name}`.
     async fn find_model(&self, entity: &str, project: &str, name: &str) -> Result<ModelRecord>;
     /// `search`: only models whose `project/name` contains this text (ASCII case-insensitive).

@@ -209,6 +209,11 @@ impl crate::Store for SqliteStore {
         }
     }
 
+    async fn model_by_id(&self, id: Uuid) -> Result<ModelRecord> {
+        let row = sqlx::query("SELECT * FROM models WHERE id = ?").bind(id.to_string()).fetch_one(&self.pool).await?;
+        rows::model(&row)
+    }
+
     async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord> {
         let row = sqlx::query("SELECT * FROM models WHERE id = ? AND entity = ?")
             .bind(id.to_string())
