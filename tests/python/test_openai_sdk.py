@@ -317,11 +317,17 @@ def an_exported_adapter_imports_as_a_checkpoint_and_trains_further(client, serve
         return out.getvalue()
 
     wrong_rank = json.dumps({**json.loads(files["adapter_config.json"]), "r": 4}).encode()
+    nan = safetensors.numpy.save({
+        "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight": numpy.full((r := json.loads(
+            files["adapter_config.json"])["r"], 576), numpy.nan, numpy.float32),
+        "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight": numpy.zeros((192, r), numpy.float32)})
     for data, says in [(b"not an archive", "tar"),
                        (tar_of({"adapter_config.json": files["adapter_config.json"]}), "no adapter_model.safetensors"),
                        (tar_of({"adapter_config.json": files["adapter_config.json"]}, link=True), "plain files"),
                        (tar_of({"adapter_config.json": wrong_rank,
-                                "adapter_model.safetensors": files["adapter_model.safetensors"]}), "does not fit")]:
+                                "adapter_model.safetensors": files["adapter_model.safetensors"]}), "does not fit"),
+                       (tar_of({"adapter_config.json": files["adapter_config.json"], "adapter_model.safetensors": nan}),
+                        "not finite")]:
         status, body, _ = upload(data)
         assert status == 422 and says in json.dumps(body), (says, status, body)
     # Nothing of a refused upload is kept: one directory, step 1's.

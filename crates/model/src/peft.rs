@@ -110,6 +110,9 @@ fn tensor_name(layer: usize, module: Module, ab: &str) -> String {
     format!("base_model.model.model.layers.{layer}.{}.lora_{ab}.weight", module.path())
 }
 
+/// Largest |scale| (`lora_alpha / r`, or `/ sqrt(r)` with rsLoRA) accepted.
+pub const MAX_SCALE: f64 = 1e4;
+
 /// Highest rank read (vLLM's `--max-lora-rank` tops out at 512).
 pub const MAX_RANK: usize = 512;
 
@@ -136,6 +139,10 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
     }
     if config.r == 0 || config.r > MAX_RANK {
         return Err(bad(format!("adapter_config.json: r must be between 1 and {MAX_RANK}, got {}", config.r)));
+    }
+    // A scale past this turns any non-zero product into infinities in f32.
+    if !config.scale().is_finite() || config.scale().abs() > MAX_SCALE {
+        return Err(bad(format!("adapter_config.json: lora_alpha gives a scale of {}, outside ±{MAX_SCALE}", config.scale())));
     }
     let rank = config.r;
     let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
@@ -171,12 +178,18 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
     let get = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
         match tensors.get(name) {
             None => Ok(None),
-            Some(t) => t
-                .to_dtype(candle_core::DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
-                .map(Some)
-                .map_err(|e| bad(format!("{name}: {e}"))),
+            Some(t) => {
+                let v = t
+                    .to_dtype(candle_core::DType::F32)
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(|e| bad(format!("{name}: {e}")))?;
+                // NaN or infinite weights would make every answer of this adapter NaN.
+                if !v.iter().all(|x| x.is_finite()) {
+                    return Err(bad(format!("{name} holds values that are not finite numbers")));
+                }
+                Ok(Some(v))
+            }
         }
     };
     let mut layers = Vec::with_capacity(c.n_layer);
@@ -345,6 +358,9 @@ mod tests {
         assert!(e.contains("shape [16, 2]"), "{e}");
         let e = try_with(vec![(a(1), zeros(2, din))]).unwrap_err();
         assert!(e.contains("has no lora_B"), "{e}");
+        let nan = Tensor::full(f32::NAN, (dout, 2), &Device::Cpu).unwrap();
+        let e = try_with(vec![(a(0), zeros(2, din)), (b(0), nan)]).unwrap_err();
+        assert!(e.contains("not finite"), "{e}");
     }
 
     #[test]
@@ -358,6 +374,7 @@ mod tests {
             read(dir.path(), &c).map(|a| a.config.scale()).map_err(|e| e.to_string())
         };
         assert_eq!(with(r#"{"r": 4}"#), Ok(2.0), "PEFT's default alpha is 8");
+        assert!(with(r#"{"r": 4, "lora_alpha": 1e300}"#).unwrap_err().contains("scale"));
         assert_eq!(with(r#"{"r": 4, "peft_type": "LORA", "use_dora": false, "alpha_pattern": {}}"#), Ok(2.0));
         for (cfg, says) in [
             (r#"{"r": 4, "peft_type": "IA3"}"#, "peft_type"),
