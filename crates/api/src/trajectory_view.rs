@@ -181,7 +181,9 @@ fn anthropic_blocks(role: &str, content: &Value, sampled: bool, out: &mut Vec<Me
     for b in blocks {
         match b["type"].as_str() {
             Some("text") => m.content.push_str(b["text"].as_str().unwrap_or_default()),
-            Some("thinking") => m.content.push_str(&format!("<think>{}</think>", b["thinking"].as_str().unwrap_or_default())),
+            Some("thinking") => {
+                m.content.push_str(&format!("<think>{}</think>", b["thinking"].as_str().unwrap_or_default()))
+            }
             Some("tool_use") => m.tool_calls.push(ToolCallView {
                 name: str_of(b, "name").unwrap_or_default(),
                 arguments: b.get("input").map(Value::to_string).unwrap_or_default(),
@@ -370,7 +372,10 @@ mod tests {
         assert_eq!((v.index, v.reward, v.exchanges, v.histories.len()), (3, 0.5, 0, 2));
         let h = &v.histories[0];
         assert_eq!(h.tools, ["lookup"]);
-        assert_eq!((h.messages[0].role.as_str(), h.messages[0].content.as_str(), h.messages[0].sampled), ("user", "Find it", false));
+        assert_eq!(
+            (h.messages[0].role.as_str(), h.messages[0].content.as_str(), h.messages[0].sampled),
+            ("user", "Find it", false)
+        );
         assert!(h.messages[1].sampled);
         assert_eq!(h.messages[1].tool_calls, [ToolCallView { name: "lookup".into(), arguments: "{\"q\":1}".into() }]);
         assert_eq!((h.messages[2].role.as_str(), h.messages[2].tool_call_id.as_deref()), ("tool", Some("c1")));
@@ -413,7 +418,17 @@ mod tests {
                                     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}]}});
         let h = exchange_history("responses", &x);
         let roles: Vec<_> = h.messages.iter().map(|m| (m.role.as_str(), m.sampled)).collect();
-        assert_eq!(roles, [("system", false), ("user", false), ("assistant", false), ("tool", false), ("reasoning", true), ("assistant", true)]);
+        assert_eq!(
+            roles,
+            [
+                ("system", false),
+                ("user", false),
+                ("assistant", false),
+                ("tool", false),
+                ("reasoning", true),
+                ("assistant", true)
+            ]
+        );
         assert_eq!((h.messages[4].content.as_str(), h.messages[5].content.as_str()), ("hmm", "done"));
     }
 }

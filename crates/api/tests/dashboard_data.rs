@@ -54,7 +54,10 @@ async fn job_rollouts_give_a_reward_curve_and_a_trajectory_browser() {
     let t = &page["groups"][0]["trajectories"][0];
     assert_eq!((t["index"].as_u64(), t["reward"].as_f64()), (Some(0), Some(1.0)));
     let msgs = t["histories"][0]["messages"].as_array().unwrap();
-    assert_eq!(msgs.iter().map(|m| m["role"].as_str().unwrap()).collect::<Vec<_>>(), ["user", "assistant", "tool", "assistant"]);
+    assert_eq!(
+        msgs.iter().map(|m| m["role"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["user", "assistant", "tool", "assistant"]
+    );
     assert_eq!(msgs[1]["tool_calls"], json!([{"name": "add", "arguments": "[2,2]"}]));
     assert_eq!((msgs[2]["tool_call_id"].as_str(), msgs[2]["content"].as_str()), (Some("c1"), Some("4")));
     assert_eq!(t["histories"][0]["tools"], json!(["add"]));
@@ -103,7 +106,12 @@ async fn a_logs_trajectories_and_jobs_without_rollouts() {
     let m = app.create_model(KEY_A, "agent").await;
     let id = m["id"].as_str().unwrap();
     let out = app
-        .ok("POST", &format!("/v1/preview/models/{id}/log"), KEY_A, Some(json!({"split": "val", "trajectory_groups": [tool_group(&[0.5])]})))
+        .ok(
+            "POST",
+            &format!("/v1/preview/models/{id}/log"),
+            KEY_A,
+            Some(json!({"split": "val", "trajectory_groups": [tool_group(&[0.5])]})),
+        )
         .await;
     let log_id = out["id"].as_str().unwrap();
     let path = format!("/v1/preview/models/{id}/logs/{log_id}/trajectories");
@@ -144,7 +152,9 @@ async fn history_zooms_to_a_step_range() {
     let reward = h["series"].as_array().unwrap().iter().find(|s| s["key"] == "val/reward").cloned().unwrap();
     let steps: Vec<f64> = reward["points"].as_array().unwrap().iter().map(|p| p["step"].as_f64().unwrap()).collect();
     assert_eq!((steps, reward["total"].as_u64()), (vec![2.0, 3.0], Some(2)));
-    for (query, field) in [("min_step=-1", "min_step"), ("max_step=x", "max_step"), ("min_step=3&max_step=2", "max_step")] {
+    for (query, field) in
+        [("min_step=-1", "min_step"), ("max_step=x", "max_step"), ("min_step=3&max_step=2", "max_step")]
+    {
         let r = app.call("GET", &format!("/v1/preview/models/{id}/history?{query}"), KEY_A, None).await;
         assert_eq!(r.status, 422, "{query}");
         assert_eq!(r.json()["detail"][0]["loc"], json!(["query", field]), "{query}");
@@ -159,8 +169,13 @@ async fn models_are_searched_and_summarised() {
     app.create_model(KEY_B, "alpha-other").await;
     let id = a["id"].as_str().unwrap();
     add_checkpoint(&app, Uuid::parse_str(id).unwrap(), 1).await;
-    app.ok("POST", &format!("/v1/preview/models/{id}/log"), KEY_A, Some(json!({"split": "val", "trajectory_groups": [group(&[0.25, 0.75])]})))
-        .await;
+    app.ok(
+        "POST",
+        &format!("/v1/preview/models/{id}/log"),
+        KEY_A,
+        Some(json!({"split": "val", "trajectory_groups": [group(&[0.25, 0.75])]})),
+    )
+    .await;
 
     let found = app.ok("GET", "/v1/preview/models?search=ALPHA&summary=true", KEY_A, None).await;
     let data = found["data"].as_array().unwrap();

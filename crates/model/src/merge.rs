@@ -111,14 +111,20 @@ pub fn merged_weight(w: &[f32], a: &[f32], b: &[f32], rank: usize, scale: f32, o
 /// (the norms) stay as stored. Refused: `out` naming the base itself, a base that declares an
 /// alignment other than the 32 bytes the writer uses, an adapter with a projection the base does
 /// not have.
-pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeFormat) -> Result<MergeReport, ModelError> {
+pub fn merge_to_gguf(
+    base: &Path,
+    adapter_dir: &Path,
+    out: &Path,
+    format: MergeFormat,
+) -> Result<MergeReport, ModelError> {
     let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
     if same(base, out) {
         return Err(ModelError::Gguf(format!("{} is the base model itself; write the merge elsewhere", out.display())));
     }
     // The temporary file first: a target directory that cannot take it fails before the work.
     let parent = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = tempfile::Builder::new().prefix(".tandem-merge-").suffix(".gguf").tempfile_in(parent).map_err(io(parent))?;
+    let tmp =
+        tempfile::Builder::new().prefix(".tandem-merge-").suffix(".gguf").tempfile_in(parent).map_err(io(parent))?;
     let config = GgufFile::open(base)?.llama_config()?;
     let adapter = peft::read(adapter_dir, &config)?;
     let scale = adapter.config.scale() as f32;
@@ -153,7 +159,9 @@ pub fn merge_to_gguf(base: &Path, adapter_dir: &Path, out: &Path, format: MergeF
                 let t = q.dequantize(&Device::Cpu).map_err(err)?;
                 let dims = t.dims().to_vec();
                 if dims != [*out_dim, *in_dim] {
-                    return Err(ModelError::Gguf(format!("{name}: shape {dims:?}, the adapter needs [{out_dim}, {in_dim}]")));
+                    return Err(ModelError::Gguf(format!(
+                        "{name}: shape {dims:?}, the adapter needs [{out_dim}, {in_dim}]"
+                    )));
                 }
                 let w = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;
                 let m = merged_weight(&w, &pair.a, &pair.b, adapter.config.r, scale, *out_dim);

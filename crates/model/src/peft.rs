@@ -134,7 +134,9 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
     }
     for key in ["alpha_pattern", "rank_pattern"] {
         if raw.get(key).and_then(serde_json::Value::as_object).is_some_and(|o| !o.is_empty()) {
-            return Err(bad(format!("adapter_config.json: {key} is not supported (one rank and alpha for every module)")));
+            return Err(bad(format!(
+                "adapter_config.json: {key} is not supported (one rank and alpha for every module)"
+            )));
         }
     }
     if config.r == 0 || config.r > MAX_RANK {
@@ -142,7 +144,10 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
     }
     // A scale past this turns any non-zero product into infinities in f32.
     if !config.scale().is_finite() || config.scale().abs() > MAX_SCALE {
-        return Err(bad(format!("adapter_config.json: lora_alpha gives a scale of {}, outside ±{MAX_SCALE}", config.scale())));
+        return Err(bad(format!(
+            "adapter_config.json: lora_alpha gives a scale of {}, outside ±{MAX_SCALE}",
+            config.scale()
+        )));
     }
     let rank = config.r;
     let tensors = candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
@@ -367,8 +372,11 @@ mod tests {
     fn peft_settings_tandem_does_not_apply_are_refused() {
         let c = config();
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("adapter_model.safetensors"), safetensors::serialize(HashMap::<String, Tensor>::new(), None).unwrap())
-            .unwrap();
+        std::fs::write(
+            dir.path().join("adapter_model.safetensors"),
+            safetensors::serialize(HashMap::<String, Tensor>::new(), None).unwrap(),
+        )
+        .unwrap();
         let with = |cfg: &str| {
             std::fs::write(dir.path().join("adapter_config.json"), cfg).unwrap();
             read(dir.path(), &c).map(|a| a.config.scale()).map_err(|e| e.to_string())

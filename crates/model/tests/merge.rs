@@ -2,7 +2,7 @@
 
 use tandem_model::merge::{merge_to_gguf, merged_weight, MergeFormat};
 use tandem_model::peft::{self, AdapterConfig, Module, PairData};
-use tandem_model::{load_gguf, testing, GgufFile, KvCache, LoraAdapter, Logits, SeqInput};
+use tandem_model::{load_gguf, testing, GgufFile, KvCache, Logits, LoraAdapter, SeqInput};
 
 fn last_logits(model: &tandem_model::Llama, adapter: Option<&LoraAdapter>) -> Vec<f32> {
     let c = &model.config;
@@ -57,7 +57,10 @@ fn a_merged_file_holds_w_plus_ba_and_computes_what_base_plus_adapter_computes() 
         assert_eq!(m.tensor_raw(name).unwrap().0, candle_core::quantized::GgmlDType::F32);
     }
     assert_eq!(m.tensor_f32("blk.0.attn_norm.weight").unwrap(), b.tensor_f32("blk.0.attn_norm.weight").unwrap());
-    assert_eq!(m.metadata().get("general.architecture").map(|v| v.to_string().unwrap().to_string()), Some("llama".into()));
+    assert_eq!(
+        m.metadata().get("general.architecture").map(|v| v.to_string().unwrap().to_string()),
+        Some("llama".into())
+    );
 
     // Served: the merged file's logits are the base-with-adapter's, up to quantisation; the
     // adapter itself moves them far more than that.

@@ -2,10 +2,10 @@
 //! adapter merged into its base model, for the tools that take a plain model (llama.cpp,
 //! Ollama). The adapter alone (PEFT) comes from the API: `GET .../checkpoints/{step}/adapter`.
 
+use crate::config::{BUNDLED_MODEL_ID, DEFAULT_MODEL};
 use anyhow::{bail, Context};
 use clap::Args;
 use std::path::PathBuf;
-use crate::config::{BUNDLED_MODEL_ID, DEFAULT_MODEL};
 use tandem_model::merge::{merge_to_gguf, MergeFormat};
 use tandem_store::{CheckpointDir, Store};
 
@@ -49,14 +49,21 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
     let base = match args.base.clone() {
         Some(path) => path,
         None if model.base_model == BUNDLED_MODEL_ID => PathBuf::from(DEFAULT_MODEL),
-        None => bail!("model {} was trained on {}: give --base with that model's GGUF file", args.model_id, model.base_model),
+        None => bail!(
+            "model {} was trained on {}: give --base with that model's GGUF file",
+            args.model_id,
+            model.base_model
+        ),
     };
     let step = match args.step {
         Some(s) => s,
         None => store.latest_step(args.model_id).await?,
     };
     if step < 1 {
-        bail!("--step must be 1 or more (step 0 is the base model itself); model {} has no checkpoint yet", args.model_id);
+        bail!(
+            "--step must be 1 or more (step 0 is the base model itself); model {} has no checkpoint yet",
+            args.model_id
+        );
     }
     let checkpoint = store
         .get_checkpoint(args.model_id, step)

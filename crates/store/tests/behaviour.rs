@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_core::records::{EventKind, JobKind, JobStatus, ModelRecord, Order, Page, PageRequest};
 use tandem_store::{
-    ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, SqliteStore, Store, StoreError,
-    StoredResponse,
+    ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, SqliteStore, Store,
+    StoreError, StoredResponse,
 };
 use uuid::Uuid;
 
@@ -26,8 +26,10 @@ fn new_model(entity: &str, name: &str) -> NewModel {
 }
 
 async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
-    let job =
-        store.create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None }).await.unwrap();
+    let job = store
+        .create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None })
+        .await
+        .unwrap();
     let claimed = store.claim_next_job().await.unwrap().unwrap();
     assert_eq!(claimed.job.id, job.id);
     let cp = NewCheckpoint {
@@ -167,7 +169,13 @@ async fn job_state_machine() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let (m2, _) = store.create_model(&new_model("a", "m2"), false).await.unwrap();
-        let new = |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({"lr": 1}), inputs: json!([1]), rollout: None };
+        let new = |model_id| NewJob {
+            model_id,
+            kind: JobKind::Rl,
+            config: json!({"lr": 1}),
+            inputs: json!([1]),
+            rollout: None,
+        };
         let j1 = store.create_job(&new(m.id)).await.unwrap();
         let j2 = store.create_job(&new(m.id)).await.unwrap();
         let j3 = store.create_job(&new(m2.id)).await.unwrap();
@@ -248,7 +256,13 @@ async fn event_pages_under_concurrent_appends() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
         let job = store
-            .create_job(&NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None })
+            .create_job(&NewJob {
+                model_id: m.id,
+                kind: JobKind::Rl,
+                config: json!({}),
+                inputs: json!([]),
+                rollout: None,
+            })
             .await
             .unwrap();
         const N: usize = 200;
@@ -344,7 +358,8 @@ async fn training_queue_is_round_robin_between_entities() {
         let mut a_jobs = Vec::new();
         for m in ["a1", "a2", "a3"] {
             let (model, _) = store.create_model(&new_model("a", m), false).await.unwrap();
-            let new = NewJob { model_id: model.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
+            let new =
+                NewJob { model_id: model.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
             a_jobs.push(store.create_job(&new).await.unwrap().id);
         }
         let (b, _) = store.create_model(&new_model("b", "b1"), false).await.unwrap();
@@ -437,7 +452,14 @@ async fn an_imported_adapter_becomes_the_next_checkpoint() {
         assert_eq!(third.step, 3, "{name}");
         assert_eq!(store.latest_step(m.id).await.unwrap(), 3);
         // While a job of the model is queued or runs, it owns the next step.
-        store.create_job(&NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None })
+        store
+            .create_job(&NewJob {
+                model_id: m.id,
+                kind: JobKind::Rl,
+                config: json!({}),
+                inputs: json!([]),
+                rollout: None,
+            })
             .await
             .unwrap();
         let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;

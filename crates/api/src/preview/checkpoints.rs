@@ -156,7 +156,11 @@ pub async fn export(
     let Ok(step) = step.parse::<i64>() else {
         let mut v = Validator::new("path");
         v.at("step", |v| {
-            v.error("int_parsing", "Input should be a valid integer, unable to parse string as an integer", &json!(step))
+            v.error(
+                "int_parsing",
+                "Input should be a valid integer, unable to parse string as an integer",
+                &json!(step),
+            )
         });
         return Err(ApiError::validation(v.into_errors()).into());
     };
@@ -225,7 +229,10 @@ fn adapter_files(bytes: &[u8]) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
         let Some(name) = ADAPTER_FILES.iter().find(|n| path.file_name().is_some_and(|f| f == **n)) else { continue };
         let parts: Vec<_> = path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
         if parts.len() > 2 || parts.iter().any(|c| !matches!(c, std::path::Component::Normal(_))) {
-            return Err(format!("{}: the adapter's files must be at the top of the archive or in one directory", path.display()));
+            return Err(format!(
+                "{}: the adapter's files must be at the top of the archive or in one directory",
+                path.display()
+            ));
         }
         let folder: std::path::PathBuf = parts[..parts.len() - 1].iter().collect();
         if found.iter().any(|(n, _, _)| n == name) {
@@ -276,7 +283,11 @@ async fn run_import(
         drop(files);
         let adapter = tandem_core::inference::AdapterRef { checkpoint_id: id.to_string(), path, confined_to: None };
         served.load_adapter(&adapter).map_err(|m| {
-            body_error(vec![Loc::from("body")], &format!("the adapter does not fit {}: {m}", served.info().id), Value::Null)
+            body_error(
+                vec![Loc::from("body")],
+                &format!("the adapter does not fit {}: {m}", served.info().id),
+                Value::Null,
+            )
         })
     })
     .await;
@@ -286,7 +297,8 @@ async fn run_import(
         Err(e) => Err(ApiError::new(ErrorKind::Internal, format!("import task failed: {e}"))),
     };
     if recorded.is_err() {
-        let gone = Checkpoint { id, model_id: model.id, step: 0, metrics: Default::default(), path: relative, created_at: 0 };
+        let gone =
+            Checkpoint { id, model_id: model.id, step: 0, metrics: Default::default(), path: relative, created_at: 0 };
         remove_files(&state, std::slice::from_ref(&gone)).await;
     }
     recorded
@@ -331,11 +343,18 @@ pub async fn import(
         .into());
     }
     let Some(served) = state.model(&model.base_model).cloned() else {
-        return Err(ApiError::new(ErrorKind::Conflict, format!("the base model {} is not served here", model.base_model)).into());
+        return Err(ApiError::new(
+            ErrorKind::Conflict,
+            format!("the base model {} is not served here", model.base_model),
+        )
+        .into());
     };
     let mine = IMPORTS_PER_ENTITY.acquire(&caller.entity).ok_or_else(|| {
-        ApiError::new(ErrorKind::TooManyRequests, "an adapter import of this entity is under way; retry when it is done")
-            .with_retry_after(1)
+        ApiError::new(
+            ErrorKind::TooManyRequests,
+            "an adapter import of this entity is under way; retry when it is done",
+        )
+        .with_retry_after(1)
     })?;
     let body = crate::body::read_bytes(request).await?;
     let task = tokio::spawn(async move {
@@ -343,7 +362,8 @@ pub async fn import(
         let _shared = IMPORTS.acquire().await;
         run_import(state, model, served, body).await
     });
-    let checkpoint = task.await.map_err(|e| ApiError::new(ErrorKind::Internal, format!("import task failed: {e}")))??;
+    let checkpoint =
+        task.await.map_err(|e| ApiError::new(ErrorKind::Internal, format!("import task failed: {e}")))??;
     tracing::info!(model_id = %checkpoint.model_id, step = checkpoint.step, "adapter imported as a checkpoint");
     Ok(Json(views::checkpoint(&checkpoint)))
 }
@@ -374,8 +394,17 @@ mod tests {
             ("out/adapter_config.json", "out/adapter_model.safetensors"),
             ("./step3/adapter_config.json", "./step3/adapter_model.safetensors"),
         ] {
-            let got = adapter_files(&archive(&[("README.md", b"hi"), (c, CONFIG), ("checkpoint-5/x/y.bin", b"z"), (w, WEIGHTS)]));
-            assert_eq!(got, Ok(vec![("adapter_config.json", CONFIG.to_vec()), ("adapter_model.safetensors", WEIGHTS.to_vec())]), "{c}");
+            let got = adapter_files(&archive(&[
+                ("README.md", b"hi"),
+                (c, CONFIG),
+                ("checkpoint-5/x/y.bin", b"z"),
+                (w, WEIGHTS),
+            ]));
+            assert_eq!(
+                got,
+                Ok(vec![("adapter_config.json", CONFIG.to_vec()), ("adapter_model.safetensors", WEIGHTS.to_vec())]),
+                "{c}"
+            );
         }
     }
 
@@ -386,7 +415,10 @@ mod tests {
             assert!(e.contains(says), "{e} (wanted {says})");
         };
         refused(&[("adapter_config.json", CONFIG)], "no adapter_model.safetensors");
-        refused(&[("a/adapter_config.json", CONFIG), ("b/adapter_model.safetensors", WEIGHTS)], "different directories");
+        refused(
+            &[("a/adapter_config.json", CONFIG), ("b/adapter_model.safetensors", WEIGHTS)],
+            "different directories",
+        );
         refused(&[("a/b/adapter_config.json", CONFIG), ("a/b/adapter_model.safetensors", WEIGHTS)], "one directory");
         refused(&[("adapter_config.json", CONFIG), ("adapter_config.json", CONFIG)], "twice");
         let big = vec![b' '; (MAX_CONFIG_BYTES + 1) as usize];

@@ -11,13 +11,13 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
 use serde_json::Value;
 use std::collections::HashMap;
+use tandem_core::metrics::log_metrics;
 use tandem_core::names::{checkpoint_ref, CheckpointRef, ModelName};
 use tandem_core::records::{JobKind, ModelRecord, Order, PageRequest};
 use tandem_core::sequences::{tokenize_groups, ModelBounds, ModelTokenizer, RlInputs, TrainedModel};
 use tandem_core::train_config::parse_train_config;
 use tandem_core::train_config::KlReference;
 use tandem_core::validate::{optional, Validator};
-use tandem_core::metrics::log_metrics;
 use tandem_store::{NewJob, Rollout, StoreError};
 use uuid::Uuid;
 

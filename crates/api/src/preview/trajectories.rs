@@ -39,8 +39,11 @@ async fn render_permit(
     caller: &Caller,
 ) -> Result<(crate::limiter::Permit, tokio::sync::SemaphorePermit<'static>), ApiError> {
     let mine = PER_ENTITY.acquire(&caller.entity).ok_or_else(|| {
-        ApiError::new(ErrorKind::TooManyRequests, "a trajectory page of this entity is being read; retry when it is done")
-            .with_retry_after(1)
+        ApiError::new(
+            ErrorKind::TooManyRequests,
+            "a trajectory page of this entity is being read; retry when it is done",
+        )
+        .with_retry_after(1)
     })?;
     let shared = RENDERS
         .acquire()
@@ -66,7 +69,8 @@ struct Query_ {
 
 fn parse(query: &HashMap<String, String>) -> Result<Query_, ApiError> {
     let mut v = Validator::new("query");
-    let mut q = Query_ { offset: 0, limit: DEFAULT_GROUPS, sort: Sort::Index, min_reward: f64::MIN, max_reward: f64::MAX };
+    let mut q =
+        Query_ { offset: 0, limit: DEFAULT_GROUPS, sort: Sort::Index, min_reward: f64::MIN, max_reward: f64::MAX };
     let int_error = "Input should be a valid integer, unable to parse string as an integer";
     if let Some(raw) = query.get("offset") {
         v.at("offset", |v| match raw.parse::<usize>() {
@@ -148,7 +152,8 @@ fn render(
         .into_iter()
         .map(|(i, rs)| {
             let mut g = group(i, &raw[i], &is_trained);
-            let mut all: Vec<Option<TrajectoryView>> = std::mem::take(&mut g.trajectories).into_iter().map(Some).collect();
+            let mut all: Vec<Option<TrajectoryView>> =
+                std::mem::take(&mut g.trajectories).into_iter().map(Some).collect();
             g.trajectories = rs.iter().filter_map(|(t, _)| all.get_mut(*t).and_then(Option::take)).collect();
             g
         })
@@ -194,7 +199,9 @@ fn render(
                         }
                     }
                 }
-                (Ok(_), None) => t.sequences_error = Some(format!("the base model {} is not served here", model.base_model)),
+                (Ok(_), None) => {
+                    t.sequences_error = Some(format!("the base model {} is not served here", model.base_model))
+                }
                 (Err(e), _) => t.sequences_error = Some(e),
             }
         }
@@ -302,7 +309,11 @@ pub async fn of_job(
         (Some(groups), _) => groups,
         (None, Some(RlInputs::Raw(groups))) if rollout.job.kind == tandem_core::records::JobKind::Rl => groups.clone(),
         _ => {
-            return Err(ApiError::new(ErrorKind::Conflict, "this job keeps no trajectories (an SFT job, or an RL job created before tandem kept its groups)").into())
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                "this job keeps no trajectories (an SFT job, or an RL job created before tandem kept its groups)",
+            )
+            .into())
         }
     };
     Ok(Json(render_off_thread(&state, groups, stored, model, q).await?))

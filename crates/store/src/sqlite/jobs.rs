@@ -96,16 +96,22 @@ pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
          VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING {JOB_COLUMNS}"
     );
     let row = sqlx::query(&sql)
-    .bind(tandem_core::new_id().to_string())
-    .bind(new.model_id.to_string())
-    .bind(new.kind.as_str())
-    .bind(text(&new.config)?)
-    .bind(text(&new.inputs)?)
-    .bind(new.rollout.as_ref().map(|r| serde_json::to_string(&r.metrics)).transpose().map_err(|e| StoreError::Database(e.to_string()))?)
-    .bind(new.rollout.as_ref().map(|r| text(&r.groups)).transpose()?)
-    .bind(now_ms())
-    .fetch_one(pool)
-    .await?;
+        .bind(tandem_core::new_id().to_string())
+        .bind(new.model_id.to_string())
+        .bind(new.kind.as_str())
+        .bind(text(&new.config)?)
+        .bind(text(&new.inputs)?)
+        .bind(
+            new.rollout
+                .as_ref()
+                .map(|r| serde_json::to_string(&r.metrics))
+                .transpose()
+                .map_err(|e| StoreError::Database(e.to_string()))?,
+        )
+        .bind(new.rollout.as_ref().map(|r| text(&r.groups)).transpose()?)
+        .bind(now_ms())
+        .fetch_one(pool)
+        .await?;
     rows::job(&row)
 }
 
@@ -114,11 +120,7 @@ pub(crate) async fn get_job<'e, E: sqlx::SqliteExecutor<'e>>(ex: E, entity: &str
         "SELECT {} FROM training_jobs j JOIN models m ON m.id = j.model_id WHERE j.id = ? AND m.entity = ?",
         job_columns_of_j()
     );
-    let row = sqlx::query(&sql)
-    .bind(id.to_string())
-    .bind(entity)
-    .fetch_one(ex)
-    .await?;
+    let row = sqlx::query(&sql).bind(id.to_string()).bind(entity).fetch_one(ex).await?;
     rows::job(&row)
 }
 
@@ -193,10 +195,7 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
             LIMIT 1)
          RETURNING {JOB_COLUMNS}, config, trajectory_groups"
     );
-    let row = sqlx::query(&sql)
-    .bind(now_ms())
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(pool).await?;
     let Some(row) = row else { return Ok(None) };
     let job = rows::job(&row)?;
     let model = sqlx::query("SELECT * FROM models WHERE id = ?").bind(job.model_id.to_string()).fetch_one(pool).await?;
