@@ -17,6 +17,7 @@ pub mod sampler;
 pub mod scheduler;
 mod sequence;
 mod served;
+mod spm;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
@@ -79,8 +80,16 @@ impl Engine {
             // Only ever shorter: positions past the model's own context have no trained meaning.
             model.config.context_len = model.config.context_len.min(n.max(1));
         }
-        let tok = Arc::new(TextTokenizer::from_meta(meta)?);
-        let template = meta.chat_template.as_deref().map(ChatTemplate::new).transpose()?;
+        let mut tok = TextTokenizer::from_meta(meta)?;
+        let template = match (meta.chat_template.as_deref(), template::builtin::for_arch(model.config.arch)) {
+            (Some(source), _) => Some(ChatTemplate::new(source)?),
+            (None, Some(builtin)) => {
+                tok.add_end_token(builtin.end_of_turn);
+                Some(ChatTemplate::new(builtin.source)?)
+            }
+            (None, None) => None,
+        };
+        let tok = Arc::new(tok);
         let info = BaseModelInfo {
             id: id.to_string(),
             path: path.to_string(),

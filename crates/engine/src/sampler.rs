@@ -12,7 +12,8 @@ pub struct History<'a> {
 }
 
 /// Masks, biases and penalties, applied in place to raw logits.
-pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, eos: u32) {
+/// `ends` are the tokens that end generation as EOS does (`TextTokenizer::end_ids`).
+pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, ends: &[u32]) {
     let banned = f32::NEG_INFINITY;
     if let Some(allowed) = &p.allowed_token_ids {
         // Sorted and deduplicated at validation: one walk alongside the logits, no allocation.
@@ -27,7 +28,7 @@ pub fn process(logits: &mut [f32], p: &SamplingParams, h: &History<'_>, eos: u32
     // min_tokens: no EOS and no stop token before enough tokens exist.
     if h.generated.len() < p.min_tokens {
         if !p.ignore_eos {
-            ban(logits, eos);
+            ends.iter().for_each(|e| ban(logits, *e));
         }
         for t in &p.stop_token_ids {
             ban(logits, *t);
@@ -238,7 +239,7 @@ mod tests {
         let mut logits = vec![2.0, -2.0, 1.0, 1.0];
         let p = SamplingParams { repetition_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 0.25, ..params() };
         let h = History { prompt: &[0], generated: &[1, 2, 2] };
-        process(&mut logits, &p, &h, 99);
+        process(&mut logits, &p, &h, &[99]);
         // token 0: in prompt -> 2/2 = 1; no output count
         // token 1: -2*2 = -4, then -0.5*1 - 0.25 = -4.75
         // token 2: 1/2 = 0.5, then -0.5*2 - 0.25 = -0.75
@@ -256,17 +257,17 @@ mod tests {
             ..params()
         };
         let mut logits = vec![0.0; 6];
-        process(&mut logits, &p, &History { prompt: &[], generated: &[5] }, 3);
+        process(&mut logits, &p, &History { prompt: &[], generated: &[5] }, &[3]);
         // 0 banned (one-token bad word), 1 banned (after 5), 2 banned (stop token under min_tokens),
         // 3..5 not allowed
         assert!(logits.iter().all(|l| *l == f32::NEG_INFINITY), "{logits:?}");
         let mut logits = vec![0.0; 6];
-        process(&mut logits, &p, &History { prompt: &[], generated: &[4, 4] }, 3);
+        process(&mut logits, &p, &History { prompt: &[], generated: &[4, 4] }, &[3]);
         assert_eq!(&logits[..3], &[f32::NEG_INFINITY, 100.0, 0.0]);
         // A sorted allowed list with gaps and an id past the vocabulary keeps exactly its ids.
         let p = SamplingParams { allowed_token_ids: Some(vec![1, 3, 9]), ..params() };
         let mut logits = vec![0.5; 6];
-        process(&mut logits, &p, &no_history(), 99);
+        process(&mut logits, &p, &no_history(), &[99]);
         let ninf = f32::NEG_INFINITY;
         assert_eq!(logits, vec![ninf, 0.5, ninf, 0.5, ninf, ninf]);
     }
@@ -282,7 +283,7 @@ mod tests {
         };
         // History 1 2 3 1: the bigram "1 2" exists, so after a trailing 1 token 2 is banned.
         let mut logits = vec![0.0; 6];
-        process(&mut logits, &p, &History { prompt: &[1, 2], generated: &[3, 1] }, 5);
+        process(&mut logits, &p, &History { prompt: &[1, 2], generated: &[3, 1] }, &[5]);
         assert_eq!(logits, vec![0.0, 0.0, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, 0.0]);
     }
 

@@ -253,13 +253,13 @@ impl Seq {
         let req = self.req.clone();
         let p = &req.params;
         let mut logits = raw.to_vec();
-        sampler::process(&mut logits, p, &History { prompt: &req.prompt, generated: &self.generated }, tok.eos_id);
+        sampler::process(&mut logits, p, &History { prompt: &req.prompt, generated: &self.generated }, tok.end_ids());
         if let Some(Err(e)) = self.matcher.as_mut().map(|m| constrain(m, &mut logits, tok.eos_id)) {
             return self.grammar_failed(e, metrics);
         }
         let token = sampler::sample(&logits, p, &mut self.rng);
         // EOS ends the grammar (the mask allowed it only where the output is complete).
-        if token != tok.eos_id {
+        if !tok.is_end(token) {
             if let Some(Err(e)) = self.matcher.as_mut().map(|m| m.consume_token(token).map_err(|e| e.to_string())) {
                 return self.grammar_failed(e, metrics);
             }
@@ -279,7 +279,9 @@ impl Seq {
 
         let may_stop = self.generated.len() > p.min_tokens;
         let is_eos = token == tok.eos_id && !p.ignore_eos;
-        let is_stop_token = p.stop_token_ids.contains(&token);
+        // The other end ids (Gemma's `<end_of_turn>`) stop as vLLM's generation-config EOS ids
+        // do: as stop tokens, reported in `stop_reason`.
+        let is_stop_token = p.stop_token_ids.contains(&token) || (tok.is_end(token) && !p.ignore_eos);
         let mut finish: Option<(FinishReason, Option<StopReason>)> = None;
         let mut text = String::new();
         if may_stop && (is_eos || is_stop_token) {

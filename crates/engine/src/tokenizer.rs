@@ -32,6 +32,10 @@ pub struct TextTokenizer {
     /// The longest token's bytes (every tokenize call bounds its input by it).
     max_token_bytes: usize,
     pub eos_id: u32,
+    /// Every token that ends generation as EOS does: `eos_id`, the file's end-of-turn token, and
+    /// the turn end of a chat template tandem supplies (Gemma's `<end_of_turn>`), as vLLM
+    /// stops on every id of a model's `generation_config.json` `eos_token_id`.
+    end_ids: Vec<u32>,
     pub bos_id: Option<u32>,
     pub add_bos: bool,
 }
@@ -53,60 +57,72 @@ fn byte_to_char() -> [char; 256] {
     table
 }
 
-impl TextTokenizer {
-    pub fn from_meta(meta: &TokenizerMeta) -> Result<Self, TokenizerError> {
-        if meta.model != "gpt2" {
-            return Err(TokenizerError::Unsupported(format!(
-                "tokenizer.ggml.model = {:?} (only byte-level BPE, gpt2)",
-                meta.model
-            )));
+/// SmolLM2 and other byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`): the
+/// `tokenizer.json` spec, each token's raw bytes, and which tokens are special.
+fn byte_level(meta: &TokenizerMeta) -> Result<(Value, Vec<Vec<u8>>, Vec<bool>), TokenizerError> {
+    let pre = match meta.pre.as_str() {
+        // SmolLM2: every digit on its own, then GPT-2's byte-level split without prefix space.
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
+        "gpt2" | "default" | "" => {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
         }
-        let pre = match meta.pre.as_str() {
-            // SmolLM2: every digit on its own, then GPT-2's byte-level split without prefix space.
-            "smollm" => json!({"type": "Sequence", "pretokenizers": [
-                {"type": "Digits", "individual_digits": true},
-                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-            "gpt2" | "default" | "" => {
-                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
-            }
-            other => return Err(TokenizerError::Unsupported(format!("pre-tokenizer {other:?}"))),
-        };
-        let is_special = |i: usize| matches!(meta.token_types.get(i), Some(3) | Some(4));
-        let vocab: serde_json::Map<String, Value> =
-            meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
-        let added: Vec<Value> = (0..meta.tokens.len())
-            .filter(|i| is_special(*i))
-            .map(|i| {
-                json!({"id": i, "content": meta.tokens[i], "single_word": false, "lstrip": false,
-                            "rstrip": false, "normalized": false, "special": true})
-            })
-            .collect();
-        let spec = json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-            "normalizer": null, "pre_tokenizer": pre, "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "vocab": vocab, "merges": meta.merges},
-        });
-        let inner: tokenizers::Tokenizer =
-            spec.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
-        let table = byte_to_char();
-        let mut inverse: HashMap<char, u8> = HashMap::new();
-        for (b, c) in table.iter().enumerate() {
-            inverse.insert(*c, b as u8);
-        }
-        let mut token_bytes = Vec::with_capacity(meta.tokens.len());
-        let mut special = Vec::with_capacity(meta.tokens.len());
-        for (i, t) in meta.tokens.iter().enumerate() {
-            let sp = is_special(i);
-            special.push(sp);
-            token_bytes.push(if sp {
+        other => return Err(TokenizerError::Unsupported(format!("pre-tokenizer {other:?}"))),
+    };
+    let is_special = |i: usize| matches!(meta.token_types.get(i), Some(3) | Some(4));
+    let vocab: serde_json::Map<String, Value> =
+        meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let added: Vec<Value> =
+        (0..meta.tokens.len()).filter(|i| is_special(*i)).map(|i| added_token(meta, i, true)).collect();
+    let spec = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": pre, "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": meta.merges},
+    });
+    let table = byte_to_char();
+    let mut inverse: HashMap<char, u8> = HashMap::new();
+    for (b, c) in table.iter().enumerate() {
+        inverse.insert(*c, b as u8);
+    }
+    let special: Vec<bool> = (0..meta.tokens.len()).map(is_special).collect();
+    let token_bytes = meta
+        .tokens
+        .iter()
+        .zip(&special)
+        .map(|(t, sp)| {
+            if *sp {
                 t.as_bytes().to_vec()
             } else {
                 t.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect()
-            });
-        }
+            }
+        })
+        .collect();
+    Ok((spec, token_bytes, special))
+}
+
+/// A `tokenizer.json` added token: matched whole in the input before the model splits the rest.
+pub(crate) fn added_token(meta: &TokenizerMeta, id: usize, special: bool) -> Value {
+    json!({"id": id, "content": meta.tokens[id], "single_word": false, "lstrip": false,
+           "rstrip": false, "normalized": false, "special": special})
+}
+
+impl TextTokenizer {
+    pub fn from_meta(meta: &TokenizerMeta) -> Result<Self, TokenizerError> {
+        let (spec, token_bytes, special) = match meta.model.as_str() {
+            "gpt2" => byte_level(meta)?,
+            "llama" => crate::spm::sentencepiece(meta)?,
+            other => {
+                return Err(TokenizerError::Unsupported(format!(
+                    "tokenizer.ggml.model = {other:?} (supported: gpt2 byte-level BPE, llama SentencePiece)"
+                )))
+            }
+        };
+        let inner: tokenizers::Tokenizer =
+            spec.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
         let eos_id = meta.eos_id.ok_or_else(|| TokenizerError::Unsupported("no tokenizer.ggml.eos_token_id".into()))?;
         let by_text = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         let mut by_bytes = HashMap::with_capacity(token_bytes.len());
@@ -122,9 +138,26 @@ impl TextTokenizer {
             by_text,
             by_bytes,
             eos_id,
+            end_ids: [Some(eos_id), meta.eot_id.filter(|e| *e != eos_id)].into_iter().flatten().collect(),
             bos_id: meta.bos_id,
             add_bos: meta.add_bos,
         })
+    }
+
+    /// Whether `id` ends generation (see `end_ids`).
+    pub fn is_end(&self, id: u32) -> bool {
+        self.end_ids.contains(&id)
+    }
+
+    pub fn end_ids(&self) -> &[u32] {
+        &self.end_ids
+    }
+
+    /// Adds the token written `text` to the ids that end generation (when it is in the vocabulary).
+    pub fn add_end_token(&mut self, text: &str) {
+        if let Some(id) = self.token_id(text).filter(|id| !self.end_ids.contains(id)) {
+            self.end_ids.push(id);
+        }
     }
 
     pub fn vocab_size(&self) -> usize {

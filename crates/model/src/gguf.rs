@@ -1,5 +1,6 @@
-//! Reading a Llama GGUF file: metadata once into typed values, tensors dequantised by candle.
+//! Reading a GGUF file: metadata once into typed values, tensors dequantised by candle.
 
+use crate::arch::{Arch, SlidingWindow};
 use crate::{LlamaConfig, ModelError};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
@@ -21,6 +22,12 @@ pub struct TokenizerMeta {
     pub merges: Vec<String>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
+    /// `tokenizer.ggml.eot_token_id`: an end-of-turn token that also ends generation.
+    pub eot_id: Option<u32>,
+    /// SentencePiece piece scores (`tokenizer.ggml.scores`): higher merges first.
+    pub scores: Vec<f32>,
+    /// SentencePiece: whether a space is put before the text (`tokenizer.ggml.add_space_prefix`).
+    pub add_space_prefix: bool,
     pub unk_id: Option<u32>,
     pub pad_id: Option<u32>,
     pub add_bos: bool,
@@ -76,31 +83,50 @@ impl GgufFile {
         }
     }
 
-    /// The model's shape, read once.
+    /// The model's shape, read once, under the architecture's own key prefix.
     pub fn llama_config(&self) -> Result<LlamaConfig, ModelError> {
-        let arch = self.string("general.architecture").unwrap_or_default();
-        if arch != "llama" {
-            return Err(ModelError::Unsupported(format!("architecture {arch:?} (only llama is supported)")));
+        let arch = Arch::parse(&self.string("general.architecture").unwrap_or_default())?;
+        let key = |k: &str| format!("{}.{k}", arch.name());
+        let hidden = self.u32(&key("embedding_length"))? as usize;
+        let n_head = self.u32(&key("attention.head_count"))? as usize;
+        // Qwen3 and Gemma 3 heads are wider than hidden / heads: key_length says so.
+        let head_dim = self
+            .opt_u32(&key("attention.key_length"))
+            .or_else(|| self.opt_u32(&key("rope.dimension_count")))
+            .map_or(hidden / n_head.max(1), |d| d as usize);
+        if let Some(v) = self.opt_u32(&key("attention.value_length")) {
+            if v as usize != head_dim {
+                return Err(ModelError::Unsupported(format!("value heads of {v} with key heads of {head_dim}")));
+            }
         }
-        let hidden = self.u32("llama.embedding_length")? as usize;
-        let n_head = self.u32("llama.attention.head_count")? as usize;
-        let head_dim = self.opt_u32("llama.rope.dimension_count").map_or(hidden / n_head, |d| d as usize);
         let vocab = match self.content.metadata.get("tokenizer.ggml.tokens") {
             Some(Value::Array(t)) => t.len(),
-            _ => self.u32("llama.vocab_size")? as usize,
+            _ => self.u32(&key("vocab_size"))? as usize,
         };
-        Ok(LlamaConfig {
-            n_layer: self.u32("llama.block_count")? as usize,
+        let sliding = match (arch, self.opt_u32(&key("attention.sliding_window"))) {
+            (Arch::Gemma3, Some(w)) if w > 0 => Some(SlidingWindow::gemma3(w as usize)),
+            _ => None,
+        };
+        let config = LlamaConfig {
+            arch,
+            n_layer: self.u32(&key("block_count"))? as usize,
             hidden,
-            ffn: self.u32("llama.feed_forward_length")? as usize,
+            ffn: self.u32(&key("feed_forward_length"))? as usize,
             n_head,
-            n_kv_head: self.opt_u32("llama.attention.head_count_kv").map_or(n_head, |v| v as usize),
+            n_kv_head: self.opt_u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize),
             head_dim,
-            rope_base: self.f32("llama.rope.freq_base").unwrap_or(10_000.0),
-            rms_eps: self.f32("llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            rope_base: self.f32(&key("rope.freq_base")).unwrap_or(10_000.0),
+            rms_eps: self.f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             vocab,
-            context_len: self.opt_u32("llama.context_length").unwrap_or(2048) as usize,
-        })
+            context_len: self.opt_u32(&key("context_length")).unwrap_or(2048) as usize,
+            // Gemma 3 scales scores by query_pre_attn_scalar^-1/2, which is head_dim for every
+            // size but 27B (llama.cpp: `f_attention_scale`); the others by head_dim^-1/2.
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embed_scale: (arch == Arch::Gemma3).then(|| (hidden as f32).sqrt()),
+            sliding,
+        };
+        config.check()?;
+        Ok(config)
     }
 
     pub fn tokenizer_meta(&self) -> TokenizerMeta {
@@ -116,6 +142,16 @@ impl GgufFile {
             merges: self.strings("tokenizer.ggml.merges"),
             bos_id: self.opt_u32("tokenizer.ggml.bos_token_id"),
             eos_id: self.opt_u32("tokenizer.ggml.eos_token_id"),
+            eot_id: self.opt_u32("tokenizer.ggml.eot_token_id"),
+            scores: match self.content.metadata.get("tokenizer.ggml.scores") {
+                Some(Value::Array(s)) => s.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect(),
+                _ => Vec::new(),
+            },
+            // SentencePiece's own default is to add it; Gemma's files say false.
+            add_space_prefix: !matches!(
+                self.content.metadata.get("tokenizer.ggml.add_space_prefix"),
+                Some(Value::Bool(false))
+            ),
             unk_id: self.opt_u32("tokenizer.ggml.unknown_token_id"),
             pad_id: self.opt_u32("tokenizer.ggml.padding_token_id"),
             add_bos: matches!(self.content.metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),

@@ -1,10 +1,12 @@
-//! tandem's model code, synchronous and request-agnostic: GGUF loading, CPU kernels, the Llama
-//! forward pass over a ragged batch with per-sequence KV caches, and per-sequence LoRA.
+//! tandem's model code, synchronous and request-agnostic: GGUF loading, CPU kernels, the forward
+//! pass of the Llama family (Llama, Qwen2, Qwen3, Gemma 3: `arch`) over a ragged batch with
+//! per-sequence KV caches, and per-sequence LoRA.
 //!
 //! candle reads the GGUF file and dequantises its tensors; the forward pass runs on our own
 //! kernels (`kernels`), because candle's quantised matmul reads the weights once per token and so
 //! does not get cheaper with batching (measured in `docs/benchmarks.md`).
 
+pub mod arch;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
@@ -14,9 +16,10 @@ pub mod merge;
 pub mod peft;
 pub mod testing;
 
+pub use arch::{Activation, Arch, SlidingWindow};
 pub use gguf::{GgufFile, TokenizerMeta};
 pub use kv::KvCache;
-pub use llama::{Layer, Llama, LlamaConfig, Logits, SeqInput};
+pub use llama::{Layer, LayerExtra, Llama, LlamaConfig, Logits, SeqInput};
 pub use lora::LoraAdapter;
 
 use kernels::{Q4Matrix, Q8Matrix, Weights};
@@ -42,7 +45,7 @@ pub struct LoadedModel {
     pub tokenizer: TokenizerMeta,
 }
 
-/// Loads a Llama GGUF, requantising every matrix to the kernels' Q8 layout.
+/// Loads a GGUF of any architecture in `arch`, requantising every matrix to the kernels' layouts.
 pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let mut file = GgufFile::open(path)?;
     let config = file.llama_config()?;
@@ -53,26 +56,35 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let p = format!("blk.{i}");
-        let qkv = Weights::vstack(vec![
-            matrix(&mut file, &format!("{p}.attn_q.weight"), qd, h)?,
-            matrix(&mut file, &format!("{p}.attn_k.weight"), kvd, h)?,
-            matrix(&mut file, &format!("{p}.attn_v.weight"), kvd, h)?,
-        ])
-        .lanes_only();
-        let o = matrix(&mut file, &format!("{p}.attn_output.weight"), h, qd)?.lanes_only();
-        let gate_up = Weights::vstack(vec![
-            matrix(&mut file, &format!("{p}.ffn_gate.weight"), f, h)?,
-            matrix(&mut file, &format!("{p}.ffn_up.weight"), f, h)?,
-        ])
-        .lanes_only();
-        let down = matrix(&mut file, &format!("{p}.ffn_down.weight"), h, f)?.lanes_only();
+        let mut m =
+            |name: &str, rows: usize, cols: usize| layer_matrix(&mut file, &config, &format!("{p}.{name}"), rows, cols);
+        let qkv =
+            Weights::vstack(vec![m("attn_q.weight", qd, h)?, m("attn_k.weight", kvd, h)?, m("attn_v.weight", kvd, h)?])
+                .lanes_only();
+        let o = m("attn_output.weight", h, qd)?.lanes_only();
+        let gate_up = Weights::vstack(vec![m("ffn_gate.weight", f, h)?, m("ffn_up.weight", f, h)?]).lanes_only();
+        let down = m("ffn_down.weight", h, f)?.lanes_only();
+        let mut v = |name: &str, len: usize| layer_vector(&mut file, &config, &format!("{p}.{name}"), len);
+        let arch = config.arch;
+        let extra = LayerExtra {
+            qkv_bias: if arch.qkv_bias() {
+                Some([v("attn_q.bias", qd)?, v("attn_k.bias", kvd)?, v("attn_v.bias", kvd)?].concat())
+            } else {
+                None
+            },
+            q_norm: arch.qk_norm().then(|| v("attn_q_norm.weight", config.head_dim)).transpose()?,
+            k_norm: arch.qk_norm().then(|| v("attn_k_norm.weight", config.head_dim)).transpose()?,
+            post_attn_norm: arch.post_norms().then(|| v("post_attention_norm.weight", h)).transpose()?,
+            post_ffn_norm: arch.post_norms().then(|| v("post_ffw_norm.weight", h)).transpose()?,
+        };
         layers.push(Layer {
-            attn_norm: vector(&mut file, &format!("{p}.attn_norm.weight"), h)?,
+            attn_norm: v("attn_norm.weight", h)?,
             qkv,
             o,
-            ffn_norm: vector(&mut file, &format!("{p}.ffn_norm.weight"), h)?,
+            ffn_norm: v("ffn_norm.weight", h)?,
             gate_up,
             down,
+            extra,
         });
     }
     let out_norm = vector(&mut file, "output_norm.weight", h)?;
@@ -84,11 +96,90 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     Ok(LoadedModel { model: Llama::new(config, embed, layers, out_norm, lm_head), tokenizer })
 }
 
+/// How the rows of a layer tensor must be permuted into the interleaved rotary order
+/// (`crate::arch`): `Some((heads, head_dim))` for q and k tensors of a file in the halves order.
+pub fn rotary_permutation(config: &LlamaConfig, name: &str) -> Option<(usize, usize)> {
+    if !config.arch.halves_rope() {
+        return None;
+    }
+    // "blk.{layer}.{tensor}"
+    let tensor = name.strip_prefix("blk.").and_then(|r| r.split_once('.')).map(|(_, t)| t)?;
+    let hd = config.head_dim;
+    match tensor {
+        "attn_q.weight" | "attn_q.bias" => Some((config.n_head, hd)),
+        "attn_k.weight" | "attn_k.bias" => Some((config.n_kv_head, hd)),
+        "attn_q_norm.weight" | "attn_k_norm.weight" => Some((1, hd)),
+        _ => None,
+    }
+}
+
+/// A layer's weight matrix in the internal row order.
+pub fn layer_matrix(
+    file: &mut GgufFile,
+    config: &LlamaConfig,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Weights, ModelError> {
+    let permute = rotary_permutation(config, name);
+    matrix_permuted(file, name, rows, cols, permute)
+}
+
+/// A layer's 1-D tensor (norm weight, bias) in the internal order.
+pub fn layer_vector(file: &mut GgufFile, config: &LlamaConfig, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let data = vector(file, name, len)?;
+    Ok(match rotary_permutation(config, name) {
+        Some((heads, hd)) if heads * hd == len => arch::halves_to_pairs(&data, heads, hd, 1),
+        Some((heads, hd)) => {
+            return Err(ModelError::Gguf(format!("{name} has {len} values, not {heads} heads of {hd}")));
+        }
+        None => data,
+    })
+}
+
+/// A layer tensor dequantised to f32 in the internal row order, with its dims (out, in); what
+/// the trainer reads.
+pub fn layer_f32(file: &mut GgufFile, config: &LlamaConfig, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
+    let (data, dims) = file.tensor_f32(name)?;
+    Ok(match rotary_permutation(config, name) {
+        Some((heads, hd)) => {
+            let rows = dims.first().copied().unwrap_or(0);
+            if rows != heads * hd {
+                return Err(ModelError::Gguf(format!("{name} has shape {dims:?}, not {heads} heads of {hd} rows")));
+            }
+            (arch::halves_to_pairs(&data, heads, hd, data.len() / rows), dims)
+        }
+        None => (data, dims),
+    })
+}
+
 /// A weight matrix: Q4_1 tensors stay as stored, anything else becomes int8 blocks.
 pub fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
+    matrix_permuted(file, name, rows, cols, None)
+}
+
+fn matrix_permuted(
+    file: &mut GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    permute: Option<(usize, usize)>,
+) -> Result<Weights, ModelError> {
+    if let Some((heads, hd)) = permute {
+        if heads * hd != rows {
+            return Err(ModelError::Gguf(format!("{name}: {rows} rows are not {heads} heads of {hd}")));
+        }
+    }
     if cols.is_multiple_of(kernels::QK) {
         let (dtype, raw) = file.tensor_raw(name)?;
         if dtype == candle_core::quantized::GgmlDType::Q4_1 {
+            // Whole rows of blocks move as bytes.
+            let raw = match permute {
+                Some((heads, hd)) if raw.len().is_multiple_of(rows) => {
+                    arch::halves_to_pairs(&raw, heads, hd, raw.len() / rows)
+                }
+                _ => raw,
+            };
             return Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4).ok_or_else(|| {
                 ModelError::Gguf(format!("{name}: {} bytes do not make a ({rows}, {cols}) Q4_1 matrix", raw.len()))
             });
@@ -101,6 +192,10 @@ pub fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Resu
     if !cols.is_multiple_of(kernels::QK) {
         return Err(ModelError::Unsupported(format!("{name}: {cols} columns is not a multiple of {}", kernels::QK)));
     }
+    let data = match permute {
+        Some((heads, hd)) => arch::halves_to_pairs(&data, heads, hd, cols),
+        None => data,
+    };
     Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols)))
 }
 

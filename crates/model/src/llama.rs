@@ -5,15 +5,18 @@
 //! into one (T, hidden) matrix for the linear layers, so each weight is read once per step for the
 //! whole batch; attention runs per token against its own sequence's cache.
 
+use crate::arch::{Activation, Arch, SlidingWindow};
 use crate::kernels::{self, Q8Acts, Weights};
 use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
 use crate::ModelError;
 use rayon::prelude::*;
 
-/// Shape of a Llama model, read from GGUF metadata.
+/// Shape of a Llama-family model (Llama, Qwen2, Qwen3, Gemma 3: `crate::arch`), read from GGUF
+/// metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
+    pub arch: Arch,
     pub n_layer: usize,
     pub hidden: usize,
     pub ffn: usize,
@@ -24,6 +27,11 @@ pub struct LlamaConfig {
     pub rms_eps: f32,
     pub vocab: usize,
     pub context_len: usize,
+    /// Multiplier of the attention scores.
+    pub attn_scale: f32,
+    /// Multiplier of embedding rows (Gemma 3: sqrt(hidden)).
+    pub embed_scale: Option<f32>,
+    pub sliding: Option<SlidingWindow>,
 }
 
 impl LlamaConfig {
@@ -34,9 +42,59 @@ impl LlamaConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
     }
+
+    /// The sliding window of `layer`, if it has one.
+    pub fn window(&self, layer: usize) -> Option<SlidingWindow> {
+        self.sliding.filter(|w| w.slides(layer))
+    }
+
+    /// The RoPE base of `layer`.
+    pub fn rope_base_of(&self, layer: usize) -> f32 {
+        self.window(layer).map_or(self.rope_base, |w| w.rope_base)
+    }
+
+    /// A plain Llama of this shape (tests build configs field by field from it).
+    pub fn llama(n_layer: usize, hidden: usize, ffn: usize, n_head: usize, n_kv_head: usize, vocab: usize) -> Self {
+        let head_dim = hidden / n_head;
+        LlamaConfig {
+            arch: Arch::Llama,
+            n_layer,
+            hidden,
+            ffn,
+            n_head,
+            n_kv_head,
+            head_dim,
+            rope_base: 10_000.0,
+            rms_eps: 1e-5,
+            vocab,
+            context_len: 2048,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embed_scale: None,
+            sliding: None,
+        }
+    }
+
+    /// Refuses shapes the kernels cannot run (a hostile file must not panic the loader).
+    pub fn check(&self) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::Unsupported(m));
+        if self.n_layer == 0 || self.hidden == 0 || self.ffn == 0 || self.vocab == 0 || self.context_len == 0 {
+            return bad(format!("empty dimension in {self:?}"));
+        }
+        if self.n_head == 0 || self.n_kv_head == 0 || !self.n_head.is_multiple_of(self.n_kv_head) {
+            return bad(format!("{} query heads cannot share {} key/value heads", self.n_head, self.n_kv_head));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head dimension {} is not even", self.head_dim));
+        }
+        if self.context_len > 1 << 20 || self.n_layer > 1024 || self.head_dim > 1024 {
+            return bad(format!("implausible shape {self:?}"));
+        }
+        Ok(())
+    }
 }
 
-/// One transformer block. q/k/v and gate/up are fused into one matrix each.
+/// One transformer block. q/k/v and gate/up are fused into one matrix each; q/k rows (and
+/// their biases and norm weights) are in the interleaved rotary order (`crate::arch`).
 pub struct Layer {
     pub attn_norm: Vec<f32>,
     pub qkv: Weights,
@@ -44,6 +102,21 @@ pub struct Layer {
     pub ffn_norm: Vec<f32>,
     pub gate_up: Weights,
     pub down: Weights,
+    /// The optional parts some architectures add (`crate::arch`'s table).
+    pub extra: LayerExtra,
+}
+
+/// What Qwen and Gemma add to a Llama block; all `None` for Llama.
+#[derive(Default)]
+pub struct LayerExtra {
+    /// Qwen2: biases of q, k and v, in `qkv`'s row order.
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Qwen3, Gemma 3: RMS norm weights (head_dim) applied to every head of q, and of k.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Gemma 3: RMS norms of the attention's and the MLP's outputs, before the residual add.
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 pub struct Llama {
@@ -53,8 +126,31 @@ pub struct Llama {
     pub out_norm: Vec<f32>,
     /// `None` when the output head is tied to the embedding.
     pub lm_head: Option<Weights>,
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
+    /// RoPE tables of the global base, and of the sliding layers' base where it differs.
+    rope: RopeTable,
+    rope_swa: Option<RopeTable>,
+}
+
+/// cos / sin of position p and pair i at `[p * head_dim / 2 + i]`.
+pub struct RopeTable {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+impl RopeTable {
+    pub fn new(base: f32, head_dim: usize, positions: usize) -> Self {
+        let half = head_dim / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(positions * half), Vec::with_capacity(positions * half));
+        for pos in 0..positions {
+            for i in 0..half {
+                let inv_freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let (s, c) = (pos as f64 * inv_freq).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
+            }
+        }
+        RopeTable { cos, sin }
+    }
 }
 
 /// Which logits a sequence wants from this step.
@@ -102,18 +198,19 @@ impl Llama {
         out_norm: Vec<f32>,
         lm_head: Option<Weights>,
     ) -> Self {
-        let half = config.head_dim / 2;
-        let mut rope_cos = vec![0f32; config.context_len * half];
-        let mut rope_sin = vec![0f32; config.context_len * half];
-        for pos in 0..config.context_len {
-            for i in 0..half {
-                let inv_freq = 1.0 / (config.rope_base as f64).powf(2.0 * i as f64 / config.head_dim as f64);
-                let (s, c) = (pos as f64 * inv_freq).sin_cos();
-                rope_cos[pos * half + i] = c as f32;
-                rope_sin[pos * half + i] = s as f32;
-            }
+        let rope = RopeTable::new(config.rope_base, config.head_dim, config.context_len);
+        let rope_swa = config
+            .sliding
+            .filter(|w| w.rope_base != config.rope_base)
+            .map(|w| RopeTable::new(w.rope_base, config.head_dim, config.context_len));
+        Llama { config, embed, layers, out_norm, lm_head, rope, rope_swa }
+    }
+
+    fn rope_of(&self, layer: usize) -> &RopeTable {
+        match (&self.rope_swa, self.config.window(layer)) {
+            (Some(t), Some(_)) => t,
+            _ => &self.rope,
         }
-        Llama { config, embed, layers, out_norm, lm_head, rope_cos, rope_sin }
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -142,6 +239,9 @@ impl Llama {
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         for (row, tok) in x.chunks_exact_mut(h).zip(&tokens) {
             self.embed.dequantize_row(*tok as usize, row);
+            if let Some(scale) = c.embed_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         let mut s = Scratch::default();
         for (li, layer) in self.layers.iter().enumerate() {
@@ -185,10 +285,19 @@ impl Llama {
         self.apply_lora(seqs, rows, xn, h, qkv, width, |a| {
             [(a.layer(li).q.as_ref(), 0), (a.layer(li).k.as_ref(), qd), (a.layer(li).v.as_ref(), qd + kvd)]
         });
-        // RoPE on q and k, then append k and v to each sequence's cache.
+        // Biases and per-head norms (Qwen, Gemma), RoPE on q and k, then append k and v to each
+        // sequence's cache.
         let half = hd / 2;
+        let (ex, rope, eps) = (&layer.extra, self.rope_of(li), c.rms_eps);
         qkv.par_chunks_exact_mut(width).zip(rows.par_iter()).for_each(|(r, info)| {
-            let (cos, sin) = (&self.rope_cos[info.pos * half..][..half], &self.rope_sin[info.pos * half..][..half]);
+            if let Some(b) = &ex.qkv_bias {
+                r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+            if let (Some(qn), Some(kn)) = (&ex.q_norm, &ex.k_norm) {
+                r[..qd].chunks_exact_mut(hd).for_each(|head| kernels::rms_norm(head, qn, eps));
+                r[qd..qd + kvd].chunks_exact_mut(hd).for_each(|head| kernels::rms_norm(head, kn, eps));
+            }
+            let (cos, sin) = (&rope.cos[info.pos * half..][..half], &rope.sin[info.pos * half..][..half]);
             kernels::rope_inplace(&mut r[..qd + kvd], hd, cos, sin);
         });
         for (r, info) in qkv.chunks_exact(width).zip(rows) {
@@ -196,20 +305,21 @@ impl Llama {
         }
         // Causal attention, one packed row at a time (rows are independent once caches hold k/v).
         let group = c.n_head / c.n_kv_head;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let (scale, window) = (c.attn_scale, c.window(li));
         let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
         attn.resize(t_rows * qd, 0.0);
         attn.par_chunks_exact_mut(qd).zip(rows.par_iter()).enumerate().for_each(|(t, (out, info))| {
             let q_row = &qkv[t * width..t * width + qd];
             let cache = caches[info.seq];
             let n_ctx = info.pos + 1;
+            let first = window.map_or(0, |w| w.first_visible(info.pos));
             let mut scores = vec![0f32; n_ctx.next_multiple_of(kernels::KEY_TILE)];
             for head in 0..c.n_head {
                 let q = &q_row[head * hd..(head + 1) * hd];
                 kernels::attend(
                     q,
                     cache.head(li, head / group, hd),
-                    n_ctx,
+                    first..n_ctx,
                     scale,
                     &mut scores,
                     &mut out[head * hd..(head + 1) * hd],
@@ -220,9 +330,7 @@ impl Llama {
         proj.resize(t_rows * h, 0.0);
         kernels::matmul(&layer.o, acts, proj);
         self.apply_lora(seqs, rows, attn, qd, proj, h, |a| [(a.layer(li).o.as_ref(), 0), (None, 0), (None, 0)]);
-        for (xi, pi) in x.iter_mut().zip(proj.iter()) {
-            *xi += pi;
-        }
+        self.add_residual(x, proj, ex.post_attn_norm.as_deref());
     }
 
     fn ffn_block(
@@ -245,16 +353,29 @@ impl Llama {
             [(a.layer(li).gate.as_ref(), 0), (a.layer(li).up.as_ref(), f), (None, 0)]
         });
         hidden.resize(t_rows * f, 0.0);
+        let act = c.arch.activation();
         hidden.par_chunks_exact_mut(f).zip(gu.par_chunks_exact(2 * f)).for_each(|(out, r)| {
             out.copy_from_slice(&r[..f]);
-            kernels::silu_mul(out, &r[f..]);
+            match act {
+                Activation::Silu => kernels::silu_mul(out, &r[f..]),
+                Activation::GeluTanh => kernels::gelu_mul(out, &r[f..]),
+            }
         });
         acts.quantize(hidden, t_rows, f);
         down.resize(t_rows * h, 0.0);
         kernels::matmul(&layer.down, acts, down);
         self.apply_lora(seqs, rows, hidden, f, down, h, |a| [(a.layer(li).down.as_ref(), 0), (None, 0), (None, 0)]);
-        for (xi, di) in x.iter_mut().zip(down.iter()) {
-            *xi += di;
+        self.add_residual(x, down, layer.extra.post_ffn_norm.as_deref());
+    }
+
+    /// `x += y`, with `y` RMS-normalised first where the architecture norms block outputs.
+    fn add_residual(&self, x: &mut [f32], y: &mut [f32], post_norm: Option<&[f32]>) {
+        let h = self.config.hidden;
+        if let Some(w) = post_norm {
+            y.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, w, self.config.rms_eps));
+        }
+        for (xi, yi) in x.iter_mut().zip(y.iter()) {
+            *xi += yi;
         }
     }
 

@@ -80,32 +80,10 @@ impl LoraAdapter {
 /// Reorders the rows of a (heads * head_dim, cols) matrix from Hugging Face's rotary layout
 /// (per head: first halves, then second halves) to GGUF's (per head: interleaved pairs).
 pub fn hf_to_gguf_rows(m: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
-    let half = head_dim / 2;
-    let mut out = vec![0f32; m.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = h * head_dim + j * half + i;
-                let dst = h * head_dim + i * 2 + j;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&m[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
+    crate::arch::halves_to_pairs(m, heads, head_dim, cols)
 }
 
 /// The inverse of [`hf_to_gguf_rows`], for saving adapters in PEFT's layout.
 pub fn gguf_to_hf_rows(m: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
-    let half = head_dim / 2;
-    let mut out = vec![0f32; m.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = h * head_dim + i * 2 + j;
-                let dst = h * head_dim + j * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&m[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
+    crate::arch::pairs_to_halves(m, heads, head_dim, cols)
 }

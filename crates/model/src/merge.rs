@@ -132,7 +132,15 @@ pub fn merge_to_gguf(
     for (l, layer) in adapter.layers.iter().enumerate() {
         for (pair, module) in layer.iter().zip(Module::ALL) {
             if let Some(p) = pair {
-                pairs.insert(gguf_name(l, module), (p, module.dims(&config)));
+                // `peft::read` gives q/k's B rows in the internal interleaved order, which is the
+                // file's own for Llama; Qwen and Gemma files keep Hugging Face's (`crate::arch`).
+                let b = if config.arch.halves_rope() && module.rotary_rows() {
+                    let rows = p.b.len() / adapter.config.r;
+                    crate::arch::pairs_to_halves(&p.b, rows / config.head_dim, config.head_dim, adapter.config.r)
+                } else {
+                    p.b.clone()
+                };
+                pairs.insert(gguf_name(l, module), ((&p.a, b), module.dims(&config)));
             }
         }
     }
@@ -164,7 +172,7 @@ pub fn merge_to_gguf(
                     )));
                 }
                 let w = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;
-                let m = merged_weight(&w, &pair.a, &pair.b, adapter.config.r, scale, *out_dim);
+                let m = merged_weight(&w, pair.0, &pair.1, adapter.config.r, scale, *out_dim);
                 report.merged += 1;
                 let t = Tensor::from_vec(m, dims, &Device::Cpu).map_err(err)?;
                 QTensor::quantize(&t, dtype).map_err(|e| ModelError::Gguf(format!("{name} as {dtype:?}: {e}")))?

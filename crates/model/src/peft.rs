@@ -273,18 +273,7 @@ mod tests {
     use super::*;
 
     fn config() -> LlamaConfig {
-        LlamaConfig {
-            n_layer: 2,
-            hidden: 16,
-            ffn: 24,
-            n_head: 4,
-            n_kv_head: 2,
-            head_dim: 4,
-            rope_base: 10000.0,
-            rms_eps: 1e-5,
-            vocab: 32,
-            context_len: 64,
-        }
+        LlamaConfig { context_len: 64, ..LlamaConfig::llama(2, 16, 24, 4, 2, 32) }
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! A tiny random-weight Llama (2 layers, hidden 64, byte-level vocabulary of 258 with ChatML
-//! specials), written as GGUF, for tests of the engine and the trainer that must not need the real
-//! model. Deterministic: the same file every time.
+//! Tiny random-weight models (hidden 64, byte-level vocabulary of 258 with ChatML specials) of
+//! each architecture, written as GGUF, for tests of the model, the engine and the trainer that
+//! must not need a real model. Deterministic: the same file every time.
 
+use crate::Arch;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
@@ -42,8 +43,36 @@ pub fn byte_tokens() -> Vec<String> {
         .collect()
 }
 
-/// Writes the tiny model to `path`.
+/// Writes the tiny Llama to `path`.
 pub fn write_tiny_gguf(path: &Path) {
+    write_tiny_arch_gguf(path, Arch::Llama)
+}
+
+/// Layers of the tiny model of `arch`: Gemma 3's has one global layer after five sliding ones.
+pub fn tiny_layers(arch: Arch) -> usize {
+    if arch == Arch::Gemma3 {
+        6
+    } else {
+        LAYERS
+    }
+}
+
+/// The tiny model's head dimension: Qwen3 and Gemma 3 heads are wider than hidden / heads, as
+/// in the real models (q is then wider than the residual stream).
+pub fn tiny_head_dim(arch: Arch) -> usize {
+    if arch.qk_norm() {
+        32
+    } else {
+        HIDDEN / HEADS
+    }
+}
+
+/// Gemma 3's tiny sliding window: short, so a few tokens already reach past it.
+pub const TINY_WINDOW: u32 = 5;
+
+/// Writes a tiny random model of `arch` with every tensor the architecture has. Q and k use
+/// Q4_1 and Q5_0 (both the raw-row and the dequantised path of the rotary permutation).
+pub fn write_tiny_arch_gguf(path: &Path, arch: Arch) {
     let mut tokens = byte_tokens();
     tokens.push("<|im_start|>".into());
     tokens.push("<|im_end|>".into());
@@ -51,16 +80,27 @@ pub fn write_tiny_gguf(path: &Path) {
     let mut types = vec![Value::I32(1); 256];
     types.extend([Value::I32(3), Value::I32(3)]);
     let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    let meta: Vec<(&str, Value)> = vec![
-        ("general.architecture", Value::String("llama".into())),
-        ("llama.block_count", Value::U32(LAYERS as u32)),
-        ("llama.embedding_length", Value::U32(HIDDEN as u32)),
-        ("llama.feed_forward_length", Value::U32(FFN as u32)),
-        ("llama.attention.head_count", Value::U32(HEADS as u32)),
-        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("llama.rope.freq_base", Value::F32(10000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.context_length", Value::U32(8192)),
+    let (layers, head_dim) = (tiny_layers(arch), tiny_head_dim(arch));
+    let key = |k: &str| format!("{}.{k}", arch.name());
+    let mut arch_meta: Vec<(String, Value)> = vec![
+        (key("block_count"), Value::U32(layers as u32)),
+        (key("embedding_length"), Value::U32(HIDDEN as u32)),
+        (key("feed_forward_length"), Value::U32(FFN as u32)),
+        (key("attention.head_count"), Value::U32(HEADS as u32)),
+        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (key("rope.freq_base"), Value::F32(if arch == Arch::Gemma3 { 1_000_000.0 } else { 10000.0 })),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (key("context_length"), Value::U32(8192)),
+    ];
+    if arch != Arch::Llama {
+        arch_meta.push((key("attention.key_length"), Value::U32(head_dim as u32)));
+        arch_meta.push((key("attention.value_length"), Value::U32(head_dim as u32)));
+    }
+    if arch == Arch::Gemma3 {
+        arch_meta.push((key("attention.sliding_window"), Value::U32(TINY_WINDOW)));
+    }
+    let mut meta: Vec<(&str, Value)> = vec![
+        ("general.architecture", Value::String(arch.name().into())),
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("default".into())),
         ("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect())),
@@ -69,7 +109,7 @@ pub fn write_tiny_gguf(path: &Path) {
         ("tokenizer.ggml.eos_token_id", Value::U32(257)),
         ("tokenizer.chat_template", Value::String(template.into())),
     ];
-    let head_dim = HIDDEN / HEADS;
+    meta.extend(arch_meta.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
     let mut seed = 0;
     let mut add = |name: String, rows: usize, cols: usize, dtype: GgmlDType, scale: f32| {
@@ -80,16 +120,30 @@ pub fn write_tiny_gguf(path: &Path) {
         tensors.push((name, QTensor::quantize(&t, dtype).unwrap()));
     };
     add("token_embd.weight".into(), vocab, HIDDEN, GgmlDType::Q8_0, 1.0);
-    for l in 0..LAYERS {
+    let k_type = if arch == Arch::Llama { GgmlDType::Q4_1 } else { GgmlDType::Q5_0 };
+    for l in 0..layers {
         add(format!("blk.{l}.attn_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
         add(format!("blk.{l}.attn_q.weight"), HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.attn_k.weight"), KV_HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
+        add(format!("blk.{l}.attn_k.weight"), KV_HEADS * head_dim, HIDDEN, k_type, 0.5);
         add(format!("blk.{l}.attn_v.weight"), KV_HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
         add(format!("blk.{l}.attn_output.weight"), HIDDEN, HEADS * head_dim, GgmlDType::Q4_1, 0.5);
         add(format!("blk.{l}.ffn_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
         add(format!("blk.{l}.ffn_gate.weight"), FFN, HIDDEN, GgmlDType::Q4_1, 0.5);
         add(format!("blk.{l}.ffn_up.weight"), FFN, HIDDEN, GgmlDType::Q4_1, 0.5);
         add(format!("blk.{l}.ffn_down.weight"), HIDDEN, FFN, GgmlDType::Q4_1, 0.5);
+        if arch.qkv_bias() {
+            add(format!("blk.{l}.attn_q.bias"), 1, HEADS * head_dim, GgmlDType::F32, 1.0);
+            add(format!("blk.{l}.attn_k.bias"), 1, KV_HEADS * head_dim, GgmlDType::F32, 1.0);
+            add(format!("blk.{l}.attn_v.bias"), 1, KV_HEADS * head_dim, GgmlDType::F32, 1.0);
+        }
+        if arch.qk_norm() {
+            add(format!("blk.{l}.attn_q_norm.weight"), 1, head_dim, GgmlDType::F32, 2.0);
+            add(format!("blk.{l}.attn_k_norm.weight"), 1, head_dim, GgmlDType::F32, 2.0);
+        }
+        if arch.post_norms() {
+            add(format!("blk.{l}.post_attention_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
+            add(format!("blk.{l}.post_ffw_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
+        }
     }
     add("output_norm.weight".into(), 1, HIDDEN, GgmlDType::F32, 2.0);
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();

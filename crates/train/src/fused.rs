@@ -1,4 +1,4 @@
-//! Element-wise parts of the Llama block as single candle custom ops with written backward passes.
+//! Element-wise parts of the decoder block as single candle custom ops with written backward passes.
 //!
 //! Written out of stock candle ops, RMS norm, RoPE, the masked softmax and SiLU-times-up cost 5-10
 //! ops each, every one a full pass over memory and a fresh allocation (on this VM fresh memory is
@@ -11,12 +11,14 @@
 //! - RoPE on adjacent pairs `(a, b) -> (a c - b s, a s + b c)`: the backward rotates `g` by `-theta`.
 //! - Causal attention per segment: one op over the row (`SegmentAttention`), its math in
 //!   `tandem_model::kernels::causal`.
-//! - `silu(a) * u`: `da = g u sig(a) (1 + a (1 - sig(a)))`, `du = g silu(a)`.
+//! - `act(a) * u` with `act(a) = a sig(z(a))` (SiLU: `z = a`; GELU tanh: `z = 2 sqrt(2/pi) (a +
+//!   0.044715 a^3)`): `da = g u (sig + a sig (1 - sig) z')`, `du = g act(a)`.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
-use tandem_model::kernels::causal;
+use tandem_model::kernels::{self, causal};
+use tandem_model::Activation;
 
 type Res<T> = candle_core::Result<T>;
 
@@ -127,22 +129,40 @@ impl CustomOp1 for Rope {
     }
 }
 
-/// `silu(a) * u` for the gate and up projections.
-pub struct SiluMul;
+/// `act(a) * u` for the gate and up projections: SiLU (Llama, Qwen) or GELU's tanh form (Gemma).
+pub struct ActMul(pub Activation);
 
-/// From `e = exp(-|a|)` (the kernels' polynomial, no libm call), stable for either sign.
-fn sigmoid(a: f32) -> f32 {
-    let e = tandem_model::kernels::exp_approx(-a.abs());
-    if a >= 0.0 {
+/// From `e = exp(-|z|)` (the kernels' polynomial, no libm call), stable for either sign.
+fn sigmoid(z: f32) -> f32 {
+    let e = tandem_model::kernels::exp_approx(-z.abs());
+    if z >= 0.0 {
         1.0 / (1.0 + e)
     } else {
         e / (1.0 + e)
     }
 }
 
-impl CustomOp2 for SiluMul {
+impl ActMul {
+    /// `dz/da` of the sigmoid argument (see `kernels::act_mul`: both are `a sigmoid(z(a))`).
+    fn dz(&self, a: f32) -> f32 {
+        match self.0 {
+            Activation::Silu => 1.0,
+            Activation::GeluTanh => {
+                let z = kernels::act_z(Activation::GeluTanh, a);
+                // Past the clamp z is constant.
+                if z.abs() >= 200.0 {
+                    0.0
+                } else {
+                    2.0 * kernels::GELU_C * (1.0 + 3.0 * 0.044_715 * a * a)
+                }
+            }
+        }
+    }
+}
+
+impl CustomOp2 for ActMul {
     fn name(&self) -> &'static str {
-        "silu-mul"
+        "act-mul"
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Res<(CpuStorage, Shape)> {
@@ -150,12 +170,13 @@ impl CustomOp2 for SiluMul {
         let mut y = vec![0f32; a.len()];
         y.par_chunks_mut(4096).zip(a.par_chunks(4096).zip(u.par_chunks(4096))).for_each(|(y, (a, u))| {
             for ((y, a), u) in y.iter_mut().zip(a).zip(u) {
-                *y = a * sigmoid(*a) * u;
+                *y = a * sigmoid(kernels::act_z(self.0, *a)) * u;
             }
         });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    /// `d(a s(z)) / da = s + a s (1 - s) dz/da`; `du = g act(a)`.
     fn bwd(&self, a: &Tensor, u: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Res<(Option<Tensor>, Option<Tensor>)> {
         let (av, uv, g) = (values(a)?, values(u)?, values(grad_res)?);
         let mut da = vec![0f32; av.len()];
@@ -165,8 +186,8 @@ impl CustomOp2 for SiluMul {
             .zip(av.par_chunks(4096).zip(uv.par_chunks(4096)).zip(g.par_chunks(4096)))
             .for_each(|((da, du), ((a, u), g))| {
                 for i in 0..a.len() {
-                    let s = sigmoid(a[i]);
-                    da[i] = g[i] * u[i] * s * (1.0 + a[i] * (1.0 - s));
+                    let s = sigmoid(kernels::act_z(self.0, a[i]));
+                    da[i] = g[i] * u[i] * (s + a[i] * s * (1.0 - s) * self.dz(a[i]));
                     du[i] = g[i] * a[i] * s;
                 }
             });

@@ -1,20 +1,24 @@
-//! The Llama forward pass for training, on candle tensors with autograd: the base weights are
-//! dequantized to f32 and frozen (never candle variables); LoRA A/B matrices on q, k, v, o, gate,
-//! up and down are the only variables. Each projection with its adapter is one [`LoraLinear`]
-//! op, which never computes a base-weight gradient.
+//! The decoder forward pass for training (Llama, Qwen2, Qwen3, Gemma 3: `tandem_model::arch`), on
+//! candle tensors with autograd: the base weights are dequantized to f32 and frozen (never candle
+//! variables); LoRA A/B matrices on q, k, v, o, gate, up and down are the only variables. Each
+//! projection with its adapter is one [`LoraLinear`] op, which never computes a base-weight
+//! gradient.
 //!
-//! Only ops with a correct backward are used (stack notes, pitfall 4): RMS norm, RoPE, the masked
-//! softmax and SiLU are fused ops with written backward passes ([`crate::fused`]), and the output
-//! head is [`HeadLogprob`]. Weights stay in the GGUF row layout of the inference model (q/k rows interleaved for RoPE); the adapter is
+//! Only ops with a correct backward are used (stack notes, pitfall 4): RMS norms (also per head
+//! and on block outputs), RoPE, the masked softmax (with Gemma's sliding window) and the gated
+//! activation are fused ops with written backward passes ([`crate::fused`]), biases are candle's
+//! broadcast add, and the output head is [`HeadLogprob`]. Weights are in the inference model's
+//! internal row layout (q/k rows interleaved for RoPE, whatever the file held); the adapter is
 //! converted to PEFT's layout only when saved.
 
-use crate::fused::{RmsNorm, Rope, SegmentAttention, SiluMul};
+use crate::fused::{ActMul, RmsNorm, Rope, SegmentAttention};
 use crate::ops::{Frozen, HeadInt8, HeadLogprob, HeadWeights, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use tandem_model::gguf::GgufFile;
 use tandem_model::kernels::{Q8Matrix, Weights, QK};
+use tandem_model::llama::RopeTable;
 use tandem_model::peft::{AdapterConfig, Module};
 use tandem_model::LlamaConfig;
 
@@ -25,6 +29,12 @@ struct BaseLayer {
     ffn_norm: Arc<Vec<f32>>,
     /// q, k, v, o, gate, up, down as (out, in), in [`Module::ALL`] order.
     w: [Frozen; 7],
+    /// Qwen2: q, k, v biases as (1, out) rows.
+    bias: Option<[Tensor; 3]>,
+    /// Qwen3, Gemma 3: per-head RMS norm weights of q and k.
+    qk_norm: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
+    /// Gemma 3: norms of the attention's and the MLP's outputs.
+    post_norms: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
 }
 
 /// Where token rows come from: the f32 embedding, or a quantised matrix (dequantised per token).
@@ -40,9 +50,9 @@ pub struct Base {
     head: HeadWeights,
     layers: Vec<BaseLayer>,
     out_norm: Arc<Vec<f32>>,
-    /// cos / sin of position p and pair i at [p * head_dim / 2 + i].
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    /// RoPE tables of the global base and, where it differs, of the sliding layers' base.
+    rope: RopeTable,
+    rope_swa: Option<RopeTable>,
 }
 
 impl Base {
@@ -65,8 +75,8 @@ impl Base {
         // A second handle for the served (quantised) matrices, while `t` borrows the first.
         let mut f2 = GgufFile::open(path).map_err(|e| e.to_string())?;
         let mut t = |name: &str| -> Result<Tensor, String> {
-            // Dims outermost first: weights are (out, in).
-            let (data, dims) = f.tensor_f32(name).map_err(|e| e.to_string())?;
+            // Dims outermost first: weights are (out, in); q/k rows in the internal order.
+            let (data, dims) = tandem_model::layer_f32(&mut f, &config, name).map_err(|e| e.to_string())?;
             Tensor::from_vec(data, dims, &dev).map_err(|e| e.to_string())
         };
         let embed = t("token_embd.weight")?;
@@ -109,23 +119,46 @@ impl Base {
                 w.push(if int8 && out % QK == 0 && inp % QK == 0 {
                     let wt = dense.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
                     let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out).lanes_only();
-                    let served =
-                        tandem_model::matrix(&mut f2, &name, out, inp).map_err(|e| e.to_string())?.lanes_only();
+                    let served = tandem_model::layer_matrix(&mut f2, &config, &name, out, inp)
+                        .map_err(|e| e.to_string())?
+                        .lanes_only();
                     Frozen::Int8 { w: Arc::new(served), wt: Arc::new(Weights::Q8(wt)) }
                 } else {
                     Frozen::F32(dense)
                 });
             }
             let w: [Frozen; 7] = w.try_into().map_err(|_| "layer weights".to_string())?;
+            let arch = config.arch;
+            let mut v = |name: &str| t(&format!("{p}.{name}")).and_then(vector);
+            let bias = if arch.qkv_bias() {
+                let row = |b: Arc<Vec<f32>>| Tensor::from_slice(&b, (1, b.len()), &dev).map_err(|e| e.to_string());
+                Some([row(v("attn_q.bias")?)?, row(v("attn_k.bias")?)?, row(v("attn_v.bias")?)?])
+            } else {
+                None
+            };
+            let qk_norm =
+                if arch.qk_norm() { Some((v("attn_q_norm.weight")?, v("attn_k_norm.weight")?)) } else { None };
+            let post_norms = if arch.post_norms() {
+                Some((v("post_attention_norm.weight")?, v("post_ffw_norm.weight")?))
+            } else {
+                None
+            };
             layers.push(BaseLayer {
-                attn_norm: vector(t(&format!("{p}.attn_norm.weight"))?)?,
-                ffn_norm: vector(t(&format!("{p}.ffn_norm.weight"))?)?,
+                attn_norm: v("attn_norm.weight")?,
+                ffn_norm: v("ffn_norm.weight")?,
                 w,
+                bias,
+                qk_norm,
+                post_norms,
             });
         }
         let out_norm = vector(t("output_norm.weight")?)?;
-        let (cos, sin) = rope_tables(&config);
-        Ok(Base { config, embed, head, layers, out_norm, cos, sin })
+        let rope = RopeTable::new(config.rope_base, config.head_dim, config.context_len);
+        let rope_swa = config
+            .sliding
+            .filter(|w| w.rope_base != config.rope_base)
+            .map(|w| RopeTable::new(w.rope_base, config.head_dim, config.context_len));
+        Ok(Base { config, embed, head, layers, out_norm, rope, rope_swa })
     }
 
     /// (in, out) of projection `m` (index into [`Module::ALL`]).
@@ -136,19 +169,6 @@ impl Base {
 
 fn vector(t: Tensor) -> Result<Arc<Vec<f32>>, String> {
     t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map(Arc::new).map_err(|e| e.to_string())
-}
-
-fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
-    let half = c.head_dim / 2;
-    let (mut cos, mut sin) = (Vec::with_capacity(c.context_len * half), Vec::with_capacity(c.context_len * half));
-    for p in 0..c.context_len {
-        for i in 0..half {
-            let theta = p as f64 / (c.rope_base as f64).powf(2.0 * i as f64 / c.head_dim as f64);
-            cos.push(theta.cos() as f32);
-            sin.push(theta.sin() as f32);
-        }
-    }
-    (cos, sin)
 }
 
 /// The trainable adapter: `A (r, in)` and `B (out, r)` per layer and module; delta = scale B A.
@@ -205,37 +225,71 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
             Tensor::from_vec(rows, (row.tokens.len(), h), &dev)?
         }
     };
-    // Each segment's positions start at 0: the RoPE angles of every row token, once per row.
-    let half = c.head_dim / 2;
-    let (mut cos, mut sin) = (Vec::with_capacity(row.tokens.len() * half), Vec::with_capacity(row.tokens.len() * half));
-    for &(_, len) in &row.segments {
-        cos.extend_from_slice(&base.cos[..len * half]);
-        sin.extend_from_slice(&base.sin[..len * half]);
+    if let Some(s) = c.embed_scale {
+        x = x.affine(s as f64, 0.0)?;
     }
-    let rope = Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim };
-    let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
+    // Each segment's positions start at 0: the RoPE angles of every row token, once per row and
+    // table (Gemma's sliding layers have their own base).
+    let half = c.head_dim / 2;
+    let row_rope = |table: &RopeTable| {
+        let (mut cos, mut sin) =
+            (Vec::with_capacity(row.tokens.len() * half), Vec::with_capacity(row.tokens.len() * half));
+        for &(_, len) in &row.segments {
+            cos.extend_from_slice(&table.cos[..len * half]);
+            sin.extend_from_slice(&table.sin[..len * half]);
+        }
+        Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim }
+    };
+    let rope = row_rope(&base.rope);
+    let rope_swa = base.rope_swa.as_ref().map(row_rope);
     let scale = lora.scale();
     let eps = c.rms_eps;
-    let attention = SegmentAttention {
-        segments: Arc::new(row.segments.clone()),
-        heads: tandem_model::kernels::causal::Heads {
-            n_head: c.n_head,
-            n_kv_head: c.n_kv_head,
-            head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-        },
-    };
-    for (layer, pairs) in base.layers.iter().zip(&lora.pairs) {
+    let segments = Arc::new(row.segments.clone());
+    for (li, (layer, pairs)) in base.layers.iter().zip(&lora.pairs).enumerate() {
+        let window = c.window(li);
+        let rope = match (&rope_swa, window) {
+            (Some(r), Some(_)) => r,
+            _ => &rope,
+        };
+        let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
+        let attention = SegmentAttention {
+            segments: segments.clone(),
+            heads: tandem_model::kernels::causal::Heads {
+                n_head: c.n_head,
+                n_kv_head: c.n_kv_head,
+                head_dim: c.head_dim,
+                scale: c.attn_scale,
+                window: window.map(|w| w.window),
+            },
+        };
         let h = rms_norm(&x, &layer.attn_norm, eps)?;
-        let q = rotate(linear(&h, &layer.w[0], &pairs[0], scale)?)?;
-        let k = rotate(linear(&h, &layer.w[1], &pairs[1], scale)?)?;
-        let v = linear(&h, &layer.w[2], &pairs[2], scale)?;
-        let att = q.apply_op3(&k, &v.contiguous()?, attention.clone())?;
-        x = x.add(&linear(&att, &layer.w[3], &pairs[3], scale)?)?;
+        let (mut q, mut k, mut v) = (
+            linear(&h, &layer.w[0], &pairs[0], scale)?,
+            linear(&h, &layer.w[1], &pairs[1], scale)?,
+            linear(&h, &layer.w[2], &pairs[2], scale)?,
+        );
+        if let Some([bq, bk, bv]) = &layer.bias {
+            (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
+        }
+        if let Some((qn, kn)) = &layer.qk_norm {
+            // The norm's weight is one head long: the op normalises each head on its own.
+            (q, k) = (rms_norm(&q, qn, eps)?, rms_norm(&k, kn, eps)?);
+        }
+        let att = rotate(q)?.apply_op3(&rotate(k)?, &v.contiguous()?, attention)?;
+        let mut o = linear(&att, &layer.w[3], &pairs[3], scale)?;
+        if let Some((post, _)) = &layer.post_norms {
+            o = rms_norm(&o, post, eps)?;
+        }
+        x = x.add(&o)?;
         let h = rms_norm(&x, &layer.ffn_norm, eps)?;
         let g = linear(&h, &layer.w[4], &pairs[4], scale)?;
         let u = linear(&h, &layer.w[5], &pairs[5], scale)?;
-        x = x.add(&linear(&g.contiguous()?.apply_op2(&u.contiguous()?, SiluMul)?, &layer.w[6], &pairs[6], scale)?)?;
+        let act = g.contiguous()?.apply_op2(&u.contiguous()?, ActMul(c.arch.activation()))?;
+        let mut d = linear(&act, &layer.w[6], &pairs[6], scale)?;
+        if let Some((_, post)) = &layer.post_norms {
+            d = rms_norm(&d, post, eps)?;
+        }
+        x = x.add(&d)?;
     }
     let h = rms_norm(&x, &base.out_norm, eps)?;
     let from: Vec<u32> = row.targets.iter().map(|t| (t.pos - 1) as u32).collect();

@@ -10,6 +10,7 @@
 //! "\n" into one string ("string" format), and a null content becomes "" so that templates that
 //! concatenate `message['content']` (SmolLM2's) do not fail on an assistant turn with tool calls.
 
+pub mod builtin;
 pub mod jail;
 
 use minijinja::value::{Serde, Value as JValue};

@@ -10,6 +10,7 @@
 
 use super::cpu::{cpu, Avx2Fma, Avx512F};
 use super::exp_approx;
+use std::ops::Range;
 
 /// Positions per key tile.
 pub const KEY_TILE: usize = 16;
@@ -38,21 +39,29 @@ impl<'a> HeadKv<'a> {
         }
     }
 
-    /// The value rows of positions `0..n_ctx`, split at the segment boundary: (rows, count) for
-    /// each segment.
+    /// The value rows of positions `first..n_ctx`, split at the segment boundary: (rows from the
+    /// first visible one, count) for each segment.
     #[inline(always)]
-    fn value_segments(&self, n_ctx: usize) -> [(&'a [f32], usize); 2] {
+    fn value_segments(&self, first: usize, n_ctx: usize) -> [(&'a [f32], usize); 2] {
         let shared = (self.shared_tiles * KEY_TILE).min(n_ctx);
-        [(self.values[0], shared), (self.values[1], n_ctx - shared)]
+        let (skip0, skip1) = (first.min(shared), first.saturating_sub(shared));
+        [
+            (&self.values[0][(skip0 * self.stride).min(self.values[0].len())..], shared - skip0),
+            (&self.values[1][(skip1 * self.stride).min(self.values[1].len())..], n_ctx - shared - skip1),
+        ]
     }
 }
 
-/// Causal attention of one query head over positions `0..n_ctx` of `kv`. `scores` holds at least
-/// `n_ctx` rounded up to [`KEY_TILE`] floats of scratch; `out` (head_dim, as `q`) receives the
-/// weighted sum of values. Panics when a buffer is shorter than that (what the SIMD kernels rely
-/// on is checked here, once per call).
+/// Attention of one query head over `positions` of `kv` (`0..n` causal; a later start for a
+/// sliding window). `scores` holds at least `positions.end` rounded up to [`KEY_TILE`] floats of
+/// scratch; `out` (head_dim, as `q`) receives the weighted sum of values. Panics when a buffer is
+/// shorter than that or the range is empty (what the SIMD kernels rely on is checked here, once
+/// per call). Scores are computed from the tile holding `positions.start`; only the range enters
+/// the softmax.
 #[inline]
-pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+pub fn attend(q: &[f32], kv: HeadKv<'_>, positions: Range<usize>, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+    let (first, n_ctx) = (positions.start, positions.end);
+    assert!(first < n_ctx, "empty attention range");
     let hd = q.len();
     let tiles = n_ctx.div_ceil(KEY_TILE);
     assert!(scores.len() >= tiles * KEY_TILE && out.len() == hd);
@@ -63,14 +72,14 @@ pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut 
     assert!(tiles == shared || kv.tile(tiles - 1).len() >= hd * KEY_TILE, "key tiles too short");
     let features = cpu();
     #[cfg(target_arch = "x86_64")]
-    if let Some(avx512) = features.avx512f.filter(|_| hd == 64 || hd == 128) {
-        // SAFETY: the token proves AVX-512F; `hd` is 4 or 8 vectors, and the lengths the kernel
-        // reads are asserted above.
+    if let Some(avx512) = features.avx512f.filter(|_| matches!(hd, 64 | 128 | 256)) {
+        // SAFETY: the token proves AVX-512F; `hd` is 4, 8 or 16 vectors, and the lengths the
+        // kernel reads are asserted above.
         unsafe {
-            if hd == 64 {
-                avx512::attend::<4>(avx512, q, kv, n_ctx, scale, scores, out)
-            } else {
-                avx512::attend::<8>(avx512, q, kv, n_ctx, scale, scores, out)
+            match hd {
+                64 => avx512::attend::<4>(avx512, q, kv, first, n_ctx, scale, scores, out),
+                128 => avx512::attend::<8>(avx512, q, kv, first, n_ctx, scale, scores, out),
+                _ => avx512::attend::<16>(avx512, q, kv, first, n_ctx, scale, scores, out),
             }
         }
         return;
@@ -78,16 +87,24 @@ pub fn attend(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut 
     #[cfg(target_arch = "x86_64")]
     if let Some(avx2) = features.avx2 {
         // SAFETY: the token proves AVX2 and FMA; the body is safe code.
-        return unsafe { attend_avx2(avx2, q, kv, n_ctx, scale, scores, out) };
+        return unsafe { attend_avx2(avx2, q, kv, first..n_ctx, scale, scores, out) };
     }
-    attend_generic(q, kv, n_ctx, scale, scores, out)
+    attend_generic(q, kv, first..n_ctx, scale, scores, out)
 }
 
 /// The plain version (any head dimension), also the reference the SIMD one is tested against.
 #[inline(always)]
-pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+pub(crate) fn attend_generic(
+    q: &[f32],
+    kv: HeadKv<'_>,
+    positions: Range<usize>,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let (first, n_ctx) = (positions.start, positions.end);
     let hd = q.len();
-    for j in 0..n_ctx.div_ceil(KEY_TILE) {
+    for j in first / KEY_TILE..n_ctx.div_ceil(KEY_TILE) {
         let tile = &kv.tile(j)[..hd * KEY_TILE];
         let mut acc = [0f32; KEY_TILE];
         for (d, qd) in q.iter().enumerate() {
@@ -99,10 +116,10 @@ pub(crate) fn attend_generic(q: &[f32], kv: HeadKv<'_>, n_ctx: usize, scale: f32
             *s = a * scale;
         }
     }
-    let inv = softmax_in_place(&mut scores[..n_ctx]);
+    let inv = softmax_in_place(&mut scores[first..n_ctx]);
     out.fill(0.0);
-    let mut s = scores[..n_ctx].iter();
-    for (values, count) in kv.value_segments(n_ctx) {
+    let mut s = scores[first..n_ctx].iter();
+    for (values, count) in kv.value_segments(first, n_ctx) {
         for (p, s) in s.by_ref().take(count).enumerate() {
             let w = s * inv;
             for (o, x) in out.iter_mut().zip(&values[p * kv.stride..p * kv.stride + hd]) {
@@ -134,12 +151,12 @@ unsafe fn attend_avx2(
     _: Avx2Fma,
     q: &[f32],
     kv: HeadKv<'_>,
-    n_ctx: usize,
+    positions: Range<usize>,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    attend_generic(q, kv, n_ctx, scale, scores, out)
+    attend_generic(q, kv, positions, scale, scores, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -153,13 +170,15 @@ mod avx512 {
     ///
     /// # Safety
     /// `q` and `out` hold `16 * V` floats, `scores` at least `n_ctx` rounded up to whole tiles,
-    /// and every key tile of `kv` below `n_ctx` at least `16 * V * KEY_TILE` floats (`attend`
-    /// asserts all three). Value rows are sliced with bounds checks.
+    /// every key tile of `kv` below `n_ctx` at least `16 * V * KEY_TILE` floats (`attend`
+    /// asserts all three), and `first < n_ctx`. Value rows are sliced with bounds checks.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attend<const V: usize>(
         _: Avx512F,
         q: &[f32],
         kv: HeadKv<'_>,
+        first: usize,
         n_ctx: usize,
         scale: f32,
         scores: &mut [f32],
@@ -168,7 +187,7 @@ mod avx512 {
         let hd = 16 * V;
         let tiles = n_ctx.div_ceil(KEY_TILE);
         let sc = _mm512_set1_ps(scale);
-        let mut j = 0;
+        let mut j = first / KEY_TILE;
         while j < tiles {
             let two = j + 1 < tiles;
             let t0 = kv.tile(j).as_ptr();
@@ -196,10 +215,10 @@ mod avx512 {
             }
             j += if two { 2 } else { 1 };
         }
-        let inv = softmax_in_place(&mut scores[..n_ctx]);
+        let inv = softmax_in_place(&mut scores[first..n_ctx]);
         let mut acc = [_mm512_setzero_ps(); V];
-        let mut s = scores[..n_ctx].iter();
-        for (values, count) in kv.value_segments(n_ctx) {
+        let mut s = scores[first..n_ctx].iter();
+        for (values, count) in kv.value_segments(first, n_ctx) {
             for (p, s) in s.by_ref().take(count).enumerate() {
                 let w = _mm512_set1_ps(s * inv);
                 let row = values[p * kv.stride..p * kv.stride + hd].as_ptr();

@@ -24,6 +24,9 @@ pub struct Heads {
     pub n_kv_head: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// A sliding window (Gemma 3's local layers): query i sees keys j with i - window < j <= i.
+    /// Its probabilities are zero outside, so the backward needs nothing else.
+    pub window: Option<usize>,
 }
 
 /// Rows of scores computed per block (the diagonal bounds each block's columns).
@@ -68,7 +71,7 @@ unsafe fn mm(
 }
 
 /// Causal softmax probabilities of one head of one segment into `p` (s x s, row-major; zero
-/// above the diagonal).
+/// above the diagonal and, with a window, before it).
 ///
 /// Safety: `q` and `k` point at the head's first element in the segment, rows `q_rs` / `k_rs`
 /// apart, with `s` rows of `hd` values each.
@@ -76,7 +79,7 @@ unsafe fn probabilities(
     p: &mut [f32],
     s: usize,
     hd: usize,
-    scale: f32,
+    (scale, window): (f32, Option<usize>),
     q: (*const f32, usize),
     k: (*const f32, usize),
 ) {
@@ -95,7 +98,9 @@ unsafe fn probabilities(
         }
         for i in r0..r1 {
             let row = &mut p[i * s..(i + 1) * s];
-            super::exp_normalize(&mut row[..=i], scale);
+            let lo = window.map_or(0, |w| (i + 1).saturating_sub(w));
+            super::exp_normalize(&mut row[lo..=i], scale);
+            row[..lo].iter_mut().for_each(|x| *x = 0.0);
             row[i + 1..].iter_mut().for_each(|x| *x = 0.0);
         }
     }
@@ -119,7 +124,7 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], segments: &[(us
             let qh = q.as_ptr().add(start * q_rs + head * hd);
             let kg = k.as_ptr().add(start * kv_rs + g * hd);
             let vg = v.as_ptr().add(start * kv_rs + g * hd);
-            probabilities(p, s, hd, h.scale, (qh, q_rs), (kg, kv_rs));
+            probabilities(p, s, hd, (h.scale, h.window), (qh, q_rs), (kg, kv_rs));
             for r0 in (0..s).step_by(ROWS) {
                 let r1 = (r0 + ROWS).min(s);
                 mm(
@@ -172,7 +177,7 @@ pub fn backward(
                 for (i, head) in (g * group..(g + 1) * group).enumerate() {
                     let qh = q.as_ptr().add(start * q_rs + head * hd);
                     let doh = dout.as_ptr().add(start * q_rs + head * hd);
-                    probabilities(p, s, hd, h.scale, (qh, q_rs), (kg, kv_rs));
+                    probabilities(p, s, hd, (h.scale, h.window), (qh, q_rs), (kg, kv_rs));
                     // Every product below skips the zero triangle: row block r0..r1 of a
                     // (query i, key j) matrix only has keys j < r1, and key block c0..c1 only
                     // queries i >= c0.
@@ -268,7 +273,8 @@ mod tests {
             for head in 0..nh {
                 let gk = head / group;
                 for i in 0..s {
-                    let scores: Vec<f64> = (0..=i)
+                    let lo = h.window.map_or(0, |w| (i + 1).saturating_sub(w));
+                    let scores: Vec<f64> = (lo..=i)
                         .map(|j| {
                             (0..hd)
                                 .map(|d| q[qa(start + i, head, d)] as f64 * k[ka(start + j, gk, d)] as f64)
@@ -279,7 +285,8 @@ mod tests {
                     let max = scores.iter().cloned().fold(f64::MIN, f64::max);
                     let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
                     let sum: f64 = e.iter().sum();
-                    let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
+                    // p[j] for every j <= i, zero before the window.
+                    let p: Vec<f64> = (0..=i).map(|j| if j < lo { 0.0 } else { e[j - lo] / sum }).collect();
                     for d in 0..hd {
                         out[qa(start + i, head, d)] = (0..=i).map(|j| p[j] * v[ka(start + j, gk, d)] as f64).sum();
                     }
@@ -304,7 +311,13 @@ mod tests {
 
     #[test]
     fn forward_and_backward_match_plain_loops() {
-        let h = Heads { n_head: 4, n_kv_head: 2, head_dim: 8, scale: 0.35 };
+        for window in [None, Some(1), Some(7), Some(65)] {
+            forward_and_backward_match_plain_loops_with(window);
+        }
+    }
+
+    fn forward_and_backward_match_plain_loops_with(window: Option<usize>) {
+        let h = Heads { n_head: 4, n_kv_head: 2, head_dim: 8, scale: 0.35, window };
         // A short segment and one longer than a block of rows.
         let segments = [(0, 5), (5, 70)];
         let t = 75;
@@ -316,7 +329,7 @@ mod tests {
         backward(&q, &k, &v, &g, &mut dq, &mut dk, &mut dv, &segments, h);
         for (name, got, want) in [("out", &out, &want), ("dq", &dq, &dq_w), ("dk", &dk, &dk_w), ("dv", &dv, &dv_w)] {
             for (i, (a, b)) in got.iter().zip(want.iter()).enumerate() {
-                assert!((*a as f64 - b).abs() < 1e-4 * b.abs().max(1.0), "{name}[{i}]: {a} vs {b}");
+                assert!((*a as f64 - b).abs() < 1e-4 * b.abs().max(1.0), "{window:?} {name}[{i}]: {a} vs {b}");
             }
         }
     }

@@ -12,6 +12,8 @@
 //! scalar path. All are tested against each other.
 #![allow(unsafe_code)] // SIMD intrinsics: each needs a feature token, and its lengths are asserted
 
+use crate::arch::Activation;
+
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -483,22 +485,48 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// `gate <- silu(gate) * up`. The sigmoid is taken from `e = exp(-|g|)` (an argument <= 0, what
-/// [`exp_approx`] covers) as `1 / (1 + e)` or `e / (1 + e)`, so the loop has no libm call and
-/// vectorises (a libm `expf` per element cost ~10% of prefill).
+/// `gate <- silu(gate) * up`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    act_mul(Activation::Silu, gate, up)
+}
+
+/// `gate <- gelu_tanh(gate) * up` (Gemma's GeGLU).
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    act_mul(Activation::GeluTanh, gate, up)
+}
+
+/// `gate <- act(gate) * up`. Both activations are `x * sigmoid(z)`: SiLU with `z = x`, GELU's tanh
+/// form with `z = 2 sqrt(2/pi) (x + 0.044715 x^3)` (as `(1 + tanh(u)) / 2 = sigmoid(2u)`). The
+/// sigmoid is taken from `e = exp(-|z|)` (an argument <= 0, what [`exp_approx`] covers) as
+/// `1 / (1 + e)` or `e / (1 + e)`, so the loop has no libm call and vectorises (a libm `expf` per
+/// element cost ~10% of prefill).
+pub fn act_mul(act: Activation, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());
     match cpu().avx2 {
-        Some(avx2) => simd::silu_mul(avx2, gate, up),
-        None => silu_mul_generic(gate, up),
+        Some(avx2) => simd::act_mul(avx2, act, gate, up),
+        None => act_mul_generic(act, gate, up),
+    }
+}
+
+/// `sqrt(2 / pi)`, GELU's tanh-form constant.
+pub const GELU_C: f32 = 0.797_884_6;
+
+/// The sigmoid argument of `act` at `x` (see [`act_mul`]), clamped so that a huge or infinite
+/// input cannot make it NaN.
+#[inline(always)]
+pub fn act_z(act: Activation, x: f32) -> f32 {
+    match act {
+        Activation::Silu => x,
+        Activation::GeluTanh => (2.0 * GELU_C * (x + 0.044_715 * x * x * x)).clamp(-200.0, 200.0),
     }
 }
 
 #[inline(always)]
-pub(crate) fn silu_mul_generic(gate: &mut [f32], up: &[f32]) {
+pub(crate) fn act_mul_generic(act: Activation, gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
-        let e = exp_approx(-g.abs());
-        let sigmoid = if *g >= 0.0 { 1.0 } else { e } / (1.0 + e);
+        let z = act_z(act, *g);
+        let e = exp_approx(-z.abs());
+        let sigmoid = if z >= 0.0 { 1.0 } else { e } / (1.0 + e);
         *g = *g * sigmoid * u;
     }
 }

@@ -5,6 +5,7 @@
 
 use super::cpu::Avx2Fma;
 use super::QK;
+use crate::arch::Activation;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -74,18 +75,18 @@ pub(crate) fn dot_f32(avx2: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
     };
 }
 
-/// `gate <- silu(gate) * up`, vectorised to 256 bits.
+/// `gate <- act(gate) * up`, vectorised to 256 bits.
 #[inline]
-pub(crate) fn silu_mul(avx2: Avx2Fma, gate: &mut [f32], up: &[f32]) {
+pub(crate) fn act_mul(avx2: Avx2Fma, act: Activation, gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the token proves AVX2 and FMA; the body is safe code on any slices.
     unsafe {
-        silu_mul_avx2(avx2, gate, up)
+        act_mul_avx2(avx2, act, gate, up)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = avx2;
-        super::silu_mul_generic(gate, up)
+        super::act_mul_generic(act, gate, up)
     }
 }
 
@@ -202,12 +203,12 @@ unsafe fn dot_f32_avx2(_: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
     super::dot_generic(a, b)
 }
 
-/// [`super::silu_mul_generic`] compiled with AVX2/FMA enabled so that it vectorises.
+/// [`super::act_mul_generic`] compiled with AVX2/FMA enabled so that it vectorises.
 ///
 /// # Safety
 /// None beyond the target features (the body is safe code).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn silu_mul_avx2(_: Avx2Fma, gate: &mut [f32], up: &[f32]) {
-    super::silu_mul_generic(gate, up)
+unsafe fn act_mul_avx2(_: Avx2Fma, act: Activation, gate: &mut [f32], up: &[f32]) {
+    super::act_mul_generic(act, gate, up)
 }

@@ -100,6 +100,26 @@ fn norm_softmax_silu_rope_by_hand() {
     assert_eq!(g[0], 0.0);
     assert!((g[1] - 2.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
 
+    // GELU's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) times up, by f64 libm;
+    // the dispatched path (AVX2 where present) and the scalar one, also at huge and infinite
+    // inputs, where it must be 0 or x * up, never NaN.
+    let xs = [-6.0f32, -2.5, -1.0, -0.1, 0.0, 0.3, 1.0, 2.0, 7.5, -1e30, 1e30, 3.0, -3.0, 0.5, -0.5, 4.0, 9.0];
+    let up = vec![2.0f32; xs.len()];
+    let mut fast = xs.to_vec();
+    gelu_mul(&mut fast, &up);
+    let mut plain = xs.to_vec();
+    act_mul_generic(crate::arch::Activation::GeluTanh, &mut plain, &up);
+    for ((x, f), p) in xs.iter().zip(&fast).zip(&plain) {
+        let x64 = *x as f64;
+        let want = if x64.abs() > 1e10 {
+            x64.max(0.0) * 2.0
+        } else {
+            0.5 * x64 * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x64 + 0.044715 * x64.powi(3))).tanh()) * 2.0
+        };
+        let tol = 1e-5 * want.abs().max(1.0);
+        assert!((*f as f64 - want).abs() <= tol && (*p as f64 - want).abs() <= tol, "gelu({x}): {f} {p} vs {want}");
+    }
+
     // A quarter turn maps (1, 0) to (0, 1) and (0, 1) to (-1, 0).
     let mut h = vec![1.0, 0.0, 0.0, 1.0];
     rope_inplace(&mut h, 2, &[0.0], &[1.0]);
@@ -136,16 +156,17 @@ fn attention_matches_softmax_by_hand() {
     let mut out = vec![0f32; 2];
     let kv =
         HeadKv { keys: [&[], &keys], tile_stride: 2 * KEY_TILE, values: [&[], &values], stride: 4, shared_tiles: 0 };
-    attend(&q, kv, 2, 1.0, &mut scores, &mut out);
+    attend(&q, kv, 0..2, 1.0, &mut scores, &mut out);
     // weights 1/4 and 3/4
     assert!((out[0] - 4.0).abs() < 1e-5 && (out[1] - 5.0).abs() < 1e-5, "{out:?}");
 }
 
 /// The dispatched attention (AVX-512 where present) against a plain row-major computation, for
-/// head dimensions 64 and 128 and context lengths around tile boundaries, through a real cache.
+/// head dimensions 64, 128 and 256 (Gemma 3), context lengths around tile boundaries, and sliding
+/// windows starting inside, at and past the shared segment, through a real cache.
 #[test]
 fn attention_kernel_matches_plain_softmax_attention() {
-    for hd in [64, 128] {
+    for hd in [64, 128, 256] {
         let (n_kv, layer) = (2, 0);
         let kv_dim = n_kv * hd;
         let mut cache = crate::KvCache::new(1, kv_dim);
@@ -160,23 +181,25 @@ fn attention_kernel_matches_plain_softmax_attention() {
         let private = cache.clone();
         cache.freeze();
         assert_eq!(cache.shared_len(), 32);
-        for (cache, n_ctx) in
-            [&private, &cache].into_iter().flat_map(|c| [1usize, 15, 16, 17, 32, 33, 41].map(|n| (c, n)))
-        {
+        let cases = [1usize, 15, 16, 17, 32, 33, 41]
+            .into_iter()
+            .flat_map(|n| [0, 1, 5, 16, 17, 33, 40].into_iter().filter(move |f| *f < n).map(move |f| (f, n)));
+        for (cache, (first, n_ctx)) in [&private, &cache].into_iter().flat_map(|c| cases.clone().map(move |r| (c, r))) {
             let head = 1;
             let mut scores = vec![0f32; n_ctx.next_multiple_of(KEY_TILE)];
             let mut out = vec![0f32; hd];
-            attend(&q, cache.head(layer, head, hd), n_ctx, 0.125, &mut scores, &mut out);
+            attend(&q, cache.head(layer, head, hd), first..n_ctx, 0.125, &mut scores, &mut out);
             let mut plain_out = vec![0f32; hd];
-            attend::attend_generic(&q, cache.head(layer, head, hd), n_ctx, 0.125, &mut scores, &mut plain_out);
-            let mut s: Vec<f64> = (0..n_ctx)
+            attend::attend_generic(&q, cache.head(layer, head, hd), first..n_ctx, 0.125, &mut scores, &mut plain_out);
+            let mut s: Vec<f64> = (first..n_ctx)
                 .map(|p| (0..hd).map(|d| q[d] as f64 * ks[p * kv_dim + head * hd + d] as f64).sum::<f64>() * 0.125)
                 .collect();
             let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             s.iter_mut().for_each(|x| *x = (*x - max).exp());
             let sum: f64 = s.iter().sum();
             for d in 0..hd {
-                let want: f64 = (0..n_ctx).map(|p| s[p] / sum * vs[p * kv_dim + head * hd + d] as f64).sum();
+                let want: f64 =
+                    (first..n_ctx).map(|p| s[p - first] / sum * vs[p * kv_dim + head * hd + d] as f64).sum();
                 assert!((out[d] as f64 - want).abs() < 1e-5, "hd {hd} n_ctx {n_ctx} d {d}: {} vs {want}", out[d]);
                 assert!((plain_out[d] as f64 - want).abs() < 1e-5, "generic, hd {hd} n_ctx {n_ctx} d {d}");
             }

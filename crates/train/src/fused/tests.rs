@@ -71,11 +71,21 @@ fn rope() {
 
 #[test]
 fn silu_mul() {
+    act_mul(Activation::Silu, |a| a.silu().unwrap());
+}
+
+/// Against candle's `gelu`, the tanh approximation (with its own backward).
+#[test]
+fn gelu_mul() {
+    act_mul(Activation::GeluTanh, |a| a.gelu().unwrap());
+}
+
+fn act_mul(act: Activation, stock_act: impl Fn(&Tensor) -> Tensor) {
     let (a, u, g) = (rand(&[9, 5000], 10), rand(&[9, 5000], 11), rand(&[9, 5000], 12));
     let (av, uv) = (Var::from_tensor(&a).unwrap(), Var::from_tensor(&u).unwrap());
-    let fused = av.as_tensor().apply_op2(uv.as_tensor(), SiluMul).unwrap();
+    let fused = av.as_tensor().apply_op2(uv.as_tensor(), ActMul(act)).unwrap();
     let gf = fused.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
-    let stock = av.as_tensor().silu().unwrap().mul(uv.as_tensor()).unwrap();
+    let stock = stock_act(av.as_tensor()).mul(uv.as_tensor()).unwrap();
     let gs = stock.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
     assert!(max_diff(&fused, &stock) < 1e-5);
     for v in [&av, &uv] {
