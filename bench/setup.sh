@@ -17,10 +17,16 @@ llama_server() {
     (cd target/llama && "../benchenv/bin/pip" download --quiet --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$LLAMA_VERSION" \
        && tar xzf "llama_cpp_python-$LLAMA_VERSION.tar.gz") >&2
     # Not GGML_NATIVE: on CPUs that report AMX inside a VM that does not enable it, -march=native
-    # code dies with SIGILL. The x86 features are listed instead (AMX left out); on a CPU without
-    # AVX-512 drop those flags.
+    # code dies with SIGILL. The x86 features are listed instead (AMX left out), the AVX-512 ones
+    # only where /proc/cpuinfo has them (an AVX2-only CPU would die on them too).
+    local avx512=OFF vnni=OFF vbmi=OFF bf16=OFF
+    grep -qw avx512f /proc/cpuinfo && avx512=ON
+    grep -qw avx512_vnni /proc/cpuinfo && vnni=ON
+    grep -qw avx512vbmi /proc/cpuinfo && vbmi=ON
+    grep -qw avx512_bf16 /proc/cpuinfo && bf16=ON
     PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$src/build" -G Ninja -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
-      -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF \
+      -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=$avx512 -DGGML_AVX512_VNNI=$vnni -DGGML_AVX512_VBMI=$vbmi \
+      -DGGML_AVX512_BF16=$bf16 -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
     PATH="$PWD/$venv/bin:$PATH" cmake --build "$src/build" --target llama-server -j2 >/dev/null
   fi
