@@ -9,7 +9,7 @@ fn main() {
 fn run() {
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let batch: usize = std::env::var("BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(1);
-    let loaded = tandem_model::load_gguf(std::path::Path::new(&path)).unwrap();
+    let loaded = tandem_model::load(std::path::Path::new(&path)).unwrap();
     let m = &loaded.model;
     let c = &m.config;
     let mut caches: Vec<KvCache> = (0..batch).map(|_| KvCache::new(c.n_layer, c.kv_dim())).collect();

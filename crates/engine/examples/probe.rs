@@ -5,7 +5,7 @@ use tandem_model::{KvCache, Logits, SeqInput};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
-    let loaded = tandem_model::load_gguf(std::path::Path::new(&path)).unwrap();
+    let loaded = tandem_model::load(std::path::Path::new(&path)).unwrap();
     let tok = TextTokenizer::from_meta(&loaded.tokenizer).unwrap();
     let ids = tok.encode(&args[1]).unwrap();
     println!("{} tokens: {:?}", ids.len(), ids);

@@ -402,7 +402,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
         tandem_model::testing::write_tiny_gguf(&path);
-        let loaded = tandem_model::load_gguf(&path).unwrap();
+        let loaded = tandem_model::load(&path).unwrap();
         let tok = Arc::new(TextTokenizer::from_meta(&loaded.tokenizer).unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
         let lp = EngineLoop::new(

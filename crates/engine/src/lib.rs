@@ -61,9 +61,15 @@ impl Engine {
         let _ = self.shared.jail.set(jail);
     }
 
-    /// Loads a GGUF file and starts its loop.
-    pub fn add_gguf(&mut self, id: &str, path: &Path, config: EngineConfig) -> Result<(), EngineError> {
-        let loaded = tandem_model::load_gguf(path)?;
+    /// Loads a GGUF file or a Hugging Face checkpoint directory and starts its loop.
+    pub fn add_path(
+        &mut self,
+        id: &str,
+        path: &Path,
+        quantize: tandem_model::Quantize,
+        config: EngineConfig,
+    ) -> Result<(), EngineError> {
+        let loaded = tandem_model::load_model(path, quantize)?;
         self.add_model(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, config)
     }
 

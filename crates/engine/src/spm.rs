@@ -67,7 +67,7 @@ pub(crate) fn sentencepiece(meta: &TokenizerMeta) -> Result<(Value, Vec<Vec<u8>>
 }
 
 /// `<0x0A>` -> 10.
-fn byte_piece(piece: &str) -> Option<u8> {
+pub(crate) fn byte_piece(piece: &str) -> Option<u8> {
     let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
     (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
@@ -160,6 +160,39 @@ mod tests {
         let tok = TextTokenizer::from_meta(&meta(true)).unwrap();
         let ids = tok.encode("hello").unwrap();
         assert_eq!(pieces(&tok, &ids), [" hello"]);
+    }
+
+    /// The same vocabularies as Hugging Face `tokenizer.json` files (what a checkpoint directory
+    /// holds): the same ids and the same bytes per id, for SentencePiece and for byte-level BPE.
+    #[test]
+    fn tokenizer_json_files_encode_and_decode_as_the_gguf_vocabularies_do() {
+        let byte_level = {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tiny.gguf");
+            tandem_model::testing::write_tiny_gguf(&path);
+            tandem_model::GgufFile::open(&path).unwrap().tokenizer_meta()
+        };
+        for meta in [meta(false), byte_level] {
+            let from_gguf = TextTokenizer::from_meta(&meta).unwrap();
+            let json = from_gguf.tokenizer_json();
+            let hf = TokenizerMeta {
+                model: "huggingface".into(),
+                eos_id: meta.eos_id,
+                extra_end_ids: vec![5],
+                hf_json: Some(json),
+                ..TokenizerMeta::default()
+            };
+            let from_json = TextTokenizer::from_meta(&hf).unwrap();
+            assert_eq!(from_json.vocab_size(), from_gguf.vocab_size());
+            for text in ["hello world", " hello hé", "<start_of_turn>hello\n\nhe<end_of_turn>", "<|im_start|>x ü"] {
+                let ids = from_gguf.encode(text).unwrap();
+                assert_eq!(from_json.encode(text).unwrap(), ids, "{text:?}");
+                for skip in [false, true] {
+                    assert_eq!(from_json.decode(&ids, skip), from_gguf.decode(&ids, skip), "{text:?}");
+                }
+            }
+            assert!(from_json.is_end(meta.eos_id.unwrap()) && from_json.is_end(5));
+        }
     }
 
     #[test]

@@ -104,6 +104,37 @@ fn byte_level(meta: &TokenizerMeta) -> Result<(Value, Vec<Vec<u8>>, Vec<bool>), 
     Ok((spec, token_bytes, special))
 }
 
+/// A Hugging Face `tokenizer.json` as it is. Each id's raw bytes follow from its piece: through
+/// GPT-2's byte map where the tokenizer is byte-level, else SentencePiece's conventions (`▁` is a
+/// space, `<0xNN>` one byte).
+fn hugging_face(json: &str) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>, Vec<bool>), TokenizerError> {
+    let inner: tokenizers::Tokenizer =
+        json.parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
+    let spec: Value = serde_json::from_str(json).map_err(|e| TokenizerError::Build(e.to_string()))?;
+    let byte_level = spec.to_string().contains(r#""type":"ByteLevel""#);
+    let n = inner.get_vocab_size(true);
+    let inverse: HashMap<char, u8> = byte_to_char().iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
+    let specials: std::collections::HashSet<u32> =
+        inner.get_added_tokens_decoder().iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
+    let mut token_bytes = Vec::with_capacity(n);
+    let mut special = Vec::with_capacity(n);
+    for id in 0..n as u32 {
+        let piece = inner.id_to_token(id).unwrap_or_default();
+        let sp = specials.contains(&id);
+        special.push(sp);
+        token_bytes.push(if sp {
+            piece.into_bytes()
+        } else if byte_level {
+            piece.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect()
+        } else if let Some(b) = crate::spm::byte_piece(&piece) {
+            vec![b]
+        } else {
+            piece.replace('\u{2581}', " ").into_bytes()
+        });
+    }
+    Ok((inner, token_bytes, special))
+}
+
 /// A `tokenizer.json` added token: matched whole in the input before the model splits the rest.
 pub(crate) fn added_token(meta: &TokenizerMeta, id: usize, special: bool) -> Value {
     json!({"id": id, "content": meta.tokens[id], "single_word": false, "lstrip": false,
@@ -112,19 +143,23 @@ pub(crate) fn added_token(meta: &TokenizerMeta, id: usize, special: bool) -> Val
 
 impl TextTokenizer {
     pub fn from_meta(meta: &TokenizerMeta) -> Result<Self, TokenizerError> {
-        let (spec, token_bytes, special) = match meta.model.as_str() {
-            "gpt2" => byte_level(meta)?,
-            "llama" => crate::spm::sentencepiece(meta)?,
-            other => {
+        let (inner, token_bytes, special) = match (meta.model.as_str(), &meta.hf_json) {
+            (_, Some(json)) => hugging_face(json)?,
+            ("gpt2" | "llama", None) => {
+                let (spec, token_bytes, special) =
+                    if meta.model == "gpt2" { byte_level(meta)? } else { crate::spm::sentencepiece(meta)? };
+                let inner: tokenizers::Tokenizer =
+                    spec.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
+                (inner, token_bytes, special)
+            }
+            (other, None) => {
                 return Err(TokenizerError::Unsupported(format!(
                     "tokenizer.ggml.model = {other:?} (supported: gpt2 byte-level BPE, llama SentencePiece)"
                 )))
             }
         };
-        let inner: tokenizers::Tokenizer =
-            spec.to_string().parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
         let eos_id = meta.eos_id.ok_or_else(|| TokenizerError::Unsupported("no tokenizer.ggml.eos_token_id".into()))?;
-        let by_text = meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let by_text = inner.get_vocab(true).into_iter().collect();
         let mut by_bytes = HashMap::with_capacity(token_bytes.len());
         for (i, b) in token_bytes.iter().enumerate() {
             by_bytes.entry(b.clone()).or_insert(i as u32);
@@ -138,10 +173,23 @@ impl TextTokenizer {
             by_text,
             by_bytes,
             eos_id,
-            end_ids: [Some(eos_id), meta.eot_id.filter(|e| *e != eos_id)].into_iter().flatten().collect(),
+            end_ids: {
+                let mut ids = vec![eos_id];
+                for id in meta.eot_id.iter().chain(&meta.extra_end_ids) {
+                    if !ids.contains(id) {
+                        ids.push(*id);
+                    }
+                }
+                ids
+            },
             bos_id: meta.bos_id,
             add_bos: meta.add_bos,
         })
+    }
+
+    /// The tokenizer as a Hugging Face `tokenizer.json`.
+    pub fn tokenizer_json(&self) -> String {
+        self.inner.to_string(false).unwrap_or_default()
     }
 
     /// Whether `id` ends generation (see `end_ids`).

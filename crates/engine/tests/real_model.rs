@@ -17,7 +17,7 @@ fn model_path() -> PathBuf {
 
 fn engine() -> ModelHandle {
     let mut e = Engine::new();
-    e.add_gguf("smol", &model_path(), EngineConfig::default()).unwrap();
+    e.add_path("smol", &model_path(), Default::default(), EngineConfig::default()).unwrap();
     e.models()[0].clone()
 }
 

@@ -90,7 +90,7 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     let gguf = dir.path().join("tiny.gguf");
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
-    engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
+    engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
     let e = &engine.models()[0];
     let prompt = e.tokenize("hello tiny model", false).unwrap();
     assert_eq!(prompt.len(), 16, "one token per byte");
@@ -140,7 +140,9 @@ async fn priority_preempts_and_the_preempted_sequence_resumes_exactly() {
     let gguf = dir.path().join("tiny.gguf");
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
-    engine.add_gguf("tiny", &gguf, EngineConfig { max_seqs: 1, ..EngineConfig::default() }).unwrap();
+    engine
+        .add_path("tiny", &gguf, Default::default(), EngineConfig { max_seqs: 1, ..EngineConfig::default() })
+        .unwrap();
     let e = &engine.models()[0];
     let prompt = e.tokenize("hello tiny model", false).unwrap();
     let uninterrupted = tokens(submit(e, request(&prompt, 300, None)).unwrap()).await;
@@ -199,7 +201,7 @@ async fn prefix_cache_hits_reuse_every_shared_token_and_change_nothing() {
     let gguf = dir.path().join("tiny.gguf");
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
-    engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
+    engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
     let e = &engine.models()[0];
     let prompt = e.tokenize("a shared prompt of some length", false).unwrap();
     let salted = |p: &[u32], salt: &str| GenerateRequest { cache_salt: Some(salt.into()), ..request(p, 10, None) };
@@ -232,7 +234,9 @@ async fn beam_steps_take_no_queue_place() {
     let gguf = dir.path().join("tiny.gguf");
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
-    engine.add_gguf("tiny", &gguf, EngineConfig { max_waiting: 0, ..EngineConfig::default() }).unwrap();
+    engine
+        .add_path("tiny", &gguf, Default::default(), EngineConfig { max_waiting: 0, ..EngineConfig::default() })
+        .unwrap();
     let m = &engine.models()[0];
     let prompt = [1, 2, 3];
     assert!(!m.has_capacity());
@@ -252,7 +256,9 @@ async fn choices_share_the_prompt_kv() {
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
     // The smallest budget: one full context (8,192 positions on the tiny model).
-    engine.add_gguf("tiny", &gguf, EngineConfig { kv_cache_bytes: 1, ..EngineConfig::default() }).unwrap();
+    engine
+        .add_path("tiny", &gguf, Default::default(), EngineConfig { kv_cache_bytes: 1, ..EngineConfig::default() })
+        .unwrap();
     let m = &engine.models()[0];
     let prompt: Vec<u32> = (0..3000).map(|i| 1 + (i * 7 % 50) as u32).collect();
     let alone =
@@ -289,7 +295,7 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     let gguf = dir.path().join("tiny.gguf");
     write_tiny_gguf(&gguf);
     let mut engine = Engine::new();
-    engine.add_gguf("tiny", &gguf, EngineConfig::default()).unwrap();
+    engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
     let m = engine.models()[0].clone();
     let prompt = [1, 2, 3, 4];
     let late = AdapterRef { checkpoint_id: "late".into(), path: dir.path().join("late"), confined_to: None };
@@ -317,7 +323,7 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     }
     // A request prepared by another served model is refused, not run.
     let mut two = Engine::new();
-    two.add_gguf("other", &gguf, EngineConfig::default()).unwrap();
+    two.add_path("other", &gguf, Default::default(), EngineConfig::default()).unwrap();
     let foreign = two.models()[0].prepare(request(&prompt, 4, None)).unwrap();
     assert!(matches!(m.submit(foreign), Err(SubmitError::Invalid(_))));
 }

@@ -32,6 +32,10 @@ pub struct TokenizerMeta {
     pub pad_id: Option<u32>,
     pub add_bos: bool,
     pub chat_template: Option<String>,
+    /// Further ids that end generation (a Hugging Face `generation_config.json`'s `eos_token_id`).
+    pub extra_end_ids: Vec<u32>,
+    /// A Hugging Face `tokenizer.json`, used as it is (`model` is then `huggingface`).
+    pub hf_json: Option<String>,
 }
 
 /// An open GGUF file with its parsed header.
@@ -124,6 +128,7 @@ impl GgufFile {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embed_scale: (arch == Arch::Gemma3).then(|| (hidden as f32).sqrt()),
             sliding,
+            qk_halves: arch.halves_rope(),
         };
         config.check()?;
         Ok(config)
@@ -156,6 +161,8 @@ impl GgufFile {
             pad_id: self.opt_u32("tokenizer.ggml.padding_token_id"),
             add_bos: matches!(self.content.metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
             chat_template: self.string("tokenizer.chat_template"),
+            extra_end_ids: Vec::new(),
+            hf_json: None,
         }
     }
 

@@ -8,12 +8,14 @@
 
 pub mod arch;
 pub mod gguf;
+pub mod hf;
 pub mod kernels;
 pub mod kv;
 pub mod llama;
 pub mod lora;
 pub mod merge;
 pub mod peft;
+pub mod source;
 pub mod testing;
 
 pub use arch::{Activation, Arch, SlidingWindow};
@@ -21,6 +23,7 @@ pub use gguf::{GgufFile, TokenizerMeta};
 pub use kv::KvCache;
 pub use llama::{Layer, LayerExtra, Llama, LlamaConfig, Logits, SeqInput};
 pub use lora::LoraAdapter;
+pub use source::WeightSource;
 
 use kernels::{Q4Matrix, Q8Matrix, Weights};
 use std::path::Path;
@@ -45,26 +48,52 @@ pub struct LoadedModel {
     pub tokenizer: TokenizerMeta,
 }
 
-/// Loads a GGUF of any architecture in `arch`, requantising every matrix to the kernels' layouts.
-pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
-    let mut file = GgufFile::open(path)?;
+/// How matrices that are not Q4_1 already are kept (`--quantize`): int8 blocks of 32 with an f32
+/// scale (the default), or Q4_1 (half the memory, some accuracy lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Quantize {
+    #[default]
+    Q8_0,
+    Q4_1,
+}
+
+impl Quantize {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "q8_0" => Some(Quantize::Q8_0),
+            "q4_1" => Some(Quantize::Q4_1),
+            _ => None,
+        }
+    }
+}
+
+/// [`load_model`] with the default quantisation.
+pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
+    load_model(path, Quantize::default())
+}
+
+/// Loads a model of any architecture in `arch`, from a GGUF file or a Hugging Face checkpoint
+/// directory, with every matrix in the kernels' layouts.
+pub fn load_model(path: &Path, quantize: Quantize) -> Result<LoadedModel, ModelError> {
+    let mut file = WeightSource::open(path)?;
     let config = file.llama_config()?;
-    let tokenizer = file.tokenizer_meta();
+    let tokenizer = file.tokenizer_meta()?;
+    let file = &mut Loader { source: &mut file, quantize };
     let (h, f, qd, kvd) = (config.hidden, config.ffn, config.q_dim(), config.kv_dim());
     // Only the lane-packed copies are kept where the CPU has VNNI (rows are read from them).
-    let embed = matrix(&mut file, "token_embd.weight", config.vocab, h)?.lanes_only();
+    let embed = matrix(file, "token_embd.weight", config.vocab, h)?.lanes_only();
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let p = format!("blk.{i}");
         let mut m =
-            |name: &str, rows: usize, cols: usize| layer_matrix(&mut file, &config, &format!("{p}.{name}"), rows, cols);
+            |name: &str, rows: usize, cols: usize| layer_matrix(file, &config, &format!("{p}.{name}"), rows, cols);
         let qkv =
             Weights::vstack(vec![m("attn_q.weight", qd, h)?, m("attn_k.weight", kvd, h)?, m("attn_v.weight", kvd, h)?])
                 .lanes_only();
         let o = m("attn_output.weight", h, qd)?.lanes_only();
         let gate_up = Weights::vstack(vec![m("ffn_gate.weight", f, h)?, m("ffn_up.weight", f, h)?]).lanes_only();
         let down = m("ffn_down.weight", h, f)?.lanes_only();
-        let mut v = |name: &str, len: usize| layer_vector(&mut file, &config, &format!("{p}.{name}"), len);
+        let mut v = |name: &str, len: usize| layer_vector(file.source, &config, &format!("{p}.{name}"), len);
         let arch = config.arch;
         let extra = LayerExtra {
             qkv_bias: if arch.qkv_bias() {
@@ -87,9 +116,9 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             extra,
         });
     }
-    let out_norm = vector(&mut file, "output_norm.weight", h)?;
-    let lm_head = if file.has_tensor("output.weight") {
-        Some(matrix(&mut file, "output.weight", config.vocab, h)?.lanes_only())
+    let out_norm = vector(file.source, "output_norm.weight", h)?;
+    let lm_head = if file.source.has_tensor("output.weight") {
+        Some(matrix(file, "output.weight", config.vocab, h)?.lanes_only())
     } else {
         None
     };
@@ -99,7 +128,7 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
 /// How the rows of a layer tensor must be permuted into the interleaved rotary order
 /// (`crate::arch`): `Some((heads, head_dim))` for q and k tensors of a file in the halves order.
 pub fn rotary_permutation(config: &LlamaConfig, name: &str) -> Option<(usize, usize)> {
-    if !config.arch.halves_rope() {
+    if !config.qk_halves {
         return None;
     }
     // "blk.{layer}.{tensor}"
@@ -113,9 +142,15 @@ pub fn rotary_permutation(config: &LlamaConfig, name: &str) -> Option<(usize, us
     }
 }
 
+/// A weight source and how to keep its matrices.
+pub struct Loader<'a> {
+    pub source: &'a mut WeightSource,
+    pub quantize: Quantize,
+}
+
 /// A layer's weight matrix in the internal row order.
 pub fn layer_matrix(
-    file: &mut GgufFile,
+    file: &mut Loader<'_>,
     config: &LlamaConfig,
     name: &str,
     rows: usize,
@@ -126,7 +161,12 @@ pub fn layer_matrix(
 }
 
 /// A layer's 1-D tensor (norm weight, bias) in the internal order.
-pub fn layer_vector(file: &mut GgufFile, config: &LlamaConfig, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+pub fn layer_vector(
+    file: &mut WeightSource,
+    config: &LlamaConfig,
+    name: &str,
+    len: usize,
+) -> Result<Vec<f32>, ModelError> {
     let data = vector(file, name, len)?;
     Ok(match rotary_permutation(config, name) {
         Some((heads, hd)) if heads * hd == len => arch::halves_to_pairs(&data, heads, hd, 1),
@@ -139,7 +179,11 @@ pub fn layer_vector(file: &mut GgufFile, config: &LlamaConfig, name: &str, len: 
 
 /// A layer tensor dequantised to f32 in the internal row order, with its dims (out, in); what
 /// the trainer reads.
-pub fn layer_f32(file: &mut GgufFile, config: &LlamaConfig, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
+pub fn layer_f32(
+    file: &mut WeightSource,
+    config: &LlamaConfig,
+    name: &str,
+) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
     let (data, dims) = file.tensor_f32(name)?;
     Ok(match rotary_permutation(config, name) {
         Some((heads, hd)) => {
@@ -153,13 +197,13 @@ pub fn layer_f32(file: &mut GgufFile, config: &LlamaConfig, name: &str) -> Resul
     })
 }
 
-/// A weight matrix: Q4_1 tensors stay as stored, anything else becomes int8 blocks.
-pub fn matrix(file: &mut GgufFile, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
+/// A weight matrix: Q4_1 tensors stay as stored, anything else is quantised as `file` says.
+pub fn matrix(file: &mut Loader<'_>, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
     matrix_permuted(file, name, rows, cols, None)
 }
 
 fn matrix_permuted(
-    file: &mut GgufFile,
+    file: &mut Loader<'_>,
     name: &str,
     rows: usize,
     cols: usize,
@@ -170,9 +214,13 @@ fn matrix_permuted(
             return Err(ModelError::Gguf(format!("{name}: {rows} rows are not {heads} heads of {hd}")));
         }
     }
+    let q4 = |raw: Vec<u8>| {
+        Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4).ok_or_else(|| {
+            ModelError::Gguf(format!("{name}: {} bytes do not make a ({rows}, {cols}) Q4_1 matrix", raw.len()))
+        })
+    };
     if cols.is_multiple_of(kernels::QK) {
-        let (dtype, raw) = file.tensor_raw(name)?;
-        if dtype == candle_core::quantized::GgmlDType::Q4_1 {
+        if let Some(raw) = file.source.q4_1_bytes(name)? {
             // Whole rows of blocks move as bytes.
             let raw = match permute {
                 Some((heads, hd)) if raw.len().is_multiple_of(rows) => {
@@ -180,12 +228,10 @@ fn matrix_permuted(
                 }
                 _ => raw,
             };
-            return Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4).ok_or_else(|| {
-                ModelError::Gguf(format!("{name}: {} bytes do not make a ({rows}, {cols}) Q4_1 matrix", raw.len()))
-            });
+            return q4(raw);
         }
     }
-    let (data, dims) = file.tensor_f32(name)?;
+    let (data, dims) = file.source.tensor_f32(name)?;
     if dims.iter().product::<usize>() != rows * cols {
         return Err(ModelError::Gguf(format!("{name} has shape {dims:?}, expected ({rows}, {cols})")));
     }
@@ -196,10 +242,19 @@ fn matrix_permuted(
         Some((heads, hd)) => arch::halves_to_pairs(&data, heads, hd, cols),
         None => data,
     };
-    Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols)))
+    match file.quantize {
+        Quantize::Q8_0 => Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols))),
+        Quantize::Q4_1 => {
+            let t = candle_core::Tensor::from_vec(data, (rows, cols), &candle_core::Device::Cpu)
+                .and_then(|t| candle_core::quantized::QTensor::quantize(&t, candle_core::quantized::GgmlDType::Q4_1))
+                .and_then(|q| q.data().map(|d| d.into_owned()))
+                .map_err(|e| ModelError::Gguf(format!("{name} as Q4_1: {e}")))?;
+            q4(t)
+        }
+    }
 }
 
-fn vector(file: &mut GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+fn vector(file: &mut WeightSource, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let (data, _) = file.tensor_f32(name)?;
     if data.len() != len {
         return Err(ModelError::Gguf(format!("{name} has {} values, expected {len}", data.len())));

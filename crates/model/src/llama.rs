@@ -32,6 +32,9 @@ pub struct LlamaConfig {
     /// Multiplier of embedding rows (Gemma 3: sqrt(hidden)).
     pub embed_scale: Option<f32>,
     pub sliding: Option<SlidingWindow>,
+    /// Whether the source keeps q/k rows in Hugging Face's halves order (every architecture's
+    /// safetensors, and GGUF files of all but Llama), permuted at load (`crate::arch`).
+    pub qk_halves: bool,
 }
 
 impl LlamaConfig {
@@ -71,6 +74,7 @@ impl LlamaConfig {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embed_scale: None,
             sliding: None,
+            qk_halves: false,
         }
     }
 

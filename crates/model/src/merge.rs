@@ -134,7 +134,7 @@ pub fn merge_to_gguf(
             if let Some(p) = pair {
                 // `peft::read` gives q/k's B rows in the internal interleaved order, which is the
                 // file's own for Llama; Qwen and Gemma files keep Hugging Face's (`crate::arch`).
-                let b = if config.arch.halves_rope() && module.rotary_rows() {
+                let b = if config.qk_halves && module.rotary_rows() {
                     let rows = p.b.len() / adapter.config.r;
                     crate::arch::pairs_to_halves(&p.b, rows / config.head_dim, config.head_dim, adapter.config.r)
                 } else {

@@ -146,7 +146,7 @@ fn every_architecture_matches_its_naive_forward_and_batches_exactly() {
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         let path = dir.path().join(format!("{}.gguf", arch.name()));
         write_tiny_arch_gguf(&path, arch);
-        let loaded = tandem_model::load_gguf(&path).unwrap();
+        let loaded = tandem_model::load(&path).unwrap();
         let (m, c) = (&loaded.model, loaded.model.config.clone());
         assert_eq!(c.arch, arch);
         let reference = naive_logits(&path, &tokens);
@@ -201,7 +201,7 @@ fn unknown_architectures_and_broken_shapes_are_errors() {
         gguf_file::write(&mut std::fs::File::create(&path).unwrap(), &refs, &[]).unwrap();
         path
     };
-    let err = |p: &Path| tandem_model::load_gguf(p).err().map(|e| e.to_string()).unwrap_or_default();
+    let err = |p: &Path| tandem_model::load(p).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err(&write("mamba", 4)).contains("architecture \"mamba\""), "{}", err(&write("mamba", 4)));
     // 4 query heads cannot share 3 key/value heads.
     assert!(err(&write("qwen3", 4)).contains("key/value heads"), "{}", err(&write("qwen3", 4)));

@@ -2,7 +2,7 @@
 
 use tandem_model::merge::{merge_to_gguf, merged_weight, MergeFormat};
 use tandem_model::peft::{self, AdapterConfig, Module, PairData};
-use tandem_model::{load_gguf, testing, GgufFile, KvCache, Logits, LoraAdapter, SeqInput};
+use tandem_model::{load, testing, GgufFile, KvCache, Logits, LoraAdapter, SeqInput};
 
 fn last_logits(model: &tandem_model::Llama, adapter: Option<&LoraAdapter>) -> Vec<f32> {
     let c = &model.config;
@@ -21,7 +21,7 @@ fn a_merged_file_holds_w_plus_ba_and_computes_what_base_plus_adapter_computes() 
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.gguf");
     testing::write_tiny_gguf(&base);
-    let loaded = load_gguf(&base).unwrap();
+    let loaded = load(&base).unwrap();
     let c = loaded.model.config.clone();
     let rank = 4;
     let pairs: Vec<[PairData; 7]> = (0..c.n_layer)
@@ -67,7 +67,7 @@ fn a_merged_file_holds_w_plus_ba_and_computes_what_base_plus_adapter_computes() 
     let adapter = LoraAdapter::load(&adapter_dir, &c).unwrap();
     let with_adapter = last_logits(&loaded.model, Some(&adapter));
     let base_only = last_logits(&loaded.model, None);
-    let merged_model = load_gguf(&merged).unwrap();
+    let merged_model = load(&merged).unwrap();
     let from_merged = last_logits(&merged_model.model, None);
     let (gap, effect) = (max_diff(&from_merged, &with_adapter), max_diff(&base_only, &with_adapter));
     assert!(gap * 10.0 < effect, "merged differs by {gap}, the adapter's effect is {effect}");
@@ -81,7 +81,7 @@ fn a_merged_file_holds_w_plus_ba_and_computes_what_base_plus_adapter_computes() 
     for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_up.weight", "output_norm.weight"] {
         assert_eq!(s.tensor_raw(name).unwrap().0, b.tensor_raw(name).unwrap().0, "{name}");
     }
-    let q4 = load_gguf(&same_types).unwrap();
+    let q4 = load(&same_types).unwrap();
     let from_q4 = last_logits(&q4.model, None);
     assert!(max_diff(&from_q4, &with_adapter) * 3.0 < effect, "Q4_1 merge drifts too far");
 
@@ -109,7 +109,7 @@ fn halves_order_architectures_merge_in_the_files_row_order() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base.gguf");
         testing::write_tiny_arch_gguf(&base, arch);
-        let loaded = load_gguf(&base).unwrap();
+        let loaded = load(&base).unwrap();
         let c = loaded.model.config.clone();
         let rank = 4;
         // Only q and k adapted: what the row order decides.
@@ -137,7 +137,7 @@ fn halves_order_architectures_merge_in_the_files_row_order() {
         let adapter = LoraAdapter::load(&adapter_dir, &c).unwrap();
         let with_adapter = last_logits(&loaded.model, Some(&adapter));
         let base_only = last_logits(&loaded.model, None);
-        let from_merged = last_logits(&load_gguf(&merged).unwrap().model, None);
+        let from_merged = last_logits(&load(&merged).unwrap().model, None);
         let (gap, effect) = (max_diff(&from_merged, &with_adapter), max_diff(&base_only, &with_adapter));
         eprintln!("{arch:?}: merged differs by {gap}, the adapter's effect is {effect}");
         // Correct: int8 requantisation noise (0.05-0.1 here); in Llama's row order: 0.8 (> effect).

@@ -110,7 +110,7 @@ fn top(logits: &[f32], k: usize) -> Vec<usize> {
 #[test]
 fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
     let path = model_path();
-    let loaded = tandem_model::load_gguf(&path).unwrap();
+    let loaded = tandem_model::load(&path).unwrap();
     let c = loaded.model.config.clone();
     // "The capital of France is" and a second, unrelated prompt.
     let a: Vec<u32> = vec![504, 3575, 282, 4649, 314];
@@ -162,7 +162,7 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
 #[test]
 fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
     use tandem_model::lora::{LoraAdapter, LoraLayer, LoraPair};
-    let loaded = tandem_model::load_gguf(&model_path()).unwrap();
+    let loaded = tandem_model::load(&model_path()).unwrap();
     let (m, c) = (&loaded.model, loaded.model.config.clone());
     let tokens: Vec<u32> = vec![504, 3575, 282, 4649, 314];
     let pair = |i: usize, o: usize, b: f32| {
@@ -216,7 +216,7 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
 #[test]
 fn kernels_are_exact_on_the_real_weights() {
     use tandem_model::kernels::{matmul, Q8Acts};
-    let loaded = tandem_model::load_gguf(&model_path()).unwrap();
+    let loaded = tandem_model::load(&model_path()).unwrap();
     let m = &loaded.model;
     let head = m.lm_head.as_ref().unwrap_or(&m.embed);
     let mut weights: Vec<(&str, &tandem_model::kernels::Weights)> = Vec::new();

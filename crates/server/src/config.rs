@@ -32,7 +32,7 @@ pub struct ServeArgs {
     /// Directory for the database, checkpoints and the first API key.
     #[arg(long, env = "TANDEM_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// GGUF file of a base model to serve; repeat for several.
+    /// Base model to serve, a GGUF file or a Hugging Face checkpoint directory; repeat for several.
     #[arg(long = "model", env = "TANDEM_MODEL", value_delimiter = ',')]
     pub models: Vec<PathBuf>,
     /// Id to serve each --model under, in the same order.
@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// when unset. It may not overlap the data directory.
     #[arg(long, env = "TANDEM_LORA_ROOT")]
     pub lora_root: Option<PathBuf>,
+    /// How weight matrices not stored as Q4_1 are kept: `q8_0` (int8 blocks of 32, the default)
+    /// or `q4_1` (half the memory).
+    #[arg(long, env = "TANDEM_QUANTIZE")]
+    pub quantize: Option<String>,
 }
 
 /// One base model to serve.
@@ -115,6 +119,7 @@ pub struct ServeConfig {
     pub prefix_cache_tokens: Option<usize>,
     pub job_max_attempts: i64,
     pub lora_root: Option<PathBuf>,
+    pub quantize: tandem_model::Quantize,
 }
 
 impl ServeConfig {
@@ -171,6 +176,11 @@ impl ServeConfig {
             prefix_cache_tokens: args.prefix_cache_tokens.or(file.prefix_cache_tokens),
             job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
             lora_root: args.lora_root.or(file.lora_root),
+            quantize: match args.quantize.or(file.quantize) {
+                None => tandem_model::Quantize::default(),
+                Some(q) => tandem_model::Quantize::parse(&q)
+                    .ok_or_else(|| anyhow::anyhow!("--quantize {q:?}: expected q8_0 or q4_1"))?,
+            },
         })
     }
 }
@@ -179,9 +189,11 @@ fn non_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
     (!v.is_empty()).then_some(v)
 }
 
-/// The bundled SmolLM2 GGUF is served under its Hugging Face id; any other file under its stem.
+/// The bundled SmolLM2 GGUF is served under its Hugging Face id; any other file under its stem,
+/// a checkpoint directory under its name.
 fn default_model_id(path: &Path) -> String {
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = if path.is_dir() { path.file_name() } else { path.file_stem() };
+    let stem = name.map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     if stem.to_ascii_lowercase().starts_with("smollm2-135m-instruct") {
         BUNDLED_MODEL_ID.to_string()
     } else {

@@ -33,7 +33,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         step_tokens: config.max_num_batched_tokens.unwrap_or(defaults.step_tokens),
         prefix_cache_tokens: config.prefix_cache_tokens.unwrap_or(defaults.prefix_cache_tokens),
     };
-    let models = config.models.clone();
+    let (models, quantize) = (config.models.clone(), config.quantize);
     let started = std::time::Instant::now();
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
         let mut engine = Engine::new();
@@ -42,7 +42,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         engine.set_template_jail(TemplateJail::new(exe, vec![crate::RENDER_TEMPLATE.to_string()]));
         for m in &models {
             engine
-                .add_gguf(&m.id, &m.path, engine_config.clone())
+                .add_path(&m.id, &m.path, quantize, engine_config.clone())
                 .with_context(|| format!("loading {}", m.path.display()))?;
         }
         Ok(engine)

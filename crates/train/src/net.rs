@@ -16,11 +16,11 @@ use crate::ops::{Frozen, HeadInt8, HeadLogprob, HeadWeights, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
-use tandem_model::gguf::GgufFile;
 use tandem_model::kernels::{Q8Matrix, Weights, QK};
 use tandem_model::llama::RopeTable;
 use tandem_model::peft::{AdapterConfig, Module};
 use tandem_model::LlamaConfig;
+use tandem_model::{Loader, Quantize, WeightSource};
 
 type Res<T> = candle_core::Result<T>;
 
@@ -68,12 +68,15 @@ impl Base {
     }
 
     fn load_with(path: &std::path::Path, int8: bool) -> Result<Self, String> {
-        let mut f = GgufFile::open(path).map_err(|e| e.to_string())?;
+        let mut f = WeightSource::open(path).map_err(|e| e.to_string())?;
         let config = f.llama_config().map_err(|e| e.to_string())?;
         let dev = Device::Cpu;
         let tied = !f.has_tensor("output.weight");
         // A second handle for the served (quantised) matrices, while `t` borrows the first.
-        let mut f2 = GgufFile::open(path).map_err(|e| e.to_string())?;
+        let mut f2 = WeightSource::open(path).map_err(|e| e.to_string())?;
+        // The int8 frozen products use the inference kernels on the default `--quantize` (q8_0);
+        // a server run with q4_1 trains on q8_0 copies (close, not bit-equal, logprobs).
+        let f2 = &mut Loader { source: &mut f2, quantize: Quantize::default() };
         let mut t = |name: &str| -> Result<Tensor, String> {
             // Dims outermost first: weights are (out, in); q/k rows in the internal order.
             let (data, dims) = tandem_model::layer_f32(&mut f, &config, name).map_err(|e| e.to_string())?;
@@ -94,7 +97,7 @@ impl Base {
                 }
             }
             let et = Q8Matrix::from_f32(&et, hd, vp).lanes_only();
-            let e = tandem_model::matrix(&mut f2, head_name, v, hd).map_err(|e| e.to_string())?.lanes_only();
+            let e = tandem_model::matrix(f2, head_name, v, hd).map_err(|e| e.to_string())?.lanes_only();
             HeadWeights::Int8(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
         } else {
             HeadWeights::F32(head)
@@ -104,7 +107,7 @@ impl Base {
         let embed = match (&head, tied) {
             (HeadWeights::Int8(h), true) => Embedding::Quantized(h.e.clone()),
             (HeadWeights::Int8(_), false) => Embedding::Quantized(Arc::new(
-                tandem_model::matrix(&mut f2, "token_embd.weight", v, hd).map_err(|e| e.to_string())?.lanes_only(),
+                tandem_model::matrix(f2, "token_embd.weight", v, hd).map_err(|e| e.to_string())?.lanes_only(),
             )),
             (HeadWeights::F32(_), _) => Embedding::F32(embed),
         };
@@ -119,7 +122,7 @@ impl Base {
                 w.push(if int8 && out % QK == 0 && inp % QK == 0 {
                     let wt = dense.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
                     let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out).lanes_only();
-                    let served = tandem_model::layer_matrix(&mut f2, &config, &name, out, inp)
+                    let served = tandem_model::layer_matrix(f2, &config, &name, out, inp)
                         .map_err(|e| e.to_string())?
                         .lanes_only();
                     Frozen::Int8 { w: Arc::new(served), wt: Arc::new(Weights::Q8(wt)) }

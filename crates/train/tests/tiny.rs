@@ -88,7 +88,7 @@ fn training_forward_agrees_for(arch: Arch) {
     let r = row(&a, &b);
     let ours = forward(&base, &lora, &r).unwrap().logprobs.to_vec1::<f32>().unwrap();
 
-    let model = tandem_model::load_gguf(&path).unwrap().model;
+    let model = tandem_model::load(&path).unwrap().model;
     let (mut k, mut diffs) = (0, Vec::new());
     for seq in [&a, &b] {
         let mut cache = KvCache::new(model.config.n_layer, model.config.kv_dim());

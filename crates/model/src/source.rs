@@ -1,0 +1,64 @@
+//! Where a model's weights come from: a GGUF file or a Hugging Face checkpoint directory, asked
+//! for tensors by their GGUF names either way (`hf` maps the names and conventions).
+
+use crate::gguf::GgufFile;
+use crate::hf::HfDir;
+use crate::{LlamaConfig, ModelError, TokenizerMeta};
+use candle_core::quantized::GgmlDType;
+use std::path::Path;
+
+pub enum WeightSource {
+    Gguf(GgufFile),
+    Hf(Box<HfDir>),
+}
+
+impl WeightSource {
+    /// A directory is a Hugging Face checkpoint; a file is GGUF.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            Ok(WeightSource::Hf(Box::new(HfDir::open(path)?)))
+        } else {
+            Ok(WeightSource::Gguf(GgufFile::open(path)?))
+        }
+    }
+
+    pub fn llama_config(&self) -> Result<LlamaConfig, ModelError> {
+        match self {
+            WeightSource::Gguf(f) => f.llama_config(),
+            WeightSource::Hf(d) => Ok(d.config().clone()),
+        }
+    }
+
+    pub fn tokenizer_meta(&self) -> Result<TokenizerMeta, ModelError> {
+        match self {
+            WeightSource::Gguf(f) => Ok(f.tokenizer_meta()),
+            WeightSource::Hf(d) => d.tokenizer_meta(),
+        }
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        match self {
+            WeightSource::Gguf(f) => f.has_tensor(name),
+            WeightSource::Hf(d) => d.has_tensor(name),
+        }
+    }
+
+    /// A tensor dequantised to f32, with its dims (outermost first; weights are (out, in)).
+    pub fn tensor_f32(&mut self, name: &str) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
+        match self {
+            WeightSource::Gguf(f) => f.tensor_f32(name),
+            WeightSource::Hf(d) => d.tensor_f32(name),
+        }
+    }
+
+    /// A GGUF tensor's raw Q4_1 blocks, which the kernels use as stored; `None` for anything else.
+    pub fn q4_1_bytes(&mut self, name: &str) -> Result<Option<Vec<u8>>, ModelError> {
+        match self {
+            WeightSource::Gguf(f) => match f.tensor_raw(name)? {
+                (GgmlDType::Q4_1, raw) => Ok(Some(raw)),
+                _ => Ok(None),
+            },
+            WeightSource::Hf(_) => Ok(None),
+        }
+    }
+}
