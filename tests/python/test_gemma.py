@@ -111,9 +111,11 @@ def structured(server):
                                                "confidence": {"type": "integer"}},
               "required": ["answer", "confidence"], "additionalProperties": False}
     reply = client(server).chat.completions.create(
-        model=MODEL, messages=ask("Is the sky blue? Answer in JSON."), temperature=1.0, max_tokens=40, n=3, seed=5,
+        model=MODEL, messages=ask("Is the sky blue? Answer in JSON."), temperature=1.0, max_tokens=100, n=3, seed=5,
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
     for choice in reply.choices:
+        # A choice cut by max_tokens is a valid prefix, not a whole value: only finished ones parse.
+        check(choice.finish_reason == "stop", f"not finished in 100 tokens: {choice.message.content!r}")
         value = json.loads(choice.message.content)
         check(value["answer"] in ("yes", "no") and isinstance(value["confidence"], int), f"{value}")
     print(f"     e.g. {reply.choices[0].message.content}")

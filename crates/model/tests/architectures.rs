@@ -6,7 +6,7 @@
 //! checked against something that shares none of that code.
 
 use std::path::Path;
-use tandem_model::testing::{write_tiny_arch_gguf, TINY_WINDOW};
+use tandem_model::testing::write_tiny_arch_gguf;
 use tandem_model::{Arch, GgufFile, KvCache, Logits, SeqInput};
 
 fn matvec(w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
@@ -44,6 +44,7 @@ fn naive_logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
     let c = f.llama_config().unwrap();
     let arch = c.arch;
     let gemma = arch == Arch::Gemma3;
+    let window = f.metadata().get("gemma3.attention.sliding_window").map(|v| v.to_u32().unwrap() as usize);
     let (hd, nh, nkv, h) = (c.head_dim, c.n_head, c.n_kv_head, c.hidden);
     let mut t = |name: &str| f.tensor_f32(name).ok().map(|t| t.0);
     let embed = t("token_embd.weight").unwrap();
@@ -94,7 +95,7 @@ fn naive_logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
             vs.push(v);
         }
         for pos in 0..xs.len() {
-            let first = if sliding { (pos + 1).saturating_sub(TINY_WINDOW as usize) } else { 0 };
+            let first = if sliding { (pos + 1).saturating_sub(window.unwrap()) } else { 0 };
             let mut att = vec![0f32; nh * hd];
             for head in 0..nh {
                 let kh = head / (nh / nkv);
@@ -206,4 +207,40 @@ fn unknown_architectures_and_broken_shapes_are_errors() {
     // 4 query heads cannot share 3 key/value heads.
     assert!(err(&write("qwen3", 4)).contains("key/value heads"), "{}", err(&write("qwen3", 4)));
     assert!(err(&write("qwen3", 0)).contains("heads"));
+}
+
+/// The real Gemma 3 270M (`make model-gemma`), when present: the served forward against the
+/// naive one on the same file. Skipped, saying so, when the file is missing.
+#[test]
+fn gemma3_270m_matches_its_naive_forward() {
+    let path = std::env::var_os("TANDEM_TEST_GEMMA").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf")
+    });
+    if !path.is_file() {
+        eprintln!("SKIPPED: {} is missing (make model-gemma)", path.display());
+        return;
+    }
+    // <bos>The capital of France is
+    let tokens: Vec<u32> = vec![2, 818, 5279, 529, 7001, 563];
+    let reference = naive_logits(&path, &tokens);
+    let loaded = tandem_model::load(&path).unwrap();
+    let m = &loaded.model;
+    let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
+    let ours = m
+        .forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: None, logits: Logits::Last }])
+        .unwrap()[0][0]
+        .clone();
+    let lse = |v: &[f32]| {
+        let m = v.iter().cloned().fold(f32::MIN, f32::max);
+        m + v.iter().map(|x| (x - m).exp()).sum::<f32>().ln()
+    };
+    let (lr, lo) = (lse(&reference), lse(&ours));
+    let mut top: Vec<usize> = (0..reference.len()).collect();
+    top.sort_by(|a, b| reference[*b].total_cmp(&reference[*a]));
+    for &t in &top[..5] {
+        eprintln!("token {t}: reference logprob {:.3}, ours {:.3}", reference[t] - lr, ours[t] - lo);
+    }
+    let worst = top[..20].iter().map(|&t| ((reference[t] - lr) - (ours[t] - lo)).abs()).fold(0f32, f32::max);
+    assert_eq!(top[0], (0..ours.len()).max_by(|a, b| ours[*a].total_cmp(&ours[*b])).unwrap());
+    assert!(worst < 0.15, "the 20 likeliest tokens' logprobs differ by up to {worst}");
 }
