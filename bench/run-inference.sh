@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Inference benchmark, tandem vs llama.cpp's server, same GGUF, 2 threads each, one run.
+# Inference benchmark, tandem vs llama.cpp's server, same GGUF (MODEL=..., default SmolLM2), 2 threads each,
+# one run, then the first greedy tokens of a few prompts compared (bench/greedy_match.py).
 # Builds llama.cpp once (from the source vendored in the llama-cpp-python sdist on PyPI, since
 # Debian has no package) into target/llama, builds tandem in release, starts both on loopback,
 # runs bench/inference.py against them and stops them. Prints medians and tandem/llama.cpp ratios.
@@ -23,3 +24,5 @@ trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8101 && wait_healthy 8102
 python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
+# The first greedy tokens of a few prompts, side by side (docs/benchmarks.md: where they part).
+python3 bench/greedy_match.py http://127.0.0.1:8101 http://127.0.0.1:8102 --key bench

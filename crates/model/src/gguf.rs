@@ -107,6 +107,11 @@ impl GgufFile {
             Some(Value::Array(t)) => t.len(),
             _ => self.u32(&key("vocab_size"))? as usize,
         };
+        // Llama 3.1's scaling comes as `rope_freqs.weight` (applied); the others would be
+        // served wrong, so they are refused.
+        if let Some(kind) = self.string(&key("rope.scaling.type")).filter(|k| k != "none") {
+            return Err(ModelError::Unsupported(format!("RoPE scaling {kind:?} (only Llama 3's rope_freqs)")));
+        }
         let sliding = match (arch, self.opt_u32(&key("attention.sliding_window"))) {
             (Arch::Gemma3, Some(w)) if w > 0 => Some(SlidingWindow::gemma3(w as usize)),
             _ => None,
@@ -129,9 +134,26 @@ impl GgufFile {
             embed_scale: (arch == Arch::Gemma3).then(|| (hidden as f32).sqrt()),
             sliding,
             qk_halves: arch.halves_rope(),
+            rope_freq_factors: None,
         };
         config.check()?;
         Ok(config)
+    }
+
+    /// `rope_freqs.weight` (Llama 3.1+), checked against the config; `None` when absent.
+    pub fn rope_freq_factors(&mut self, c: &LlamaConfig) -> Result<Option<Vec<f32>>, ModelError> {
+        if !self.has_tensor("rope_freqs.weight") {
+            return Ok(None);
+        }
+        let (f, _) = self.tensor_f32("rope_freqs.weight")?;
+        if f.len() != c.head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            return Err(ModelError::Gguf(format!(
+                "rope_freqs.weight: {} values, not {} positive ones",
+                f.len(),
+                c.head_dim / 2
+            )));
+        }
+        Ok(Some(f))
     }
 
     pub fn tokenizer_meta(&self) -> TokenizerMeta {

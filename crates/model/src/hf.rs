@@ -286,11 +286,23 @@ fn config_from_json(c: &Value) -> Result<LlamaConfig, String> {
     let num = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as usize);
     let float = |k: &str| c.get(k).and_then(Value::as_f64).map(|v| v as f32);
     let need = |k: &str| num(k).ok_or_else(|| format!("config.json has no {k}"));
-    if let Some(scaling) = c.get("rope_scaling").filter(|v| !v.is_null()) {
-        return Err(format!("rope_scaling {scaling} is not supported yet"));
-    }
     let (hidden, n_head) = (need("hidden_size")?, need("num_attention_heads")?);
     let head_dim = num("head_dim").unwrap_or(hidden / n_head.max(1));
+    let rope_base = float("rope_theta").unwrap_or(10_000.0);
+    let rope_freq_factors = match c.get("rope_scaling").filter(|v| !v.is_null()) {
+        None => None,
+        Some(s) if s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str) == Some("llama3") => {
+            let f = |k: &str| s.get(k).and_then(Value::as_f64).ok_or_else(|| format!("rope_scaling has no {k}"));
+            let scaling = Llama3Scaling {
+                factor: f("factor")?,
+                low_freq_factor: f("low_freq_factor")?,
+                high_freq_factor: f("high_freq_factor")?,
+                original_context: f("original_max_position_embeddings")?,
+            };
+            Some(scaling.factors(rope_base as f64, head_dim))
+        }
+        Some(other) => return Err(format!("rope_scaling {other} is not supported (only llama3)")),
+    };
     let sliding = match (arch, num("sliding_window")) {
         (Arch::Gemma3, Some(w)) if w > 0 => {
             let mut s = SlidingWindow::gemma3(w);
@@ -320,7 +332,7 @@ fn config_from_json(c: &Value) -> Result<LlamaConfig, String> {
         n_head,
         n_kv_head: num("num_key_value_heads").unwrap_or(n_head),
         head_dim,
-        rope_base: float("rope_theta").unwrap_or(10_000.0),
+        rope_base,
         rms_eps: float("rms_norm_eps").unwrap_or(1e-6),
         vocab: need("vocab_size")?,
         context_len: num("max_position_embeddings").unwrap_or(2048),
@@ -328,7 +340,61 @@ fn config_from_json(c: &Value) -> Result<LlamaConfig, String> {
         embed_scale: (arch == Arch::Gemma3).then(|| (hidden as f32).sqrt()),
         sliding,
         qk_halves: true,
+        rope_freq_factors,
     };
     config.check().map_err(|e| e.to_string())?;
     Ok(config)
+}
+
+/// Llama 3.1's RoPE scaling: long wavelengths slowed by `factor`, short ones kept, a smooth
+/// blend between (Meta's formula, as Hugging Face's `rope_type: llama3` computes it).
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_context: f64,
+}
+
+impl Llama3Scaling {
+    /// Per-pair divisors of the frequencies (what llama.cpp's converter stores as `rope_freqs`).
+    pub fn factors(&self, base: f64, head_dim: usize) -> Vec<f32> {
+        let (low_wavelen, high_wavelen) =
+            (self.original_context / self.low_freq_factor, self.original_context / self.high_freq_factor);
+        (0..head_dim / 2)
+            .map(|i| {
+                let inv_freq = 1.0 / base.powf(2.0 * i as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+                let scaled = if wavelen < high_wavelen {
+                    inv_freq
+                } else if wavelen > low_wavelen {
+                    inv_freq / self.factor
+                } else {
+                    let smooth = (self.original_context / wavelen - self.low_freq_factor)
+                        / (self.high_freq_factor - self.low_freq_factor);
+                    (1.0 - smooth) * inv_freq / self.factor + smooth * inv_freq
+                };
+                (inv_freq / scaled) as f32
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama 3.2's numbers (factor 32, low 1, high 4, original 8192, base 500,000, head 64): the
+    /// fastest pairs keep their frequency, the slowest are divided by 32, one in between blends.
+    #[test]
+    fn llama3_scaling_by_hand() {
+        let s = Llama3Scaling { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192.0 };
+        let f = s.factors(500_000.0, 64);
+        assert_eq!(f.len(), 32);
+        assert_eq!(f[0], 1.0); // wavelength 2 pi < 2048
+        assert!((f[31] - 32.0).abs() < 1e-5); // wavelength ~ 2.1e6 > 8192
+                                              // Pair 16: inv_freq = 500000^-0.5 = 1.4142e-3, wavelength 4442.9 (between 2048 and 8192):
+                                              // smooth = (8192 / 4442.9 - 1) / 3 = 0.28128; scaled = (0.71872 / 32 + 0.28128) inv_freq,
+                                              // so the divisor is 1 / 0.30374 = 3.2923.
+        assert!((f[16] - 3.2923).abs() < 1e-3, "{}", f[16]);
+    }
 }

@@ -35,6 +35,9 @@ pub struct LlamaConfig {
     /// Whether the source keeps q/k rows in Hugging Face's halves order (every architecture's
     /// safetensors, and GGUF files of all but Llama), permuted at load (`crate::arch`).
     pub qk_halves: bool,
+    /// Per-pair divisors of the RoPE frequencies (Llama 3.1+'s `llama3` scaling: GGUF
+    /// `rope_freqs.weight`, or computed from a Hugging Face `rope_scaling`).
+    pub rope_freq_factors: Option<Vec<f32>>,
 }
 
 impl LlamaConfig {
@@ -75,6 +78,7 @@ impl LlamaConfig {
             embed_scale: None,
             sliding: None,
             qk_halves: false,
+            rope_freq_factors: None,
         }
     }
 
@@ -142,12 +146,26 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(base: f32, head_dim: usize, positions: usize) -> Self {
+    /// The table of the model's global layers (its frequency factors apply there).
+    pub fn global(c: &LlamaConfig) -> Self {
+        Self::new(c.rope_base, c.head_dim, c.context_len, c.rope_freq_factors.as_deref())
+    }
+
+    /// The table of its sliding layers, where their base differs.
+    pub fn sliding(c: &LlamaConfig) -> Option<Self> {
+        c.sliding
+            .filter(|w| w.rope_base != c.rope_base)
+            .map(|w| Self::new(w.rope_base, c.head_dim, c.context_len, None))
+    }
+
+    /// Pair i of position p turns by `p * base^(-2i / head_dim) / factors[i]`.
+    pub fn new(base: f32, head_dim: usize, positions: usize, factors: Option<&[f32]>) -> Self {
         let half = head_dim / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(positions * half), Vec::with_capacity(positions * half));
         for pos in 0..positions {
             for i in 0..half {
-                let inv_freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let factor = factors.and_then(|f| f.get(i)).map_or(1.0, |f| *f as f64);
+                let inv_freq = 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64) / factor;
                 let (s, c) = (pos as f64 * inv_freq).sin_cos();
                 cos.push(c as f32);
                 sin.push(s as f32);
@@ -202,11 +220,7 @@ impl Llama {
         out_norm: Vec<f32>,
         lm_head: Option<Weights>,
     ) -> Self {
-        let rope = RopeTable::new(config.rope_base, config.head_dim, config.context_len);
-        let rope_swa = config
-            .sliding
-            .filter(|w| w.rope_base != config.rope_base)
-            .map(|w| RopeTable::new(w.rope_base, config.head_dim, config.context_len));
+        let (rope, rope_swa) = (RopeTable::global(&config), RopeTable::sliding(&config));
         Llama { config, embed, layers, out_norm, lm_head, rope, rope_swa }
     }
 

@@ -22,9 +22,13 @@ impl WeightSource {
         }
     }
 
-    pub fn llama_config(&self) -> Result<LlamaConfig, ModelError> {
+    pub fn llama_config(&mut self) -> Result<LlamaConfig, ModelError> {
         match self {
-            WeightSource::Gguf(f) => f.llama_config(),
+            WeightSource::Gguf(f) => {
+                let mut c = f.llama_config()?;
+                c.rope_freq_factors = f.rope_freq_factors(&c)?;
+                Ok(c)
+            }
             WeightSource::Hf(d) => Ok(d.config().clone()),
         }
     }

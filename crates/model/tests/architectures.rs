@@ -19,11 +19,13 @@ fn rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     x.iter().zip(w).map(|(v, g)| v / (ms + eps).sqrt() * g).collect()
 }
 
-/// Rotates each head of `v`: Llama's files pair (2i, 2i+1), the others (i, i + half).
-fn rope(v: &mut [f32], hd: usize, pos: usize, base: f32, adjacent: bool) {
+/// Rotates each head of `v`: Llama's files pair (2i, 2i+1), the others (i, i + half); a file's
+/// `rope_freqs` divide the frequencies.
+fn rope(v: &mut [f32], hd: usize, pos: usize, base: f32, adjacent: bool, freqs: Option<&[f32]>) {
     for head in v.chunks_mut(hd) {
         for i in 0..hd / 2 {
-            let theta = pos as f64 / (base as f64).powf(2.0 * i as f64 / hd as f64);
+            let factor = freqs.map_or(1.0, |f| f[i] as f64);
+            let theta = pos as f64 / (base as f64).powf(2.0 * i as f64 / hd as f64) / factor;
             let (s, c) = (theta.sin() as f32, theta.cos() as f32);
             let (ia, ib) = if adjacent { (2 * i, 2 * i + 1) } else { (i, i + hd / 2) };
             let (a, b) = (head[ia], head[ib]);
@@ -48,6 +50,7 @@ fn naive_logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
     let (hd, nh, nkv, h) = (c.head_dim, c.n_head, c.n_kv_head, c.hidden);
     let mut t = |name: &str| f.tensor_f32(name).ok().map(|t| t.0);
     let embed = t("token_embd.weight").unwrap();
+    let freqs = t("rope_freqs.weight");
     let embed_scale = if gemma { (h as f32).sqrt() } else { 1.0 };
     let mut xs: Vec<Vec<f32>> = tokens
         .iter()
@@ -67,6 +70,7 @@ fn naive_logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
         assert_eq!(pa.is_some(), gemma, "layer {l}: post norms");
         // Gemma 3: five sliding layers with RoPE base 10,000, then a global one.
         let sliding = gemma && (l + 1) % 6 != 0;
+        let layer_freqs = if sliding { None } else { freqs.as_deref() };
         let base = if sliding { 10_000.0 } else { c.rope_base };
         let add = |v: &mut Vec<f32>, b: &Option<Vec<f32>>| {
             if let Some(b) = b {
@@ -88,8 +92,8 @@ fn naive_logits(path: &Path, tokens: &[u32]) -> Vec<f32> {
             add(&mut v, &bv);
             head_norm(&mut q, &qn);
             head_norm(&mut k, &kn);
-            rope(&mut q, hd, pos, base, arch == Arch::Llama);
-            rope(&mut k, hd, pos, base, arch == Arch::Llama);
+            rope(&mut q, hd, pos, base, arch == Arch::Llama, layer_freqs);
+            rope(&mut k, hd, pos, base, arch == Arch::Llama, layer_freqs);
             qs.push(q);
             ks.push(k);
             vs.push(v);
@@ -243,4 +247,43 @@ fn gemma3_270m_matches_its_naive_forward() {
     let worst = top[..20].iter().map(|&t| ((reference[t] - lr) - (ours[t] - lo)).abs()).fold(0f32, f32::max);
     assert_eq!(top[0], (0..ours.len()).max_by(|a, b| ours[*a].total_cmp(&ours[*b])).unwrap());
     assert!(worst < 0.15, "the 20 likeliest tokens' logprobs differ by up to {worst}");
+}
+
+/// Llama 3.1+ GGUFs carry `rope_freqs.weight`, per-pair divisors of the RoPE frequencies: the
+/// tiny Llama rewritten with one must match the reference that applies them, and differ from
+/// the model without.
+#[test]
+fn rope_frequency_factors_of_a_gguf_are_applied() {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, scaled) = (dir.path().join("plain.gguf"), dir.path().join("scaled.gguf"));
+    write_tiny_arch_gguf(&plain, Arch::Llama);
+    let mut reader = std::io::BufReader::new(std::fs::File::open(&plain).unwrap());
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let mut tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|n| (n.clone(), content.tensor(&mut reader, n, &candle_core::Device::Cpu).unwrap()))
+        .collect();
+    let hd = tandem_model::testing::HIDDEN / tandem_model::testing::HEADS;
+    let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + i as f32).collect();
+    let t = candle_core::Tensor::from_vec(factors, hd / 2, &candle_core::Device::Cpu).unwrap();
+    tensors.push(("rope_freqs.weight".into(), QTensor::quantize(&t, GgmlDType::F32).unwrap()));
+    let meta: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut std::fs::File::create(&scaled).unwrap(), &meta, &refs).unwrap();
+
+    let tokens: Vec<u32> = vec![72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 256];
+    let last = |path: &Path| {
+        let m = tandem_model::load(path).unwrap().model;
+        let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
+        m.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: None, logits: Logits::Last }]).unwrap()
+            [0][0]
+            .clone()
+    };
+    let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let (ours, reference) = (last(&scaled), naive_logits(&scaled, &tokens));
+    let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(diff(&ours, &reference) < 0.08 * scale, "{} of {scale}", diff(&ours, &reference));
+    assert!(diff(&ours, &last(&plain)) > 0.1 * scale, "the factors changed nothing");
 }

@@ -156,11 +156,7 @@ impl Base {
             });
         }
         let out_norm = vector(t("output_norm.weight")?)?;
-        let rope = RopeTable::new(config.rope_base, config.head_dim, config.context_len);
-        let rope_swa = config
-            .sliding
-            .filter(|w| w.rope_base != config.rope_base)
-            .map(|w| RopeTable::new(w.rope_base, config.head_dim, config.context_len));
+        let (rope, rope_swa) = (RopeTable::global(&config), RopeTable::sliding(&config));
         Ok(Base { config, embed, head, layers, out_norm, rope, rope_swa })
     }
 
