@@ -66,7 +66,7 @@ class Server:
         self.kill9()
 
     def api(self, method, path, body=None, key=None, timeout=300, raw_body=None, headers=None):
-        """(status, parsed JSON, text or, for an archive, bytes, response headers) of a direct request."""
+        """(status, parsed JSON, text or, for an archive or a file, bytes, response headers) of a direct request."""
         data = raw_body if raw_body is not None else (None if body is None else json.dumps(body).encode())
         h = {"Content-Type": "application/json"}
         if key is not False:
@@ -78,7 +78,7 @@ class Server:
                 status, raw, hdrs = r.status, r.read(), r.headers
         except urllib.error.HTTPError as e:
             status, raw, hdrs = e.code, e.read(), e.headers
-        if hdrs.get("content-type", "").startswith("application/x-tar"):
+        if hdrs.get("content-type", "").startswith(("application/x-tar", "application/octet-stream")):
             return status, raw, hdrs
         try:
             return status, json.loads(raw), hdrs

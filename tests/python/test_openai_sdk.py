@@ -396,6 +396,12 @@ def a_checkpoint_merges_into_a_gguf_that_answers_as_the_checkpoint(client, serve
                               "--merged", out + ".x", "--base", server.model_path], capture_output=True, text=True)
     assert missing.returncode != 0 and "no live checkpoint at step 9" in missing.stderr, missing.stderr
     assert not os.path.exists(out + ".x")
+    # The API's merged download is the same file, byte for byte, in both formats.
+    for path, fmt in [(out, "base"), (f32_out, "f32")]:
+        status, body, headers = server.api("GET", f"/v1/preview/models/{model_id}/checkpoints/1/merged?format={fmt}")
+        assert status == 200 and headers.get("content-type") == "application/octet-stream", (status, headers)
+        with open(path, "rb") as f:
+            assert body == f.read(), f"the {fmt} download differs from `tandem export`"
 
 
 @check

@@ -164,3 +164,55 @@ async fn an_uploaded_adapter_is_the_next_checkpoint_served_at_once_and_a_refused
     let steps: Vec<i64> = listed["data"].as_array().unwrap().iter().map(|c| c["step"].as_i64().unwrap()).collect();
     assert_eq!(steps, [1, 2]);
 }
+
+/// `GET .../checkpoints/{step}/merged`: the served base's merge of the checkpoint, streamed as
+/// one file, entity-scoped; nothing of it stays on disk.
+#[tokio::test]
+async fn a_checkpoint_downloads_merged_into_its_base() {
+    let fake = common::fake::Fake::new();
+    let app = test_app_serving(
+        tandem_api::Limits::default(),
+        Some(std::sync::Arc::new(common::fake::FakeBackend(fake.clone()))),
+    )
+    .await;
+    let m = app.create_model(KEY_A, "agent").await;
+    let id = m["id"].as_str().unwrap();
+    add_checkpoint(&app, Uuid::parse_str(id).unwrap(), 1).await;
+    let url = format!("/v1/preview/models/{id}/checkpoints/1/merged");
+    let r = app.raw("GET", &url, Some(KEY_A), None).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "application/octet-stream");
+    assert_eq!(r.headers["content-disposition"], "attachment; filename=\"proj-agent-step1.gguf\"");
+    assert_eq!(r.headers["content-length"], (3 << 20).to_string().as_str());
+    assert_eq!(r.bytes.len(), 3 << 20);
+    assert!(r.bytes.starts_with(b"GGUF base {}"), "{:?}", String::from_utf8_lossy(&r.bytes[..20]));
+    let r = app.raw("GET", &format!("{url}?format=q8_0"), Some(KEY_A), None).await;
+    assert!(r.status == 200 && r.bytes.starts_with(b"GGUF q8_0"));
+    // The temporary file went with the response.
+    let leftovers: Vec<_> = std::fs::read_dir(app.checkpoints.root())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".merge-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // An unknown format, a format the base cannot give, another entity, a step not live.
+    let bad = app.raw("GET", &format!("{url}?format=q4_k"), Some(KEY_A), None).await;
+    assert_eq!(bad.status, 422);
+    assert_eq!(bad.json()["detail"][0]["loc"], serde_json::json!(["query", "format"]));
+    assert_eq!(app.raw("GET", &format!("{url}?format=f16"), Some(KEY_A), None).await.status, 409);
+    assert_eq!(app.raw("GET", &url, Some(KEY_B), None).await.status, 404);
+    let none = format!("/v1/preview/models/{id}/checkpoints/2/merged");
+    assert_eq!(app.raw("GET", &none, Some(KEY_A), None).await.status, 404);
+}
+
+/// Without the base model served (this app serves none), there is nothing to merge into.
+#[tokio::test]
+async fn a_merged_export_needs_the_base_model_served() {
+    let app = test_app().await;
+    let m = app.create_model(KEY_A, "agent").await;
+    let id = m["id"].as_str().unwrap();
+    add_checkpoint(&app, Uuid::parse_str(id).unwrap(), 1).await;
+    let r = app.raw("GET", &format!("/v1/preview/models/{id}/checkpoints/1/merged"), Some(KEY_A), None).await;
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.bytes));
+}

@@ -8,6 +8,7 @@
 //! [`InferEvent`]s on a channel, and dropping the receiver cancels the request.
 
 use std::any::Any;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -415,6 +416,29 @@ pub trait ServedModel: Send + Sync + 'static {
     fn load_adapter(&self, adapter: &AdapterRef) -> Result<(), String>;
     /// Queues a prepared request. Never blocks.
     fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError>;
+    /// Writes this base model with the adapter of `adapter_dir` merged into `out`, a GGUF file
+    /// whose weight matrices take `format` ([`MERGE_FORMATS`]). Blocking, and long: seconds per
+    /// hundred MB of model.
+    fn export_merged(&self, adapter_dir: &Path, out: &Path, format: &str) -> Result<(), ExportError> {
+        let _ = (adapter_dir, out, format);
+        Err(ExportError::Unsupported("this model cannot be exported merged".into()))
+    }
+}
+
+/// The `format` values of a merged export: `base` (each tensor keeps its type), `f32`, `f16`,
+/// `q8_0`.
+pub const MERGE_FORMATS: [&str; 4] = ["base", "f32", "f16", "q8_0"];
+
+/// Why a merged export failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExportError {
+    /// The request cannot be met for this model (its base is not a GGUF file, the adapter does
+    /// not fit it): a 409.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Reading or writing failed: a 500.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// A served model as handlers hold it.

@@ -9,10 +9,12 @@ use crate::template::jail::{JailJob, TemplateJail};
 use crate::template::{ChatTemplate, RenderInputs};
 use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tandem_core::chat::ChatMessage;
 use tandem_core::inference::{
+    ExportError,
     AdapterRef, BaseModelInfo, ChatRender, GenerateRequest, InferEvent, InputError, ServedModel, SubmitError,
     ValidRequest,
 };
@@ -309,6 +311,24 @@ impl ServedModel for Served {
         })?;
         self.shared.adapters.insert(&a.checkpoint_id, Arc::new(adapter));
         Ok(())
+    }
+
+    fn export_merged(&self, adapter_dir: &Path, out: &Path, format: &str) -> Result<(), ExportError> {
+        use tandem_model::merge::{merge_to_gguf, MergeFormat};
+        use tandem_model::ModelError;
+        let format =
+            MergeFormat::parse(format).ok_or_else(|| ExportError::Unsupported(format!("format {format:?}")))?;
+        let base = Path::new(&self.info.path);
+        if !base.is_file() {
+            return Err(ExportError::Unsupported(format!(
+                "{} is served from a checkpoint directory; merged exports are written from a GGUF base",
+                self.info.id
+            )));
+        }
+        merge_to_gguf(base, adapter_dir, out, format).map(|_| ()).map_err(|e| match e {
+            ModelError::Unsupported(m) | ModelError::Adapter(m) => ExportError::Unsupported(m),
+            other => ExportError::Failed(other.to_string()),
+        })
     }
 
     fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {

@@ -11,7 +11,7 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::Json;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use tandem_core::records::Checkpoint;
+use tandem_core::records::{Checkpoint, ModelRecord};
 use tandem_core::validate::{Loc, Validator};
 
 #[utoipa::path(
@@ -152,26 +152,7 @@ pub async fn export(
 ) -> Result<axum::response::Response, PreviewError> {
     use axum::http::{header, HeaderValue};
     use axum::response::IntoResponse;
-    let model = owned_model(&state, &caller, &model_id).await?;
-    let Ok(step) = step.parse::<i64>() else {
-        let mut v = Validator::new("path");
-        v.at("step", |v| {
-            v.error(
-                "int_parsing",
-                "Input should be a valid integer, unable to parse string as an integer",
-                &json!(step),
-            )
-        });
-        return Err(ApiError::validation(v.into_errors()).into());
-    };
-    let checkpoint = state.store().get_checkpoint(model.id, step).await.map_err(|e| match e {
-        tandem_store::StoreError::NotFound => ApiError::not_found("checkpoint"),
-        other => other.into(),
-    })?;
-    let dir = state
-        .checkpoints()
-        .resolve(&checkpoint.path)
-        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the checkpoint's stored path is not usable"))?;
+    let (model, step, dir) = checkpoint_files(&state, &caller, &model_id, &step).await?;
     // Anything but ASCII letters, digits and `-._` becomes `_`: the archive's path and the
     // header's file name stay plain.
     let folder: String = format!("{}-{}-step{step}", model.project, model.name)
@@ -194,6 +175,157 @@ pub async fn export(
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(r)
+}
+
+/// A live checkpoint of the caller's model: the model, the step and the checkpoint's directory
+/// (404 for another entity's model or a step with no live checkpoint).
+async fn checkpoint_files(
+    state: &AppState,
+    caller: &Caller,
+    model_id: &str,
+    step: &str,
+) -> Result<(ModelRecord, i64, std::path::PathBuf), PreviewError> {
+    let model = owned_model(state, caller, model_id).await?;
+    let Ok(step) = step.parse::<i64>() else {
+        let mut v = Validator::new("path");
+        v.at("step", |v| {
+            v.error(
+                "int_parsing",
+                "Input should be a valid integer, unable to parse string as an integer",
+                &json!(step),
+            )
+        });
+        return Err(ApiError::validation(v.into_errors()).into());
+    };
+    let checkpoint = state.store().get_checkpoint(model.id, step).await.map_err(|e| match e {
+        tandem_store::StoreError::NotFound => ApiError::not_found("checkpoint"),
+        other => other.into(),
+    })?;
+    let dir = state
+        .checkpoints()
+        .resolve(&checkpoint.path)
+        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the checkpoint's stored path is not usable"))?;
+    Ok((model, step, dir))
+}
+
+/// Merged exports run one at a time, server-wide: each reads the whole base model and writes a
+/// file as large.
+static MERGING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MergedQuery {
+    /// Type of the weight matrices: `base` (each tensor keeps the base's type; default), `f32`,
+    /// `f16` or `q8_0`.
+    pub format: Option<String>,
+}
+
+#[utoipa::path(
+    operation_id = "export_checkpoint_merged",
+    get,
+    path = "/models/{model_id}/checkpoints/{step}/merged",
+    tag = "training",
+    summary = "Download a checkpoint merged into its base model, as one GGUF file (llama.cpp, Ollama)",
+    params(("model_id" = Uuid, Path, description = "A model id (UUID)"), ("step" = i64, Path, description = "A live checkpoint's step"), MergedQuery),
+    responses(
+        (status = 200, description = "The base GGUF with `W + scale B A` in every adapted projection, all metadata kept", content_type = "application/octet-stream", body = String),
+        (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "No such model or live checkpoint for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 409, description = "The base model is not served here, or not from a GGUF file", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 422, description = "The step is not a whole number, or an unknown format", body = crate::openapi::bodies::ValidationErrorBody),
+        (status = 429, description = "Another merged export is being written; retry", body = crate::openapi::bodies::PreviewErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn export_merged(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((model_id, step)): Path<(String, String)>,
+    Query(query): Query<MergedQuery>,
+) -> Result<axum::response::Response, PreviewError> {
+    use axum::http::{header, HeaderValue};
+    use tandem_core::inference::{ExportError, MERGE_FORMATS};
+    let format = query.format.unwrap_or_else(|| "base".into());
+    if !MERGE_FORMATS.contains(&format.as_str()) {
+        let mut v = Validator::new("query");
+        v.at("format", |v| {
+            v.error("enum", &format!("Input should be one of {}", MERGE_FORMATS.join(", ")), &json!(format))
+        });
+        return Err(ApiError::validation(v.into_errors()).into());
+    }
+    let (model, step, dir) = checkpoint_files(&state, &caller, &model_id, &step).await?;
+    let served = state.model(&model.base_model).cloned().ok_or_else(|| {
+        ApiError::new(ErrorKind::Conflict, format!("the base model {} is not served here", model.base_model))
+    })?;
+    let Ok(permit) = MERGING.try_acquire() else {
+        return Err(ApiError::new(ErrorKind::TooManyRequests, "a merged export is being written; retry when it is done")
+            .with_retry_after(5)
+            .into());
+    };
+    // Written beside the checkpoints (the same disk), read back as a stream, unlinked at once.
+    let tmp = tempfile::Builder::new()
+        .prefix(".merge-")
+        .tempdir_in(state.checkpoints().root())
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("no room for the merged file: {e}")))?;
+    let out = tmp.path().join("merged.gguf");
+    let file = tokio::task::spawn_blocking(move || {
+        served.export_merged(&dir, &out, &format)?;
+        std::fs::File::open(&out).map_err(|e| ExportError::Failed(e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("merge task failed: {e}")))?
+    .map_err(|e| match e {
+        ExportError::Unsupported(m) => ApiError::new(ErrorKind::Conflict, m),
+        ExportError::Failed(m) => ApiError::new(ErrorKind::Internal, format!("the merge failed: {m}")),
+    })?;
+    drop((tmp, permit));
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut r = axum::response::Response::new(axum::body::Body::from_stream(FileChunks::new(file)));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    let name: String = format!("{}-{}-step{step}.gguf", model.project, model.name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-._".contains(c) { c } else { '_' })
+        .collect();
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(r)
+}
+
+/// An open file as a stream of 1 MiB chunks, read on a blocking thread.
+struct FileChunks {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+}
+
+impl FileChunks {
+    fn new(mut file: std::fs::File) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                match std::io::Read::read(&mut file, &mut buf) {
+                    Ok(0) => break,
+                    // A client that left closed the channel: stop reading.
+                    Ok(n) if tx.blocking_send(Ok(buf[..n].to_vec())).is_err() => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        break;
+                    }
+                }
+            }
+        });
+        FileChunks { rx }
+    }
+}
+
+impl futures_core::Stream for FileChunks {
+    type Item = std::io::Result<Vec<u8>>;
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
 }
 
 /// A 422 in the preview shape, at `loc`, saying `why`.

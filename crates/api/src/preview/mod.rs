@@ -25,6 +25,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(models::get, models::delete))
         .routes(routes!(checkpoints::list, checkpoints::delete, checkpoints::import))
         .routes(routes!(checkpoints::export))
+        .routes(routes!(checkpoints::export_merged))
         .routes(routes!(history::get))
         .routes(routes!(logs::create))
         .routes(routes!(logs::list))

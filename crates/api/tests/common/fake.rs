@@ -133,6 +133,23 @@ impl ServedModel for Fake {
             .map(|_| ())
             .ok_or_else(|| "adapter_config.json: no rank `r`".into())
     }
+    /// The fake "merges" by writing the format and the adapter's config (3 MB, so the body
+    /// streams in several chunks); format `f16` stands for a base it cannot export.
+    fn export_merged(
+        &self,
+        adapter_dir: &std::path::Path,
+        out: &std::path::Path,
+        format: &str,
+    ) -> Result<(), tandem_core::inference::ExportError> {
+        if format == "f16" {
+            return Err(tandem_core::inference::ExportError::Unsupported("the fake has no f16".into()));
+        }
+        let config = std::fs::read(adapter_dir.join("adapter_config.json")).unwrap_or_default();
+        let mut bytes = format!("GGUF {format} ").into_bytes();
+        bytes.extend(config);
+        bytes.resize(3 << 20, b'.');
+        std::fs::write(out, bytes).map_err(|e| tandem_core::inference::ExportError::Failed(e.to_string()))
+    }
     fn submit(&self, request: ValidRequest) -> Result<UnboundedReceiver<InferEvent>, SubmitError> {
         self.submitted.fetch_add(1, Ordering::SeqCst);
         let (req, adapter, _) = request.into_parts();
