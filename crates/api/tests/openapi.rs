@@ -48,6 +48,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "DELETE /v1/preview/models/{model_id}",
         "GET /v1/preview/models/{model_id}/checkpoints",
         "GET /v1/preview/models/{model_id}/checkpoints/{step}/adapter",
+        "GET /v1/preview/models/{model_id}/checkpoints/{step}/merged",
         "POST /v1/preview/models/{model_id}/checkpoints",
         "DELETE /v1/preview/models/{model_id}/checkpoints",
         "GET /v1/preview/models/{model_id}/history",
