@@ -100,7 +100,13 @@ impl CheckpointDir {
                 let cp = cp?;
                 let rel = format!("{model_name}/{}", cp.file_name().to_string_lossy());
                 if !live.contains(rel.as_str()) {
-                    fs::remove_dir_all(cp.path())?;
+                    // A file here is what a merged export that a crash interrupted left in its
+                    // `.merge-*` directory.
+                    if cp.file_type()?.is_dir() {
+                        fs::remove_dir_all(cp.path())?;
+                    } else {
+                        fs::remove_file(cp.path())?;
+                    }
                     removed += 1;
                 }
             }
@@ -138,6 +144,11 @@ mod tests {
         assert!(!pa.exists());
         assert!(dir.resolve("../etc").is_none());
         assert_eq!(dir.sweep(&[]).unwrap(), 0);
+        // A merged export interrupted by a crash: its directory and file go at the next start.
+        fs::create_dir(dir.root().join(".merge-x")).unwrap();
+        fs::write(dir.root().join(".merge-x/merged.gguf"), b"GGUF").unwrap();
+        assert_eq!(dir.sweep(&[]).unwrap(), 1);
+        assert!(!dir.root().join(".merge-x").exists());
     }
 
     #[test]
