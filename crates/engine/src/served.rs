@@ -14,9 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tandem_core::chat::ChatMessage;
 use tandem_core::inference::{
-    ExportError,
-    AdapterRef, BaseModelInfo, ChatRender, GenerateRequest, InferEvent, InputError, ServedModel, SubmitError,
-    ValidRequest,
+    AdapterRef, BaseModelInfo, ChatRender, ExportError, GenerateRequest, InferEvent, InputError, ServedModel,
+    SubmitError, ValidRequest,
 };
 use tandem_model::{Llama, LoraAdapter};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};

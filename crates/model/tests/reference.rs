@@ -1,8 +1,11 @@
 //! A golden test: the optimised forward pass (int8 kernels, packed ragged batch, KV caches)
-//! against a naive f32 implementation written independently here, on the real bundled model.
+//! against the naive f32 forward of `common`, on the real bundled model.
 
+mod common;
+
+use common::naive_logits;
 use std::path::PathBuf;
-use tandem_model::{GgufFile, KvCache, Logits, SeqInput};
+use tandem_model::{KvCache, Logits, SeqInput};
 
 fn model_path() -> PathBuf {
     let path = std::env::var_os("TANDEM_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
@@ -10,94 +13,6 @@ fn model_path() -> PathBuf {
     });
     assert!(path.is_file(), "{} is missing: run `make model`", path.display());
     path
-}
-
-fn matvec(w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
-    let cols = x.len();
-    (0..rows).map(|r| w[r * cols..(r + 1) * cols].iter().zip(x).map(|(a, b)| a * b).sum()).collect()
-}
-
-fn rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    x.iter().zip(w).map(|(v, g)| v / (ms + eps).sqrt() * g).collect()
-}
-
-/// Logits after the last of `tokens`, computed the slow, obvious way.
-fn naive_logits(path: &std::path::Path, tokens: &[u32]) -> Vec<f32> {
-    let mut f = GgufFile::open(path).unwrap();
-    let c = f.llama_config().unwrap();
-    let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
-    let mut t = |name: &str| f.tensor_f32(name).unwrap().0;
-    let embed = t("token_embd.weight");
-    let mut xs: Vec<Vec<f32>> =
-        tokens.iter().map(|id| embed[*id as usize * c.hidden..(*id as usize + 1) * c.hidden].to_vec()).collect();
-    for l in 0..c.n_layer {
-        let p = format!("blk.{l}");
-        let (wq, wk, wv, wo) = (
-            t(&format!("{p}.attn_q.weight")),
-            t(&format!("{p}.attn_k.weight")),
-            t(&format!("{p}.attn_v.weight")),
-            t(&format!("{p}.attn_output.weight")),
-        );
-        let (an, fnw) = (t(&format!("{p}.attn_norm.weight")), t(&format!("{p}.ffn_norm.weight")));
-        let (wg, wu, wd) =
-            (t(&format!("{p}.ffn_gate.weight")), t(&format!("{p}.ffn_up.weight")), t(&format!("{p}.ffn_down.weight")));
-        let rope = |v: &mut [f32], pos: usize| {
-            for head in v.chunks_mut(hd) {
-                for i in 0..hd / 2 {
-                    let theta = pos as f64 / (c.rope_base as f64).powf(2.0 * i as f64 / hd as f64);
-                    let (s, co) = (theta.sin() as f32, theta.cos() as f32);
-                    let (a, b) = (head[2 * i], head[2 * i + 1]);
-                    head[2 * i] = a * co - b * s;
-                    head[2 * i + 1] = a * s + b * co;
-                }
-            }
-        };
-        let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-        for (pos, x) in xs.iter().enumerate() {
-            let n = rms(x, &an, c.rms_eps);
-            let (mut q, mut k) = (matvec(&wq, &n, nh * hd), matvec(&wk, &n, nkv * hd));
-            rope(&mut q, pos);
-            rope(&mut k, pos);
-            qs.push(q);
-            ks.push(k);
-            vs.push(matvec(&wv, &n, nkv * hd));
-        }
-        for pos in 0..xs.len() {
-            let mut att = vec![0f32; nh * hd];
-            for h in 0..nh {
-                let kh = h / (nh / nkv);
-                let q = &qs[pos][h * hd..(h + 1) * hd];
-                let scores: Vec<f32> = (0..=pos)
-                    .map(|j| {
-                        q.iter().zip(&ks[j][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f32>()
-                            / (hd as f32).sqrt()
-                    })
-                    .collect();
-                let m = scores.iter().cloned().fold(f32::MIN, f32::max);
-                let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f32 = e.iter().sum();
-                for (j, w) in e.iter().enumerate() {
-                    for d in 0..hd {
-                        att[h * hd + d] += w / z * vs[j][kh * hd + d];
-                    }
-                }
-            }
-            let o = matvec(&wo, &att, c.hidden);
-            for (x, o) in xs[pos].iter_mut().zip(o) {
-                *x += o;
-            }
-            let n = rms(&xs[pos], &fnw, c.rms_eps);
-            let (g, u) = (matvec(&wg, &n, c.ffn), matvec(&wu, &n, c.ffn));
-            let h: Vec<f32> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-            for (x, d) in xs[pos].iter_mut().zip(matvec(&wd, &h, c.hidden)) {
-                *x += d;
-            }
-        }
-    }
-    let head = if f.has_tensor("output.weight") { f.tensor_f32("output.weight").unwrap().0 } else { embed };
-    let n = rms(xs.last().unwrap(), &f.tensor_f32("output_norm.weight").unwrap().0, c.rms_eps);
-    matvec(&head, &n, c.vocab)
 }
 
 fn top(logits: &[f32], k: usize) -> Vec<usize> {

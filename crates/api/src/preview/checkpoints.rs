@@ -258,9 +258,12 @@ pub async fn export_merged(
         ApiError::new(ErrorKind::Conflict, format!("the base model {} is not served here", model.base_model))
     })?;
     let Ok(permit) = MERGING.try_acquire() else {
-        return Err(ApiError::new(ErrorKind::TooManyRequests, "a merged export is being written; retry when it is done")
-            .with_retry_after(5)
-            .into());
+        return Err(ApiError::new(
+            ErrorKind::TooManyRequests,
+            "a merged export is being written; retry when it is done",
+        )
+        .with_retry_after(5)
+        .into());
     };
     // Written beside the checkpoints (the same disk), read back as a stream, unlinked at once.
     let tmp = tempfile::Builder::new()
@@ -323,7 +326,10 @@ impl FileChunks {
 
 impl futures_core::Stream for FileChunks {
     type Item = std::io::Result<Vec<u8>>;
-    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx)
     }
 }
