@@ -193,6 +193,11 @@ impl GgufFile {
     }
 
     /// A tensor's GGML type and raw bytes, as stored.
+    /// A tensor's stored type, `None` for an unknown name.
+    pub fn tensor_dtype(&self, name: &str) -> Option<candle_core::quantized::GgmlDType> {
+        self.content.tensor_infos.get(name).map(|t| t.ggml_dtype)
+    }
+
     pub fn tensor_raw(&mut self, name: &str) -> Result<(candle_core::quantized::GgmlDType, Vec<u8>), ModelError> {
         let q = self
             .content

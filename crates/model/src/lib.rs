@@ -25,7 +25,8 @@ pub use llama::{Layer, LayerExtra, Llama, LlamaConfig, Logits, SeqInput};
 pub use lora::LoraAdapter;
 pub use source::WeightSource;
 
-use kernels::{Q4Matrix, Q8Matrix, Weights};
+use candle_core::quantized::GgmlDType;
+use kernels::{BlockFormat, BlockMatrix, Q4Matrix, Q8Matrix, Weights};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,13 +49,15 @@ pub struct LoadedModel {
     pub tokenizer: TokenizerMeta,
 }
 
-/// How matrices that are not Q4_1 already are kept (`--quantize`): int8 blocks of 32 with an f32
-/// scale (the default), or Q4_1 (half the memory, some accuracy lost).
+/// How matrices are kept that are not already in a format the kernels use as stored (Q4_1, the
+/// K-quants, Q4_0, Q5_0, Q5_1; `--quantize`): int8 blocks of 32 with an f32 scale (the default),
+/// Q4_1, or Q4_K (Q5_0 for rows that are not a multiple of 256 long, as llama.cpp's Q4_K_M does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Quantize {
     #[default]
     Q8_0,
     Q4_1,
+    Q4K,
 }
 
 impl Quantize {
@@ -62,6 +65,7 @@ impl Quantize {
         match s {
             "q8_0" => Some(Quantize::Q8_0),
             "q4_1" => Some(Quantize::Q4_1),
+            "q4_k" => Some(Quantize::Q4K),
             _ => None,
         }
     }
@@ -197,7 +201,8 @@ pub fn layer_f32(
     })
 }
 
-/// A weight matrix: Q4_1 tensors stay as stored, anything else is quantised as `file` says.
+/// A weight matrix: tensors in a format the kernels use stay as stored, anything else is
+/// quantised as `file` says.
 pub fn matrix(file: &mut Loader<'_>, name: &str, rows: usize, cols: usize) -> Result<Weights, ModelError> {
     matrix_permuted(file, name, rows, cols, None)
 }
@@ -214,13 +219,14 @@ fn matrix_permuted(
             return Err(ModelError::Gguf(format!("{name}: {rows} rows are not {heads} heads of {hd}")));
         }
     }
-    let q4 = |raw: Vec<u8>| {
-        Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4).ok_or_else(|| {
-            ModelError::Gguf(format!("{name}: {} bytes do not make a ({rows}, {cols}) Q4_1 matrix", raw.len()))
-        })
+    let stored = file.source.gguf_dtype(name);
+    let native = match stored {
+        Some(GgmlDType::Q4_1) => cols.is_multiple_of(kernels::QK),
+        Some(t) => BlockFormat::of(t).is_some_and(|f| f.fits(cols)),
+        None => false,
     };
-    if cols.is_multiple_of(kernels::QK) {
-        if let Some(raw) = file.source.q4_1_bytes(name)? {
+    if let (true, Some(dtype)) = (native, stored) {
+        if let Some(raw) = file.source.raw_bytes(name)? {
             // Whole rows of blocks move as bytes.
             let raw = match permute {
                 Some((heads, hd)) if raw.len().is_multiple_of(rows) => {
@@ -228,7 +234,7 @@ fn matrix_permuted(
                 }
                 _ => raw,
             };
-            return q4(raw);
+            return stored_matrix(name, dtype, raw, rows, cols);
         }
     }
     let (data, dims) = file.source.tensor_f32(name)?;
@@ -242,16 +248,27 @@ fn matrix_permuted(
         Some((heads, hd)) => arch::halves_to_pairs(&data, heads, hd, cols),
         None => data,
     };
-    match file.quantize {
-        Quantize::Q8_0 => Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols))),
-        Quantize::Q4_1 => {
-            let t = candle_core::Tensor::from_vec(data, (rows, cols), &candle_core::Device::Cpu)
-                .and_then(|t| candle_core::quantized::QTensor::quantize(&t, candle_core::quantized::GgmlDType::Q4_1))
-                .and_then(|q| q.data().map(|d| d.into_owned()))
-                .map_err(|e| ModelError::Gguf(format!("{name} as Q4_1: {e}")))?;
-            q4(t)
-        }
-    }
+    let dtype = match file.quantize {
+        Quantize::Q8_0 => return Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols))),
+        Quantize::Q4_1 => GgmlDType::Q4_1,
+        Quantize::Q4K if BlockFormat::Q4K.fits(cols) => GgmlDType::Q4K,
+        Quantize::Q4K => GgmlDType::Q5_0,
+    };
+    let raw = candle_core::Tensor::from_vec(data, (rows, cols), &candle_core::Device::Cpu)
+        .and_then(|t| candle_core::quantized::QTensor::quantize(&t, dtype))
+        .and_then(|q| q.data().map(|d| d.into_owned()))
+        .map_err(|e| ModelError::Gguf(format!("{name} as {dtype:?}: {e}")))?;
+    stored_matrix(name, dtype, raw, rows, cols)
+}
+
+/// A matrix from blocks of a format the kernels use as stored.
+fn stored_matrix(name: &str, dtype: GgmlDType, raw: Vec<u8>, rows: usize, cols: usize) -> Result<Weights, ModelError> {
+    let len = raw.len();
+    let m = match BlockFormat::of(dtype) {
+        Some(format) => BlockMatrix::from_raw(format, raw, rows, cols).map(Weights::Block),
+        None => Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4),
+    };
+    m.ok_or_else(|| ModelError::Gguf(format!("{name}: {len} bytes do not make a ({rows}, {cols}) {dtype:?} matrix")))
 }
 
 fn vector(file: &mut WeightSource, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {

@@ -55,13 +55,19 @@ impl WeightSource {
         }
     }
 
-    /// A GGUF tensor's raw Q4_1 blocks, which the kernels use as stored; `None` for anything else.
-    pub fn q4_1_bytes(&mut self, name: &str) -> Result<Option<Vec<u8>>, ModelError> {
+    /// A GGUF tensor's stored type (`None` for a safetensors directory, whose tensors are
+    /// plain floats, or an unknown name).
+    pub fn gguf_dtype(&self, name: &str) -> Option<GgmlDType> {
         match self {
-            WeightSource::Gguf(f) => match f.tensor_raw(name)? {
-                (GgmlDType::Q4_1, raw) => Ok(Some(raw)),
-                _ => Ok(None),
-            },
+            WeightSource::Gguf(f) => f.tensor_dtype(name),
+            WeightSource::Hf(_) => None,
+        }
+    }
+
+    /// A GGUF tensor's bytes as stored, for the formats the kernels use as they are.
+    pub fn raw_bytes(&mut self, name: &str) -> Result<Option<Vec<u8>>, ModelError> {
+        match self {
+            WeightSource::Gguf(f) => Ok(Some(f.tensor_raw(name)?.1)),
             WeightSource::Hf(_) => Ok(None),
         }
     }

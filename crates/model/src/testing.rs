@@ -70,8 +70,8 @@ pub fn tiny_head_dim(arch: Arch) -> usize {
 /// Gemma 3's tiny sliding window: short, so a few tokens already reach past it.
 pub const TINY_WINDOW: u32 = 5;
 
-/// Writes a tiny random model of `arch` with every tensor the architecture has. Q and k use
-/// Q4_1 and Q5_0 (both the raw-row and the dequantised path of the rotary permutation).
+/// Writes a tiny random model of `arch` with every tensor the architecture has, in a mix of
+/// storage types (below).
 pub fn write_tiny_arch_gguf(path: &Path, arch: Arch) {
     let mut tokens = byte_tokens();
     tokens.push("<|im_start|>".into());
@@ -120,17 +120,26 @@ pub fn write_tiny_arch_gguf(path: &Path, arch: Arch) {
         tensors.push((name, QTensor::quantize(&t, dtype).unwrap()));
     };
     add("token_embd.weight".into(), vocab, HIDDEN, GgmlDType::Q8_0, 1.0);
-    let k_type = if arch == Arch::Llama { GgmlDType::Q4_1 } else { GgmlDType::Q5_0 };
+    // Storage types per architecture, so that every path of the loader and the kernels runs:
+    // Q4_1 and the block formats as stored (their raw rows permuted for the halves order), Q8_0
+    // dequantised (the f32 permutation), mixed q/k/v fused as int8 and same-format ones natively.
+    use GgmlDType::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    let [q_t, k_t, v_t, gate_up_t, down_t] = match arch {
+        Arch::Llama => [Q4_1, Q4_1, Q4_1, Q4_1, Q4_1],
+        Arch::Qwen2 => [Q4_1, Q8_0, Q4_1, Q5_0, Q4_0],
+        Arch::Qwen3 => [Q5_1, Q5_1, Q5_1, Q4_1, Q4_1],
+        Arch::Gemma3 => [Q5_0, Q5_0, Q5_0, Q4_0, Q5_1],
+    };
     for l in 0..layers {
         add(format!("blk.{l}.attn_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
-        add(format!("blk.{l}.attn_q.weight"), HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.attn_k.weight"), KV_HEADS * head_dim, HIDDEN, k_type, 0.5);
-        add(format!("blk.{l}.attn_v.weight"), KV_HEADS * head_dim, HIDDEN, GgmlDType::Q4_1, 0.5);
+        add(format!("blk.{l}.attn_q.weight"), HEADS * head_dim, HIDDEN, q_t, 0.5);
+        add(format!("blk.{l}.attn_k.weight"), KV_HEADS * head_dim, HIDDEN, k_t, 0.5);
+        add(format!("blk.{l}.attn_v.weight"), KV_HEADS * head_dim, HIDDEN, v_t, 0.5);
         add(format!("blk.{l}.attn_output.weight"), HIDDEN, HEADS * head_dim, GgmlDType::Q4_1, 0.5);
         add(format!("blk.{l}.ffn_norm.weight"), 1, HIDDEN, GgmlDType::F32, 2.0);
-        add(format!("blk.{l}.ffn_gate.weight"), FFN, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.ffn_up.weight"), FFN, HIDDEN, GgmlDType::Q4_1, 0.5);
-        add(format!("blk.{l}.ffn_down.weight"), HIDDEN, FFN, GgmlDType::Q4_1, 0.5);
+        add(format!("blk.{l}.ffn_gate.weight"), FFN, HIDDEN, gate_up_t, 0.5);
+        add(format!("blk.{l}.ffn_up.weight"), FFN, HIDDEN, gate_up_t, 0.5);
+        add(format!("blk.{l}.ffn_down.weight"), HIDDEN, FFN, down_t, 0.5);
         if arch.qkv_bias() {
             add(format!("blk.{l}.attn_q.bias"), 1, HEADS * head_dim, GgmlDType::F32, 1.0);
             add(format!("blk.{l}.attn_k.bias"), 1, KV_HEADS * head_dim, GgmlDType::F32, 1.0);

@@ -83,7 +83,14 @@ fn unknown_architectures_and_broken_shapes_are_errors() {
 }
 
 /// The real Gemma 3 270M (`make model-gemma`), when present: the served forward against the
-/// naive one on the same file. Skipped, saying so, when the file is missing.
+/// naive one on the same file, over seven prompts. Skipped, saying so, when the file is missing.
+///
+/// The served forward quantises activations to int8 per block of 32 (as llama.cpp's dot products
+/// do), which Gemma's large, uneven activations feel: measured on 2026-11-25, the mean KL
+/// divergence from the exact forward is 0.0042-0.0045 nats on every kernel tier, and a single
+/// prompt's worst top-20 logprob moves between 0.08 and 0.32 with the order of float sums. So the
+/// bounds are on the KL (a wrong kernel, rotation or norm gives KL well above 0.1) and the
+/// likeliest token, not on one logprob.
 #[test]
 fn gemma3_270m_matches_its_naive_forward() {
     let path = std::env::var_os("TANDEM_TEST_GEMMA").map(std::path::PathBuf::from).unwrap_or_else(|| {
@@ -93,29 +100,51 @@ fn gemma3_270m_matches_its_naive_forward() {
         eprintln!("SKIPPED: {} is missing (make model-gemma)", path.display());
         return;
     }
-    // <bos>The capital of France is
-    let tokens: Vec<u32> = vec![2, 818, 5279, 529, 7001, 563];
-    let reference = naive_logits(&path, &tokens);
     let loaded = tandem_model::load(&path).unwrap();
     let m = &loaded.model;
-    let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
-    let ours = m
-        .forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: None, logits: Logits::Last }])
-        .unwrap()[0][0]
-        .clone();
+    // <bos>The capital of France is; then six prompts of random ordinary tokens.
+    let mut prompts: Vec<Vec<u32>> = vec![vec![2, 818, 5279, 529, 7001, 563]];
+    for s in 0..6u32 {
+        let mut x = 12_345 + s * 7_919;
+        let mut p = vec![2u32];
+        for _ in 0..12 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            p.push(300 + x % 20_000);
+        }
+        prompts.push(p);
+    }
     let lse = |v: &[f32]| {
         let m = v.iter().cloned().fold(f32::MIN, f32::max);
         m + v.iter().map(|x| (x - m).exp()).sum::<f32>().ln()
     };
-    let (lr, lo) = (lse(&reference), lse(&ours));
-    let mut top: Vec<usize> = (0..reference.len()).collect();
-    top.sort_by(|a, b| reference[*b].total_cmp(&reference[*a]));
-    for &t in &top[..5] {
-        eprintln!("token {t}: reference logprob {:.3}, ours {:.3}", reference[t] - lr, ours[t] - lo);
+    let mut kls = Vec::new();
+    for (i, tokens) in prompts.iter().enumerate() {
+        let reference = naive_logits(&path, tokens);
+        let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
+        let ours = m
+            .forward(&mut [SeqInput { tokens, cache: &mut cache, adapter: None, logits: Logits::Last }])
+            .unwrap()[0][0]
+            .clone();
+        let (lr, lo) = (lse(&reference), lse(&ours));
+        let kl: f64 = reference
+            .iter()
+            .zip(&ours)
+            .map(|(r, o)| ((r - lr) as f64).exp() * ((r - lr) as f64 - (o - lo) as f64))
+            .sum();
+        let top_ref = (0..reference.len()).max_by(|a, b| reference[*a].total_cmp(&reference[*b])).unwrap();
+        let top_ours = (0..ours.len()).max_by(|a, b| ours[*a].total_cmp(&ours[*b])).unwrap();
+        eprintln!("prompt {i}: KL {kl:.5}, likeliest token {top_ref} (ours {top_ours})");
+        if i == 0 {
+            // " Paris" leads by a wide margin: it must stay first.
+            assert_eq!(top_ref, top_ours);
+        }
+        assert!(kl < 0.05, "prompt {i}: KL {kl} from the exact forward");
+        kls.push(kl);
     }
-    let worst = top[..20].iter().map(|&t| ((reference[t] - lr) - (ours[t] - lo)).abs()).fold(0f32, f32::max);
-    assert_eq!(top[0], (0..ours.len()).max_by(|a, b| ours[*a].total_cmp(&ours[*b])).unwrap());
-    assert!(worst < 0.15, "the 20 likeliest tokens' logprobs differ by up to {worst}");
+    let mean = kls.iter().sum::<f64>() / kls.len() as f64;
+    assert!(mean < 0.015, "mean KL {mean} from the exact forward");
 }
 
 /// Llama 3.1+ GGUFs carry `rope_freqs.weight`, per-pair divisors of the RoPE frequencies: the

@@ -85,8 +85,9 @@ pub struct ServeArgs {
     /// when unset. It may not overlap the data directory.
     #[arg(long, env = "TANDEM_LORA_ROOT")]
     pub lora_root: Option<PathBuf>,
-    /// How weight matrices not stored as Q4_1 are kept: `q8_0` (int8 blocks of 32, the default)
-    /// or `q4_1` (half the memory).
+    /// How weight matrices are kept that are not stored in a format the kernels use as it is
+    /// (Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q5_1): `q8_0` (int8 blocks of 32, the default),
+    /// `q4_1` or `q4_k` (about half the memory).
     #[arg(long, env = "TANDEM_QUANTIZE")]
     pub quantize: Option<String>,
 }
@@ -179,7 +180,7 @@ impl ServeConfig {
             quantize: match args.quantize.or(file.quantize) {
                 None => tandem_model::Quantize::default(),
                 Some(q) => tandem_model::Quantize::parse(&q)
-                    .ok_or_else(|| anyhow::anyhow!("--quantize {q:?}: expected q8_0 or q4_1"))?,
+                    .ok_or_else(|| anyhow::anyhow!("--quantize {q:?}: expected q8_0, q4_1 or q4_k"))?,
             },
         })
     }

@@ -25,7 +25,7 @@ use std::arch::x86_64::*;
 
 /// Lane `i` of a two-float pair expanded to 16 lanes: element 0 in lanes 0..8, element 1 in 8..16.
 #[inline(always)]
-unsafe fn expand_pair(p: *const f32) -> __m512 {
+pub(crate) unsafe fn expand_pair(p: *const f32) -> __m512 {
     // SAFETY (caller): two floats readable at p.
     let two = unsafe { _mm_castpd_ps(_mm_load_sd(p as *const f64)) };
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -162,7 +162,7 @@ pub(crate) unsafe fn q8_tile<const R: usize, const C: usize>(
 /// kernel).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn reduce<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
+pub(crate) fn reduce<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
     let mut out = [[0f32; C]; R];
     for r in 0..R {
         for c in 0..C {

@@ -17,6 +17,9 @@ use crate::arch::Activation;
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod blocks;
+#[cfg(target_arch = "x86_64")]
+mod blocks_simd;
 pub mod causal;
 pub mod cpu;
 #[cfg(target_arch = "x86_64")]
@@ -27,6 +30,7 @@ pub mod sgemm;
 mod simd;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
+pub use blocks::{BlockFormat, BlockMatrix};
 use cpu::{cpu, Avx2Fma, SharedOut};
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
@@ -37,6 +41,8 @@ pub enum Weights {
     Q8(Q8Matrix),
     /// GGUF Q4_1 as stored (decode reads half the bytes).
     Q4(Q4Matrix),
+    /// The K-quants and Q4_0/Q5_0/Q5_1 as stored (`blocks`).
+    Block(BlockMatrix),
 }
 
 impl Weights {
@@ -44,6 +50,7 @@ impl Weights {
         match self {
             Weights::Q8(w) => w.rows(),
             Weights::Q4(w) => w.rows(),
+            Weights::Block(w) => w.rows(),
         }
     }
 
@@ -51,6 +58,7 @@ impl Weights {
         match self {
             Weights::Q8(w) => w.cols(),
             Weights::Q4(w) => w.cols(),
+            Weights::Block(w) => w.cols(),
         }
     }
 
@@ -58,6 +66,7 @@ impl Weights {
         match self {
             Weights::Q8(w) => w.bytes(),
             Weights::Q4(w) => w.bytes(),
+            Weights::Block(w) => w.bytes(),
         }
     }
 
@@ -65,6 +74,7 @@ impl Weights {
         match self {
             Weights::Q8(w) => w.dequantize_row(r, out),
             Weights::Q4(w) => w.dequantize_row(r, out),
+            Weights::Block(w) => w.dequantize_row(r, out),
         }
     }
 
@@ -73,11 +83,20 @@ impl Weights {
         match self {
             Weights::Q8(w) => Weights::Q8(w.lanes_only()),
             Weights::Q4(w) => Weights::Q4(w.lanes_only()),
+            Weights::Block(w) => Weights::Block(w),
         }
     }
 
     /// Stacks matrices vertically (fused q/k/v, gate/up); mixed formats become int8.
     pub fn vstack(parts: Vec<Weights>) -> Weights {
+        if let Some(Weights::Block(first)) = parts.first() {
+            let format = first.format();
+            if parts.iter().all(|p| matches!(p, Weights::Block(b) if b.format() == format)) {
+                let blocks: Vec<BlockMatrix> =
+                    parts.into_iter().filter_map(|p| if let Weights::Block(w) = p { Some(w) } else { None }).collect();
+                return Weights::Block(BlockMatrix::vstack(&blocks));
+            }
+        }
         if parts.iter().all(|p| matches!(p, Weights::Q4(_))) {
             let q4: Vec<Q4Matrix> =
                 parts.into_iter().filter_map(|p| if let Weights::Q4(w) = p { Some(w) } else { None }).collect();
@@ -90,7 +109,7 @@ impl Weights {
     fn into_q8(self) -> Q8Matrix {
         match self {
             Weights::Q8(w) => w,
-            Weights::Q4(w) => {
+            w => {
                 let mut data = vec![0f32; w.rows() * w.cols()];
                 for (r, row) in data.chunks_exact_mut(w.cols()).enumerate() {
                     w.dequantize_row(r, row);
@@ -106,6 +125,69 @@ pub fn matmul(w: &Weights, a: &Q8Acts, out: &mut [f32]) {
     match w {
         Weights::Q8(w) => matmul_q8(w, a, out),
         Weights::Q4(w) => matmul_q4(w, a, out),
+        Weights::Block(w) => matmul_blocks(w, a, out, Tier::best()),
+    }
+}
+
+/// Which instructions a kernel runs with (the tests pick each one the CPU has).
+#[derive(Debug, Clone, Copy)]
+pub enum Tier {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2Fma),
+    #[cfg(target_arch = "x86_64")]
+    Vnni(cpu::Avx512Vnni),
+}
+
+impl Tier {
+    /// The fastest tier this CPU runs.
+    pub fn best() -> Tier {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(vnni) = cpu().vnni {
+            return Tier::Vnni(vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = cpu().avx2 {
+            return Tier::Avx2(avx2);
+        }
+        Tier::Scalar
+    }
+
+    /// Every tier this CPU runs, slowest first.
+    pub fn available() -> Vec<Tier> {
+        let mut tiers = vec![Tier::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        tiers.extend(cpu().avx2.map(Tier::Avx2));
+        #[cfg(target_arch = "x86_64")]
+        tiers.extend(cpu().vnni.map(Tier::Vnni));
+        tiers
+    }
+}
+
+/// The block formats' matmul (`blocks`) on one tier: `out[t, n] = sum_k w[n, k] * a[t, k]`.
+pub fn matmul_blocks(w: &BlockMatrix, a: &Q8Acts, out: &mut [f32], tier: Tier) {
+    let (n_out, t_rows) = (w.rows(), a.rows());
+    assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), n_out * t_rows);
+    tiled(n_out, t_rows, out, |cols| tiles_of(cols, BlockTile(tier, w, a)));
+}
+
+/// The block formats' tile kernel on one tier.
+struct BlockTile<'a>(Tier, &'a BlockMatrix, &'a Q8Acts);
+
+impl TileCall for BlockTile<'_> {
+    #[inline(always)]
+    fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
+        let (w, a) = (self.1, self.2);
+        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols());
+        match self.0 {
+            Tier::Scalar => blocks::tile_scalar::<R, C>(w, a, n, t),
+            // SAFETY: the tokens prove the features; the rows exist and the widths agree (asserted).
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2(avx2) => unsafe { blocks_simd::tile_avx2::<R, C>(avx2, w, a, n, t) },
+            #[cfg(target_arch = "x86_64")]
+            Tier::Vnni(vnni) => unsafe { blocks_simd::tile_vnni::<R, C>(vnni, w, a, n, t) },
+        }
     }
 }
 
@@ -157,7 +239,6 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
 /// same arithmetic whatever the tile. Two by eight measured no slower than four by four and keeps
 /// the accumulators in registers (four by four spilled). `call::<R, C>(n, t)` computes weight
 /// rows `n..n+R` times activation rows `t..t+C`.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn tiles_of(cols: Cols, call: impl TileCall) {
     let (n1, t_rows) = (cols.n1, cols.t_rows);
@@ -188,7 +269,6 @@ fn tiles_of(cols: Cols, call: impl TileCall) {
 }
 
 /// A tile kernel with its operands bound (closures cannot be generic over the tile shape).
-#[cfg(target_arch = "x86_64")]
 trait TileCall {
     fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R];
 }
@@ -546,3 +626,6 @@ pub fn rope_inplace(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod blocks_tests;

@@ -139,8 +139,9 @@ impl Q8Matrix {
     }
 }
 
-/// One row's input and outputs as `quantize` zips them: values, quants, scales, sums, scaled sums.
-type RowParts<'a> = ((((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [i32]), &'a mut [f32]);
+/// One row's input and outputs as `quantize` zips them: values, quants, scales, sums, scaled sums,
+/// scaled sums per 16.
+type RowParts<'a> = (((((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [i32]), &'a mut [f32]), &'a mut [f32]);
 
 /// Activations quantised per row and block, reused across every weight row of one matmul.
 #[derive(Debug, Clone, Default)]
@@ -153,6 +154,9 @@ pub struct Q8Acts {
     sums: Vec<i32>,
     /// The same sums times the block's scale, in f32 (what the AVX-512 Q4_1 kernel uses).
     scaled_sums: Vec<f32>,
+    /// Per half block (16 values), the sum of the quants times the block's scale: the minimum's
+    /// term of the block formats, whose sub-blocks are 16 values (`blocks`).
+    scaled_sums16: Vec<f32>,
 }
 
 impl Q8Acts {
@@ -170,19 +174,24 @@ impl Q8Acts {
         self.scales.resize(rows * bpr, 0.0);
         self.sums.resize(rows * bpr, 0);
         self.scaled_sums.resize(rows * bpr, 0.0);
+        self.scaled_sums16.resize(rows * bpr * 2, 0.0);
         #[cfg(target_arch = "x86_64")]
         let simd = super::has_avx512_vnni();
-        let row = |((((x, q), s), sum), ss): RowParts<'_>| {
+        let row = |(((((x, q), s), sum), ss), ss16): RowParts<'_>| {
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: AVX-512 F/BW were detected; the slices are one row's, sized by `quantize`.
-                unsafe { quantize_row_avx512(x, q, s, sum, ss) };
+                unsafe { quantize_row_avx512(x, q, s, sum, ss, ss16) };
                 return;
             }
             quantize_into(x, q, s);
-            for (((b, sum), ss), d) in q.chunks_exact(QK).zip(sum.iter_mut()).zip(ss.iter_mut()).zip(s.iter()) {
-                *sum = b.iter().map(|q| *q as i32).sum::<i32>();
+            for (b, ((sum, ss), d)) in sum.iter_mut().zip(ss.iter_mut()).zip(s.iter()).enumerate() {
+                let half = |h: usize| q[b * QK + 16 * h..b * QK + 16 * h + 16].iter().map(|q| *q as i32).sum::<i32>();
+                let (h0, h1) = (half(0), half(1));
+                *sum = h0 + h1;
                 *ss = *sum as f32 * d;
+                ss16[2 * b] = h0 as f32 * d;
+                ss16[2 * b + 1] = h1 as f32 * d;
             }
         };
         // Below this many values a rayon split costs more than it saves.
@@ -193,6 +202,7 @@ impl Q8Acts {
                 .zip(self.scales.par_chunks_exact_mut(bpr))
                 .zip(self.sums.par_chunks_exact_mut(bpr))
                 .zip(self.scaled_sums.par_chunks_exact_mut(bpr))
+                .zip(self.scaled_sums16.par_chunks_exact_mut(2 * bpr))
                 .for_each(row);
         } else {
             data.chunks_exact(cols)
@@ -200,6 +210,7 @@ impl Q8Acts {
                 .zip(self.scales.chunks_exact_mut(bpr))
                 .zip(self.sums.chunks_exact_mut(bpr))
                 .zip(self.scaled_sums.chunks_exact_mut(bpr))
+                .zip(self.scaled_sums16.chunks_exact_mut(2 * bpr))
                 .for_each(row);
         }
     }
@@ -234,6 +245,17 @@ impl Q8Acts {
 
     pub(crate) fn all_scaled_sums(&self) -> &[f32] {
         &self.scaled_sums
+    }
+
+    pub(crate) fn all_scaled_sums16(&self) -> &[f32] {
+        &self.scaled_sums16
+    }
+
+    /// Per half block (16 values) sums times scales of one row.
+    #[inline]
+    pub fn scaled_sums16(&self, r: usize) -> &[f32] {
+        let halves = self.cols / 16;
+        &self.scaled_sums16[r * halves..(r + 1) * halves]
     }
 
     /// Per-block sums times scales of one row.
@@ -285,13 +307,27 @@ pub(crate) fn quantize_into(data: &[f32], quants: &mut [i8], scales: &mut [f32])
 /// `copysign(0.5, v)`, truncate), so the quants equal the scalar path's bit for bit. Done in
 /// scalar code it was ~5% of a batched decode step and ~7% of a training step.
 ///
-/// Safety: AVX-512 F/BW present; `x` and `q` hold `s.len()` blocks, `sums` and `ss` `s.len()`.
+/// Safety: AVX-512 F/BW present; `x` and `q` hold `s.len()` blocks, `sums` and `ss` `s.len()`,
+/// `ss16` twice that.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8], s: &mut [f32], sums: &mut [i32], ss: &mut [f32]) {
+unsafe fn quantize_row_avx512(
+    x: &[f32],
+    q: &mut [i8],
+    s: &mut [f32],
+    sums: &mut [i32],
+    ss: &mut [f32],
+    ss16: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let blocks = s.len();
-    assert!(x.len() >= blocks * QK && q.len() >= blocks * QK && sums.len() >= blocks && ss.len() >= blocks);
+    assert!(
+        x.len() >= blocks * QK
+            && q.len() >= blocks * QK
+            && sums.len() >= blocks
+            && ss.len() >= blocks
+            && ss16.len() >= 2 * blocks
+    );
     let half = _mm512_set1_epi32(0.5f32.to_bits() as i32);
     let sign = _mm512_set1_epi32(i32::MIN);
     for b in 0..blocks {
@@ -311,10 +347,13 @@ unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8], s: &mut [f32], sums: &mut
             let out = q.as_mut_ptr().add(b * QK) as *mut __m128i;
             _mm_storeu_si128(out, _mm512_cvtepi32_epi8(i0));
             _mm_storeu_si128(out.add(1), _mm512_cvtepi32_epi8(i1));
-            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            let (h0, h1) = (_mm512_reduce_add_epi32(i0), _mm512_reduce_add_epi32(i1));
+            let sum = h0 + h1;
             s[b] = d;
             sums[b] = sum;
             ss[b] = sum as f32 * d;
+            ss16[2 * b] = h0 as f32 * d;
+            ss16[2 * b + 1] = h1 as f32 * d;
         }
     }
 }

@@ -1,0 +1,174 @@
+//! The block formats (`blocks`) against candle's own quantiser and dequantiser: candle writes
+//! the blocks and reads them back to f32, independently of our unpacking, and every tier's
+//! matmul must equal the plain product of those f32 weights with the int8 activations.
+
+use super::blocks::{BlockFormat, BlockMatrix};
+use super::*;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+const FORMATS: [BlockFormat; 6] =
+    [BlockFormat::Q4_0, BlockFormat::Q5_0, BlockFormat::Q5_1, BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K];
+
+/// Deterministic weights with a spread of magnitudes per row (so that sub-block scales differ).
+fn weights(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..rows * cols)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            u * (1.0 + ((i / 16) % 5) as f32)
+        })
+        .collect()
+}
+
+/// The matrix in `format` as candle quantises it, and candle's dequantisation of it.
+fn quantised(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> (BlockMatrix, Vec<f32>) {
+    let t = Tensor::from_vec(weights(rows, cols, seed), (rows, cols), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, format.dtype()).unwrap();
+    let raw = q.data().unwrap().into_owned();
+    let back = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    (BlockMatrix::from_raw(format, raw, rows, cols).unwrap(), back)
+}
+
+fn cols_for(format: BlockFormat) -> usize {
+    if format.unit_values() == 256 {
+        512
+    } else {
+        320 // five units of two blocks: not a multiple of 256, like Gemma 3's 640
+    }
+}
+
+#[test]
+fn unpacking_equals_candles_dequantisation() {
+    for format in FORMATS {
+        let (rows, cols) = (5, cols_for(format));
+        let (m, reference) = quantised(format, rows, cols, 1);
+        assert_eq!(m.bytes(), rows * cols / format.unit_values() * format.unit_bytes());
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            m.dequantize_row(r, &mut row);
+            for (i, (ours, theirs)) in row.iter().zip(&reference[r * cols..(r + 1) * cols]).enumerate() {
+                // Same products, at most one rounding apart (`d*q + (-8d)` against `(q - 8)*d`).
+                assert!(
+                    (ours - theirs).abs() <= 1e-6 * theirs.abs().max(1.0),
+                    "{format:?} row {r} value {i}: {ours} vs {theirs}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_tier_equals_the_dequantised_product_and_batches_exactly() {
+    // 37 rows (the tiles' one-row tail), 13 activation rows (tiles of 8, 4 and 1).
+    let (rows, t_rows) = (37, 13);
+    for format in FORMATS {
+        let cols = cols_for(format);
+        let (m, w) = quantised(format, rows, cols, 2);
+        let x = weights(t_rows, cols, 3);
+        let mut a = Q8Acts::default();
+        a.quantize(&x, t_rows, cols);
+        // The plain product of candle's f32 weights and the activations as quantised, in f64.
+        let mut exact = vec![0f64; t_rows * rows];
+        let mut bound = vec![0f64; t_rows * rows];
+        for t in 0..t_rows {
+            let (aq, s) = a.row(t);
+            for n in 0..rows {
+                for k in 0..cols {
+                    let term = w[n * cols + k] as f64 * aq[k] as f64 * s[k / QK] as f64;
+                    exact[t * rows + n] += term;
+                    bound[t * rows + n] += term.abs();
+                }
+            }
+        }
+        let mut first: Option<Vec<f32>> = None;
+        for tier in Tier::available() {
+            let mut out = vec![0f32; t_rows * rows];
+            matmul_blocks(&m, &a, &mut out, tier);
+            for (i, (got, want)) in out.iter().zip(&exact).enumerate() {
+                let err = (*got as f64 - want).abs();
+                assert!(err <= 1e-5 * bound[i] + 1e-6, "{format:?} {tier:?} output {i}: {got} vs {want}");
+            }
+            // Each row alone gives the same bits as in the batch.
+            for t in [0, 5, 12] {
+                let mut one = Q8Acts::default();
+                one.quantize(&x[t * cols..(t + 1) * cols], 1, cols);
+                let mut single = vec![0f32; rows];
+                matmul_blocks(&m, &one, &mut single, tier);
+                assert_eq!(&out[t * rows..(t + 1) * rows], &single[..], "{format:?} {tier:?} row {t}");
+            }
+            // The tiers sum in other orders: close, not equal.
+            if let Some(first) = &first {
+                for (i, (x, y)) in out.iter().zip(first).enumerate() {
+                    assert!(((x - y) as f64).abs() <= 1e-5 * bound[i] + 1e-6, "{format:?} {tier:?} vs scalar at {i}");
+                }
+            } else {
+                first = Some(out);
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_blocks_stay_exact() {
+    // Largest magnitudes the formats hold: every value at the top of its range, so the unsigned
+    // values reach 15, 31 or 63 and AVX2's pairwise i16 sums their largest (63 * 127 * 2).
+    for format in FORMATS {
+        let cols = cols_for(format);
+        let mut data = vec![1000f32; cols];
+        for (i, v) in data.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                *v = -1000.0;
+            }
+        }
+        let t = Tensor::from_vec(data.clone(), (1, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, format.dtype()).unwrap();
+        let w = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let m = BlockMatrix::from_raw(format, q.data().unwrap().into_owned(), 1, cols).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| if i % 2 == 0 { 127.0 } else { -127.0 }).collect();
+        let mut a = Q8Acts::default();
+        a.quantize(&x, 1, cols);
+        let (aq, s) = a.row(0);
+        let want: f64 = (0..cols).map(|k| w[k] as f64 * aq[k] as f64 * s[k / QK] as f64).sum();
+        let bound: f64 = (0..cols).map(|k| (w[k] as f64 * aq[k] as f64 * s[k / QK] as f64).abs()).sum();
+        for tier in Tier::available() {
+            let mut out = [0f32];
+            matmul_blocks(&m, &a, &mut out, tier);
+            assert!((out[0] as f64 - want).abs() <= 1e-5 * bound, "{format:?} {tier:?}: {} vs {want}", out[0]);
+        }
+    }
+}
+
+#[test]
+fn shapes_that_are_not_whole_units_are_refused() {
+    assert!(BlockMatrix::from_raw(BlockFormat::Q4K, vec![0; 144], 1, 256).is_some());
+    assert!(BlockMatrix::from_raw(BlockFormat::Q4K, vec![0; 143], 1, 256).is_none());
+    assert!(BlockMatrix::from_raw(BlockFormat::Q4K, vec![0; 72], 1, 128).is_none());
+    // One legacy block is half a unit.
+    assert!(BlockMatrix::from_raw(BlockFormat::Q5_0, vec![0; 22], 1, 32).is_none());
+    assert!(BlockMatrix::from_raw(BlockFormat::Q5_0, vec![0; 44], 1, 64).is_some());
+    assert_eq!(BlockFormat::of(GgmlDType::Q6K), Some(BlockFormat::Q6K));
+    assert_eq!(BlockFormat::of(GgmlDType::Q8_0), None);
+}
+
+#[test]
+fn stacked_blocks_compute_each_part() {
+    let cols = 256;
+    let (a1, _) = quantised(BlockFormat::Q6K, 3, cols, 7);
+    let (a2, _) = quantised(BlockFormat::Q6K, 4, cols, 8);
+    let stacked = Weights::vstack(vec![Weights::Block(a1.clone()), Weights::Block(a2.clone())]);
+    assert!(matches!(&stacked, Weights::Block(b) if b.rows() == 7));
+    let (mut r1, mut r2, mut all) = (vec![0f32; cols], vec![0f32; cols], vec![0f32; cols]);
+    a1.dequantize_row(2, &mut r1);
+    stacked.dequantize_row(2, &mut all);
+    assert_eq!(r1, all);
+    a2.dequantize_row(0, &mut r2);
+    stacked.dequantize_row(3, &mut all);
+    assert_eq!(r2, all);
+    // Mixed formats fall back to int8.
+    let (b, _) = quantised(BlockFormat::Q4K, 2, cols, 9);
+    assert!(matches!(Weights::vstack(vec![Weights::Block(a1), Weights::Block(b)]), Weights::Q8(_)));
+}
