@@ -51,13 +51,15 @@ pub struct LoadedModel {
 
 /// How matrices are kept that are not already in a format the kernels use as stored (Q4_1, the
 /// K-quants, Q4_0, Q5_0, Q5_1; `--quantize`): int8 blocks of 32 with an f32 scale (the default),
-/// Q4_1, or Q4_K (Q5_0 for rows that are not a multiple of 256 long, as llama.cpp's Q4_K_M does).
+/// Q4_1, Q4_K (Q5_0 for rows that are not a multiple of 256 long, as llama.cpp's Q4_K_M does), or
+/// none: float tensors (F32, F16, BF16, safetensors) stay f32, the others int8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Quantize {
     #[default]
     Q8_0,
     Q4_1,
     Q4K,
+    None,
 }
 
 impl Quantize {
@@ -66,6 +68,7 @@ impl Quantize {
             "q8_0" => Some(Quantize::Q8_0),
             "q4_1" => Some(Quantize::Q4_1),
             "q4_k" => Some(Quantize::Q4K),
+            "none" => Some(Quantize::None),
             _ => None,
         }
     }
@@ -248,8 +251,10 @@ fn matrix_permuted(
         Some((heads, hd)) => arch::halves_to_pairs(&data, heads, hd, cols),
         None => data,
     };
+    let float = matches!(stored, None | Some(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16));
     let dtype = match file.quantize {
-        Quantize::Q8_0 => return Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols))),
+        Quantize::None if float => return Ok(Weights::F32(kernels::F32Matrix::new(data, rows, cols))),
+        Quantize::Q8_0 | Quantize::None => return Ok(Weights::Q8(Q8Matrix::from_f32(&data, rows, cols))),
         Quantize::Q4_1 => GgmlDType::Q4_1,
         Quantize::Q4K if BlockFormat::Q4K.fits(cols) => GgmlDType::Q4K,
         Quantize::Q4K => GgmlDType::Q5_0,

@@ -137,6 +137,8 @@ pub struct Llama {
     /// RoPE tables of the global base, and of the sliding layers' base where it differs.
     rope: RopeTable,
     rope_swa: Option<RopeTable>,
+    /// Some matrix is f32 (`--quantize none`): matmuls need the activations in f32 too.
+    f32_acts: bool,
 }
 
 /// cos / sin of position p and pair i at `[p * head_dim / 2 + i]`.
@@ -221,7 +223,10 @@ impl Llama {
         lm_head: Option<Weights>,
     ) -> Self {
         let (rope, rope_swa) = (RopeTable::global(&config), RopeTable::sliding(&config));
-        Llama { config, embed, layers, out_norm, lm_head, rope, rope_swa }
+        let f32_acts = lm_head.as_ref().is_some_and(Weights::needs_f32_acts)
+            || embed.needs_f32_acts()
+            || layers.iter().any(|l| [&l.qkv, &l.o, &l.gate_up, &l.down].into_iter().any(Weights::needs_f32_acts));
+        Llama { config, embed, layers, out_norm, lm_head, rope, rope_swa, f32_acts }
     }
 
     fn rope_of(&self, layer: usize) -> &RopeTable {
@@ -262,6 +267,7 @@ impl Llama {
             }
         }
         let mut s = Scratch::default();
+        s.acts.keep_f32 = self.f32_acts;
         for (li, layer) in self.layers.iter().enumerate() {
             self.attention_block(li, layer, seqs, &rows, &mut x, &mut s);
             self.ffn_block(li, layer, seqs, &rows, &mut x, &mut s);

@@ -4,6 +4,8 @@
 //! with an index, `config.json`), then loaded from the directory: it must compute what the GGUF
 //! computes.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 use tandem_model::arch::pairs_to_halves;
@@ -176,6 +178,28 @@ fn a_checkpoint_directory_computes_what_its_gguf_computes() {
         // bf16 weights requantised to int8 against Q4_1 / Q5_0 kept as stored: small; a wrong
         // row order, name or norm convention moves logits by their own size.
         assert!(diff < 0.05 * scale, "{arch:?}: the directory computes something else ({diff} of {scale})");
+
+        // `--quantize none`: the directory's bf16 weights kept as f32 and multiplied with f32
+        // activations, against the exact forward of the GGUF (whose values the bf16 copies
+        // round): far closer than any int8 path, and batched exactly like the others.
+        let exact = common::naive_logits(&gguf, &tokens);
+        let dense = tandem_model::load_model(&dir, tandem_model::Quantize::None).unwrap();
+        assert!(matches!(dense.model.layers[0].gate_up, tandem_model::kernels::Weights::F32(_)));
+        let f32_logits = logits(&dense.model, &tokens);
+        let max_diff = |v: &[f32]| exact.iter().zip(v).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        let (dense_diff, int8_diff) = (max_diff(&f32_logits), max_diff(&got));
+        eprintln!("{arch:?}: f32 weights differ from the exact forward by {dense_diff}, int8 by {int8_diff}");
+        assert!(dense_diff < 0.01 * scale && dense_diff < int8_diff, "{arch:?}: f32 weights drift");
+        let mut c1 = KvCache::new(dense.model.config.n_layer, dense.model.config.kv_dim());
+        let mut c2 = KvCache::new(dense.model.config.n_layer, dense.model.config.kv_dim());
+        let batched = dense
+            .model
+            .forward(&mut [
+                SeqInput { tokens: &[256, 72], cache: &mut c1, adapter: None, logits: Logits::Last },
+                SeqInput { tokens: &tokens, cache: &mut c2, adapter: None, logits: Logits::Last },
+            ])
+            .unwrap();
+        assert_eq!(batched[1][0], f32_logits, "{arch:?}: batched f32 output must equal unbatched");
 
         let meta = &from_dir.tokenizer;
         assert_eq!((meta.eos_id, meta.bos_id, meta.add_bos), (Some(257), Some(256), false));

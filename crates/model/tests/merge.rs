@@ -117,7 +117,7 @@ fn halves_order_architectures_merge_in_the_files_row_order() {
             .map(|l| {
                 Module::ALL.map(|m| {
                     let (din, dout) = m.dims(&c);
-                    let on = if m.rotary_rows() { 0.5 } else { 0.0 };
+                    let on = if m.rotary_rows() { 1.0 } else { 0.0 };
                     let seed = (l * 7 + m as usize) as u64;
                     PairData {
                         a: testing::weights(rank * din, 1000 + seed).iter().map(|w| w * 0.5).collect(),

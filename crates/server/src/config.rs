@@ -87,7 +87,7 @@ pub struct ServeArgs {
     pub lora_root: Option<PathBuf>,
     /// How weight matrices are kept that are not stored in a format the kernels use as it is
     /// (Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q5_1): `q8_0` (int8 blocks of 32, the default),
-    /// `q4_1` or `q4_k` (about half the memory).
+    /// `q4_1` or `q4_k` (about half the memory), or `none` (float tensors stay f32).
     #[arg(long, env = "TANDEM_QUANTIZE")]
     pub quantize: Option<String>,
 }
@@ -180,7 +180,7 @@ impl ServeConfig {
             quantize: match args.quantize.or(file.quantize) {
                 None => tandem_model::Quantize::default(),
                 Some(q) => tandem_model::Quantize::parse(&q)
-                    .ok_or_else(|| anyhow::anyhow!("--quantize {q:?}: expected q8_0, q4_1 or q4_k"))?,
+                    .ok_or_else(|| anyhow::anyhow!("--quantize {q:?}: expected q8_0, q4_1, q4_k or none"))?,
             },
         })
     }

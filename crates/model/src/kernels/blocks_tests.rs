@@ -172,3 +172,34 @@ fn stacked_blocks_compute_each_part() {
     let (b, _) = quantised(BlockFormat::Q4K, 2, cols, 9);
     assert!(matches!(Weights::vstack(vec![Weights::Block(a1), Weights::Block(b)]), Weights::Q8(_)));
 }
+
+#[test]
+fn f32_weights_use_the_float_activations_and_batch_exactly() {
+    let (rows, cols, t_rows) = (19, 96, 6);
+    let w = weights(rows, cols, 11);
+    let x = weights(t_rows, cols, 12);
+    let m = Weights::F32(F32Matrix::new(w.clone(), rows, cols));
+    assert!(m.needs_f32_acts());
+    let mut a = Q8Acts::default();
+    a.keep_f32 = true;
+    a.quantize(&x, t_rows, cols);
+    let mut out = vec![0f32; t_rows * rows];
+    matmul(&m, &a, &mut out);
+    for t in 0..t_rows {
+        for n in 0..rows {
+            let want: f64 = (0..cols).map(|k| w[n * cols + k] as f64 * x[t * cols + k] as f64).sum();
+            assert!((out[t * rows + n] as f64 - want).abs() < 1e-4, "({t}, {n})");
+        }
+        let mut one = Q8Acts::default();
+        one.keep_f32 = true;
+        one.quantize(&x[t * cols..(t + 1) * cols], 1, cols);
+        let mut single = vec![0f32; rows];
+        matmul(&m, &one, &mut single);
+        assert_eq!(&out[t * rows..(t + 1) * rows], &single[..]);
+    }
+    // Without the float copy the product is refused, not computed from stale values.
+    let mut plain = Q8Acts::default();
+    plain.quantize(&x, t_rows, cols);
+    assert!(plain.values().is_none());
+    assert!(std::panic::catch_unwind(|| matmul(&m, &plain, &mut vec![0f32; t_rows * rows])).is_err());
+}

@@ -22,6 +22,7 @@ pub mod blocks;
 mod blocks_simd;
 pub mod causal;
 pub mod cpu;
+mod dense;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 mod q4;
@@ -31,6 +32,7 @@ mod simd;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
 pub use blocks::{BlockFormat, BlockMatrix};
+pub use dense::F32Matrix;
 use cpu::{cpu, Avx2Fma, SharedOut};
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
@@ -43,6 +45,8 @@ pub enum Weights {
     Q4(Q4Matrix),
     /// The K-quants and Q4_0/Q5_0/Q5_1 as stored (`blocks`).
     Block(BlockMatrix),
+    /// Plain f32 (`--quantize none`); needs the activations' f32 copy (`Q8Acts::keep_f32`).
+    F32(F32Matrix),
 }
 
 impl Weights {
@@ -51,6 +55,7 @@ impl Weights {
             Weights::Q8(w) => w.rows(),
             Weights::Q4(w) => w.rows(),
             Weights::Block(w) => w.rows(),
+            Weights::F32(w) => w.rows(),
         }
     }
 
@@ -59,6 +64,7 @@ impl Weights {
             Weights::Q8(w) => w.cols(),
             Weights::Q4(w) => w.cols(),
             Weights::Block(w) => w.cols(),
+            Weights::F32(w) => w.cols(),
         }
     }
 
@@ -67,6 +73,7 @@ impl Weights {
             Weights::Q8(w) => w.bytes(),
             Weights::Q4(w) => w.bytes(),
             Weights::Block(w) => w.bytes(),
+            Weights::F32(w) => w.bytes(),
         }
     }
 
@@ -75,6 +82,7 @@ impl Weights {
             Weights::Q8(w) => w.dequantize_row(r, out),
             Weights::Q4(w) => w.dequantize_row(r, out),
             Weights::Block(w) => w.dequantize_row(r, out),
+            Weights::F32(w) => w.dequantize_row(r, out),
         }
     }
 
@@ -83,7 +91,7 @@ impl Weights {
         match self {
             Weights::Q8(w) => Weights::Q8(w.lanes_only()),
             Weights::Q4(w) => Weights::Q4(w.lanes_only()),
-            Weights::Block(w) => Weights::Block(w),
+            w @ (Weights::Block(_) | Weights::F32(_)) => w,
         }
     }
 
@@ -96,6 +104,11 @@ impl Weights {
                     parts.into_iter().filter_map(|p| if let Weights::Block(w) = p { Some(w) } else { None }).collect();
                 return Weights::Block(BlockMatrix::vstack(&blocks));
             }
+        }
+        if parts.iter().all(|p| matches!(p, Weights::F32(_))) {
+            let dense: Vec<F32Matrix> =
+                parts.into_iter().filter_map(|p| if let Weights::F32(w) = p { Some(w) } else { None }).collect();
+            return Weights::F32(F32Matrix::vstack(&dense));
         }
         if parts.iter().all(|p| matches!(p, Weights::Q4(_))) {
             let q4: Vec<Q4Matrix> =
@@ -120,12 +133,20 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// Whether multiplying needs the activations' f32 copy (`Q8Acts::keep_f32`).
+    pub fn needs_f32_acts(&self) -> bool {
+        matches!(self, Weights::F32(_))
+    }
+}
+
 /// `out[t, n] = sum_k w[n, k] * a[t, k]` for any weight format. `out` is row-major (T, N).
 pub fn matmul(w: &Weights, a: &Q8Acts, out: &mut [f32]) {
     match w {
         Weights::Q8(w) => matmul_q8(w, a, out),
         Weights::Q4(w) => matmul_q4(w, a, out),
         Weights::Block(w) => matmul_blocks(w, a, out, Tier::best()),
+        Weights::F32(w) => dense::matmul_f32(w, a, out),
     }
 }
 

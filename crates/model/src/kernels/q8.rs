@@ -157,6 +157,9 @@ pub struct Q8Acts {
     /// Per half block (16 values), the sum of the quants times the block's scale: the minimum's
     /// term of the block formats, whose sub-blocks are 16 values (`blocks`).
     scaled_sums16: Vec<f32>,
+    /// Whether `quantize` also keeps the f32 input (for f32 weights, `--quantize none`).
+    pub keep_f32: bool,
+    values: Vec<f32>,
 }
 
 impl Q8Acts {
@@ -175,6 +178,10 @@ impl Q8Acts {
         self.sums.resize(rows * bpr, 0);
         self.scaled_sums.resize(rows * bpr, 0.0);
         self.scaled_sums16.resize(rows * bpr * 2, 0.0);
+        self.values.clear();
+        if self.keep_f32 {
+            self.values.extend_from_slice(data);
+        }
         #[cfg(target_arch = "x86_64")]
         let simd = super::has_avx512_vnni();
         let row = |(((((x, q), s), sum), ss), ss16): RowParts<'_>| {
@@ -245,6 +252,11 @@ impl Q8Acts {
 
     pub(crate) fn all_scaled_sums(&self) -> &[f32] {
         &self.scaled_sums
+    }
+
+    /// The f32 input of the last `quantize`, when `keep_f32` was set.
+    pub fn values(&self) -> Option<&[f32]> {
+        (self.keep_f32 && self.values.len() == self.rows * self.cols).then_some(&self.values[..])
     }
 
     pub(crate) fn all_scaled_sums16(&self) -> &[f32] {
