@@ -32,8 +32,8 @@ mod simd;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
 pub use blocks::{BlockFormat, BlockMatrix};
-pub use dense::F32Matrix;
 use cpu::{cpu, Avx2Fma, SharedOut};
+pub use dense::F32Matrix;
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
 
