@@ -224,6 +224,9 @@ pub struct BlockMatrix {
     rows: usize,
     cols: usize,
     raw: Vec<u8>,
+    /// The same blocks in groups of 16 rows for the AVX-512 VNNI kernel, on CPUs that have it.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) lanes: Option<std::sync::Arc<super::blocks_lanes::BlockLanes>>,
 }
 
 impl BlockMatrix {
@@ -232,7 +235,45 @@ impl BlockMatrix {
         if !format.fits(cols) || raw.len() != rows * cols / format.unit_values() * format.unit_bytes() {
             return None;
         }
-        Some(BlockMatrix { format, rows, cols, raw })
+        Some(
+            BlockMatrix {
+                format,
+                rows,
+                cols,
+                raw,
+                #[cfg(target_arch = "x86_64")]
+                lanes: None,
+            }
+            .packed(),
+        )
+    }
+
+    /// With the lane-packed copy when the CPU has AVX-512 VNNI.
+    fn packed(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx512_vnni() {
+            self.lanes = Some(std::sync::Arc::new(super::blocks_lanes::BlockLanes::from_blocks(&self)));
+        }
+        self
+    }
+
+    /// Keeps only the lane-packed copy when there is one, as [`super::Q4Matrix::lanes_only`].
+    pub fn lanes_only(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if self.lanes.is_some() {
+            self.raw = Vec::new();
+        }
+        self
+    }
+
+    /// Without the lane-packed copy (tests of the row kernels).
+    #[doc(hidden)]
+    pub fn without_lanes(mut self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.lanes = None;
+        }
+        self
     }
 
     pub fn format(&self) -> BlockFormat {
@@ -248,7 +289,11 @@ impl BlockMatrix {
     }
 
     pub fn bytes(&self) -> usize {
-        self.raw.len()
+        #[cfg(target_arch = "x86_64")]
+        let lanes = self.lanes.as_ref().map_or(0, |p| p.bytes());
+        #[cfg(not(target_arch = "x86_64"))]
+        let lanes = 0;
+        self.raw.len() + lanes
     }
 
     /// Units per row.
@@ -259,12 +304,17 @@ impl BlockMatrix {
     /// Unit `u` of row `r`, as stored.
     #[inline(always)]
     pub fn unit(&self, r: usize, u: usize) -> &[u8] {
+        assert!(!self.raw.is_empty(), "units of a lanes-only matrix");
         let ub = self.format.unit_bytes();
         let at = (r * self.units() + u) * ub;
         &self.raw[at..at + ub]
     }
 
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(lanes)) = (self.raw.is_empty(), &self.lanes) {
+            return lanes.dequantize_row(r, out);
+        }
         let uv = self.format.unit_values();
         assert!(r < self.rows && out.len() >= self.cols);
         let mut up = Unpacked::default();
@@ -279,13 +329,16 @@ impl BlockMatrix {
     /// Stacks matrices of one format with equal `cols` (rows are whole units, so bytes append).
     pub fn vstack(parts: &[BlockMatrix]) -> BlockMatrix {
         let (format, cols) = (parts[0].format, parts[0].cols);
-        assert!(parts.iter().all(|p| p.format == format && p.cols == cols));
+        assert!(parts.iter().all(|p| p.format == format && p.cols == cols && !p.raw.is_empty()));
         BlockMatrix {
             format,
             rows: parts.iter().map(|p| p.rows).sum(),
             cols,
             raw: parts.iter().flat_map(|p| p.raw.iter().copied()).collect(),
+            #[cfg(target_arch = "x86_64")]
+            lanes: None,
         }
+        .packed()
     }
 }
 

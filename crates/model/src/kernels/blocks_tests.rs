@@ -33,6 +33,27 @@ fn quantised(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> (Block
     (BlockMatrix::from_raw(format, raw, rows, cols).unwrap(), back)
 }
 
+/// The matrix as each kernel sees it: as loaded (lane-packed on VNNI CPUs, then rows read back
+/// from the groups), and row-major only (the row tiles of every tier).
+/// The lane-packed copy is the VNNI tier's only; where it exists, the others need the rows.
+fn variants(m: &BlockMatrix, tier: Tier) -> Vec<(&'static str, BlockMatrix)> {
+    let mut v = vec![("row-major", m.clone().without_lanes())];
+    #[cfg(target_arch = "x86_64")]
+    let vnni = matches!(tier, Tier::Vnni(_));
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if vnni || !has_avx512_vnni() {
+        v.push(("loaded", m.clone().lanes_only()));
+    }
+    let _ = tier;
+    v
+}
+
+/// Every (tier, variant) pair this CPU runs.
+fn combos(m: &BlockMatrix) -> Vec<(Tier, &'static str, BlockMatrix)> {
+    Tier::available().into_iter().flat_map(|t| variants(m, t).into_iter().map(move |(k, v)| (t, k, v))).collect()
+}
+
 fn cols_for(format: BlockFormat) -> usize {
     if format.unit_values() == 256 {
         512
@@ -46,9 +67,9 @@ fn unpacking_equals_candles_dequantisation() {
     for format in FORMATS {
         let (rows, cols) = (5, cols_for(format));
         let (m, reference) = quantised(format, rows, cols, 1);
-        assert_eq!(m.bytes(), rows * cols / format.unit_values() * format.unit_bytes());
+        assert_eq!(m.clone().without_lanes().bytes(), rows * cols / format.unit_values() * format.unit_bytes());
         let mut row = vec![0f32; cols];
-        for r in 0..rows {
+        for (r, (_, _, m)) in (0..rows).flat_map(|r| combos(&m).into_iter().map(move |v| (r, v))) {
             m.dequantize_row(r, &mut row);
             for (i, (ours, theirs)) in row.iter().zip(&reference[r * cols..(r + 1) * cols]).enumerate() {
                 // Same products, at most one rounding apart (`d*q + (-8d)` against `(q - 8)*d`).
@@ -85,7 +106,8 @@ fn every_tier_equals_the_dequantised_product_and_batches_exactly() {
             }
         }
         let mut first: Option<Vec<f32>> = None;
-        for tier in Tier::available() {
+        for (tier, kind, m) in combos(&m) {
+            let m = &m;
             let mut out = vec![0f32; t_rows * rows];
             matmul_blocks(&m, &a, &mut out, tier);
             for (i, (got, want)) in out.iter().zip(&exact).enumerate() {
@@ -97,13 +119,16 @@ fn every_tier_equals_the_dequantised_product_and_batches_exactly() {
                 let mut one = Q8Acts::default();
                 one.quantize(&x[t * cols..(t + 1) * cols], 1, cols);
                 let mut single = vec![0f32; rows];
-                matmul_blocks(&m, &one, &mut single, tier);
-                assert_eq!(&out[t * rows..(t + 1) * rows], &single[..], "{format:?} {tier:?} row {t}");
+                matmul_blocks(m, &one, &mut single, tier);
+                assert_eq!(&out[t * rows..(t + 1) * rows], &single[..], "{format:?} {tier:?} {kind} row {t}");
             }
             // The tiers sum in other orders: close, not equal.
             if let Some(first) = &first {
                 for (i, (x, y)) in out.iter().zip(first).enumerate() {
-                    assert!(((x - y) as f64).abs() <= 1e-5 * bound[i] + 1e-6, "{format:?} {tier:?} vs scalar at {i}");
+                    assert!(
+                        ((x - y) as f64).abs() <= 1e-5 * bound[i] + 1e-6,
+                        "{format:?} {tier:?} {kind} vs scalar at {i}"
+                    );
                 }
             } else {
                 first = Some(out);
@@ -134,7 +159,7 @@ fn extreme_blocks_stay_exact() {
         let (aq, s) = a.row(0);
         let want: f64 = (0..cols).map(|k| w[k] as f64 * aq[k] as f64 * s[k / QK] as f64).sum();
         let bound: f64 = (0..cols).map(|k| (w[k] as f64 * aq[k] as f64 * s[k / QK] as f64).abs()).sum();
-        for tier in Tier::available() {
+        for (tier, _, m) in combos(&m) {
             let mut out = [0f32];
             matmul_blocks(&m, &a, &mut out, tier);
             assert!((out[0] as f64 - want).abs() <= 1e-5 * bound, "{format:?} {tier:?}: {} vs {want}", out[0]);

@@ -217,7 +217,7 @@ fn tile<const R: usize, const C: usize>(
 /// # Safety
 /// Rows `t..t+C` and the columns of groups `g..g+R` lie inside the (T, n_out) output at `out`.
 #[target_feature(enable = "avx512f")]
-unsafe fn store<const R: usize, const C: usize>(
+pub(crate) unsafe fn store<const R: usize, const C: usize>(
     _: Avx512Vnni,
     acc: &[[__m512; C]; R],
     g: usize,

@@ -19,6 +19,8 @@ mod attend;
 mod avx512;
 pub mod blocks;
 #[cfg(target_arch = "x86_64")]
+mod blocks_lanes;
+#[cfg(target_arch = "x86_64")]
 mod blocks_simd;
 pub mod causal;
 pub mod cpu;
@@ -91,7 +93,8 @@ impl Weights {
         match self {
             Weights::Q8(w) => Weights::Q8(w.lanes_only()),
             Weights::Q4(w) => Weights::Q4(w.lanes_only()),
-            w @ (Weights::Block(_) | Weights::F32(_)) => w,
+            Weights::Block(w) => Weights::Block(w.lanes_only()),
+            w @ Weights::F32(_) => w,
         }
     }
 
@@ -190,6 +193,10 @@ pub fn matmul_blocks(w: &BlockMatrix, a: &Q8Acts, out: &mut [f32], tier: Tier) {
     let (n_out, t_rows) = (w.rows(), a.rows());
     assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), n_out * t_rows);
+    #[cfg(target_arch = "x86_64")]
+    if let (Tier::Vnni(vnni), Some(packed)) = (tier, w.lanes.as_deref()) {
+        return blocks_lanes::matmul(vnni, packed, a, out);
+    }
     tiled(n_out, t_rows, out, |cols| tiles_of(cols, BlockTile(tier, w, a)));
 }
 
