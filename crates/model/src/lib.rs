@@ -225,6 +225,10 @@ fn matrix_permuted(
     let stored = file.source.gguf_dtype(name);
     let native = match stored {
         Some(GgmlDType::Q4_1) => cols.is_multiple_of(kernels::QK),
+        // Q8_0 is int8 already, unless a smaller `--quantize` was asked for.
+        Some(GgmlDType::Q8_0) => {
+            cols.is_multiple_of(kernels::QK) && matches!(file.quantize, Quantize::Q8_0 | Quantize::None)
+        }
         Some(t) => BlockFormat::of(t).is_some_and(|f| f.fits(cols)),
         None => false,
     };
@@ -271,6 +275,7 @@ fn stored_matrix(name: &str, dtype: GgmlDType, raw: Vec<u8>, rows: usize, cols: 
     let len = raw.len();
     let m = match BlockFormat::of(dtype) {
         Some(format) => BlockMatrix::from_raw(format, raw, rows, cols).map(Weights::Block),
+        None if dtype == GgmlDType::Q8_0 => Q8Matrix::from_q8_0_bytes(&raw, rows, cols).map(Weights::Q8),
         None => Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4),
     };
     m.ok_or_else(|| ModelError::Gguf(format!("{name}: {len} bytes do not make a ({rows}, {cols}) {dtype:?} matrix")))

@@ -86,7 +86,7 @@ pub struct ServeArgs {
     #[arg(long, env = "TANDEM_LORA_ROOT")]
     pub lora_root: Option<PathBuf>,
     /// How weight matrices are kept that are not stored in a format the kernels use as it is
-    /// (Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q5_1): `q8_0` (int8 blocks of 32, the default),
+    /// (Q4_1, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q5_1; Q8_0 unless q4_1 or q4_k is asked for): `q8_0` (int8 blocks of 32, the default),
     /// `q4_1` or `q4_k` (about half the memory), or `none` (float tensors stay f32).
     #[arg(long, env = "TANDEM_QUANTIZE")]
     pub quantize: Option<String>,

@@ -228,3 +228,25 @@ fn f32_weights_use_the_float_activations_and_batch_exactly() {
     assert!(plain.values().is_none());
     assert!(std::panic::catch_unwind(|| matmul(&m, &plain, &mut vec![0f32; t_rows * rows])).is_err());
 }
+
+#[test]
+fn q8_0_blocks_are_taken_as_they_are() {
+    let (rows, cols) = (17, 96);
+    let t = Tensor::from_vec(weights(rows, cols, 21), (rows, cols), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
+    let mut raw = q.data().unwrap().into_owned();
+    let back = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let m = Q8Matrix::from_q8_0_bytes(&raw, rows, cols).unwrap();
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        m.dequantize_row(r, &mut row);
+        assert_eq!(&row[..], &back[r * cols..(r + 1) * cols], "row {r}");
+    }
+    assert!(Q8Matrix::from_q8_0_bytes(&raw[1..], rows, cols).is_none());
+    // A -128 in a file is read as -127, the kernels' range.
+    raw[2] = 0x80;
+    let m = Q8Matrix::from_q8_0_bytes(&raw, rows, cols).unwrap();
+    m.dequantize_row(0, &mut row);
+    let d = half::f16::from_le_bytes([raw[0], raw[1]]).to_f32();
+    assert_eq!(row[0], -127.0 * d);
+}

@@ -37,6 +37,35 @@ impl Q8Matrix {
         .packed()
     }
 
+    /// From the raw bytes of a GGUF Q8_0 tensor of shape (rows, cols): its blocks are already
+    /// int8 with one scale, so they are taken as they are (no f32 copy of the matrix, which for
+    /// Gemma 3's 262,144-token embedding was 671 MB at load, and no requantisation). A -128
+    /// (never written by ggml's quantiser) becomes -127, the range the kernels assume.
+    pub fn from_q8_0_bytes(raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        const BLOCK_BYTES: usize = 34;
+        let blocks = rows * cols / QK;
+        if !cols.is_multiple_of(QK) || raw.len() != blocks * BLOCK_BYTES {
+            return None;
+        }
+        let mut quants = Vec::with_capacity(rows * cols);
+        let mut scales = Vec::with_capacity(blocks);
+        for b in raw.chunks_exact(BLOCK_BYTES) {
+            scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+            quants.extend(b[2..].iter().map(|q| (*q as i8).max(-127)));
+        }
+        Some(
+            Q8Matrix {
+                rows,
+                cols,
+                quants,
+                scales,
+                #[cfg(target_arch = "x86_64")]
+                lanes: None,
+            }
+            .packed(),
+        )
+    }
+
     /// With the lane-packed copy when the CPU has AVX-512 VNNI.
     fn packed(mut self) -> Self {
         #[cfg(target_arch = "x86_64")]
