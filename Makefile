@@ -116,6 +116,10 @@ fuzz-smoke:
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 \
 			|| exit 1; done
 
+# PostgreSQL for the store tests and the ART run on it (every machine of this project runs one).
+PG_ADMIN_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
+
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
 test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
@@ -128,6 +132,12 @@ test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)
 		$(BROWSER)/node_modules/axe-core/axe.min.js $(ART23ENV)/bin/python
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
+	@# The same RL loop with every record in PostgreSQL (a fresh database each run), when one answers.
+	@if psql "$(PG_ADMIN_URL)" -qc 'SELECT 1' >/dev/null 2>&1; then \
+		psql "$(PG_ADMIN_URL)" -qc 'DROP DATABASE IF EXISTS tandem_make_test' -c 'CREATE DATABASE tandem_make_test' && \
+		$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL) $(PG_TEST_URL); \
+	else echo "SKIPPED PostgreSQL: no server answers at $(PG_ADMIN_URL)" >&2; \
+		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)

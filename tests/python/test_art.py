@@ -509,10 +509,13 @@ async def run(server):
 
 def main():
     binary, model_path = sys.argv[1], sys.argv[2]
-    print(f"openpipe-art {ART_VERSION} on Python {sys.version.split()[0]}, tandem {binary}")
+    # An optional third argument: the server's --database-url (the PostgreSQL run of `make test`).
+    extra = ["--database-url", sys.argv[3]] if len(sys.argv) > 3 else []
+    store = "PostgreSQL" if extra else "SQLite"
+    print(f"openpipe-art {ART_VERSION} on Python {sys.version.split()[0]}, tandem {binary}, {store}")
     started = time.monotonic()
     try:
-        server = Server(binary, model_path, KEY, prefix="tandem-art-")
+        server = Server(binary, model_path, KEY, extra=extra, prefix="tandem-art-")
     except Exception as error:
         print(f"FAIL start: {error}")
         print(f"art-{ART_VERSION}: 0 passed, 1 failed")
@@ -531,7 +534,7 @@ def main():
         else:
             shutil.rmtree(server.data, ignore_errors=True)
     print(f"total {time.monotonic() - started:.0f}s")
-    print(f"art-{ART_VERSION}: {passed} passed, {failed} failed")
+    print(f"art-{ART_VERSION} ({store}): {passed} passed, {failed} failed")
     return 1 if failed else 0
 
 

@@ -24,7 +24,7 @@ const USER_DEFINED: i32 = 4;
 const BYTE: i32 = 6;
 
 /// The spec, each token's raw bytes, and which tokens are special.
-pub(crate) fn sentencepiece(meta: &TokenizerMeta) -> Result<(Value, Vec<Vec<u8>>, Vec<bool>), TokenizerError> {
+pub(crate) fn sentencepiece(meta: &TokenizerMeta) -> crate::tokenizer::Built<Value> {
     let n = meta.tokens.len();
     if meta.token_types.len() != n || meta.scores.len() != n {
         return Err(TokenizerError::Unsupported(format!(

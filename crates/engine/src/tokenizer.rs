@@ -59,7 +59,10 @@ fn byte_to_char() -> [char; 256] {
 
 /// SmolLM2 and other byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`): the
 /// `tokenizer.json` spec, each token's raw bytes, and which tokens are special.
-fn byte_level(meta: &TokenizerMeta) -> Result<(Value, Vec<Vec<u8>>, Vec<bool>), TokenizerError> {
+/// A built tokenizer with each token's bytes and whether it is special.
+pub(crate) type Built<T> = Result<(T, Vec<Vec<u8>>, Vec<bool>), TokenizerError>;
+
+fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
     let pre = match meta.pre.as_str() {
         // SmolLM2: every digit on its own, then GPT-2's byte-level split without prefix space.
         "smollm" => json!({"type": "Sequence", "pretokenizers": [
@@ -107,7 +110,7 @@ fn byte_level(meta: &TokenizerMeta) -> Result<(Value, Vec<Vec<u8>>, Vec<bool>), 
 /// A Hugging Face `tokenizer.json` as it is. Each id's raw bytes follow from its piece: through
 /// GPT-2's byte map where the tokenizer is byte-level, else SentencePiece's conventions (`▁` is a
 /// space, `<0xNN>` one byte).
-fn hugging_face(json: &str) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>, Vec<bool>), TokenizerError> {
+fn hugging_face(json: &str) -> Built<tokenizers::Tokenizer> {
     let inner: tokenizers::Tokenizer =
         json.parse().map_err(|e: tokenizers::Error| TokenizerError::Build(e.to_string()))?;
     let spec: Value = serde_json::from_str(json).map_err(|e| TokenizerError::Build(e.to_string()))?;

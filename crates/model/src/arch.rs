@@ -111,7 +111,7 @@ impl SlidingWindow {
     }
 
     pub fn slides(&self, layer: usize) -> bool {
-        (layer + 1) % self.period != 0
+        !(layer + 1).is_multiple_of(self.period)
     }
 
     /// The first position a query at `pos` attends to.

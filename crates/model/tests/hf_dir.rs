@@ -81,7 +81,9 @@ fn write_hf(gguf: &Path, dir: &Path, arch: Arch) {
             }
         }
     }
-    let mut shards: [Vec<(String, Vec<u8>, Vec<usize>)>; 2] = [Vec::new(), Vec::new()];
+    // Per shard: (name, bf16 bytes, shape).
+    type Shard = Vec<(String, Vec<u8>, Vec<usize>)>;
+    let mut shards: [Shard; 2] = [Vec::new(), Vec::new()];
     for (i, name) in names.iter().enumerate() {
         let (mut data, dims) = f.tensor_f32(name).unwrap();
         // llama.cpp interleaved Llama's q/k rows; Hugging Face keeps halves.

@@ -32,6 +32,10 @@ pub struct ServeArgs {
     /// Directory for the database, checkpoints and the first API key.
     #[arg(long, env = "TANDEM_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// The database: `sqlite://PATH` or `postgres://USER@HOST/DB` (default: SQLite in
+    /// `<data-dir>/tandem.db`).
+    #[arg(long, env = "TANDEM_DATABASE_URL")]
+    pub database_url: Option<String>,
     /// Base model to serve, a GGUF file or a Hugging Face checkpoint directory; repeat for several.
     #[arg(long = "model", env = "TANDEM_MODEL", value_delimiter = ',')]
     pub models: Vec<PathBuf>,
@@ -104,6 +108,7 @@ pub struct ServeConfig {
     pub host: String,
     pub port: u16,
     pub data_dir: PathBuf,
+    pub database_url: Option<String>,
     pub models: Vec<BaseModel>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
@@ -156,6 +161,7 @@ impl ServeConfig {
             host: args.host.or(file.host).unwrap_or_else(|| "127.0.0.1".into()),
             port: args.port.or(file.port).unwrap_or(8000),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("data")),
+            database_url: args.database_url.or(file.database_url),
             models,
             api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(64 << 20),

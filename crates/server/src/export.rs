@@ -7,13 +7,16 @@ use anyhow::{bail, Context};
 use clap::Args;
 use std::path::PathBuf;
 use tandem_model::merge::{merge_to_gguf, MergeFormat};
-use tandem_store::{CheckpointDir, Store};
+use tandem_store::CheckpointDir;
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// Data directory of the server.
     #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
+    /// The server's database when it is not `<data-dir>/tandem.db` (`postgres://...`).
+    #[arg(long, env = "TANDEM_DATABASE_URL")]
+    pub database_url: Option<String>,
     /// The model's id (a UUID, as `/v1/preview/models` lists it).
     #[arg(long = "model")]
     pub model_id: uuid::Uuid,
@@ -38,10 +41,10 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
         bail!("--format must be base, f32, f16 or q8_0, not {:?}", args.format);
     };
     // Never create a data directory: a mistyped path is an error, not an empty store.
-    if !args.data_dir.join("tandem.db").is_file() {
+    if args.database_url.is_none() && !args.data_dir.join("tandem.db").is_file() {
         bail!("{} is not a tandem data directory (it has no tandem.db)", args.data_dir.display());
     }
-    let store = crate::keys::open_store(&args.data_dir).await?;
+    let store = crate::keys::open_store(&args.data_dir, args.database_url.as_deref()).await?;
     let model = store
         .model_by_id(args.model_id)
         .await

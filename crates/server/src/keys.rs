@@ -4,13 +4,17 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
-use tandem_store::{SqliteStore, Store, StoreError};
+use std::sync::Arc;
+use tandem_store::{PostgresStore, SqliteStore, Store, StoreError};
 
 #[derive(Debug, Args)]
 pub struct KeysArgs {
     /// Data directory of the server.
     #[arg(long, env = "TANDEM_DATA_DIR", default_value = "data", global = true)]
     pub data_dir: PathBuf,
+    /// The server's database when it is not `<data-dir>/tandem.db` (`postgres://...`).
+    #[arg(long, env = "TANDEM_DATABASE_URL", global = true)]
+    pub database_url: Option<String>,
     #[command(subcommand)]
     pub command: KeysCommand,
 }
@@ -28,14 +32,41 @@ pub enum KeysCommand {
     Revoke { id_or_prefix: String },
 }
 
-/// Opens `<data-dir>/tandem.db`. The data directory holds every tenant's trajectories, keys and
-/// checkpoints: it is made (or tightened to) 0700, and the database file 0600 before SQLite opens
-/// it (SQLite gives its -wal and -shm files the database file's permissions).
-pub async fn open_store(data_dir: &Path) -> anyhow::Result<SqliteStore> {
+/// Opens the store `database_url` names, `<data-dir>/tandem.db` when it names none.
+///
+/// `sqlite://PATH` (or none) is SQLite: the data directory holds every tenant's trajectories,
+/// keys and checkpoints, so it is made (or tightened to) 0700, and the database file 0600 before
+/// SQLite opens it (SQLite gives its -wal and -shm files the database file's permissions).
+/// `postgres://` or `postgresql://` is PostgreSQL, its schema brought up to date on connect.
+pub async fn open_store(data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
     private_dir(data_dir)?;
-    let db = data_dir.join("tandem.db");
+    let db = match database_url {
+        None => data_dir.join("tandem.db"),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store =
+                PostgresStore::connect(url).await.with_context(|| format!("connecting to {}", redacted(url)))?;
+            return Ok(Arc::new(store));
+        }
+        Some(url) => match url.strip_prefix("sqlite://") {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => anyhow::bail!("--database-url {:?}: expected sqlite://PATH or postgres://...", redacted(url)),
+        },
+    };
     private_file(&db)?;
-    SqliteStore::open(&db).await.with_context(|| format!("opening {}", db.display()))
+    let store = SqliteStore::open(&db).await.with_context(|| format!("opening {}", db.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// A database URL without its password, for messages and logs.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
+        }
+        _ => url.to_string(),
+    }
 }
 
 pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
@@ -58,7 +89,7 @@ fn private_file(path: &Path) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
-    let store = open_store(&args.data_dir).await?;
+    let store = open_store(&args.data_dir, args.database_url.as_deref()).await?;
     match args.command {
         KeysCommand::Create { entity } => {
             if let Some(why) = tandem_core::names::name_problem(&entity) {

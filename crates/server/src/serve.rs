@@ -22,7 +22,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             bail!("model file {} not found (for the bundled model, run `make model`)", m.path.display());
         }
     }
-    let store = Arc::new(open_store(&config.data_dir).await?);
+    let store = open_store(&config.data_dir, config.database_url.as_deref()).await?;
     let lora_root = config.lora_root.as_deref().map(|r| lora_root(r, &config.data_dir)).transpose()?;
     let defaults = EngineConfig::default();
     let engine_config = EngineConfig {

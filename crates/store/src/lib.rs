@@ -2,15 +2,19 @@
 //! logs, training jobs and their events, datasets, stored Responses.
 //!
 //! The trait speaks domain records (`tandem_core::records`); SQL stays inside the backends.
-//! SQLite ([`SqliteStore`]) is the default; a PostgreSQL backend must pass the same behaviour test
-//! (`tests/behaviour.rs`). Entity scoping happens here: every read that takes an `entity` treats
-//! another entity's object exactly like a missing one. Checkpoint files live beside the database
-//! ([`CheckpointDir`]); the store only records their relative paths.
+//! SQLite ([`SqliteStore`]) is the default; PostgreSQL ([`PostgresStore`]), for several servers
+//! sharing one database, passes the same behaviour test (`tests/behaviour.rs`). Entity scoping
+//! happens here: every read that takes an `entity` treats another entity's object exactly like a
+//! missing one. Checkpoint files live beside the database ([`CheckpointDir`]); the store only
+//! records their relative paths.
 
 mod blobs;
+mod codec;
+mod postgres;
 mod sqlite;
 
 pub use blobs::{create_private_dir_all, CheckpointDir};
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 use async_trait::async_trait;
@@ -37,6 +41,9 @@ pub enum StoreError {
     Io(String),
 }
 
+/// One mapping for both backends: sqlx classifies each database's codes into an `ErrorKind`
+/// (SQLite's constraint codes; PostgreSQL's SQLSTATE 23505 unique and 23503 foreign-key
+/// violations), so the same situation gives the same variant whichever backend hit it.
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         use sqlx::error::ErrorKind;

@@ -32,10 +32,13 @@ struct BaseLayer {
     /// Qwen2: q, k, v biases as (1, out) rows.
     bias: Option<[Tensor; 3]>,
     /// Qwen3, Gemma 3: per-head RMS norm weights of q and k.
-    qk_norm: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
+    qk_norm: Option<NormPair>,
     /// Gemma 3: norms of the attention's and the MLP's outputs.
-    post_norms: Option<(Arc<Vec<f32>>, Arc<Vec<f32>>)>,
+    post_norms: Option<NormPair>,
 }
+
+/// Two norm weight vectors (q and k, or attention and MLP outputs).
+type NormPair = (Arc<Vec<f32>>, Arc<Vec<f32>>);
 
 /// Where token rows come from: the f32 embedding, or a quantised matrix (dequantised per token).
 enum Embedding {

@@ -249,7 +249,7 @@ pub async fn export_merged(
     if !MERGE_FORMATS.contains(&format.as_str()) {
         let mut v = Validator::new("query");
         v.at("format", |v| {
-            v.error("enum", &format!("Input should be one of {}", MERGE_FORMATS.join(", ")), &json!(format))
+            v.error("enum", format!("Input should be one of {}", MERGE_FORMATS.join(", ")), &json!(format))
         });
         return Err(ApiError::validation(v.into_errors()).into());
     }

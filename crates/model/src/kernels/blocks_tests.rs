@@ -109,7 +109,7 @@ fn every_tier_equals_the_dequantised_product_and_batches_exactly() {
         for (tier, kind, m) in combos(&m) {
             let m = &m;
             let mut out = vec![0f32; t_rows * rows];
-            matmul_blocks(&m, &a, &mut out, tier);
+            matmul_blocks(m, &a, &mut out, tier);
             for (i, (got, want)) in out.iter().zip(&exact).enumerate() {
                 let err = (*got as f64 - want).abs();
                 assert!(err <= 1e-5 * bound[i] + 1e-6, "{format:?} {tier:?} output {i}: {got} vs {want}");

@@ -8,30 +8,20 @@ use std::collections::BTreeMap;
 use tandem_core::records::{Checkpoint, Dataset, EventKind, Job, JobEvent, JobKind, JobStatus, LogEntry, ModelRecord};
 use uuid::Uuid;
 
+pub(crate) use crate::codec::{metrics_text, page};
+
 pub(crate) fn uuid(row: &SqliteRow, col: &str) -> Result<Uuid> {
-    let s: String = row.try_get(col)?;
-    Uuid::parse_str(&s).map_err(|e| StoreError::Database(format!("bad uuid in {col}: {e}")))
+    crate::codec::parse_uuid(&row.try_get::<String, _>(col)?, col)
 }
 
 pub(crate) fn json(row: &SqliteRow, col: &str) -> Result<Value> {
-    let s: String = row.try_get(col)?;
-    serde_json::from_str(&s).map_err(|e| StoreError::Database(format!("bad json in {col}: {e}")))
+    crate::codec::parse_json(&row.try_get::<String, _>(col)?, col)
 }
 
-/// A metrics column: its finite numbers. Anything else (a `null` that an older version wrote for
-/// a non-finite value; migration 0003 removes those on start-up) is skipped, so one bad value can
-/// never make a model's checkpoints or logs unreadable.
+/// A metrics column: its finite numbers (migration 0003 removes the `null`s that an older version
+/// wrote for non-finite values on start-up; reads skip any left).
 pub(crate) fn metrics(row: &SqliteRow, col: &str) -> Result<BTreeMap<String, f64>> {
-    let s: String = row.try_get(col)?;
-    let map: serde_json::Map<String, Value> =
-        serde_json::from_str(&s).map_err(|e| StoreError::Database(format!("bad metrics in {col}: {e}")))?;
-    Ok(map.into_iter().filter_map(|(k, v)| v.as_f64().filter(|x| x.is_finite()).map(|x| (k, x))).collect())
-}
-
-/// Only finite numbers are stored: JSON has no NaN or infinity (serde_json would write `null`).
-pub(crate) fn metrics_text(m: &BTreeMap<String, f64>) -> String {
-    let finite: BTreeMap<&String, &f64> = m.iter().filter(|(_, v)| v.is_finite()).collect();
-    serde_json::to_string(&finite).unwrap_or_else(|_| "{}".to_string())
+    crate::codec::parse_metrics(&row.try_get::<String, _>(col)?, col)
 }
 
 pub(crate) fn key(row: &SqliteRow) -> Result<ApiKeyRecord> {
@@ -130,11 +120,4 @@ pub(crate) fn event(row: &SqliteRow) -> Result<JobEvent> {
         data: json(row, "data")?,
         created_at: row.try_get("created_at")?,
     })
-}
-
-/// Splits `limit + 1` fetched rows into a page and whether more follow.
-pub(crate) fn page<T>(mut items: Vec<T>, limit: u32) -> tandem_core::records::Page<T> {
-    let has_more = items.len() > limit as usize;
-    items.truncate(limit as usize);
-    tandem_core::records::Page { items, has_more }
 }

@@ -1,0 +1,92 @@
+//! Uploaded datasets in PostgreSQL: each upload is the next version of its name, assigned inside
+//! the insert under the entity's datasets lock, so that two concurrent uploads cannot take the
+//! same one (SQLite's single writer gives that for free).
+
+use super::{entity_page, has_nul, lock_key, rows};
+use crate::{now_ms, NewDataset, Result, StoreError};
+use sqlx::{PgPool, Row};
+use tandem_core::records::{Dataset, Page, PageRequest};
+use uuid::Uuid;
+
+const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_bytes, created_at";
+
+pub(crate) async fn create(pool: &PgPool, new: &NewDataset) -> Result<Dataset> {
+    let sql = format!(
+        "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, created_at)
+         VALUES ($1, $2, $3, $4,
+                 (SELECT COALESCE(MAX(version) + 1, 0) FROM datasets WHERE entity = $2 AND project = $3 AND name = $4),
+                 $5, $6, $7, $8)
+         RETURNING {COLUMNS}"
+    );
+    let mut tx = pool.begin().await?;
+    // One lock per entity (not per name): it also keeps the entity's listing in `seq` order.
+    lock_key(&mut tx, "datasets", &new.entity).await?;
+    let row = sqlx::query(&sql)
+        .bind(tandem_core::new_id().to_string())
+        .bind(&new.entity)
+        .bind(&new.project)
+        .bind(&new.name)
+        .bind(new.num_rows)
+        .bind(new.data.len() as i64)
+        .bind(new.data.as_slice())
+        .bind(now_ms())
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    rows::dataset(&row)
+}
+
+pub(crate) async fn get(pool: &PgPool, entity: &str, id: Uuid) -> Result<Dataset> {
+    let sql = format!("SELECT {COLUMNS} FROM datasets WHERE id = $1 AND entity = $2");
+    let row = sqlx::query(&sql).bind(id.to_string()).bind(entity).fetch_one(pool).await?;
+    rows::dataset(&row)
+}
+
+pub(crate) async fn find(
+    pool: &PgPool,
+    entity: &str,
+    project: &str,
+    name: &str,
+    version: Option<i64>,
+) -> Result<Dataset> {
+    if has_nul(&[Some(entity), Some(project), Some(name)]) {
+        return Err(StoreError::NotFound);
+    }
+    let sql = format!(
+        "SELECT {COLUMNS} FROM datasets
+         WHERE entity = $1 AND project = $2 AND name = $3 AND ($4::bigint IS NULL OR version = $4)
+         ORDER BY version DESC LIMIT 1"
+    );
+    let row = sqlx::query(&sql).bind(entity).bind(project).bind(name).bind(version).fetch_one(pool).await?;
+    rows::dataset(&row)
+}
+
+pub(crate) async fn list(
+    pool: &PgPool,
+    entity: &str,
+    project: Option<&str>,
+    page: PageRequest,
+) -> Result<Page<Dataset>> {
+    entity_page(pool, "datasets", COLUMNS, (entity, project, None), page, rows::dataset).await
+}
+
+pub(crate) async fn data(pool: &PgPool, entity: &str, id: Uuid) -> Result<Vec<u8>> {
+    let row = sqlx::query("SELECT data FROM datasets WHERE id = $1 AND entity = $2")
+        .bind(id.to_string())
+        .bind(entity)
+        .fetch_one(pool)
+        .await?;
+    Ok(row.try_get::<Vec<u8>, _>(0)?)
+}
+
+pub(crate) async fn delete(pool: &PgPool, entity: &str, id: Uuid) -> Result<()> {
+    let done = sqlx::query("DELETE FROM datasets WHERE id = $1 AND entity = $2")
+        .bind(id.to_string())
+        .bind(entity)
+        .execute(pool)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::NotFound);
+    }
+    Ok(())
+}
