@@ -342,6 +342,72 @@ impl BlockMatrix {
     }
 }
 
+/// Which instructions a kernel runs with (the tests pick each one the CPU has).
+#[derive(Debug, Clone, Copy)]
+pub enum Tier {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(super::cpu::Avx2Fma),
+    #[cfg(target_arch = "x86_64")]
+    Vnni(super::cpu::Avx512Vnni),
+}
+
+impl Tier {
+    /// The fastest tier this CPU runs.
+    pub fn best() -> Tier {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(vnni) = super::cpu::cpu().vnni {
+            return Tier::Vnni(vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = super::cpu::cpu().avx2 {
+            return Tier::Avx2(avx2);
+        }
+        Tier::Scalar
+    }
+
+    /// Every tier this CPU runs, slowest first.
+    pub fn available() -> Vec<Tier> {
+        let mut tiers = vec![Tier::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        tiers.extend(super::cpu::cpu().avx2.map(Tier::Avx2));
+        #[cfg(target_arch = "x86_64")]
+        tiers.extend(super::cpu::cpu().vnni.map(Tier::Vnni));
+        tiers
+    }
+}
+
+/// The block formats' matmul (`blocks`) on one tier: `out[t, n] = sum_k w[n, k] * a[t, k]`.
+pub fn matmul_blocks(w: &BlockMatrix, a: &super::Q8Acts, out: &mut [f32], tier: Tier) {
+    let (n_out, t_rows) = (w.rows(), a.rows());
+    assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), n_out * t_rows);
+    #[cfg(target_arch = "x86_64")]
+    if let (Tier::Vnni(vnni), Some(packed)) = (tier, w.lanes.as_deref()) {
+        return super::blocks_lanes::matmul(vnni, packed, a, out);
+    }
+    super::tiled(n_out, t_rows, out, |cols| super::tiles_of(cols, BlockTile(tier, w, a)));
+}
+
+/// The block formats' tile kernel on one tier.
+struct BlockTile<'a>(Tier, &'a BlockMatrix, &'a super::Q8Acts);
+
+impl super::TileCall for BlockTile<'_> {
+    #[inline(always)]
+    fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
+        let (w, a) = (self.1, self.2);
+        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols());
+        match self.0 {
+            Tier::Scalar => tile_scalar::<R, C>(w, a, n, t),
+            // SAFETY: the tokens prove the features; the rows exist and the widths agree (asserted).
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2(avx2) => unsafe { super::blocks_simd::tile_avx2::<R, C>(avx2, w, a, n, t) },
+            #[cfg(target_arch = "x86_64")]
+            Tier::Vnni(vnni) => unsafe { super::blocks_simd::tile_vnni::<R, C>(vnni, w, a, n, t) },
+        }
+    }
+}
+
 /// The scalar tier: weight rows `n..n+R` times activation rows `t..t+C`, the reference the SIMD
 /// tiers are tested against (same sums, other float order).
 pub(crate) fn tile_scalar<const R: usize, const C: usize>(

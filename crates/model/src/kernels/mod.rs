@@ -33,7 +33,7 @@ pub mod sgemm;
 mod simd;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
-pub use blocks::{BlockFormat, BlockMatrix};
+pub use blocks::{matmul_blocks, BlockFormat, BlockMatrix, Tier};
 use cpu::{cpu, Avx2Fma, SharedOut};
 pub use dense::F32Matrix;
 pub use q4::Q4Matrix;
@@ -150,72 +150,6 @@ pub fn matmul(w: &Weights, a: &Q8Acts, out: &mut [f32]) {
         Weights::Q4(w) => matmul_q4(w, a, out),
         Weights::Block(w) => matmul_blocks(w, a, out, Tier::best()),
         Weights::F32(w) => dense::matmul_f32(w, a, out),
-    }
-}
-
-/// Which instructions a kernel runs with (the tests pick each one the CPU has).
-#[derive(Debug, Clone, Copy)]
-pub enum Tier {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx2(Avx2Fma),
-    #[cfg(target_arch = "x86_64")]
-    Vnni(cpu::Avx512Vnni),
-}
-
-impl Tier {
-    /// The fastest tier this CPU runs.
-    pub fn best() -> Tier {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(vnni) = cpu().vnni {
-            return Tier::Vnni(vnni);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let Some(avx2) = cpu().avx2 {
-            return Tier::Avx2(avx2);
-        }
-        Tier::Scalar
-    }
-
-    /// Every tier this CPU runs, slowest first.
-    pub fn available() -> Vec<Tier> {
-        let mut tiers = vec![Tier::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        tiers.extend(cpu().avx2.map(Tier::Avx2));
-        #[cfg(target_arch = "x86_64")]
-        tiers.extend(cpu().vnni.map(Tier::Vnni));
-        tiers
-    }
-}
-
-/// The block formats' matmul (`blocks`) on one tier: `out[t, n] = sum_k w[n, k] * a[t, k]`.
-pub fn matmul_blocks(w: &BlockMatrix, a: &Q8Acts, out: &mut [f32], tier: Tier) {
-    let (n_out, t_rows) = (w.rows(), a.rows());
-    assert_eq!(w.cols(), a.cols(), "inner dimensions differ");
-    assert_eq!(out.len(), n_out * t_rows);
-    #[cfg(target_arch = "x86_64")]
-    if let (Tier::Vnni(vnni), Some(packed)) = (tier, w.lanes.as_deref()) {
-        return blocks_lanes::matmul(vnni, packed, a, out);
-    }
-    tiled(n_out, t_rows, out, |cols| tiles_of(cols, BlockTile(tier, w, a)));
-}
-
-/// The block formats' tile kernel on one tier.
-struct BlockTile<'a>(Tier, &'a BlockMatrix, &'a Q8Acts);
-
-impl TileCall for BlockTile<'_> {
-    #[inline(always)]
-    fn call<const R: usize, const C: usize>(&self, n: usize, t: usize) -> [[f32; C]; R] {
-        let (w, a) = (self.1, self.2);
-        assert!(n + R <= w.rows() && t + C <= a.rows() && w.cols() == a.cols());
-        match self.0 {
-            Tier::Scalar => blocks::tile_scalar::<R, C>(w, a, n, t),
-            // SAFETY: the tokens prove the features; the rows exist and the widths agree (asserted).
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx2(avx2) => unsafe { blocks_simd::tile_avx2::<R, C>(avx2, w, a, n, t) },
-            #[cfg(target_arch = "x86_64")]
-            Tier::Vnni(vnni) => unsafe { blocks_simd::tile_vnni::<R, C>(vnni, w, a, n, t) },
-        }
     }
 }
 
