@@ -54,6 +54,15 @@ $(PYENV_OK):
 		gguf==$(GGUF_VERSION)
 	touch $@
 
+# moto in server mode: a local S3-compatible server for the cluster test's `s3://` blob store, in a
+# virtualenv of its own (created once).
+MOTOENV := target/motoenv
+MOTO_VERSION := 5.2.5
+$(MOTOENV)/.ok-$(MOTO_VERSION):
+	python3 -m venv $(MOTOENV)
+	$(MOTOENV)/bin/python -m pip install --quiet --disable-pip-version-check "moto[server]==$(MOTO_VERSION)"
+	touch $@
+
 # The browser tests' other needs: Debian's chromium (installed when missing; the machines run as
 # root) and axe-core from npm for the accessibility check.
 BROWSER := target/browser
@@ -121,7 +130,8 @@ PG_ADMIN_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
-test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION)
+test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION) \
+		$(MOTOENV)/.ok-$(MOTO_VERSION)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
 	node --test crates/api/src/dashboard/assets/
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
@@ -132,10 +142,14 @@ test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)
 		$(BROWSER)/node_modules/axe-core/axe.min.js $(ART23ENV)/bin/python
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
-	@# The same RL loop with every record in PostgreSQL (a fresh database each run), when one answers.
+	@# The same RL loop with every record in PostgreSQL (a fresh database each run), and the cluster
+	@# of api and trainer nodes on a file:// and an s3:// (moto) blob store, when a server answers.
 	@if psql "$(PG_ADMIN_URL)" -qc 'SELECT 1' >/dev/null 2>&1; then \
 		psql "$(PG_ADMIN_URL)" -qc 'DROP DATABASE IF EXISTS tandem_make_test' -c 'CREATE DATABASE tandem_make_test' && \
-		$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL) $(PG_TEST_URL); \
+		$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL) $(PG_TEST_URL) && \
+		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) file && \
+		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) s3 \
+			$(MOTOENV)/bin/python; \
 	else echo "SKIPPED PostgreSQL: no server answers at $(PG_ADMIN_URL)" >&2; \
 		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)

@@ -32,7 +32,7 @@ use tandem_core::health::Heartbeat;
 use tandem_core::inference::{ModelHandle, ReasoningParser, SharedBackend};
 use tandem_core::telemetry::TrainingMetrics;
 use tandem_core::trajectory::TrajectoryLimits;
-use tandem_store::{CheckpointDir, Store};
+use tandem_store::{Checkpoints, Store};
 use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -66,7 +66,7 @@ impl Default for Limits {
 /// What the api needs from the rest of the server.
 pub struct AppConfig {
     pub store: Arc<dyn Store>,
-    pub checkpoints: CheckpointDir,
+    pub checkpoints: Checkpoints,
     pub static_keys: auth::StaticKeys,
     /// Ids of the base models this server serves; the first is the default.
     pub served_models: Vec<String>,
@@ -151,7 +151,7 @@ impl AppState {
         self.0.store.as_ref()
     }
 
-    pub fn checkpoints(&self) -> &CheckpointDir {
+    pub fn checkpoints(&self) -> &Checkpoints {
         &self.0.checkpoints
     }
 

@@ -41,7 +41,7 @@ async fn job_rollouts_give_a_reward_curve_and_a_trajectory_browser() {
     // A queued job is not on the curve yet; a running one is, at the step it will make.
     let h = app.ok("GET", &format!("/v1/preview/models/{id}/history"), KEY_A, None).await;
     assert!(h["series"].as_array().unwrap().iter().all(|s| s["source"] != "jobs"), "{h}");
-    app.store.claim_next_job().await.unwrap().unwrap();
+    app.store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
     let h = app.ok("GET", &format!("/v1/preview/models/{id}/history"), KEY_A, None).await;
     let reward = h["series"].as_array().unwrap().iter().find(|s| s["key"] == "train/reward").cloned().unwrap();
     assert_eq!(reward["source"], "jobs");
@@ -193,7 +193,7 @@ async fn models_are_searched_and_summarised() {
     app.ok("POST", "/v1/preview/training-jobs", KEY_A, Some(body)).await;
     let queued = app.ok("GET", "/v1/preview/models?search=alpha&summary=true", KEY_A, None).await;
     assert_eq!(queued["data"][0]["summary"]["last_reward_key"], "val/reward", "a queued job is not on the curve yet");
-    app.store.claim_next_job().await.unwrap().unwrap();
+    app.store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
     let running = app.ok("GET", "/v1/preview/models?search=alpha&summary=true", KEY_A, None).await;
     let s = &running["data"][0]["summary"];
     assert_eq!((s["last_reward_key"].as_str(), s["last_reward"].as_f64()), (Some("train/reward"), Some(0.25)));

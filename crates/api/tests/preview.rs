@@ -260,7 +260,7 @@ async fn training_jobs_fail_honestly_without_a_trainer() {
 
     let worker = Worker::new(
         app.store.clone() as Arc<dyn Store>,
-        app.checkpoints.clone(),
+        tandem_store::Checkpoints::local(app.checkpoints.clone()),
         Arc::new(NoTrainer),
         WorkerConfig::default(),
     );
@@ -478,10 +478,15 @@ async fn history_gives_curves_per_metric_downsampled() {
         })
         .await
         .unwrap();
-    app.store.claim_next_job().await.unwrap().unwrap();
+    app.store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
     for loss in [2.0, 1.0] {
         app.store
-            .append_event(job.id, tandem_core::records::EventKind::GradientStep, &json!({"loss": loss}))
+            .append_event(
+                job.id,
+                tandem_store::TEST_OWNER,
+                tandem_core::records::EventKind::GradientStep,
+                &json!({"loss": loss}),
+            )
             .await
             .unwrap();
     }

@@ -97,7 +97,12 @@ async fn sft_jobs_name_a_dataset_and_report_like_rl_jobs() {
         .ok("POST", "/v1/preview/sft-training-jobs", KEY_A, Some(body("wandb-artifact:///a/proj/data:latest", config)))
         .await;
     assert_eq!((job["status"].as_str(), job["kind"].as_str()), (Some("queued"), Some("sft")));
-    let worker = Worker::new(app.store.clone(), app.checkpoints.clone(), Arc::new(NoTrainer), WorkerConfig::default());
+    let worker = Worker::new(
+        app.store.clone(),
+        tandem_store::Checkpoints::local(app.checkpoints.clone()),
+        Arc::new(NoTrainer),
+        WorkerConfig::default(),
+    );
     assert!(worker.run_once().await.unwrap());
     let id = job["id"].as_str().unwrap();
     let events = app.ok("GET", &format!("/v1/preview/training-jobs/{id}/events"), KEY_A, None).await;

@@ -5,8 +5,10 @@
 //! cancelled`); the store owns its transitions. It never touches HTTP or tensors: the trainer is
 //! a trait object, so the api crate can be tested with the worker and no model at all.
 
+mod lease;
 mod worker;
 
+pub use lease::renew_interval;
 pub use worker::{Worker, WorkerConfig};
 
 use serde_json::{Map, Value};
@@ -71,7 +73,9 @@ pub enum TrainError {
     Invalid(String),
     #[error("training job cancelled")]
     Cancelled,
-    /// The server is shutting down; the job is left for recovery at the next start.
+    /// The server is shutting down, or this trainer lost the job's lease: the run writes
+    /// nothing more, and the job is left for recovery (here at the next start, or another
+    /// trainer's).
     #[error("server shutting down")]
     Interrupted,
     #[error("training failed: {0}")]

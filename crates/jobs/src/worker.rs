@@ -1,5 +1,6 @@
 //! The worker loop: wait for work, claim, train, finish.
 
+use crate::lease::{spawn_renewals, LeaseFlags, Renewals};
 use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -12,7 +13,9 @@ use tandem_core::sequences::RlInputs;
 use tandem_core::sft::SftConfig;
 use tandem_core::telemetry::TrainingMetrics;
 use tandem_core::train_config::{KlReference, TrainConfig};
-use tandem_store::{now_ms, CheckpointDir, ClaimedJob, JobOutcome, NewCheckpoint, Store, StoreError};
+use tandem_store::{
+    now_ms, CheckpointDir, Checkpoints, ClaimedJob, JobOutcome, Lease, NewCheckpoint, Reclaim, Store, StoreError,
+};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -23,11 +26,25 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// A job interrupted by restarts this many times is failed instead of re-run.
     pub max_attempts: i64,
+    /// How long a claim holds a job without a renewal. A trainer that dies loses its job to
+    /// another trainer this long after its last renewal.
+    pub lease_ttl: Duration,
+    /// Names this trainer as the holder of its leases: unique per process start.
+    pub owner: String,
+    /// Which running jobs [`Worker::recover`] takes back at start-up: all of them where this is
+    /// the store's only process (SQLite), those whose lease ran out where trainers share it.
+    pub reclaim_at_start: Reclaim,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig { poll_interval: Duration::from_secs(1), max_attempts: 3 }
+        WorkerConfig {
+            poll_interval: Duration::from_secs(1),
+            max_attempts: 3,
+            lease_ttl: Duration::from_secs(30),
+            owner: format!("trainer-{}", tandem_core::new_id()),
+            reclaim_at_start: Reclaim::All,
+        }
     }
 }
 
@@ -35,7 +52,7 @@ impl Default for WorkerConfig {
 #[derive(Clone)]
 pub struct Worker {
     store: Arc<dyn Store>,
-    checkpoints: CheckpointDir,
+    checkpoints: Checkpoints,
     trainer: Arc<dyn Trainer>,
     wake: Arc<Notify>,
     stopping: Arc<AtomicBool>,
@@ -47,7 +64,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(
         store: Arc<dyn Store>,
-        checkpoints: CheckpointDir,
+        checkpoints: Checkpoints,
         trainer: Arc<dyn Trainer>,
         config: WorkerConfig,
     ) -> Self {
@@ -84,17 +101,32 @@ impl Worker {
         self.wake.notify_one();
     }
 
+    /// The lease this worker claims jobs under.
+    pub fn lease(&self) -> Lease {
+        Lease { owner: self.config.owner.clone(), ttl_ms: self.config.lease_ttl.as_millis() as i64 }
+    }
+
     /// Start-up recovery: re-queue or fail jobs a previous process left `running`, and remove
     /// checkpoint files that no checkpoint owns.
     pub async fn recover(&self) -> Result<(), StoreError> {
-        let r = self.store.recover_interrupted_jobs(self.config.max_attempts).await?;
-        if !r.requeued.is_empty() || !r.failed.is_empty() {
-            tracing::warn!(requeued = r.requeued.len(), failed = r.failed.len(), "recovered interrupted training jobs");
-        }
+        self.reclaim(self.config.reclaim_at_start).await?;
         let live = self.store.live_checkpoint_paths().await?;
-        let swept = self.checkpoints.sweep(&live)?;
-        if swept > 0 {
-            tracing::warn!(swept, "removed checkpoint files that no checkpoint owns");
+        let (local, shared) = self.checkpoints.sweep(&live, tandem_store::SWEEP_GRACE).await?;
+        if local + shared > 0 {
+            tracing::warn!(local, shared, "removed checkpoint files that no checkpoint owns");
+        }
+        Ok(())
+    }
+
+    async fn reclaim(&self, scope: Reclaim) -> Result<(), StoreError> {
+        let r = self.store.recover_interrupted_jobs(self.config.max_attempts, scope).await?;
+        if !r.requeued.is_empty() || !r.failed.is_empty() {
+            tracing::warn!(
+                requeued = r.requeued.len(),
+                failed = r.failed.len(),
+                ?scope,
+                "recovered interrupted training jobs"
+            );
         }
         Ok(())
     }
@@ -109,8 +141,17 @@ impl Worker {
             }
         }
         let _stopped = Stopped(self.heartbeat.clone());
+        let mut reclaimed_at: Option<Instant> = None;
         while !self.stopping.load(Ordering::SeqCst) {
             self.heartbeat.beat(now_ms(), false);
+            // Jobs of trainers that died (another process's, on a shared database) come back
+            // to the queue once their lease runs out; a few reads a lease are plenty.
+            if reclaimed_at.is_none_or(|t| t.elapsed() >= crate::lease::renew_interval(self.config.lease_ttl)) {
+                reclaimed_at = Some(Instant::now());
+                if let Err(e) = self.reclaim(Reclaim::Expired).await {
+                    tracing::error!(error = %e, "could not look for expired training job leases");
+                }
+            }
             match self.run_once().await {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -123,7 +164,7 @@ impl Worker {
 
     /// Claims and runs one job. `Ok(false)` when none was waiting.
     pub async fn run_once(&self) -> Result<bool, StoreError> {
-        let Some(claimed) = self.store.claim_next_job().await? else { return Ok(false) };
+        let Some(claimed) = self.store.claim_next_job(&self.lease()).await? else { return Ok(false) };
         let job_id = claimed.job.id;
         let entity = claimed.model.entity.clone();
         tracing::info!(%job_id, model_id = %claimed.model.id, attempt = claimed.job.attempts, "training job started");
@@ -131,6 +172,11 @@ impl Worker {
         let outcome = match self.run_claimed(claimed).await {
             Ok(outcome) => outcome,
             Err(StoreError::NotFound) => None, // the model was deleted meanwhile, and the job with it
+            // Another trainer re-claimed the job after this one could not renew its lease.
+            Err(StoreError::LeaseLost) => {
+                tracing::warn!(%job_id, "training job lost to another trainer; this run's results are dropped");
+                None
+            }
             Err(e) => {
                 tracing::error!(%job_id, error = %e, "training job could not be finished");
                 self.fail_until_recorded(&entity, job_id, format!("internal error: {e}")).await;
@@ -156,13 +202,14 @@ impl Worker {
             let recorded = async {
                 // ART reads `training_started` before anything else; add it if the job never got one.
                 if self.store.list_events(entity, job_id, PageRequest::first(1)).await?.items.is_empty() {
-                    self.store.append_event(job_id, EventKind::TrainingStarted, &json!({ "num_sequences": 0 })).await?;
+                    let data = json!({ "num_sequences": 0 });
+                    self.store.append_event(job_id, &self.config.owner, EventKind::TrainingStarted, &data).await?;
                 }
-                ignore_gone(self.store.finish_job(job_id, &outcome).await)
+                ignore_gone(self.store.finish_job(job_id, &self.config.owner, &outcome).await)
             }
             .await;
             match recorded {
-                Ok(_) => return,
+                Ok(_) | Err(StoreError::LeaseLost) => return,
                 Err(e) if self.stopping.load(Ordering::SeqCst) => {
                     tracing::error!(%job_id, error = %e, "could not record the job's failure; recovery at the next start ends it");
                     return;
@@ -183,7 +230,7 @@ impl Worker {
         let base_step = self.store.latest_step(claimed.model.id).await?;
         let base_checkpoint = if base_step > 0 {
             let cp = self.store.get_checkpoint(claimed.model.id, base_step).await?;
-            self.checkpoints.resolve(&cp.path)
+            self.checkpoints.local_dir(&cp.path).await?
         } else {
             None
         };
@@ -193,6 +240,8 @@ impl Worker {
         };
         let train_job = TrainJob { job_id, model: claimed.model.clone(), base_step, base_checkpoint, task };
         self.heartbeat.beat(now_ms(), true);
+        let flags = Arc::new(LeaseFlags::default());
+        let renewals = Renewals(spawn_renewals(self.store.clone(), job_id, self.lease(), flags.clone()));
         let kind = claimed.job.kind.as_str();
         let mut sink = StoreSink {
             heartbeat: self.heartbeat.clone(),
@@ -201,6 +250,8 @@ impl Worker {
             store: self.store.clone(),
             handle: Handle::current(),
             job_id,
+            owner: self.config.owner.clone(),
+            lease: flags.clone(),
             started: false,
             stopping: self.stopping.clone(),
             last_cancel_check: None,
@@ -212,6 +263,10 @@ impl Worker {
         })
         .await
         .map_err(|e| StoreError::Io(format!("trainer thread panicked: {e}")))?;
+        if flags.lost() {
+            // Whatever the run produced, the job is another trainer's now.
+            return Err(StoreError::LeaseLost);
+        }
         let outcome = match &result {
             Ok(_) => Some("succeeded"),
             Err(TrainError::Interrupted) => None,
@@ -221,13 +276,21 @@ impl Worker {
         match result {
             Ok(output) => self.succeed(&claimed.model.id, job_id, sink.started, output).await,
             Err(TrainError::Interrupted) => {
-                tracing::warn!(%job_id, "training job interrupted by shutdown; it resumes at the next start");
+                // The lease ends now rather than a whole lease from now, so a trainer sharing
+                // the store takes the job at its next look; alone, this process re-runs it at
+                // its next start.
+                renewals.stop().await;
+                let release = Lease { owner: self.config.owner.clone(), ttl_ms: 0 };
+                if let Err(e) = self.store.renew_lease(job_id, &release).await {
+                    tracing::warn!(%job_id, error = %e, "could not release the training job's lease");
+                }
+                tracing::warn!(%job_id, "training job interrupted by shutdown; it runs again from its stored inputs");
                 Ok(())
             }
             Err(TrainError::Cancelled) => {
                 self.ensure_started(job_id, sink.started).await?;
                 let outcome = JobOutcome::Cancelled { error_message: "training job cancelled".into() };
-                ignore_gone(self.store.finish_job(job_id, &outcome).await).map(|_| ())
+                ignore_gone(self.store.finish_job(job_id, &self.config.owner, &outcome).await).map(|_| ())
             }
             Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
         }
@@ -282,7 +345,7 @@ impl Worker {
         match reference {
             KlReference::Step(0) => Ok(Ok(ReferencePolicy::Base)),
             KlReference::Step(step) => match self.store.get_checkpoint(model_id, *step).await {
-                Ok(cp) => Ok(checkpoint(cp.step, self.checkpoints.resolve(&cp.path))),
+                Ok(cp) => Ok(checkpoint(cp.step, self.checkpoints.local_dir(&cp.path).await?)),
                 Err(StoreError::NotFound) => {
                     Ok(Err(format!("checkpoint {step}, the KL penalty's reference, no longer exists")))
                 }
@@ -294,7 +357,7 @@ impl Worker {
                 loop {
                     let p = self.store.list_checkpoints(model_id, page).await?;
                     if let Some(cp) = p.items.iter().find(|c| c.step <= target) {
-                        return Ok(checkpoint(cp.step, self.checkpoints.resolve(&cp.path)));
+                        return Ok(checkpoint(cp.step, self.checkpoints.local_dir(&cp.path).await?));
                     }
                     match (p.has_more, p.items.last()) {
                         (true, Some(last)) => page.after = Some(last.id),
@@ -317,24 +380,18 @@ impl Worker {
         let checkpoint_id = tandem_core::new_id();
         let path = CheckpointDir::relative_path(*model_id, checkpoint_id);
         let TrainOutput { files, metrics } = output;
-        let (dir, p) = (self.checkpoints.clone(), path.clone());
-        tokio::task::spawn_blocking(move || {
-            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-            dir.write_atomic(&p, &refs)
-        })
-        .await
-        .map_err(|e| StoreError::Io(e.to_string()))??;
+        self.checkpoints.publish(&path, files).await?;
         let step = self.store.latest_step(*model_id).await? + 1;
         let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path: path.clone(), metrics };
         let outcome = JobOutcome::Succeeded { checkpoint, event_data: json!({ "step": step }) };
-        match self.store.finish_job(job_id, &outcome).await {
+        match self.store.finish_job(job_id, &self.config.owner, &outcome).await {
             Ok(_) => {
                 tracing::info!(%job_id, step, "training job succeeded");
                 Ok(())
             }
             Err(e) => {
                 // The row was never recorded, so the files belong to nothing.
-                let _ = self.checkpoints.remove(&path);
+                let _ = self.checkpoints.remove(&path).await;
                 Err(e)
             }
         }
@@ -343,13 +400,15 @@ impl Worker {
     async fn fail(&self, job_id: Uuid, started: bool, error_message: String) -> Result<(), StoreError> {
         tracing::warn!(%job_id, %error_message, "training job failed");
         self.ensure_started(job_id, started).await?;
-        ignore_gone(self.store.finish_job(job_id, &JobOutcome::Failed { error_message }).await).map(|_| ())
+        let outcome = JobOutcome::Failed { error_message };
+        ignore_gone(self.store.finish_job(job_id, &self.config.owner, &outcome).await).map(|_| ())
     }
 
     /// Every job's events begin with `training_started` (ART requires it before anything else).
     async fn ensure_started(&self, job_id: Uuid, started: bool) -> Result<(), StoreError> {
         if !started {
-            self.store.append_event(job_id, EventKind::TrainingStarted, &json!({ "num_sequences": 0 })).await?;
+            let data = json!({ "num_sequences": 0 });
+            self.store.append_event(job_id, &self.config.owner, EventKind::TrainingStarted, &data).await?;
         }
         Ok(())
     }
@@ -372,6 +431,9 @@ struct StoreSink {
     store: Arc<dyn Store>,
     handle: Handle,
     job_id: Uuid,
+    /// This trainer, as the job's lease names it.
+    owner: String,
+    lease: Arc<LeaseFlags>,
     started: bool,
     stopping: Arc<AtomicBool>,
     last_cancel_check: Option<Instant>,
@@ -380,8 +442,11 @@ struct StoreSink {
 impl StoreSink {
     fn append(&self, kind: EventKind, data: Value) {
         self.heartbeat.beat(now_ms(), true);
-        if let Err(e) = self.handle.block_on(self.store.append_event(self.job_id, kind, &data)) {
-            tracing::error!(job_id = %self.job_id, error = %e, "could not append training event");
+        match self.handle.block_on(self.store.append_event(self.job_id, &self.owner, kind, &data)) {
+            Ok(_) => {}
+            // The trainer stops at its next `should_stop`.
+            Err(StoreError::LeaseLost) => self.lease.mark_lost(),
+            Err(e) => tracing::error!(job_id = %self.job_id, error = %e, "could not append training event"),
         }
     }
 }
@@ -408,8 +473,12 @@ impl TrainSink for StoreSink {
 
     fn should_stop(&mut self) -> Option<TrainError> {
         self.heartbeat.beat(now_ms(), true);
-        if self.stopping.load(Ordering::SeqCst) {
+        // A lost lease stops the run like a shutdown: nothing more is written for it.
+        if self.stopping.load(Ordering::SeqCst) || self.lease.lost() {
             return Some(TrainError::Interrupted);
+        }
+        if self.lease.cancel_requested() {
+            return Some(TrainError::Cancelled);
         }
         // Cancellation is a store read: at most a few per second.
         let due = self.last_cancel_check.is_none_or(|t| t.elapsed() >= Duration::from_millis(250));

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tandem_core::records::{JobKind, JobStatus, Order, PageRequest};
 use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink, Trainer, Worker, WorkerConfig};
-use tandem_store::{CheckpointDir, NewJob, NewModel, SqliteStore, Store};
+use tandem_store::{CheckpointDir, Checkpoints, Lease, NewJob, NewModel, Reclaim, SqliteStore, Store};
 use uuid::Uuid;
 
 /// What a scripted trainer does.
@@ -76,7 +76,10 @@ impl Fixture {
     fn worker(&self, script: Script) -> (Worker, Arc<Scripted>) {
         let trainer = Arc::new(Scripted { script, seen: Mutex::default() });
         let store = self.store.clone() as Arc<dyn Store>;
-        (Worker::new(store, self.checkpoints.clone(), trainer.clone(), WorkerConfig::default()), trainer)
+        (
+            Worker::new(store, Checkpoints::local(self.checkpoints.clone()), trainer.clone(), WorkerConfig::default()),
+            trainer,
+        )
     }
 
     async fn queue(&self) -> Uuid {
@@ -150,7 +153,9 @@ async fn shutdown_leaves_the_job_for_recovery() {
     run.await.unwrap();
     assert_eq!(f.store.get_job("e", job).await.unwrap().status, JobStatus::Running);
 
-    // The next process re-queues it, and it runs to the end.
+    // Stopping ended its lease: any trainer sharing the store takes it back now, not a lease later.
+    let r = f.store.recover_interrupted_jobs(3, Reclaim::Expired).await.unwrap();
+    assert_eq!(r.requeued, vec![job]);
     let (next, _) = f.worker(Script::Succeed);
     next.recover().await.unwrap();
     assert!(next.run_once().await.unwrap());
@@ -166,6 +171,35 @@ async fn shutdown_leaves_the_job_for_recovery() {
             "training_ended"
         ]
     );
+}
+
+/// A trainer whose job another trainer re-claimed (its lease ran out while it was cut off) learns
+/// it at its next renewal, stops, and writes nothing more: the job stays the other trainer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_that_loses_its_lease_stops_and_writes_nothing() {
+    let f = fixture().await;
+    let trainer = Arc::new(Scripted { script: Script::WaitForStop, seen: Mutex::default() });
+    let config = WorkerConfig { lease_ttl: Duration::from_millis(300), ..WorkerConfig::default() };
+    let worker =
+        Worker::new(f.store.clone() as Arc<dyn Store>, Checkpoints::local(f.checkpoints.clone()), trainer, config);
+    let job = f.queue().await;
+    let run = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.run_once().await }
+    });
+    while f.events(job).await.is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // What another trainer does once the lease has run out: re-queue, then claim.
+    f.store.recover_interrupted_jobs(3, Reclaim::All).await.unwrap();
+    let other = Lease { owner: "other".into(), ttl_ms: 60_000 };
+    assert_eq!(f.store.claim_next_job(&other).await.unwrap().unwrap().job.id, job);
+    assert!(run.await.unwrap().unwrap());
+    let done = f.store.get_job("e", job).await.unwrap();
+    assert_eq!((done.status, done.attempts), (JobStatus::Running, 2));
+    let kinds: Vec<String> = f.events(job).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kinds, vec!["training_started", "training_restarted"], "nothing from the first trainer after");
+    assert!(f.store.live_checkpoint_paths().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,16 @@ pub struct ServeArgs {
     /// `<data-dir>/tandem.db`).
     #[arg(long, env = "TANDEM_DATABASE_URL")]
     pub database_url: Option<String>,
+    /// Checkpoint files shared by every node: `file:///PATH`, `s3://BUCKET/PREFIX`,
+    /// `gs://BUCKET/PREFIX` or `az://CONTAINER/PREFIX`, credentials from each cloud's usual
+    /// variables (default: checkpoints only in `<data-dir>/checkpoints`, which then caches them).
+    #[arg(long, env = "TANDEM_BLOB_STORE")]
+    pub blob_store: Option<String>,
+    /// What this process does: `all` (serve the API and inference, and train), `api` (serve
+    /// the API and inference, train nothing; `inference` is the same role) or `trainer` (train
+    /// jobs from the shared queue; HTTP serves only /health and /metrics).
+    #[arg(long, env = "TANDEM_ROLE")]
+    pub role: Option<String>,
     /// Base model to serve, a GGUF file or a Hugging Face checkpoint directory; repeat for several.
     #[arg(long = "model", env = "TANDEM_MODEL", value_delimiter = ',')]
     pub models: Vec<PathBuf>,
@@ -84,6 +94,10 @@ pub struct ServeArgs {
     /// Times a training job interrupted by restarts is run again before it is failed.
     #[arg(long, env = "TANDEM_JOB_MAX_ATTEMPTS")]
     pub job_max_attempts: Option<i64>,
+    /// Seconds a trainer's claim on a job lasts without a renewal (renewed three times per
+    /// lease): on a shared database, a dead trainer's job goes to another this long after.
+    #[arg(long, env = "TANDEM_JOB_LEASE_SECONDS")]
+    pub job_lease_seconds: Option<f64>,
     /// Turns on `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
     /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`) for PEFT adapter directories under this one; off
     /// when unset. It may not overlap the data directory.
@@ -94,6 +108,45 @@ pub struct ServeArgs {
     /// `q4_1` or `q4_k` (about half the memory), or `none` (float tensors stay f32).
     #[arg(long, env = "TANDEM_QUANTIZE")]
     pub quantize: Option<String>,
+}
+
+/// What one process of a cluster does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Serves the API and inference, and trains: the single-process default.
+    All,
+    /// Serves the API and inference, trains nothing. Each such node serves inference itself
+    /// rather than forwarding to other nodes (docs/deploy.md says why).
+    Api,
+    /// Trains jobs from the shared queue; HTTP serves only `/health` and `/metrics`.
+    Trainer,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "all" => Some(Role::All),
+            "api" | "inference" => Some(Role::Api),
+            "trainer" => Some(Role::Trainer),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Api => "api",
+            Role::Trainer => "trainer",
+        }
+    }
+
+    pub fn trains(self) -> bool {
+        matches!(self, Role::All | Role::Trainer)
+    }
+
+    pub fn serves_api(self) -> bool {
+        matches!(self, Role::All | Role::Api)
+    }
 }
 
 /// One base model to serve.
@@ -109,6 +162,8 @@ pub struct ServeConfig {
     pub port: u16,
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
+    pub blob_store: Option<String>,
+    pub role: Role,
     pub models: Vec<BaseModel>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
@@ -124,6 +179,7 @@ pub struct ServeConfig {
     pub max_num_batched_tokens: Option<usize>,
     pub prefix_cache_tokens: Option<usize>,
     pub job_max_attempts: i64,
+    pub job_lease: std::time::Duration,
     pub lora_root: Option<PathBuf>,
     pub quantize: tandem_model::Quantize,
 }
@@ -162,6 +218,12 @@ impl ServeConfig {
             port: args.port.or(file.port).unwrap_or(8000),
             data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("data")),
             database_url: args.database_url.or(file.database_url),
+            blob_store: args.blob_store.or(file.blob_store),
+            role: match args.role.or(file.role) {
+                None => Role::All,
+                Some(r) => Role::parse(&r)
+                    .ok_or_else(|| anyhow::anyhow!("--role {r:?}: expected all, api, inference or trainer"))?,
+            },
             models,
             api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(64 << 20),
@@ -182,6 +244,10 @@ impl ServeConfig {
             max_num_batched_tokens: args.max_num_batched_tokens.or(file.max_num_batched_tokens).map(|n| n.max(1)),
             prefix_cache_tokens: args.prefix_cache_tokens.or(file.prefix_cache_tokens),
             job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
+            job_lease: match args.job_lease_seconds.or(file.job_lease_seconds).unwrap_or(30.0) {
+                s if s.is_finite() && (0.3..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
+                s => anyhow::bail!("--job-lease-seconds {s}: expected 0.3 to 86400"),
+            },
             lora_root: args.lora_root.or(file.lora_root),
             quantize: match args.quantize.or(file.quantize) {
                 None => tandem_model::Quantize::default(),

@@ -1,5 +1,6 @@
 //! The `tandem` binary: thin wiring over the library crates.
 
+mod cluster;
 mod config;
 mod export;
 mod keys;

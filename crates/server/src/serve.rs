@@ -13,7 +13,7 @@ use tandem_core::inference::SharedBackend;
 use tandem_engine::template::jail::TemplateJail;
 use tandem_engine::{Engine, EngineConfig};
 use tandem_jobs::{Worker, WorkerConfig};
-use tandem_store::{CheckpointDir, Store};
+use tandem_store::{BlobStore, CheckpointDir, Checkpoints, Reclaim, Store};
 use tandem_train::{LoraTrainer, ModelTokenizer, TrainBase};
 
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
@@ -23,6 +23,15 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         }
     }
     let store = open_store(&config.data_dir, config.database_url.as_deref()).await?;
+    if config.role != crate::config::Role::All {
+        // A node of a cluster shares the queue and the checkpoints with the others.
+        if store.single_process() {
+            bail!("--role {} needs a database the nodes share (--database-url postgres://...)", config.role.as_str());
+        }
+        if config.blob_store.is_none() {
+            bail!("--role {} needs --blob-store, where every node finds the checkpoints", config.role.as_str());
+        }
+    }
     let lora_root = config.lora_root.as_deref().map(|r| lora_root(r, &config.data_dir)).transpose()?;
     let defaults = EngineConfig::default();
     let engine_config = EngineConfig {
@@ -49,7 +58,15 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     })
     .await??;
     tracing::info!(secs = started.elapsed().as_secs_f32(), "models loaded");
-    let checkpoints = CheckpointDir::open(config.data_dir.join("checkpoints"))?;
+    let local = CheckpointDir::open(config.data_dir.join("checkpoints"))?;
+    let checkpoints = match &config.blob_store {
+        Some(url) => {
+            let blobs = BlobStore::open(url)?;
+            tracing::info!(blob_store = %blobs.url(), "checkpoint files are shared through the blob store");
+            Checkpoints::with_remote(local, blobs)
+        }
+        None => Checkpoints::local(local),
+    };
 
     let mut static_keys = StaticKeys::default();
     if let Some(key) = &config.api_key {
@@ -76,12 +93,29 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         store.clone(),
         checkpoints.clone(),
         trainer,
-        WorkerConfig { max_attempts: config.job_max_attempts, ..WorkerConfig::default() },
+        WorkerConfig {
+            max_attempts: config.job_max_attempts,
+            lease_ttl: config.job_lease,
+            // Alone on its store, this process's previous run left every running job; sharing
+            // it, only jobs whose lease ran out are orphans.
+            reclaim_at_start: if store.single_process() { Reclaim::All } else { Reclaim::Expired },
+            // Operators (and the cluster test) find the process that holds a job by its pid.
+            owner: format!("{} pid {} ({})", hostname(), std::process::id(), tandem_core::new_id()),
+            ..WorkerConfig::default()
+        },
     );
-    worker.recover().await.context("recovering interrupted training jobs")?;
+    let role = config.role;
+    if role.trains() {
+        worker.recover().await.context("recovering interrupted training jobs")?;
+    } else {
+        // A serving node's local copies of deleted checkpoints; the shared store is the
+        // trainers' to sweep.
+        let (live, dir) = (store.live_checkpoint_paths().await?, checkpoints.dir().clone());
+        tokio::task::spawn_blocking(move || dir.sweep(&live)).await??;
+    }
     let state = AppState::new(AppConfig {
         store: store.clone(),
-        checkpoints,
+        checkpoints: checkpoints.clone(),
         static_keys,
         served_models: config.models.iter().map(|m| m.id.clone()).collect(),
         limits: Limits { max_body_bytes: config.max_body_bytes, ..Limits::default() },
@@ -90,11 +124,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         per_entity_limit: config.per_entity_limit,
         priority_scheduling: config.priority_scheduling,
         reasoning_parser: config.reasoning_parser,
-        training_heartbeat: Some(worker.heartbeat()),
-        training_metrics: Some(worker.metrics()),
+        training_heartbeat: role.trains().then(|| worker.heartbeat()),
+        training_metrics: role.trains().then(|| worker.metrics()),
         lora_root,
     });
-    let worker_task = tokio::spawn(worker.clone().run());
+    let worker_task = role.trains().then(|| tokio::spawn(worker.clone().run()));
+    tokio::spawn(crate::cluster::follow_notices(store.clone(), role, worker.waker(), checkpoints));
 
     // Signal handlers are installed before the address is announced, so that a SIGTERM sent as
     // soon as the server is up is a graceful stop, not the default kill.
@@ -106,14 +141,20 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     // Scripts and tests read this line to learn the port.
     println!("tandem listening on http://{addr}");
     let served: Vec<&str> = config.models.iter().map(|m| m.id.as_str()).collect();
-    tracing::info!(%addr, models = ?served, data_dir = %config.data_dir.display(), "serving");
+    tracing::info!(%addr, models = ?served, data_dir = %config.data_dir.display(), role = role.as_str(), "serving");
     std::io::stdout().flush().ok();
 
-    axum::serve(listener, tandem_api::app(state)).with_graceful_shutdown(shutdown).await?;
+    let mut app = tandem_api::app(state);
+    if !role.serves_api() {
+        app = app.layer(axum::middleware::from_fn(crate::cluster::trainer_only));
+    }
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     tracing::info!("http server stopped; stopping the training worker");
     worker.stop();
-    if tokio::time::timeout(Duration::from_secs(30), worker_task).await.is_err() {
-        tracing::warn!("training worker did not stop in 30 s; its job resumes at the next start");
+    if let Some(task) = worker_task {
+        if tokio::time::timeout(Duration::from_secs(30), task).await.is_err() {
+            tracing::warn!("training worker did not stop in 30 s; its job runs again later");
+        }
     }
     Ok(())
 }
@@ -170,4 +211,13 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
         }
         tracing::info!("shutdown signal received; draining connections");
     })
+}
+
+/// This machine's name, for lease owners and logs ("localhost" when it cannot be read).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

@@ -4,8 +4,8 @@
 //! directory, fsynced, renamed into place and the parent directory fsynced, before the store
 //! records the checkpoint row. A write that fails (a full disk, say) removes its temporary
 //! directory at once. Directories are created 0700 and files 0600: checkpoints are one tenant's
-//! trained weights, and the server's user is the only one that needs them. An object-store backend
-//! for scale-out is a later step.
+//! trained weights, and the server's user is the only one that needs them. With a shared blob
+//! store (`checkpoints.rs`) this directory is the node's read-through cache of it.
 
 use crate::Result;
 use std::fs;
@@ -61,7 +61,12 @@ impl CheckpointDir {
                 f.sync_all()?;
             }
             fs::File::open(&tmp)?.sync_all()?;
-            fs::rename(&tmp, &target)
+            match fs::rename(&tmp, &target) {
+                // Two downloads of one checkpoint from the blob store at once: the other one
+                // put the same files in place first.
+                Err(_) if target.is_dir() => fs::remove_dir_all(&tmp),
+                other => other,
+            }
         })();
         if let Err(e) = written {
             // Nothing refers to the temporary directory: it goes now, not at the next start.

@@ -160,3 +160,16 @@ macro_rules! record_decoders {
     };
 }
 pub(crate) use record_decoders;
+
+/// Why recovery gave a job up: it was claimed `attempts` times and never finished.
+pub(crate) fn gave_up_message(attempts: i64) -> String {
+    format!("training job was interrupted {attempts} times (its trainer stopped before finishing); giving up")
+}
+
+/// The `reason` of a `training_restarted` event.
+pub(crate) fn restart_reason(scope: crate::Reclaim) -> &'static str {
+    match scope {
+        crate::Reclaim::All => "server restarted while the job was running",
+        crate::Reclaim::Expired => "the trainer running the job stopped renewing its lease",
+    }
+}

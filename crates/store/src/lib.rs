@@ -5,15 +5,18 @@
 //! SQLite ([`SqliteStore`]) is the default; PostgreSQL ([`PostgresStore`]), for several servers
 //! sharing one database, passes the same behaviour test (`tests/behaviour.rs`). Entity scoping
 //! happens here: every read that takes an `entity` treats another entity's object exactly like a
-//! missing one. Checkpoint files live beside the database ([`CheckpointDir`]); the store only
-//! records their relative paths.
+//! missing one. Checkpoint files live in a local directory ([`CheckpointDir`]) and, for several
+//! nodes, in a shared object store behind it ([`Checkpoints`]); the store only records their
+//! relative paths.
 
 mod blobs;
+mod checkpoints;
 mod codec;
 mod postgres;
 mod sqlite;
 
 pub use blobs::{create_private_dir_all, CheckpointDir};
+pub use checkpoints::{BlobStore, Checkpoints, SWEEP_GRACE};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -39,6 +42,10 @@ pub enum StoreError {
     Database(String),
     #[error("i/o error: {0}")]
     Io(String),
+    /// A worker-side write for a job this worker no longer holds: its lease expired and another
+    /// trainer re-claimed the job (or the job ended meanwhile). The write was not made.
+    #[error("the job's lease is held by another trainer or has ended")]
+    LeaseLost,
 }
 
 /// One mapping for both backends: sqlx classifies each database's codes into an `ErrorKind`
@@ -209,7 +216,46 @@ pub struct StoredResponse {
 /// Most stored Responses an entity keeps; storing another drops its oldest.
 pub const MAX_STORED_RESPONSES: usize = 1_000;
 
-/// What start-up recovery did with jobs left `running` by a previous process.
+/// A trainer's hold on the jobs it claims. `owner` names the trainer process (unique per process
+/// start); `ttl_ms` is how long a claim or a renewal holds the job. A job whose lease runs out
+/// without a renewal is re-claimed by any trainer's [`Store::recover_interrupted_jobs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: String,
+    pub ttl_ms: i64,
+}
+
+/// Whether the trainer still holds a job it renewed the lease of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Renewed; `cancel_requested` says whether a client asked to cancel the job.
+    Held { cancel_requested: bool },
+    /// The job ended, was deleted, or another trainer re-claimed it: stop and write nothing.
+    Lost,
+}
+
+/// Which `running` jobs recovery takes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaim {
+    /// Every one: at the start of the only process that uses the store (SQLite), whose previous
+    /// run left them.
+    All,
+    /// Those whose lease ran out (their trainer died or lost the database): any number of
+    /// trainers share the store.
+    Expired,
+}
+
+/// What one node tells the others through the database (PostgreSQL's LISTEN/NOTIFY).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// A training job was queued: trainers look at once instead of at their next poll.
+    JobQueued,
+    /// A checkpoint was recorded with its files at `path`: serving nodes fetch them before a
+    /// request asks.
+    CheckpointRecorded { path: String },
+}
+
+/// What recovery did with jobs left `running` by a trainer that is gone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
     pub requeued: Vec<Uuid>,
@@ -220,6 +266,13 @@ pub struct Recovery {
 pub trait Store: Send + Sync + 'static {
     /// Cheap round trip, for health checks.
     async fn ping(&self) -> Result<()>;
+    /// Whether one process at a time uses this store (SQLite's file), so what the previous
+    /// process left running is an orphan; false where servers share it (PostgreSQL).
+    fn single_process(&self) -> bool;
+    /// Notices from every node sharing the database, where it carries them (PostgreSQL); `None`
+    /// for SQLite, whose one process needs none. Hints only: polling and fetching on first use
+    /// make up for one that is lost.
+    async fn notices(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Notice>>>;
 
     // --- API keys ---
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<()>;
@@ -306,17 +359,29 @@ pub trait Store: Send + Sync + 'static {
     async fn list_events(&self, entity: &str, job_id: Uuid, page: PageRequest) -> Result<Page<JobEvent>>;
 
     // --- the worker's side ---
-    /// Atomically moves the oldest queued job whose model has no running job to `running`.
-    async fn claim_next_job(&self) -> Result<Option<ClaimedJob>>;
-    async fn append_event(&self, job_id: Uuid, kind: tandem_core::records::EventKind, data: &Value)
-        -> Result<JobEvent>;
+    /// Atomically moves the oldest queued job whose model has no running job to `running`, held
+    /// by `lease` (its expiry is reckoned by the database's clock where there is a server, so
+    /// trainers' clocks need not agree).
+    async fn claim_next_job(&self, lease: &Lease) -> Result<Option<ClaimedJob>>;
+    /// Extends the lease `lease.owner` holds on a running job by `lease.ttl_ms` from now.
+    async fn renew_lease(&self, job_id: Uuid, lease: &Lease) -> Result<LeaseState>;
+    /// Appends an event to a running job `owner` holds; `LeaseLost` (nothing written) otherwise,
+    /// so a trainer that lost its job can never interleave events with the one that took it.
+    async fn append_event(
+        &self,
+        job_id: Uuid,
+        owner: &str,
+        kind: tandem_core::records::EventKind,
+        data: &Value,
+    ) -> Result<JobEvent>;
     async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool>;
-    /// Ends a running job with its terminal event (and, on success, its checkpoint) in one
-    /// transaction.
-    async fn finish_job(&self, job_id: Uuid, outcome: &JobOutcome) -> Result<Job>;
-    /// At start-up: jobs left `running` are re-queued with a `training_restarted` event, or failed
-    /// with `training_failed` once they have been attempted `max_attempts` times.
-    async fn recover_interrupted_jobs(&self, max_attempts: i64) -> Result<Recovery>;
+    /// Ends a running job `owner` holds with its terminal event (and, on success, its checkpoint)
+    /// in one transaction; `LeaseLost` when another trainer holds it now.
+    async fn finish_job(&self, job_id: Uuid, owner: &str, outcome: &JobOutcome) -> Result<Job>;
+    /// Jobs left `running` by a trainer that is gone (which ones: [`Reclaim`]) are re-queued with
+    /// a `training_restarted` event, or failed with `training_failed` once they have been
+    /// attempted `max_attempts` times.
+    async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: Reclaim) -> Result<Recovery>;
 
     // --- stored Responses (scoped to the entity) ---
     /// Stores a response; beyond [`MAX_STORED_RESPONSES`] the entity's oldest is dropped.
@@ -333,4 +398,12 @@ pub const MAX_HISTORY_EVENTS: i64 = 100_000;
 pub fn now_ms() -> i64 {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     d.as_millis() as i64
+}
+
+/// The lease owner tests claim jobs as (never a real trainer's name, which ends in a fresh id).
+pub const TEST_OWNER: &str = "test-trainer";
+
+/// A lease of a minute for [`TEST_OWNER`], for tests that drive the worker's side by hand.
+pub fn test_lease() -> Lease {
+    Lease { owner: TEST_OWNER.into(), ttl_ms: 60_000 }
 }

@@ -39,7 +39,7 @@ async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
         .create_job(&NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None })
         .await
         .unwrap();
-    let claimed = store.claim_next_job().await.unwrap().unwrap();
+    let claimed = store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
     assert_eq!(claimed.job.id, job.id);
     let cp = NewCheckpoint {
         id: Uuid::now_v7(),
@@ -49,7 +49,7 @@ async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
         metrics: BTreeMap::from([("train/loss".to_string(), 0.5)]),
     };
     let outcome = JobOutcome::Succeeded { checkpoint: cp.clone(), event_data: json!({ "step": step }) };
-    let done = store.finish_job(job.id, &outcome).await.unwrap();
+    let done = store.finish_job(job.id, tandem_store::TEST_OWNER, &outcome).await.unwrap();
     assert_eq!((done.status, done.step), (JobStatus::Succeeded, Some(step)));
     cp.id
 }
@@ -204,22 +204,28 @@ async fn job_state_machine() {
         store.cancel_job("a", jr.id).await.unwrap();
 
         // One job per model at a time, oldest first; another model's job may run meanwhile.
-        let c1 = store.claim_next_job().await.unwrap().unwrap();
+        let c1 = store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
         assert_eq!((c1.job.id, c1.job.attempts, c1.config.clone()), (j1.id, 1, json!({"lr": 1})));
-        let c3 = store.claim_next_job().await.unwrap().unwrap();
+        let c3 = store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
         assert_eq!(c3.job.id, j3.id, "{name}: j2 must wait for j1");
-        assert!(store.claim_next_job().await.unwrap().is_none());
+        assert!(store.claim_next_job(&tandem_store::test_lease()).await.unwrap().is_none());
 
-        store.append_event(j1.id, EventKind::TrainingStarted, &json!({"num_sequences": 1})).await.unwrap();
+        store
+            .append_event(j1.id, tandem_store::TEST_OWNER, EventKind::TrainingStarted, &json!({"num_sequences": 1}))
+            .await
+            .unwrap();
         // Cancelling a running job only flags it; the worker ends it.
         let flagged = store.cancel_job("a", j1.id).await.unwrap();
         assert_eq!((flagged.status, flagged.cancel_requested), (JobStatus::Running, true));
         assert!(store.is_cancel_requested(j1.id).await.unwrap());
-        let done = store.finish_job(j1.id, &JobOutcome::Cancelled { error_message: "cancelled".into() }).await.unwrap();
+        let done = store
+            .finish_job(j1.id, tandem_store::TEST_OWNER, &JobOutcome::Cancelled { error_message: "cancelled".into() })
+            .await
+            .unwrap();
         assert_eq!(done.status, JobStatus::Cancelled);
         assert!(matches!(
-            store.finish_job(j1.id, &JobOutcome::Failed { error_message: "x".into() }).await,
-            Err(StoreError::Conflict(_))
+            store.finish_job(j1.id, tandem_store::TEST_OWNER, &JobOutcome::Failed { error_message: "x".into() }).await,
+            Err(StoreError::LeaseLost)
         ));
         let events = store.list_events("a", j1.id, PageRequest::first(10)).await.unwrap();
         let kinds: Vec<&str> = events.items.iter().map(|e| e.kind.as_str()).collect();
@@ -239,13 +245,13 @@ async fn job_state_machine() {
         assert!(matches!(store.list_events("b", j4.id, PageRequest::first(10)).await, Err(StoreError::NotFound)));
 
         // Restart recovery: j3 (running) is re-queued, then failed after too many attempts.
-        let r = store.recover_interrupted_jobs(2).await.unwrap();
+        let r = store.recover_interrupted_jobs(2, tandem_store::Reclaim::All).await.unwrap();
         assert_eq!(r.requeued, vec![j3.id], "{name}");
         assert_eq!(store.get_job("a", j3.id).await.unwrap().status, JobStatus::Queued);
-        let again = store.claim_next_job().await.unwrap().unwrap();
+        let again = store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
         assert!(again.job.id == j2.id || again.job.id == j3.id);
-        let again2 = store.claim_next_job().await.unwrap().unwrap();
-        let r = store.recover_interrupted_jobs(2).await.unwrap();
+        let again2 = store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
+        let r = store.recover_interrupted_jobs(2, tandem_store::Reclaim::All).await.unwrap();
         let j3_now = store.get_job("a", j3.id).await.unwrap();
         assert_eq!(j3_now.attempts, 2);
         assert!(r.failed.contains(&j3.id), "{name}: {r:?}");
@@ -274,12 +280,16 @@ async fn event_pages_under_concurrent_appends() {
             })
             .await
             .unwrap();
+        store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
         const N: usize = 200;
         let writer = {
             let store = store.clone();
             tokio::spawn(async move {
                 for i in 0..N {
-                    store.append_event(job.id, EventKind::GradientStep, &json!({ "i": i })).await.unwrap();
+                    store
+                        .append_event(job.id, tandem_store::TEST_OWNER, EventKind::GradientStep, &json!({ "i": i }))
+                        .await
+                        .unwrap();
                     if i % 7 == 0 {
                         tokio::task::yield_now().await;
                     }
@@ -376,7 +386,7 @@ async fn training_queue_is_round_robin_between_entities() {
         let b_job = store.create_job(&new).await.unwrap().id;
         assert_eq!((store.pending_jobs("a").await.unwrap(), store.pending_jobs("b").await.unwrap()), (3, 1));
         let mut order = Vec::new();
-        while let Some(claimed) = store.claim_next_job().await.unwrap() {
+        while let Some(claimed) = store.claim_next_job(&tandem_store::test_lease()).await.unwrap() {
             order.push(claimed.job.id);
         }
         assert_eq!(order, vec![a_jobs[0], b_job, a_jobs[1], a_jobs[2]], "{name}");
@@ -403,13 +413,22 @@ async fn job_counts_and_gradient_step_history() {
 
         // j1 runs (m's oldest), writes two steps and succeeds at step 1; the other model's job
         // writes one step that m's history must not show.
-        assert_eq!(store.claim_next_job().await.unwrap().unwrap().job.id, j1.id);
-        let j3 = store.claim_next_job().await.unwrap().unwrap().job;
+        assert_eq!(store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap().job.id, j1.id);
+        let j3 = store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap().job;
         assert_eq!(j3.model_id, other.id, "{name}");
-        store.append_event(j1.id, EventKind::TrainingStarted, &json!({})).await.unwrap();
-        store.append_event(j1.id, EventKind::GradientStep, &json!({"loss": 1.0})).await.unwrap();
-        store.append_event(j3.id, EventKind::GradientStep, &json!({"loss": 9.0})).await.unwrap();
-        store.append_event(j1.id, EventKind::GradientStep, &json!({"loss": 3.0})).await.unwrap();
+        store.append_event(j1.id, tandem_store::TEST_OWNER, EventKind::TrainingStarted, &json!({})).await.unwrap();
+        store
+            .append_event(j1.id, tandem_store::TEST_OWNER, EventKind::GradientStep, &json!({"loss": 1.0}))
+            .await
+            .unwrap();
+        store
+            .append_event(j3.id, tandem_store::TEST_OWNER, EventKind::GradientStep, &json!({"loss": 9.0}))
+            .await
+            .unwrap();
+        store
+            .append_event(j1.id, tandem_store::TEST_OWNER, EventKind::GradientStep, &json!({"loss": 3.0}))
+            .await
+            .unwrap();
         let running = store.gradient_step_history(m.id).await.unwrap();
         assert_eq!(running.len(), 2, "{name}");
         assert!(running.iter().all(|r| r.job_status == JobStatus::Running && r.job_step.is_none()));
@@ -420,7 +439,7 @@ async fn job_counts_and_gradient_step_history() {
         let cp =
             NewCheckpoint { id: Uuid::now_v7(), model_id: m.id, step: 1, path: "x".into(), metrics: BTreeMap::new() };
         let outcome = JobOutcome::Succeeded { checkpoint: cp, event_data: json!({ "step": 1 }) };
-        store.finish_job(j1.id, &outcome).await.unwrap();
+        store.finish_job(j1.id, tandem_store::TEST_OWNER, &outcome).await.unwrap();
         let done = store.gradient_step_history(m.id).await.unwrap();
         assert_eq!(done.len(), 2);
         assert!(done.iter().all(|r| r.job_status == JobStatus::Succeeded && r.job_step == Some(1)), "{name}");
@@ -430,19 +449,25 @@ async fn job_counts_and_gradient_step_history() {
 
         // A job interrupted and re-run: only the last attempt's steps count.
         let j2 = store.create_job(&new(m.id, JobKind::Rl)).await.unwrap();
-        let _sft = store.claim_next_job().await.unwrap();
+        let _sft = store.claim_next_job(&tandem_store::test_lease()).await.unwrap();
         let sft_done = JobOutcome::Failed { error_message: "x".into() };
-        store.finish_job(_sft.unwrap().job.id, &sft_done).await.unwrap();
-        assert_eq!(store.claim_next_job().await.unwrap().unwrap().job.id, j2.id, "{name}");
-        store.append_event(j2.id, EventKind::GradientStep, &json!({"loss": 100.0})).await.unwrap();
-        store.recover_interrupted_jobs(3).await.unwrap();
+        store.finish_job(_sft.unwrap().job.id, tandem_store::TEST_OWNER, &sft_done).await.unwrap();
+        assert_eq!(store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap().job.id, j2.id, "{name}");
+        store
+            .append_event(j2.id, tandem_store::TEST_OWNER, EventKind::GradientStep, &json!({"loss": 100.0}))
+            .await
+            .unwrap();
+        store.recover_interrupted_jobs(3, tandem_store::Reclaim::All).await.unwrap();
         // The other model's job was re-queued too; either may be claimed first.
-        let mut claimed = vec![store.claim_next_job().await.unwrap().unwrap().job.id];
+        let mut claimed = vec![store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap().job.id];
         if claimed[0] != j2.id {
-            claimed.push(store.claim_next_job().await.unwrap().unwrap().job.id);
+            claimed.push(store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap().job.id);
         }
         assert_eq!(claimed.last(), Some(&j2.id), "{name}");
-        store.append_event(j2.id, EventKind::GradientStep, &json!({"loss": 5.0})).await.unwrap();
+        store
+            .append_event(j2.id, tandem_store::TEST_OWNER, EventKind::GradientStep, &json!({"loss": 5.0}))
+            .await
+            .unwrap();
         let rows = store.gradient_step_history(m.id).await.unwrap();
         let j2_losses: Vec<&serde_json::Value> =
             rows.iter().filter(|r| r.job_status == JobStatus::Running).map(|r| &r.data["loss"]).collect();
@@ -473,7 +498,7 @@ async fn an_imported_adapter_becomes_the_next_checkpoint() {
             .unwrap();
         let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;
         assert!(matches!(busy, Err(StoreError::Conflict(_))), "{name}: queued: {busy:?}");
-        store.claim_next_job().await.unwrap().unwrap();
+        store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
         let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;
         assert!(matches!(busy, Err(StoreError::Conflict(_))), "{name}: running: {busy:?}");
         assert_eq!(store.latest_step(m.id).await.unwrap(), 3, "{name}: nothing recorded");
@@ -498,6 +523,7 @@ async fn concurrent_writers_keep_lists_consistent() {
             })
             .await
             .unwrap();
+        assert_eq!(store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap().job.id, job.id);
         // Three writers and a reader: as many connections as the SQLite file pool has.
         const WRITERS: usize = 3;
         const EACH: usize = 30;
@@ -508,7 +534,8 @@ async fn concurrent_writers_keep_lists_consistent() {
             tasks.push(tokio::spawn(async move {
                 let event = |i| json!({ "w": w, "i": i });
                 for i in 0..EACH {
-                    let appended = store.append_event(job_id, EventKind::GradientStep, &event(i)).await;
+                    let appended =
+                        store.append_event(job_id, tandem_store::TEST_OWNER, EventKind::GradientStep, &event(i)).await;
                     appended.unwrap_or_else(|e| panic!("{name}: {e}"));
                 }
                 let data = NewDataset {
@@ -562,5 +589,73 @@ async fn concurrent_writers_keep_lists_consistent() {
         assert_eq!(versions, (0..WRITERS as i64).collect::<Vec<_>>(), "{name}: distinct consecutive versions");
         let cp = store.get_checkpoint(m.id, 1).await.unwrap();
         assert_eq!(cp.metrics.keys().filter(|k| k.starts_with("val/w")).count(), WRITERS, "{name}: {cp:?}");
+    }
+}
+
+/// A claim holds its job under a lease: only the holder writes the job's events and its end; a
+/// lease that runs out returns the job to the queue (once the other trainer looks), after which
+/// the old holder's writes are refused, and the new holder finishes it with no event twice.
+#[tokio::test]
+async fn leases_keep_a_job_to_one_trainer() {
+    use tandem_store::{Lease, LeaseState, Reclaim};
+    for (name, store, _dir) in backends().await {
+        let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
+        let new = NewJob { model_id: m.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
+        let job = store.create_job(&new).await.unwrap();
+        let a = Lease { owner: "trainer-a".into(), ttl_ms: 60_000 };
+        let b = Lease { owner: "trainer-b".into(), ttl_ms: 60_000 };
+        assert_eq!(store.claim_next_job(&a).await.unwrap().unwrap().job.id, job.id);
+        store.append_event(job.id, &a.owner, EventKind::TrainingStarted, &json!({"num_sequences": 2})).await.unwrap();
+        store.append_event(job.id, &a.owner, EventKind::GradientStep, &json!({"loss": 1.0})).await.unwrap();
+        let stray = store.append_event(job.id, &b.owner, EventKind::GradientStep, &json!({"loss": 9.0})).await;
+        assert!(matches!(stray, Err(StoreError::LeaseLost)), "{name}: {stray:?}");
+        assert_eq!(store.renew_lease(job.id, &a).await.unwrap(), LeaseState::Held { cancel_requested: false });
+        assert_eq!(store.renew_lease(job.id, &b).await.unwrap(), LeaseState::Lost, "{name}");
+
+        // A live lease is not reclaimed; one renewed to run out now is.
+        let r = store.recover_interrupted_jobs(3, Reclaim::Expired).await.unwrap();
+        assert!(r.requeued.is_empty(), "{name}: {r:?}");
+        store.renew_lease(job.id, &Lease { ttl_ms: -1, ..a.clone() }).await.unwrap();
+        let r = store.recover_interrupted_jobs(3, Reclaim::Expired).await.unwrap();
+        assert_eq!(r.requeued, vec![job.id], "{name}");
+        assert_eq!(store.renew_lease(job.id, &a).await.unwrap(), LeaseState::Lost);
+
+        let again = store.claim_next_job(&b).await.unwrap().unwrap();
+        assert_eq!((again.job.id, again.job.attempts), (job.id, 2), "{name}");
+        // The old holder, still running, can neither write nor end the job.
+        let late = store.append_event(job.id, &a.owner, EventKind::GradientStep, &json!({"loss": 2.0})).await;
+        assert!(matches!(late, Err(StoreError::LeaseLost)), "{name}: {late:?}");
+        let failed = JobOutcome::Failed { error_message: "a".into() };
+        assert!(matches!(store.finish_job(job.id, &a.owner, &failed).await, Err(StoreError::LeaseLost)));
+        store.cancel_job("a", job.id).await.unwrap();
+        assert_eq!(store.renew_lease(job.id, &b).await.unwrap(), LeaseState::Held { cancel_requested: true });
+        for loss in [1.5, 0.5] {
+            store.append_event(job.id, &b.owner, EventKind::GradientStep, &json!({"loss": loss})).await.unwrap();
+        }
+        let cancelled = JobOutcome::Cancelled { error_message: "cancelled".into() };
+        assert_eq!(store.finish_job(job.id, &b.owner, &cancelled).await.unwrap().status, JobStatus::Cancelled);
+
+        let events = store.list_events("a", job.id, PageRequest::first(20)).await.unwrap().items;
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "training_started",
+                "gradient_step",
+                "training_restarted",
+                "gradient_step",
+                "gradient_step",
+                "training_failed"
+            ],
+            "{name}"
+        );
+        assert_eq!(events[2].data["reason"], "the trainer running the job stopped renewing its lease");
+        let mut ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), events.len());
+        // The history shows the last attempt's steps only.
+        let losses: Vec<f64> =
+            store.gradient_step_history(m.id).await.unwrap().iter().map(|r| r.data["loss"].as_f64().unwrap()).collect();
+        assert_eq!(losses, [1.5, 0.5], "{name}");
     }
 }

@@ -37,7 +37,7 @@ async fn postgres_claims_are_exclusive_between_pools() {
             let store = store.clone();
             claimers.push(tokio::spawn(async move {
                 let mut got = Vec::new();
-                while let Some(claimed) = store.claim_next_job().await.unwrap() {
+                while let Some(claimed) = store.claim_next_job(&tandem_store::test_lease()).await.unwrap() {
                     got.push(claimed.job);
                 }
                 got
@@ -55,10 +55,13 @@ async fn postgres_claims_are_exclusive_between_pools() {
         assert!(claimed.iter().all(|j| j.attempts == 1 && j.status == JobStatus::Running));
         for (i, job) in claimed.iter().enumerate() {
             let store = if i % 2 == 0 { &first } else { &second };
-            store.finish_job(job.id, &JobOutcome::Failed { error_message: "done".into() }).await.unwrap();
+            store
+                .finish_job(job.id, tandem_store::TEST_OWNER, &JobOutcome::Failed { error_message: "done".into() })
+                .await
+                .unwrap();
         }
     }
-    assert!(first.claim_next_job().await.unwrap().is_none());
+    assert!(first.claim_next_job(&tandem_store::test_lease()).await.unwrap().is_none());
     second.close().await;
     first.close().await;
 }

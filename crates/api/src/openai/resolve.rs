@@ -69,7 +69,8 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
         StoreError::NotFound => not_found(model, state),
         other => other.into(),
     })?;
-    let path = state.checkpoints().resolve(&cp.path).ok_or_else(|| not_found(model, state))?;
+    // On a node sharing a blob store, the first request for a checkpoint downloads it.
+    let path = state.checkpoints().local_dir(&cp.path).await?.ok_or_else(|| not_found(model, state))?;
     Ok(Target {
         model: base,
         adapter: Some(AdapterRef { checkpoint_id: cp.id.to_string(), path, confined_to: None }),

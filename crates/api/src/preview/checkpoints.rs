@@ -96,18 +96,10 @@ pub(crate) async fn remove_files(state: &AppState, deleted: &[Checkpoint]) {
             backend.forget_adapter(&c.id.to_string());
         }
     }
-    let dir = state.checkpoints().clone();
-    let paths: Vec<String> = deleted.iter().map(|c| c.path.clone()).collect();
-    let result = tokio::task::spawn_blocking(move || {
-        for p in &paths {
-            if let Err(e) = dir.remove(p) {
-                tracing::warn!(path = %p, error = %e, "could not remove checkpoint files");
-            }
+    for c in deleted {
+        if let Err(e) = state.checkpoints().remove(&c.path).await {
+            tracing::warn!(path = %c.path, error = %e, "could not remove checkpoint files");
         }
-    })
-    .await;
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "checkpoint file removal task failed");
     }
 }
 
@@ -203,8 +195,9 @@ async fn checkpoint_files(
     })?;
     let dir = state
         .checkpoints()
-        .resolve(&checkpoint.path)
-        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the checkpoint's stored path is not usable"))?;
+        .local_dir(&checkpoint.path)
+        .await?
+        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the checkpoint's files are missing"))?;
     Ok((model, step, dir))
 }
 
@@ -268,7 +261,7 @@ pub async fn export_merged(
     // Written beside the checkpoints (the same disk), read back as a stream, unlinked at once.
     let tmp = tempfile::Builder::new()
         .prefix(".merge-")
-        .tempdir_in(state.checkpoints().root())
+        .tempdir_in(state.checkpoints().dir().root())
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("no room for the merged file: {e}")))?;
     let out = tmp.path().join("merged.gguf");
     let file = tokio::task::spawn_blocking(move || {
@@ -410,7 +403,7 @@ async fn run_import(
 ) -> Result<Checkpoint, ApiError> {
     let id = tandem_core::new_id();
     let relative = tandem_store::CheckpointDir::relative_path(model.id, id);
-    let (dir, rel) = (state.checkpoints().clone(), relative.clone());
+    let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
     // Unpack, write durably and check against the base model (which loads and caches it, so it
     // is served at once), off the async workers; each copy is dropped once the next exists.
     let written = tokio::task::spawn_blocking(move || -> Result<(), ApiError> {
@@ -430,7 +423,12 @@ async fn run_import(
     })
     .await;
     let recorded = match written {
-        Ok(Ok(())) => state.store().import_checkpoint(model.id, id, &relative).await.map_err(ApiError::from),
+        // Write, then record: on a shared blob store, every node finds the files of what it finds
+        // recorded.
+        Ok(Ok(())) => match state.checkpoints().upload(&relative).await {
+            Ok(()) => state.store().import_checkpoint(model.id, id, &relative).await.map_err(ApiError::from),
+            Err(e) => Err(ApiError::from(e)),
+        },
         Ok(Err(e)) => Err(e),
         Err(e) => Err(ApiError::new(ErrorKind::Internal, format!("import task failed: {e}"))),
     };

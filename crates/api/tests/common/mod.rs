@@ -54,7 +54,7 @@ pub async fn test_app_configured(
     let heartbeat = Arc::new(Heartbeat::default());
     let state = AppState::new(AppConfig {
         store: store.clone() as Arc<dyn Store>,
-        checkpoints: checkpoints.clone(),
+        checkpoints: tandem_store::Checkpoints::local(checkpoints.clone()),
         static_keys: keys,
         served_models: vec![BASE.to_string()],
         limits,
@@ -150,14 +150,18 @@ pub async fn add_checkpoint(app: &TestApp, model_id: uuid::Uuid, step: i64) -> S
         })
         .await
         .unwrap();
-    app.store.claim_next_job().await.unwrap().unwrap();
+    app.store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
     let id = uuid::Uuid::now_v7();
     let path = CheckpointDir::relative_path(model_id, id);
     app.checkpoints.write_atomic(&path, &[("adapter_config.json", b"{}")]).unwrap();
     let metrics = std::collections::BTreeMap::from([("loss".into(), 1.5)]);
     let checkpoint = NewCheckpoint { id, model_id, step, path: path.clone(), metrics };
     app.store
-        .finish_job(job.id, &JobOutcome::Succeeded { checkpoint, event_data: serde_json::json!({"step": step}) })
+        .finish_job(
+            job.id,
+            tandem_store::TEST_OWNER,
+            &JobOutcome::Succeeded { checkpoint, event_data: serde_json::json!({"step": step}) },
+        )
         .await
         .unwrap();
     path

@@ -6,7 +6,9 @@
 //! is inserted under that lock too, so a job's events commit in `seq` order.
 
 use super::{lock_key, lock_model, rows, seq_clause};
-use crate::{now_ms, ClaimedJob, JobOutcome, JobRollout, NewJob, Recovery, Result, StoreError};
+use crate::{
+    now_ms, ClaimedJob, JobOutcome, JobRollout, Lease, LeaseState, NewJob, Reclaim, Recovery, Result, StoreError,
+};
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool, Row};
 use tandem_core::history::GradientStepRow;
@@ -111,6 +113,7 @@ pub(crate) async fn create_job(pool: &PgPool, new: &NewJob) -> Result<Job> {
         .bind(now_ms())
         .fetch_one(&mut *tx)
         .await?;
+    super::notify::notify(&mut tx, super::notify::JOBS, "").await?;
     tx.commit().await?;
     rows::job(&row)
 }
@@ -209,7 +212,7 @@ const CANDIDATE: &str = "
 /// oldest job was just claimed, and "one running job per model" is checked once more under the
 /// model's claim lock, in a fresh snapshot that sees every earlier claim, so the rule does not
 /// rest on that argument alone.
-pub(crate) async fn claim_next_job(pool: &PgPool) -> Result<Option<ClaimedJob>> {
+pub(crate) async fn claim_next_job(pool: &PgPool, lease: &Lease) -> Result<Option<ClaimedJob>> {
     for _ in 0..CLAIM_ATTEMPTS {
         let mut tx = pool.begin().await?;
         let Some(candidate) = sqlx::query(CANDIDATE).fetch_optional(&mut *tx).await? else {
@@ -230,10 +233,18 @@ pub(crate) async fn claim_next_job(pool: &PgPool) -> Result<Option<ClaimedJob>> 
             continue;
         }
         let sql = format!(
-            "UPDATE training_jobs SET status = 'running', started_at = $1, attempts = attempts + 1 WHERE id = $2
+            "UPDATE training_jobs SET status = 'running', started_at = $1, attempts = attempts + 1,
+                                      lease_owner = $3, lease_expires_at = {DB_NOW_MS} + $4
+             WHERE id = $2
              RETURNING {JOB_COLUMNS}, config, trajectory_groups"
         );
-        let row = sqlx::query(&sql).bind(now_ms()).bind(&id).fetch_one(&mut *tx).await?;
+        let row = sqlx::query(&sql)
+            .bind(now_ms())
+            .bind(&id)
+            .bind(&lease.owner)
+            .bind(lease.ttl_ms)
+            .fetch_one(&mut *tx)
+            .await?;
         let model = sqlx::query("SELECT * FROM models WHERE id = $1").bind(&model_id).fetch_one(&mut *tx).await?;
         tx.commit().await?;
         return Ok(Some(ClaimedJob {
@@ -246,8 +257,47 @@ pub(crate) async fn claim_next_job(pool: &PgPool) -> Result<Option<ClaimedJob>> 
     Ok(None)
 }
 
-pub(crate) async fn append_event(pool: &PgPool, job_id: Uuid, kind: EventKind, data: &Value) -> Result<JobEvent> {
+/// Lease expiries are reckoned by the database's clock, so trainers' clocks need not agree.
+const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint";
+
+pub(crate) async fn renew_lease(pool: &PgPool, job_id: Uuid, lease: &Lease) -> Result<LeaseState> {
+    let sql = format!(
+        "UPDATE training_jobs SET lease_expires_at = {DB_NOW_MS} + $1
+         WHERE id = $2 AND lease_owner = $3 AND status = 'running' RETURNING cancel_requested"
+    );
+    let row =
+        sqlx::query(&sql).bind(lease.ttl_ms).bind(job_id.to_string()).bind(&lease.owner).fetch_optional(pool).await?;
+    Ok(match row {
+        Some(row) => LeaseState::Held { cancel_requested: row.try_get::<bool, _>(0)? },
+        None => LeaseState::Lost,
+    })
+}
+
+/// Locks the job's row and checks that `owner` holds it running: `LeaseLost` otherwise,
+/// `NotFound` when the job is gone. Re-claiming takes the same row lock, so a write that passed
+/// this check commits before the job changes hands.
+async fn lock_owned(conn: &mut PgConnection, job_id: Uuid, owner: &str) -> Result<()> {
+    let (status, holder): (String, Option<String>) =
+        sqlx::query_as("SELECT status, lease_owner FROM training_jobs WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(job_id.to_string())
+            .fetch_one(conn)
+            .await?;
+    if status == JobStatus::Running.as_str() && holder.as_deref() == Some(owner) {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
+pub(crate) async fn append_event(
+    pool: &PgPool,
+    job_id: Uuid,
+    owner: &str,
+    kind: EventKind,
+    data: &Value,
+) -> Result<JobEvent> {
     let mut tx = pool.begin().await?;
+    lock_owned(&mut tx, job_id, owner).await?;
     let event = insert_event(&mut tx, job_id, kind, data).await?;
     tx.commit().await?;
     Ok(event)
@@ -312,7 +362,7 @@ async fn set_terminal(
     Ok(())
 }
 
-pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, outcome: &JobOutcome) -> Result<Job> {
+pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, owner: &str, outcome: &JobOutcome) -> Result<Job> {
     let mut tx = pool.begin().await?;
     // The model's row before the job's (the order deleting a model takes them in), since a
     // success records the model's next checkpoint.
@@ -321,10 +371,7 @@ pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, outcome: &JobOutcome) ->
         .fetch_one(&mut *tx)
         .await?;
     lock_model(&mut tx, crate::codec::parse_uuid(&model_id, "model_id")?).await?;
-    let job = lock_job(&mut tx, id).await?;
-    if job.status != JobStatus::Running {
-        return Err(StoreError::Conflict(format!("job {id} is {}, not running", job.status.as_str())));
-    }
+    lock_owned(&mut tx, id, owner).await?;
     match outcome {
         JobOutcome::Succeeded { checkpoint, event_data } => {
             sqlx::query(
@@ -341,6 +388,7 @@ pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, outcome: &JobOutcome) ->
             .await?;
             set_terminal(&mut tx, id, JobStatus::Succeeded, Some(checkpoint.step), None).await?;
             insert_event(&mut tx, id, EventKind::TrainingEnded, event_data).await?;
+            super::notify::notify(&mut tx, super::notify::CHECKPOINTS, &checkpoint.path).await?;
         }
         JobOutcome::Failed { error_message } | JobOutcome::Cancelled { error_message } => {
             let status = match outcome {
@@ -355,13 +403,18 @@ pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, outcome: &JobOutcome) ->
     Ok(job)
 }
 
-pub(crate) async fn recover(pool: &PgPool, max_attempts: i64) -> Result<Recovery> {
+pub(crate) async fn recover(pool: &PgPool, max_attempts: i64, scope: Reclaim) -> Result<Recovery> {
     let mut tx = pool.begin().await?;
-    // Locked in `seq` order, so two recoveries at once cannot deadlock; a job a worker is
-    // finishing meanwhile is waited for and then, no longer running, left alone.
-    let sql =
-        format!("SELECT {JOB_COLUMNS} FROM training_jobs WHERE status = 'running' ORDER BY seq FOR NO KEY UPDATE");
-    let rows = sqlx::query(&sql).fetch_all(&mut *tx).await?;
+    // Locked in `seq` order, so two recoveries at once cannot deadlock. A job whose row another
+    // transaction holds (its trainer finishing it or appending an event, another recovery) is
+    // skipped: it is alive, or the other recovery takes it. A lease of NULL is a claim made
+    // before leases existed.
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM training_jobs
+         WHERE status = 'running' AND ($1 OR lease_expires_at IS NULL OR lease_expires_at < {DB_NOW_MS})
+         ORDER BY seq FOR NO KEY UPDATE SKIP LOCKED"
+    );
+    let rows = sqlx::query(&sql).bind(scope == Reclaim::All).fetch_all(&mut *tx).await?;
     let mut out = Recovery::default();
     for row in &rows {
         let job = rows::job(row)?;
@@ -369,23 +422,27 @@ pub(crate) async fn recover(pool: &PgPool, max_attempts: i64) -> Result<Recovery
             fail_with_event(&mut tx, job.id, JobStatus::Cancelled, "training job cancelled").await?;
             out.failed.push(job.id);
         } else if job.attempts >= max_attempts {
-            let msg = format!("training job was interrupted {} times by a server restart; giving up", job.attempts);
+            let msg = crate::codec::gave_up_message(job.attempts);
             fail_with_event(&mut tx, job.id, JobStatus::Failed, &msg).await?;
             out.failed.push(job.id);
         } else {
-            sqlx::query("UPDATE training_jobs SET status = 'queued' WHERE id = $1")
-                .bind(job.id.to_string())
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
+            )
+            .bind(job.id.to_string())
+            .execute(&mut *tx)
+            .await?;
             // Only a job whose events a client may have read says it restarts; one killed before
             // its `training_started` simply runs again, and its first event is still that one.
             if has_events(&mut tx, job.id).await? {
-                let data =
-                    json!({ "attempt": job.attempts + 1, "reason": "server restarted while the job was running" });
+                let data = json!({ "attempt": job.attempts + 1, "reason": crate::codec::restart_reason(scope) });
                 insert_event(&mut tx, job.id, EventKind::TrainingRestarted, &data).await?;
             }
             out.requeued.push(job.id);
         }
+    }
+    if !out.requeued.is_empty() {
+        super::notify::notify(&mut tx, super::notify::JOBS, "").await?;
     }
     tx.commit().await?;
     Ok(out)

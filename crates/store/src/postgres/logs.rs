@@ -108,6 +108,7 @@ pub(crate) async fn import_checkpoint(pool: &PgPool, model_id: Uuid, id: Uuid, p
     .fetch_one(&mut *tx)
     .await?;
     let checkpoint = rows::checkpoint(&row)?;
+    super::notify::notify(&mut tx, super::notify::CHECKPOINTS, path).await?;
     tx.commit().await?;
     Ok(checkpoint)
 }

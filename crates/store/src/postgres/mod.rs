@@ -27,6 +27,7 @@ mod datasets;
 mod jobs;
 mod logs;
 mod models;
+mod notify;
 mod responses;
 mod rows;
 
@@ -237,6 +238,14 @@ impl crate::Store for PostgresStore {
         Ok(())
     }
 
+    fn single_process(&self) -> bool {
+        false
+    }
+
+    async fn notices(&self) -> Result<Option<tokio::sync::mpsc::Receiver<crate::Notice>>> {
+        notify::subscribe(&self.pool).await.map(Some)
+    }
+
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<()> {
         models::insert_key(&self.pool, key).await
     }
@@ -421,12 +430,16 @@ impl crate::Store for PostgresStore {
         jobs::list_events(&self.pool, job_id, after, page.limit).await
     }
 
-    async fn claim_next_job(&self) -> Result<Option<crate::ClaimedJob>> {
-        jobs::claim_next_job(&self.pool).await
+    async fn claim_next_job(&self, lease: &crate::Lease) -> Result<Option<crate::ClaimedJob>> {
+        jobs::claim_next_job(&self.pool, lease).await
     }
 
-    async fn append_event(&self, job_id: Uuid, kind: EventKind, data: &Value) -> Result<JobEvent> {
-        jobs::append_event(&self.pool, job_id, kind, data).await
+    async fn renew_lease(&self, job_id: Uuid, lease: &crate::Lease) -> Result<crate::LeaseState> {
+        jobs::renew_lease(&self.pool, job_id, lease).await
+    }
+
+    async fn append_event(&self, job_id: Uuid, owner: &str, kind: EventKind, data: &Value) -> Result<JobEvent> {
+        jobs::append_event(&self.pool, job_id, owner, kind, data).await
     }
 
     async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool> {
@@ -437,12 +450,12 @@ impl crate::Store for PostgresStore {
         Ok(row.try_get::<bool, _>(0)?)
     }
 
-    async fn finish_job(&self, job_id: Uuid, outcome: &crate::JobOutcome) -> Result<Job> {
-        jobs::finish_job(&self.pool, job_id, outcome).await
+    async fn finish_job(&self, job_id: Uuid, owner: &str, outcome: &crate::JobOutcome) -> Result<Job> {
+        jobs::finish_job(&self.pool, job_id, owner, outcome).await
     }
 
-    async fn recover_interrupted_jobs(&self, max_attempts: i64) -> Result<crate::Recovery> {
-        jobs::recover(&self.pool, max_attempts).await
+    async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: crate::Reclaim) -> Result<crate::Recovery> {
+        jobs::recover(&self.pool, max_attempts, scope).await
     }
 
     async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {

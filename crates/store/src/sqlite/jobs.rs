@@ -2,7 +2,9 @@
 //! event written in the same transaction, so the status and the event log never disagree.
 
 use super::rows;
-use crate::{now_ms, ClaimedJob, JobOutcome, JobRollout, NewJob, Recovery, Result, StoreError};
+use crate::{
+    now_ms, ClaimedJob, JobOutcome, JobRollout, Lease, LeaseState, NewJob, Reclaim, Recovery, Result, StoreError,
+};
 use serde_json::{json, Value};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tandem_core::history::GradientStepRow;
@@ -180,12 +182,13 @@ pub(crate) async fn list_events(
     Ok(rows::page(items, limit))
 }
 
-pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJob>> {
+pub(crate) async fn claim_next_job(pool: &SqlitePool, lease: &Lease) -> Result<Option<ClaimedJob>> {
     // One statement, so the claim is atomic without an explicit transaction. Round robin between
     // entities: the next job is the oldest one of the entity whose latest job started longest
     // ago (never: first), so one entity's queue of jobs cannot hold back another's.
     let sql = format!(
-        "UPDATE training_jobs SET status = 'running', started_at = ?, attempts = attempts + 1
+        "UPDATE training_jobs SET status = 'running', started_at = ?1, attempts = attempts + 1,
+                                  lease_owner = ?2, lease_expires_at = ?1 + ?3
          WHERE id = (
             SELECT j.id FROM training_jobs j JOIN models m ON m.id = j.model_id
             WHERE j.status = 'queued' AND NOT EXISTS (
@@ -195,7 +198,7 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
             LIMIT 1)
          RETURNING {JOB_COLUMNS}, config, trajectory_groups"
     );
-    let row = sqlx::query(&sql).bind(now_ms()).fetch_optional(pool).await?;
+    let row = sqlx::query(&sql).bind(now_ms()).bind(&lease.owner).bind(lease.ttl_ms).fetch_optional(pool).await?;
     let Some(row) = row else { return Ok(None) };
     let job = rows::job(&row)?;
     let model = sqlx::query("SELECT * FROM models WHERE id = ?").bind(job.model_id.to_string()).fetch_one(pool).await?;
@@ -207,9 +210,46 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool) -> Result<Option<ClaimedJo
     }))
 }
 
-pub(crate) async fn append_event(pool: &SqlitePool, job_id: Uuid, kind: EventKind, data: &Value) -> Result<JobEvent> {
-    let mut conn = pool.acquire().await?;
-    insert_event(&mut conn, job_id, kind, data).await
+pub(crate) async fn renew_lease(pool: &SqlitePool, job_id: Uuid, lease: &Lease) -> Result<LeaseState> {
+    let row = sqlx::query(
+        "UPDATE training_jobs SET lease_expires_at = ? + ?
+         WHERE id = ? AND lease_owner = ? AND status = 'running' RETURNING cancel_requested",
+    )
+    .bind(now_ms())
+    .bind(lease.ttl_ms)
+    .bind(job_id.to_string())
+    .bind(&lease.owner)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        Some(row) => LeaseState::Held { cancel_requested: row.get::<i64, _>(0) != 0 },
+        None => LeaseState::Lost,
+    })
+}
+
+/// `LeaseLost` unless `owner` holds the running job (`NotFound` when it is gone).
+pub(crate) async fn check_owner(conn: &mut SqliteConnection, job_id: Uuid, owner: &str) -> Result<()> {
+    let row = sqlx::query("SELECT status = 'running' AND lease_owner IS ? FROM training_jobs WHERE id = ?")
+        .bind(owner)
+        .bind(job_id.to_string())
+        .fetch_one(conn)
+        .await?;
+    if row.get::<bool, _>(0) {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
+pub(crate) async fn append_event(
+    tx: &mut Transaction<'_, Sqlite>,
+    job_id: Uuid,
+    owner: &str,
+    kind: EventKind,
+    data: &Value,
+) -> Result<JobEvent> {
+    check_owner(tx, job_id, owner).await?;
+    insert_event(tx, job_id, kind, data).await
 }
 
 /// Whether a job has any event yet (ART reads `training_started` before anything else, so the
@@ -269,11 +309,13 @@ async fn set_terminal(
     Ok(())
 }
 
-pub(crate) async fn finish_job(tx: &mut Transaction<'_, Sqlite>, id: Uuid, outcome: &JobOutcome) -> Result<Job> {
-    let job = job_by_id(tx, id).await?;
-    if job.status != JobStatus::Running {
-        return Err(StoreError::Conflict(format!("job {id} is {}, not running", job.status.as_str())));
-    }
+pub(crate) async fn finish_job(
+    tx: &mut Transaction<'_, Sqlite>,
+    id: Uuid,
+    owner: &str,
+    outcome: &JobOutcome,
+) -> Result<Job> {
+    check_owner(tx, id, owner).await?;
     match outcome {
         JobOutcome::Succeeded { checkpoint, event_data } => {
             sqlx::query(
@@ -301,9 +343,13 @@ pub(crate) async fn finish_job(tx: &mut Transaction<'_, Sqlite>, id: Uuid, outco
     job_by_id(tx, id).await
 }
 
-pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64) -> Result<Recovery> {
-    let sql = format!("SELECT {JOB_COLUMNS} FROM training_jobs WHERE status = 'running' ORDER BY seq");
-    let rows = sqlx::query(&sql).fetch_all(&mut **tx).await?;
+pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64, scope: Reclaim) -> Result<Recovery> {
+    // A lease of NULL is a claim made before leases existed.
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM training_jobs
+         WHERE status = 'running' AND (?1 OR lease_expires_at IS NULL OR lease_expires_at < ?2) ORDER BY seq"
+    );
+    let rows = sqlx::query(&sql).bind(scope == Reclaim::All).bind(now_ms()).fetch_all(&mut **tx).await?;
     let mut out = Recovery::default();
     for row in &rows {
         let job = rows::job(row)?;
@@ -311,19 +357,20 @@ pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64)
             fail_with_event(tx, job.id, JobStatus::Cancelled, "training job cancelled").await?;
             out.failed.push(job.id);
         } else if job.attempts >= max_attempts {
-            let msg = format!("training job was interrupted {} times by a server restart; giving up", job.attempts);
+            let msg = crate::codec::gave_up_message(job.attempts);
             fail_with_event(tx, job.id, JobStatus::Failed, &msg).await?;
             out.failed.push(job.id);
         } else {
-            sqlx::query("UPDATE training_jobs SET status = 'queued' WHERE id = ?")
-                .bind(job.id.to_string())
-                .execute(&mut **tx)
-                .await?;
+            sqlx::query(
+                "UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL WHERE id = ?",
+            )
+            .bind(job.id.to_string())
+            .execute(&mut **tx)
+            .await?;
             // Only a job whose events a client may have read says it restarts; one killed before
             // its `training_started` simply runs again, and its first event is still that one.
             if has_events(tx, job.id).await? {
-                let data =
-                    json!({ "attempt": job.attempts + 1, "reason": "server restarted while the job was running" });
+                let data = json!({ "attempt": job.attempts + 1, "reason": crate::codec::restart_reason(scope) });
                 insert_event(tx, job.id, EventKind::TrainingRestarted, &data).await?;
             }
             out.requeued.push(job.id);

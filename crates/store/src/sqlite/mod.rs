@@ -130,6 +130,14 @@ impl crate::Store for SqliteStore {
         Ok(())
     }
 
+    fn single_process(&self) -> bool {
+        true
+    }
+
+    async fn notices(&self) -> Result<Option<tokio::sync::mpsc::Receiver<crate::Notice>>> {
+        Ok(None)
+    }
+
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<()> {
         sqlx::query("INSERT INTO api_keys (id, entity, key_hash, prefix, created_at) VALUES (?, ?, ?, ?, ?)")
             .bind(key.id.to_string())
@@ -587,17 +595,25 @@ impl crate::Store for SqliteStore {
         jobs::list_events(&self.pool, job_id, after, page.limit).await
     }
 
-    async fn claim_next_job(&self) -> Result<Option<crate::ClaimedJob>> {
-        jobs::claim_next_job(&self.pool).await
+    async fn claim_next_job(&self, lease: &crate::Lease) -> Result<Option<crate::ClaimedJob>> {
+        jobs::claim_next_job(&self.pool, lease).await
+    }
+
+    async fn renew_lease(&self, job_id: Uuid, lease: &crate::Lease) -> Result<crate::LeaseState> {
+        jobs::renew_lease(&self.pool, job_id, lease).await
     }
 
     async fn append_event(
         &self,
         job_id: Uuid,
+        owner: &str,
         kind: tandem_core::records::EventKind,
         data: &Value,
     ) -> Result<tandem_core::records::JobEvent> {
-        jobs::append_event(&self.pool, job_id, kind, data).await
+        let mut tx = self.write_tx().await?;
+        let event = jobs::append_event(&mut tx, job_id, owner, kind, data).await?;
+        tx.commit().await?;
+        Ok(event)
     }
 
     async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool> {
@@ -608,16 +624,21 @@ impl crate::Store for SqliteStore {
         Ok(row.get::<i64, _>(0) != 0)
     }
 
-    async fn finish_job(&self, job_id: Uuid, outcome: &crate::JobOutcome) -> Result<tandem_core::records::Job> {
+    async fn finish_job(
+        &self,
+        job_id: Uuid,
+        owner: &str,
+        outcome: &crate::JobOutcome,
+    ) -> Result<tandem_core::records::Job> {
         let mut tx = self.write_tx().await?;
-        let job = jobs::finish_job(&mut tx, job_id, outcome).await?;
+        let job = jobs::finish_job(&mut tx, job_id, owner, outcome).await?;
         tx.commit().await?;
         Ok(job)
     }
 
-    async fn recover_interrupted_jobs(&self, max_attempts: i64) -> Result<crate::Recovery> {
+    async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: crate::Reclaim) -> Result<crate::Recovery> {
         let mut tx = self.write_tx().await?;
-        let recovery = jobs::recover(&mut tx, max_attempts).await?;
+        let recovery = jobs::recover(&mut tx, max_attempts, scope).await?;
         tx.commit().await?;
         Ok(recovery)
     }

@@ -1,0 +1,344 @@
+//! Where checkpoint files live: always a local directory ([`CheckpointDir`]), which models and
+//! trainers read adapters from, and, with `--blob-store`, an object store ([`BlobStore`]) that
+//! every node shares, for which the local directory is a read-through cache.
+//!
+//! Publishing is "write, then record": the files are durable locally and every object is
+//! uploaded before the caller records the checkpoint row, so a node that finds the row finds
+//! the files. A node that misses them locally downloads the checkpoint's objects into a
+//! temporary directory and renames it into place (two downloads of one checkpoint at once both
+//! end with the same bytes in place). Objects that no live checkpoint owns are swept only once
+//! they are older than a grace period, since another node may be uploading one it is about to
+//! record.
+
+use crate::{CheckpointDir, Result, StoreError};
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The shared object store and the key prefix checkpoints live under.
+#[derive(Debug, Clone)]
+pub struct BlobStore {
+    store: Arc<dyn ObjectStore>,
+    /// What logs and errors show of the URL (no credentials are ever in it: they come from the
+    /// environment).
+    url: String,
+}
+
+/// Objects under this prefix of the blob store are checkpoint files: `checkpoints/<model>/<cp>/<file>`.
+const CHECKPOINTS: &str = "checkpoints";
+
+impl BlobStore {
+    /// Opens `file:///path`, `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`
+    /// or `memory:///` (one process's memory, for tests). Credentials and endpoints come from the
+    /// usual variables of each cloud (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`,
+    /// `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...).
+    pub fn open(url: &str) -> Result<Self> {
+        let bad = |why: String| StoreError::Io(format!("--blob-store {url}: {why}"));
+        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let (scheme, prefix) = object_store::ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
+        use object_store::ObjectStoreScheme as S;
+        let store: Arc<dyn ObjectStore> = match scheme {
+            S::Local => {
+                let root = PathBuf::from(parsed.path());
+                crate::create_private_dir_all(&root).map_err(|e| bad(e.to_string()))?;
+                // The prefix is the directory itself here.
+                return Ok(BlobStore {
+                    store: Arc::new(
+                        object_store::local::LocalFileSystem::new_with_prefix(&root)
+                            .map_err(|e| bad(e.to_string()))?
+                            .with_automatic_cleanup(true),
+                    ),
+                    url: url.to_string(),
+                });
+            }
+            S::Memory => Arc::new(object_store::memory::InMemory::new()),
+            S::AmazonS3 => Arc::new(
+                object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(|e| bad(e.to_string()))?,
+            ),
+            S::GoogleCloudStorage => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url)
+                    .build()
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            S::MicrosoftAzure => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .build()
+                    .map_err(|e| bad(e.to_string()))?,
+            ),
+            other => return Err(bad(format!("{other:?} is not a supported blob store"))),
+        };
+        let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
+            store
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
+        };
+        Ok(BlobStore { store, url: url.to_string() })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn key(relative: &str, name: &str) -> ObjectPath {
+        ObjectPath::from(format!("{CHECKPOINTS}/{relative}/{name}"))
+    }
+
+    fn dir_key(relative: &str) -> ObjectPath {
+        ObjectPath::from(format!("{CHECKPOINTS}/{relative}"))
+    }
+
+    /// Every object under a checkpoint's prefix: (file name, key).
+    async fn list(&self, relative: &str) -> Result<Vec<(String, ObjectPath)>> {
+        let prefix = Self::dir_key(relative);
+        let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await.map_err(io)?;
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.filename()?.to_string();
+                Some((name, m.location))
+            })
+            .collect())
+    }
+}
+
+fn io(e: object_store::Error) -> StoreError {
+    StoreError::Io(format!("blob store: {e}"))
+}
+
+/// Checkpoint files: the local directory, and the shared blob store behind it when there is one.
+#[derive(Debug, Clone)]
+pub struct Checkpoints {
+    local: CheckpointDir,
+    remote: Option<BlobStore>,
+}
+
+/// Objects no live checkpoint owns are removed only once they are this old: a node may be
+/// uploading one it has not recorded yet (an upload of a checkpoint takes seconds, not an hour).
+pub const SWEEP_GRACE: Duration = Duration::from_secs(3600);
+
+impl Checkpoints {
+    pub fn local(local: CheckpointDir) -> Self {
+        Checkpoints { local, remote: None }
+    }
+
+    pub fn with_remote(local: CheckpointDir, remote: BlobStore) -> Self {
+        Checkpoints { local, remote: Some(remote) }
+    }
+
+    /// The local directory (on a node with a blob store: its cache).
+    pub fn dir(&self) -> &CheckpointDir {
+        &self.local
+    }
+
+    pub fn remote(&self) -> Option<&BlobStore> {
+        self.remote.as_ref()
+    }
+
+    /// Writes a checkpoint's files durably (locally, then to the blob store) before the caller
+    /// records it. On failure nothing of it is left.
+    pub async fn publish(&self, relative: &str, files: Vec<(String, Vec<u8>)>) -> Result<PathBuf> {
+        let (dir, rel) = (self.local.clone(), relative.to_string());
+        let (path, files) = tokio::task::spawn_blocking(move || {
+            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+            dir.write_atomic(&rel, &refs).map(|p| (p, files))
+        })
+        .await
+        .map_err(|e| StoreError::Io(e.to_string()))??;
+        if let Err(e) = self.upload_files(relative, files).await {
+            let _ = self.remove(relative).await;
+            return Err(e);
+        }
+        Ok(path)
+    }
+
+    /// Uploads a checkpoint already written to the local directory (an import writes it there
+    /// first, to check it against the base model). A no-op without a blob store.
+    pub async fn upload(&self, relative: &str) -> Result<()> {
+        if self.remote.is_none() {
+            return Ok(());
+        }
+        let dir = self.local.resolve(relative).ok_or_else(|| bad_path(relative))?;
+        let files = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<(String, Vec<u8>)>> {
+            let mut files = Vec::new();
+            for entry in std::fs::read_dir(&dir)? {
+                let entry = entry?;
+                files.push((entry.file_name().to_string_lossy().into_owned(), std::fs::read(entry.path())?));
+            }
+            Ok(files)
+        })
+        .await
+        .map_err(|e| StoreError::Io(e.to_string()))??;
+        self.upload_files(relative, files).await
+    }
+
+    async fn upload_files(&self, relative: &str, files: Vec<(String, Vec<u8>)>) -> Result<()> {
+        let Some(remote) = &self.remote else { return Ok(()) };
+        for (name, bytes) in files {
+            remote.store.put(&BlobStore::key(relative, &name), PutPayload::from(bytes)).await.map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// The local directory of a recorded checkpoint, downloaded first when only the blob store
+    /// has it. `None` when its files are nowhere (deleted meanwhile, or lost).
+    pub async fn local_dir(&self, relative: &str) -> Result<Option<PathBuf>> {
+        let Some(path) = self.local.resolve(relative) else { return Ok(None) };
+        if path.is_dir() {
+            return Ok(Some(path));
+        }
+        let Some(remote) = &self.remote else { return Ok(None) };
+        let objects = remote.list(relative).await?;
+        if objects.is_empty() {
+            return Ok(None);
+        }
+        let mut files = Vec::with_capacity(objects.len());
+        for (name, key) in objects {
+            let bytes = remote.store.get(&key).await.map_err(io)?.bytes().await.map_err(io)?;
+            files.push((name, bytes.to_vec()));
+        }
+        let (dir, rel) = (self.local.clone(), relative.to_string());
+        let path = tokio::task::spawn_blocking(move || {
+            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+            dir.write_atomic(&rel, &refs)
+        })
+        .await
+        .map_err(|e| StoreError::Io(e.to_string()))??;
+        tracing::debug!(checkpoint = relative, "checkpoint fetched from the blob store");
+        Ok(Some(path))
+    }
+
+    /// Removes a checkpoint's files here and in the blob store; missing files are not an error.
+    pub async fn remove(&self, relative: &str) -> Result<()> {
+        let (dir, rel) = (self.local.clone(), relative.to_string());
+        tokio::task::spawn_blocking(move || dir.remove(&rel)).await.map_err(|e| StoreError::Io(e.to_string()))??;
+        if let Some(remote) = &self.remote {
+            for (_, key) in remote.list(relative).await? {
+                match remote.store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(io(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes local files no live checkpoint owns (the cache's copies of deleted checkpoints
+    /// too) and, in the blob store, checkpoints no live one owns that are older than `grace`.
+    /// Returns (local, remote) counts.
+    pub async fn sweep(&self, live: &[String], grace: Duration) -> Result<(usize, usize)> {
+        let (dir, owned) = (self.local.clone(), live.to_vec());
+        let local = tokio::task::spawn_blocking(move || dir.sweep(&owned))
+            .await
+            .map_err(|e| StoreError::Io(e.to_string()))??;
+        let Some(remote) = &self.remote else { return Ok((local, 0)) };
+        let live: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
+        let cutoff = chrono_cutoff(grace);
+        // checkpoint -> (its keys, whether every one is older than the cutoff)
+        let mut orphans: BTreeMap<String, (Vec<ObjectPath>, bool)> = BTreeMap::new();
+        let prefix = ObjectPath::from(CHECKPOINTS);
+        let metas: Vec<_> = remote.store.list(Some(&prefix)).try_collect().await.map_err(io)?;
+        for meta in metas {
+            let parts: Vec<String> = meta.location.parts().map(|p| p.as_ref().to_string()).collect();
+            let [_, model, cp, ..] = parts.as_slice() else { continue };
+            let relative = format!("{model}/{cp}");
+            if live.contains(relative.as_str()) {
+                continue;
+            }
+            let entry = orphans.entry(relative).or_insert_with(|| (Vec::new(), true));
+            entry.1 &= meta.last_modified.timestamp_millis() < cutoff;
+            entry.0.push(meta.location);
+        }
+        let mut removed = 0;
+        for (relative, (keys, old)) in orphans {
+            if !old {
+                continue;
+            }
+            for key in keys {
+                match remote.store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(io(e)),
+                }
+            }
+            tracing::debug!(checkpoint = %relative, "swept checkpoint objects no checkpoint owns");
+            removed += 1;
+        }
+        Ok((local, removed))
+    }
+}
+
+/// Unix milliseconds `grace` ago.
+fn chrono_cutoff(grace: Duration) -> i64 {
+    crate::now_ms() - grace.as_millis() as i64
+}
+
+fn bad_path(relative: &str) -> StoreError {
+    StoreError::Io(format!("bad checkpoint path {relative}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    fn node(dir: &tempfile::TempDir, remote: &BlobStore) -> Checkpoints {
+        Checkpoints::with_remote(CheckpointDir::open(dir.path().join("checkpoints")).unwrap(), remote.clone())
+    }
+
+    /// Two nodes sharing a blob store: what one publishes the other reads through its cache;
+    /// removal reaches both; the sweep keeps young orphans (an upload in flight) and live ones.
+    #[tokio::test]
+    async fn nodes_share_checkpoints_through_the_blob_store() {
+        let blobs = tempfile::tempdir().unwrap();
+        let remote = BlobStore::open(&format!("file://{}", blobs.path().display())).unwrap();
+        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (node(&a_dir, &remote), node(&b_dir, &remote));
+        let rel = CheckpointDir::relative_path(Uuid::now_v7(), Uuid::now_v7());
+        let files = vec![("adapter_config.json".to_string(), b"{}".to_vec()), ("w".to_string(), vec![7u8; 3000])];
+        a.publish(&rel, files.clone()).await.unwrap();
+
+        let cached = b.local_dir(&rel).await.unwrap().expect("fetched from the blob store");
+        assert!(cached.starts_with(b_dir.path()));
+        assert_eq!(std::fs::read(cached.join("w")).unwrap(), files[1].1);
+        assert_eq!(std::fs::read(cached.join("adapter_config.json")).unwrap(), b"{}");
+        // A second read is the cached copy.
+        assert_eq!(b.local_dir(&rel).await.unwrap(), Some(cached.clone()));
+
+        // An orphan upload (never recorded) survives a sweep while young, goes once old.
+        let orphan = CheckpointDir::relative_path(Uuid::now_v7(), Uuid::now_v7());
+        a.publish(&orphan, vec![("w".into(), vec![1])]).await.unwrap();
+        assert_eq!(b.sweep(std::slice::from_ref(&rel), SWEEP_GRACE).await.unwrap(), (0, 0));
+        assert_eq!(b.sweep(std::slice::from_ref(&rel), Duration::ZERO).await.unwrap().1, 1);
+        let fresh = tempfile::tempdir().unwrap();
+        assert_eq!(node(&fresh, &remote).local_dir(&orphan).await.unwrap(), None, "orphan swept");
+        assert!(node(&fresh, &remote).local_dir(&rel).await.unwrap().is_some(), "live one kept");
+
+        a.remove(&rel).await.unwrap();
+        let fresh = tempfile::tempdir().unwrap();
+        assert_eq!(node(&fresh, &remote).local_dir(&rel).await.unwrap(), None);
+        // b's cached copy goes at its next sweep (the checkpoint is no longer live).
+        assert_eq!(b.sweep(&[], SWEEP_GRACE).await.unwrap().0, 1);
+        assert!(!cached.exists());
+        assert!(b.local_dir("../x").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn without_a_blob_store_only_the_local_directory_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Checkpoints::local(CheckpointDir::open(dir.path().join("c")).unwrap());
+        let rel = CheckpointDir::relative_path(Uuid::now_v7(), Uuid::now_v7());
+        assert_eq!(c.local_dir(&rel).await.unwrap(), None);
+        let path = c.publish(&rel, vec![("w".into(), vec![1, 2])]).await.unwrap();
+        assert_eq!(c.local_dir(&rel).await.unwrap(), Some(path.clone()));
+        c.upload(&rel).await.unwrap();
+        c.remove(&rel).await.unwrap();
+        assert!(!path.exists());
+        assert!(BlobStore::open("ftp://x/y").is_err());
+        assert!(BlobStore::open("not a url").is_err());
+    }
+}
