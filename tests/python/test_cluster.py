@@ -93,9 +93,14 @@ class Cluster:
 
 
 def events(node, job_id):
-    status, body, _ = node.api("GET", f"/v1/preview/training-jobs/{job_id}/events?limit=1000")
-    assert status == 200, body
-    return body["data"]
+    out, after = [], ""
+    while True:
+        status, body, _ = node.api("GET", f"/v1/preview/training-jobs/{job_id}/events?limit=100{after}")
+        assert status == 200, body
+        out += body["data"]
+        if not body["has_more"]:
+            return out
+        after = f"&after={body['last_id']}"
 
 
 def wait_job(node, job_id, timeout=300):
@@ -146,9 +151,9 @@ def check_kill_trainer(cluster, ctx):
     assert status == 200, model
     ctx["model"] = model
     job = queue_rl_job(api1, model["id"])
-    # Wait until a trainer has started the job, then kill that one while it trains.
+    # Wait until a trainer has started the job, then kill that one in its first step.
     deadline = time.monotonic() + 120
-    while not any(e["type"] == "gradient_step" for e in events(api1, job["id"])):
+    while not events(api1, job["id"]):
         assert time.monotonic() < deadline, "the job never started training"
         time.sleep(0.05)
     owner = psql(ctx["db_url"], f"SELECT lease_owner FROM training_jobs WHERE id = '{job['id']}'")
