@@ -14,7 +14,7 @@ use crate::{CheckpointDir, Result, StoreError};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,6 +116,11 @@ fn io(e: object_store::Error) -> StoreError {
 pub struct Checkpoints {
     local: CheckpointDir,
     remote: Option<BlobStore>,
+    /// One download per checkpoint at a time: requests for a checkpoint this node lacks wait for
+    /// the first one's download instead of each holding a copy of the files in memory.
+    fetching: Arc<Gates>,
+    /// Checkpoints this node has downloaded from the blob store since it started.
+    downloads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Objects no live checkpoint owns are removed only once they are this old: a node may be
@@ -124,11 +129,11 @@ pub const SWEEP_GRACE: Duration = Duration::from_secs(3600);
 
 impl Checkpoints {
     pub fn local(local: CheckpointDir) -> Self {
-        Checkpoints { local, remote: None }
+        Checkpoints { local, remote: None, fetching: Arc::default(), downloads: Arc::default() }
     }
 
     pub fn with_remote(local: CheckpointDir, remote: BlobStore) -> Self {
-        Checkpoints { local, remote: Some(remote) }
+        Checkpoints { local, remote: Some(remote), fetching: Arc::default(), downloads: Arc::default() }
     }
 
     /// The local directory (on a node with a blob store: its cache).
@@ -138,6 +143,11 @@ impl Checkpoints {
 
     pub fn remote(&self) -> Option<&BlobStore> {
         self.remote.as_ref()
+    }
+
+    /// How many checkpoints this node has downloaded from the blob store.
+    pub fn downloads(&self) -> u64 {
+        self.downloads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Writes a checkpoint's files durably (locally, then to the blob store) before the caller
@@ -193,6 +203,16 @@ impl Checkpoints {
             return Ok(Some(path));
         }
         let Some(remote) = &self.remote else { return Ok(None) };
+        let gate = FetchGate::enter(&self.fetching, relative);
+        let _one_at_a_time = gate.gate.lock().await;
+        // A request that waited finds what the first one fetched.
+        if path.is_dir() {
+            return Ok(Some(path));
+        }
+        self.download(remote, relative).await
+    }
+
+    async fn download(&self, remote: &BlobStore, relative: &str) -> Result<Option<PathBuf>> {
         let objects = remote.list(relative).await?;
         if objects.is_empty() {
             return Ok(None);
@@ -209,6 +229,7 @@ impl Checkpoints {
         })
         .await
         .map_err(|e| StoreError::Io(e.to_string()))??;
+        self.downloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(checkpoint = relative, "checkpoint fetched from the blob store");
         Ok(Some(path))
     }
@@ -272,6 +293,34 @@ impl Checkpoints {
     }
 }
 
+type Gates = std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// A checkpoint's download gate, taken out of the map again when its last holder is done (also
+/// when a request is dropped while it waits).
+struct FetchGate<'a> {
+    gates: &'a Gates,
+    key: String,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> FetchGate<'a> {
+    fn enter(gates: &'a Gates, key: &str) -> Self {
+        let mut map = gates.lock().unwrap_or_else(|p| p.into_inner());
+        let gate = map.entry(key.to_string()).or_default().clone();
+        FetchGate { gates, key: key.to_string(), gate }
+    }
+}
+
+impl Drop for FetchGate<'_> {
+    fn drop(&mut self) {
+        let mut map = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the map and this holder have it: nobody else waits on it.
+        if Arc::strong_count(&self.gate) <= 2 {
+            map.remove(&self.key);
+        }
+    }
+}
+
 /// Unix milliseconds `grace` ago.
 fn chrono_cutoff(grace: Duration) -> i64 {
     crate::now_ms() - grace.as_millis() as i64
@@ -286,6 +335,10 @@ mod tests {
     use super::*;
     use uuid::Uuid;
 
+    fn new_relative() -> String {
+        CheckpointDir::relative_path(Uuid::now_v7(), Uuid::now_v7())
+    }
+
     fn node(dir: &tempfile::TempDir, remote: &BlobStore) -> Checkpoints {
         Checkpoints::with_remote(CheckpointDir::open(dir.path().join("checkpoints")).unwrap(), remote.clone())
     }
@@ -294,11 +347,10 @@ mod tests {
     /// removal reaches both; the sweep keeps young orphans (an upload in flight) and live ones.
     #[tokio::test]
     async fn nodes_share_checkpoints_through_the_blob_store() {
-        let blobs = tempfile::tempdir().unwrap();
+        let (blobs, a_dir, b_dir) =
+            (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let remote = BlobStore::open(&format!("file://{}", blobs.path().display())).unwrap();
-        let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (a, b) = (node(&a_dir, &remote), node(&b_dir, &remote));
-        let rel = CheckpointDir::relative_path(Uuid::now_v7(), Uuid::now_v7());
+        let (a, b, rel) = (node(&a_dir, &remote), node(&b_dir, &remote), new_relative());
         let files = vec![("adapter_config.json".to_string(), b"{}".to_vec()), ("w".to_string(), vec![7u8; 3000])];
         a.publish(&rel, files.clone()).await.unwrap();
 
@@ -325,6 +377,31 @@ mod tests {
         assert_eq!(b.sweep(&[], SWEEP_GRACE).await.unwrap().0, 1);
         assert!(!cached.exists());
         assert!(b.local_dir("../x").await.unwrap().is_none());
+    }
+
+    /// Requests for a checkpoint a node lacks, all at once: each gets the files, fetched once
+    /// behind one gate that is gone afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_fetches_of_one_checkpoint_share_one_download() {
+        let (blobs, a_dir, b_dir) =
+            (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let remote = BlobStore::open(&format!("file://{}", blobs.path().display())).unwrap();
+        let (a, b, rel) = (node(&a_dir, &remote), node(&b_dir, &remote), new_relative());
+        a.publish(&rel, vec![("w".into(), vec![9u8; 1 << 20])]).await.unwrap();
+        let fetches: Vec<_> = (0..16)
+            .map(|_| {
+                let (b, rel) = (b.clone(), rel.clone());
+                tokio::spawn(async move { b.local_dir(&rel).await })
+            })
+            .collect();
+        for f in fetches {
+            let dir = f.await.unwrap().unwrap().unwrap();
+            assert_eq!(std::fs::read(dir.join("w")).unwrap().len(), 1 << 20);
+        }
+        assert_eq!(b.downloads(), 1, "one download for sixteen requests");
+        assert!(b.fetching.lock().unwrap().is_empty(), "no gate left behind");
+        let leftovers = std::fs::read_dir(b.dir().root().join(rel.split('/').next().unwrap())).unwrap().count();
+        assert_eq!(leftovers, 1, "one directory, no temporary ones");
     }
 
     #[tokio::test]
