@@ -5,7 +5,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma build run test check fmt clean bench bench-gemma bench-training bench-rl bench-all reliability fuzz-smoke
+.PHONY: all model model-gemma build run test check fmt clean bench bench-gemma bench-training bench-rl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -116,6 +116,14 @@ reliability: model
 	$(CARGO) build --bin tandem
 	python3 tests/reliability/reliability.py target/debug/tandem $(MODEL) $(RELIABILITY_ARGS)
 
+## reliability-postgres: the reliability tests that concern the store (R5, R6, R9, R11) with every
+## server on PostgreSQL (a fresh database tandem_reliability; about 10 minutes).
+reliability-postgres: model
+	$(CARGO) build --bin tandem
+	psql "$(PG_ADMIN_URL)" -qc 'DROP DATABASE IF EXISTS tandem_reliability' -c 'CREATE DATABASE tandem_reliability'
+	python3 tests/reliability/reliability.py target/debug/tandem $(MODEL) --only R5,R6,R9,R11 \
+		--database-url $(dir $(PG_ADMIN_URL))tandem_reliability $(RELIABILITY_ARGS)
+
 ## fuzz-smoke: each cargo-fuzz target (fuzz/fuzz_targets) for FUZZ_SECONDS seconds (R12). Needs
 ## `cargo install cargo-fuzz`; RUSTC_BOOTSTRAP lets it pass libFuzzer's flags to the stable toolchain.
 FUZZ_SECONDS ?= 60
@@ -171,7 +179,13 @@ bench-rl: model
 	bash bench/run-rl-step.sh
 
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
-bench-all: bench bench-gemma bench-training bench-rl
+## bench-cluster: aggregate throughput of api nodes sharing PostgreSQL and a blob store, 1 node vs 2
+## (docs/deploy.md: on one machine the cores bound it, so it reports per-node efficiency)
+bench-cluster: model
+	$(CARGO) build --bin tandem
+	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
+
+bench-all: bench bench-gemma bench-training bench-rl bench-cluster
 
 ## check: formatting and lints
 check:

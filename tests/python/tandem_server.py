@@ -86,8 +86,9 @@ class Server:
             return status, raw.decode(errors="replace"), hdrs
 
     def new_key(self, entity):
-        """A key of another entity, made with `tandem keys create` against the same data dir."""
-        out = subprocess.run([self.binary, "keys", "create", "--entity", entity, "--data-dir", self.data],
+        """A key of another entity, made with `tandem keys create` against the same store."""
+        db = self.extra[self.extra.index("--database-url"):][:2] if "--database-url" in self.extra else []
+        out = subprocess.run([self.binary, "keys", "create", "--entity", entity, "--data-dir", self.data, *db],
                              capture_output=True, text=True, check=True)
         return out.stdout.strip().splitlines()[-1].strip()
 

@@ -14,6 +14,9 @@ the given Python); otherwise `file://` on a temporary directory. A fresh databas
                   dead trainer wrote nothing after the restart, and exactly one terminal event ends them
   both-serve      the new checkpoint is served by both api nodes right after `training_ended`
                   (the time from `training_ended` to both answers is printed)
+  registry-drain  every node is in the registry (`GET /v1/nodes`); an api node's system check sees
+                  the trainers; `tandem nodes drain trainer2` makes its /health 503 and the next job
+                  goes to trainer1; `undrain` brings it back
   art-loop        OpenPipe ART's own client runs the RL loop (register, rollout, train, serve the new
                   step, delete checkpoints) through an api node, unchanged
 
@@ -82,7 +85,7 @@ class Cluster:
         self.trainers = [self._start(binary, model, common + ["--role", "trainer"], f"trainer{i}") for i in (1, 2)]
 
     def _start(self, binary, model, flags, name):
-        node = Server(binary, model, KEY, flags, prefix=f"tandem-{name}-")
+        node = Server(binary, model, KEY, flags + ["--node-name", name], prefix=f"tandem-{name}-")
         node.name = name
         self.nodes.append(node)
         return node
@@ -210,6 +213,42 @@ def check_both_serve(cluster, ctx):
         assert os.path.isdir(cached) and os.listdir(cached), f"{node.name} has no cached copy"
 
 
+def nodes_cli(ctx, *args):
+    out = subprocess.run([ctx["binary"], "nodes", "--database-url", ctx["db_url"], *args],
+                         capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def check_registry_and_drain(cluster, ctx):
+    # Every node beats in the registry; an api node's system check counts the cluster's trainers.
+    status, body, _ = cluster.api[0].api("GET", "/v1/nodes")
+    assert status == 200, body
+    alive = sorted((n["name"], n["role"]) for n in body["data"] if n["alive"])
+    assert alive == [("api1", "api"), ("api2", "api"), ("trainer1", "trainer"), ("trainer2", "trainer")], alive
+    status, body, _ = cluster.api[0].api("GET", "/v1/nodes", key=False)
+    assert status == 401, (status, body)
+    status, body, _ = cluster.api[1].api("GET", "/v1/system-check")
+    assert status == 200 and body["training_queue"]["success"], body
+    # Drain trainer2: it says so on /health within a beat, and the next job goes to trainer1.
+    drained, kept = cluster.trainers[1], cluster.trainers[0]
+    # (A trainer2 killed earlier has a row of its own, gone, drained along with the live one.)
+    assert re.match(r"draining [12] node", nodes_cli(ctx, "drain", "trainer2"))
+    deadline = time.monotonic() + 15
+    while drained.api("GET", "/health")[0] != 503:
+        assert time.monotonic() < deadline, "the drain never reached trainer2"
+        time.sleep(0.2)
+    assert "drained (idle: safe to stop)" in nodes_cli(ctx, "list")
+    job = queue_rl_job(cluster.api[0], ctx["model"]["id"], groups=2)
+    assert wait_job(cluster.api[0], job["id"])["status"] == "succeeded"
+    owner = psql(ctx["db_url"], f"SELECT lease_owner FROM training_jobs WHERE id = '{job['id']}'")
+    assert f"pid {kept.proc.pid}" in owner, (owner, kept.proc.pid)
+    nodes_cli(ctx, "undrain", "trainer2")
+    deadline = time.monotonic() + 15
+    while drained.api("GET", "/health")[0] != 200:
+        assert time.monotonic() < deadline, "the undrain never reached trainer2"
+        time.sleep(0.2)
+
+
 def check_art_loop(cluster, ctx):
     # ART's own client, unchanged, through api node 2 (its stages need nothing else of a server).
     stages = [s for s in test_art.STAGES if s[0] in ART_STAGES]
@@ -222,7 +261,7 @@ def check_art_loop(cluster, ctx):
 
 
 CHECKS = [("roles", check_roles), ("kill-trainer", check_kill_trainer), ("both-serve", check_both_serve),
-          ("art-loop", check_art_loop)]
+          ("registry-drain", check_registry_and_drain), ("art-loop", check_art_loop)]
 
 
 def main():
@@ -243,7 +282,7 @@ def main():
     print(f"cluster: 2 api + 2 trainer nodes, PostgreSQL {DB}, blob store {blob_store}")
     passed = failed = 0
     cluster = None
-    ctx = {"db_url": db_url}
+    ctx = {"db_url": db_url, "binary": binary}
     try:
         cluster = Cluster(binary, model, db_url, blob_store)
         for name, fn in CHECKS:

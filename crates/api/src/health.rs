@@ -49,7 +49,8 @@ async fn system_check(State(state): State<AppState>) -> (StatusCode, Json<Value>
     let t = Instant::now();
     let queue = match state.training_heartbeat() {
         Some(h) => h.check(tandem_store::now_ms()),
-        None => Err("no training worker runs in this process".to_string()),
+        // An api node of a cluster: the queue is served when a trainer node is alive.
+        None => cluster_trainers(&state).await,
     };
     let (queue_ok, training_queue) = part(t, queue);
     let t = Instant::now();
@@ -79,6 +80,12 @@ async fn system_check(State(state): State<AppState>) -> (StatusCode, Json<Value>
     )
 )]
 async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    if state.draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "draining", "detail": "an operator is draining this node (tandem nodes drain)" })),
+        );
+    }
     if state.backend().is_some_and(|b| !b.healthy()) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -97,6 +104,21 @@ async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         Err(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": "store timed out" })))
         }
+    }
+}
+
+/// `Ok(())` when the node registry has a live trainer that is not draining.
+async fn cluster_trainers(state: &AppState) -> Result<(), String> {
+    match tokio::time::timeout(HEALTH_TIMEOUT, state.store().list_nodes()).await {
+        Ok(Ok(nodes)) => {
+            let serving = nodes.iter().any(|n| n.alive && !n.draining && matches!(n.role.as_str(), "trainer" | "all"));
+            if serving {
+                Ok(())
+            } else {
+                Err("no trainer node of the cluster is alive and taking jobs".to_string())
+            }
+        }
+        Ok(Err(_)) | Err(_) => Err("the node registry could not be read".to_string()),
     }
 }
 

@@ -87,6 +87,9 @@ pub struct AppConfig {
     pub training_metrics: Option<Arc<TrainingMetrics>>,
     /// `--lora-root`, canonical: turns on `/v1/load_lora_adapter` for adapters under it.
     pub lora_root: Option<std::path::PathBuf>,
+    /// Set while an operator drains this node: `/health` answers 503 so that load balancers
+    /// send it nothing new (it still answers what reaches it).
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Shared, cheap-to-clone handler state.
@@ -165,6 +168,10 @@ impl AppState {
 
     pub fn limits(&self) -> &Limits {
         &self.0.limits
+    }
+
+    pub fn draining(&self) -> bool {
+        self.0.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn training_heartbeat(&self) -> Option<&Heartbeat> {

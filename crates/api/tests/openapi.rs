@@ -40,6 +40,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "POST /tokenize",
         "POST /detokenize",
         "GET /metrics",
+        "GET /v1/nodes",
         "POST /v1/load_lora_adapter",
         "POST /v1/unload_lora_adapter",
         "POST /v1/preview/models",

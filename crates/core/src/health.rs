@@ -25,6 +25,11 @@ impl Heartbeat {
         self.busy.store(busy, Ordering::Relaxed);
     }
 
+    /// Whether the last beat was made while running a job.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
     /// The worker loop has ended (shutdown, or it died).
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Relaxed);

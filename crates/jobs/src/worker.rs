@@ -56,6 +56,8 @@ pub struct Worker {
     trainer: Arc<dyn Trainer>,
     wake: Arc<Notify>,
     stopping: Arc<AtomicBool>,
+    /// An operator asked this node to take no new job (it finishes the one it runs).
+    draining: Arc<AtomicBool>,
     heartbeat: Arc<Heartbeat>,
     metrics: Arc<TrainingMetrics>,
     config: WorkerConfig,
@@ -74,6 +76,7 @@ impl Worker {
             trainer,
             wake: Arc::new(Notify::new()),
             stopping: Arc::new(AtomicBool::new(false)),
+            draining: Arc::new(AtomicBool::new(false)),
             heartbeat: Arc::new(Heartbeat::default()),
             metrics: Arc::default(),
             config,
@@ -93,6 +96,12 @@ impl Worker {
     /// Notified by the api when a job is queued, so it starts without waiting for the poll.
     pub fn waker(&self) -> Arc<Notify> {
         self.wake.clone()
+    }
+
+    /// Stops (or resumes) claiming jobs; the job that runs, if any, runs to its end.
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 
     /// Asks the loop to stop after (or, through the sink, during) the current job.
@@ -144,6 +153,10 @@ impl Worker {
         let mut reclaimed_at: Option<Instant> = None;
         while !self.stopping.load(Ordering::SeqCst) {
             self.heartbeat.beat(now_ms(), false);
+            if self.draining.load(Ordering::SeqCst) {
+                let _ = tokio::time::timeout(self.config.poll_interval, self.wake.notified()).await;
+                continue;
+            }
             // Jobs of trainers that died (another process's, on a shared database) come back
             // to the queue once their lease runs out; a few reads a lease are plenty.
             if reclaimed_at.is_none_or(|t| t.elapsed() >= crate::lease::renew_interval(self.config.lease_ttl)) {

@@ -5,8 +5,10 @@ use crate::config::Role;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tandem_store::{Checkpoints, Notice, Store};
+use tandem_jobs::Worker;
+use tandem_store::{Checkpoints, NodeBeat, Notice, Store, NODE_BEAT_MS};
 use tokio::sync::Notify;
 
 /// The paths a trainer node answers: it serves no API, but is watched like any node.
@@ -50,6 +52,27 @@ pub async fn follow_notices(store: Arc<dyn Store>, role: Role, jobs: Arc<Notify>
                 });
             }
             _ => {}
+        }
+    }
+}
+
+/// Beats in the node registry every [`NODE_BEAT_MS`] until the process ends, and follows an
+/// operator's drain: the trainer stops claiming and `/health` says `draining`.
+pub async fn beat(store: Arc<dyn Store>, mut beat: NodeBeat, worker: Option<Worker>, draining: Arc<AtomicBool>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(NODE_BEAT_MS as u64));
+    loop {
+        every.tick().await;
+        beat.busy = worker.as_ref().is_some_and(|w| w.heartbeat().busy());
+        match store.node_heartbeat(&beat).await {
+            Ok(drain) => {
+                if draining.swap(drain, Ordering::SeqCst) != drain {
+                    tracing::warn!(node = %beat.name, drain, "an operator changed this node's drain");
+                    if let Some(w) = &worker {
+                        w.set_draining(drain);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not beat in the node registry"),
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// jobs from the shared queue; HTTP serves only /health and /metrics).
     #[arg(long, env = "TANDEM_ROLE")]
     pub role: Option<String>,
+    /// What the node registry (`tandem nodes`) calls this process (default: host:port).
+    #[arg(long, env = "TANDEM_NODE_NAME")]
+    pub node_name: Option<String>,
     /// Base model to serve, a GGUF file or a Hugging Face checkpoint directory; repeat for several.
     #[arg(long = "model", env = "TANDEM_MODEL", value_delimiter = ',')]
     pub models: Vec<PathBuf>,
@@ -164,6 +167,7 @@ pub struct ServeConfig {
     pub database_url: Option<String>,
     pub blob_store: Option<String>,
     pub role: Role,
+    pub node_name: Option<String>,
     pub models: Vec<BaseModel>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
@@ -224,6 +228,7 @@ impl ServeConfig {
                 Some(r) => Role::parse(&r)
                     .ok_or_else(|| anyhow::anyhow!("--role {r:?}: expected all, api, inference or trainer"))?,
             },
+            node_name: args.node_name.or(file.node_name).filter(|n| !n.trim().is_empty()),
             models,
             api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(64 << 20),

@@ -4,6 +4,7 @@ mod cluster;
 mod config;
 mod export;
 mod keys;
+mod nodes;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,8 @@ enum Command {
     Keys(keys::KeysArgs),
     /// Write a checkpoint merged into its base model as one GGUF file.
     Export(export::ExportArgs),
+    /// List the cluster's nodes, or drain one.
+    Nodes(nodes::NodesArgs),
 }
 
 /// The hidden subcommand that renders one request-supplied chat template (see
@@ -62,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             Command::Serve(args) => serve::run(config::ServeConfig::resolve(*args)?).await,
             Command::Keys(args) => keys::run(args).await,
             Command::Export(args) => export::run(args).await,
+            Command::Nodes(args) => nodes::run(args).await,
         }
     })
 }

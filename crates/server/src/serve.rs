@@ -13,7 +13,7 @@ use tandem_core::inference::SharedBackend;
 use tandem_engine::template::jail::TemplateJail;
 use tandem_engine::{Engine, EngineConfig};
 use tandem_jobs::{Worker, WorkerConfig};
-use tandem_store::{BlobStore, CheckpointDir, Checkpoints, Reclaim, Store};
+use tandem_store::{BlobStore, CheckpointDir, Checkpoints, NodeBeat, Reclaim, Store};
 use tandem_train::{LoraTrainer, ModelTokenizer, TrainBase};
 
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
@@ -89,6 +89,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         })
         .collect();
     let trainer = Arc::new(LoraTrainer::new(bases));
+    // This process in the node registry and as a lease holder; operators (and the cluster
+    // test) find the process by its pid.
+    let worker_owner = format!("{} pid {} ({})", hostname(), std::process::id(), tandem_core::new_id());
     let worker = Worker::new(
         store.clone(),
         checkpoints.clone(),
@@ -99,12 +102,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             // Alone on its store, this process's previous run left every running job; sharing
             // it, only jobs whose lease ran out are orphans.
             reclaim_at_start: if store.single_process() { Reclaim::All } else { Reclaim::Expired },
-            // Operators (and the cluster test) find the process that holds a job by its pid.
-            owner: format!("{} pid {} ({})", hostname(), std::process::id(), tandem_core::new_id()),
+            owner: worker_owner.clone(),
             ..WorkerConfig::default()
         },
     );
     let role = config.role;
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if role.trains() {
         worker.recover().await.context("recovering interrupted training jobs")?;
     } else {
@@ -127,6 +130,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         training_heartbeat: role.trains().then(|| worker.heartbeat()),
         training_metrics: role.trains().then(|| worker.metrics()),
         lora_root,
+        draining: draining.clone(),
     });
     let worker_task = role.trains().then(|| tokio::spawn(worker.clone().run()));
     tokio::spawn(crate::cluster::follow_notices(store.clone(), role, worker.waker(), checkpoints));
@@ -141,6 +145,15 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     // Scripts and tests read this line to learn the port.
     println!("tandem listening on http://{addr}");
     let served: Vec<&str> = config.models.iter().map(|m| m.id.as_str()).collect();
+    let node = NodeBeat {
+        id: worker_owner.clone(),
+        name: config.node_name.clone().unwrap_or_else(|| format!("{}:{}", hostname(), addr.port())),
+        role: role.as_str().to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        busy: false,
+    };
+    let beats =
+        tokio::spawn(crate::cluster::beat(store.clone(), node, role.trains().then(|| worker.clone()), draining));
     tracing::info!(%addr, models = ?served, data_dir = %config.data_dir.display(), role = role.as_str(), "serving");
     std::io::stdout().flush().ok();
 
@@ -150,6 +163,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     }
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
     tracing::info!("http server stopped; stopping the training worker");
+    beats.abort();
+    if let Err(e) = store.remove_node(&worker_owner).await {
+        tracing::warn!(error = %e, "could not leave the node registry");
+    }
     worker.stop();
     if let Some(task) = worker_task {
         if tokio::time::timeout(Duration::from_secs(30), task).await.is_err() {

@@ -173,3 +173,16 @@ pub(crate) fn restart_reason(scope: crate::Reclaim) -> &'static str {
         crate::Reclaim::Expired => "the trainer running the job stopped renewing its lease",
     }
 }
+
+/// The registry's columns, in [`NodeRow`]'s order.
+pub(crate) const NODE_COLUMNS: &str = "id, name, role, version, started_at, heartbeat_at, busy, draining";
+
+/// (id, name, role, version, started_at, heartbeat_at, busy, draining)
+pub(crate) type NodeRow = (String, String, String, String, i64, i64, bool, bool);
+
+/// A registry row as a record, alive when it beat within [`crate::NODE_ALIVE_MS`] of `now`.
+pub(crate) fn node_record(row: NodeRow, now: i64) -> crate::NodeRecord {
+    let (id, name, role, version, started_at, heartbeat_at, busy, draining) = row;
+    let alive = heartbeat_at >= now - crate::NODE_ALIVE_MS;
+    crate::NodeRecord { id, name, role, version, started_at, heartbeat_at, busy, draining, alive }
+}

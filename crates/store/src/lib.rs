@@ -255,6 +255,41 @@ pub enum Notice {
     CheckpointRecorded { path: String },
 }
 
+/// What a node reports of itself at each heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBeat {
+    /// Unique per process start.
+    pub id: String,
+    pub name: String,
+    /// `all`, `api` or `trainer`.
+    pub role: String,
+    pub version: String,
+    /// It holds a training job.
+    pub busy: bool,
+}
+
+/// A node as the registry knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    pub id: String,
+    pub name: String,
+    pub role: String,
+    pub version: String,
+    pub started_at: i64,
+    pub heartbeat_at: i64,
+    pub busy: bool,
+    pub draining: bool,
+    /// It beat within [`NODE_ALIVE_MS`] (by the database's clock where there is a server).
+    pub alive: bool,
+}
+
+/// How often a node beats.
+pub const NODE_BEAT_MS: i64 = 5_000;
+/// A node that has not beaten for this long counts as gone (three beats missed).
+pub const NODE_ALIVE_MS: i64 = 3 * NODE_BEAT_MS;
+/// Nodes silent for longer are left out of the list, and dropped a day after their last beat.
+pub const NODE_LISTED_MS: i64 = 3_600_000;
+
 /// What recovery did with jobs left `running` by a trainer that is gone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -382,6 +417,17 @@ pub trait Store: Send + Sync + 'static {
     /// a `training_restarted` event, or failed with `training_failed` once they have been
     /// attempted `max_attempts` times.
     async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: Reclaim) -> Result<Recovery>;
+
+    // --- the node registry (operators' view: no entity's data) ---
+    /// Records that `beat.id` is alive now (registering it the first time); returns whether an
+    /// operator asked it to drain.
+    async fn node_heartbeat(&self, beat: &NodeBeat) -> Result<bool>;
+    /// Nodes that beat within [`NODE_LISTED_MS`], by name.
+    async fn list_nodes(&self) -> Result<Vec<NodeRecord>>;
+    /// Sets `draining` on the listed nodes whose id or name is `which`; `NotFound` when none is.
+    async fn set_node_draining(&self, which: &str, draining: bool) -> Result<Vec<NodeRecord>>;
+    /// A node stopping gracefully leaves the registry.
+    async fn remove_node(&self, id: &str) -> Result<()>;
 
     // --- stored Responses (scoped to the entity) ---
     /// Stores a response; beyond [`MAX_STORED_RESPONSES`] the entity's oldest is dropped.

@@ -659,3 +659,38 @@ async fn leases_keep_a_job_to_one_trainer() {
         assert_eq!(losses, [1.5, 0.5], "{name}");
     }
 }
+
+/// The node registry: beats register and refresh a node, a drain reaches the node at its next
+/// beat, a graceful stop leaves, and an unknown name is NotFound.
+#[tokio::test]
+async fn the_node_registry_tracks_beats_and_drains() {
+    use tandem_store::NodeBeat;
+    for (name, store, _dir) in backends().await {
+        let beat = |id: &str, node: &str, role: &str| NodeBeat {
+            id: id.into(),
+            name: node.into(),
+            role: role.into(),
+            version: "0.1.0".into(),
+            busy: false,
+        };
+        assert!(!store.node_heartbeat(&beat("n1", "api-1", "api")).await.unwrap(), "{name}");
+        assert!(!store.node_heartbeat(&beat("t1", "trainer-1", "trainer")).await.unwrap());
+        let busy = NodeBeat { busy: true, ..beat("t1", "trainer-1", "trainer") };
+        assert!(!store.node_heartbeat(&busy).await.unwrap());
+        let nodes = store.list_nodes().await.unwrap();
+        let seen: Vec<(&str, &str, bool, bool, bool)> =
+            nodes.iter().map(|n| (n.name.as_str(), n.role.as_str(), n.alive, n.busy, n.draining)).collect();
+        assert_eq!(seen, [("api-1", "api", true, false, false), ("trainer-1", "trainer", true, true, false)], "{name}");
+        assert!(nodes.iter().all(|n| n.heartbeat_at >= n.started_at));
+
+        let drained = store.set_node_draining("trainer-1", true).await.unwrap();
+        assert_eq!((drained.len(), drained[0].id.as_str(), drained[0].draining), (1, "t1", true), "{name}");
+        assert!(store.node_heartbeat(&busy).await.unwrap(), "{name}: the node learns of the drain at its beat");
+        assert!(store.set_node_draining("t1", false).await.unwrap().iter().all(|n| !n.draining), "by id too");
+        assert!(matches!(store.set_node_draining("nobody", true).await, Err(StoreError::NotFound)));
+
+        store.remove_node("n1").await.unwrap();
+        let names: Vec<String> = store.list_nodes().await.unwrap().into_iter().map(|n| n.name).collect();
+        assert_eq!(names, ["trainer-1"], "{name}");
+    }
+}

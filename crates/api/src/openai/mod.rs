@@ -9,6 +9,7 @@ mod completions;
 mod generate;
 pub mod lora;
 mod messages;
+mod nodes;
 mod reasoning;
 pub mod request;
 mod resolve;
@@ -57,6 +58,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(tokenize::tokenize))
         .routes(routes!(tokenize::detokenize))
         .routes(routes!(metrics))
+        .routes(routes!(nodes::list))
         .routes(routes!(lora::load))
         .routes(routes!(lora::unload))
         .route_layer(from_fn_with_state(state, require_openai))

@@ -55,6 +55,7 @@ pub async fn test_app_configured(
     let state = AppState::new(AppConfig {
         store: store.clone() as Arc<dyn Store>,
         checkpoints: tandem_store::Checkpoints::local(checkpoints.clone()),
+        draining: Default::default(),
         static_keys: keys,
         served_models: vec![BASE.to_string()],
         limits,

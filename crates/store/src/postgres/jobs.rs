@@ -5,7 +5,7 @@
 //! any read current; here a concurrent claim or cancel could have moved it on), and every event
 //! is inserted under that lock too, so a job's events commit in `seq` order.
 
-use super::{lock_key, lock_model, rows, seq_clause};
+use super::{lock_key, lock_model, rows, seq_clause, DB_NOW_MS};
 use crate::{
     now_ms, ClaimedJob, JobOutcome, JobRollout, Lease, LeaseState, NewJob, Reclaim, Recovery, Result, StoreError,
 };
@@ -257,9 +257,6 @@ pub(crate) async fn claim_next_job(pool: &PgPool, lease: &Lease) -> Result<Optio
     Ok(None)
 }
 
-/// Lease expiries are reckoned by the database's clock, so trainers' clocks need not agree.
-const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint";
-
 pub(crate) async fn renew_lease(pool: &PgPool, job_id: Uuid, lease: &Lease) -> Result<LeaseState> {
     let sql = format!(
         "UPDATE training_jobs SET lease_expires_at = {DB_NOW_MS} + $1
@@ -411,7 +408,7 @@ pub(crate) async fn recover(pool: &PgPool, max_attempts: i64, scope: Reclaim) ->
     // before leases existed.
     let sql = format!(
         "SELECT {JOB_COLUMNS} FROM training_jobs
-         WHERE status = 'running' AND ($1 OR lease_expires_at IS NULL OR lease_expires_at < {DB_NOW_MS})
+         WHERE status = 'running' AND ($1 OR lease_expires_at IS NULL OR lease_expires_at <= {DB_NOW_MS})
          ORDER BY seq FOR NO KEY UPDATE SKIP LOCKED"
     );
     let rows = sqlx::query(&sql).bind(scope == Reclaim::All).fetch_all(&mut *tx).await?;

@@ -27,6 +27,7 @@ mod datasets;
 mod jobs;
 mod logs;
 mod models;
+mod nodes;
 mod notify;
 mod responses;
 mod rows;
@@ -42,6 +43,10 @@ use tandem_core::records::{
     Checkpoint, Dataset, EventKind, Job, JobEvent, JobKind, JobStatus, LogEntry, ModelRecord, Order, Page, PageRequest,
 };
 use uuid::Uuid;
+
+/// Now, in Unix milliseconds by the database's clock: lease expiries and node liveness are
+/// reckoned by it, so the nodes' clocks need not agree.
+pub(crate) const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint";
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -456,6 +461,22 @@ impl crate::Store for PostgresStore {
 
     async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: crate::Reclaim) -> Result<crate::Recovery> {
         jobs::recover(&self.pool, max_attempts, scope).await
+    }
+
+    async fn node_heartbeat(&self, beat: &crate::NodeBeat) -> Result<bool> {
+        nodes::heartbeat(&self.pool, beat).await
+    }
+
+    async fn list_nodes(&self) -> Result<Vec<crate::NodeRecord>> {
+        nodes::list(&self.pool, None).await
+    }
+
+    async fn set_node_draining(&self, which: &str, draining: bool) -> Result<Vec<crate::NodeRecord>> {
+        nodes::set_draining(&self.pool, which, draining).await
+    }
+
+    async fn remove_node(&self, id: &str) -> Result<()> {
+        nodes::remove(&self.pool, id).await
     }
 
     async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {

@@ -347,7 +347,7 @@ pub(crate) async fn recover(tx: &mut Transaction<'_, Sqlite>, max_attempts: i64,
     // A lease of NULL is a claim made before leases existed.
     let sql = format!(
         "SELECT {JOB_COLUMNS} FROM training_jobs
-         WHERE status = 'running' AND (?1 OR lease_expires_at IS NULL OR lease_expires_at < ?2) ORDER BY seq"
+         WHERE status = 'running' AND (?1 OR lease_expires_at IS NULL OR lease_expires_at <= ?2) ORDER BY seq"
     );
     let rows = sqlx::query(&sql).bind(scope == Reclaim::All).bind(now_ms()).fetch_all(&mut **tx).await?;
     let mut out = Recovery::default();

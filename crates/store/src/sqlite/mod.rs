@@ -7,6 +7,7 @@
 
 mod datasets;
 mod jobs;
+mod nodes;
 mod responses;
 mod rows;
 
@@ -525,6 +526,22 @@ impl crate::Store for SqliteStore {
 
     async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()> {
         datasets::delete(&self.pool, entity, id).await
+    }
+
+    async fn node_heartbeat(&self, beat: &crate::NodeBeat) -> Result<bool> {
+        nodes::heartbeat(&self.pool, beat).await
+    }
+
+    async fn list_nodes(&self) -> Result<Vec<crate::NodeRecord>> {
+        nodes::list(&self.pool, None).await
+    }
+
+    async fn set_node_draining(&self, which: &str, draining: bool) -> Result<Vec<crate::NodeRecord>> {
+        nodes::set_draining(&self.pool, which, draining).await
+    }
+
+    async fn remove_node(&self, id: &str) -> Result<()> {
+        nodes::remove(&self.pool, id).await
     }
 
     async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {

@@ -83,3 +83,10 @@ export function progress(events) {
   }
   return { done, total: totalSteps };
 }
+
+/** A registry entry's state in words, as `tandem nodes list` puts it. */
+export function nodeState(n) {
+  if (!n.alive) return "gone";
+  if (n.draining) return n.busy ? "draining (finishing a job)" : "drained (idle: safe to stop)";
+  return n.busy ? "training" : "ready";
+}

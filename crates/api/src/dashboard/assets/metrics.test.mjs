@@ -1,7 +1,7 @@
 // node --test: reading /metrics for the server page, against hand-written samples.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { parseMetrics, total, labelValues, mean, rate, newErrors, progress } from "./metrics.js";
+import { parseMetrics, total, labelValues, mean, rate, newErrors, progress, nodeState } from "./metrics.js";
 
 const TEXT = `# HELP vllm:num_requests_running Number of requests
 # TYPE vllm:num_requests_running gauge
@@ -54,4 +54,13 @@ test("a job's progress counts gradient steps since its latest start", () => {
   const again = [...first, ev("training_restarted"), ev("training_started", { num_sequences: 4 }), ev("gradient_step")];
   assert.deepEqual(progress(again), { done: 1, total: 4 });
   assert.deepEqual(progress([...again, ev("training_restarted")]), { done: 0, total: null });
+});
+
+test("a node's state reads as the command line prints it", () => {
+  const n = (alive, draining, busy) => ({ alive, draining, busy });
+  assert.equal(nodeState(n(false, true, true)), "gone");
+  assert.equal(nodeState(n(true, true, true)), "draining (finishing a job)");
+  assert.equal(nodeState(n(true, true, false)), "drained (idle: safe to stop)");
+  assert.equal(nodeState(n(true, false, true)), "training");
+  assert.equal(nodeState(n(true, false, false)), "ready");
 });

@@ -1,8 +1,9 @@
 // The server page: health, and what `/metrics` says of inference and training (requests
 // running and waiting, KV-cache use, token throughput, latencies, jobs), with the HTTP errors
-// answered since the page opened. Throughput is the difference between two readings.
+// answered since the page opened, and the cluster's nodes from the registry (`/v1/nodes`).
+// Throughput is the difference between two readings.
 import { el, api, apiText, nav, show, every, num, table } from "./dom.js";
-import { parseMetrics, total, labelValues, mean, rate, newErrors } from "./metrics.js";
+import { parseMetrics, total, labelValues, mean, rate, newErrors, nodeState } from "./metrics.js";
 
 const POLL_MS = 3000;
 
@@ -11,13 +12,18 @@ export async function server(gen) {
   const models = el("tbody");
   const training = el("tbody");
   const errors = el("tbody");
+  const nodes = el("tbody");
   const updated = el("span", { class: "readout" });
   const recent = []; // { at, handler, method, status, count }, newest first, at most 50
   let before = null; // { at, samples }
 
   const read = async () => {
     const checked = await fetch("/v1/system-check").then((r) => r.json()).catch(() => null);
-    const [text, h] = await Promise.all([apiText("/metrics"), api("/health").catch((e) => ({ status: e.message }))]);
+    const [text, h, listed] = await Promise.all([
+      apiText("/metrics"),
+      api("/health").catch((e) => ({ status: e.message })),
+      api("/v1/nodes").catch(() => ({ data: [] })),
+    ]);
     if (gen !== nav.generation) return;
     const now = Date.now();
     const samples = parseMetrics(text);
@@ -53,6 +59,9 @@ export async function server(gen) {
       el("td", {}, new Date(e.at).toLocaleTimeString()), el("td", {}, e.method), el("td", {}, e.handler),
       el("td", {}, e.status), el("td", {}, e.count))));
     if (recent.length === 0) errors.append(el("tr", {}, el("td", { colspan: "5" }, "None since this page opened.")));
+    nodes.replaceChildren(...listed.data.map((n) => el("tr", {},
+      el("th", { scope: "row" }, n.name), el("td", {}, n.role), el("td", {}, nodeState(n)),
+      el("td", {}, `${Math.max(0, Math.round(now / 1000 - n.heartbeat_at))} s ago`), el("td", {}, n.version))));
     before = { at: now, samples };
     updated.textContent = `updated ${new Date(now).toLocaleTimeString()} (every ${POLL_MS / 1000} s)`;
   };
@@ -64,6 +73,8 @@ export async function server(gen) {
     table(["Model", "Running", "Waiting", "KV cache", "Generated tok/s", "Prompt tok/s", "Succeeded", "Mean TTFT (s)", "Mean latency (s)"], models),
     el("h2", {}, "Training (every entity)"),
     table(["Jobs queued", "Jobs running", "Gradient steps", "Trained tok/s"], training),
+    el("h2", {}, "Nodes"),
+    table(["Node", "Role", "State", "Last heartbeat", "Version"], nodes),
     el("h2", {}, "Errors answered since this page opened"),
     table(["When", "Method", "Route", "Status", "Count"], errors),
     el("p", { class: "hint" }, "Counts come from this server's /metrics (every tenant's requests, no contents)."),
