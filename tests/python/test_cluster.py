@@ -19,6 +19,8 @@ the given Python); otherwise `file://` on a temporary directory. A fresh databas
                   goes to trainer1; `undrain` brings it back
   art-loop        OpenPipe ART's own client runs the RL loop (register, rollout, train, serve the new
                   step, delete checkpoints) through an api node, unchanged
+  kill-api        `kill -9` of an api node: the other has every log it acknowledged and serves the
+                  model's latest checkpoint
 
 Prints 'cluster-<blob kind>: N passed, M failed'; exits non-zero on any failure.
 """
@@ -260,8 +262,31 @@ def check_art_loop(cluster, ctx):
     assert failed == 0 and passed == len(ART_STAGES), f"ART: {passed} passed, {failed} failed"
 
 
+def check_kill_api(cluster, ctx):
+    # What an api node acknowledged lives in the shared stores: after its kill -9, the other api
+    # node has every log it took, and serves the model's latest checkpoint.
+    doomed, survivor = cluster.api
+    model = ctx["model"]
+    logged = []
+    for i in range(5):
+        groups = [{"trajectories": [{"reward": float(i), "messages_and_choices": [
+            {"role": "user", "content": f"log {i}"}, {"role": "assistant", "content": "ok"}]}]}]
+        status, body, _ = doomed.api("POST", f"/v1/preview/models/{model['id']}/log",
+                                     {"split": "val", "trajectory_groups": groups})
+        assert status == 200, body
+        logged.append(body["id"])
+    doomed.kill9()
+    status, body, _ = survivor.api("GET", f"/v1/preview/models/{model['id']}/logs?limit=100")
+    assert status == 200, body
+    assert set(logged) <= {log["id"] for log in body["data"]}, "a log the killed node acknowledged is missing"
+    name = f"wandb-artifact:///{model['entity']}/{model['project']}/{model['name']}"
+    status, r, _ = survivor.api("POST", "/v1/chat/completions",
+                                {"model": name, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2})
+    assert status == 200, r
+
+
 CHECKS = [("roles", check_roles), ("kill-trainer", check_kill_trainer), ("both-serve", check_both_serve),
-          ("registry-drain", check_registry_and_drain), ("art-loop", check_art_loop)]
+          ("registry-drain", check_registry_and_drain), ("art-loop", check_art_loop), ("kill-api", check_kill_api)]
 
 
 def main():
