@@ -18,7 +18,8 @@ the given Python); otherwise `file://` on a temporary directory. A fresh databas
                   the trainers; `tandem nodes drain trainer2` makes its /health 503 and the next job
                   goes to trainer1; `undrain` brings it back
   art-loop        OpenPipe ART's own client runs the RL loop (register, rollout, train, serve the new
-                  step, delete checkpoints) through an api node, unchanged
+                  step, SFT from a dataset file, delete checkpoints) through an api node, unchanged;
+                  the dataset's bytes are in the blob store, not in the database
   kill-api        `kill -9` of an api node: the other has every log it acknowledged and serves the
                   model's latest checkpoint
 
@@ -46,7 +47,8 @@ KEY = test_art.KEY
 BASE = test_art.BASE_MODEL
 DB = "tandem_cluster_test"
 LEASE_SECONDS = "2"
-ART_STAGES = ("register", "rollout", "train", "serve-new-step", "cleanup")
+# sft-from-file uploads a dataset (kept in the blob store) through an api node, and a trainer reads it.
+ART_STAGES = ("register", "rollout", "train", "serve-new-step", "sft-from-file", "cleanup")
 
 
 def psql(url, sql):
@@ -260,6 +262,8 @@ def check_art_loop(cluster, ctx):
     finally:
         test_art.STAGES[:] = saved
     assert failed == 0 and passed == len(ART_STAGES), f"ART: {passed} passed, {failed} failed"
+    keys = psql(ctx["db_url"], "SELECT count(*) FROM datasets WHERE blob_key IS NOT NULL AND length(data) = 0")
+    assert int(keys) >= 1, "the uploaded dataset should live in the blob store"
 
 
 def check_kill_api(cluster, ctx):

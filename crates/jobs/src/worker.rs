@@ -124,6 +124,13 @@ impl Worker {
         if local + shared > 0 {
             tracing::warn!(local, shared, "removed checkpoint files that no checkpoint owns");
         }
+        if let Some(blobs) = self.checkpoints.remote() {
+            let live = self.store.live_dataset_blob_keys().await?;
+            let swept = blobs.sweep_datasets(&live, tandem_store::SWEEP_GRACE).await?;
+            if swept > 0 {
+                tracing::warn!(swept, "removed dataset objects that no dataset names");
+            }
+        }
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 /// The shared object store and the key prefix checkpoints live under.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
-    store: Arc<dyn ObjectStore>,
+    pub(crate) store: Arc<dyn ObjectStore>,
     /// What logs and errors show of the URL (no credentials are ever in it: they come from the
     /// environment).
     url: String,
@@ -107,7 +107,7 @@ impl BlobStore {
     }
 }
 
-fn io(e: object_store::Error) -> StoreError {
+pub(crate) fn io(e: object_store::Error) -> StoreError {
     StoreError::Io(format!("blob store: {e}"))
 }
 
@@ -272,7 +272,7 @@ impl Checkpoints {
                 continue;
             }
             let entry = orphans.entry(relative).or_insert_with(|| (Vec::new(), true));
-            entry.1 &= meta.last_modified.timestamp_millis() < cutoff;
+            entry.1 &= meta.last_modified.timestamp_millis() <= cutoff;
             entry.0.push(meta.location);
         }
         let mut removed = 0;

@@ -186,3 +186,26 @@ pub(crate) fn node_record(row: NodeRow, now: i64) -> crate::NodeRecord {
     let alive = heartbeat_at >= now - crate::NODE_ALIVE_MS;
     crate::NodeRecord { id, name, role, version, started_at, heartbeat_at, busy, draining, alive }
 }
+
+/// The bytes a dataset's row holds: the file, or nothing when the blob store has it.
+pub(crate) fn inline_bytes(data: &crate::DatasetData) -> &[u8] {
+    match data {
+        crate::DatasetData::Inline(b) => b,
+        crate::DatasetData::Blob { .. } => &[],
+    }
+}
+
+pub(crate) fn blob_key(data: &crate::DatasetData) -> Option<&str> {
+    match data {
+        crate::DatasetData::Inline(_) => None,
+        crate::DatasetData::Blob { key, .. } => Some(key),
+    }
+}
+
+/// A dataset row's `data`, `blob_key` and `size_bytes` as where its bytes are.
+pub(crate) fn dataset_data(data: Vec<u8>, blob_key: Option<String>, size: i64) -> crate::DatasetData {
+    match blob_key {
+        Some(key) => crate::DatasetData::Blob { key, size },
+        None => crate::DatasetData::Inline(data),
+    }
+}

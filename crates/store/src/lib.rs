@@ -12,6 +12,7 @@
 mod blobs;
 mod checkpoints;
 mod codec;
+mod dataset_blobs;
 mod postgres;
 mod sqlite;
 
@@ -170,7 +171,25 @@ pub struct NewDataset {
     pub project: String,
     pub name: String,
     pub num_rows: i64,
-    pub data: Vec<u8>,
+    pub data: DatasetData,
+}
+
+/// Where a dataset's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetData {
+    /// In the dataset's row (a single server, or a cluster without a blob store).
+    Inline(Vec<u8>),
+    /// In the blob store, under the SHA-256 of the content ([`BlobStore::put_dataset`]).
+    Blob { key: String, size: i64 },
+}
+
+impl DatasetData {
+    pub fn size(&self) -> i64 {
+        match self {
+            DatasetData::Inline(b) => b.len() as i64,
+            DatasetData::Blob { size, .. } => *size,
+        }
+    }
 }
 
 /// A job the worker has claimed, with the inputs it needs.
@@ -368,8 +387,10 @@ pub trait Store: Send + Sync + 'static {
     /// The dataset `{entity}/{project}/{name}` at `version`, or its latest version.
     async fn find_dataset(&self, entity: &str, project: &str, name: &str, version: Option<i64>) -> Result<Dataset>;
     async fn list_datasets(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<Dataset>>;
-    /// The file as uploaded.
-    async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<Vec<u8>>;
+    /// The file as uploaded, or where the blob store has it.
+    async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<DatasetData>;
+    /// The blob keys live datasets name, to sweep the blob store's objects no dataset owns.
+    async fn live_dataset_blob_keys(&self) -> Result<Vec<String>>;
     async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()>;
 
     // --- training jobs ---

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_core::records::{EventKind, JobKind, JobStatus, ModelRecord, Order, Page, PageRequest};
 use tandem_store::{
-    ApiKeyRecord, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, SqliteStore, Store,
-    StoreError, StoredResponse,
+    ApiKeyRecord, DatasetData, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, SqliteStore,
+    Store, StoreError, StoredResponse,
 };
 use uuid::Uuid;
 
@@ -324,7 +324,7 @@ async fn datasets_are_versioned_and_entity_scoped() {
             project: "p".into(),
             name: "d".into(),
             num_rows: 1,
-            data: data.to_vec(),
+            data: DatasetData::Inline(data.to_vec()),
         };
         let v0 = store.create_dataset(&new("a", b"{}\n")).await.unwrap();
         let v1 = store.create_dataset(&new("a", b"{}\n{}\n")).await.unwrap();
@@ -334,7 +334,7 @@ async fn datasets_are_versioned_and_entity_scoped() {
         assert_eq!(store.find_dataset("a", "p", "d", None).await.unwrap().id, v1.id, "{name}: latest");
         assert_eq!(store.find_dataset("a", "p", "d", Some(0)).await.unwrap().id, v0.id);
         assert!(matches!(store.find_dataset("a", "p", "d", Some(2)).await, Err(StoreError::NotFound)));
-        assert_eq!(store.dataset_data("a", v1.id).await.unwrap(), b"{}\n{}\n");
+        assert_eq!(store.dataset_data("a", v1.id).await.unwrap(), DatasetData::Inline(b"{}\n{}\n".to_vec()));
         // Another entity's dataset does not exist for you.
         assert!(matches!(store.get_dataset("b", v0.id).await, Err(StoreError::NotFound)));
         assert!(matches!(store.dataset_data("b", v0.id).await, Err(StoreError::NotFound)));
@@ -345,6 +345,15 @@ async fn datasets_are_versioned_and_entity_scoped() {
         assert!(matches!(store.get_dataset("a", v0.id).await, Err(StoreError::NotFound)));
         // The next upload continues after the highest version left.
         assert_eq!(store.create_dataset(&new("a", b"{}")).await.unwrap().version, 2);
+        // A dataset whose bytes are in the blob store: its row names the key and keeps the size.
+        let blob = DatasetData::Blob { key: "ab12".into(), size: 4096 };
+        let stored = store.create_dataset(&NewDataset { data: blob.clone(), ..new("a", b"") }).await.unwrap();
+        assert_eq!((stored.version, stored.size_bytes), (3, 4096), "{name}");
+        assert_eq!(store.dataset_data("a", stored.id).await.unwrap(), blob);
+        assert!(matches!(store.dataset_data("b", stored.id).await, Err(StoreError::NotFound)));
+        assert_eq!(store.live_dataset_blob_keys().await.unwrap(), ["ab12"]);
+        store.delete_dataset("a", stored.id).await.unwrap();
+        assert!(store.live_dataset_blob_keys().await.unwrap().is_empty(), "{name}");
     }
 }
 
@@ -543,7 +552,7 @@ async fn concurrent_writers_keep_lists_consistent() {
                     project: "p".into(),
                     name: "d".into(),
                     num_rows: 1,
-                    data: vec![w as u8],
+                    data: DatasetData::Inline(vec![w as u8]),
                 };
                 let version = store.create_dataset(&data).await.unwrap_or_else(|e| panic!("{name}: {e}")).version;
                 let log = NewLog {

@@ -86,6 +86,14 @@ pub async fn upload(
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("dataset parse task failed: {e}")))?;
     let rows = rows.map_err(|v| ApiError::validation(v.into_errors()))?;
+    // With a blob store the bytes go there first (under their hash), then the row names them.
+    let data = match state.checkpoints().remote() {
+        Some(blobs) => {
+            let size = data.len() as i64;
+            tandem_store::DatasetData::Blob { key: blobs.put_dataset(data).await?, size }
+        }
+        None => tandem_store::DatasetData::Inline(data),
+    };
     let new = NewDataset { entity: caller.entity.clone(), project, name, num_rows: rows as i64, data };
     let dataset = state.store().create_dataset(&new).await?;
     tracing::info!(dataset_id = %dataset.id, rows, "dataset stored");

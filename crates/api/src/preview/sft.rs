@@ -84,7 +84,19 @@ pub async fn create(
         other => other.into(),
     })?;
     super::jobs::check_pending_jobs(&state, &caller.entity).await?;
-    let data = state.store().dataset_data(&caller.entity, dataset.id).await?;
+    let data = match state.store().dataset_data(&caller.entity, dataset.id).await? {
+        tandem_store::DatasetData::Inline(bytes) => bytes,
+        tandem_store::DatasetData::Blob { key, .. } => match state.checkpoints().remote() {
+            Some(blobs) => blobs.get_dataset(&key).await?,
+            None => {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    "this dataset is in the cluster's blob store, and this server runs without --blob-store",
+                )
+                .into())
+            }
+        },
+    };
     let rows = check_trainable(&state, &model.base_model, data, config.clone()).await?;
     let new = NewJob {
         model_id: model.id,

@@ -379,8 +379,12 @@ impl crate::Store for PostgresStore {
         datasets::list(&self.pool, entity, project, page).await
     }
 
-    async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<Vec<u8>> {
+    async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<crate::DatasetData> {
         datasets::data(&self.pool, entity, id).await
+    }
+
+    async fn live_dataset_blob_keys(&self) -> Result<Vec<String>> {
+        datasets::live_blob_keys(&self.pool).await
     }
 
     async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()> {

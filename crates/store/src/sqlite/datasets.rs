@@ -2,7 +2,8 @@
 //! the insert so that two concurrent uploads cannot take the same one.
 
 use super::{entity_page, rows};
-use crate::{now_ms, NewDataset, Result, StoreError};
+use crate::codec::{blob_key, dataset_data, inline_bytes};
+use crate::{now_ms, DatasetData, NewDataset, Result, StoreError};
 use sqlx::{Row, SqlitePool};
 use tandem_core::records::{Dataset, Page, PageRequest};
 use uuid::Uuid;
@@ -11,10 +12,10 @@ const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_b
 
 pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset) -> Result<Dataset> {
     let sql = format!(
-        "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, created_at)
+        "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, blob_key, created_at)
          VALUES (?, ?, ?, ?,
                  (SELECT COALESCE(MAX(version) + 1, 0) FROM datasets WHERE entity = ? AND project = ? AND name = ?),
-                 ?, ?, ?, ?)
+                 ?, ?, ?, ?, ?)
          RETURNING {COLUMNS}"
     );
     let row = sqlx::query(&sql)
@@ -26,8 +27,9 @@ pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset) -> Result<Datase
         .bind(&new.project)
         .bind(&new.name)
         .bind(new.num_rows)
-        .bind(new.data.len() as i64)
-        .bind(new.data.as_slice())
+        .bind(new.data.size())
+        .bind(inline_bytes(&new.data))
+        .bind(blob_key(&new.data))
         .bind(now_ms())
         .fetch_one(pool)
         .await?;
@@ -65,13 +67,17 @@ pub(crate) async fn list(
     entity_page(pool, "datasets", COLUMNS, (entity, project, None), page, rows::dataset).await
 }
 
-pub(crate) async fn data(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<Vec<u8>> {
-    let row = sqlx::query("SELECT data FROM datasets WHERE id = ? AND entity = ?")
+pub(crate) async fn data(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<DatasetData> {
+    let row = sqlx::query("SELECT data, blob_key, size_bytes FROM datasets WHERE id = ? AND entity = ?")
         .bind(id.to_string())
         .bind(entity)
         .fetch_one(pool)
         .await?;
-    Ok(row.try_get::<Vec<u8>, _>(0)?)
+    Ok(dataset_data(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}
+
+pub(crate) async fn live_blob_keys(pool: &SqlitePool) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT DISTINCT blob_key FROM datasets WHERE blob_key IS NOT NULL").fetch_all(pool).await?)
 }
 
 pub(crate) async fn delete(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<()> {
