@@ -1,5 +1,6 @@
-"""tandem as a cluster on one machine: every record in PostgreSQL, checkpoints in a shared blob
-store, two api nodes (`--role api`, each serving inference itself) and two trainer nodes
+"""tandem as a cluster on one machine: every record in PostgreSQL, checkpoints and datasets in a
+shared blob store, one api node (`--role api`), two inference nodes (`--role inference`, the same
+role: every serving node answers the whole API and serves inference itself) and two trainer nodes
 (`--role trainer`), each process with its own data directory (its cache).
 
 Usage: python test_cluster.py <tandem binary> <model gguf> <PostgreSQL admin URL> [file|s3 <moto python>]
@@ -12,7 +13,7 @@ the given Python); otherwise `file://` on a temporary directory. A fresh databas
   kill-trainer    `kill -9` of the trainer holding a job while it trains: the other trainer re-claims
                   it when the lease runs out and finishes it; the events have no duplicate, the
                   dead trainer wrote nothing after the restart, and exactly one terminal event ends them
-  both-serve      the new checkpoint is served by both api nodes right after `training_ended`
+  both-serve      the new checkpoint is served by every serving node right after `training_ended`
                   (the time from `training_ended` to both answers is printed)
   registry-drain  every node is in the registry (`GET /v1/nodes`); an api node's system check sees
                   the trainers; `tandem nodes drain trainer2` makes its /health 503 and the next job
@@ -20,8 +21,8 @@ the given Python); otherwise `file://` on a temporary directory. A fresh databas
   art-loop        OpenPipe ART's own client runs the RL loop (register, rollout, train, serve the new
                   step, SFT from a dataset file, delete checkpoints) through an api node, unchanged;
                   the dataset's bytes are in the blob store, not in the database
-  kill-api        `kill -9` of an api node: the other has every log it acknowledged and serves the
-                  model's latest checkpoint
+  kill-api        `kill -9` of an inference node: the api node has every log it acknowledged and
+                  serves the model's latest checkpoint
 
 Prints 'cluster-<blob kind>: N passed, M failed'; exits non-zero on any failure.
 """
@@ -85,7 +86,9 @@ class Cluster:
     def __init__(self, binary, model, db_url, blob_store):
         common = ["--database-url", db_url, "--blob-store", blob_store, "--job-lease-seconds", LEASE_SECONDS]
         self.nodes = []
-        self.api = [self._start(binary, model, common + ["--role", "api"], f"api{i}") for i in (1, 2)]
+        # The serving nodes: one `api`, two `inference` (the same role under its other name).
+        self.api = [self._start(binary, model, common + ["--role", "api"], "api")] + [
+            self._start(binary, model, common + ["--role", "inference"], f"inference{i}") for i in (1, 2)]
         self.trainers = [self._start(binary, model, common + ["--role", "trainer"], f"trainer{i}") for i in (1, 2)]
 
     def _start(self, binary, model, flags, name):
@@ -209,7 +212,7 @@ def check_both_serve(cluster, ctx):
         status, r, _ = node.api("POST", "/v1/chat/completions", body)
         assert status == 200, (node.name, status, r)
         assert r["usage"]["completion_tokens"] > 0
-    print(f"     step {step} served by both api nodes {time.monotonic() - started:.2f}s after the test saw "
+    print(f"     step {step} served by all {len(cluster.api)} serving nodes {time.monotonic() - started:.2f}s after the test saw "
           "training_ended (each node caches it on the checkpoint's notice)")
     # Each api node holds its own cached copy now.
     for node in cluster.api:
@@ -228,7 +231,8 @@ def check_registry_and_drain(cluster, ctx):
     status, body, _ = cluster.api[0].api("GET", "/v1/nodes")
     assert status == 200, body
     alive = sorted((n["name"], n["role"]) for n in body["data"] if n["alive"])
-    assert alive == [("api1", "api"), ("api2", "api"), ("trainer1", "trainer"), ("trainer2", "trainer")], alive
+    assert alive == [("api", "api"), ("inference1", "api"), ("inference2", "api"), ("trainer1", "trainer"),
+                     ("trainer2", "trainer")], alive
     status, body, _ = cluster.api[0].api("GET", "/v1/nodes", key=False)
     assert status == 401, (status, body)
     status, body, _ = cluster.api[1].api("GET", "/v1/system-check")
@@ -254,11 +258,11 @@ def check_registry_and_drain(cluster, ctx):
 
 
 def check_art_loop(cluster, ctx):
-    # ART's own client, unchanged, through api node 2 (its stages need nothing else of a server).
+    # ART's own client, unchanged, through the api node (its stages need nothing else of a server).
     stages = [s for s in test_art.STAGES if s[0] in ART_STAGES]
     saved, test_art.STAGES[:] = list(test_art.STAGES), stages
     try:
-        passed, failed = asyncio.run(test_art.run(cluster.api[1]))
+        passed, failed = asyncio.run(test_art.run(cluster.api[0]))
     finally:
         test_art.STAGES[:] = saved
     assert failed == 0 and passed == len(ART_STAGES), f"ART: {passed} passed, {failed} failed"
@@ -269,7 +273,7 @@ def check_art_loop(cluster, ctx):
 def check_kill_api(cluster, ctx):
     # What an api node acknowledged lives in the shared stores: after its kill -9, the other api
     # node has every log it took, and serves the model's latest checkpoint.
-    doomed, survivor = cluster.api
+    doomed, survivor = cluster.api[1], cluster.api[0]
     model = ctx["model"]
     logged = []
     for i in range(5):
@@ -308,7 +312,7 @@ def main():
         blob_store = "s3://tandem-test/cluster"
     else:
         blob_store = f"file://{scratch}/blobs"
-    print(f"cluster: 2 api + 2 trainer nodes, PostgreSQL {DB}, blob store {blob_store}")
+    print(f"cluster: 1 api + 2 inference + 2 trainer nodes, PostgreSQL {DB}, blob store {blob_store}")
     passed = failed = 0
     cluster = None
     ctx = {"db_url": db_url, "binary": binary}

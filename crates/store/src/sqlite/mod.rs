@@ -7,6 +7,7 @@
 
 mod datasets;
 mod jobs;
+mod logs;
 mod nodes;
 mod responses;
 mod rows;
@@ -422,66 +423,14 @@ impl crate::Store for SqliteStore {
     }
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
-        let groups = serde_json::to_string(&new.trajectory_groups).map_err(|e| StoreError::Database(e.to_string()))?;
         let mut tx = self.write_tx().await?;
-        let step = latest_step(&mut *tx, new.model_id).await?;
-        let row = sqlx::query(
-            "INSERT INTO trajectory_logs (id, model_id, split, step, metrics, num_groups, num_trajectories, trajectory_groups, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
-        )
-        .bind(tandem_core::new_id().to_string())
-        .bind(new.model_id.to_string())
-        .bind(&new.split)
-        .bind(step)
-        .bind(rows::metrics_text(&new.metrics))
-        .bind(new.num_groups)
-        .bind(new.num_trajectories)
-        .bind(groups)
-        .bind(now_ms())
-        .fetch_one(&mut *tx)
-        .await?;
-        if step > 0 {
-            // Later logs at the same step overwrite equal keys, as a history row would.
-            let cp =
-                sqlx::query("SELECT metrics FROM checkpoints WHERE model_id = ? AND step = ? AND deleted_at IS NULL")
-                    .bind(new.model_id.to_string())
-                    .bind(step)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            let mut metrics = rows::metrics(&cp, "metrics")?;
-            metrics.extend(new.metrics.iter().map(|(k, v)| (k.clone(), *v)));
-            sqlx::query("UPDATE checkpoints SET metrics = ? WHERE model_id = ? AND step = ? AND deleted_at IS NULL")
-                .bind(rows::metrics_text(&metrics))
-                .bind(new.model_id.to_string())
-                .bind(step)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let entry = logs::append(&mut tx, new).await?;
         tx.commit().await?;
-        rows::log_entry(&row)
+        Ok(entry)
     }
 
     async fn list_logs(&self, model_id: Uuid, split: Option<&str>, page: PageRequest) -> Result<Page<LogEntry>> {
-        let (cmp, order) = seq_clause(page.order);
-        let after = match page.after {
-            Some(a) => Some(cursor_seq(&self.pool, "trajectory_logs", "model_id", &model_id.to_string(), a).await?),
-            None => None,
-        };
-        let sql = format!(
-            "SELECT id, model_id, split, step, metrics, num_groups, num_trajectories, created_at FROM trajectory_logs
-             WHERE model_id = ? AND (? IS NULL OR split = ?) AND (? IS NULL OR {cmp}) ORDER BY {order} LIMIT ?"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(model_id.to_string())
-            .bind(split)
-            .bind(split)
-            .bind(after)
-            .bind(after)
-            .bind(page.limit as i64 + 1)
-            .fetch_all(&self.pool)
-            .await?;
-        let items = rows.iter().map(rows::log_entry).collect::<Result<Vec<_>>>()?;
-        Ok(rows::page(items, page.limit))
+        logs::list(&self.pool, model_id, split, page).await
     }
 
     async fn get_log(&self, model_id: Uuid, log_id: Uuid) -> Result<(LogEntry, Value)> {
@@ -680,58 +629,4 @@ fn rand_u32(id: Uuid) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Store;
-    use std::collections::BTreeMap;
-
-    /// Rows that an older version wrote with a `null` for a non-finite metric stay readable (the
-    /// nulls are skipped), and migration 0003 removes those nulls from the stored JSON.
-    #[tokio::test]
-    async fn non_finite_metrics_never_make_rows_unreadable() {
-        let store = SqliteStore::in_memory().await.unwrap();
-        let (m, _) = store
-            .create_model(
-                &crate::NewModel { entity: "a".into(), project: "p".into(), name: "m".into(), base_model: "b".into() },
-                false,
-            )
-            .await
-            .unwrap();
-        let broken = r#"{"reward": null, "loss": 0.5, "note": "x"}"#;
-        sqlx::query(
-            "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at) VALUES (?, ?, 1, 'p', ?, 0)",
-        )
-        .bind(Uuid::now_v7().to_string())
-        .bind(m.id.to_string())
-        .bind(broken)
-        .execute(&store.pool)
-        .await
-        .unwrap();
-        let cp = store.get_checkpoint(m.id, 1).await.unwrap();
-        assert_eq!(cp.metrics, BTreeMap::from([("loss".to_string(), 0.5)]));
-
-        sqlx::raw_sql(include_str!("../../migrations/sqlite/0003_finite_metrics.sql"))
-            .execute(&store.pool)
-            .await
-            .unwrap();
-        let stored: String =
-            sqlx::query_scalar("SELECT metrics FROM checkpoints").fetch_one(&store.pool).await.unwrap();
-        assert_eq!(serde_json::from_str::<serde_json::Value>(&stored).unwrap(), serde_json::json!({"loss": 0.5}));
-
-        // Written through the store, a non-finite value is never stored at all.
-        let log = crate::NewLog {
-            model_id: m.id,
-            split: "train".into(),
-            metrics: BTreeMap::from([("a".to_string(), f64::INFINITY), ("b".to_string(), 1.0)]),
-            num_groups: 0,
-            num_trajectories: 0,
-            trajectory_groups: serde_json::json!([]),
-        };
-        store.append_log(&log).await.unwrap();
-        let stored: String =
-            sqlx::query_scalar("SELECT metrics FROM trajectory_logs").fetch_one(&store.pool).await.unwrap();
-        assert_eq!(stored, r#"{"b":1.0}"#);
-        let cp = store.get_checkpoint(m.id, 1).await.unwrap();
-        assert_eq!(cp.metrics.get("a"), None, "the log's metrics reach the checkpoint finite too");
-    }
-}
+mod tests;
