@@ -57,6 +57,58 @@ async fn first_start_creates_a_key_and_keys_cli_works_alongside() {
     again.kill9();
 }
 
+/// The cluster's commands on a single SQLite store: the one process is in the node registry
+/// (`tandem nodes`, `GET /v1/nodes`), a drain reaches it, and the roles that need a shared
+/// database refuse to start on SQLite, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_registry_and_roles_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--api-key", "k-nodes", "--node-name", "solo"]);
+    let nodes = |args: &[&str]| Command::new(BIN).arg("nodes").args(args).arg("--data-dir").arg(dir.path()).output();
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let listed = loop {
+        let r = c.get(format!("{}/v1/nodes", server.url)).bearer_auth("k-nodes").send().await.unwrap();
+        let body: Value = r.json().await.unwrap();
+        if !body["data"].as_array().unwrap().is_empty() || Instant::now() > deadline {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let node = &listed["data"][0];
+    assert_eq!(
+        (node["name"].as_str(), node["role"].as_str(), node["alive"].as_bool()),
+        (Some("solo"), Some("all"), Some(true))
+    );
+    let list = nodes(&["list"]).unwrap();
+    assert!(String::from_utf8_lossy(&list.stdout).contains("solo\tall\tready"), "{list:?}");
+
+    let drain = nodes(&["drain", "solo"]).unwrap();
+    assert!(drain.status.success(), "{drain:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.get(format!("{}/health", server.url)).send().await.unwrap().status() != 503 {
+        assert!(Instant::now() < deadline, "the drain never reached the node");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(nodes(&["undrain", "solo"]).unwrap().status.success());
+    let unknown = nodes(&["drain", "nobody"]).unwrap();
+    assert!(!unknown.status.success() && String::from_utf8_lossy(&unknown.stderr).contains("no node named"));
+    server.kill9();
+
+    for role in ["api", "trainer"] {
+        let out = Command::new(BIN)
+            .args(["serve", "--port", "0", "--role", role, "--data-dir"])
+            .arg(dir.path())
+            .arg("--model")
+            .arg(model_path())
+            .env("TANDEM_LOG", "warn")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("needs a database the nodes share"), "{role}: {err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_shuts_down_cleanly() {
     let dir = tempfile::tempdir().unwrap();
