@@ -1,6 +1,7 @@
 //! Keeping a claimed job: a task renews the job's lease while it trains, so other trainers know
 //! this one is alive, and tells the trainer to stop when the lease is lost (another trainer
-//! re-claimed the job after this one could not renew in time) or a client cancelled the job.
+//! re-claimed the job after this one could not renew in time). Cancellation is the sink's to
+//! notice (`StoreSink::should_stop` polls it every 250 ms, far oftener than renewals).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,11 +10,10 @@ use tandem_store::{Lease, LeaseState, Store};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-/// What the renewals learnt, read by the trainer's sink between steps.
+/// Whether the lease was lost, read by the trainer's sink between steps.
 #[derive(Debug, Default)]
 pub(crate) struct LeaseFlags {
     lost: AtomicBool,
-    cancel_requested: AtomicBool,
 }
 
 impl LeaseFlags {
@@ -23,10 +23,6 @@ impl LeaseFlags {
 
     pub(crate) fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn cancel_requested(&self) -> bool {
-        self.cancel_requested.load(Ordering::SeqCst)
     }
 }
 
@@ -51,12 +47,7 @@ pub(crate) fn spawn_renewals(
         loop {
             tokio::time::sleep(renew_interval(ttl)).await;
             match store.renew_lease(job_id, &lease).await {
-                Ok(LeaseState::Held { cancel_requested }) => {
-                    renewed_at = Instant::now();
-                    if cancel_requested {
-                        flags.cancel_requested.store(true, Ordering::SeqCst);
-                    }
-                }
+                Ok(LeaseState::Held { .. }) => renewed_at = Instant::now(),
                 Ok(LeaseState::Lost) => {
                     tracing::warn!(%job_id, "lost the training job's lease: another trainer holds it or it ended");
                     flags.mark_lost();

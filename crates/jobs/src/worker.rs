@@ -497,9 +497,6 @@ impl TrainSink for StoreSink {
         if self.stopping.load(Ordering::SeqCst) || self.lease.lost() {
             return Some(TrainError::Interrupted);
         }
-        if self.lease.cancel_requested() {
-            return Some(TrainError::Cancelled);
-        }
         // Cancellation is a store read: at most a few per second.
         let due = self.last_cancel_check.is_none_or(|t| t.elapsed() >= Duration::from_millis(250));
         if due {

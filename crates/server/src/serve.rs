@@ -113,8 +113,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     } else {
         // A serving node's local copies of deleted checkpoints; the shared store is the
         // trainers' to sweep.
-        let (live, dir) = (store.live_checkpoint_paths().await?, checkpoints.dir().clone());
-        tokio::task::spawn_blocking(move || dir.sweep(&live)).await??;
+        checkpoints.sweep_local(&store.live_checkpoint_paths().await?).await?;
     }
     let state = AppState::new(AppConfig {
         store: store.clone(),

@@ -85,6 +85,14 @@ impl BlobStore {
         &self.url
     }
 
+    /// Deletes an object; one already gone is not an error (another node's sweep, a retry).
+    pub(crate) async fn delete_quietly(&self, key: &ObjectPath) -> Result<()> {
+        match self.store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(io(e)),
+        }
+    }
+
     fn key(relative: &str, name: &str) -> ObjectPath {
         ObjectPath::from(format!("{CHECKPOINTS}/{relative}/{name}"))
     }
@@ -153,13 +161,7 @@ impl Checkpoints {
     /// Writes a checkpoint's files durably (locally, then to the blob store) before the caller
     /// records it. On failure nothing of it is left.
     pub async fn publish(&self, relative: &str, files: Vec<(String, Vec<u8>)>) -> Result<PathBuf> {
-        let (dir, rel) = (self.local.clone(), relative.to_string());
-        let (path, files) = tokio::task::spawn_blocking(move || {
-            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-            dir.write_atomic(&rel, &refs).map(|p| (p, files))
-        })
-        .await
-        .map_err(|e| StoreError::Io(e.to_string()))??;
+        let (path, files) = self.write_local(relative, files).await?;
         if let Err(e) = self.upload_files(relative, files).await {
             let _ = self.remove(relative).await;
             return Err(e);
@@ -174,7 +176,7 @@ impl Checkpoints {
             return Ok(());
         }
         let dir = self.local.resolve(relative).ok_or_else(|| bad_path(relative))?;
-        let files = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<(String, Vec<u8>)>> {
+        let files = blocking(move || {
             let mut files = Vec::new();
             for entry in std::fs::read_dir(&dir)? {
                 let entry = entry?;
@@ -182,8 +184,7 @@ impl Checkpoints {
             }
             Ok(files)
         })
-        .await
-        .map_err(|e| StoreError::Io(e.to_string()))??;
+        .await?;
         self.upload_files(relative, files).await
     }
 
@@ -222,44 +223,54 @@ impl Checkpoints {
             let bytes = remote.store.get(&key).await.map_err(io)?.bytes().await.map_err(io)?;
             files.push((name, bytes.to_vec()));
         }
-        let (dir, rel) = (self.local.clone(), relative.to_string());
-        let path = tokio::task::spawn_blocking(move || {
-            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-            dir.write_atomic(&rel, &refs)
-        })
-        .await
-        .map_err(|e| StoreError::Io(e.to_string()))??;
+        let (path, _) = self.write_local(relative, files).await?;
         self.downloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(checkpoint = relative, "checkpoint fetched from the blob store");
         Ok(Some(path))
     }
 
+    /// Writes files as one local checkpoint directory (atomically, on a blocking thread) and
+    /// hands them back.
+    async fn write_local(&self, relative: &str, files: Files) -> Result<(PathBuf, Files)> {
+        let (dir, rel) = (self.local.clone(), relative.to_string());
+        blocking(move || {
+            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+            let path = dir.write_atomic(&rel, &refs)?;
+            Ok((path, files))
+        })
+        .await
+    }
+
     /// Removes a checkpoint's files here and in the blob store; missing files are not an error.
     pub async fn remove(&self, relative: &str) -> Result<()> {
         let (dir, rel) = (self.local.clone(), relative.to_string());
-        tokio::task::spawn_blocking(move || dir.remove(&rel)).await.map_err(|e| StoreError::Io(e.to_string()))??;
+        blocking(move || dir.remove(&rel)).await?;
         if let Some(remote) = &self.remote {
             for (_, key) in remote.list(relative).await? {
-                match remote.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(io(e)),
-                }
+                remote.delete_quietly(&key).await?;
             }
         }
         Ok(())
     }
 
-    /// Removes local files no live checkpoint owns (the cache's copies of deleted checkpoints
-    /// too) and, in the blob store, checkpoints no live one owns that are older than `grace`.
-    /// Returns (local, remote) counts.
+    /// Both sweeps: (local, remote) counts.
     pub async fn sweep(&self, live: &[String], grace: Duration) -> Result<(usize, usize)> {
+        Ok((self.sweep_local(live).await?, self.sweep_remote(live, grace).await?))
+    }
+
+    /// Removes local files no live checkpoint owns (a failed write's leftovers, and on a node
+    /// with a blob store the cache's copies of deleted checkpoints). Returns how many went.
+    pub async fn sweep_local(&self, live: &[String]) -> Result<usize> {
         let (dir, owned) = (self.local.clone(), live.to_vec());
-        let local = tokio::task::spawn_blocking(move || dir.sweep(&owned))
-            .await
-            .map_err(|e| StoreError::Io(e.to_string()))??;
-        let Some(remote) = &self.remote else { return Ok((local, 0)) };
+        blocking(move || dir.sweep(&owned)).await
+    }
+
+    /// Removes, from the blob store, checkpoints no live one owns that are older than `grace`
+    /// (a trainer's job: serving nodes sweep only their cache). Returns how many went.
+    pub async fn sweep_remote(&self, live: &[String], grace: Duration) -> Result<usize> {
+        let Some(remote) = &self.remote else { return Ok(0) };
         let live: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
-        let cutoff = chrono_cutoff(grace);
+        let cutoff = cutoff_ms(grace);
         // checkpoint -> (its keys, whether every one is older than the cutoff)
         let mut orphans: BTreeMap<String, (Vec<ObjectPath>, bool)> = BTreeMap::new();
         let prefix = ObjectPath::from(CHECKPOINTS);
@@ -281,15 +292,12 @@ impl Checkpoints {
                 continue;
             }
             for key in keys {
-                match remote.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(io(e)),
-                }
+                remote.delete_quietly(&key).await?;
             }
             tracing::debug!(checkpoint = %relative, "swept checkpoint objects no checkpoint owns");
             removed += 1;
         }
-        Ok((local, removed))
+        Ok(removed)
     }
 }
 
@@ -321,9 +329,17 @@ impl Drop for FetchGate<'_> {
     }
 }
 
-/// Unix milliseconds `grace` ago.
-fn chrono_cutoff(grace: Duration) -> i64 {
+/// Unix milliseconds `grace` ago: objects last written at or before it are old enough to sweep.
+pub(crate) fn cutoff_ms(grace: Duration) -> i64 {
     crate::now_ms() - grace.as_millis() as i64
+}
+
+/// A checkpoint's files: (name, bytes).
+type Files = Vec<(String, Vec<u8>)>;
+
+/// Runs file-system work on a blocking thread.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| StoreError::Io(e.to_string()))?
 }
 
 fn bad_path(relative: &str) -> StoreError {

@@ -35,7 +35,7 @@ impl BlobStore {
     /// upload whose row is not committed yet is younger). Returns how many went.
     pub async fn sweep_datasets(&self, live: &[String], grace: Duration) -> Result<usize> {
         let live: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
-        let cutoff = crate::now_ms() - grace.as_millis() as i64;
+        let cutoff = crate::checkpoints::cutoff_ms(grace);
         let prefix = ObjectPath::from(DATASETS);
         let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await.map_err(io)?;
         let mut removed = 0;
@@ -44,10 +44,8 @@ impl BlobStore {
             if owned || meta.last_modified.timestamp_millis() > cutoff {
                 continue;
             }
-            match self.store.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
-                Err(e) => return Err(io(e)),
-            }
+            self.delete_quietly(&meta.location).await?;
+            removed += 1;
         }
         Ok(removed)
     }

@@ -27,7 +27,6 @@ use super::blocks::{unpack, BlockFormat, BlockMatrix, Unpacked, QK_K};
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
 use super::Q8Acts;
-use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 /// Weight rows per group.
@@ -239,63 +238,31 @@ fn scale_min_codes(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
-/// `out[t, n] = sum_k w[n, k] * a[t, k]`; tasks of whole group pairs as in `lanes::matmul`.
+/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is.
 pub fn matmul(vnni: Avx512Vnni, w: &BlockLanes, a: &Q8Acts, out: &mut [f32]) {
-    let (n_out, t_rows) = (w.rows, a.rows());
     assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
-    assert_eq!(out.len(), n_out * t_rows);
-    let groups = w.groups();
-    let threads = rayon::current_num_threads().max(1);
-    let by_balance = groups.div_ceil(threads * 4);
-    let by_work = (1024 / t_rows.max(1)).max(2);
-    let chunk = by_balance.min(by_work).max(1).next_multiple_of(2);
-    let shared = SharedOut::new(out);
-    (0..groups.div_ceil(chunk)).into_par_iter().for_each(|c| {
-        let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
-        let mut g = g0;
-        while g < g1 {
-            let two = g + 2 <= g1;
-            let mut t = 0;
-            while t < t_rows {
-                let cols = if t + 4 <= t_rows {
-                    4
-                } else if t + 2 <= t_rows {
-                    2
-                } else {
-                    1
-                };
-                match (two, cols) {
-                    (true, 4) => tile::<2, 4>(vnni, w, a, g, t, n_out, &shared),
-                    (true, 2) => tile::<2, 2>(vnni, w, a, g, t, n_out, &shared),
-                    (true, _) => tile::<2, 1>(vnni, w, a, g, t, n_out, &shared),
-                    (false, 4) => tile::<1, 4>(vnni, w, a, g, t, n_out, &shared),
-                    (false, 2) => tile::<1, 2>(vnni, w, a, g, t, n_out, &shared),
-                    (false, _) => tile::<1, 1>(vnni, w, a, g, t, n_out, &shared),
-                }
-                t += cols;
-            }
-            g += if two { 2 } else { 1 };
-        }
-    });
+    assert_eq!(out.len(), w.rows * a.rows());
+    super::lanes::for_each_tile(&Tiles { vnni, w, a }, w.groups(), a.rows(), out);
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tile<const R: usize, const C: usize>(
+/// Lane-packed block-format weights times one activation matrix.
+struct Tiles<'a> {
     vnni: Avx512Vnni,
-    w: &BlockLanes,
-    a: &Q8Acts,
-    g: usize,
-    t: usize,
-    n_out: usize,
-    out: &SharedOut,
-) {
-    assert!((g + R) * LANES < n_out + LANES && t + C <= a.rows());
-    // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
-    // `matmul` asserted the shapes); each task owns the output columns of its groups.
-    unsafe {
-        let acc = block_tile::<R, C>(vnni, w, a, g, t);
-        super::lanes::store::<R, C>(vnni, &acc, g, t, n_out, out.ptr());
+    w: &'a BlockLanes,
+    a: &'a Q8Acts,
+}
+
+impl super::lanes::GroupTiles for Tiles<'_> {
+    #[inline(always)]
+    fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
+        let (vnni, w, a) = (self.vnni, self.w, self.a);
+        assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
+        // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
+        // `matmul` asserted the shapes); each task owns the output columns of its groups.
+        unsafe {
+            let acc = block_tile::<R, C>(vnni, w, a, g, t);
+            super::lanes::store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
+        }
     }
 }
 

@@ -150,11 +150,21 @@ impl Packed {
 /// `out[t, n] = sum_k w[n, k] * a[t, k]` with the lane kernels; `out` is row-major (T, N). The
 /// token proves the CPU features; the shapes are asserted here and per tile.
 pub fn matmul(vnni: Avx512Vnni, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
-    let (n_out, t_rows) = (w.rows, a.rows());
     assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
-    assert_eq!(out.len(), n_out * t_rows);
-    let groups = w.groups();
-    // Tasks of whole group pairs, a few per thread for balance, fewer when T is large.
+    assert_eq!(out.len(), w.rows * a.rows());
+    for_each_tile(&Tiles { vnni, w, a }, w.groups(), a.rows(), out);
+}
+
+/// A weight layout in 16-row lane groups, as [`for_each_tile`] drives it: `tile::<R, C>`
+/// computes groups `g..g+R` times activation rows `t..t+C` into `out` (row-major (T, N)).
+pub(crate) trait GroupTiles: Sync {
+    fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut);
+}
+
+/// Runs a matmul of `groups` lane groups by `t_rows` activation rows as tasks of whole group
+/// pairs, a few per thread for balance and fewer when T is large; inside a task, tiles of
+/// 2 (or a last 1) groups by 4, 2 or 1 rows.
+pub(crate) fn for_each_tile<K: GroupTiles>(k: &K, groups: usize, t_rows: usize, out: &mut [f32]) {
     let threads = rayon::current_num_threads().max(1);
     let by_balance = groups.div_ceil(threads * 4);
     let by_work = (1024 / t_rows.max(1)).max(2);
@@ -176,12 +186,12 @@ pub fn matmul(vnni: Avx512Vnni, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
                     1
                 };
                 match (two, cols) {
-                    (true, 4) => tile::<2, 4>(vnni, w, a, g, t, n_out, shared),
-                    (true, 2) => tile::<2, 2>(vnni, w, a, g, t, n_out, shared),
-                    (true, _) => tile::<2, 1>(vnni, w, a, g, t, n_out, shared),
-                    (false, 4) => tile::<1, 4>(vnni, w, a, g, t, n_out, shared),
-                    (false, 2) => tile::<1, 2>(vnni, w, a, g, t, n_out, shared),
-                    (false, _) => tile::<1, 1>(vnni, w, a, g, t, n_out, shared),
+                    (true, 4) => k.tile::<2, 4>(g, t, shared),
+                    (true, 2) => k.tile::<2, 2>(g, t, shared),
+                    (true, _) => k.tile::<2, 1>(g, t, shared),
+                    (false, 4) => k.tile::<1, 4>(g, t, shared),
+                    (false, 2) => k.tile::<1, 2>(g, t, shared),
+                    (false, _) => k.tile::<1, 1>(g, t, shared),
                 }
                 t += cols;
             }
@@ -190,24 +200,25 @@ pub fn matmul(vnni: Avx512Vnni, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
     });
 }
 
-/// Groups `g..g+R` times activation rows `t..t+C`, stored into the output (padding rows masked).
-#[inline(always)]
-fn tile<const R: usize, const C: usize>(
+/// Q4_1 or int8 lane-packed weights times one activation matrix.
+struct Tiles<'a> {
     vnni: Avx512Vnni,
-    w: &Packed,
-    a: &Q8Acts,
-    g: usize,
-    t: usize,
-    n_out: usize,
-    out: &SharedOut,
-) {
-    assert!((g + R) * LANES < n_out + LANES && t + C <= a.rows());
-    // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
-    // `matmul` asserted the output's shape); each task owns the output columns of its groups, so
-    // writes never overlap.
-    unsafe {
-        let acc = if w.q4 { q4_tile::<R, C>(vnni, w, a, g, t) } else { q8_tile::<R, C>(vnni, w, a, g, t) };
-        store::<R, C>(vnni, &acc, g, t, n_out, out.ptr());
+    w: &'a Packed,
+    a: &'a Q8Acts,
+}
+
+impl GroupTiles for Tiles<'_> {
+    #[inline(always)]
+    fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
+        let (vnni, w, a) = (self.vnni, self.w, self.a);
+        assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
+        // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
+        // `matmul` asserted the output's shape); each task owns the output columns of its groups,
+        // so writes never overlap.
+        unsafe {
+            let acc = if w.q4 { q4_tile::<R, C>(vnni, w, a, g, t) } else { q8_tile::<R, C>(vnni, w, a, g, t) };
+            store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
+        }
     }
 }
 
