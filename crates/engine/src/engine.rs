@@ -10,14 +10,19 @@ use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::{Seq, SeqId};
 use crate::tokenizer::TextTokenizer;
-use rayon::prelude::*;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tandem_core::inference::{GenerateRequest, InferEvent};
+use tandem_model::kernels::team;
 use tandem_model::{KvCache, Llama, LoraAdapter, SeqInput};
 use tokio::sync::mpsc::UnboundedSender;
+
+/// How long the engine's helper threads spin after a section before sleeping: longer than the
+/// gap between two decode steps (sampling, streaming, admission), so a busy engine never sleeps,
+/// and short enough that an idle one gives the cores back to training within a millisecond.
+const TEAM_SPIN: Duration = Duration::from_millis(1);
 
 /// Limits of one engine.
 #[derive(Debug, Clone)]
@@ -136,6 +141,19 @@ impl EngineLoop {
 
     /// Runs until every sender is gone. A step that panics fails the requests it was running and
     /// the loop goes on (`recover`); should the thread end anyway, `/health` knows at once.
+    /// Runs the loop on a fresh [`team::Team`] of rayon's thread count (`RAYON_NUM_THREADS`),
+    /// or on rayon's pool if its threads cannot start.
+    pub fn run_on_team(self) {
+        let threads = rayon::current_num_threads();
+        match team::Team::new(threads, TEAM_SPIN, "engine") {
+            Ok(t) => t.install(|| self.run()),
+            Err(e) => {
+                tracing::warn!(error = %e, "engine thread team did not start; using the shared pool");
+                self.run()
+            }
+        }
+    }
+
     pub fn run(mut self) {
         let _stopped = StoppedOnExit(self.metrics.clone());
         while self.run_once() {}
@@ -301,14 +319,22 @@ impl EngineLoop {
             }
         }
         let (tok, cfg, metrics) = (&*self.tok, &self.model.config, &*self.metrics);
-        let finished: Vec<SeqId> = self
-            .running
-            .par_iter_mut()
-            .chain(forks.par_iter_mut())
-            .filter_map(|seq| {
-                let row = logits[*slot_of.get(&seq.id)?].last()?;
-                seq.sample_and_emit(row, tok, cfg, metrics).then_some(seq.id)
-            })
+        // Sampled in parallel, one task per sequence; each task locks only its own sequence.
+        let seqs: Vec<std::sync::Mutex<&mut Seq>> =
+            self.running.iter_mut().chain(forks.iter_mut()).map(std::sync::Mutex::new).collect();
+        let done: Vec<std::sync::atomic::AtomicBool> = seqs.iter().map(|_| Default::default()).collect();
+        team::for_each(seqs.len(), |i| {
+            let mut seq = seqs[i].lock().unwrap_or_else(|p| p.into_inner());
+            let Some(row) = slot_of.get(&seq.id).and_then(|s| logits[*s].last()) else { return };
+            if seq.sample_and_emit(row, tok, cfg, metrics) {
+                done[i].store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let finished: Vec<SeqId> = seqs
+            .into_iter()
+            .zip(done)
+            .filter(|(_, d)| d.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|(s, _)| s.into_inner().unwrap_or_else(|p| p.into_inner()).id)
             .collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));

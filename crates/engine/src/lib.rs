@@ -111,9 +111,12 @@ impl Engine {
         let (max_waiting, max_seqs, kv_tokens) = (config.max_waiting, config.max_seqs, config.kv_tokens(&model.config));
         tracing::info!(model = id, kv_tokens, kv_cache_mb = config.kv_cache_bytes >> 20, "KV cache budget");
         let lp = EngineLoop::new(model.clone(), tok.clone(), config, rx, metrics.clone());
-        std::thread::Builder::new().name(format!("engine-{}", self.slots.len())).spawn(move || lp.run()).map_err(
-            |e| EngineError::Model(tandem_model::ModelError::Unsupported(format!("cannot start engine thread: {e}"))),
-        )?;
+        std::thread::Builder::new()
+            .name(format!("engine-{}", self.slots.len()))
+            .spawn(move || lp.run_on_team())
+            .map_err(|e| {
+                EngineError::Model(tandem_model::ModelError::Unsupported(format!("cannot start engine thread: {e}")))
+            })?;
         let grammars = grammar::Grammars::new(tok.clone());
         self.slots.push(Arc::new(Served {
             info,

@@ -6,11 +6,11 @@
 //! whole batch; attention runs per token against its own sequence's cache.
 
 use crate::arch::{Activation, Arch, SlidingWindow};
+use crate::kernels::team::for_each_chunk_mut;
 use crate::kernels::{self, Q8Acts, Weights};
 use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
 use crate::ModelError;
-use rayon::prelude::*;
 
 /// Shape of a Llama-family model (Llama, Qwen2, Qwen3, Gemma 3: `crate::arch`), read from GGUF
 /// metadata.
@@ -284,7 +284,7 @@ impl Llama {
         let h = self.config.hidden;
         xn.clear();
         xn.extend_from_slice(x);
-        xn.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, weight, self.config.rms_eps));
+        for_each_chunk_mut(xn, h, |_, r| kernels::rms_norm(r, weight, self.config.rms_eps));
         acts.quantize(xn, x.len() / h, h);
     }
 
@@ -313,7 +313,8 @@ impl Llama {
         // sequence's cache.
         let half = hd / 2;
         let (ex, rope, eps) = (&layer.extra, self.rope_of(li), c.rms_eps);
-        qkv.par_chunks_exact_mut(width).zip(rows.par_iter()).for_each(|(r, info)| {
+        for_each_chunk_mut(qkv, width, |t, r| {
+            let info = &rows[t];
             if let Some(b) = &ex.qkv_bias {
                 r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
             }
@@ -332,7 +333,8 @@ impl Llama {
         let (scale, window) = (c.attn_scale, c.window(li));
         let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
         attn.resize(t_rows * qd, 0.0);
-        attn.par_chunks_exact_mut(qd).zip(rows.par_iter()).enumerate().for_each(|(t, (out, info))| {
+        for_each_chunk_mut(attn, qd, |t, out| {
+            let info = &rows[t];
             let q_row = &qkv[t * width..t * width + qd];
             let cache = caches[info.seq];
             let n_ctx = info.pos + 1;
@@ -378,7 +380,8 @@ impl Llama {
         });
         hidden.resize(t_rows * f, 0.0);
         let act = c.arch.activation();
-        hidden.par_chunks_exact_mut(f).zip(gu.par_chunks_exact(2 * f)).for_each(|(out, r)| {
+        for_each_chunk_mut(hidden, f, |t, out| {
+            let r = &gu[t * 2 * f..(t + 1) * 2 * f];
             out.copy_from_slice(&r[..f]);
             match act {
                 Activation::Silu => kernels::silu_mul(out, &r[f..]),
@@ -396,7 +399,7 @@ impl Llama {
     fn add_residual(&self, x: &mut [f32], y: &mut [f32], post_norm: Option<&[f32]>) {
         let h = self.config.hidden;
         if let Some(w) = post_norm {
-            y.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, w, self.config.rms_eps));
+            for_each_chunk_mut(y, h, |_, r| kernels::rms_norm(r, w, self.config.rms_eps));
         }
         for (xi, yi) in x.iter_mut().zip(y.iter()) {
             *xi += yi;
@@ -450,7 +453,7 @@ impl Llama {
         for (_, t) in &wanted {
             xs.extend_from_slice(&x[t * h..(t + 1) * h]);
         }
-        xs.par_chunks_exact_mut(h).for_each(|r| kernels::rms_norm(r, &self.out_norm, c.rms_eps));
+        for_each_chunk_mut(&mut xs, h, |_, r| kernels::rms_norm(r, &self.out_norm, c.rms_eps));
         acts.quantize(&xs, wanted.len(), h);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0f32; wanted.len() * c.vocab];

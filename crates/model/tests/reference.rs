@@ -72,6 +72,16 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
         ])
         .unwrap();
     assert_eq!(&batched[0][0], alone, "batched output must equal unbatched output");
+
+    // On a thread team (as the engine runs it) rather than rayon: the same tasks, so the same
+    // bits, for a prefill and a decode step.
+    let team = tandem_model::kernels::team::Team::new(2, std::time::Duration::from_micros(200), "test").unwrap();
+    let on_team = team.install(|| {
+        let mut ct = KvCache::new(c.n_layer, c.kv_dim());
+        m.forward(&mut [SeqInput { tokens: &a[..4], cache: &mut ct, adapter: None, logits: Logits::None }]).unwrap();
+        m.forward(&mut [SeqInput { tokens: &a[4..], cache: &mut ct, adapter: None, logits: Logits::Last }]).unwrap()
+    });
+    assert_eq!(&on_team[0][0], alone, "a thread team must give the bits rayon gives");
 }
 
 #[test]

@@ -25,7 +25,6 @@
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
 use super::{Q4Matrix, Q8Acts, Q8Matrix};
-use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 /// Weight rows per group (one zmm of i32 or f32 lanes).
@@ -165,12 +164,12 @@ pub(crate) trait GroupTiles: Sync {
 /// pairs, a few per thread for balance and fewer when T is large; inside a task, tiles of
 /// 2 (or a last 1) groups by 4, 2 or 1 rows.
 pub(crate) fn for_each_tile<K: GroupTiles>(k: &K, groups: usize, t_rows: usize, out: &mut [f32]) {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = super::team::threads();
     let by_balance = groups.div_ceil(threads * 4);
     let by_work = (1024 / t_rows.max(1)).max(2);
     let chunk = by_balance.min(by_work).max(1).next_multiple_of(2);
     let shared = SharedOut::new(out);
-    (0..groups.div_ceil(chunk)).into_par_iter().for_each(|c| {
+    super::team::for_each(groups.div_ceil(chunk), |c| {
         let (g0, g1) = (c * chunk, ((c + 1) * chunk).min(groups));
         let shared = &shared;
         let mut g = g0;

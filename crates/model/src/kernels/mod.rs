@@ -31,6 +31,7 @@ mod q4;
 mod q8;
 pub mod sgemm;
 mod simd;
+pub mod team;
 
 pub use attend::{attend, HeadKv, KEY_TILE};
 pub use blocks::{matmul_blocks, BlockFormat, BlockMatrix, Tier};
@@ -282,7 +283,7 @@ fn tiled(n_out: usize, t_rows: usize, out: &mut [f32], fill: impl Fn(Cols) + Syn
     assert_eq!(out.len(), n_out * t_rows);
     let chunk = chunk_rows(n_out, t_rows);
     let shared = SharedOut::new(out);
-    (0..n_out.div_ceil(chunk)).into_par_iter().for_each(|c| {
+    team::for_each(n_out.div_ceil(chunk), |c| {
         let (n0, n1) = (c * chunk, ((c + 1) * chunk).min(n_out));
         fill(Cols { out: &shared, n_out, t_rows, n0, n1, _borrow: std::marker::PhantomData });
     });
@@ -312,8 +313,6 @@ impl Cols<'_> {
         }
     }
 }
-
-use rayon::prelude::*;
 
 /// True when the AVX2 kernels can run on this CPU.
 pub fn has_avx2() -> bool {
@@ -376,7 +375,7 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
 
 /// Rows per task: enough work per task to amortise the hand-off, enough tasks to balance 2+ cores.
 fn chunk_rows(n_out: usize, t_rows: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = team::threads();
     let by_balance = n_out.div_ceil(threads * 4);
     let by_work = (16_384 / t_rows.max(1)).max(8);
     by_balance.min(by_work).max(1)

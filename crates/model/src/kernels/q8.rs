@@ -196,7 +196,6 @@ impl Q8Acts {
     /// the thread pool when there are enough of them (prefill): done on one thread, quantising
     /// took ~5% of a 16-stream decode profile while the other thread waited.
     pub fn quantize(&mut self, data: &[f32], rows: usize, cols: usize) {
-        use rayon::prelude::*;
         assert_eq!(data.len(), rows * cols);
         assert_eq!(cols % QK, 0);
         self.rows = rows;
@@ -233,13 +232,23 @@ impl Q8Acts {
         // Below this many values a rayon split costs more than it saves.
         const PARALLEL_MIN: usize = 32 * 1024;
         if rows > 1 && rows * cols >= PARALLEL_MIN {
-            data.par_chunks_exact(cols)
-                .zip(self.quants.par_chunks_exact_mut(cols))
-                .zip(self.scales.par_chunks_exact_mut(bpr))
-                .zip(self.sums.par_chunks_exact_mut(bpr))
-                .zip(self.scaled_sums.par_chunks_exact_mut(bpr))
-                .zip(self.scaled_sums16.par_chunks_exact_mut(2 * bpr))
-                .for_each(row);
+            use super::team::Disjoint;
+            let (q, s) = (Disjoint::new(&mut self.quants), Disjoint::new(&mut self.scales));
+            let (sum, ss) = (Disjoint::new(&mut self.sums), Disjoint::new(&mut self.scaled_sums));
+            let ss16 = Disjoint::new(&mut self.scaled_sums16);
+            // SAFETY: task r takes row r of each buffer, so no two tasks' slices overlap.
+            super::team::for_each(rows, |r| unsafe {
+                row((
+                    (
+                        (
+                            ((&data[r * cols..(r + 1) * cols], q.slice(r * cols, cols)), s.slice(r * bpr, bpr)),
+                            sum.slice(r * bpr, bpr),
+                        ),
+                        ss.slice(r * bpr, bpr),
+                    ),
+                    ss16.slice(2 * r * bpr, 2 * bpr),
+                ))
+            });
         } else {
             data.chunks_exact(cols)
                 .zip(self.quants.chunks_exact_mut(cols))
