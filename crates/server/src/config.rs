@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Prompt positions kept for prefix reuse (shared copy-on-write with running sequences).
     #[arg(long, env = "TANDEM_PREFIX_CACHE_TOKENS")]
     pub prefix_cache_tokens: Option<usize>,
+    /// Microseconds the engine's helper threads spin after a parallel section before sleeping
+    /// (default 1000): 0 gives the cores back at once, at ~30% of single-stream decode speed.
+    #[arg(long, env = "TANDEM_ENGINE_SPIN_US")]
+    pub engine_spin_us: Option<u64>,
     /// Times a training job interrupted by restarts is run again before it is failed.
     #[arg(long, env = "TANDEM_JOB_MAX_ATTEMPTS")]
     pub job_max_attempts: Option<i64>,
@@ -182,6 +186,8 @@ pub struct ServeConfig {
     /// None: the engine's defaults.
     pub max_num_batched_tokens: Option<usize>,
     pub prefix_cache_tokens: Option<usize>,
+    /// None: the engine's default.
+    pub engine_spin_us: Option<u64>,
     pub job_max_attempts: i64,
     pub job_lease: std::time::Duration,
     pub lora_root: Option<PathBuf>,
@@ -248,6 +254,10 @@ impl ServeConfig {
             max_model_len: args.max_model_len.or(file.max_model_len).map(|n| n.max(16)),
             max_num_batched_tokens: args.max_num_batched_tokens.or(file.max_num_batched_tokens).map(|n| n.max(1)),
             prefix_cache_tokens: args.prefix_cache_tokens.or(file.prefix_cache_tokens),
+            engine_spin_us: match args.engine_spin_us.or(file.engine_spin_us) {
+                Some(us) if us > 1_000_000 => anyhow::bail!("--engine-spin-us {us}: expected at most 1000000"),
+                us => us,
+            },
             job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
             job_lease: match args.job_lease_seconds.or(file.job_lease_seconds).unwrap_or(30.0) {
                 s if s.is_finite() && (0.3..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),

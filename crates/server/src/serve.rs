@@ -41,6 +41,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         max_model_len: config.max_model_len,
         step_tokens: config.max_num_batched_tokens.unwrap_or(defaults.step_tokens),
         prefix_cache_tokens: config.prefix_cache_tokens.unwrap_or(defaults.prefix_cache_tokens),
+        team_spin: config.engine_spin_us.map_or(defaults.team_spin, std::time::Duration::from_micros),
     };
     let (models, quantize) = (config.models.clone(), config.quantize);
     let started = std::time::Instant::now();
