@@ -5,7 +5,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma build run test check fmt clean bench bench-gemma bench-training bench-rl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma build run test check fmt clean bench bench-long bench-gemma bench-training bench-rl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -174,6 +174,10 @@ bench-gemma: model-gemma
 bench-training: model
 	bash bench/run-training.sh
 
+## bench-long: prefill of a ~4,096-token prompt and 16 streams of ~2,048-token prompts against llama.cpp
+bench-long: model
+	bash bench/run-long.sh
+
 ## bench-rl: one RL step (rollouts + training job) against llama.cpp + PyTorch, stage by stage
 bench-rl: model
 	bash bench/run-rl-step.sh
@@ -185,7 +189,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-gemma bench-training bench-rl bench-cluster
+bench-all: bench bench-long bench-gemma bench-training bench-rl bench-cluster
 
 ## check: formatting and lints
 check:

@@ -62,7 +62,7 @@ impl EngineConfig {
     /// and values of every layer, f32), but never less than one full context, so that any one
     /// sequence can always run to its end alone.
     pub fn kv_tokens(&self, model: &tandem_model::LlamaConfig) -> usize {
-        let per_position = (model.n_layer * model.kv_dim() * 2 * std::mem::size_of::<f32>()).max(1) as u64;
+        let per_position = (model.n_layer * model.kv_dim() * 2 * tandem_model::KV_VALUE_BYTES).max(1) as u64;
         ((self.kv_cache_bytes / per_position) as usize).max(model.context_len)
     }
 }

@@ -10,12 +10,21 @@
 //! attention kernel reads the shared tiles, then the own ones. Writes only ever go to the own part
 //! (positions at or after `base`), so nothing shared is ever changed, and `n` choices of a long
 //! prompt hold the prompt once plus at most a tile each, instead of `n` copies.
+//!
+//! Values are stored as f16 (vLLM's default `--kv-cache-dtype auto` is the model's 16-bit type):
+//! half the memory of f32, so twice the sequences or context in the same budget, and half the
+//! bytes attention reads per position. The forward computes k and v in f32 and rounds them here;
+//! the golden test holds the result to the f32 forward.
 
 use crate::kernels::{HeadKv, KEY_TILE};
+use half::f16;
 use std::sync::Arc;
 
+/// Bytes one cached key or value takes.
+pub const KV_VALUE_BYTES: usize = std::mem::size_of::<f16>();
+
 /// Per layer: (keys, values), each a whole number of tiles of `kv_dim`-wide positions.
-type Layers = Vec<(Vec<f32>, Vec<f32>)>;
+type Layers = Vec<(Vec<f16>, Vec<f16>)>;
 
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -56,15 +65,15 @@ impl KvCache {
         let need = (pos + 1).next_multiple_of(KEY_TILE) * d;
         if keys.len() < need {
             let grow = need.max((keys.len() * 3 / 2).next_multiple_of(KEY_TILE * d));
-            keys.resize(grow, 0.0);
-            values.resize(grow, 0.0);
+            keys.resize(grow, f16::ZERO);
+            values.resize(grow, f16::ZERO);
         }
         let (tile, lane) = (pos / KEY_TILE, pos % KEY_TILE);
         let base = tile * KEY_TILE * d + lane;
         for (e, x) in k.iter().enumerate() {
-            keys[base + e * KEY_TILE] = *x;
+            keys[base + e * KEY_TILE] = f16::from_f32(*x);
         }
-        values[pos * d..(pos + 1) * d].copy_from_slice(v);
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut values[pos * d..(pos + 1) * d], v);
     }
 
     /// Makes the positions written during a step part of the cache.
@@ -77,7 +86,7 @@ impl KvCache {
     pub(crate) fn head(&self, layer: usize, kv_head: usize, head_dim: usize) -> HeadKv<'_> {
         let off = kv_head * head_dim;
         let (k, v) = &self.own[layer];
-        let (sk, sv): (&[f32], &[f32]) = match &self.shared {
+        let (sk, sv): (&[f16], &[f16]) = match &self.shared {
             Some(s) => (&s[layer].0[off * KEY_TILE..], &s[layer].1[off..]),
             None => (&[], &[]),
         };
@@ -118,7 +127,7 @@ impl KvCache {
         // What stays own: the partial last tile only (not the spare capacity grown for writes,
         // which every clone would copy).
         let keep = (self.len - tiles * KEY_TILE).next_multiple_of(KEY_TILE) * d;
-        let trim = |v: &mut Vec<f32>| {
+        let trim = |v: &mut Vec<f16>| {
             v.truncate(keep);
             v.shrink_to_fit();
         };
@@ -218,7 +227,7 @@ impl KvCache {
 
     /// Bytes of memory this cache alone holds (its own part), for memory accounting.
     pub fn own_bytes(&self) -> usize {
-        self.own.iter().map(|(k, v)| (k.capacity() + v.capacity()) * 4).sum()
+        self.own.iter().map(|(k, v)| (k.capacity() + v.capacity()) * KV_VALUE_BYTES).sum()
     }
 }
 
@@ -247,8 +256,8 @@ mod tests {
             .map(|p| {
                 let (seg, p_in) = if p < c.base { (0, p) } else { (1, p - c.base) };
                 let (t, lane) = (p_in / KEY_TILE, p_in % KEY_TILE);
-                let k = (0..c.kv_dim).map(|e| h.keys[seg][t * h.tile_stride + e * KEY_TILE + lane]).collect();
-                let v = h.values[seg][p_in * h.stride..p_in * h.stride + c.kv_dim].to_vec();
+                let k = (0..c.kv_dim).map(|e| h.keys[seg][t * h.tile_stride + e * KEY_TILE + lane].to_f32()).collect();
+                let v = h.values[seg][p_in * h.stride..p_in * h.stride + c.kv_dim].iter().map(|x| x.to_f32()).collect();
                 (k, v)
             })
             .collect()
@@ -265,7 +274,7 @@ mod tests {
         let (mut b, c) = (a.clone(), a.clone());
         assert!(Arc::ptr_eq(a.shared.as_ref().unwrap(), b.shared.as_ref().unwrap()));
         // One tile per layer for keys and values: none of the capacity grown for 37 writes.
-        assert_eq!(b.own_bytes(), 2 * 2 * KEY_TILE * 3 * 4);
+        assert_eq!(b.own_bytes(), 2 * 2 * KEY_TILE * 3 * KV_VALUE_BYTES);
         assert_eq!(a.own_bytes(), b.own_bytes());
         // Each: its 5 own positions and a third of the shared 32, rounded up (11).
         assert_eq!(a.positions_held() + b.positions_held() + c.positions_held(), 3 * (5 + 11));
@@ -285,7 +294,7 @@ mod tests {
         let mut a = numbered(100, 2);
         a.freeze();
         assert_eq!(a.shared_len(), 96);
-        assert_eq!(a.clone().own_bytes(), 2 * 2 * KEY_TILE * 2 * 4);
+        assert_eq!(a.clone().own_bytes(), 2 * 2 * KEY_TILE * 2 * KV_VALUE_BYTES);
     }
 
     #[test]

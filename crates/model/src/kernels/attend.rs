@@ -6,10 +6,12 @@
 //! horizontal sum per position (the row-major layout needs a 64-float dot product and a reduction
 //! for every position, which made attention a third of prefill time). Values stay row-major:
 //! the output is a sum of whole value rows weighted by the softmax, four vectors per position.
+//! Both are f16 (see `KvCache`), widened to f32 as they are loaded; the arithmetic is f32.
 #![allow(unsafe_code)]
 
 use super::cpu::{cpu, Avx2Fma, Avx512F};
 use super::exp_approx;
+use half::f16;
 use std::ops::Range;
 
 /// Positions per key tile.
@@ -17,12 +19,12 @@ pub const KEY_TILE: usize = 16;
 
 /// One kv head's cached keys and values, in two segments: a shared, read-only prefix of
 /// `shared_tiles` whole tiles, then the sequence's own positions (see `KvCache`). In each segment
-/// `keys` starts at the head's part of tile 0, and tile `j` is `tile_stride` floats further;
-/// `values` starts at the head's first value, consecutive positions `stride` floats apart.
+/// `keys` starts at the head's part of tile 0, and tile `j` is `tile_stride` values further;
+/// `values` starts at the head's first value, consecutive positions `stride` values apart.
 #[derive(Clone, Copy)]
 pub struct HeadKv<'a> {
-    pub keys: [&'a [f32]; 2],
-    pub values: [&'a [f32]; 2],
+    pub keys: [&'a [f16]; 2],
+    pub values: [&'a [f16]; 2],
     pub shared_tiles: usize,
     pub tile_stride: usize,
     pub stride: usize,
@@ -31,7 +33,7 @@ pub struct HeadKv<'a> {
 impl<'a> HeadKv<'a> {
     /// Keys of tile `j` (of the whole sequence), from its start.
     #[inline(always)]
-    fn tile(&self, j: usize) -> &'a [f32] {
+    fn tile(&self, j: usize) -> &'a [f16] {
         if j < self.shared_tiles {
             &self.keys[0][j * self.tile_stride..]
         } else {
@@ -42,7 +44,7 @@ impl<'a> HeadKv<'a> {
     /// The value rows of positions `first..n_ctx`, split at the segment boundary: (rows from the
     /// first visible one, count) for each segment.
     #[inline(always)]
-    fn value_segments(&self, first: usize, n_ctx: usize) -> [(&'a [f32], usize); 2] {
+    fn value_segments(&self, first: usize, n_ctx: usize) -> [(&'a [f16], usize); 2] {
         let shared = (self.shared_tiles * KEY_TILE).min(n_ctx);
         let (skip0, skip1) = (first.min(shared), first.saturating_sub(shared));
         [
@@ -65,7 +67,7 @@ pub fn attend(q: &[f32], kv: HeadKv<'_>, positions: Range<usize>, scale: f32, sc
     let hd = q.len();
     let tiles = n_ctx.div_ceil(KEY_TILE);
     assert!(scores.len() >= tiles * KEY_TILE && out.len() == hd);
-    // Every key tile read holds the head's `hd * KEY_TILE` floats. Within a segment a later tile's
+    // Every key tile read holds the head's `hd * KEY_TILE` values. Within a segment a later tile's
     // slice is shorter, so the last tile of each segment is the one to check.
     let shared = kv.shared_tiles.min(tiles);
     assert!(shared == 0 || kv.tile(shared - 1).len() >= hd * KEY_TILE, "shared key tiles too short");
@@ -109,7 +111,7 @@ pub(crate) fn attend_generic(
         let mut acc = [0f32; KEY_TILE];
         for (d, qd) in q.iter().enumerate() {
             for (a, k) in acc.iter_mut().zip(&tile[d * KEY_TILE..(d + 1) * KEY_TILE]) {
-                *a += qd * k;
+                *a += qd * k.to_f32();
             }
         }
         for (s, a) in scores[j * KEY_TILE..(j + 1) * KEY_TILE].iter_mut().zip(acc) {
@@ -123,7 +125,7 @@ pub(crate) fn attend_generic(
         for (p, s) in s.by_ref().take(count).enumerate() {
             let w = s * inv;
             for (o, x) in out.iter_mut().zip(&values[p * kv.stride..p * kv.stride + hd]) {
-                *o += w * x;
+                *o += w * x.to_f32();
             }
         }
     }
@@ -146,7 +148,7 @@ fn softmax_in_place(s: &mut [f32]) -> f32 {
 /// # Safety
 /// None beyond the target features (the body is safe code).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_avx2(
     _: Avx2Fma,
     q: &[f32],
@@ -161,8 +163,18 @@ unsafe fn attend_avx2(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{softmax_in_place, Avx512F, HeadKv, KEY_TILE};
+    use super::{f16, softmax_in_place, Avx512F, HeadKv, KEY_TILE};
     use std::arch::x86_64::*;
+
+    /// 16 f16 values from `p` widened to f32.
+    ///
+    /// # Safety
+    /// `p` points at 16 readable f16 values.
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        // SAFETY: the caller's; `vcvtph2ps` on 512 bits is AVX-512F.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
 
     /// Head dimension `16 * V`. Scores: two tiles at a time, each dimension's products split over
     /// four accumulators per tile, so eight independent FMA chains keep both FMA ports busy.
@@ -170,7 +182,7 @@ mod avx512 {
     ///
     /// # Safety
     /// `q` and `out` hold `16 * V` floats, `scores` at least `n_ctx` rounded up to whole tiles,
-    /// every key tile of `kv` below `n_ctx` at least `16 * V * KEY_TILE` floats (`attend`
+    /// every key tile of `kv` below `n_ctx` at least `16 * V * KEY_TILE` values (`attend`
     /// asserts all three), and `first < n_ctx`. Value rows are sliced with bounds checks.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
@@ -197,11 +209,11 @@ mod avx512 {
             for d in (0..hd).step_by(4) {
                 for u in 0..4 {
                     let qd = _mm512_set1_ps(q[d + u]);
-                    // SAFETY: a tile holds hd * 16 floats for this head.
+                    // SAFETY: a tile holds hd * 16 values for this head.
                     unsafe {
-                        a0[u] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(t0.add((d + u) * KEY_TILE)), a0[u]);
+                        a0[u] = _mm512_fmadd_ps(qd, load16(t0.add((d + u) * KEY_TILE)), a0[u]);
                         if two {
-                            a1[u] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(t1.add((d + u) * KEY_TILE)), a1[u]);
+                            a1[u] = _mm512_fmadd_ps(qd, load16(t1.add((d + u) * KEY_TILE)), a1[u]);
                         }
                     }
                 }
@@ -223,8 +235,8 @@ mod avx512 {
                 let w = _mm512_set1_ps(s * inv);
                 let row = values[p * kv.stride..p * kv.stride + hd].as_ptr();
                 for (v, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: the value row holds hd = 16 * V floats.
-                    *a = _mm512_fmadd_ps(w, unsafe { _mm512_loadu_ps(row.add(16 * v)) }, *a);
+                    // SAFETY: the value row holds hd = 16 * V values.
+                    *a = _mm512_fmadd_ps(w, unsafe { load16(row.add(16 * v)) }, *a);
                 }
             }
         }
