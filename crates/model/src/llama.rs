@@ -339,17 +339,24 @@ impl Llama {
             let cache = caches[info.seq];
             let n_ctx = info.pos + 1;
             let first = window.map_or(0, |w| w.first_visible(info.pos));
-            let mut scores = vec![0f32; n_ctx.next_multiple_of(kernels::KEY_TILE)];
-            for head in 0..c.n_head {
-                let q = &q_row[head * hd..(head + 1) * hd];
-                kernels::attend(
-                    q,
-                    cache.head(li, head / group, hd),
-                    first..n_ctx,
-                    scale,
-                    &mut scores,
-                    &mut out[head * hd..(head + 1) * hd],
-                );
+            // The query heads of one kv head together, at most MAX_GROUP at a time: each key and
+            // value vector is then loaded once per group, not once per head.
+            let per = group.min(kernels::MAX_GROUP);
+            let mut scores = vec![0f32; per * n_ctx.next_multiple_of(kernels::KEY_TILE)];
+            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
+            let qs: Vec<&[f32]> = q_row.chunks_exact(hd).collect();
+            for kv_head in 0..c.n_kv_head {
+                for h0 in (kv_head * group..(kv_head + 1) * group).step_by(per) {
+                    let h1 = (h0 + per).min((kv_head + 1) * group);
+                    kernels::attend_group(
+                        &qs[h0..h1],
+                        cache.head(li, kv_head, hd),
+                        first..n_ctx,
+                        scale,
+                        &mut scores,
+                        &mut outs[h0..h1],
+                    );
+                }
             }
         });
         acts.quantize(attn, t_rows, qd);

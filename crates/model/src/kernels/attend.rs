@@ -94,6 +94,65 @@ pub fn attend(q: &[f32], kv: HeadKv<'_>, positions: Range<usize>, scale: f32, sc
     attend_generic(q, kv, first..n_ctx, scale, scores, out)
 }
 
+/// Most query heads a grouped call takes (the kernel keeps `heads x 4` output vectors in
+/// registers).
+pub const MAX_GROUP: usize = 4;
+
+/// [`attend`] for up to [`MAX_GROUP`] query heads that share one kv head (grouped-query
+/// attention), over the same positions: each key and value vector is loaded once for all of
+/// them instead of once per head, which is what long prompts' attention is bound by (81% of a
+/// 4,096-token prefill was the one-head kernel, reloading the same tiles for each head of a
+/// group). `qs[i]` and `outs[i]` are head `i`'s query and output; `scores` holds
+/// `qs.len()` times the scratch [`attend`] needs. Results equal [`attend`]'s per head up to
+/// float reassociation.
+pub fn attend_group(
+    qs: &[&[f32]],
+    kv: HeadKv<'_>,
+    positions: Range<usize>,
+    scale: f32,
+    scores: &mut [f32],
+    outs: &mut [&mut [f32]],
+) {
+    let heads = qs.len();
+    assert!((1..=MAX_GROUP).contains(&heads) && outs.len() == heads, "{heads} heads, {} outputs", outs.len());
+    let (first, n_ctx) = (positions.start, positions.end);
+    assert!(first < n_ctx, "empty attention range");
+    let hd = qs[0].len();
+    let tiles = n_ctx.div_ceil(KEY_TILE);
+    let span = tiles * KEY_TILE;
+    assert!(scores.len() >= heads * span, "scores scratch too short");
+    assert!(qs.iter().all(|q| q.len() == hd) && outs.iter().all(|o| o.len() == hd), "head sizes differ");
+    let shared = kv.shared_tiles.min(tiles);
+    assert!(shared == 0 || kv.tile(shared - 1).len() >= hd * KEY_TILE, "shared key tiles too short");
+    assert!(tiles == shared || kv.tile(tiles - 1).len() >= hd * KEY_TILE, "key tiles too short");
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx512) = cpu().avx512f.filter(|_| matches!(hd, 64 | 128 | 256)) {
+        macro_rules! go {
+            ($r:literal) => {
+                // SAFETY: the token proves AVX-512F; `hd` is 4, 8 or 16 vectors; the lengths the
+                // kernel reads are asserted above.
+                unsafe {
+                    match hd {
+                        64 => avx512::attend_group::<$r, 4>(avx512, qs, kv, first, n_ctx, scale, scores, outs),
+                        128 => avx512::attend_group::<$r, 8>(avx512, qs, kv, first, n_ctx, scale, scores, outs),
+                        _ => avx512::attend_group::<$r, 16>(avx512, qs, kv, first, n_ctx, scale, scores, outs),
+                    }
+                }
+            };
+        }
+        match heads {
+            1 => go!(1),
+            2 => go!(2),
+            3 => go!(3),
+            _ => go!(4),
+        }
+        return;
+    }
+    for (i, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
+        attend(q, kv, positions.clone(), scale, &mut scores[i * span..(i + 1) * span], out);
+    }
+}
+
 /// The plain version (any head dimension), also the reference the SIMD one is tested against.
 #[inline(always)]
 pub(crate) fn attend_generic(
@@ -243,6 +302,89 @@ mod avx512 {
         for (v, a) in acc.iter().enumerate() {
             // SAFETY: out holds hd floats.
             unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * v), *a) };
+        }
+    }
+
+    /// `R` query heads of dimension `16 * V` sharing one kv head. Scores: two tiles at a time,
+    /// each key vector loaded once and multiplied into all `R` heads' accumulators (`2R`
+    /// independent FMA chains). Output: `R x V` accumulators in registers; each value row is
+    /// loaded once for all heads.
+    ///
+    /// # Safety
+    /// As [`attend`], for every head: `qs[r]` and `outs[r]` hold `16 * V` floats, `scores` at
+    /// least `R` times `n_ctx` rounded up to whole tiles (`attend_group` asserts all of it), and
+    /// `first < n_ctx`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend_group<const R: usize, const V: usize>(
+        _: Avx512F,
+        qs: &[&[f32]],
+        kv: HeadKv<'_>,
+        first: usize,
+        n_ctx: usize,
+        scale: f32,
+        scores: &mut [f32],
+        outs: &mut [&mut [f32]],
+    ) {
+        let hd = 16 * V;
+        let tiles = n_ctx.div_ceil(KEY_TILE);
+        let span = tiles * KEY_TILE;
+        let sc = _mm512_set1_ps(scale);
+        let q: [&[f32]; R] = std::array::from_fn(|r| &qs[r][..hd]);
+        let mut j = first / KEY_TILE;
+        while j < tiles {
+            let two = j + 1 < tiles;
+            let t0 = kv.tile(j).as_ptr();
+            let t1 = if two { kv.tile(j + 1).as_ptr() } else { t0 };
+            let mut a0 = [_mm512_setzero_ps(); R];
+            let mut a1 = [_mm512_setzero_ps(); R];
+            for d in 0..hd {
+                // SAFETY: a tile holds hd * 16 values for this head.
+                let (k0, k1) = unsafe { (load16(t0.add(d * KEY_TILE)), load16(t1.add(d * KEY_TILE))) };
+                for r in 0..R {
+                    let qd = _mm512_set1_ps(q[r][d]);
+                    a0[r] = _mm512_fmadd_ps(qd, k0, a0[r]);
+                    a1[r] = _mm512_fmadd_ps(qd, k1, a1[r]);
+                }
+            }
+            for r in 0..R {
+                let row = scores[r * span..].as_mut_ptr();
+                // SAFETY: each head's scores hold `span` floats (tiles j and j + 1 < tiles).
+                unsafe {
+                    _mm512_storeu_ps(row.add(j * KEY_TILE), _mm512_mul_ps(a0[r], sc));
+                    if two {
+                        _mm512_storeu_ps(row.add((j + 1) * KEY_TILE), _mm512_mul_ps(a1[r], sc));
+                    }
+                }
+            }
+            j += if two { 2 } else { 1 };
+        }
+        let mut inv = [0f32; R];
+        for (r, inv) in inv.iter_mut().enumerate() {
+            *inv = softmax_in_place(&mut scores[r * span + first..r * span + n_ctx]);
+        }
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        let mut p_all = first;
+        for (values, count) in kv.value_segments(first, n_ctx) {
+            for p in 0..count {
+                let w: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(scores[r * span + p_all] * inv[r]));
+                let row = values[p * kv.stride..p * kv.stride + hd].as_ptr();
+                for v in 0..V {
+                    // SAFETY: the value row holds hd = 16 * V values.
+                    let x = unsafe { load16(row.add(16 * v)) };
+                    for r in 0..R {
+                        acc[r][v] = _mm512_fmadd_ps(w[r], x, acc[r][v]);
+                    }
+                }
+                p_all += 1;
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let out = &mut outs[r][..hd];
+            for (v, a) in acc.iter().enumerate() {
+                // SAFETY: out holds hd floats.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * v), *a) };
+            }
         }
     }
 }

@@ -33,7 +33,7 @@ pub mod sgemm;
 mod simd;
 pub mod team;
 
-pub use attend::{attend, HeadKv, KEY_TILE};
+pub use attend::{attend, attend_group, HeadKv, KEY_TILE, MAX_GROUP};
 pub use blocks::{matmul_blocks, BlockFormat, BlockMatrix, Tier};
 use cpu::{cpu, Avx2Fma, SharedOut};
 pub use dense::F32Matrix;

@@ -210,6 +210,51 @@ fn attention_kernel_matches_plain_softmax_attention() {
     }
 }
 
+/// The grouped kernel (the query heads of one kv head at once) against the one-head kernel, for
+/// 1 to MAX_GROUP heads, head dimensions 64, 128 and 256, private and shared segments, and
+/// windows.
+#[test]
+fn grouped_attention_matches_one_head_at_a_time() {
+    use super::{attend_group, MAX_GROUP};
+    for hd in [64, 128, 256] {
+        let kv_dim = 2 * hd;
+        let mut cache = crate::KvCache::new(1, kv_dim);
+        let n = 53;
+        let (ks, vs) = (values(n * kv_dim, 31), values(n * kv_dim, 32));
+        for p in 0..n {
+            cache.write(0, p, &ks[p * kv_dim..(p + 1) * kv_dim], &vs[p * kv_dim..(p + 1) * kv_dim]);
+        }
+        cache.commit(n);
+        let private = cache.clone();
+        cache.freeze();
+        let qs_all = values(MAX_GROUP * hd, 33);
+        for c in [&private, &cache] {
+            for (first, n_ctx) in [(0usize, 1usize), (0, 16), (0, 17), (3, 33), (16, 48), (40, 53), (0, 53)] {
+                for heads in 1..=MAX_GROUP {
+                    let qs: Vec<&[f32]> = qs_all.chunks_exact(hd).take(heads).collect();
+                    let span = n_ctx.next_multiple_of(KEY_TILE);
+                    let mut scores = vec![0f32; heads * span];
+                    let mut outs_buf = vec![0f32; heads * hd];
+                    let mut outs: Vec<&mut [f32]> = outs_buf.chunks_exact_mut(hd).collect();
+                    attend_group(&qs, c.head(0, 1, hd), first..n_ctx, 0.125, &mut scores, &mut outs);
+                    for (h, q) in qs.iter().enumerate() {
+                        let mut one = vec![0f32; hd];
+                        attend(q, c.head(0, 1, hd), first..n_ctx, 0.125, &mut scores[..span], &mut one);
+                        for d in 0..hd {
+                            let got = outs_buf[h * hd + d];
+                            assert!(
+                                (got - one[d]).abs() < 1e-5,
+                                "hd {hd} heads {heads} head {h} {first}..{n_ctx} d {d}: {got} vs {}",
+                                one[d]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn exp_approx_is_accurate_over_the_softmax_range() {
     // Near 0 (where softmax weight is) the polynomial dominates the error; far out, the f32
