@@ -190,12 +190,30 @@ pub(crate) fn attend_generic(
     }
 }
 
-/// `s <- exp(s - max)`, returning `1 / sum` (the caller folds it into the value weights).
+/// `s <- exp(s - max)`, returning `1 / sum` (the caller folds it into the value weights). Sixteen
+/// partial maxima and sums so that both loops vectorise (one running max and sum are serial
+/// scalar chains: they were ~40% of a long prompt's attention).
 #[inline(always)]
 fn softmax_in_place(s: &mut [f32]) -> f32 {
-    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for v in s.iter_mut() {
+    const L: usize = 16;
+    let split = s.len() / L * L;
+    let mut m = [f32::NEG_INFINITY; L];
+    for chunk in s[..split].chunks_exact(L) {
+        for l in 0..L {
+            m[l] = m[l].max(chunk[l]);
+        }
+    }
+    let max = s[split..].iter().chain(&m).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sums = [0f32; L];
+    for chunk in s[..split].chunks_exact_mut(L) {
+        for l in 0..L {
+            let e = exp_approx(chunk[l] - max);
+            chunk[l] = e;
+            sums[l] += e;
+        }
+    }
+    let mut sum = sums.iter().sum::<f32>();
+    for v in &mut s[split..] {
         *v = exp_approx(*v - max);
         sum += *v;
     }
