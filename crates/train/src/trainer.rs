@@ -23,8 +23,10 @@ use tandem_core::train_config::TrainConfig;
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 
 /// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
-/// the activation memory of a step (about 4.5 GB per 1024 tokens).
-const PART_TOKENS: usize = 1024;
+/// the activation memory of a step. `make bench-rl` (rows of ~2,048 tokens): parts of 1,024
+/// peaked at 1,886 MB serving + training, parts of 512 at 1,273 MB, in the same time (9.5-10.1 s
+/// for the job, within this VM's noise): the GEMMs are as efficient at 512 rows.
+const PART_TOKENS: usize = 512;
 
 /// ART's optimizer settings (contract §3).
 pub(crate) const BETAS: (f64, f64) = (0.9, 0.99);
