@@ -5,7 +5,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma build run test check fmt clean bench bench-long bench-gemma bench-training bench-rl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-training bench-rl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -178,6 +178,22 @@ bench-training: model
 bench-long: model
 	bash bench/run-long.sh
 
+# ART 0.5.23 with pyarrow, which its PipelineTrainer needs to log trajectories (openpipe-art does
+# not install it), for `make bench-pipeline` only (created once).
+ARTBENCHENV := target/artbenchenv
+PYARROW_VERSION := 26.0.1
+$(ARTBENCHENV)/.ok-$(ART23_VERSION)-$(PYARROW_VERSION):
+	@py="$(PYTHON312)"; if [ -z "$$py" ]; then \
+		echo "error: openpipe-art $(ART23_VERSION) needs Python 3.12: no working python3.12 on PATH and none in ~/.pyenv/versions/3.12*" >&2; \
+		exit 1; fi; \
+	"$$py" -m venv $(ARTBENCHENV)
+	$(ARTBENCHENV)/bin/python -m pip install --quiet --disable-pip-version-check openpipe-art==$(ART23_VERSION) pyarrow==$(PYARROW_VERSION)
+	touch $@
+
+## bench-pipeline: ART 0.5.23's PipelineTrainer against its synchronous loop on tandem (trajectories/min)
+bench-pipeline: model $(ARTBENCHENV)/.ok-$(ART23_VERSION)-$(PYARROW_VERSION)
+	bash bench/run-pipeline.sh $(ARTBENCHENV)/bin/python
+
 ## bench-rl: one RL step (rollouts + training job) against llama.cpp + PyTorch, stage by stage
 bench-rl: model
 	bash bench/run-rl-step.sh
@@ -189,7 +205,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-training bench-rl bench-cluster
+bench-all: bench bench-long bench-gemma bench-training bench-rl bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:
