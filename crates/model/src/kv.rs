@@ -23,6 +23,13 @@ use std::sync::Arc;
 /// Bytes one cached key or value takes.
 pub const KV_VALUE_BYTES: usize = std::mem::size_of::<f16>();
 
+/// Rounds `xs` as the cache stores them (to f16 and back), for the trainer's attention: it then
+/// computes from the keys and values the server attends to, so that the learner's logprobs of
+/// a sampled sequence match the sampler's, as they did with an f32 cache.
+pub fn round_as_cached(xs: &mut [f32]) {
+    xs.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+}
+
 /// Per layer: (keys, values), each a whole number of tiles of `kv_dim`-wide positions.
 type Layers = Vec<(Vec<f16>, Vec<f16>)>;
 

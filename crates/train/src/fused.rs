@@ -198,11 +198,21 @@ impl CustomOp2 for ActMul {
 #[cfg(test)]
 mod tests;
 
+/// Keys or values as the server's KV cache holds them (`tandem_model::kv::round_as_cached`).
+fn as_cached(xs: &[f32]) -> Vec<f32> {
+    let mut out = xs.to_vec();
+    tandem_model::kv::round_as_cached(&mut out);
+    out
+}
+
 /// Causal attention within each segment of a packed row, `(q (T, nh hd), k, v (T, nkv hd)) ->
 /// (T, nh hd)`, forward and backward in `tandem_model::kernels::causal` (heads read in place
 /// through strides, no (heads, s, s) tensors kept: the backward recomputes the probabilities).
+/// With `kv_as_cached`, keys and values are rounded to f16 first, as the server caches them.
 #[derive(Clone)]
 pub struct SegmentAttention {
+    /// Round keys and values as the server caches them (f16) before attending.
+    pub kv_as_cached: bool,
     pub segments: Arc<Vec<(usize, usize)>>,
     pub heads: causal::Heads,
 }
@@ -223,7 +233,11 @@ impl candle_core::CustomOp3 for SegmentAttention {
     ) -> Res<(CpuStorage, Shape)> {
         let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let mut out = vec![0f32; q.len()];
-        causal::forward(q, k, v, &mut out, &self.segments, self.heads);
+        if self.kv_as_cached {
+            causal::forward(q, &as_cached(k), &as_cached(v), &mut out, &self.segments, self.heads);
+        } else {
+            causal::forward(q, k, v, &mut out, &self.segments, self.heads);
+        }
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -235,7 +249,13 @@ impl candle_core::CustomOp3 for SegmentAttention {
         _res: &Tensor,
         g: &Tensor,
     ) -> Res<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (qv, kv, vv, gv) = (values(q)?, values(k)?, values(v)?, values(g)?);
+        let (qv, gv) = (values(q)?, values(g)?);
+        // The forward's rounded keys and values; their gradients pass to k and v unchanged
+        // (straight through the rounding).
+        let (mut kv, mut vv) = (values(k)?, values(v)?);
+        if self.kv_as_cached {
+            (kv, vv) = (as_cached(&kv), as_cached(&vv));
+        }
         let (mut dq, mut dk, mut dv) = (vec![0f32; qv.len()], vec![0f32; kv.len()], vec![0f32; vv.len()]);
         causal::backward(&qv, &kv, &vv, &gv, &mut dq, &mut dk, &mut dv, &self.segments, self.heads);
         Ok((Some(tensor(dq, q)?), Some(tensor(dk, k)?), Some(tensor(dv, v)?)))

@@ -56,6 +56,10 @@ pub struct Base {
     /// RoPE tables of the global base and, where it differs, of the sliding layers' base.
     rope: RopeTable,
     rope_swa: Option<RopeTable>,
+    /// Attention reads keys and values rounded as the server's cache holds them (f16), so that
+    /// the learner's logprobs match the sampler's; off for the exact base, whose finite-difference
+    /// checks a rounding step would break.
+    kv_as_cached: bool,
 }
 
 impl Base {
@@ -160,7 +164,7 @@ impl Base {
         }
         let out_norm = vector(t("output_norm.weight")?)?;
         let (rope, rope_swa) = (RopeTable::global(&config), RopeTable::sliding(&config));
-        Ok(Base { config, embed, head, layers, out_norm, rope, rope_swa })
+        Ok(Base { config, embed, head, layers, out_norm, rope, rope_swa, kv_as_cached: int8 })
     }
 
     /// (in, out) of projection `m` (index into [`Module::ALL`]).
@@ -255,6 +259,7 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
         };
         let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
         let attention = SegmentAttention {
+            kv_as_cached: base.kv_as_cached,
             segments: segments.clone(),
             heads: tandem_model::kernels::causal::Heads {
                 n_head: c.n_head,

@@ -333,7 +333,7 @@ mod avx512 {
     /// least `R` times `n_ctx` rounded up to whole tiles (`attend_group` asserts all of it), and
     /// `first < n_ctx`.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // one index into several arrays
     pub(super) unsafe fn attend_group<const R: usize, const V: usize>(
         _: Avx512F,
         qs: &[&[f32]],

@@ -176,7 +176,7 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
         Some(team) => run(&team, n, &f),
         _ => {
             use rayon::prelude::*;
-            (0..n).into_par_iter().for_each(|i| (&f)(i))
+            (0..n).into_par_iter().for_each(&f)
         }
     }
 }
@@ -184,7 +184,7 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
 /// Runs `f(i, chunk)` for each `size`-long chunk `i` of `data` (whose length is a multiple of
 /// `size`), in parallel as [`for_each`] does.
 pub fn for_each_chunk_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    assert!(size > 0 && data.len() % size == 0, "{} values in chunks of {size}", data.len());
+    assert!(size > 0 && data.len().is_multiple_of(size), "{} values in chunks of {size}", data.len());
     let shared = Disjoint::new(data);
     // SAFETY: task i takes only chunk i, so no two tasks' slices overlap.
     for_each(shared.len / size, |i| f(i, unsafe { shared.slice(i * size, size) }));
@@ -238,7 +238,7 @@ fn run(s: &Shared, n: usize, f: &(dyn Fn(usize) + Sync)) {
     let mut spins = 0u32;
     while s.done.0.load(Acquire) < n {
         spins = spins.wrapping_add(1);
-        if spins % 4096 == 0 {
+        if spins.is_multiple_of(4096) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -289,7 +289,7 @@ fn helper(s: &Shared) {
             continue;
         }
         spins = spins.wrapping_add(1);
-        if spins % 256 != 0 || idle_since.elapsed() < s.spin {
+        if !spins.is_multiple_of(256) || idle_since.elapsed() < s.spin {
             std::hint::spin_loop();
             continue;
         }
@@ -350,7 +350,11 @@ mod tests {
         let team = Team::new(2, Duration::from_micros(100), "t").unwrap();
         team.install(|| {
             let total = AtomicU32::new(0);
-            for_each(8, |_| for_each(4, |_| drop(total.fetch_add(1, Relaxed))));
+            for_each(8, |_| {
+                for_each(4, |_| {
+                    total.fetch_add(1, Relaxed);
+                })
+            });
             assert_eq!(total.load(Relaxed), 32);
             let r = catch_unwind(|| {
                 for_each(16, |i| {
@@ -362,7 +366,9 @@ mod tests {
             assert!(r.is_err());
             // The team still works after a task panicked.
             let count = AtomicU32::new(0);
-            for_each(16, |_| drop(count.fetch_add(1, Relaxed)));
+            for_each(16, |_| {
+                count.fetch_add(1, Relaxed);
+            });
             assert_eq!(count.load(Relaxed), 16);
         });
     }
