@@ -10,30 +10,12 @@ alternate between servers; medians. Prompts start with a fresh random prefix so 
 helps. With two servers, the ratios first/second are printed.
 """
 import argparse
-import json
 import random
 import statistics
 import threading
 import time
-import urllib.request
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
-
-
-def prompt(n_words, rng):
-    salt = " ".join(str(rng.randrange(10**6)) for _ in range(4))
-    return salt + " " + " ".join(rng.choice(WORDS) for _ in range(n_words))
-
-
-def chat(url, key, content, max_tokens):
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "n_predict": max_tokens}
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=1200) as r:
-        out = json.load(r)
-    return time.perf_counter() - t0, out["usage"]
+from inference import chat, prompt  # the same prompts and request as `make bench`
 
 
 def status_kb(pid, field):

@@ -320,23 +320,16 @@ impl EngineLoop {
             }
         }
         let (tok, cfg, metrics) = (&*self.tok, &self.model.config, &*self.metrics);
-        // Sampled in parallel, one task per sequence; each task locks only its own sequence.
-        let seqs: Vec<std::sync::Mutex<&mut Seq>> =
-            self.running.iter_mut().chain(forks.iter_mut()).map(std::sync::Mutex::new).collect();
-        let done: Vec<std::sync::atomic::AtomicBool> = seqs.iter().map(|_| Default::default()).collect();
-        team::for_each(seqs.len(), |i| {
-            let mut seq = seqs[i].lock().unwrap_or_else(|p| p.into_inner());
-            let Some(row) = slot_of.get(&seq.id).and_then(|s| logits[*s].last()) else { return };
-            if seq.sample_and_emit(row, tok, cfg, metrics) {
-                done[i].store(true, std::sync::atomic::Ordering::Relaxed);
+        // Sampled in parallel, one task per sequence and its "finished" flag.
+        let mut seqs: Vec<(&mut Seq, bool)> =
+            self.running.iter_mut().chain(forks.iter_mut()).map(|s| (s, false)).collect();
+        team::for_each_chunk_mut(&mut seqs, 1, |_, one| {
+            let (seq, finished) = &mut one[0];
+            if let Some(row) = slot_of.get(&seq.id).and_then(|s| logits[*s].last()) {
+                *finished = seq.sample_and_emit(row, tok, cfg, metrics);
             }
         });
-        let finished: Vec<SeqId> = seqs
-            .into_iter()
-            .zip(done)
-            .filter(|(_, d)| d.load(std::sync::atomic::Ordering::Relaxed))
-            .map(|(s, _)| s.into_inner().unwrap_or_else(|p| p.into_inner()).id)
-            .collect();
+        let finished: Vec<SeqId> = seqs.into_iter().filter(|(_, f)| *f).map(|(s, _)| s.id).collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));
         self.metrics.step(started.elapsed());

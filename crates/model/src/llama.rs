@@ -343,18 +343,17 @@ impl Llama {
             // value vector is then loaded once per group, not once per head.
             let per = group.min(kernels::MAX_GROUP);
             let mut scores = vec![0f32; per * n_ctx.next_multiple_of(kernels::KEY_TILE)];
-            let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
-            let qs: Vec<&[f32]> = q_row.chunks_exact(hd).collect();
             for kv_head in 0..c.n_kv_head {
                 for h0 in (kv_head * group..(kv_head + 1) * group).step_by(per) {
                     let h1 = (h0 + per).min((kv_head + 1) * group);
                     kernels::attend_group(
-                        &qs[h0..h1],
+                        &q_row[h0 * hd..h1 * hd],
+                        h1 - h0,
                         cache.head(li, kv_head, hd),
                         first..n_ctx,
                         scale,
                         &mut scores,
-                        &mut outs[h0..h1],
+                        &mut out[h0 * hd..h1 * hd],
                     );
                 }
             }

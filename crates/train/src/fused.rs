@@ -254,7 +254,8 @@ impl candle_core::CustomOp3 for SegmentAttention {
         // (straight through the rounding).
         let (mut kv, mut vv) = (values(k)?, values(v)?);
         if self.kv_as_cached {
-            (kv, vv) = (as_cached(&kv), as_cached(&vv));
+            tandem_model::kv::round_as_cached(&mut kv);
+            tandem_model::kv::round_as_cached(&mut vv);
         }
         let (mut dq, mut dk, mut dv) = (vec![0f32; qv.len()], vec![0f32; kv.len()], vec![0f32; vv.len()]);
         causal::backward(&qv, &kv, &vv, &gv, &mut dq, &mut dk, &mut dv, &self.segments, self.heads);

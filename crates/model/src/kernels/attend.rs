@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use super::cpu::{cpu, Avx2Fma, Avx512F};
-use super::exp_approx;
+use super::exp_normalize;
 use half::f16;
 use std::ops::Range;
 
@@ -102,26 +102,31 @@ pub const MAX_GROUP: usize = 4;
 /// attention), over the same positions: each key and value vector is loaded once for all of
 /// them instead of once per head, which is what long prompts' attention is bound by (81% of a
 /// 4,096-token prefill was the one-head kernel, reloading the same tiles for each head of a
-/// group). `qs[i]` and `outs[i]` are head `i`'s query and output; `scores` holds
-/// `qs.len()` times the scratch [`attend`] needs. Results equal [`attend`]'s per head up to
-/// float reassociation.
+/// group). `qs` holds the `heads` queries one after another (as the heads of a group lie in a
+/// row of q) and `outs` receives their outputs likewise; `scores` holds `heads` times the
+/// scratch [`attend`] needs. Results equal [`attend`]'s per head up to float reassociation.
 pub fn attend_group(
-    qs: &[&[f32]],
+    qs: &[f32],
+    heads: usize,
     kv: HeadKv<'_>,
     positions: Range<usize>,
     scale: f32,
     scores: &mut [f32],
-    outs: &mut [&mut [f32]],
+    outs: &mut [f32],
 ) {
-    let heads = qs.len();
-    assert!((1..=MAX_GROUP).contains(&heads) && outs.len() == heads, "{heads} heads, {} outputs", outs.len());
+    assert!((1..=MAX_GROUP).contains(&heads), "{heads} heads in a group");
+    assert!(
+        qs.len().is_multiple_of(heads) && outs.len() == qs.len(),
+        "{} query and {} output values",
+        qs.len(),
+        outs.len()
+    );
     let (first, n_ctx) = (positions.start, positions.end);
     assert!(first < n_ctx, "empty attention range");
-    let hd = qs[0].len();
+    let hd = qs.len() / heads;
     let tiles = n_ctx.div_ceil(KEY_TILE);
     let span = tiles * KEY_TILE;
     assert!(scores.len() >= heads * span, "scores scratch too short");
-    assert!(qs.iter().all(|q| q.len() == hd) && outs.iter().all(|o| o.len() == hd), "head sizes differ");
     let shared = kv.shared_tiles.min(tiles);
     assert!(shared == 0 || kv.tile(shared - 1).len() >= hd * KEY_TILE, "shared key tiles too short");
     assert!(tiles == shared || kv.tile(tiles - 1).len() >= hd * KEY_TILE, "key tiles too short");
@@ -148,7 +153,7 @@ pub fn attend_group(
         }
         return;
     }
-    for (i, (q, out)) in qs.iter().zip(outs.iter_mut()).enumerate() {
+    for (i, (q, out)) in qs.chunks_exact(hd).zip(outs.chunks_exact_mut(hd)).enumerate() {
         attend(q, kv, positions.clone(), scale, &mut scores[i * span..(i + 1) * span], out);
     }
 }
@@ -177,47 +182,17 @@ pub(crate) fn attend_generic(
             *s = a * scale;
         }
     }
-    let inv = softmax_in_place(&mut scores[first..n_ctx]);
+    exp_normalize(&mut scores[first..n_ctx], 1.0);
     out.fill(0.0);
     let mut s = scores[first..n_ctx].iter();
     for (values, count) in kv.value_segments(first, n_ctx) {
         for (p, s) in s.by_ref().take(count).enumerate() {
-            let w = s * inv;
+            let w = *s;
             for (o, x) in out.iter_mut().zip(&values[p * kv.stride..p * kv.stride + hd]) {
                 *o += w * x.to_f32();
             }
         }
     }
-}
-
-/// `s <- exp(s - max)`, returning `1 / sum` (the caller folds it into the value weights). Sixteen
-/// partial maxima and sums so that both loops vectorise (one running max and sum are serial
-/// scalar chains: they were ~40% of a long prompt's attention).
-#[inline(always)]
-fn softmax_in_place(s: &mut [f32]) -> f32 {
-    const L: usize = 16;
-    let split = s.len() / L * L;
-    let mut m = [f32::NEG_INFINITY; L];
-    for chunk in s[..split].chunks_exact(L) {
-        for l in 0..L {
-            m[l] = m[l].max(chunk[l]);
-        }
-    }
-    let max = s[split..].iter().chain(&m).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut sums = [0f32; L];
-    for chunk in s[..split].chunks_exact_mut(L) {
-        for l in 0..L {
-            let e = exp_approx(chunk[l] - max);
-            chunk[l] = e;
-            sums[l] += e;
-        }
-    }
-    let mut sum = sums.iter().sum::<f32>();
-    for v in &mut s[split..] {
-        *v = exp_approx(*v - max);
-        sum += *v;
-    }
-    1.0 / sum
 }
 
 /// [`attend_generic`] compiled with AVX2 and FMA enabled.
@@ -240,7 +215,7 @@ unsafe fn attend_avx2(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{f16, softmax_in_place, Avx512F, HeadKv, KEY_TILE};
+    use super::{exp_normalize, f16, Avx512F, HeadKv, KEY_TILE};
     use std::arch::x86_64::*;
 
     /// 16 f16 values from `p` widened to f32.
@@ -304,12 +279,12 @@ mod avx512 {
             }
             j += if two { 2 } else { 1 };
         }
-        let inv = softmax_in_place(&mut scores[first..n_ctx]);
+        exp_normalize(&mut scores[first..n_ctx], 1.0);
         let mut acc = [_mm512_setzero_ps(); V];
         let mut s = scores[first..n_ctx].iter();
         for (values, count) in kv.value_segments(first, n_ctx) {
             for (p, s) in s.by_ref().take(count).enumerate() {
-                let w = _mm512_set1_ps(s * inv);
+                let w = _mm512_set1_ps(*s);
                 let row = values[p * kv.stride..p * kv.stride + hd].as_ptr();
                 for (v, a) in acc.iter_mut().enumerate() {
                     // SAFETY: the value row holds hd = 16 * V values.
@@ -329,26 +304,26 @@ mod avx512 {
     /// loaded once for all heads.
     ///
     /// # Safety
-    /// As [`attend`], for every head: `qs[r]` and `outs[r]` hold `16 * V` floats, `scores` at
+    /// As [`attend`], for every head: `qs` and `outs` hold `R * 16 * V` floats, `scores` at
     /// least `R` times `n_ctx` rounded up to whole tiles (`attend_group` asserts all of it), and
     /// `first < n_ctx`.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // one index into several arrays
     pub(super) unsafe fn attend_group<const R: usize, const V: usize>(
         _: Avx512F,
-        qs: &[&[f32]],
+        qs: &[f32],
         kv: HeadKv<'_>,
         first: usize,
         n_ctx: usize,
         scale: f32,
         scores: &mut [f32],
-        outs: &mut [&mut [f32]],
+        outs: &mut [f32],
     ) {
         let hd = 16 * V;
         let tiles = n_ctx.div_ceil(KEY_TILE);
         let span = tiles * KEY_TILE;
         let sc = _mm512_set1_ps(scale);
-        let q: [&[f32]; R] = std::array::from_fn(|r| &qs[r][..hd]);
+        let q: [&[f32]; R] = std::array::from_fn(|r| &qs[r * hd..(r + 1) * hd]);
         let mut j = first / KEY_TILE;
         while j < tiles {
             let two = j + 1 < tiles;
@@ -377,15 +352,14 @@ mod avx512 {
             }
             j += if two { 2 } else { 1 };
         }
-        let mut inv = [0f32; R];
-        for (r, inv) in inv.iter_mut().enumerate() {
-            *inv = softmax_in_place(&mut scores[r * span + first..r * span + n_ctx]);
+        for r in 0..R {
+            exp_normalize(&mut scores[r * span + first..r * span + n_ctx], 1.0);
         }
         let mut acc = [[_mm512_setzero_ps(); V]; R];
         let mut p_all = first;
         for (values, count) in kv.value_segments(first, n_ctx) {
             for p in 0..count {
-                let w: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(scores[r * span + p_all] * inv[r]));
+                let w: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(scores[r * span + p_all]));
                 let row = values[p * kv.stride..p * kv.stride + hd].as_ptr();
                 for v in 0..V {
                     // SAFETY: the value row holds hd = 16 * V values.
@@ -398,7 +372,7 @@ mod avx512 {
             }
         }
         for (r, acc) in acc.iter().enumerate() {
-            let out = &mut outs[r][..hd];
+            let out = &mut outs[r * hd..(r + 1) * hd];
             for (v, a) in acc.iter().enumerate() {
                 // SAFETY: out holds hd floats.
                 unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * v), *a) };

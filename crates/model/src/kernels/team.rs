@@ -113,14 +113,6 @@ impl Team {
         Ok(Team { shared, helpers, threads })
     }
 
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    pub fn spin(&self) -> Duration {
-        self.shared.spin
-    }
-
     /// Runs `f` with this thread leading the team: [`for_each`] calls made by `f` on this
     /// thread use the team.
     pub fn install<R>(&self, f: impl FnOnce() -> R) -> R {

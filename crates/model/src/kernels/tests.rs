@@ -231,13 +231,12 @@ fn grouped_attention_matches_one_head_at_a_time() {
         for c in [&private, &cache] {
             for (first, n_ctx) in [(0usize, 1usize), (0, 16), (0, 17), (3, 33), (16, 48), (40, 53), (0, 53)] {
                 for heads in 1..=MAX_GROUP {
-                    let qs: Vec<&[f32]> = qs_all.chunks_exact(hd).take(heads).collect();
+                    let qs = &qs_all[..heads * hd];
                     let span = n_ctx.next_multiple_of(KEY_TILE);
                     let mut scores = vec![0f32; heads * span];
                     let mut outs_buf = vec![0f32; heads * hd];
-                    let mut outs: Vec<&mut [f32]> = outs_buf.chunks_exact_mut(hd).collect();
-                    attend_group(&qs, c.head(0, 1, hd), first..n_ctx, 0.125, &mut scores, &mut outs);
-                    for (h, q) in qs.iter().enumerate() {
+                    attend_group(qs, heads, c.head(0, 1, hd), first..n_ctx, 0.125, &mut scores, &mut outs_buf);
+                    for (h, q) in qs.chunks_exact(hd).enumerate() {
                         let mut one = vec![0f32; hd];
                         attend(q, c.head(0, 1, hd), first..n_ctx, 0.125, &mut scores[..span], &mut one);
                         for d in 0..hd {
