@@ -180,11 +180,20 @@ pub(crate) const NODE_COLUMNS: &str = "id, name, role, version, started_at, hear
 /// (id, name, role, version, started_at, heartbeat_at, busy, draining)
 pub(crate) type NodeRow = (String, String, String, String, i64, i64, bool, bool);
 
-/// A registry row as a record, alive when it beat within [`crate::NODE_ALIVE_MS`] of `now`.
-pub(crate) fn node_record(row: NodeRow, now: i64) -> crate::NodeRecord {
-    let (id, name, role, version, started_at, heartbeat_at, busy, draining) = row;
-    let alive = heartbeat_at >= now - crate::NODE_ALIVE_MS;
-    crate::NodeRecord { id, name, role, version, started_at, heartbeat_at, busy, draining, alive }
+/// Registry rows as records. A row is alive when it beat within [`crate::NODE_ALIVE_MS`] of `now`
+/// and no node of the same name started after its last beat: a restarted node (same name, or the
+/// default host:port, which only one live process can hold) replaces the one it restarts at once,
+/// rather than listing a killed process as alive for three more beats. Two live processes that
+/// share a name by mistake both keep beating after each other's start, so both stay alive.
+pub(crate) fn node_records(rows: Vec<NodeRow>, now: i64) -> Vec<crate::NodeRecord> {
+    let starts: Vec<(String, i64)> = rows.iter().map(|r| (r.1.clone(), r.4)).collect();
+    rows.into_iter()
+        .map(|(id, name, role, version, started_at, heartbeat_at, busy, draining)| {
+            let replaced = starts.iter().any(|(n, s)| *n == name && *s > started_at && *s > heartbeat_at);
+            let alive = heartbeat_at >= now - crate::NODE_ALIVE_MS && !replaced;
+            crate::NodeRecord { id, name, role, version, started_at, heartbeat_at, busy, draining, alive }
+        })
+        .collect()
 }
 
 /// The bytes a dataset's row holds: the file, or nothing when the blob store has it.
@@ -207,5 +216,40 @@ pub(crate) fn dataset_data(data: Vec<u8>, blob_key: Option<String>, size: i64) -
     match blob_key {
         Some(key) => crate::DatasetData::Blob { key, size },
         None => crate::DatasetData::Inline(data),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, name: &str, started_at: i64, heartbeat_at: i64) -> NodeRow {
+        (id.into(), name.into(), "trainer".into(), "0".into(), started_at, heartbeat_at, false, false)
+    }
+
+    fn alive(rows: Vec<NodeRow>, now: i64) -> Vec<(String, bool)> {
+        node_records(rows, now).into_iter().map(|n| (n.id, n.alive)).collect()
+    }
+
+    #[test]
+    fn a_restarted_node_replaces_the_one_it_restarts() {
+        // Killed at 10 s (last beat), restarted under its name at 12 s, listed at 14 s: the old
+        // row's beat is recent, but a node of its name started after it.
+        let rows = vec![row("old", "t2", 0, 10_000), row("new", "t2", 12_000, 13_000), row("t1", "t1", 0, 13_500)];
+        assert_eq!(alive(rows, 14_000), [("old".into(), false), ("new".into(), true), ("t1".into(), true)]);
+    }
+
+    #[test]
+    fn two_live_nodes_sharing_a_name_both_stay_alive() {
+        // Both beat after the other started: neither replaced the other.
+        let rows = vec![row("a", "x", 0, 13_000), row("b", "x", 12_000, 13_500)];
+        assert_eq!(alive(rows, 14_000), [("a".into(), true), ("b".into(), true)]);
+    }
+
+    #[test]
+    fn silence_for_three_beats_is_gone() {
+        let now = 100_000;
+        let rows = vec![row("a", "a", 0, now - crate::NODE_ALIVE_MS), row("b", "b", 0, now - crate::NODE_ALIVE_MS - 1)];
+        assert_eq!(alive(rows, now), [("a".into(), true), ("b".into(), false)]);
     }
 }

@@ -2,7 +2,7 @@
 //! need not agree.
 
 use super::DB_NOW_MS;
-use crate::codec::{node_record, NodeRow, NODE_COLUMNS};
+use crate::codec::{node_records, NodeRow, NODE_COLUMNS};
 use crate::{NodeBeat, NodeRecord, Result, StoreError, NODE_LISTED_MS};
 use sqlx::PgPool;
 
@@ -32,7 +32,7 @@ pub(crate) async fn list(pool: &PgPool, which: Option<&str>) -> Result<Vec<NodeR
          ORDER BY name, started_at"
     );
     let rows: Vec<NodeRow> = sqlx::query_as(&sql).bind(now - NODE_LISTED_MS).bind(which).fetch_all(pool).await?;
-    Ok(rows.into_iter().map(|r| node_record(r, now)).collect())
+    Ok(node_records(rows, now))
 }
 
 pub(crate) async fn set_draining(pool: &PgPool, which: &str, draining: bool) -> Result<Vec<NodeRecord>> {

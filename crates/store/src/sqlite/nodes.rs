@@ -1,6 +1,6 @@
 //! The node registry in SQLite (one process: its own row, so that both backends answer alike).
 
-use crate::codec::{node_record, NodeRow, NODE_COLUMNS};
+use crate::codec::{node_records, NodeRow, NODE_COLUMNS};
 use crate::{now_ms, NodeBeat, NodeRecord, Result, StoreError, NODE_LISTED_MS};
 use sqlx::SqlitePool;
 
@@ -31,7 +31,7 @@ pub(crate) async fn list(pool: &SqlitePool, which: Option<&str>) -> Result<Vec<N
          ORDER BY name, started_at"
     );
     let rows: Vec<NodeRow> = sqlx::query_as(&sql).bind(now - NODE_LISTED_MS).bind(which).fetch_all(pool).await?;
-    Ok(rows.into_iter().map(|r| node_record(r, now)).collect())
+    Ok(node_records(rows, now))
 }
 
 pub(crate) async fn set_draining(pool: &SqlitePool, which: &str, draining: bool) -> Result<Vec<NodeRecord>> {
