@@ -5,7 +5,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-training bench-rl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -198,6 +198,11 @@ bench-pipeline: model $(ARTBENCHENV)/.ok-$(ART23_VERSION)-$(PYARROW_VERSION)
 bench-rl: model
 	bash bench/run-rl-step.sh
 
+## bench-rl-trl: the whole RL loop (ART 0.5.23 driving tandem) against TRL's GRPOTrainer on the CPU:
+## wall time to the same held-out reward gain on a verifiable task (bench/rl_trl.py)
+bench-rl-trl: model $(ART23ENV)/.ok-$(ART23_VERSION)
+	bash bench/run-rl-trl.sh $(ART23ENV)/bin/python
+
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
 ## bench-cluster: aggregate throughput of api nodes sharing PostgreSQL and a blob store, 1 node vs 2
 ## (docs/deploy.md: on one machine the cores bound it, so it reports per-node efficiency)
@@ -205,7 +210,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-training bench-rl bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-training bench-rl bench-rl-trl bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

@@ -1,7 +1,7 @@
 """ART's asynchronous `PipelineTrainer` against its synchronous loop, both through ART 0.5.23's
 `ServerlessBackend` pointed at one tandem server: trained trajectories per minute.
 
-    target/art23env/bin/python bench/pipeline.py URL KEY [--steps 6]
+    target/art23env/bin/python bench/pipeline.py URL KEY [--steps 6] [--pid PID]
 
 The task: a yes/no/maybe prompt, reward by the first word (maybe 1, no 0.75, yes 0.5, else 0),
 GROUPS groups of ROLLOUTS rollouts a step (n = ROLLOUTS in one request), up to 8 tokens each.
@@ -10,7 +10,9 @@ The synchronous loop rolls out a step's groups, trains on them, then rolls out t
 previous batch trains (at most `max_steps_off_policy` behind). Both run the same number of steps
 with the same batch size; each run's model is fresh. A trained trajectory is one in a group whose
 rewards differ (the pipeline drops the others before training; the loop trains them, to no
-effect). Prints both rates and their ratio.
+effect). Prints both rates and their ratio, and with --pid (the server's) how busy each run kept the
+machine: the server's CPU seconds over the wall time times the cores. A loop that already keeps
+the cores busy leaves a pipeline nothing to overlap.
 """
 import os
 
@@ -105,11 +107,19 @@ async def pipelined(backend, steps, base_path):
     return step * GROUPS * ROLLOUTS, secs, step
 
 
+def cpu_seconds(pid):
+    """The process's user + system CPU time (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
     ap.add_argument("key")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--pid", type=int)
     args = ap.parse_args()
     backend = art.ServerlessBackend(base_url=args.url + "/v1", api_key=args.key)
     with tempfile.TemporaryDirectory() as base_path:
@@ -117,10 +127,15 @@ async def main():
         await synchronous(backend, 1, base_path)
         results = {}
         for name, run in (("synchronous", synchronous), ("pipeline", pipelined)):
+            cpu = cpu_seconds(args.pid) if args.pid else None
             trained, secs, step = await run(backend, args.steps, base_path)
             results[name] = trained / secs * 60
+            busy = ""
+            if cpu is not None:
+                used = cpu_seconds(args.pid) - cpu
+                busy = f", server CPU {used:.1f} s = {used / (secs * os.cpu_count()):.0%} of {os.cpu_count()} cores"
             print(f"{name:12} {trained} trajectories trained in {secs:6.1f} s (step {step}): "
-                  f"{results[name]:6.1f} trajectories/min")
+                  f"{results[name]:6.1f} trajectories/min{busy}")
     print(f"pipeline / synchronous = {results['pipeline'] / results['synchronous']:.2f}x")
 
 

@@ -14,4 +14,4 @@ RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8108 --
 pid=$!
 trap 'kill $pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8108
-"$python" bench/pipeline.py http://127.0.0.1:8108 bench --steps "$STEPS"
+"$python" bench/pipeline.py http://127.0.0.1:8108 bench --steps "$STEPS" --pid $pid

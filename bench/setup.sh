@@ -1,7 +1,7 @@
 # Sourced by the bench scripts: builds llama.cpp's server and the PyTorch environment once, into
 # target/. llama.cpp comes from the source vendored in the llama-cpp-python sdist on PyPI (Debian
 # has no package); PyTorch, transformers and PEFT from PyPI (the CUDA build: ~4 GB, runs on the
-# CPU). Each function prints the path of what it built on stdout (everything else to stderr).
+# CPU), and TRL for `make bench-rl-trl`. Each function prints the path of what it built on stdout (everything else to stderr).
 LLAMA_VERSION=${LLAMA_VERSION:-0.3.36}
 
 llama_server() {
@@ -33,11 +33,13 @@ llama_server() {
   echo "$server"
 }
 
+TRL_VERSION=${TRL_VERSION:-1.16.0}
+
 torch_python() {
   local venv=target/torchenv
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch, transformers, peft, gguf" 2>/dev/null; then
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch, transformers, peft, gguf, trl; assert trl.__version__ == '$TRL_VERSION'" 2>/dev/null; then
     python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install --quiet torch transformers peft gguf accelerate >&2
+    "$venv/bin/pip" install --quiet torch transformers peft gguf accelerate "trl==$TRL_VERSION" >&2
   fi
   echo "$venv/bin/python"
 }
