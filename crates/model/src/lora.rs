@@ -9,28 +9,42 @@
 use crate::{LlamaConfig, ModelError};
 use std::path::Path;
 
-/// One adapted projection: `a` is (r, in), `b` is (out, r), both row-major f32.
+/// One adapted projection: `a` is (r, in), `b` is (out, r), both row-major f32; `bt` is `b`
+/// transposed, (r, out), so that `B (A x)` is r contiguous `axpy`s over the output row (the
+/// compiler vectorises them) rather than `out` dot products of length r.
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     pub rank: usize,
     pub in_dim: usize,
     pub a: Vec<f32>,
     pub b: Vec<f32>,
+    bt: Vec<f32>,
 }
 
 impl LoraPair {
+    pub fn new(rank: usize, a: Vec<f32>, b: Vec<f32>) -> Self {
+        let out = b.len() / rank.max(1);
+        let mut bt = vec![0f32; b.len()];
+        for (o, row) in b.chunks_exact(rank.max(1)).enumerate() {
+            for (r, v) in row.iter().enumerate() {
+                bt[r * out + o] = *v;
+            }
+        }
+        LoraPair { rank, in_dim: a.len() / rank.max(1), a, b, bt }
+    }
+
     pub fn out_dim(&self) -> usize {
         self.b.len() / self.rank
     }
 
     /// `out += scale * B (A x)`.
     pub fn apply(&self, x: &[f32], out: &mut [f32], scale: f32) {
-        let mut ax = vec![0f32; self.rank];
-        for (r, v) in ax.iter_mut().enumerate() {
-            *v = crate::kernels::dot(&self.a[r * self.in_dim..(r + 1) * self.in_dim], x) * scale;
-        }
-        for (o, brow) in out.iter_mut().zip(self.b.chunks_exact(self.rank)) {
-            *o += crate::kernels::dot(brow, &ax);
+        let n = out.len();
+        for r in 0..self.rank {
+            let ax = crate::kernels::dot(&self.a[r * self.in_dim..(r + 1) * self.in_dim], x) * scale;
+            for (o, b) in out.iter_mut().zip(&self.bt[r * n..(r + 1) * n]) {
+                *o += ax * b;
+            }
         }
     }
 }
@@ -69,7 +83,7 @@ impl LoraAdapter {
             .into_iter()
             .map(|layer| {
                 let [q, k, v, o, gate, up, down] =
-                    layer.map(|p| p.map(|p| LoraPair { rank, in_dim: p.a.len() / rank, a: p.a, b: p.b }));
+                    layer.map(|p| p.map(|p| LoraPair::new(rank, p.a, p.b)));
                 LoraLayer { q, k, v, o, gate, up, down }
             })
             .collect();
@@ -86,4 +100,20 @@ pub fn hf_to_gguf_rows(m: &[f32], heads: usize, head_dim: usize, cols: usize) ->
 /// The inverse of [`hf_to_gguf_rows`], for saving adapters in PEFT's layout.
 pub fn gguf_to_hf_rows(m: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
     crate::arch::pairs_to_halves(m, heads, head_dim, cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LoraPair;
+
+    #[test]
+    fn apply_adds_scaled_b_of_a_x() {
+        // A (2 x 3), B (2 x 2): A x = [1*1 + 2*0 + 3*-1, 0*1 + 1*0 + 1*-1] = [-2, -1];
+        // scale 0.5 -> [-1, -0.5]; B [-1, -0.5] = [1*-1 + 2*-0.5, 3*-1 + 4*-0.5] = [-2, -5].
+        let pair = LoraPair::new(2, vec![1.0, 2.0, 3.0, 0.0, 1.0, 1.0], vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!((pair.in_dim, pair.out_dim()), (3, 2));
+        let mut out = vec![10.0, 20.0];
+        pair.apply(&[1.0, 0.0, -1.0], &mut out, 0.5);
+        assert_eq!(out, [8.0, 15.0]);
+    }
 }

@@ -91,12 +91,7 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
     let (m, c) = (&loaded.model, loaded.model.config.clone());
     let tokens: Vec<u32> = vec![504, 3575, 282, 4649, 314];
     let pair = |i: usize, o: usize, b: f32| {
-        Some(LoraPair {
-            rank: 8,
-            in_dim: i,
-            a: (0..8 * i).map(|x| ((x % 7) as f32 - 3.0) * 0.01).collect(),
-            b: vec![b; o * 8],
-        })
+        Some(LoraPair::new(8, (0..8 * i).map(|x| ((x % 7) as f32 - 3.0) * 0.01).collect(), vec![b; o * 8]))
     };
     let adapter = |b: f32| LoraAdapter {
         layers: (0..c.n_layer)
