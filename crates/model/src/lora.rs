@@ -82,8 +82,7 @@ impl LoraAdapter {
             .layers
             .into_iter()
             .map(|layer| {
-                let [q, k, v, o, gate, up, down] =
-                    layer.map(|p| p.map(|p| LoraPair::new(rank, p.a, p.b)));
+                let [q, k, v, o, gate, up, down] = layer.map(|p| p.map(|p| LoraPair::new(rank, p.a, p.b)));
                 LoraLayer { q, k, v, o, gate, up, down }
             })
             .collect();
