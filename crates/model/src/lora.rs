@@ -9,19 +9,19 @@
 use crate::{LlamaConfig, ModelError};
 use std::path::Path;
 
-/// One adapted projection: `a` is (r, in), `b` is (out, r), both row-major f32; `bt` is `b`
-/// transposed, (r, out), so that `B (A x)` is r contiguous `axpy`s over the output row (the
-/// compiler vectorises them) rather than `out` dot products of length r.
+/// One adapted projection: `a` is (r, in), row-major f32, and B (out, r) is kept transposed as
+/// `bt` (r, out), so that `B (A x)` is r contiguous `axpy`s over the output row (the compiler
+/// vectorises them) rather than `out` dot products of length r.
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     pub rank: usize,
     pub in_dim: usize,
     pub a: Vec<f32>,
-    pub b: Vec<f32>,
     bt: Vec<f32>,
 }
 
 impl LoraPair {
+    /// From `a` (r, in) and `b` (out, r), both row-major as PEFT stores them.
     pub fn new(rank: usize, a: Vec<f32>, b: Vec<f32>) -> Self {
         let out = b.len() / rank.max(1);
         let mut bt = vec![0f32; b.len()];
@@ -30,11 +30,11 @@ impl LoraPair {
                 bt[r * out + o] = *v;
             }
         }
-        LoraPair { rank, in_dim: a.len() / rank.max(1), a, b, bt }
+        LoraPair { rank, in_dim: a.len() / rank.max(1), a, bt }
     }
 
     pub fn out_dim(&self) -> usize {
-        self.b.len() / self.rank
+        self.bt.len() / self.rank
     }
 
     /// `out += scale * B (A x)`.
