@@ -100,7 +100,7 @@ async def tandem(args):
             await backend.train(model, groups, learning_rate=args.learning_rate)
             wall += time.perf_counter() - t
             phases.append((rolled - t, time.perf_counter() - rolled))
-            rewards.append(sum(t.reward for g in groups for t in g.trajectories) / (PROMPTS * ROLLOUTS))
+            rewards.append(sum(traj.reward for g in groups for traj in g.trajectories) / (PROMPTS * ROLLOUTS))
             curve.append((step + 1, wall, await evaluate()))
             print(f"tandem run {index} step {step + 1}: {wall:6.1f} s (rollouts {phases[-1][0]:.1f} s, "
                   f"train {phases[-1][1]:.1f} s), train reward {rewards[-1]:.3f}, held-out {curve[-1][2]:.3f}",
@@ -132,7 +132,6 @@ def trl(args):
     model = os.path.abspath(args.out + "-model")
     if not os.path.exists(os.path.join(model, "config.json")):
         loaded = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
-        loaded.config.quantization_config = None
         del loaded.config.quantization_config
         plain = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
         plain.load_state_dict(loaded.state_dict())

@@ -9,9 +9,7 @@ python=$1
 source bench/setup.sh
 cargo build --release --bin tandem -q
 data=$(mktemp -d)
-RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8108 --data-dir "$data" --model "$MODEL" \
-  --api-key bench >/dev/null 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; rm -rf "$data"' EXIT
+start_tandem 8108 "$data"
+trap 'kill $tandem_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8108
-"$python" bench/pipeline.py http://127.0.0.1:8108 bench --steps "$STEPS" --pid $pid
+"$python" bench/pipeline.py http://127.0.0.1:8108 bench --steps "$STEPS" --pid $tandem_pid

@@ -13,9 +13,7 @@ python=$(torch_python)
 cargo build --release --bin tandem -q
 
 data=$(mktemp -d)
-RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8104 --data-dir "$data" --model "$MODEL" \
-  --api-key bench >/dev/null 2>&1 &
-tandem_pid=$!
+start_tandem 8104 "$data"
 "$server" -m "$MODEL" -t 2 -np 32 -cb -c 16384 --port 8105 --api-key bench >/dev/null 2>&1 &
 llama_pid=$!
 trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT

@@ -46,8 +46,7 @@ PY
 
 # Inference while a job trains: single-stream decode before and during a training job.
 data=$(mktemp -d)
-RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8103 --data-dir "$data" --model "$MODEL" --api-key bench >/dev/null 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; rm -rf "$data"' EXIT
+start_tandem 8103 "$data"
+trap 'kill $tandem_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8103
 python3 bench/training_interference.py http://127.0.0.1:8103 bench

@@ -1,7 +1,8 @@
 # Sourced by the bench scripts: builds llama.cpp's server and the PyTorch environment once, into
 # target/. llama.cpp comes from the source vendored in the llama-cpp-python sdist on PyPI (Debian
 # has no package); PyTorch, transformers and PEFT from PyPI (the CUDA build: ~4 GB, runs on the
-# CPU), and TRL for `make bench-rl-trl`. Each function prints the path of what it built on stdout (everything else to stderr).
+# CPU), and TRL for `make bench-rl-trl`. Each function prints the path of what it built on stdout
+# (everything else to stderr).
 LLAMA_VERSION=${LLAMA_VERSION:-0.3.36}
 
 llama_server() {
@@ -42,6 +43,17 @@ torch_python() {
     "$venv/bin/pip" install --quiet torch transformers peft gguf accelerate "trl==$TRL_VERSION" >&2
   fi
   echo "$venv/bin/python"
+}
+
+# Starts the release build of tandem in the background as the benches run it (2 threads, key
+# "bench", $MODEL) on port $1 with data directory $2, any further arguments as extra flags; its
+# pid is left in $tandem_pid.
+start_tandem() {
+  local port=$1 data=$2
+  shift 2
+  RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port "$port" --data-dir "$data" \
+    --model "$MODEL" --api-key bench "$@" >/dev/null 2>&1 &
+  tandem_pid=$!
 }
 
 wait_healthy() {

@@ -21,16 +21,17 @@ pub struct LoraPair {
 }
 
 impl LoraPair {
-    /// From `a` (r, in) and `b` (out, r), both row-major as PEFT stores them.
+    /// From `a` (r, in) and `b` (out, r), both row-major as PEFT stores them (`peft::read` has
+    /// checked that r >= 1).
     pub fn new(rank: usize, a: Vec<f32>, b: Vec<f32>) -> Self {
-        let out = b.len() / rank.max(1);
+        let out = b.len() / rank;
         let mut bt = vec![0f32; b.len()];
-        for (o, row) in b.chunks_exact(rank.max(1)).enumerate() {
+        for (o, row) in b.chunks_exact(rank).enumerate() {
             for (r, v) in row.iter().enumerate() {
                 bt[r * out + o] = *v;
             }
         }
-        LoraPair { rank, in_dim: a.len() / rank.max(1), a, bt }
+        LoraPair { rank, in_dim: a.len() / rank, a, bt }
     }
 
     pub fn out_dim(&self) -> usize {
