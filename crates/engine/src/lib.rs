@@ -7,12 +7,15 @@
 //! - [`prefix`]: the prefix cache.
 //! - `engine`, `sequence`: the loop and the per-choice state machine.
 //! - [`metrics`]: Prometheus series.
+//! - [`inspect`]: what a model file is, and the checks made before its weights load.
 
 mod engine;
 mod grammar;
+pub mod inspect;
 mod lark;
 pub mod metrics;
 pub mod prefix;
+mod pretok;
 pub mod sampler;
 pub mod scheduler;
 mod sequence;
@@ -69,6 +72,8 @@ impl Engine {
         quantize: tandem_model::Quantize,
         config: EngineConfig,
     ) -> Result<(), EngineError> {
+        // Refuse what cannot be served before reading any weights.
+        inspect::preflight(path)?;
         let loaded = tandem_model::load_model(path, quantize)?;
         self.add_model(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, config)
     }

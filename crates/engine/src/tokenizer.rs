@@ -3,8 +3,8 @@
 //! candle's GGUF tokenizer is wrong for SmolLM2 (it adds a prefix space and mangles text after
 //! special tokens), so the tokenizer is assembled here as a Hugging Face `tokenizer.json` from the
 //! metadata and loaded with the `tokenizers` crate: byte-level BPE from `tokenizer.ggml.tokens` and
-//! `merges`, the pre-tokenizer that `tokenizer.ggml.pre` names, and token types 3 (control) and 4
-//! (user-defined) as special added tokens.
+//! `merges`, the pre-tokenizer that `tokenizer.ggml.pre` names (`pretok.rs`), and token types 3
+//! (control: special) and 4 (user-defined: matched whole, decoded as text) as added tokens.
 //!
 //! Decoding does not go through `tokenizers`: every token's raw bytes are computed once (the
 //! inverse of GPT-2's byte-to-character map), so text is produced from bytes and a multi-byte
@@ -57,34 +57,46 @@ fn byte_to_char() -> [char; 256] {
     table
 }
 
-/// SmolLM2 and other byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`): the
-/// `tokenizer.json` spec, each token's raw bytes, and which tokens are special.
 /// A built tokenizer with each token's bytes and whether it is special.
 pub(crate) type Built<T> = Result<(T, Vec<Vec<u8>>, Vec<bool>), TokenizerError>;
 
+/// Byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`: SmolLM2, Qwen, Llama 3, DeepSeek):
+/// the `tokenizer.json` spec, each token's raw bytes, and which tokens are special.
+
 fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
-    let pre = match meta.pre.as_str() {
-        // SmolLM2: every digit on its own, then GPT-2's byte-level split without prefix space.
-        "smollm" => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": true},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}),
-        "gpt2" | "default" | "" => {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
-        }
-        other => return Err(TokenizerError::Unsupported(format!("pre-tokenizer {other:?}"))),
-    };
-    let is_special = |i: usize| matches!(meta.token_types.get(i), Some(3) | Some(4));
+    let pre = crate::pretok::lookup(&meta.pre).ok_or_else(|| {
+        TokenizerError::Unsupported(format!(
+            "tokenizer.ggml.pre = {:?} is not a pre-tokenizer tandem knows (supported: {})",
+            meta.pre,
+            crate::pretok::supported().join(", ")
+        ))
+    })?;
+    let splits: Vec<Value> = pre
+        .splits
+        .iter()
+        .map(|re| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false}))
+        .chain([json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false})])
+        .collect();
+    // Control tokens (type 3) are special; user-defined ones (type 4, such as Qwen's `<tool_call>`)
+    // are matched whole in text as well but are ordinary text when decoded, as a tokenizer.json's
+    // non-special added tokens are (vLLM keeps them with `skip_special_tokens`).
+    let ty = |i: usize| meta.token_types.get(i).copied();
+    let is_special = |i: usize| ty(i) == Some(3);
     let vocab: serde_json::Map<String, Value> =
         meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
-    let added: Vec<Value> =
-        (0..meta.tokens.len()).filter(|i| is_special(*i)).map(|i| added_token(meta, i, true)).collect();
+    let added: Vec<Value> = (0..meta.tokens.len())
+        .filter(|i| matches!(ty(*i), Some(3) | Some(4)))
+        .map(|i| added_token(meta, i, is_special(i)))
+        .collect();
+    let normalizer = if pre.nfc { json!({"type": "NFC"}) } else { Value::Null };
     let spec = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": pre, "post_processor": null,
+        "normalizer": normalizer, "pre_tokenizer": {"type": "Sequence", "pretokenizers": splits},
+        "post_processor": null,
         "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "vocab": vocab, "merges": meta.merges},
+                  "ignore_merges": pre.ignore_merges, "vocab": vocab, "merges": meta.merges},
     });
     let table = byte_to_char();
     let mut inverse: HashMap<char, u8> = HashMap::new();
@@ -95,9 +107,10 @@ fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
     let token_bytes = meta
         .tokens
         .iter()
-        .zip(&special)
-        .map(|(t, sp)| {
-            if *sp {
+        .enumerate()
+        .map(|(i, t)| {
+            // An added token's bytes are its text; the others' go through GPT-2's byte map.
+            if matches!(ty(i), Some(3) | Some(4)) {
                 t.as_bytes().to_vec()
             } else {
                 t.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect()

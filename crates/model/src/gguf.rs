@@ -51,9 +51,40 @@ fn err(e: impl std::fmt::Display) -> ModelError {
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self, ModelError> {
         let file = File::open(path).map_err(|e| ModelError::Gguf(format!("{}: {e}", path.display())))?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(err)?;
-        Ok(GgufFile { content, reader })
+        let file = GgufFile { content, reader };
+        // A truncated download is refused at once, not after minutes of loading layers.
+        let needed = file.data_end();
+        if len < needed {
+            return Err(ModelError::Gguf(format!(
+                "{}: truncated: the file has {len} bytes, its tensors end at byte {needed}",
+                path.display()
+            )));
+        }
+        Ok(file)
+    }
+
+    /// Where the last tensor's data ends, by the header.
+    pub fn data_end(&self) -> u64 {
+        let c = &self.content;
+        c.tensor_infos
+            .values()
+            .map(|t| {
+                let bytes = t.shape.elem_count() / t.ggml_dtype.block_size().max(1) * t.ggml_dtype.type_size();
+                c.tensor_data_offset.saturating_add(t.offset).saturating_add(bytes as u64)
+            })
+            .max()
+            .unwrap_or(c.tensor_data_offset)
+    }
+
+    /// Every tensor's name, stored type and dims, sorted by name.
+    pub fn tensors(&self) -> Vec<(String, candle_core::quantized::GgmlDType, Vec<usize>)> {
+        let mut all: Vec<_> =
+            self.content.tensor_infos.iter().map(|(n, t)| (n.clone(), t.ggml_dtype, t.shape.dims().to_vec())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
     }
 
     pub fn metadata(&self) -> &HashMap<String, Value> {
@@ -76,7 +107,7 @@ impl GgufFile {
         self.get(key)?.to_f32().map_err(err)
     }
 
-    fn string(&self, key: &str) -> Option<String> {
+    pub fn string(&self, key: &str) -> Option<String> {
         self.content.metadata.get(key).and_then(|v| v.to_string().ok()).cloned()
     }
 

@@ -4,6 +4,7 @@ mod cluster;
 mod config;
 mod export;
 mod keys;
+mod models;
 mod nodes;
 mod serve;
 
@@ -33,6 +34,8 @@ enum Command {
     Export(export::ExportArgs),
     /// List the cluster's nodes, or drain one.
     Nodes(nodes::NodesArgs),
+    /// Inspect a model file: what it is and whether tandem serves it.
+    Models(models::ModelsArgs),
 }
 
 /// The hidden subcommand that renders one request-supplied chat template (see
@@ -51,21 +54,38 @@ fn render_template_jailed() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with one line on stderr (the causes joined by colons) and exit code 1:
+/// an operator reads why, a script sees the failure, nobody reads a backtrace.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some(RENDER_TEMPLATE) {
         return render_template_jailed();
     }
-    let cli = Cli::parse();
+    let command = match Cli::parse().command {
+        // Reads a file and prints; no logging, no runtime.
+        Command::Models(args) => return models::run(args),
+        other => other,
+    };
     // Logs go to stderr; stdout carries only what scripts read (the address, a new key).
     let filter = EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Serve(args) => serve::run(config::ServeConfig::resolve(*args)?).await,
             Command::Keys(args) => keys::run(args).await,
             Command::Export(args) => export::run(args).await,
             Command::Nodes(args) => nodes::run(args).await,
+            Command::Models(args) => models::run(args),
         }
     })
 }

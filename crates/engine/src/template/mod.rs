@@ -1,7 +1,8 @@
 //! Chat templates: Hugging Face's Jinja dialect rendered with minijinja, built once per template.
 //!
 //! The environment matches transformers' (`trim_blocks`, `lstrip_blocks`, loop controls, Python
-//! string methods through minijinja-contrib's pycompat, `raise_exception`, `tojson`,
+//! string methods through minijinja-contrib's pycompat, `raise_exception`, transformers' `tojson`
+//! (`pyjson`: Python's `json.dumps` layout, keys in their given order),
 //! `strftime_now`). It is sandboxed by construction (no file or network access) and each render
 //! runs under a fuel limit (a bound on executed instructions, so on time) and an output cap.
 //!
@@ -12,6 +13,7 @@
 
 pub mod builtin;
 pub mod jail;
+mod pyjson;
 
 use minijinja::value::{Serde, Value as JValue};
 use minijinja::{Environment, Error as JError, ErrorKind};
@@ -137,6 +139,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", pyjson::tojson);
         env.set_fuel(Some(FUEL));
         env.add_template_owned("chat", source.to_string()).map_err(|e| TemplateError::Syntax(describe(&e)))?;
         Ok(ChatTemplate { env, format: detect_content_format(source) })
@@ -185,6 +188,7 @@ impl ChatTemplate {
 
     fn prepare_message(&self, message: &Value) -> Value {
         let mut m = message.clone();
+        arguments_as_objects(&mut m);
         if self.format == ContentFormat::String {
             if let Some(obj) = m.as_object_mut() {
                 let content = obj.get("content").cloned().unwrap_or(Value::Null);
@@ -192,6 +196,27 @@ impl ChatTemplate {
             }
         }
         m
+    }
+}
+
+/// An assistant turn's tool-call `arguments` arrive as the OpenAI JSON text; templates (Qwen's,
+/// Llama 3's, Hermes') write them with `tojson` and expect an object, as transformers documents.
+/// Like vLLM, text that parses becomes the value, and an empty or missing one becomes `{}`; text
+/// that does not parse is passed on as it is.
+fn arguments_as_objects(message: &mut Value) {
+    let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else { return };
+    for call in calls {
+        let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else { continue };
+        let parsed = match function.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
+            Some(Value::String(s)) => match serde_json::from_str(s) {
+                Ok(v) => v,
+                Err(_) => continue,
+            },
+            Some(_) => continue,
+        };
+        function.insert("arguments".into(), parsed);
     }
 }
 
