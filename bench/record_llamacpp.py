@@ -7,8 +7,9 @@ Adds to OUT.json (created if missing, other files' entries kept), under FILE_LAB
   (no BOS, special tokens written in text parsed), and which texts are not in NFC (llama.cpp skips
   Qwen's NFC normaliser, so there it parts from Hugging Face by design);
 - `greedy`: for each prompt of PROMPTS, its token ids (llama.cpp's own tokenization), the greedy
-  continuation and the 20 likeliest next tokens with their log-probabilities at every step, read
-  from the logits (not after sampling).
+  continuation (`ignore_eos`, which in llama.cpp forbids every end-of-generation token) and the 20
+  likeliest next tokens with their log-probabilities at every step, read from the raw logits (not
+  after sampling, so end-of-generation tokens appear in them).
 
 tests/python/test_qwen.py replays the prompts through tandem and checks the greedy tokens agree up
 to a near-tie and the log-probabilities are close (mean KL over llama.cpp's top 20). Run by
@@ -41,7 +42,8 @@ TOP = 20
 
 
 def post(url, path, body):
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ.get("LLAMA_KEY", "bench")}
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.load(r)
 

@@ -11,7 +11,7 @@ use tandem_model::gguf::GgufFile;
 use tandem_model::source::WeightSource;
 
 /// Stored types the kernels multiply as they are; the others are converted at load.
-const KEPT: &[&str] = &["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4K", "Q5K", "Q6K"];
+const KEPT: &[&str] = &["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"];
 
 /// The checks that need no weights: the file opens and is whole, the architecture and its shape
 /// are supported, the tokenizer builds, the chat template compiles.
@@ -36,7 +36,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -93,10 +93,16 @@ pub fn inspect(path: &Path) -> Report {
     let tensors = file.tensors();
     let mut by_type: BTreeMap<String, usize> = BTreeMap::new();
     for (_, dtype, _) in &tensors {
-        *by_type.entry(format!("{dtype:?}")).or_default() += 1;
+        // candle writes K-quants as `Q4K`; llama.cpp's names (`Q4_K`) are the ones users know.
+        let name = format!("{dtype:?}");
+        let name = match name.strip_suffix('K') {
+            Some(stem) if !stem.ends_with('_') => format!("{stem}_K"),
+            _ => name,
+        };
+        *by_type.entry(name).or_default() += 1;
     }
     let mut counts: Vec<(String, usize)> = by_type.into_iter().collect();
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     let list = |kept: bool| {
         counts
             .iter()

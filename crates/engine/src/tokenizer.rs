@@ -62,7 +62,6 @@ pub(crate) type Built<T> = Result<(T, Vec<Vec<u8>>, Vec<bool>), TokenizerError>;
 
 /// Byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`: SmolLM2, Qwen, Llama 3, DeepSeek):
 /// the `tokenizer.json` spec, each token's raw bytes, and which tokens are special.
-
 fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
     let pre = crate::pretok::lookup(&meta.pre).ok_or_else(|| {
         TokenizerError::Unsupported(format!(

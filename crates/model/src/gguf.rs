@@ -44,8 +44,14 @@ pub struct GgufFile {
     reader: BufReader<File>,
 }
 
+/// candle's errors carry the backtrace captured when `RUST_BACKTRACE` is set in their text; an
+/// operator gets the message's first line only.
 fn err(e: impl std::fmt::Display) -> ModelError {
-    ModelError::Gguf(e.to_string())
+    ModelError::Gguf(first_line(&e))
+}
+
+fn first_line(e: &impl std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
 impl GgufFile {
@@ -233,7 +239,7 @@ impl GgufFile {
         let q = self
             .content
             .tensor(&mut self.reader, name, &Device::Cpu)
-            .map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
+            .map_err(|e| ModelError::Gguf(format!("{name}: {}", first_line(&e))))?;
         let data = q.data().map_err(err)?.into_owned();
         Ok((q.dtype(), data))
     }
@@ -243,7 +249,7 @@ impl GgufFile {
         let q = self
             .content
             .tensor(&mut self.reader, name, &Device::Cpu)
-            .map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
+            .map_err(|e| ModelError::Gguf(format!("{name}: {}", first_line(&e))))?;
         let t = q.dequantize(&Device::Cpu).map_err(err)?;
         let dims = t.dims().to_vec();
         let data = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(err)?;

@@ -270,6 +270,14 @@ async fn chat_completions_end_to_end() {
     let (_, detok) =
         post(&api.c, &format!("{}/detokenize", api.url), KEY, &json!({"tokens": tok["tokens"]})).await.unwrap();
     assert!(detok["prompt"].as_str().unwrap().contains("Name three colors."));
+    // With tools too (SmolLM2's template ignores them: tandem's generic description is the prompt).
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}}]);
+    let body =
+        json!({"messages": user("Weather in Paris?"), "tools": tools, "max_tokens": 1, "return_token_ids": true});
+    let with_tools = api.ok(body.clone()).await;
+    let (_, tok) = post(&api.c, &format!("{}/tokenize", api.url), KEY, &body).await.unwrap();
+    assert_eq!(tok["tokens"], with_tools["prompt_token_ids"]);
     let models: Value =
         api.c.get(format!("{}/v1/models", api.url)).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "HuggingFaceTB/SmolLM2-135M-Instruct");

@@ -34,12 +34,20 @@ pub async fn tokenize(
     let return_strs = typed(&body, "return_token_strs", Value::as_bool, "a boolean")?.unwrap_or(false);
     let model = target.model;
     let ids = if body.get("messages").is_some() {
-        // The chat form goes through the same validation and template as a chat completion.
+        // The chat form goes through the same validation and template as a chat completion,
+        // tools included (the template's own rendering of them, or tandem's generic format), so
+        // the ids are the prompt a chat completion of the same body would have.
         let mut plan = request::validate(&body, true)?;
         plan.render.tenant = caller.entity.clone();
         tokio::task::spawn_blocking({
             let model = model.clone();
-            move || model.render_chat(&plan.render)
+            move || {
+                let mut render = plan.render;
+                if let Some(tools) = &plan.tools {
+                    super::tools::apply(tools, model.renders_tools(&render), &mut render);
+                }
+                model.render_chat(&render)
+            }
         })
         .await
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
