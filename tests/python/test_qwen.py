@@ -20,6 +20,9 @@ Run with the ART 0.5.23 virtualenv's Python. Starts a server with the 0.5B file 
   structured        a JSON schema (response_format) is always met
   continue-final    continue_final_message continues the assistant's text (no turn end before it)
   art-rl-step       ART 0.5.23's client: roll out, train one RL step on Qwen, serve step 1
+  export            that checkpoint as PEFT files over Hugging Face's Qwen2 module names (biases
+                    frozen), and merged into the GGUF: a second tandem serving it answers as the
+                    checkpoint does
   sft               an SFT job on Qwen through tandem_sft (examples/), step + 1, served
 
 With the 1.5B file given, llama-cpp-parity also runs on it (a second server).
@@ -35,12 +38,14 @@ os.environ.pop("WANDB_API_KEY", None)
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import asyncio  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tarfile  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -306,10 +311,54 @@ async def art_rl_step_async(server):
         "model": model.get_inference_name(1), "messages": ask("What is 2 + 2?"), "max_tokens": 6, "temperature": 0})
     check(status == 200 and body["usage"]["completion_tokens"] > 0, f"step 1 answered {status}: {body}")
     print(f"     step 1: {body['choices'][0]['message']['content']!r}")
+    TRAINED.update(id=model.id, name=model.get_inference_name(1))
 
 
 def art_rl_step(server):
     asyncio.run(art_rl_step_async(server))
+
+
+TRAINED = {}
+
+
+def export(server, binary, path):
+    """The RL step's checkpoint out of tandem: as PEFT files over Hugging Face's Qwen2 module
+    names (the q/k/v biases frozen, so absent), and merged into the Qwen GGUF, which a second
+    tandem serves as a plain base model with the checkpoint's greedy answers."""
+    check(TRAINED, "art-rl-step made no checkpoint")
+    status, archive, _ = server.api("GET", f"/v1/preview/models/{TRAINED['id']}/checkpoints/1/adapter")
+    check(status == 200, f"{status}: {archive}")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        files = {m.name.split("/")[-1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    config = json.loads(files["adapter_config.json"])
+    weights = files["adapter_model.safetensors"]
+    header = json.loads(weights[8:8 + int.from_bytes(weights[:8], "little")])
+    names = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    r = config["r"]
+    print(f"     {len(names)} tensors, r {r}, targets {sorted(config['target_modules'])}")
+    check(set(config["target_modules"]) >= {"q_proj", "k_proj", "v_proj", "o_proj"}, f"{config}")
+    check(not any("bias" in k for k in names), "a bias was trained")
+    prefix = "base_model.model.model.layers.0.self_attn"
+    # Qwen2.5-0.5B: hidden 896, 14 query heads and 2 key/value heads of 64.
+    check(names.get(f"{prefix}.q_proj.lora_A.weight") == [r, 896] and names.get(f"{prefix}.q_proj.lora_B.weight") == [896, r]
+          and names.get(f"{prefix}.k_proj.lora_B.weight") == [128, r], f"{sorted(names)[:6]}")
+    out = os.path.join(server.data, "qwen-merged.gguf")
+    run = subprocess.run([binary, "export", "--data-dir", server.data, "--model", TRAINED["id"], "--step", "1",
+                          "--merged", out, "--base", path], capture_output=True, text=True)
+    check(run.returncode == 0, run.stderr)
+    second = Server(binary, out, KEY, prefix="tandem-qwen-merged-")
+    try:
+        served = second.api("GET", "/v1/models")[1]["data"][0]["id"]
+        for q in ["What is 3 + 4?", "Name a color."]:
+            ask = {"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 8}
+            got = second.api("POST", "/v1/chat/completions", {**ask, "model": served})[1]
+            want = server.api("POST", "/v1/chat/completions", {**ask, "model": TRAINED["name"]})[1]
+            got, want = got["choices"][0]["message"]["content"], want["choices"][0]["message"]["content"]
+            print(f"     merged: {got!r}, checkpoint: {want!r}")
+            check(got == want, f"{q}: merged {got!r}, checkpoint {want!r}")
+    finally:
+        second.stop()
+        os.remove(out)
 
 
 async def sft_async(server):
@@ -342,7 +391,7 @@ def main():
               ("llama-cpp-parity", lambda s: llama_cpp_parity(s, os.path.basename(path))), ("chat", chat),
               ("stream", stream), ("tools-auto", tools_auto), ("tools-forced", tools_forced),
               ("structured", structured), ("continue-final", continue_final), ("art-rl-step", art_rl_step),
-              ("sft", sft)]
+              ("export", lambda s: export(s, binary, path)), ("sft", sft)]
     passed = failed = 0
 
     def run(server, name, fn):
