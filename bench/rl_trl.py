@@ -7,7 +7,8 @@ Python (ART needs 3.12; TRL runs in target/torchenv) and writes its result as JS
     target/torchenv/bin/python bench/rl_trl.py trl GGUF --json OUT            [--steps N]
     python3 bench/rl_trl.py compare TANDEM.json TRL.json
 
-The task is verifiable: "What is a + b? Reply with only the number." for a, b in 1..20, scored as
+The task is verifiable: "What is a + b? Reply with only the number." for a, b in 1..20 (or, with
+`--task products`, a * b for a, b in 11..30), scored as
 TRL's examples score math (an accuracy and a format reward): half for a reply that is one number,
 half for the sum as the first line's last number.
 The problems are split once (fixed seed) into training prompts, taken in the same order by both
@@ -33,14 +34,25 @@ PROMPTS, ROLLOUTS, MAX_TOKENS, LEARNING_RATE, HELD_OUT, EVAL_EVERY, STEPS = 4, 8
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+# The task: "sums" (a + b for a, b in 1..20, the default) or "products" (a x b for a, b in 11..30,
+# for models that already add well: Qwen2.5-Coder 0.5B scores 0.97 held-out on sums).
+TASK = "sums"
+
+
 def problems():
-    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21)]
+    lo, hi = (1, 20) if TASK == "sums" else (11, 30)
+    pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
     random.Random(19).shuffle(pairs)
     return pairs[HELD_OUT:], pairs[:HELD_OUT]
 
 
 def question(a, b):
-    return f"What is {a} + {b}? Reply with only the number."
+    op = "+" if TASK == "sums" else "*"
+    return f"What is {a} {op} {b}? Reply with only the number."
+
+
+def answer(a, b):
+    return a + b if TASK == "sums" else a * b
 
 
 def reward(text, answer):
@@ -71,7 +83,7 @@ async def tandem(args):
     async def run(index):
         name = f"rl-trl-{int(time.time() * 1000) % 10**9}-{index}"
         model = art.TrainableModel(name=name, run_name=name, project="bench-rl-trl",
-                                   base_model="HuggingFaceTB/SmolLM2-135M-Instruct", base_path=args.base_path)
+                                   base_model=args.base_model, base_path=args.base_path)
         await model.register(backend)
         client = model.openai_client()
 
@@ -81,14 +93,14 @@ async def tandem(args):
                                                      max_tokens=MAX_TOKENS, n=ROLLOUTS, temperature=1.0,
                                                      logprobs=True)
             return art.TrajectoryGroup([art.Trajectory(messages_and_choices=[*messages, c],
-                                                       reward=reward(c.message.content, a + b)) for c in r.choices])
+                                                       reward=reward(c.message.content, answer(a, b))) for c in r.choices])
 
         async def evaluate():
             async def one(a, b):
                 r = await client.chat.completions.create(
                     model=model.get_inference_name(), messages=[{"role": "user", "content": question(a, b)}],
                     max_tokens=MAX_TOKENS, temperature=0.0)
-                return reward(r.choices[0].message.content, a + b)
+                return reward(r.choices[0].message.content, answer(a, b))
             return sum(await asyncio.gather(*(one(a, b) for a, b in held))) / len(held)
 
         curve, wall, rewards, phases = [(0, 0.0, await evaluate())], 0.0, [], []
@@ -138,7 +150,7 @@ def trl(args):
         plain.save_pretrained(model)
         tokenizer.save_pretrained(model)
         del loaded, plain
-    rows = [{"prompt": [{"role": "user", "content": question(a, b)}], "answer": a + b}
+    rows = [{"prompt": [{"role": "user", "content": question(a, b)}], "answer": answer(a, b)}
             for a, b in train[:args.steps * PROMPTS]]
 
     def reward_fn(completions, answer, **_):
@@ -156,7 +168,7 @@ def trl(args):
                                   pad_token_id=tokenizer.pad_token_id)
         policy.train(was_training)
         done = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        return sum(reward(t, a + b) for t, (a, b) in zip(done, held)) / len(held)
+        return sum(reward(t, answer(a, b)) for t, (a, b) in zip(done, held)) / len(held)
 
     class Clock(TrainerCallback):
         """Wall time of the steps, the held-out evaluations left out."""
@@ -258,6 +270,8 @@ def main():
     t.add_argument("pid", type=int)
     t.add_argument("--steps", type=int, default=STEPS)
     t.add_argument("--base-path", default="target/bench-rl-trl-art")
+    t.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                   help="the served base model to train (e.g. a Qwen file served under its name)")
     t.add_argument("--json", required=True, help="where the result goes")
     t.add_argument("--runs", type=int, default=3)
     r = sub.add_parser("trl")
@@ -270,7 +284,10 @@ def main():
     c.add_argument("trl_json")
     for side in (t, r):
         side.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
+        side.add_argument("--task", choices=["sums", "products"], default="sums")
     args = ap.parse_args()
+    global TASK
+    TASK = getattr(args, "task", "sums")
     if args.side == "tandem":
         import asyncio
         for key, value in (("LITELLM_LOCAL_MODEL_COST_MAP", "True"), ("WANDB_MODE", "disabled"),

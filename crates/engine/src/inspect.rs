@@ -46,13 +46,14 @@ fn thousands(n: u64) -> String {
 
 pub fn inspect(path: &Path) -> Report {
     let mut lines = Vec::new();
-    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    lines.push(("file", format!("{} ({} bytes)", path.display(), thousands(bytes))));
     if path.is_dir() {
+        lines.push(("file", path.display().to_string()));
         let verdict = preflight(path).map_err(|e| e.to_string());
         lines.push(("kind", "Hugging Face checkpoint directory".into()));
         return Report { lines, verdict };
     }
+    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    lines.push(("file", format!("{} ({} bytes)", path.display(), thousands(bytes))));
     let file = match GgufFile::open(path) {
         Ok(f) => f,
         Err(e) => return Report { lines, verdict: Err(e.to_string()) },
@@ -74,9 +75,16 @@ pub fn inspect(path: &Path) -> Report {
     ));
     let meta = file.tokenizer_meta();
     let pre = if meta.pre.is_empty() { String::new() } else { format!(", pre-tokenizer {}", meta.pre) };
-    let bos = meta
-        .bos_id
-        .map_or(String::new(), |b| format!(", BOS {b} ({})", if meta.add_bos { "added" } else { "not added" }));
+    let bos = meta.bos_id.map_or(String::new(), |b| {
+        format!(
+            ", BOS {b} ({})",
+            match meta.add_bos {
+                Some(true) => "added",
+                Some(false) => "not added",
+                None => "the family's default",
+            }
+        )
+    });
     let eos = meta.eos_id.map_or(String::new(), |e| format!(", EOS {e}"));
     lines.push((
         "tokenizer",

@@ -20,6 +20,9 @@ pub(crate) struct PreTokenizer {
     pub nfc: bool,
     /// A word that is itself a token is taken whole, without merges (Llama 3's `ignore_merges`).
     pub ignore_merges: bool,
+    /// llama.cpp puts BOS first for this family when the file does not say
+    /// (`tokenizer.ggml.add_bos_token` absent).
+    pub add_bos: bool,
 }
 
 /// GPT-2's split, as Hugging Face's byte-level pre-tokenizer applies it.
@@ -57,8 +60,12 @@ const FALCON: &[&str] = &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2_SHORT, "[0-9][0-9][0-9]
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
 
 const fn pre(splits: &'static [&'static str]) -> PreTokenizer {
-    PreTokenizer { splits, nfc: false, ignore_merges: false }
+    PreTokenizer { splits, nfc: false, ignore_merges: false, add_bos: false }
 }
+
+/// Llama 3's family: words in the vocabulary taken whole, BOS by default.
+const LLAMA3_FAMILY: PreTokenizer = PreTokenizer { splits: &[LLAMA3], nfc: false, ignore_merges: true, add_bos: true };
+const QWEN2_FAMILY: PreTokenizer = PreTokenizer { splits: &[QWEN2], nfc: true, ignore_merges: false, add_bos: false };
 
 /// Every name tandem serves, grouped by family (the names llama.cpp maps to each).
 const FAMILIES: &[(&[&str], PreTokenizer)] = &[
@@ -87,21 +94,19 @@ const FAMILIES: &[(&[&str], PreTokenizer)] = &[
         &["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"],
         pre(&[r"\p{N}", GPT2_SHORT]),
     ),
-    (
-        &["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"],
-        PreTokenizer { splits: &[LLAMA3], nfc: false, ignore_merges: true },
-    ),
+    (&["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"], LLAMA3_FAMILY),
     (&["dbrx", "smaug-bpe", "chatglm-bpe"], pre(&[LLAMA3])),
-    (&["glm4"], PreTokenizer { splits: &[LLAMA3], nfc: false, ignore_merges: true }),
-    (&["qwen2", "deepseek-r1-qwen"], PreTokenizer { splits: &[QWEN2], nfc: true, ignore_merges: false }),
-    (&["qwen35"], PreTokenizer { splits: &[QWEN35], nfc: true, ignore_merges: false }),
+    // llama.cpp takes glm4's words whole but adds no BOS for it.
+    (&["glm4"], PreTokenizer { add_bos: false, ..LLAMA3_FAMILY }),
+    (&["qwen2", "deepseek-r1-qwen"], QWEN2_FAMILY),
+    (&["qwen35"], PreTokenizer { splits: &[QWEN35], ..QWEN2_FAMILY }),
     (&["stablelm2", "megrez", "hunyuan", "kormo"], pre(&[QWEN2])),
     (&["deepseek-llm"], pre(DEEPSEEK_LLM)),
     (&["deepseek-coder"], pre(DEEPSEEK_CODER)),
     (&["deepseek-v3", "hunyuan-dense"], pre(DEEPSEEK_V3)),
     (&["default"], pre(DEFAULT)),
     (&["falcon"], pre(FALCON)),
-    (&["tekken"], PreTokenizer { splits: &[TEKKEN], nfc: false, ignore_merges: true }),
+    (&["tekken"], PreTokenizer { splits: &[TEKKEN], ..LLAMA3_FAMILY }),
     (&["gpt-4o", "llama4"], pre(&[GPT4O])),
     (&["seed-coder"], pre(&[SEED_CODER])),
     (&["bloom", "poro-chat", "gpt3-finnish"], pre(&[BLOOM])),

@@ -124,7 +124,7 @@ mod tests {
             bos_id: Some(2),
             eos_id: Some(1),
             unk_id: Some(3),
-            add_bos: true,
+            add_bos: Some(true),
             add_space_prefix,
             ..TokenizerMeta::default()
         }

@@ -81,12 +81,11 @@ fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
     // non-special added tokens are (vLLM keeps them with `skip_special_tokens`).
     let ty = |i: usize| meta.token_types.get(i).copied();
     let is_special = |i: usize| ty(i) == Some(3);
+    let is_added = |i: usize| matches!(ty(i), Some(3) | Some(4));
     let vocab: serde_json::Map<String, Value> =
         meta.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
-    let added: Vec<Value> = (0..meta.tokens.len())
-        .filter(|i| matches!(ty(*i), Some(3) | Some(4)))
-        .map(|i| added_token(meta, i, is_special(i)))
-        .collect();
+    let added: Vec<Value> =
+        (0..meta.tokens.len()).filter(|i| is_added(*i)).map(|i| added_token(meta, i, is_special(i))).collect();
     let normalizer = if pre.nfc { json!({"type": "NFC"}) } else { Value::Null };
     let spec = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
@@ -109,7 +108,7 @@ fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
         .enumerate()
         .map(|(i, t)| {
             // An added token's bytes are its text; the others' go through GPT-2's byte map.
-            if matches!(ty(i), Some(3) | Some(4)) {
+            if is_added(i) {
                 t.as_bytes().to_vec()
             } else {
                 t.chars().map(|c| inverse.get(&c).copied().unwrap_or(b'?')).collect()
@@ -117,6 +116,16 @@ fn byte_level(meta: &TokenizerMeta) -> Built<Value> {
         })
         .collect();
     Ok((spec, token_bytes, special))
+}
+
+/// llama.cpp's default where a file does not say whether to put BOS first: yes for SentencePiece
+/// vocabularies and the families whose pre-tokenizer says so (Llama 3's, Tekken's), else no.
+fn default_add_bos(meta: &TokenizerMeta) -> bool {
+    match (meta.model.as_str(), &meta.hf_json) {
+        (_, Some(_)) => false,
+        ("llama", None) => true,
+        _ => crate::pretok::lookup(&meta.pre).is_some_and(|p| p.add_bos),
+    }
 }
 
 /// A Hugging Face `tokenizer.json` as it is. Each id's raw bytes follow from its piece: through
@@ -198,7 +207,7 @@ impl TextTokenizer {
                 ids
             },
             bos_id: meta.bos_id,
-            add_bos: meta.add_bos,
+            add_bos: meta.add_bos.unwrap_or_else(|| default_add_bos(meta)),
         })
     }
 

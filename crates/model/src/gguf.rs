@@ -30,7 +30,9 @@ pub struct TokenizerMeta {
     pub add_space_prefix: bool,
     pub unk_id: Option<u32>,
     pub pad_id: Option<u32>,
-    pub add_bos: bool,
+    /// Whether a BOS is put before a prompt; `None` when the file does not say, and the
+    /// tokenizer family's default applies (llama.cpp's: yes for SentencePiece and Llama 3).
+    pub add_bos: Option<bool>,
     pub chat_template: Option<String>,
     /// Further ids that end generation (a Hugging Face `generation_config.json`'s `eos_token_id`).
     pub extra_end_ids: Vec<u32>,
@@ -78,8 +80,10 @@ impl GgufFile {
         c.tensor_infos
             .values()
             .map(|t| {
-                let bytes = t.shape.elem_count() / t.ggml_dtype.block_size().max(1) * t.ggml_dtype.type_size();
-                c.tensor_data_offset.saturating_add(t.offset).saturating_add(bytes as u64)
+                // Saturating: a hostile header's sizes must not wrap into a small, "whole" file.
+                let blocks = (t.shape.elem_count() / t.ggml_dtype.block_size().max(1)) as u64;
+                let bytes = blocks.saturating_mul(t.ggml_dtype.type_size() as u64);
+                c.tensor_data_offset.saturating_add(t.offset).saturating_add(bytes)
             })
             .max()
             .unwrap_or(c.tensor_data_offset)
@@ -218,7 +222,10 @@ impl GgufFile {
             ),
             unk_id: self.opt_u32("tokenizer.ggml.unknown_token_id"),
             pad_id: self.opt_u32("tokenizer.ggml.padding_token_id"),
-            add_bos: matches!(self.content.metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
+            add_bos: match self.content.metadata.get("tokenizer.ggml.add_bos_token") {
+                Some(Value::Bool(b)) => Some(*b),
+                _ => None,
+            },
             chat_template: self.string("tokenizer.chat_template"),
             extra_end_ids: Vec::new(),
             hf_json: None,

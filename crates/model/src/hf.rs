@@ -261,7 +261,7 @@ impl HfDir {
             bos_id,
             eos_id,
             extra_end_ids: gen_ids,
-            add_bos: tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            add_bos: Some(tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false)),
             chat_template,
             hf_json: Some(json),
             ..TokenizerMeta::default()

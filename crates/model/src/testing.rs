@@ -102,7 +102,7 @@ pub fn write_tiny_arch_gguf(path: &Path, arch: Arch) {
     let mut meta: Vec<(&str, Value)> = vec![
         ("general.architecture", Value::String(arch.name().into())),
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre", Value::String("default".into())),
+        ("tokenizer.ggml.pre", Value::String("gpt2".into())),
         ("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect())),
         ("tokenizer.ggml.token_type", Value::Array(types)),
         ("tokenizer.ggml.merges", Value::Array(Vec::new())),

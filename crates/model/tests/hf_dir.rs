@@ -204,7 +204,7 @@ fn a_checkpoint_directory_computes_what_its_gguf_computes() {
         assert_eq!(batched[1][0], f32_logits, "{arch:?}: batched f32 output must equal unbatched");
 
         let meta = &from_dir.tokenizer;
-        assert_eq!((meta.eos_id, meta.bos_id, meta.add_bos), (Some(257), Some(256), false));
+        assert_eq!((meta.eos_id, meta.bos_id, meta.add_bos), (Some(257), Some(256), Some(false)));
         assert_eq!(meta.extra_end_ids, [257, 3]);
         assert!(meta.hf_json.is_some());
     }

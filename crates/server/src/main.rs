@@ -70,11 +70,7 @@ fn run() -> anyhow::Result<()> {
     if std::env::args().nth(1).as_deref() == Some(RENDER_TEMPLATE) {
         return render_template_jailed();
     }
-    let command = match Cli::parse().command {
-        // Reads a file and prints; no logging, no runtime.
-        Command::Models(args) => return models::run(args),
-        other => other,
-    };
+    let command = Cli::parse().command;
     // Logs go to stderr; stdout carries only what scripts read (the address, a new key).
     let filter = EnvFilter::try_from_env("TANDEM_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();

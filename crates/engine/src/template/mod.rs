@@ -201,15 +201,19 @@ impl ChatTemplate {
 
 /// An assistant turn's tool-call `arguments` arrive as the OpenAI JSON text; templates (Qwen's,
 /// Llama 3's, Hermes') write them with `tojson` and expect an object, as transformers documents.
-/// Like vLLM, text that parses becomes the value, and an empty or missing one becomes `{}`; text
-/// that does not parse is passed on as it is.
+/// Like vLLM, text that parses becomes the value, and an empty or missing one becomes `{}`. Unlike
+/// vLLM, which refuses the request, text that does not parse is passed on as it is (the template
+/// then writes it as a string): a history a model wrote is rendered, not rejected.
 fn arguments_as_objects(message: &mut Value) {
+    if message.get("role").and_then(Value::as_str) != Some("assistant") {
+        return;
+    }
     let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else { return };
     for call in calls {
         let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else { continue };
         let parsed = match function.get("arguments") {
             None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
+            Some(Value::String(s)) if s.is_empty() => Value::Object(Map::new()),
             Some(Value::String(s)) => match serde_json::from_str(s) {
                 Ok(v) => v,
                 Err(_) => continue,
