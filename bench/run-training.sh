@@ -2,6 +2,7 @@
 # Training benchmark, tandem vs PyTorch + PEFT on the CPU, same GGUF, 2 threads each, one run:
 # one training step (forward + backward + AdamW, ROWS x LEN tokens, LoRA r8 on every projection),
 # alternating rounds, medians, peak RSS. Then how much a running training job slows inference.
+# MODEL=... picks the GGUF (e.g. the Qwen2.5-Coder 0.5B of `make model-qwen`).
 # PyTorch comes from PyPI into target/torchenv (the CUDA build: ~4 GB, runs on the CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +45,9 @@ print(f"  PyTorch  {p:6.2f} s   peak RSS {float(prss):7.0f} MB")
 print(f"  tandem speed / PyTorch speed = {p / t:.2f}x   memory ratio {float(trss) / float(prss):.2f}")
 PY
 
-# Inference while a job trains: single-stream decode before and during a training job.
+# Inference while a job trains: single-stream decode before and during a training job
+# (INTERFERENCE=0 skips it).
+[ "${INTERFERENCE:-1}" = 0 ] && exit 0
 data=$(mktemp -d)
 start_tandem 8103 "$data"
 trap 'kill $tandem_pid 2>/dev/null; rm -rf "$data"' EXIT
