@@ -21,9 +21,7 @@ cargo build --release --bin tandem -q
 for MODEL in $QWEN_FILES; do
   echo "== $(basename "$MODEL")"
   data=$(mktemp -d)
-  RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8101 --data-dir "$data" --model "$MODEL" \
-    --api-key bench --max-num-seqs 16 >/dev/null &
-  tandem_pid=$!
+  start_tandem 8101 "$data" --max-num-seqs 16
   "$server" -m "$MODEL" -t 2 -np 16 -cb -c 16384 --port 8102 --api-key bench >/dev/null 2>&1 &
   llama_pid=$!
   trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT

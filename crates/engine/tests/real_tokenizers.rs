@@ -88,11 +88,15 @@ fn compare(tok: &TextTokenizer, texts: &[String], expected: &[Vec<u32>], label: 
     bad
 }
 
-fn reference() -> Value {
-    let path = std::env::var_os("TANDEM_TEST_TOKENIZER_REFERENCE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/tokenizer-reference.json"));
-    read_json(&path, "run `make test`, which writes it with tests/python/tokenizer_reference.py")
+/// Hugging Face's references, read and parsed once for all the tests (a few megabytes of ids).
+fn reference() -> &'static Value {
+    static REFERENCE: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let path = std::env::var_os("TANDEM_TEST_TOKENIZER_REFERENCE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join("target/tokenizer-reference.json"));
+        read_json(&path, "run `make test`, which writes it with tests/python/tokenizer_reference.py")
+    })
 }
 
 fn family(name: &str, pre: &str) -> (TextTokenizer, Vec<Vec<u32>>) {
