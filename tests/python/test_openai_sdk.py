@@ -17,6 +17,7 @@ import numpy
 import openai
 import safetensors.numpy
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families as classic_families
 
 from tandem_server import Server, rl_step, run_checks, trained_step
 
@@ -409,9 +410,20 @@ def metrics_parse_as_openmetrics(client, server):
     """/metrics read by the Prometheus Python client's strict OpenMetrics parser, after the
     checks above sent traffic: vLLM's families with their types and samples."""
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
-    status, text, headers = server.api("GET", "/metrics")
+    # Prometheus' own Accept header asks for OpenMetrics first.
+    prometheus_accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                         "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    status, text, headers = server.api("GET", "/metrics", headers={"Accept": prometheus_accept})
     assert status == 200 and headers["content-type"].startswith("application/openmetrics-text"), (status, headers)
     families = {f.name: f for f in text_string_to_metric_families(text)}
+    # Any other scraper gets the classic text format, as vLLM's server answers, which the
+    # classic parser reads to the same families and samples.
+    status, classic, headers = server.api("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4"), (status, headers)
+    assert "# EOF" not in classic and "# TYPE http_requests_total counter" in classic, classic[:500]
+    old = {f.name: f for f in classic_families(classic)}
+    for name in ["vllm:prompt_tokens", "http_requests", "vllm:time_to_first_token_seconds", "tandem:training_jobs"]:
+        assert old[name].type == families[name].type, (name, old[name].type, families[name].type)
     types = {name: f.type for name, f in families.items()}
     for name, kind in [("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
                        ("vllm:kv_cache_usage_perc", "gauge"), ("vllm:prompt_tokens", "counter"),

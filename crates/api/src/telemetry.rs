@@ -2,7 +2,9 @@
 //! training worker's, the queued and running jobs read from the store at each scrape, and HTTP
 //! requests per route as vLLM's server exports them (`http_requests_total`,
 //! `http_request_duration_seconds`). Encoded by `prometheus-client` in the OpenMetrics text
-//! format, which Prometheus asks for first and reads natively.
+//! format, which Prometheus asks for first and reads natively; a scraper that does not ask for
+//! OpenMetrics in `Accept` gets the classic text format 0.0.4 (as vLLM's `prometheus_client`
+//! answers by default), converted from it by [`classic_text`].
 
 use crate::AppState;
 use axum::extract::{MatchedPath, Request, State};
@@ -18,8 +20,55 @@ use std::time::Instant;
 use tandem_core::records::{JobKind, JobStatus};
 use tandem_core::telemetry::{TrainingMetrics, HTTP_DURATION_BUCKETS};
 
-/// What Prometheus is told the body is.
+/// What Prometheus is told the body is, when it asks for OpenMetrics.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The classic text format, for every other scraper.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether an `Accept` header asks for OpenMetrics (Prometheus lists it first when it does).
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.split(',').any(|part| part.trim().starts_with("application/openmetrics-text")))
+}
+
+/// The OpenMetrics text of the registry in the classic Prometheus text format (0.0.4): no `# EOF`
+/// or `# UNIT` lines, a counter family's `# TYPE` and `# HELP` name its `_total` sample (the
+/// samples are already named so), types the classic format lacks become `untyped`, exemplars
+/// are dropped and HELP keeps only the classic escapes. Pure; the samples are unchanged.
+pub fn classic_text(open: &str) -> String {
+    let mut out = String::with_capacity(open.len());
+    let mut help: Option<(&str, String)> = None;
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
+            help = Some((name, text.replace("\\\"", "\"")));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let Some((name, kind)) = rest.rsplit_once(' ') else { continue };
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "gauge" | "histogram" | "summary" => (name.to_string(), kind),
+                _ => (name.to_string(), "untyped"),
+            };
+            if let Some((_, text)) = help.take().filter(|(h, _)| rest.strip_prefix(h).is_some_and(|r| r.starts_with(' '))) {
+                out.push_str(&format!("# HELP {name} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        // A sample, without any exemplar (` # {labels} value`).
+        let sample = match line.find(" # {") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        out.push_str(sample);
+        out.push('\n');
+    }
+    out
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -148,7 +197,33 @@ pub(crate) async fn render(state: &AppState) -> Result<String, crate::error::Api
 
 #[cfg(test)]
 mod tests {
-    use super::{standard_method, status_class};
+    use super::{classic_text, standard_method, status_class, wants_openmetrics};
+
+    #[test]
+    fn openmetrics_becomes_the_classic_text_format() {
+        let open = "# HELP http_requests Total number of \\\"requests\\\".\n# TYPE http_requests counter\n\
+                    http_requests_total{handler=\"/x\"} 3 # {trace_id=\"a\"} 1.0\n\
+                    # HELP tokens Tokens.\n# TYPE tokens gauge\n# UNIT tokens tokens\ntokens 2\n\
+                    # TYPE d histogram\nd_bucket{le=\"+Inf\"} 1\nd_sum 0.5\nd_count 1\n\
+                    # TYPE i info\ni_info{v=\"1\"} 1\n# EOF\n";
+        assert_eq!(
+            classic_text(open),
+            "# HELP http_requests_total Total number of \"requests\".\n# TYPE http_requests_total counter\n\
+             http_requests_total{handler=\"/x\"} 3\n\
+             # HELP tokens Tokens.\n# TYPE tokens gauge\ntokens 2\n\
+             # TYPE d histogram\nd_bucket{le=\"+Inf\"} 1\nd_sum 0.5\nd_count 1\n\
+             # TYPE i untyped\ni_info{v=\"1\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn only_an_openmetrics_accept_gets_openmetrics() {
+        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(wants_openmetrics(Some(prom)));
+        assert!(!wants_openmetrics(Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1")));
+        assert!(!wants_openmetrics(Some("*/*")));
+        assert!(!wants_openmetrics(None));
+    }
 
     #[test]
     fn statuses_are_grouped_by_class() {

@@ -1,6 +1,8 @@
 //! Kernel throughput on one thread, best of many repetitions (stable enough to compare kernel
 //! variants on a noisy VM): `cargo run --release -p tandem-model --example matmul_bench`.
-use tandem_model::kernels::{matmul, Q4Matrix, Q8Acts, Q8Matrix, Weights};
+use candle_core::quantized::QTensor;
+use candle_core::{Device, Tensor};
+use tandem_model::kernels::{matmul, BlockFormat, BlockMatrix, Q4Matrix, Q8Acts, Q8Matrix, Weights};
 
 /// Deterministic values in [-1, 1) (the test fixtures' generator, doubled).
 fn pseudo(n: usize, seed: u64) -> Vec<f32> {
@@ -17,13 +19,26 @@ fn q4(rows: usize, cols: usize) -> Weights {
     Weights::Q4(Q4Matrix::from_q4_1_bytes(&raw, rows, cols).unwrap())
 }
 
+/// A block-format matrix as candle quantises it (the K-quants and Q5_0 of the real Qwen files).
+fn block(format: BlockFormat, rows: usize, cols: usize) -> Weights {
+    let t = Tensor::from_vec(pseudo(rows * cols, 11), (rows, cols), &Device::Cpu).unwrap();
+    let raw = QTensor::quantize(&t, format.dtype()).unwrap().data().unwrap().into_owned();
+    Weights::Block(BlockMatrix::from_raw(format, raw, rows, cols).unwrap())
+}
+
 fn main() {
+    // `matmul_bench blocks` times only the block formats at Qwen2.5-1.5B's FFN shape.
+    let only_blocks = std::env::args().nth(1).as_deref() == Some("blocks");
     rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
-        let cases: Vec<(&str, Weights)> = vec![
-            ("q4 1536x576", q4(1536, 576)),
-            ("q4 576x1536", q4(576, 1536)),
-            ("q8 4096x576", Weights::Q8(Q8Matrix::from_f32(&pseudo(4096 * 576, 5), 4096, 576))),
-        ];
+        let mut cases: Vec<(&str, Weights)> = Vec::new();
+        if !only_blocks {
+            cases.push(("q4 1536x576", q4(1536, 576)));
+            cases.push(("q4 576x1536", q4(576, 1536)));
+            cases.push(("q8 4096x576", Weights::Q8(Q8Matrix::from_f32(&pseudo(4096 * 576, 5), 4096, 576))));
+        }
+        cases.push(("q5_0 1024x1536", block(BlockFormat::Q5_0, 1024, 1536)));
+        cases.push(("q4_k 1024x1536", block(BlockFormat::Q4K, 1024, 1536)));
+        cases.push(("q6_k 1024x1536", block(BlockFormat::Q6K, 1024, 1536)));
         for (name, w) in &cases {
             for t in [1usize, 16, 128] {
                 let mut a = Q8Acts::default();

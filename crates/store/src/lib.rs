@@ -47,6 +47,9 @@ pub enum StoreError {
     /// trainer re-claimed the job (or the job ended meanwhile). The write was not made.
     #[error("the job's lease is held by another trainer or has ended")]
     LeaseLost,
+    /// A capped insert found the entity already at its cap (the count it found).
+    #[error("at the limit: {0} already")]
+    AtLimit(i64),
 }
 
 /// One mapping for both backends: sqlx classifies each database's codes into an `ErrorKind`
@@ -394,7 +397,13 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()>;
 
     // --- training jobs ---
-    async fn create_job(&self, new: &NewJob) -> Result<Job>;
+    async fn create_job(&self, new: &NewJob) -> Result<Job> {
+        self.create_job_capped(new, None).await
+    }
+    /// Queues a job unless the model's entity already has `max_pending` jobs queued or running
+    /// (`AtLimit`): the count and the insert are one atomic step, so concurrent creations never
+    /// pass the cap together.
+    async fn create_job_capped(&self, new: &NewJob, max_pending: Option<i64>) -> Result<Job>;
     /// Jobs of `entity` that are queued or running.
     async fn pending_jobs(&self, entity: &str) -> Result<i64>;
     /// Jobs of every entity that are queued or running, by kind and status (for `/metrics`;

@@ -404,6 +404,42 @@ async fn training_queue_is_round_robin_between_entities() {
     }
 }
 
+/// The pending-job cap holds under concurrency: 24 creations at once over two of an entity's
+/// models, capped at 5, queue exactly 5 (the count and the insert are one atomic step); another
+/// entity is not counted.
+#[tokio::test]
+async fn capped_job_creation_holds_under_concurrency() {
+    for (name, store, _dir) in backends().await {
+        let (m1, _) = store.create_model(&new_model("a", "m1"), false).await.unwrap();
+        let (m2, _) = store.create_model(&new_model("a", "m2"), false).await.unwrap();
+        let (other, _) = store.create_model(&new_model("b", "m"), false).await.unwrap();
+        let job = |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
+        store.create_job(&job(other.id)).await.unwrap();
+        let tries = (0..24).map(|i| {
+            let (store, new) = (store.clone(), job(if i % 2 == 0 { m1.id } else { m2.id }));
+            tokio::spawn(async move { store.create_job_capped(&new, Some(5)).await })
+        });
+        let (mut queued, mut refused) = (0, 0);
+        for t in tries {
+            match t.await.unwrap() {
+                Ok(_) => queued += 1,
+                Err(StoreError::AtLimit(n)) => {
+                    assert_eq!(n, 5, "{name}");
+                    refused += 1
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        assert_eq!((queued, refused), (5, 19), "{name}");
+        assert_eq!(store.pending_jobs("a").await.unwrap(), 5, "{name}");
+        assert!(store.create_job_capped(&job(other.id), Some(2)).await.is_ok(), "{name}: b has one of two");
+        assert!(
+            matches!(store.create_job_capped(&job(m1.id), Some(5)).await, Err(StoreError::AtLimit(5))),
+            "{name}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn job_counts_and_gradient_step_history() {
     for (name, store, _dir) in backends().await {

@@ -175,14 +175,23 @@ pub struct ModelCard {
     tag = "inference",
     summary = "Prometheus metrics: the engine's under vLLM's names, training, jobs and HTTP requests",
     responses(
-        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+        (status = 200, description = "OpenMetrics text when `Accept` asks for it (Prometheus does), else the classic text format 0.0.4", content_type = "text/plain", body = String),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::OpenAiErrorBody)
     ),
     security(("bearer" = []))
 )]
-async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, OpenAiError> {
+async fn metrics(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Result<impl IntoResponse, OpenAiError> {
+    use crate::telemetry::{classic_text, wants_openmetrics, CLASSIC_CONTENT_TYPE, CONTENT_TYPE};
     let text = crate::telemetry::render(&state).await?;
-    Ok(([(axum::http::header::CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], text))
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+    Ok(if wants_openmetrics(accept) {
+        ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text)
+    } else {
+        ([(axum::http::header::CONTENT_TYPE, CLASSIC_CONTENT_TYPE)], classic_text(&text))
+    })
 }
 
 /// The entity's permit for an inference route (chat, tokenize, detokenize), or a 429 with

@@ -264,9 +264,16 @@ pub async fn export_merged(
         .tempdir_in(state.checkpoints().dir().root())
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("no room for the merged file: {e}")))?;
     let out = tmp.path().join("merged.gguf");
+    // The permit and the temporary directory belong to the merge, not to this request: a client
+    // that leaves drops this future, but the blocking merge runs on, and must keep holding the
+    // one-at-a-time permit and then remove its file (otherwise every retry starts another merge
+    // beside the orphaned ones, each as large as the model).
     let file = tokio::task::spawn_blocking(move || {
+        let held = (permit, tmp);
         served.export_merged(&dir, &out, &format)?;
-        std::fs::File::open(&out).map_err(|e| ExportError::Failed(e.to_string()))
+        let file = std::fs::File::open(&out).map_err(|e| ExportError::Failed(e.to_string()));
+        drop(held); // unlinks the file; the open handle still reads it
+        file
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("merge task failed: {e}")))?
@@ -274,7 +281,6 @@ pub async fn export_merged(
         ExportError::Unsupported(m) => ApiError::new(ErrorKind::Conflict, m),
         ExportError::Failed(m) => ApiError::new(ErrorKind::Internal, format!("the merge failed: {m}")),
     })?;
-    drop((tmp, permit));
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut r = axum::response::Response::new(axum::body::Body::from_stream(FileChunks::new(file)));
     let h = r.headers_mut();

@@ -76,27 +76,40 @@ pub async fn create(
         inputs: inputs.to_stored(),
         rollout: Some(rollout),
     };
-    let job = state.store().create_job(&new).await.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found("model"),
-        other => other.into(),
-    })?;
+    let job = queue_job(&state, &new).await?;
     tracing::info!(job_id = %job.id, model_id = %model.id, "training job queued");
     state.wake_jobs();
     Ok(Json(views::job(&job)))
 }
 
-/// A 429 (with `Retry-After`) once the entity has `max_pending_jobs` jobs queued or running.
+/// A 429 (with `Retry-After`) once the entity has `max_pending_jobs` jobs queued or running:
+/// checked before the work of reading a request's inputs, and again, atomically with the insert,
+/// by [`queue_job`] (concurrent creations all pass this first check together).
 pub(super) async fn check_pending_jobs(state: &AppState, entity: &str) -> Result<(), ApiError> {
     let limit = state.limits().max_pending_jobs;
     let pending = state.store().pending_jobs(entity).await?;
     if pending >= limit {
-        return Err(ApiError::new(
-            crate::error::ErrorKind::TooManyRequests,
-            format!("this entity already has {pending} training jobs queued or running (at most {limit}); wait for one to end"),
-        )
-        .with_retry_after(5));
+        return Err(too_many_jobs(pending, limit));
     }
     Ok(())
+}
+
+fn too_many_jobs(pending: i64, limit: i64) -> ApiError {
+    ApiError::new(
+        crate::error::ErrorKind::TooManyRequests,
+        format!("this entity already has {pending} training jobs queued or running (at most {limit}); wait for one to end"),
+    )
+    .with_retry_after(5)
+}
+
+/// Inserts a job under the entity's pending-job cap (RL and SFT alike).
+pub(super) async fn queue_job(state: &AppState, new: &NewJob) -> Result<tandem_core::records::Job, ApiError> {
+    let limit = state.limits().max_pending_jobs;
+    state.store().create_job_capped(new, Some(limit)).await.map_err(|e| match e {
+        StoreError::NotFound => ApiError::not_found("model"),
+        StoreError::AtLimit(pending) => too_many_jobs(pending, limit),
+        other => other.into(),
+    })
 }
 
 /// Checks the KL penalty's reference against the model's live checkpoints, and resolves

@@ -105,10 +105,7 @@ pub async fn create(
         inputs: Value::Array(rows),
         rollout: None,
     };
-    let job = state.store().create_job(&new).await.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found("model"),
-        other => other.into(),
-    })?;
+    let job = super::jobs::queue_job(&state, &new).await?;
     tracing::info!(job_id = %job.id, model_id = %model.id, dataset_id = %dataset.id, "SFT job queued");
     state.wake_jobs();
     Ok(Json(views::job(&job)))

@@ -260,18 +260,37 @@ impl super::lanes::GroupTiles for Tiles<'_> {
         // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
         // `matmul` asserted the shapes); each task owns the output columns of its groups.
         unsafe {
-            let acc = block_tile::<R, C>(vnni, w, a, g, t);
+            let acc = if w.format == BlockFormat::Q6K {
+                block_tile::<R, C, true>(vnni, w, a, g, t)
+            } else {
+                block_tile::<R, C, false>(vnni, w, a, g, t)
+            };
             super::lanes::store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
         }
     }
 }
 
-/// Groups `g..g+R` times activation rows `t..t+C`: 16 outputs per register.
+/// The constant a format subtracts from its unsigned values (`value = scale * (q - offset)`), or
+/// `None` when it stores a minimum per block instead.
+fn offset(format: BlockFormat) -> Option<f32> {
+    match format {
+        BlockFormat::Q4_0 => Some(8.0),
+        BlockFormat::Q5_0 => Some(16.0),
+        BlockFormat::Q6K => Some(32.0),
+        BlockFormat::Q5_1 | BlockFormat::Q4K | BlockFormat::Q5K => None,
+    }
+}
+
+/// Groups `g..g+R` times activation rows `t..t+C`: 16 outputs per register. `SPLIT` (Q6_K) keeps
+/// a block's two halves apart because each has its own scale; every other format has one scale
+/// per block, so both halves accumulate into one integer sum and the float epilogue (the
+/// conversion and the scale and minimum terms, which cost as much as the integer dot products
+/// when done per half) runs once per block.
 ///
 /// # Safety
 /// Groups `g..g+R` of `w` and rows `t..t+C` of `a` exist, and `w.blocks * QK == a.cols()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn block_tile<const R: usize, const C: usize>(
+unsafe fn block_tile<const R: usize, const C: usize, const SPLIT: bool>(
     _: Avx512Vnni,
     w: &BlockLanes,
     a: &Q8Acts,
@@ -280,11 +299,13 @@ unsafe fn block_tile<const R: usize, const C: usize>(
 ) -> [[__m512; C]; R] {
     let (blocks, bb, sb) = (w.blocks, w.block_bytes(), w.scale_blocks());
     let (format, n_planes) = (w.format, planes(w.format));
+    let off = offset(format);
     let k = blocks * QK;
     let nib = _mm512_set1_epi8(0x0F);
     let (bit4, bit5) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x20));
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    let (aq, scales, ss16) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_scaled_sums16().as_ptr());
+    let (aq, scales) = (a.quants().as_ptr(), a.scales().as_ptr());
+    let (ss32, ss16) = (a.all_scaled_sums().as_ptr(), a.all_scaled_sums16().as_ptr());
     // SAFETY (whole body): (g + r) * blocks + b indexes an existing (group, block) of q and codes,
     // (g + r) * sb + scale block an existing one of d16 and m16, and (t + c) * k + b * 32 + 31 an
     // existing activation byte, for every r, c, b below.
@@ -335,23 +356,40 @@ unsafe fn block_tile<const R: usize, const C: usize>(
                     let a_hi = _mm512_set1_epi32((at.add(16) as *const i32).read_unaligned());
                     for r in 0..R {
                         isum[r][c][0] = _mm512_dpbusd_epi32(isum[r][c][0], lo[r], a_lo);
-                        isum[r][c][1] = _mm512_dpbusd_epi32(isum[r][c][1], hi[r], a_hi);
+                        let h = usize::from(SPLIT);
+                        isum[r][c][h] = _mm512_dpbusd_epi32(isum[r][c][h], hi[r], a_hi);
                     }
+                }
+            }
+            // Per activation row: its block scale, and its dequantised sums (per half when
+            // split), times the format's offset where it has one.
+            let mut sa = [_mm512_setzero_ps(); C];
+            let mut sums = [[_mm512_setzero_ps(); 2]; C];
+            for c in 0..C {
+                let row = t + c;
+                sa[c] = _mm512_set1_ps(*scales.add(row * blocks + b));
+                let times = off.unwrap_or(1.0);
+                if SPLIT {
+                    for h in 0..2 {
+                        sums[c][h] = _mm512_set1_ps(times * *ss16.add(row * blocks * 2 + 2 * b + h));
+                    }
+                } else {
+                    sums[c][0] = _mm512_set1_ps(times * *ss32.add(row * blocks + b));
                 }
             }
             for r in 0..R {
                 let gr = g + r;
-                // Per-lane (scale, minimum) of each half, from the stored codes.
-                let (s, m): ([__m512; 2], [__m512; 2]) = match format {
+                // Per-lane scale of each half, and the minimum where the format stores one.
+                let (s, m): ([__m512; 2], __m512) = match format {
                     BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
                         let at = (gr * sb + b) * LANES;
                         let d = _mm512_cvtph_ps(_mm256_loadu_si256(w.d16.as_ptr().add(at) as *const __m256i));
-                        let m = match format {
-                            BlockFormat::Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
-                            BlockFormat::Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
-                            _ => _mm512_cvtph_ps(_mm256_loadu_si256(w.m16.as_ptr().add(at) as *const __m256i)),
+                        let m = if format == BlockFormat::Q5_1 {
+                            _mm512_cvtph_ps(_mm256_loadu_si256(w.m16.as_ptr().add(at) as *const __m256i))
+                        } else {
+                            _mm512_setzero_ps()
                         };
-                        ([d, d], [m, m])
+                        ([d, d], m)
                     }
                     BlockFormat::Q4K | BlockFormat::Q5K => {
                         let at = (gr * sb + b / 8) * LANES;
@@ -360,9 +398,8 @@ unsafe fn block_tile<const R: usize, const C: usize>(
                         let c = w.codes.as_ptr().add((gr * blocks + b) * 32);
                         let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(c as *const __m128i)));
                         let mc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(c.add(16) as *const __m128i)));
-                        let (s, m) =
-                            (_mm512_mul_ps(d, sc), _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, mc)));
-                        ([s, s], [m, m])
+                        let s = _mm512_mul_ps(d, sc);
+                        ([s, s], _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, mc)))
                     }
                     BlockFormat::Q6K => {
                         let at = (gr * sb + b / 8) * LANES;
@@ -376,18 +413,20 @@ unsafe fn block_tile<const R: usize, const C: usize>(
                             d,
                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(c.add(16) as *const __m128i))),
                         );
-                        let k32 = _mm512_set1_ps(-32.0);
-                        ([s0, s1], [_mm512_mul_ps(s0, k32), _mm512_mul_ps(s1, k32)])
+                        ([s0, s1], _mm512_setzero_ps())
                     }
                 };
                 for c in 0..C {
-                    let row = t + c;
-                    let sa = _mm512_set1_ps(*scales.add(row * blocks + b));
-                    for h in 0..2 {
-                        let sum = _mm512_set1_ps(*ss16.add(row * blocks * 2 + 2 * b + h));
-                        acc[r][c] =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c][h]), _mm512_mul_ps(s[h], sa), acc[r][c]);
-                        acc[r][c] = _mm512_fmadd_ps(m[h], sum, acc[r][c]);
+                    for h in 0..1 + usize::from(SPLIT) {
+                        let q = _mm512_cvtepi32_ps(isum[r][c][h]);
+                        acc[r][c] = if off.is_some() {
+                            // scale * (s_a * sum q a - offset * s_a * sum a)
+                            _mm512_fmadd_ps(_mm512_fmsub_ps(q, sa[c], sums[c][h]), s[h], acc[r][c])
+                        } else {
+                            // scale * s_a * sum q a + minimum * s_a * sum a
+                            let acc1 = _mm512_fmadd_ps(q, _mm512_mul_ps(s[h], sa[c]), acc[r][c]);
+                            _mm512_fmadd_ps(m, sums[c][h], acc1)
+                        };
                     }
                 }
             }

@@ -89,7 +89,7 @@ pub(crate) async fn list_jobs(pool: &PgPool, model_id: Uuid, page: PageRequest) 
     Ok(rows::page(items, page.limit))
 }
 
-pub(crate) async fn create_job(pool: &PgPool, new: &NewJob) -> Result<Job> {
+pub(crate) async fn create_job(pool: &PgPool, new: &NewJob, max_pending: Option<i64>) -> Result<Job> {
     let sql = format!(
         "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, rollout_metrics,
                                     rollout_groups, created_at)
@@ -100,6 +100,27 @@ pub(crate) async fn create_job(pool: &PgPool, new: &NewJob) -> Result<Job> {
     // step between its "no job pending" check and its insert.
     if !lock_model(&mut tx, new.model_id).await? {
         return Err(StoreError::NotFound);
+    }
+    if let Some(cap) = max_pending {
+        // The entity's jobs span its models, so the model's row lock is not enough: an advisory
+        // lock per entity, held to the commit, orders concurrent creations. It is its own
+        // statement so that the count below (READ COMMITTED) takes its snapshot after the wait.
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtextextended('tandem-job-cap:' || entity, 0)) FROM models WHERE id = $1",
+        )
+        .bind(new.model_id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM training_jobs j JOIN models m ON m.id = j.model_id
+             WHERE m.entity = (SELECT entity FROM models WHERE id = $1) AND j.status IN ('queued', 'running')",
+        )
+        .bind(new.model_id.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        if pending >= cap {
+            return Err(StoreError::AtLimit(pending));
+        }
     }
     let row = sqlx::query(&sql)
         .bind(tandem_core::new_id().to_string())

@@ -391,8 +391,8 @@ impl crate::Store for PostgresStore {
         datasets::delete(&self.pool, entity, id).await
     }
 
-    async fn create_job(&self, new: &crate::NewJob) -> Result<Job> {
-        jobs::create_job(&self.pool, new).await
+    async fn create_job_capped(&self, new: &crate::NewJob, max_pending: Option<i64>) -> Result<Job> {
+        jobs::create_job(&self.pool, new, max_pending).await
     }
 
     async fn pending_jobs(&self, entity: &str) -> Result<i64> {

@@ -90,8 +90,22 @@ pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageReque
     Ok(rows::page(items, page.limit))
 }
 
-pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
+/// Inside the caller's `BEGIN IMMEDIATE` transaction, which holds the write lock from its start,
+/// so the cap's count and the insert see no other writer in between.
+pub(crate) async fn create_job(tx: &mut SqliteConnection, new: &NewJob, max_pending: Option<i64>) -> Result<Job> {
     let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));
+    if let Some(cap) = max_pending {
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM training_jobs j JOIN models m ON m.id = j.model_id
+             WHERE m.entity = (SELECT entity FROM models WHERE id = ?) AND j.status IN ('queued', 'running')",
+        )
+        .bind(new.model_id.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        if pending >= cap {
+            return Err(StoreError::AtLimit(pending));
+        }
+    }
     let sql = format!(
         "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, rollout_metrics,
                                     rollout_groups, created_at)
@@ -112,7 +126,7 @@ pub(crate) async fn create_job(pool: &SqlitePool, new: &NewJob) -> Result<Job> {
         )
         .bind(new.rollout.as_ref().map(|r| text(&r.groups)).transpose()?)
         .bind(now_ms())
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
         .await?;
     rows::job(&row)
 }

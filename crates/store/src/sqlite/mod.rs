@@ -509,8 +509,15 @@ impl crate::Store for SqliteStore {
         responses::delete(&self.pool, entity, id).await
     }
 
-    async fn create_job(&self, new: &crate::NewJob) -> Result<tandem_core::records::Job> {
-        jobs::create_job(&self.pool, new).await
+    async fn create_job_capped(
+        &self,
+        new: &crate::NewJob,
+        max_pending: Option<i64>,
+    ) -> Result<tandem_core::records::Job> {
+        let mut tx = self.write_tx().await?;
+        let job = jobs::create_job(&mut tx, new, max_pending).await?;
+        tx.commit().await?;
+        Ok(job)
     }
 
     async fn pending_jobs(&self, entity: &str) -> Result<i64> {

@@ -1,4 +1,4 @@
-// Pure reading of `/metrics` (OpenMetrics text) for the server page: no DOM here, so
+// Pure reading of `/metrics` (classic or OpenMetrics text: only the samples, the same in both) for the server page: no DOM here, so
 // `node --test` checks it (metrics.test.mjs).
 
 /** Every sample line as { name, labels, value }; comments and malformed lines are skipped. */
