@@ -115,7 +115,15 @@ pub(crate) struct EngineLoop {
     /// Sequences preempted for higher-priority requests, waiting to be prefilled again.
     preempted: Vec<Seq>,
     next_id: u64,
+    /// Steps run so far (the scheduler's rotation clock).
+    steps: u64,
+    /// Measured step times, for the scheduler's slowdown guard.
+    cost: crate::fair::StepCost,
 }
+
+/// The slowdown guard's ratio until the engine has timed small and large steps: about what the
+/// bundled model measures on two cores (a 1-token step costs as much as ~4 more tokens).
+const DEFAULT_GUARD_RATIO: usize = 4;
 
 impl EngineLoop {
     pub fn new(
@@ -137,6 +145,8 @@ impl EngineLoop {
             running: Vec::new(),
             preempted: Vec::new(),
             next_id: 0,
+            steps: 0,
+            cost: crate::fair::StepCost::new(DEFAULT_GUARD_RATIO),
         }
     }
 
@@ -269,11 +279,14 @@ impl EngineLoop {
         if work.is_empty() {
             return;
         }
+        self.steps += 1;
+        let tokens: usize = work.values().sum();
         let started = Instant::now();
         let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
         let result = {
             let mut inputs: Vec<SeqInput<'_>> = Vec::with_capacity(order.len());
             for seq in self.running.iter_mut().filter(|s| work.contains_key(&s.id)) {
+                seq.last_step = self.steps;
                 let n = work[&seq.id].min(seq.prefill_left.max(1));
                 inputs.push(seq.input(n));
             }
@@ -332,6 +345,7 @@ impl EngineLoop {
         let finished: Vec<SeqId> = seqs.into_iter().filter(|(_, f)| *f).map(|(s, _)| s.id).collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));
+        self.cost.observe(tokens, started.elapsed().as_secs_f64());
         self.metrics.step(started.elapsed());
     }
 
@@ -347,6 +361,7 @@ impl EngineLoop {
                 arrival: s.req.arrival,
                 reserve: s.kv_positions(),
                 preemptible: s.preemptible(),
+                last_step: s.last_step,
             })
             .collect();
         let mut waiting: Vec<Waiting<SeqId>> = self
@@ -380,6 +395,7 @@ impl EngineLoop {
             step_tokens: self.config.step_tokens,
             max_seqs: self.config.max_seqs,
             kv_tokens: self.config.kv_tokens(&self.model.config),
+            guard_ratio: self.cost.ratio(),
         };
         scheduler::schedule(&running, &waiting, &budget)
     }

@@ -122,7 +122,7 @@ mod tests {
         assert_eq!(water_fill(&[1, 100], 32), vec![1, 31]);
         assert_eq!(water_fill(&[100, 100], 32), vec![16, 16]);
         assert_eq!(water_fill(&[100, 100, 100], 32), vec![11, 11, 10], "the remainder goes first to first");
-        assert_eq!(water_fill(&[5, 20, 100], 32), vec![5, 13, 14]);
+        assert_eq!(water_fill(&[5, 20, 100], 32), vec![5, 14, 13]);
         assert_eq!(water_fill(&[3, 4], 32), vec![3, 4], "less wanted than there is");
         assert_eq!(water_fill(&[10, 10, 10], 2), vec![1, 1, 0]);
         assert_eq!(water_fill(&[], 8), Vec::<usize>::new());

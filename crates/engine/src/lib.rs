@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod prefix;
 mod pretok;
 pub mod sampler;
+pub mod fair;
 pub mod scheduler;
 mod sequence;
 mod served;

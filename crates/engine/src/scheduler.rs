@@ -4,13 +4,28 @@
 //! prompts are then prefilled in chunks from what is left of the step's token budget, and waiting
 //! requests are admitted while sequences, tokens and KV memory allow.
 //!
-//! Several tenants share the engine, so admission is fair between them before anything else:
-//! the next request admitted is always one of the tenant with the fewest sequences (running or
-//! admitted so far), and within a tenant requests go in (priority, arrival) order. `priority` is
-//! the client's to set, so it orders only that tenant's own requests: a waiting request may
-//! preempt running sequences of its own tenant with strictly lower priority (larger `priority`,
-//! the latest arrivals first), as vLLM's priority scheduling does; the engine drops their KV
-//! cache and recomputes it when they are admitted again.
+//! Several tenants share the engine, and each gets a fair share of what a step has (`fair`):
+//! - **Admission**: the next request admitted is always one of the tenant with the fewest
+//!   sequences (running or admitted so far); within a tenant requests go in (priority, arrival)
+//!   order.
+//! - **Decode slots and KV memory**: when a tenant below its max-min share of the sequences
+//!   (`max_seqs`) waits and there is no room, running sequences of tenants above their share of
+//!   sequences or of KV positions are preempted for it (the most-over tenant's worst first), so a
+//!   tenant holding every slot gives one up within a step. The engine drops their KV cache and
+//!   recomputes it when they are admitted again (vLLM's recompute preemption).
+//! - **Tokens**: a step's token budget is water-filled between the tenants with work (decode
+//!   tokens and prefill chunks alike, a token weighs the same in a batched forward), then the
+//!   slowdown guard caps each tenant at `guard_ratio` tokens more than the smallest other
+//!   tenant in the step, so no tenant's work runs slower than `1 / k` of its speed alone with
+//!   `k` tenants busy. Within a tenant: decodes first (the least recently served first, so its
+//!   streams take turns when it has more than its share), then prompts by (priority, arrival).
+//!
+//! `priority` is the client's to set, so it orders only that tenant's own requests: a waiting
+//! request may also preempt running sequences of its own tenant with strictly lower priority
+//! (larger `priority`, the latest arrivals first), as vLLM's priority scheduling does.
+
+use crate::fair::{guard, water_fill};
+use std::collections::BTreeMap;
 
 /// A running sequence as the scheduler sees it. `Id` is the engine's sequence id (the scheduler
 /// only compares them; its tests use plain numbers).
@@ -29,6 +44,8 @@ pub struct Running<Id = u64> {
     /// Whether it may be preempted (not a prompt that still has choices to fork, nor one whose
     /// prompt logprobs are being recorded).
     pub preemptible: bool,
+    /// The last step it had work in (a tenant's decodes take turns, least recent first).
+    pub last_step: u64,
 }
 
 /// A request waiting for admission.
@@ -54,6 +71,9 @@ pub struct Budget {
     /// KV positions all sequences together may hold (the KV memory budget). At least the
     /// context length, so that any one sequence can always finish alone.
     pub kv_tokens: usize,
+    /// The slowdown guard's allowance (`fair::guard`): a step's fixed time over its time per
+    /// token, in tokens (`fair::StepCost::ratio`).
+    pub guard_ratio: usize,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,41 +106,105 @@ pub fn schedule<Id: Copy + Ord>(running: &[Running<Id>], waiting: &[Waiting<Id>]
     let kept: Vec<Running<Id>> = running.iter().filter(|r| !plan.preempt.contains(&r.id)).cloned().collect();
     let running = &kept[..];
     let kv_reserved = kv_reserved.saturating_sub(freed);
-    let mut tokens = budget.step_tokens;
-    for r in running.iter().filter(|r| r.prefill_left == 0) {
-        if tokens == 0 {
+    // Admission candidates, in fair order, while sequences and KV allow (strict order: a request
+    // that does not fit blocks those behind it, so a large high-priority request is not starved
+    // by a stream of small ones).
+    let (mut seqs, mut kv) = (running.len(), kv_reserved);
+    let mut candidates = Vec::new();
+    for w in fair_order(running, waiting) {
+        let fits_kv = kv + w.reserve <= budget.kv_tokens || (seqs == 0 && kv == 0);
+        if seqs + w.seqs > budget.max_seqs.max(w.seqs) || !fits_kv {
             break;
         }
-        plan.work.push((r.id, 1));
-        tokens -= 1;
+        candidates.push(w);
+        seqs += w.seqs;
+        kv += w.reserve;
+    }
+    let grants = grant_tokens(running, &candidates, budget);
+    let granted = |id: &Id| grants.get(id).copied().unwrap_or(0);
+    for r in running.iter().filter(|r| r.prefill_left == 0) {
+        if granted(&r.id) > 0 {
+            plan.work.push((r.id, 1));
+        }
     }
     let mut prefilling: Vec<&Running<Id>> = running.iter().filter(|r| r.prefill_left > 0).collect();
     prefilling.sort_by_key(|r| (r.priority, r.arrival, r.id));
     for r in prefilling {
-        if tokens == 0 {
-            break;
+        if granted(&r.id) > 0 {
+            plan.work.push((r.id, granted(&r.id)));
         }
-        let n = r.prefill_left.min(tokens);
-        plan.work.push((r.id, n));
-        tokens -= n;
     }
-    let mut seqs = running.len();
-    let mut kv = kv_reserved;
-    for w in fair_order(running, waiting) {
-        // Strict order: a request that does not fit blocks those behind it, so a large
-        // high-priority request is not starved by a stream of small ones.
-        let fits_kv = kv + w.reserve <= budget.kv_tokens || (seqs == 0 && kv == 0);
-        if tokens == 0 || seqs + w.seqs > budget.max_seqs.max(w.seqs) || !fits_kv {
-            break;
+    for w in candidates {
+        // A candidate its tenant's share has no token for waits (and so do the tenant's later
+        // ones: shares are given in the same order).
+        if granted(&w.id) > 0 {
+            plan.admit.push(w.id);
+            plan.work.push((w.id, granted(&w.id)));
         }
-        let n = w.prefill.min(tokens);
-        plan.admit.push(w.id);
-        plan.work.push((w.id, n));
-        tokens -= n;
-        seqs += w.seqs;
-        kv += w.reserve;
     }
     plan
+}
+
+/// Tokens per sequence this step: the budget water-filled between tenants by what each could
+/// use, the slowdown guard applied, then each tenant's share spent on its decodes (least
+/// recently served first), its prompts being prefilled (priority, arrival) and its admission
+/// candidates (in order).
+fn grant_tokens<Id: Copy + Ord>(
+    running: &[Running<Id>],
+    candidates: &[&Waiting<Id>],
+    budget: &Budget,
+) -> BTreeMap<Id, usize> {
+    #[derive(Default)]
+    struct Work<'a, Id> {
+        decodes: Vec<&'a Running<Id>>,
+        prefills: Vec<&'a Running<Id>>,
+        admits: Vec<&'a Waiting<Id>>,
+    }
+    let mut tenants: BTreeMap<u64, Work<'_, Id>> = BTreeMap::new();
+    for r in running {
+        let t = tenants.entry(r.tenant).or_insert_with(|| Work { decodes: vec![], prefills: vec![], admits: vec![] });
+        if r.prefill_left == 0 { t.decodes.push(r) } else { t.prefills.push(r) }
+    }
+    for w in candidates {
+        tenants.entry(w.tenant).or_insert_with(|| Work { decodes: vec![], prefills: vec![], admits: vec![] }).admits.push(w);
+    }
+    let demands: Vec<usize> = tenants
+        .values()
+        .map(|t| {
+            t.decodes.len()
+                + t.prefills.iter().map(|r| r.prefill_left).sum::<usize>()
+                + t.admits.iter().map(|w| w.prefill.max(1)).sum::<usize>()
+        })
+        .collect();
+    let shares = guard(&water_fill(&demands, budget.step_tokens), budget.guard_ratio);
+    let mut grants = BTreeMap::new();
+    for (t, mut left) in tenants.values_mut().zip(shares) {
+        t.decodes.sort_by_key(|r| (r.last_step, r.arrival, r.id));
+        for r in &t.decodes {
+            if left == 0 {
+                break;
+            }
+            grants.insert(r.id, 1);
+            left -= 1;
+        }
+        t.prefills.sort_by_key(|r| (r.priority, r.arrival, r.id));
+        for r in &t.prefills {
+            let n = r.prefill_left.min(left);
+            if n > 0 {
+                grants.insert(r.id, n);
+                left -= n;
+            }
+        }
+        for w in &t.admits {
+            let n = w.prefill.max(1).min(left);
+            if n == 0 {
+                break;
+            }
+            grants.insert(w.id, n);
+            left -= n;
+        }
+    }
+    grants
 }
 
 /// Running sequences to evict so that every decoding sequence has room for its next position.
@@ -149,10 +233,13 @@ fn growth_preemptions<Id: Copy + Ord>(running: &[Running<Id>], kv_reserved: usiz
     out
 }
 
-/// Running sequences to evict so that waiting requests of higher priority fit: for each waiting
-/// request in order, if it does not fit, the running sequences of strictly lower priority are
-/// taken worst first (largest priority, then latest arrival) until it does; if even all of them
-/// would not make room, nothing is evicted for it and the walk stops (strict order).
+/// Running sequences to evict so that waiting requests fit: for each waiting request in fair
+/// order that does not fit, its own tenant's running sequences of strictly lower priority are
+/// taken worst first (largest priority, then latest arrival); then, if its tenant holds less
+/// than its max-min share of the sequences, sequences of tenants above their share of sequences
+/// or of KV positions, the most-over tenant's worst first, never taking a tenant below its
+/// shares. If even that would not make room, nothing is evicted for it and the walk stops
+/// (strict order).
 fn preemptions<Id: Copy + Ord>(
     running: &[Running<Id>],
     waiting: &[Waiting<Id>],
@@ -162,6 +249,26 @@ fn preemptions<Id: Copy + Ord>(
     let queue = fair_order(running, waiting);
     let mut victims: Vec<&Running<Id>> = running.iter().filter(|r| r.preemptible).collect();
     victims.sort_by_key(|r| (std::cmp::Reverse(r.priority), std::cmp::Reverse(r.arrival), std::cmp::Reverse(r.id)));
+    // Max-min shares of sequences and of KV positions among every tenant with work.
+    let mut tenants: BTreeMap<u64, (usize, usize)> = BTreeMap::new(); // demand: (seqs, kv)
+    let mut held: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+    for r in running {
+        let d = tenants.entry(r.tenant).or_default();
+        *d = (d.0 + 1, d.1 + r.reserve);
+        let h = held.entry(r.tenant).or_default();
+        *h = (h.0 + 1, h.1 + r.reserve);
+    }
+    for w in waiting {
+        let d = tenants.entry(w.tenant).or_default();
+        *d = (d.0 + w.seqs, d.1 + w.reserve);
+    }
+    let ids: Vec<u64> = tenants.keys().copied().collect();
+    let seat_share = water_fill(&tenants.values().map(|d| d.0).collect::<Vec<_>>(), budget.max_seqs);
+    let kv_share = water_fill(&tenants.values().map(|d| d.1).collect::<Vec<_>>(), budget.kv_tokens);
+    let share = |t: u64| {
+        let i = ids.binary_search(&t).expect("every tenant has a demand");
+        (seat_share[i], kv_share[i])
+    };
     let (mut seqs, mut kv) = (running.len(), kv_reserved);
     let mut evicted: Vec<Id> = Vec::new();
     let fits = |seqs: usize, kv: usize, w: &Waiting<Id>| {
@@ -171,23 +278,65 @@ fn preemptions<Id: Copy + Ord>(
         if fits(seqs, kv, w) {
             seqs += w.seqs;
             kv += w.reserve;
+            let h = held.entry(w.tenant).or_default();
+            *h = (h.0 + w.seqs, h.1 + w.reserve);
             continue;
         }
         let (mut s, mut k) = (seqs, kv);
+        let mut trial = held.clone();
         let mut picks = Vec::new();
+        fn take<Id: Copy>(
+            r: &Running<Id>,
+            picks: &mut Vec<Id>,
+            (s, k): (&mut usize, &mut usize),
+            trial: &mut BTreeMap<u64, (usize, usize)>,
+        ) {
+            picks.push(r.id);
+            *s -= 1;
+            *k -= r.reserve.min(*k);
+            let h = trial.entry(r.tenant).or_default();
+            *h = (h.0.saturating_sub(1), h.1.saturating_sub(r.reserve));
+        }
         for r in victims.iter().filter(|r| r.tenant == w.tenant && r.priority > w.priority && !evicted.contains(&r.id))
         {
-            picks.push(r.id);
-            s -= 1;
-            k -= r.reserve.min(k);
             if fits(s, k, w) {
                 break;
+            }
+            take(r, &mut picks, (&mut s, &mut k), &mut trial);
+        }
+        let own = trial.get(&w.tenant).copied().unwrap_or_default();
+        if !fits(s, k, w) && own.0 < share(w.tenant).0 {
+            loop {
+                if fits(s, k, w) {
+                    break;
+                }
+                // The tenant furthest above its shares (sequences, then KV) that has a
+                // preemptible sequence left.
+                let over = |t: u64, h: (usize, usize)| {
+                    let (ss, ks) = share(t);
+                    (h.0.saturating_sub(ss), h.1.saturating_sub(ks))
+                };
+                let next = victims
+                    .iter()
+                    .filter(|r| r.tenant != w.tenant && !evicted.contains(&r.id) && !picks.contains(&r.id))
+                    .filter(|r| over(r.tenant, trial[&r.tenant]) != (0, 0))
+                    .max_by_key(|r| (over(r.tenant, trial[&r.tenant]), std::cmp::Reverse(r.tenant)))
+                    .map(|r| r.tenant);
+                let Some(t) = next else { break };
+                let r = victims
+                    .iter()
+                    .find(|r| r.tenant == t && !evicted.contains(&r.id) && !picks.contains(&r.id))
+                    .expect("the tenant has a victim left");
+                take(r, &mut picks, (&mut s, &mut k), &mut trial);
             }
         }
         if !fits(s, k, w) {
             break;
         }
         evicted.extend(picks);
+        held = trial;
+        let h = held.entry(w.tenant).or_default();
+        *h = (h.0 + w.seqs, h.1 + w.reserve);
         seqs = s + w.seqs;
         kv = k + w.reserve;
     }
@@ -224,14 +373,14 @@ mod tests {
     use super::*;
 
     fn run(id: u64, prefill_left: usize, priority: i64) -> Running {
-        Running { id, tenant: 0, prefill_left, priority, arrival: id, reserve: 100, preemptible: true }
+        Running { id, tenant: 0, prefill_left, priority, arrival: id, reserve: 100, preemptible: true, last_step: 0 }
     }
 
     fn wait(id: u64, prefill: usize, priority: i64) -> Waiting {
         Waiting { id, tenant: 0, priority, arrival: id, prefill, reserve: prefill + 16, seqs: 1 }
     }
 
-    const B: Budget = Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000 };
+    const B: Budget = Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000, guard_ratio: 1000 };
 
     #[test]
     fn decodes_first_then_chunked_prefill() {
@@ -300,14 +449,62 @@ mod tests {
         let running = [Running { tenant: 1, ..run(1, 0, -100) }, Running { tenant: 1, ..run(2, 0, -100) }];
         let plan = schedule(&running, &waiting, &B);
         assert_eq!((plan.admit, plan.preempt), (vec![20, 10], vec![]));
-        // Full engine: tenant 2's urgent request does not preempt tenant 1's sequences...
-        let full: Vec<Running> = (1..5).map(|id| Running { tenant: 1, ..run(id, 0, 5) }).collect();
-        let urgent = Waiting { tenant: 2, ..wait(30, 10, -1000) };
+        // Full engine: tenant 2 holds nothing, below its share, so tenant 1 (over its share of
+        // 3 of the 4 slots) gives up its latest sequence, whatever the priorities say...
+        let full: Vec<Running> = (1..5).map(|id| Running { tenant: 1, ..run(id, 0, -5) }).collect();
+        let urgent = Waiting { tenant: 2, ..wait(30, 10, 1000) };
         let plan = schedule(&full, std::slice::from_ref(&urgent), &B);
-        assert!(plan.preempt.is_empty() && plan.admit.is_empty());
-        // ...while tenant 1's own urgent request preempts its own latest one.
-        let own = Waiting { tenant: 1, ..urgent };
+        assert_eq!((plan.preempt, plan.admit), (vec![4], vec![30]));
+        // ...and tenant 1's own request of a better priority preempts its own latest one.
+        let own = Waiting { tenant: 1, ..wait(30, 10, -1000) };
         assert_eq!(schedule(&full, &[own], &B).preempt, vec![4]);
+        // At its share, tenant 2 preempts no one: one slot each of two.
+        let half = Budget { max_seqs: 2, ..B };
+        let running = [Running { tenant: 1, ..run(1, 0, 0) }, Running { tenant: 2, ..run(2, 0, 0) }];
+        let more = Waiting { tenant: 2, ..wait(30, 10, 0) };
+        assert!(schedule(&running, &[more], &half).preempt.is_empty());
+    }
+
+    #[test]
+    fn one_tenant_holding_every_slot_gives_a_newcomer_its_share_at_once() {
+        // 32 slots all decoding for tenant 1 (one request's n, or 32 streams): tenant 2's request
+        // is admitted the same step by preempting tenant 1's latest sequence.
+        let b = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, guard_ratio: 4 };
+        let full: Vec<Running> = (1..=32).map(|id| Running { tenant: 1, ..run(id, 0, 0) }).collect();
+        let victim = Waiting { tenant: 2, ..wait(100, 20, 0) };
+        let plan = schedule(&full, std::slice::from_ref(&victim), &b);
+        assert_eq!((plan.preempt.clone(), plan.admit.clone()), (vec![32], vec![100]));
+        // The guard: the newcomer's 20 prompt tokens let tenant 1 decode 24 streams this step.
+        let decodes = plan.work.iter().filter(|(id, _)| *id <= 32).count();
+        assert_eq!((decodes, plan.work.last().copied()), (24, Some((100, 20))));
+        // Once it decodes (1 token), tenant 1 decodes 5 of its 31 a step, taking turns: those
+        // that waited longest go first.
+        let mut running: Vec<Running> =
+            (1..=31).map(|id| Running { tenant: 1, last_step: 40 - id % 7, ..run(id, 0, 0) }).collect();
+        running.push(Running { tenant: 2, last_step: 50, ..run(100, 0, 0) });
+        let plan = schedule(&running, &[], &b);
+        let served: Vec<u64> = plan.work.iter().map(|w| w.0).collect();
+        assert_eq!(served.len(), 6);
+        assert!(served.contains(&100));
+        let mut waited: Vec<u64> =
+            served.iter().filter(|id| **id != 100).map(|id| running[*id as usize - 1].last_step).collect();
+        waited.sort();
+        assert_eq!(waited, vec![34, 34, 34, 34, 35], "those that waited longest");
+    }
+
+    #[test]
+    fn a_long_prompt_shares_the_step_budget_with_others() {
+        // Tenant 1 prefills 8,000 tokens; tenant 2 arrives with 30: both in the next step, tenant 1
+        // held to 30 + guard_ratio tokens while tenant 2's prompt is in the step.
+        let b = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, guard_ratio: 4 };
+        let running = [Running { tenant: 1, ..run(1, 8000, 0) }];
+        let plan = schedule(&running, &[Waiting { tenant: 2, ..wait(2, 30, 0) }], &b);
+        assert_eq!(plan.work, vec![(1, 34), (2, 30)]);
+        // Alone, it takes the whole budget (work-conserving).
+        assert_eq!(schedule(&running, &[], &b).work, vec![(1, 512)]);
+        // Two long prompts split the budget evenly.
+        let plan = schedule(&running, &[Waiting { tenant: 2, ..wait(2, 5000, 0) }], &b);
+        assert_eq!(plan.work, vec![(1, 256), (2, 256)]);
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub(crate) struct Seq {
     matcher: Option<Matcher>,
     /// After a preemption: prompt and generated tokens, to prefill again.
     resume: Option<Vec<u32>>,
+    /// The engine step it last had work in (the scheduler rotates a tenant's decodes by it).
+    pub last_step: u64,
 }
 
 /// A tenant's number for the scheduler (equal names, equal numbers, within this process).
@@ -104,6 +106,7 @@ impl Seq {
             first_token_at: None,
             matcher,
             resume: None,
+            last_step: 0,
         }
     }
 
