@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma model-qwen tokenizers build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma model-qwen tokenizers build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -185,6 +185,7 @@ test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART2
 		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
 	$(ART23ENV)/bin/python tests/python/test_qwen.py target/debug/tandem $(QWEN_MODEL) $(QWEN15_MODEL) $(MODEL)
+	$(PYENV)/bin/python bench/fairness.py target/debug/tandem $(MODEL) --check
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model
@@ -193,6 +194,12 @@ bench: model
 ## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
 bench-gemma: model-gemma
 	MODEL=$(GEMMA_MODEL) bash bench/run-inference.sh
+
+## bench-fairness: a victim key's time to first token and decode speed alone and while another entity
+## saturates decode slots or prefill, /health's latency, the attacker's throughput (bench/fairness.py)
+bench-fairness: model
+	cargo build --release -q --bin tandem
+	python3 bench/fairness.py target/release/tandem $(MODEL)
 
 ## bench-qwen: the real Qwen2.5-Coder 0.5B and 1.5B against llama.cpp's server (speed, memory), recording
 ## what llama.cpp says on them into tests/data/llamacpp_qwen.json for the parity tests (bench/run-qwen.sh)
@@ -239,7 +246,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-training bench-rl bench-rl-trl bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

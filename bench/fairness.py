@@ -1,0 +1,247 @@
+"""Fair shares under attack (issue 32): a victim key's time to first token and decode speed, alone
+and while an attacker key of another entity saturates one resource within every documented
+limit, side by side in one run on one server. Also `/health`'s latency during each attack and
+the attacker's own throughput alone and beside the victim (work conservation).
+
+    python bench/fairness.py target/release/tandem models/SmolLM2-135M-Instruct.Q4_1.gguf [--rounds 5]
+
+`--check` runs a short version for `make test` that asserts orderings, not times: the victim's
+request finishes while the attacker's, started first, still runs.
+Standard library only (tests/python/tandem_server.py starts the server).
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
+from tandem_server import Server  # noqa: E402
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def post(server, key, path, body, stream=False, timeout=600):
+    """Opens a request; returns the response (read it yourself) and its connection."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    conn.request("POST", path, json.dumps(body), {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    return conn.getresponse(), conn
+
+
+def stream_chat(server, key, max_tokens, prompt="Write a long story about a lighthouse keeper."):
+    """(time to first token, decode tokens per second after it, tokens) of one streamed chat."""
+    t0 = time.monotonic()
+    r, conn = post(server, key, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "ignore_eos": True, "stream": True, "temperature": 0.7, "seed": 1})
+    assert r.status == 200, (r.status, r.read()[:300])
+    first, n = None, 0
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+            n += 1
+            if first is None:
+                first = time.monotonic()
+    end = time.monotonic()
+    conn.close()
+    ttft = (first or end) - t0
+    rate = (n - 1) / (end - first) if first and n > 1 and end > first else float("nan")
+    return ttft, rate, n
+
+
+def health_ms(server):
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    conn.request("GET", "/health")
+    conn.getresponse().read()
+    conn.close()
+    return (time.monotonic() - t0) * 1000
+
+
+class Attack:
+    """Runs `fire()` in `width` threads over and over until stopped; counts completion tokens."""
+
+    def __init__(self, fire, width):
+        self.fire, self.width, self.stop_flag, self.tokens, self.errors = fire, width, False, 0, []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.loop, daemon=True) for _ in range(width)]
+
+    def loop(self):
+        while not self.stop_flag:
+            try:
+                n = self.fire()
+                with self.lock:
+                    self.tokens += n
+            except Exception as e:  # noqa: BLE001 - reported, not raised from a thread
+                self.errors.append(repr(e))
+                time.sleep(0.2)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag = True
+
+
+def completion_tokens(server, key, body, path="/v1/chat/completions"):
+    r, conn = post(server, key, path, body)
+    data = json.loads(r.read())
+    conn.close()
+    assert r.status == 200, (r.status, data)
+    return data["usage"]["completion_tokens"]
+
+
+def attacks(server, key, long_tokens):
+    rng = random.Random(7)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me everything."}],
+            "max_tokens": long_tokens, "ignore_eos": True, "temperature": 1.0}
+    return {
+        # One request holding every decode slot: n = 32 choices.
+        "n=32 choices": (lambda: completion_tokens(server, key, {**chat, "n": 32}), 1),
+        # 32 separate long streams (half the per-entity concurrency limit).
+        "32 streams": (lambda: completion_tokens(server, key, chat), 32),
+        # Long random prompts (no prefix-cache hit), one token each, two at a time, chained.
+        "8000-token prompts": (lambda: completion_tokens(server, key, {
+            "model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(8000)], "max_tokens": 1},
+            "/v1/completions"), 2),
+    }
+
+
+def measure(server, victim, rounds, victim_tokens):
+    samples = [stream_chat(server, victim, victim_tokens) for _ in range(rounds)]
+    health = [health_ms(server) for _ in range(5)]
+    return samples, health
+
+
+def p95(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+
+
+def report(name, samples, health, alone):
+    ttft = [s[0] for s in samples]
+    rate = statistics.median(s[1] for s in samples)
+    print(f"{name:<20} ttft p50 {statistics.median(ttft):6.3f} s  p95 {p95(ttft):6.3f} s  "
+          f"decode {rate:6.1f} tok/s ({rate / alone:4.2f}x alone)  /health p95 {p95(health):7.1f} ms")
+
+
+def bench(args):
+    server = Server(args.binary, args.model, "attacker-key", extra=["--max-num-seqs", "32"])
+    try:
+        victim = server.new_key("victim")
+        stream_chat(server, victim, 8)  # warm up
+        samples, health = measure(server, victim, args.rounds, args.victim_tokens)
+        alone = statistics.median(s[1] for s in samples)
+        print(f"victim: {args.victim_tokens} tokens a stream, {args.rounds} rounds; attacker: another entity")
+        report("alone", samples, health, alone)
+        for name, (fire, width) in attacks(server, server.key, args.long_tokens).items():
+            # The attacker alone first (its throughput without the victim), then with it.
+            # Tokens served (prompt and generated, from /metrics) per second; the victim's own
+            # are subtracted beside it (its prompts are ~40 tokens).
+            with Attack(fire, width) as a:
+                time.sleep(args.settle)
+                t0, n0 = time.monotonic(), served_tokens(server)
+                time.sleep(args.window)
+                solo = (served_tokens(server) - n0) / (time.monotonic() - t0)
+                t0, n0 = time.monotonic(), served_tokens(server)
+                samples, health = measure(server, victim, args.rounds, args.victim_tokens)
+                mine = sum(s[2] + 40 for s in samples)
+                shared = (served_tokens(server) - n0 - mine) / (time.monotonic() - t0)
+            report(name, samples, health, alone)
+            print(f"{'':<20} attacker tokens served/s: alone {solo:7.1f}, beside the victim {shared:7.1f}"
+                  f"  errors {len(a.errors)}")
+            # Let the attacker's requests drain before the next attack.
+            while health_ms(server) > 50 or busy(server):
+                time.sleep(1)
+    finally:
+        server.stop()
+
+
+def served_tokens(server):
+    """Prompt plus generated tokens the engine has served so far, over every entity (/metrics)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {server.key}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(("vllm:prompt_tokens_total", "vllm:generation_tokens_total")))
+
+
+def busy(server):
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {server.key}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running") or line.startswith("vllm:num_requests_waiting"):
+            if float(line.split()[-1]) > 0:
+                return True
+    return False
+
+
+def check(args):
+    """Orderings only: with the attacker's long work started first, the victim's short request
+    ends first, for each attack."""
+    server = Server(args.binary, args.model, "attacker-key", extra=["--max-num-seqs", "8"])
+    failures = 0
+    try:
+        victim = server.new_key("victim")
+        rng = random.Random(3)
+        cases = {
+            "n=8 choices hold every slot": ("/v1/chat/completions", {
+                "model": MODEL, "messages": [{"role": "user", "content": "Go on."}], "n": 8,
+                "max_tokens": 400, "ignore_eos": True}),
+            "a 6000-token prompt": ("/v1/completions", {
+                "model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(6000)], "max_tokens": 1}),
+        }
+        for name, (path, body) in cases.items():
+            done = {}
+
+            def attacker():
+                completion_tokens(server, server.key, body, path)
+                done["attacker"] = time.monotonic()
+
+            t = threading.Thread(target=attacker)
+            t.start()
+            while not busy(server):
+                time.sleep(0.02)
+            time.sleep(0.3)
+            stream_chat(server, victim, 8, prompt="Hi")
+            done["victim"] = time.monotonic()
+            t.join()
+            ok = done["victim"] < done["attacker"]
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: the victim's request ended "
+                  f"{done['attacker'] - done['victim']:.1f} s before the attacker's")
+    finally:
+        server.stop()
+    print(f"fairness: {2 - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("binary")
+    p.add_argument("model")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--victim-tokens", type=int, default=64)
+    p.add_argument("--long-tokens", type=int, default=600)
+    p.add_argument("--settle", type=float, default=3.0)
+    p.add_argument("--window", type=float, default=10.0)
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args()
+    return check(args) if args.check else bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main() or 0)
