@@ -24,7 +24,7 @@ for MODEL in $QWEN_FILES; do
   start_tandem 8101 "$data" --max-num-seqs 16
   "$server" -m "$MODEL" -t 2 -np 16 -cb -c 16384 --port 8102 --api-key bench >/dev/null 2>&1 &
   llama_pid=$!
-  trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
+  trap 'kill $tandem_pid $llama_pid 2>/dev/null || true; rm -rf "$data"' EXIT
   wait_healthy 8101 && wait_healthy 8102
   if [ "$RECORD" = 1 ]; then
     python3 bench/record_llamacpp.py http://127.0.0.1:8102 "$(basename "$MODEL")" tests/data/llamacpp_qwen.json
