@@ -121,9 +121,15 @@ pub(crate) struct EngineLoop {
     cost: crate::fair::StepCost,
 }
 
-/// The slowdown guard's ratio until the engine has timed small and large steps: about what the
-/// bundled model measures on two cores (a 1-token step costs as much as ~4 more tokens).
-const DEFAULT_GUARD_RATIO: usize = 4;
+/// A step's cost before the engine has timed its own: about what the bundled model measures on
+/// two cores (4 ms fixed, 1 ms a token, 1.4 ms a token per thousand positions it attends).
+const PRIOR_COST: crate::fair::Cost = crate::fair::Cost { a: 0.004, c: 0.001, e: 0.0014 };
+
+/// The longest a step is planned to take: a request that arrives during a step waits at most
+/// about this long before its own first chunk runs (a 512-token chunk deep in a long context
+/// would otherwise take seconds). Long prompts alone lose little: a step's fixed part is a few
+/// milliseconds.
+const MAX_STEP_SECONDS: f64 = 0.25;
 
 impl EngineLoop {
     pub fn new(
@@ -146,7 +152,7 @@ impl EngineLoop {
             preempted: Vec::new(),
             next_id: 0,
             steps: 0,
-            cost: crate::fair::StepCost::new(DEFAULT_GUARD_RATIO),
+            cost: crate::fair::StepCost::new(PRIOR_COST),
         }
     }
 
@@ -281,6 +287,13 @@ impl EngineLoop {
         }
         self.steps += 1;
         let tokens: usize = work.values().sum();
+        // Positions the step's tokens attend, for the cost model: n tokens after p cached ones.
+        let attended: usize = self
+            .running
+            .iter()
+            .filter_map(|s| work.get(&s.id).map(|&n| (s.cache.len(), n.min(s.prefill_left.max(1)))))
+            .map(|(p, n)| n * p + n * (n + 1) / 2)
+            .sum();
         let started = Instant::now();
         let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
         let result = {
@@ -345,7 +358,7 @@ impl EngineLoop {
         let finished: Vec<SeqId> = seqs.into_iter().filter(|(_, f)| *f).map(|(s, _)| s.id).collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));
-        self.cost.observe(tokens, started.elapsed().as_secs_f64());
+        self.cost.observe(tokens, attended, started.elapsed().as_secs_f64());
         self.metrics.step(started.elapsed());
     }
 
@@ -362,6 +375,7 @@ impl EngineLoop {
                 reserve: s.kv_positions(),
                 preemptible: s.preemptible(),
                 last_step: s.last_step,
+                position: s.cache.len(),
             })
             .collect();
         let mut waiting: Vec<Waiting<SeqId>> = self
@@ -395,7 +409,8 @@ impl EngineLoop {
             step_tokens: self.config.step_tokens,
             max_seqs: self.config.max_seqs,
             kv_tokens: self.config.kv_tokens(&self.model.config),
-            guard_ratio: self.cost.ratio(),
+            cost: self.cost.cost(),
+            max_step_seconds: MAX_STEP_SECONDS,
         };
         scheduler::schedule(&running, &waiting, &budget)
     }

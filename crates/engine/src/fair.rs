@@ -3,13 +3,14 @@
 //! Three rules, each work-conserving (a tenant alone gets everything):
 //! - **Max-min shares** ([`water_fill`]): a budget (decode slots, a step's tokens, KV positions)
 //!   is divided so that no tenant gets more than another unless that other wants less.
-//! - **Slowdown guard** ([`guard`]): a step's time grows with the tokens in it, `T(n) ~ a + c n`,
-//!   so one tenant's tokens slow every other tenant's stream. No tenant may put more than
-//!   `r + m` tokens in a step where another tenant has `m`, with `r = a / c` ([`StepCost`]): then
-//!   the step takes at most `a + c m + c (r + m) = 2 (a + c m)` time per other tenant, so each
-//!   tenant's work runs at least `1 / k` as fast as it would alone when `k` tenants have work
-//!   (its fair share of the machine), whatever the others send.
-//! - **Cost model** ([`StepCost`]): `a` and `c` measured from the engine's own steps.
+//! - **Slowdown guard** ([`guard_caps`]): a step's time grows with the work in it, so one
+//!   tenant's tokens slow every other tenant's stream. No tenant's work in a step may cost more
+//!   than the step's fixed part `a` plus the cheapest other tenant's: then a step with `k`
+//!   tenants takes at most `k (a + cheapest)`, so each tenant's work runs at least `1 / k` as fast
+//!   as it would alone (its fair share of the machine), whatever the others send.
+//! - **Cost model** ([`Cost`], [`StepCost`]): `a + c n + e w` seconds for `n` tokens attending
+//!   `w` thousand positions, fitted to the engine's own steps, so a token deep in a long
+//!   context (which attends thousands of positions) counts for what it costs.
 
 /// Max-min fair division of `total` units among `demands`: every demand gets
 /// `min(demand, level)` for the largest level the total allows, and the units left by integer
@@ -40,77 +41,149 @@ pub fn water_fill(demands: &[usize], total: usize) -> Vec<usize> {
     }
 }
 
-/// Caps each tenant's tokens in a step at `ratio + m`, where `m` is the fewest tokens another
-/// tenant with work in the step has (tenants with 0 tokens are not in the step and are not
-/// protected by it). The tenant with the fewest tokens is never cut below what it has (its cap
-/// is the second fewest plus `ratio`). Returns the capped shares.
-pub fn guard(shares: &[usize], ratio: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..shares.len()).filter(|&i| shares[i] > 0).collect();
-    if order.len() < 2 {
-        return shares.to_vec();
+/// Max-min fair division of `total` seconds among `demands` (continuous water-filling): each
+/// gets `min(demand, level)`, the level as high as the total allows.
+pub fn water_fill_time(demands: &[f64], total: f64) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..demands.len()).collect();
+    order.sort_by(|&i, &j| demands[i].total_cmp(&demands[j]));
+    let mut share = vec![0.0; demands.len()];
+    let mut left = total.max(0.0);
+    for (k, &i) in order.iter().enumerate() {
+        let level = left / (order.len() - k) as f64;
+        share[i] = demands[i].min(level);
+        left -= share[i];
     }
-    order.sort_by_key(|&i| (shares[i], i));
-    let (least, second) = (shares[order[0]], shares[order[1]]);
-    shares
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| if i == order[0] { s.min(ratio + second) } else { s.min(ratio + least) })
-        .collect()
+    share
 }
 
-/// The step time's fixed part `a` (weights read, per-step overhead) against its part per token
-/// `c`, as exponentially weighted means of what the engine measures: small steps (at most
-/// [`StepCost::SMALL`] tokens) estimate `a + c`, large ones (at least [`StepCost::LARGE`]) the
-/// slope. Until both have been seen, the ratio is the configured default.
+/// A step's time as the engine measures it: `a + c n + e w`, for `n` tokens attending `w`
+/// thousand positions in all (a token at position `p` attends `p + 1`). `a` is the fixed part
+/// (reading the weights, the step's overhead), `c` a token's own work, `e` attention's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    pub a: f64,
+    pub c: f64,
+    pub e: f64,
+}
+
+impl Cost {
+    /// Seconds for `m` tokens of one sequence whose cache already holds `p` positions.
+    pub fn tokens(&self, p: usize, m: usize) -> f64 {
+        let (p, m) = (p as f64, m as f64);
+        self.c * m + self.e * (m * p + m * (m + 1.0) / 2.0) / 1000.0
+    }
+
+    /// The most of `m` tokens at position `p` that fit in `seconds` (monotone: binary search;
+    /// a nanosecond of slack absorbs the rounding of budgets computed as sums).
+    pub fn fit(&self, p: usize, m: usize, seconds: f64) -> usize {
+        let seconds = seconds + 1e-9;
+        let (mut lo, mut hi) = (0usize, m);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.tokens(p, mid) <= seconds {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+}
+
+/// The slowdown guard, in time: each tenant's work in a step may cost at most `a` plus the
+/// cheapest other tenant's (`costs[i]` is tenant i's; 0 = not in the step). The cheapest is
+/// capped by the second cheapest. Then a step with `k` tenants takes at most `k` times
+/// `a + cheapest`, so each tenant's work runs at least `1 / k` as fast as alone (`a + its own`).
+pub fn guard_caps(costs: &[f64], a: f64) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..costs.len()).filter(|&i| costs[i] > 0.0).collect();
+    if order.len() < 2 {
+        return costs.to_vec();
+    }
+    order.sort_by(|&i, &j| costs[i].total_cmp(&costs[j]).then(i.cmp(&j)));
+    let (least, second) = (costs[order[0]], costs[order[1]]);
+    costs.iter().enumerate().map(|(i, &c)| if i == order[0] { c.min(a + second) } else { c.min(a + least) }).collect()
+}
+
+/// Fits [`Cost`] to the engine's steps by recursive least squares with forgetting, starting from
+/// a prior that counts as a few steps (so a model never measured still schedules sensibly).
 #[derive(Debug, Clone)]
 pub struct StepCost {
-    /// Mean time of small steps and their mean token count.
-    small: Option<(f64, f64)>,
-    /// Mean time and token count of large steps.
-    large: Option<(f64, f64)>,
-    default_ratio: usize,
+    /// Normal equations over features (1, n, w): `xtx` weighted sums of x x^T, `xty` of x t.
+    xtx: [[f64; 3]; 3],
+    xty: [f64; 3],
 }
 
 impl StepCost {
-    pub const SMALL: usize = 2;
-    pub const LARGE: usize = 16;
-    /// Weight of a new measurement in the means.
-    const ALPHA: f64 = 0.1;
+    /// How much a past step still counts after each new one.
+    const FORGET: f64 = 0.995;
+    /// The prior's weight, in steps.
+    const PRIOR: f64 = 4.0;
 
-    pub fn new(default_ratio: usize) -> Self {
-        StepCost { small: None, large: None, default_ratio: default_ratio.max(1) }
+    pub fn new(prior: Cost) -> Self {
+        let mut me = StepCost { xtx: [[0.0; 3]; 3], xty: [0.0; 3] };
+        // Prior observations: a 1-token step, a 64-token one, one attending 64 thousand positions.
+        for (n, w) in [(1.0, 0.0), (64.0, 0.0), (64.0, 64.0)] {
+            me.add(n, w, prior.a + prior.c * n + prior.e * w, Self::PRIOR);
+        }
+        me
     }
 
-    /// A step of `tokens` tokens took `seconds`.
-    pub fn observe(&mut self, tokens: usize, seconds: f64) {
+    fn add(&mut self, n: f64, w: f64, t: f64, weight: f64) {
+        let x = [1.0, n, w];
+        for i in 0..3 {
+            for j in 0..3 {
+                self.xtx[i][j] += weight * x[i] * x[j];
+            }
+            self.xty[i] += weight * x[i] * t;
+        }
+    }
+
+    /// A step of `tokens` tokens attending `attended` positions in all took `seconds`.
+    pub fn observe(&mut self, tokens: usize, attended: usize, seconds: f64) {
         if tokens == 0 || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
-        let slot = if tokens <= Self::SMALL {
-            &mut self.small
-        } else if tokens >= Self::LARGE {
-            &mut self.large
-        } else {
-            return;
-        };
-        let n = tokens as f64;
-        *slot = Some(match *slot {
-            None => (seconds, n),
-            Some((t, m)) => (t + Self::ALPHA * (seconds - t), m + Self::ALPHA * (n - m)),
-        });
+        for row in self.xtx.iter_mut() {
+            for v in row.iter_mut() {
+                *v *= Self::FORGET;
+            }
+        }
+        for v in self.xty.iter_mut() {
+            *v *= Self::FORGET;
+        }
+        self.add(tokens as f64, attended as f64 / 1000.0, seconds, 1.0);
     }
 
-    /// `a / c`, in tokens: how many tokens add as much time as a step's fixed part. At least 1.
-    pub fn ratio(&self) -> usize {
-        let (Some((ts, ns)), Some((tl, nl))) = (self.small, self.large) else { return self.default_ratio };
-        let c = (tl - ts) / (nl - ns);
-        if !(c > 0.0) {
-            // Large steps no slower than small ones: per-token cost is negligible.
-            return self.default_ratio.max(Self::LARGE);
-        }
-        let a = ts - c * ns;
-        ((a / c).round().max(1.0) as usize).min(1 << 16)
+    /// The current fit, each part at least a microsecond's worth (never zero or negative).
+    pub fn cost(&self) -> Cost {
+        let theta = solve3(self.xtx, self.xty).unwrap_or([1e-3, 1e-3, 1e-3]);
+        Cost { a: theta[0].max(1e-6), c: theta[1].max(1e-6), e: theta[2].max(1e-9) }
     }
+}
+
+/// Solves a 3 x 3 system by Gaussian elimination with partial pivoting.
+fn solve3(mut m: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
+        if m[pivot][col].abs() < 1e-12 {
+            return None;
+        }
+        m.swap(col, pivot);
+        b.swap(col, pivot);
+        for row in col + 1..3 {
+            let f = m[row][col] / m[col][col];
+            for k in col..3 {
+                m[row][k] -= f * m[col][k];
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = [0.0; 3];
+    for row in (0..3).rev() {
+        let rest: f64 = (row + 1..3).map(|k| m[row][k] * x[k]).sum();
+        x[row] = (b[row] - rest) / m[row][row];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
 }
 
 #[cfg(test)]
@@ -131,49 +204,58 @@ mod tests {
     }
 
     #[test]
-    fn the_guard_caps_everyone_at_ratio_plus_the_smallest() {
-        // One decode stream against 31: with r = 4 the large tenant keeps 5.
-        assert_eq!(guard(&[1, 31], 4), vec![1, 5]);
-        // The smallest is capped by the second smallest only.
-        assert_eq!(guard(&[30, 31], 4), vec![30, 34.min(31)]);
-        assert_eq!(guard(&[2, 3, 40], 4), vec![2, 3, 6]);
-        // A tenant with nothing in the step protects no one.
-        assert_eq!(guard(&[0, 300], 4), vec![0, 300]);
-        assert_eq!(guard(&[300], 4), vec![300]);
+    fn time_is_water_filled_continuously() {
+        assert_eq!(water_fill_time(&[0.01, 0.5], 0.2), vec![0.01, 0.19]);
+        assert_eq!(water_fill_time(&[0.5, 0.5], 0.2), vec![0.1, 0.1]);
+        assert_eq!(water_fill_time(&[0.05, 0.05], 0.2), vec![0.05, 0.05]);
+        assert_eq!(water_fill_time(&[], 0.2), Vec::<f64>::new());
     }
 
     #[test]
-    fn the_guarded_step_takes_at_most_twice_the_smallest_alone() {
-        // With T(n) = a + c n and r = a / c, any guarded split of two tenants takes at most
-        // 2 T(m) for the smaller's m.
-        let (a, c) = (4.0, 1.0);
-        for m in 1..50usize {
-            for other in [1usize, 10, 100, 1000] {
-                let s = guard(&[m, other], 4);
-                let t = a + c * (s[0] + s[1]) as f64;
-                let least = s[0].min(s[1]) as f64;
-                assert!(t <= 2.0 * (a + c * least) + 1e-9, "{m} {other}: {s:?}");
+    fn a_chunk_costs_its_tokens_and_their_attention() {
+        let cost = Cost { a: 0.004, c: 0.001, e: 0.001 };
+        // 2 tokens after 1,000 positions attend 1,001 and 1,002: 0.002 + 0.001 * 2.003.
+        assert!((cost.tokens(1000, 2) - (0.002 + 0.002003)).abs() < 1e-12);
+        // Only attention: m tokens at 1,000 cost m/1000 + m(m+1)/2e6 s; 224 fit in 0.25 s, 225 not.
+        let attention = Cost { a: 0.0, c: 0.0, e: 0.001 };
+        assert_eq!(attention.fit(1000, 512, 0.25), 224);
+        assert_eq!(attention.fit(1000, 100, 0.25), 100);
+        assert_eq!(attention.fit(1000, 512, 0.0), 0);
+    }
+
+    #[test]
+    fn the_time_guard_caps_everyone_at_a_plus_the_cheapest() {
+        assert_eq!(guard_caps(&[0.001, 0.5], 0.004), vec![0.001, 0.005]);
+        assert_eq!(guard_caps(&[0.3, 0.5], 0.004), vec![0.3, 0.304]);
+        assert_eq!(guard_caps(&[0.0, 0.5], 0.004), vec![0.0, 0.5], "a tenant not in the step protects no one");
+        // Any capped pair takes at most twice the cheaper one's time alone.
+        for x in [0.001, 0.01, 0.1] {
+            for y in [0.001, 0.05, 2.0] {
+                let c = guard_caps(&[x, y], 0.004);
+                assert!(0.004 + c[0] + c[1] <= 2.0 * (0.004 + c[0].min(c[1])) + 1e-12, "{x} {y}: {c:?}");
             }
         }
     }
 
     #[test]
-    fn the_cost_model_recovers_the_fixed_part_over_the_slope() {
-        let mut cost = StepCost::new(7);
-        assert_eq!(cost.ratio(), 7, "the default until both sizes are seen");
-        let (a, c) = (0.0045, 0.0011);
-        for _ in 0..50 {
-            cost.observe(1, a + c);
-            cost.observe(32, a + 32.0 * c);
-            cost.observe(8, 1.0); // medium steps are not used
+    fn the_cost_model_recovers_its_parts_from_steps() {
+        let prior = Cost { a: 0.004, c: 0.001, e: 0.0014 };
+        let mut fit = StepCost::new(prior);
+        let c0 = fit.cost();
+        assert!((c0.a - 0.004).abs() < 1e-9 && (c0.c - 0.001).abs() < 1e-9 && (c0.e - 0.0014).abs() < 1e-9, "{c0:?}");
+        // Steps of another machine: a = 3 ms, c = 2.4 ms, e = 0.5 ms per thousand positions.
+        let truth = Cost { a: 0.003, c: 0.0024, e: 0.0005 };
+        for i in 0..2000usize {
+            let (n, p) = [(1, 40 + i % 600), (32, 300 + i % 500), (512, 4000)][i % 3];
+            let w = n * p + n * (n + 1) / 2;
+            fit.observe(n, w, truth.a + truth.tokens(p, n) * 1.0 + 0.0);
+            fit.observe(0, 0, 1.0);
+            fit.observe(3, 10, f64::NAN);
         }
-        assert_eq!(cost.ratio(), 4, "a / c = 4.09");
-        cost.observe(0, 1.0);
-        cost.observe(1, f64::NAN);
-        assert_eq!(cost.ratio(), 4);
-        let mut flat = StepCost::new(3);
-        flat.observe(1, 0.01);
-        flat.observe(64, 0.01);
-        assert_eq!(flat.ratio(), StepCost::LARGE, "no per-token cost: a loose guard");
+        let got = fit.cost();
+        for (g, t) in [(got.a, truth.a), (got.c, truth.c), (got.e, truth.e)] {
+            assert!((g - t).abs() < 0.02 * t, "{got:?} vs {truth:?}");
+        }
     }
+
 }

@@ -13,18 +13,19 @@
 //!   sequences or of KV positions are preempted for it (the most-over tenant's worst first), so a
 //!   tenant holding every slot gives one up within a step. The engine drops their KV cache and
 //!   recomputes it when they are admitted again (vLLM's recompute preemption).
-//! - **Tokens**: a step's token budget is water-filled between the tenants with work (decode
-//!   tokens and prefill chunks alike, a token weighs the same in a batched forward), then the
-//!   slowdown guard caps each tenant at `guard_ratio` tokens more than the smallest other
-//!   tenant in the step, so no tenant's work runs slower than `1 / k` of its speed alone with
-//!   `k` tenants busy. Within a tenant: decodes first (the least recently served first, so its
+//! - **Tokens and time**: a step's token budget is water-filled between the tenants with work
+//!   (decode tokens and prefill chunks alike); then, in time (`fair::Cost`: a token deep in a
+//!   long context costs its attention), the slowdown guard caps each tenant's work at the step's
+//!   fixed part plus the cheapest other tenant's, so no tenant's work runs slower than `1 / k` of
+//!   its speed alone with `k` tenants busy, and the step is capped at `max_step_seconds` (time
+//!   water-filled between tenants). Within a tenant: decodes first (the least recently served first, so its
 //!   streams take turns when it has more than its share), then prompts by (priority, arrival).
 //!
 //! `priority` is the client's to set, so it orders only that tenant's own requests: a waiting
 //! request may also preempt running sequences of its own tenant with strictly lower priority
 //! (larger `priority`, the latest arrivals first), as vLLM's priority scheduling does.
 
-use crate::fair::{guard, water_fill};
+use crate::fair::{guard_caps, water_fill, water_fill_time, Cost};
 use std::collections::BTreeMap;
 
 /// A running sequence as the scheduler sees it. `Id` is the engine's sequence id (the scheduler
@@ -46,6 +47,8 @@ pub struct Running<Id = u64> {
     pub preemptible: bool,
     /// The last step it had work in (a tenant's decodes take turns, least recent first).
     pub last_step: u64,
+    /// Positions already in its KV cache (what its next token attends, for the step's cost).
+    pub position: usize,
 }
 
 /// A request waiting for admission.
@@ -63,7 +66,7 @@ pub struct Waiting<Id = u64> {
     pub seqs: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Budget {
     /// New tokens per step (decode tokens plus prefill chunks).
     pub step_tokens: usize,
@@ -71,9 +74,11 @@ pub struct Budget {
     /// KV positions all sequences together may hold (the KV memory budget). At least the
     /// context length, so that any one sequence can always finish alone.
     pub kv_tokens: usize,
-    /// The slowdown guard's allowance (`fair::guard`): a step's fixed time over its time per
-    /// token, in tokens (`fair::StepCost::ratio`).
-    pub guard_ratio: usize,
+    /// What a step costs (`fair::StepCost`), for the slowdown guard and the step's time cap.
+    pub cost: Cost,
+    /// The longest a step may be planned to take (so a request arriving during it waits at most
+    /// that long for its first chunk); each sequence with work keeps at least one token.
+    pub max_step_seconds: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -145,66 +150,82 @@ pub fn schedule<Id: Copy + Ord>(running: &[Running<Id>], waiting: &[Waiting<Id>]
     plan
 }
 
-/// Tokens per sequence this step: the budget water-filled between tenants by what each could
-/// use, the slowdown guard applied, then each tenant's share spent on its decodes (least
-/// recently served first), its prompts being prefilled (priority, arrival) and its admission
-/// candidates (in order).
+/// Tokens per sequence this step: the token budget water-filled between tenants by what each
+/// could use; then, in time (`Budget::cost`), the slowdown guard and the step's time cap (time
+/// water-filled between tenants); each tenant's share spent on its decodes (least recently
+/// served first), its prompts being prefilled (priority, arrival) and its admission candidates
+/// (in order).
 fn grant_tokens<Id: Copy + Ord>(
     running: &[Running<Id>],
     candidates: &[&Waiting<Id>],
     budget: &Budget,
 ) -> BTreeMap<Id, usize> {
-    #[derive(Default)]
-    struct Work<'a, Id> {
-        decodes: Vec<&'a Running<Id>>,
-        prefills: Vec<&'a Running<Id>>,
-        admits: Vec<&'a Waiting<Id>>,
-    }
-    let mut tenants: BTreeMap<u64, Work<'_, Id>> = BTreeMap::new();
+    /// One sequence's claim: (id, position, tokens wanted).
+    type Item<Id> = (Id, usize, usize);
+    let mut tenants: BTreeMap<u64, (Vec<&Running<Id>>, Vec<&Running<Id>>, Vec<&Waiting<Id>>)> = BTreeMap::new();
     for r in running {
-        let t = tenants.entry(r.tenant).or_insert_with(|| Work { decodes: vec![], prefills: vec![], admits: vec![] });
-        if r.prefill_left == 0 { t.decodes.push(r) } else { t.prefills.push(r) }
+        let t = tenants.entry(r.tenant).or_default();
+        if r.prefill_left == 0 { t.0.push(r) } else { t.1.push(r) }
     }
     for w in candidates {
-        tenants.entry(w.tenant).or_insert_with(|| Work { decodes: vec![], prefills: vec![], admits: vec![] }).admits.push(w);
+        tenants.entry(w.tenant).or_default().2.push(w);
     }
-    let demands: Vec<usize> = tenants
-        .values()
-        .map(|t| {
-            t.decodes.len()
-                + t.prefills.iter().map(|r| r.prefill_left).sum::<usize>()
-                + t.admits.iter().map(|w| w.prefill.max(1)).sum::<usize>()
+    let mut items: Vec<Vec<Item<Id>>> = tenants
+        .values_mut()
+        .map(|(decodes, prefills, admits)| {
+            decodes.sort_by_key(|r| (r.last_step, r.arrival, r.id));
+            prefills.sort_by_key(|r| (r.priority, r.arrival, r.id));
+            let mut v: Vec<Item<Id>> = decodes.iter().map(|r| (r.id, r.position, 1)).collect();
+            v.extend(prefills.iter().map(|r| (r.id, r.position, r.prefill_left)));
+            v.extend(admits.iter().map(|w| (w.id, 0, w.prefill.max(1))));
+            v
         })
         .collect();
-    let shares = guard(&water_fill(&demands, budget.step_tokens), budget.guard_ratio);
-    let mut grants = BTreeMap::new();
-    for (t, mut left) in tenants.values_mut().zip(shares) {
-        t.decodes.sort_by_key(|r| (r.last_step, r.arrival, r.id));
-        for r in &t.decodes {
-            if left == 0 {
-                break;
-            }
-            grants.insert(r.id, 1);
-            left -= 1;
-        }
-        t.prefills.sort_by_key(|r| (r.priority, r.arrival, r.id));
-        for r in &t.prefills {
-            let n = r.prefill_left.min(left);
-            if n > 0 {
-                grants.insert(r.id, n);
-                left -= n;
-            }
-        }
-        for w in &t.admits {
-            let n = w.prefill.max(1).min(left);
-            if n == 0 {
-                break;
-            }
-            grants.insert(w.id, n);
-            left -= n;
+    // Tokens: max-min shares of the step's budget.
+    let demands: Vec<usize> = items.iter().map(|v| v.iter().map(|i| i.2).sum()).collect();
+    for (v, share) in items.iter_mut().zip(water_fill(&demands, budget.step_tokens)) {
+        take_tokens(v, share);
+    }
+    // Time: the slowdown guard, then the step's cap.
+    let cost = budget.cost;
+    let costs = |items: &[Vec<Item<Id>>]| -> Vec<f64> {
+        items.iter().map(|v| v.iter().map(|&(_, p, m)| cost.tokens(p, m)).sum()).collect()
+    };
+    let caps = guard_caps(&costs(&items), cost.a);
+    for (v, cap) in items.iter_mut().zip(caps) {
+        take_seconds(v, cap, &cost);
+    }
+    let now = costs(&items);
+    if cost.a + now.iter().sum::<f64>() > budget.max_step_seconds {
+        for (v, cap) in items.iter_mut().zip(water_fill_time(&now, budget.max_step_seconds - cost.a)) {
+            take_seconds(v, cap, &cost);
         }
     }
-    grants
+    items.into_iter().flatten().filter(|i| i.2 > 0).map(|(id, _, m)| (id, m)).collect()
+}
+
+/// Keeps the first `n` tokens of a tenant's claims, in order.
+fn take_tokens<Id>(items: &mut [(Id, usize, usize)], mut n: usize) {
+    for item in items.iter_mut() {
+        item.2 = item.2.min(n);
+        n -= item.2;
+    }
+}
+
+/// Keeps the claims, in order, that fit in `seconds`: the first that does not fit is cut to what
+/// does (at least one token when it is the first claim, so every tenant in the step moves on).
+fn take_seconds<Id>(items: &mut [(Id, usize, usize)], mut seconds: f64, cost: &Cost) {
+    let mut first = true;
+    for item in items.iter_mut().filter(|i| i.2 > 0) {
+        let fit = cost.fit(item.1, item.2, seconds);
+        let keep = if first { fit.max(1) } else { fit };
+        seconds -= cost.tokens(item.1, keep);
+        first = false;
+        item.2 = keep;
+        if seconds <= 0.0 {
+            seconds = 0.0;
+        }
+    }
 }
 
 /// Running sequences to evict so that every decoding sequence has room for its next position.
@@ -373,14 +394,29 @@ mod tests {
     use super::*;
 
     fn run(id: u64, prefill_left: usize, priority: i64) -> Running {
-        Running { id, tenant: 0, prefill_left, priority, arrival: id, reserve: 100, preemptible: true, last_step: 0 }
+        Running {
+            id,
+            tenant: 0,
+            prefill_left,
+            priority,
+            arrival: id,
+            reserve: 100,
+            preemptible: true,
+            last_step: 0,
+            position: 0,
+        }
     }
 
     fn wait(id: u64, prefill: usize, priority: i64) -> Waiting {
         Waiting { id, tenant: 0, priority, arrival: id, prefill, reserve: prefill + 16, seqs: 1 }
     }
 
-    const B: Budget = Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000, guard_ratio: 1000 };
+    /// A step's time in these tests: 4 ms fixed, 1 ms a token, attention free (unless a test
+    /// says otherwise), so the guard allows 4 more tokens than the smallest tenant has.
+    const COST: Cost = Cost { a: 0.004, c: 0.001, e: 0.0 };
+    const B: Budget =
+        Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000, cost: Cost { c: 1e-6, ..COST }, max_step_seconds: 10.0 };
+    const FAIR: Budget = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, cost: COST, max_step_seconds: 10.0 };
 
     #[test]
     fn decodes_first_then_chunked_prefill() {
@@ -469,7 +505,7 @@ mod tests {
     fn one_tenant_holding_every_slot_gives_a_newcomer_its_share_at_once() {
         // 32 slots all decoding for tenant 1 (one request's n, or 32 streams): tenant 2's request
         // is admitted the same step by preempting tenant 1's latest sequence.
-        let b = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, guard_ratio: 4 };
+        let b = FAIR;
         let full: Vec<Running> = (1..=32).map(|id| Running { tenant: 1, ..run(id, 0, 0) }).collect();
         let victim = Waiting { tenant: 2, ..wait(100, 20, 0) };
         let plan = schedule(&full, std::slice::from_ref(&victim), &b);
@@ -495,8 +531,8 @@ mod tests {
     #[test]
     fn a_long_prompt_shares_the_step_budget_with_others() {
         // Tenant 1 prefills 8,000 tokens; tenant 2 arrives with 30: both in the next step, tenant 1
-        // held to 30 + guard_ratio tokens while tenant 2's prompt is in the step.
-        let b = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, guard_ratio: 4 };
+        // held to 30 + 4 tokens (the fixed 4 ms) while tenant 2's prompt is in the step.
+        let b = FAIR;
         let running = [Running { tenant: 1, ..run(1, 8000, 0) }];
         let plan = schedule(&running, &[Waiting { tenant: 2, ..wait(2, 30, 0) }], &b);
         assert_eq!(plan.work, vec![(1, 34), (2, 30)]);
@@ -505,6 +541,28 @@ mod tests {
         // Two long prompts split the budget evenly.
         let plan = schedule(&running, &[Waiting { tenant: 2, ..wait(2, 5000, 0) }], &b);
         assert_eq!(plan.work, vec![(1, 256), (2, 256)]);
+    }
+
+    #[test]
+    fn deep_context_is_counted_for_its_attention_and_steps_are_capped_in_time() {
+        // Attention only: a token at position p costs (p + 1) us.
+        let cost = Cost { a: 0.0, c: 0.0, e: 0.001 };
+        let b = Budget { cost, max_step_seconds: 0.25, ..FAIR };
+        // Alone at 1,000 positions: 224 tokens fit in 0.25 s (fair.rs computes it by hand).
+        let deep = Running { tenant: 1, position: 1000, ..run(1, 8000, 0) };
+        assert_eq!(schedule(std::slice::from_ref(&deep), &[], &b).work, vec![(1, 224)]);
+        // Against a newcomer's 30 tokens at position 0 (cost 0.465 ms), the deep prompt may cost
+        // only as much: no token fits, but it keeps one (0.0010005 s).
+        let plan = schedule(std::slice::from_ref(&deep), &[Waiting { tenant: 2, ..wait(2, 30, 0) }], &b);
+        assert_eq!(plan.work, vec![(1, 1), (2, 30)]);
+        // A decode deep in a context counts too: 31 streams at 4,000 positions against one at 40.
+        let guarded = Budget { cost: Cost { a: 0.004, c: 0.001, e: 0.001 }, ..b };
+        let mut running: Vec<Running> =
+            (1..=31).map(|id| Running { tenant: 1, position: 4000, ..run(id, 0, 0) }).collect();
+        running.push(Running { tenant: 2, position: 40, ..run(100, 0, 0) });
+        // Tenant 2: 1 ms + 41 us; tenant 1 may spend 4 ms + that: one 5.001 ms token at 4,000.
+        let plan = schedule(&running, &[], &guarded);
+        assert_eq!(plan.work.len(), 1 + 1, "{:?}", plan.work);
     }
 
     #[test]
