@@ -15,6 +15,7 @@ pub mod body;
 pub mod dashboard;
 pub mod error;
 pub mod health;
+pub mod heavy;
 pub mod limiter;
 pub mod openai;
 pub mod openapi;

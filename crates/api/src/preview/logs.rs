@@ -8,6 +8,7 @@ use crate::error::{ApiError, PreviewError};
 use crate::views;
 use crate::AppState;
 use axum::extract::{Extension, Path, Query, State};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -121,6 +122,7 @@ pub async fn list(
         (status = 200, body = crate::views::LogView),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such model or log for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 429, description = "A large read of this entity is running; retry", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
     ),
     security(("bearer" = []))
@@ -129,14 +131,20 @@ pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((model_id, log_id)): Path<(String, String)>,
-) -> Result<Json<views::LogView>, PreviewError> {
+) -> Result<axum::response::Response, PreviewError> {
     let model = owned_model(&state, &caller, &model_id).await?;
     let log_id = path_id(&log_id, "log")?;
-    let (entry, groups) = state.store().get_log(model.id, log_id).await.map_err(|e| match e {
-        StoreError::NotFound => ApiError::not_found("log"),
-        other => other.into(),
-    })?;
-    let mut view = views::log_entry(&entry);
-    view.trajectory_groups = Some(groups);
-    Ok(Json(view))
+    // A log's groups may be tens of megabytes: read, parsed and written off the async workers.
+    let store = state.clone();
+    let body = crate::heavy::run(&caller.entity, move || async move {
+        let (entry, groups) = store.store().get_log(model.id, log_id).await.map_err(|e| match e {
+            StoreError::NotFound => ApiError::not_found("log"),
+            other => other.into(),
+        })?;
+        let mut view = views::log_entry(&entry);
+        view.trajectory_groups = Some(groups);
+        serde_json::to_vec(&view).map_err(|e| ApiError::new(crate::error::ErrorKind::Internal, e.to_string()))
+    })
+    .await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
