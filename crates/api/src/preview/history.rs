@@ -143,13 +143,20 @@ pub async fn get(
 ) -> Result<Json<HistoryView>, PreviewError> {
     let window = window(&query)?;
     let model = owned_model(&state, &caller, &model_id).await?;
+    // Hundreds of logs' metrics are read and parsed: off the async workers, one per entity.
+    let view = crate::heavy::run(&caller.entity, move || build(state, model.id, window)).await?;
+    Ok(Json(view))
+}
+
+/// Reads and folds a model's history (on a blocking thread: `heavy::run`).
+async fn build(state: AppState, model_id: uuid::Uuid, window: Window) -> Result<HistoryView, ApiError> {
     let store = state.store();
     // The newest logs, read newest first and bounded, folded page by page into bounded series.
     let mut series = Series::default();
     let mut read = 0;
     let mut page = PageRequest { after: None, limit: PAGE, order: Order::Desc };
     loop {
-        let p = store.list_logs(model.id, None, page).await?;
+        let p = store.list_logs(model_id, None, page).await?;
         read += p.items.len();
         add_logs(&mut series, &p.items);
         match (p.has_more && read < MAX_LOGS, p.items.last()) {
@@ -160,7 +167,7 @@ pub async fn get(
     let mut checkpoints = Vec::new();
     let mut page = PageRequest { after: None, limit: PAGE, order: Order::Asc };
     loop {
-        let p = store.list_checkpoints(model.id, page).await?;
+        let p = store.list_checkpoints(model_id, page).await?;
         checkpoints.extend(p.items.iter().map(|c| HistoryCheckpoint { step: c.step, time_ms: c.created_at }));
         match (p.has_more, p.items.last()) {
             (true, Some(last)) => page.after = Some(last.id),
@@ -172,16 +179,17 @@ pub async fn get(
     let mut jobs = Vec::new();
     let mut page = PageRequest { after: None, limit: PAGE, order: Order::Asc };
     loop {
-        let p = store.list_jobs(model.id, page).await?;
+        let p = store.list_jobs(model_id, page).await?;
         jobs.extend(p.items.iter().filter(|j| !j.rollout_metrics.is_empty()).cloned());
         match (p.has_more, p.items.last()) {
             (true, Some(last)) => page.after = Some(last.id),
             _ => break,
         }
     }
-    let steps = store.gradient_step_history(model.id).await?;
-    // Grouping and downsampling is CPU work proportional to the history: off the async workers.
-    let (series, truncated) = tokio::task::spawn_blocking(move || {
+    let steps = store.gradient_step_history(model_id).await?;
+    // Grouping and downsampling is CPU work proportional to the history (already on a blocking
+    // thread here).
+    let (series, truncated) = {
         add_rollouts(&mut series, &jobs, latest_step);
         add_training(&mut series, &steps, latest_step);
         let out: Vec<SeriesView> = series
@@ -198,8 +206,6 @@ pub async fn get(
             })
             .collect();
         (out, series.truncated)
-    })
-    .await
-    .map_err(|_| ApiError::new(crate::error::ErrorKind::Internal, "building the history failed"))?;
-    Ok(Json(HistoryView { model_id: model.id, latest_step, checkpoints, series, truncated }))
+    };
+    Ok(HistoryView { model_id, latest_step, checkpoints, series, truncated })
 }
