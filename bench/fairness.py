@@ -201,8 +201,8 @@ def check(args):
             "n=8 choices hold every slot": ("/v1/chat/completions", {
                 "model": MODEL, "messages": [{"role": "user", "content": "Go on."}], "n": 8,
                 "max_tokens": 400, "ignore_eos": True}),
-            "a 6000-token prompt": ("/v1/completions", {
-                "model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(6000)], "max_tokens": 1}),
+            "a 3000-token prompt": ("/v1/completions", {
+                "model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(3000)], "max_tokens": 1}),
         }
         for name, (path, body) in cases.items():
             done = {}

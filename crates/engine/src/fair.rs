@@ -104,38 +104,26 @@ pub fn guard_caps(costs: &[f64], a: f64) -> Vec<f64> {
     costs.iter().enumerate().map(|(i, &c)| if i == order[0] { c.min(a + second) } else { c.min(a + least) }).collect()
 }
 
-/// Fits [`Cost`] to the engine's steps by recursive least squares with forgetting, starting from
-/// a prior that counts as a few steps (so a model never measured still schedules sensibly).
+/// Fits [`Cost`] to the engine's steps. Steps are binned by size (1-2 tokens, 3-15, 16-127, 128
+/// and more), each bin keeping recent means of its steps' tokens, attended positions and time,
+/// and the fit is least squares over the bins' means plus a weak prior. Binning keeps what small
+/// steps cost while only large ones run (a forgetting fit over all steps lost it, and with it
+/// the fixed part: under a flood of 32-token steps the guard then let everything through).
 #[derive(Debug, Clone)]
 pub struct StepCost {
-    /// Normal equations over features (1, n, w): `xtx` weighted sums of x x^T, `xty` of x t.
-    xtx: [[f64; 3]; 3],
-    xty: [f64; 3],
+    bins: [Option<[f64; 3]>; 4],
+    prior: Cost,
 }
 
 impl StepCost {
-    /// How much a past step still counts after each new one.
-    const FORGET: f64 = 0.995;
-    /// The prior's weight, in steps.
-    const PRIOR: f64 = 4.0;
+    /// Weight of a new step in its bin's means.
+    const ALPHA: f64 = 0.1;
+    /// Weight of each of the prior's three points against a bin's one: enough to settle what the
+    /// bins leave open (one or two sizes seen), too little to bend what they determine.
+    const PRIOR: f64 = 1e-4;
 
     pub fn new(prior: Cost) -> Self {
-        let mut me = StepCost { xtx: [[0.0; 3]; 3], xty: [0.0; 3] };
-        // Prior observations: a 1-token step, a 64-token one, one attending 64 thousand positions.
-        for (n, w) in [(1.0, 0.0), (64.0, 0.0), (64.0, 64.0)] {
-            me.add(n, w, prior.a + prior.c * n + prior.e * w, Self::PRIOR);
-        }
-        me
-    }
-
-    fn add(&mut self, n: f64, w: f64, t: f64, weight: f64) {
-        let x = [1.0, n, w];
-        for i in 0..3 {
-            for j in 0..3 {
-                self.xtx[i][j] += weight * x[i] * x[j];
-            }
-            self.xty[i] += weight * x[i] * t;
-        }
+        StepCost { bins: [None; 4], prior }
     }
 
     /// A step of `tokens` tokens attending `attended` positions in all took `seconds`.
@@ -143,20 +131,40 @@ impl StepCost {
         if tokens == 0 || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
-        for row in self.xtx.iter_mut() {
-            for v in row.iter_mut() {
-                *v *= Self::FORGET;
-            }
-        }
-        for v in self.xty.iter_mut() {
-            *v *= Self::FORGET;
-        }
-        self.add(tokens as f64, attended as f64 / 1000.0, seconds, 1.0);
+        let bin = match tokens {
+            1..=2 => 0,
+            3..=15 => 1,
+            16..=127 => 2,
+            _ => 3,
+        };
+        let x = [tokens as f64, attended as f64 / 1000.0, seconds];
+        self.bins[bin] = Some(match self.bins[bin] {
+            None => x,
+            Some(m) => std::array::from_fn(|i| m[i] + Self::ALPHA * (x[i] - m[i])),
+        });
     }
 
     /// The current fit, each part at least a microsecond's worth (never zero or negative).
     pub fn cost(&self) -> Cost {
-        let theta = solve3(self.xtx, self.xty).unwrap_or([1e-3, 1e-3, 1e-3]);
+        let p = self.prior;
+        let mut xtx = [[0.0; 3]; 3];
+        let mut xty = [0.0; 3];
+        let mut add = |n: f64, w: f64, t: f64, weight: f64| {
+            let x = [1.0, n, w];
+            for i in 0..3 {
+                for j in 0..3 {
+                    xtx[i][j] += weight * x[i] * x[j];
+                }
+                xty[i] += weight * x[i] * t;
+            }
+        };
+        for (n, w) in [(1.0, 0.0), (64.0, 0.0), (64.0, 64.0)] {
+            add(n, w, p.a + p.c * n + p.e * w, Self::PRIOR);
+        }
+        for [n, w, t] in self.bins.iter().flatten() {
+            add(*n, *w, *t, 1.0);
+        }
+        let theta = solve3(xtx, xty).unwrap_or([p.a, p.c, p.e]);
         Cost { a: theta[0].max(1e-6), c: theta[1].max(1e-6), e: theta[2].max(1e-9) }
     }
 }
@@ -256,6 +264,13 @@ mod tests {
         for (g, t) in [(got.a, truth.a), (got.c, truth.c), (got.e, truth.e)] {
             assert!((g - t).abs() < 0.02 * t, "{got:?} vs {truth:?}");
         }
+        // Then a long flood of 32-token decode steps only: what small steps cost is kept.
+        for i in 0..5000usize {
+            let p = 300 + i % 500;
+            fit.observe(32, 32 * p + 528, truth.a + truth.tokens(p, 32));
+        }
+        let got = fit.cost();
+        assert!((got.a - truth.a).abs() < 0.05 * truth.a, "{got:?} vs {truth:?}");
     }
 
 }
