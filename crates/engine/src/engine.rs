@@ -119,6 +119,8 @@ pub(crate) struct EngineLoop {
     steps: u64,
     /// Measured step times, for the scheduler's slowdown guard.
     cost: crate::fair::StepCost,
+    /// Time saved by tenants the guard held back (the scheduler's deficit round robin).
+    credits: std::collections::BTreeMap<u64, f64>,
 }
 
 /// A step's cost before the engine has timed its own: about what the bundled model measures on
@@ -153,6 +155,7 @@ impl EngineLoop {
             next_id: 0,
             steps: 0,
             cost: crate::fair::StepCost::new(PRIOR_COST),
+            credits: Default::default(),
         }
     }
 
@@ -412,7 +415,9 @@ impl EngineLoop {
             cost: self.cost.cost(),
             max_step_seconds: MAX_STEP_SECONDS,
         };
-        scheduler::schedule(&running, &waiting, &budget)
+        let plan = scheduler::schedule_with(&running, &waiting, &budget, &self.credits);
+        self.credits = plan.credits.clone();
+        plan
     }
 
     /// Moves a waiting request into the running set, reusing a cached prefix if there is one.

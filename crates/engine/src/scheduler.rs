@@ -81,7 +81,7 @@ pub struct Budget {
     pub max_step_seconds: f64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan<Id = u64> {
     /// Running ids to preempt before this step (they get no work).
     pub preempt: Vec<Id>,
@@ -89,6 +89,8 @@ pub struct Plan<Id = u64> {
     pub admit: Vec<Id>,
     /// (id, new tokens this step), for running and newly admitted sequences.
     pub work: Vec<(Id, usize)>,
+    /// Each tenant's time credit after this step (deficit round robin, `schedule_with`).
+    pub credits: BTreeMap<u64, f64>,
 }
 
 /// Plans one step. Decoding adds one
@@ -96,6 +98,20 @@ pub struct Plan<Id = u64> {
 /// first (vLLM's recompute preemption), from the tenant holding the most KV, its lowest
 /// priority and latest arrival first.
 pub fn schedule<Id: Copy + Ord>(running: &[Running<Id>], waiting: &[Waiting<Id>], budget: &Budget) -> Plan<Id> {
+    schedule_with(running, waiting, budget, &BTreeMap::new())
+}
+
+/// [`schedule`] with each tenant's time credit from the step before: a tenant whose next token
+/// alone costs more than the slowdown guard lets it spend in one step (a token deep in a long
+/// context) saves the allowance of the steps it sits out and runs once it has enough (deficit
+/// round robin in seconds), so the guard's bound holds on average instead of being broken by a
+/// token a step.
+pub fn schedule_with<Id: Copy + Ord>(
+    running: &[Running<Id>],
+    waiting: &[Waiting<Id>],
+    budget: &Budget,
+    credits: &BTreeMap<u64, f64>,
+) -> Plan<Id> {
     let kv_reserved = running.iter().map(|r| r.reserve).sum();
     let mut preempt = growth_preemptions(running, kv_reserved, budget);
     let grown: Vec<Running<Id>> = running
@@ -105,7 +121,7 @@ pub fn schedule<Id: Copy + Ord>(running: &[Running<Id>], waiting: &[Waiting<Id>]
         .collect();
     let kv_grown = grown.iter().map(|r| r.reserve).sum();
     preempt.extend(preemptions(&grown, waiting, kv_grown, budget));
-    let mut plan = Plan { preempt, admit: Vec::new(), work: Vec::new() };
+    let mut plan = Plan { preempt, admit: Vec::new(), work: Vec::new(), credits: BTreeMap::new() };
     let (running, kv_reserved) = (&grown[..], kv_grown);
     let freed: usize = running.iter().filter(|r| plan.preempt.contains(&r.id)).map(|r| r.reserve).sum();
     let kept: Vec<Running<Id>> = running.iter().filter(|r| !plan.preempt.contains(&r.id)).cloned().collect();
@@ -125,7 +141,8 @@ pub fn schedule<Id: Copy + Ord>(running: &[Running<Id>], waiting: &[Waiting<Id>]
         seqs += w.seqs;
         kv += w.reserve;
     }
-    let grants = grant_tokens(running, &candidates, budget);
+    let (grants, credits) = grant_tokens(running, &candidates, budget, credits);
+    plan.credits = credits;
     let granted = |id: &Id| grants.get(id).copied().unwrap_or(0);
     for r in running.iter().filter(|r| r.prefill_left == 0) {
         if granted(&r.id) > 0 {
@@ -159,7 +176,8 @@ fn grant_tokens<Id: Copy + Ord>(
     running: &[Running<Id>],
     candidates: &[&Waiting<Id>],
     budget: &Budget,
-) -> BTreeMap<Id, usize> {
+    credits: &BTreeMap<u64, f64>,
+) -> (BTreeMap<Id, usize>, BTreeMap<u64, f64>) {
     /// One sequence's claim: (id, position, tokens wanted).
     type Item<Id> = (Id, usize, usize);
     let mut tenants: BTreeMap<u64, (Vec<&Running<Id>>, Vec<&Running<Id>>, Vec<&Waiting<Id>>)> = BTreeMap::new();
@@ -191,17 +209,25 @@ fn grant_tokens<Id: Copy + Ord>(
     let costs = |items: &[Vec<Item<Id>>]| -> Vec<f64> {
         items.iter().map(|v| v.iter().map(|&(_, p, m)| cost.tokens(p, m)).sum()).collect()
     };
-    let caps = guard_caps(&costs(&items), cost.a);
-    for (v, cap) in items.iter_mut().zip(caps) {
-        take_seconds(v, cap, &cost);
+    let wanted = costs(&items);
+    let caps = guard_caps(&wanted, cost.a);
+    let mut credit_out = BTreeMap::new();
+    for ((v, (cap, want)), tenant) in items.iter_mut().zip(caps.into_iter().zip(&wanted)).zip(tenants.keys()) {
+        if cap >= *want {
+            continue; // not held back: nothing to save
+        }
+        let allowance = cap + credits.get(tenant).copied().unwrap_or(0.0);
+        let spent = take_seconds(v, allowance, &cost, false);
+        credit_out.insert(*tenant, allowance - spent);
     }
     let now = costs(&items);
     if cost.a + now.iter().sum::<f64>() > budget.max_step_seconds {
         for (v, cap) in items.iter_mut().zip(water_fill_time(&now, budget.max_step_seconds - cost.a)) {
-            take_seconds(v, cap, &cost);
+            take_seconds(v, cap, &cost, true);
         }
     }
-    items.into_iter().flatten().filter(|i| i.2 > 0).map(|(id, _, m)| (id, m)).collect()
+    let grants = items.into_iter().flatten().filter(|i| i.2 > 0).map(|(id, _, m)| (id, m)).collect();
+    (grants, credit_out)
 }
 
 /// Keeps the first `n` tokens of a tenant's claims, in order.
@@ -213,19 +239,20 @@ fn take_tokens<Id>(items: &mut [(Id, usize, usize)], mut n: usize) {
 }
 
 /// Keeps the claims, in order, that fit in `seconds`: the first that does not fit is cut to what
-/// does (at least one token when it is the first claim, so every tenant in the step moves on).
-fn take_seconds<Id>(items: &mut [(Id, usize, usize)], mut seconds: f64, cost: &Cost) {
-    let mut first = true;
+/// does (with `at_least_one`, the first claim keeps a token whatever it costs). Returns the
+/// seconds kept.
+fn take_seconds<Id>(items: &mut [(Id, usize, usize)], seconds: f64, cost: &Cost, at_least_one: bool) -> f64 {
+    let (mut left, mut spent, mut first) = (seconds.max(0.0), 0.0, true);
     for item in items.iter_mut().filter(|i| i.2 > 0) {
-        let fit = cost.fit(item.1, item.2, seconds);
-        let keep = if first { fit.max(1) } else { fit };
-        seconds -= cost.tokens(item.1, keep);
+        let fit = cost.fit(item.1, item.2, left);
+        let keep = if first && at_least_one { fit.max(1) } else { fit };
+        let t = cost.tokens(item.1, keep);
+        left = (left - t).max(0.0);
+        spent += t;
         first = false;
         item.2 = keep;
-        if seconds <= 0.0 {
-            seconds = 0.0;
-        }
     }
+    spent
 }
 
 /// Running sequences to evict so that every decoding sequence has room for its next position.
@@ -552,9 +579,18 @@ mod tests {
         let deep = Running { tenant: 1, position: 1000, ..run(1, 8000, 0) };
         assert_eq!(schedule(std::slice::from_ref(&deep), &[], &b).work, vec![(1, 224)]);
         // Against a newcomer's 30 tokens at position 0 (cost 0.465 ms), the deep prompt may cost
-        // only as much: no token fits, but it keeps one (0.0010005 s).
-        let plan = schedule(std::slice::from_ref(&deep), &[Waiting { tenant: 2, ..wait(2, 30, 0) }], &b);
+        // only as much: its first token (1.001 ms) does not fit, so it sits out and saves the
+        // allowance; the third step it has enough for one token.
+        let newcomer = Running { tenant: 2, position: 0, ..run(2, 30, 0) };
+        let both = [deep.clone(), newcomer];
+        let plan = schedule(&both, &[], &b);
+        assert_eq!(plan.work, vec![(2, 30)]);
+        assert!((plan.credits[&1] - 0.000465).abs() < 1e-12, "{:?}", plan.credits);
+        let plan = schedule_with(&both, &[], &b, &plan.credits);
+        assert_eq!(plan.work, vec![(2, 30)]);
+        let plan = schedule_with(&both, &[], &b, &plan.credits);
         assert_eq!(plan.work, vec![(1, 1), (2, 30)]);
+        assert!((plan.credits[&1] - (3.0 * 0.000465 - 0.001001)).abs() < 1e-12);
         // A decode deep in a context counts too: 31 streams at 4,000 positions against one at 40.
         let guarded = Budget { cost: Cost { a: 0.004, c: 0.001, e: 0.001 }, ..b };
         let mut running: Vec<Running> =
@@ -563,6 +599,7 @@ mod tests {
         // Tenant 2: 1 ms + 41 us; tenant 1 may spend 4 ms + that: one 5.001 ms token at 4,000.
         let plan = schedule(&running, &[], &guarded);
         assert_eq!(plan.work.len(), 1 + 1, "{:?}", plan.work);
+        assert!((plan.credits[&1] - (0.005041 - 0.005001)).abs() < 1e-9, "the rest is saved");
     }
 
     #[test]
