@@ -145,6 +145,10 @@ def bench(args):
         print(f"victim: {args.victim_tokens} tokens a stream, {args.rounds} rounds; attacker: another entity")
         report("alone", samples, health, alone)
         for name, (fire, width) in attacks(server, server.key, args.long_tokens).items():
+            # The victim alone again right before each attack: a shared VM's speed drifts.
+            samples, health = measure(server, victim, args.rounds, args.victim_tokens)
+            alone = statistics.median(s[1] for s in samples)
+            report("  alone before it", samples, health, alone)
             # The attacker alone first (its throughput without the victim), then with it.
             # Tokens served (prompt and generated, from /metrics) per second; the victim's own
             # are subtracted beside it (its prompts are ~40 tokens).
