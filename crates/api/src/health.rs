@@ -1,14 +1,80 @@
 //! `GET /health` (and `/v1/health`): no auth; 200 while the store answers and the inference
 //! engine makes progress, else 503. `GET /v1/system-check` (W&B's): each part's state.
+//!
+//! `/health` answers from the store's last probe ([`StoreProbe`]) rather than waiting for the
+//! store in the request: the probe runs on its own task at most once a second, so a probe
+//! flood costs the store one ping a second and a saturated store pool does not hold `/health`.
 
 use crate::{AppState, HEALTH_TIMEOUT};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+/// The store's last ping result and when it was taken; a refresh runs on its own task.
+#[derive(Default)]
+pub struct StoreProbe {
+    last: std::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    running: std::sync::atomic::AtomicBool,
+    done: tokio::sync::Notify,
+}
+
+impl StoreProbe {
+    /// Results younger than this are answered without a new ping.
+    const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+    /// Results younger than this are answered at once while a new ping runs; an older one (or
+    /// none) waits for that ping (which times out after `HEALTH_TIMEOUT`).
+    const USABLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+    fn last(&self) -> Option<(Instant, Result<(), String>)> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The store's state as of at most `USABLE` ago.
+    pub async fn status(self: &Arc<Self>, state: &AppState) -> Result<(), String> {
+        let last = self.last();
+        if let Some((at, r)) = &last {
+            if at.elapsed() < Self::FRESH {
+                return r.clone();
+            }
+        }
+        let waiter = self.done.notified();
+        self.refresh(state);
+        match last {
+            Some((at, r)) if at.elapsed() < Self::USABLE => r,
+            _ => {
+                let _ = tokio::time::timeout(HEALTH_TIMEOUT + Self::FRESH, waiter).await;
+                self.last().map(|(_, r)| r).unwrap_or_else(|| Err("store timed out".into()))
+            }
+        }
+    }
+
+    /// Starts a ping unless one runs.
+    fn refresh(self: &Arc<Self>, state: &AppState) {
+        use std::sync::atomic::Ordering;
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (me, state) = (self.clone(), state.clone());
+        tokio::spawn(async move {
+            let r = match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "health: store is not answering");
+                    Err("store is not answering".to_string())
+                }
+                Err(_) => Err("store timed out".to_string()),
+            };
+            *me.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), r));
+            me.running.store(false, Ordering::Release);
+            me.done.notify_waiters();
+        });
+    }
+}
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(health)).routes(routes!(v1_health)).routes(routes!(system_check))
@@ -92,18 +158,9 @@ async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             Json(json!({ "status": "unavailable", "detail": "the inference engine is not making progress" })),
         );
     }
-    match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
-        Ok(Ok(())) => (StatusCode::OK, Json(json!({ "status": "ok" }))),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "health: store is not answering");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "status": "unavailable", "detail": "store is not answering" })),
-            )
-        }
-        Err(_) => {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": "store timed out" })))
-        }
+    match state.probe().status(&state).await {
+        Ok(()) => (StatusCode::OK, Json(json!({ "status": "ok" }))),
+        Err(detail) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "unavailable", "detail": detail }))),
     }
 }
 

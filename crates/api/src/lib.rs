@@ -101,6 +101,7 @@ pub struct AppState(
     Arc<[ModelHandle]>,
     Arc<telemetry::Telemetry>,
     Arc<openai::lora::LoraRegistry>,
+    Arc<health::StoreProbe>,
 );
 
 impl AppState {
@@ -109,7 +110,12 @@ impl AppState {
         let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
         let telemetry =
             Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
-        AppState(Arc::new(config), limiter, models, telemetry, Arc::default())
+        AppState(Arc::new(config), limiter, models, telemetry, Arc::default(), Arc::default())
+    }
+
+    /// The store's last health probe (`/health` answers from it).
+    pub(crate) fn probe(&self) -> &Arc<health::StoreProbe> {
+        &self.5
     }
 
     /// Adapters loaded at run time (`/v1/load_lora_adapter`), per entity.

@@ -178,15 +178,22 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
     response
 }
 
-/// The registry's text, with the job gauges refreshed from the store first.
+/// The registry's text, with the job gauges refreshed from the store first when it answers
+/// within `HEALTH_TIMEOUT`; otherwise they keep their last values (a slow or saturated store
+/// never holds a scrape, nor fails the engine's series with it).
 pub(crate) async fn render(state: &AppState) -> Result<String, crate::error::ApiError> {
-    let counts = state.store().active_job_counts().await?;
     let t = state.telemetry();
-    for kind in [JobKind::Rl, JobKind::Sft] {
-        for status in [JobStatus::Queued, JobStatus::Running] {
-            let n = counts.iter().find(|(k, s, _)| *k == kind && *s == status).map_or(0, |c| c.2);
-            t.jobs.get_or_create(&JobLabels { kind: kind.as_str(), state: status.as_str() }).set(n);
+    match tokio::time::timeout(crate::HEALTH_TIMEOUT, state.store().active_job_counts()).await {
+        Ok(Ok(counts)) => {
+            for kind in [JobKind::Rl, JobKind::Sft] {
+                for status in [JobStatus::Queued, JobStatus::Running] {
+                    let n = counts.iter().find(|(k, s, _)| *k == kind && *s == status).map_or(0, |c| c.2);
+                    t.jobs.get_or_create(&JobLabels { kind: kind.as_str(), state: status.as_str() }).set(n);
+                }
+            }
         }
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics: job counts not refreshed"),
+        Err(_) => tracing::warn!("metrics: job counts not refreshed (the store timed out)"),
     }
     let mut text = String::new();
     encode(&mut text, &t.registry).map_err(|_| {

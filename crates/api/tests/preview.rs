@@ -361,9 +361,20 @@ async fn health_is_503_when_the_store_does_not_answer() {
     let app = test_app().await;
     assert_eq!(app.raw("GET", "/health", None, None).await.status, 200);
     app.store.close().await;
-    let r = app.raw("GET", "/health", None, None).await;
+    // `/health` answers from a probe at most a second old, so the outage shows within one
+    // probe interval plus the ping's timeout.
+    let mut r = app.raw("GET", "/health", None, None).await;
+    for _ in 0..40 {
+        if r.status == 503 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        r = app.raw("GET", "/health", None, None).await;
+    }
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["status"], "unavailable");
+    // A scrape still answers (the job gauges keep their last values).
+    assert_eq!(app.call("GET", "/metrics", KEY_A, None).await.status, 200);
     // Requests that need the store fail cleanly, not with a hang or a panic.
     let r = app.call("GET", "/v1/preview/models", KEY_A, None).await;
     assert_eq!(r.status, 500);
