@@ -124,8 +124,9 @@ pub(crate) struct EngineLoop {
 }
 
 /// A step's cost before the engine has timed its own: about what the bundled model measures on
-/// two cores (4 ms fixed, 1 ms a token, 1.4 ms a token per thousand positions it attends).
-const PRIOR_COST: crate::fair::Cost = crate::fair::Cost { a: 0.004, c: 0.001, e: 0.0014 };
+/// two cores (4 ms fixed, 1 ms a token, 1.4 ms a token per thousand positions it attends, 2 ms
+/// per thousand cached positions a sequence reads).
+const PRIOR_COST: crate::fair::Cost = crate::fair::Cost { a: 0.004, c: 0.001, e: 0.0014, f: 0.002 };
 
 /// The longest a step is planned to take: a request that arrives during a step waits at most
 /// about this long before its own first chunk runs (a 512-token chunk deep in a long context
@@ -290,13 +291,15 @@ impl EngineLoop {
         }
         self.steps += 1;
         let tokens: usize = work.values().sum();
-        // Positions the step's tokens attend, for the cost model: n tokens after p cached ones.
-        let attended: usize = self
+        // Positions the step's tokens attend and the cached ones its sequences read, for the
+        // cost model: n tokens after p cached ones.
+        let shapes: Vec<(usize, usize)> = self
             .running
             .iter()
             .filter_map(|s| work.get(&s.id).map(|&n| (s.cache.len(), n.min(s.prefill_left.max(1)))))
-            .map(|(p, n)| n * p + n * (n + 1) / 2)
-            .sum();
+            .collect();
+        let attended: usize = shapes.iter().map(|&(p, n)| n * p + n * (n + 1) / 2).sum();
+        let cached: usize = shapes.iter().map(|&(p, _)| p).sum();
         let started = Instant::now();
         let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
         let result = {
@@ -361,7 +364,7 @@ impl EngineLoop {
         let finished: Vec<SeqId> = seqs.into_iter().filter(|(_, f)| *f).map(|(s, _)| s.id).collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));
-        self.cost.observe(tokens, attended, started.elapsed().as_secs_f64());
+        self.cost.observe(tokens, attended, cached, started.elapsed().as_secs_f64());
         self.metrics.step(started.elapsed());
     }
 

@@ -56,21 +56,29 @@ pub fn water_fill_time(demands: &[f64], total: f64) -> Vec<f64> {
     share
 }
 
-/// A step's time as the engine measures it: `a + c n + e w`, for `n` tokens attending `w`
-/// thousand positions in all (a token at position `p` attends `p + 1`). `a` is the fixed part
-/// (reading the weights, the step's overhead), `c` a token's own work, `e` attention's.
+/// A step's time as the engine measures it: `a + c n + e w + f r`, for `n` tokens attending
+/// `w` thousand positions in all (a token at position `p` attends `p + 1`), of sequences whose
+/// caches hold `r` thousand positions in all. `a` is the fixed part (reading the weights, the
+/// step's overhead), `c` a token's own work, `e` attention's arithmetic, `f` reading a
+/// sequence's cached keys and values once a step (what a decode token deep in a long context
+/// mostly pays: memory-bound, where a prefill chunk shares that read among its tokens).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cost {
     pub a: f64,
     pub c: f64,
     pub e: f64,
+    pub f: f64,
 }
 
 impl Cost {
-    /// Seconds for `m` tokens of one sequence whose cache already holds `p` positions.
+    /// Seconds for `m` tokens of one sequence whose cache already holds `p` positions (no time
+    /// for none).
     pub fn tokens(&self, p: usize, m: usize) -> f64 {
+        if m == 0 {
+            return 0.0;
+        }
         let (p, m) = (p as f64, m as f64);
-        self.c * m + self.e * (m * p + m * (m + 1.0) / 2.0) / 1000.0
+        self.c * m + self.e * (m * p + m * (m + 1.0) / 2.0) / 1000.0 + self.f * p / 1000.0
     }
 
     /// The most of `m` tokens at position `p` that fit in `seconds` (monotone: binary search;
@@ -105,20 +113,21 @@ pub fn guard_caps(costs: &[f64], a: f64) -> Vec<f64> {
 }
 
 /// Fits [`Cost`] to the engine's steps. Steps are binned by size (1-2 tokens, 3-15, 16-127, 128
-/// and more), each bin keeping recent means of its steps' tokens, attended positions and time,
-/// and the fit is least squares over the bins' means plus a weak prior. Binning keeps what small
-/// steps cost while only large ones run (a forgetting fit over all steps lost it, and with it
-/// the fixed part: under a flood of 32-token steps the guard then let everything through).
+/// and more), each bin keeping recent means of its steps' features and time, and the fit is
+/// least squares over the bins' means plus a weak prior. Binning keeps what small steps cost
+/// while only large ones run (a forgetting fit over all steps lost it, and with it the fixed
+/// part: under a flood of 32-token steps the guard then let everything through).
 #[derive(Debug, Clone)]
 pub struct StepCost {
-    bins: [Option<[f64; 3]>; 4],
+    /// Per bin: means of (n, w, r, seconds).
+    bins: [Option<[f64; 4]>; 4],
     prior: Cost,
 }
 
 impl StepCost {
     /// Weight of a new step in its bin's means.
     const ALPHA: f64 = 0.1;
-    /// Weight of each of the prior's three points against a bin's one: enough to settle what the
+    /// Weight of each of the prior's points against a bin's one: enough to settle what the
     /// bins leave open (one or two sizes seen), too little to bend what they determine.
     const PRIOR: f64 = 1e-4;
 
@@ -126,8 +135,9 @@ impl StepCost {
         StepCost { bins: [None; 4], prior }
     }
 
-    /// A step of `tokens` tokens attending `attended` positions in all took `seconds`.
-    pub fn observe(&mut self, tokens: usize, attended: usize, seconds: f64) {
+    /// A step of `tokens` tokens attending `attended` positions in all, of sequences whose
+    /// caches held `cached` positions in all, took `seconds`.
+    pub fn observe(&mut self, tokens: usize, attended: usize, cached: usize, seconds: f64) {
         if tokens == 0 || !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
@@ -137,7 +147,7 @@ impl StepCost {
             16..=127 => 2,
             _ => 3,
         };
-        let x = [tokens as f64, attended as f64 / 1000.0, seconds];
+        let x = [tokens as f64, attended as f64 / 1000.0, cached as f64 / 1000.0, seconds];
         self.bins[bin] = Some(match self.bins[bin] {
             None => x,
             Some(m) => std::array::from_fn(|i| m[i] + Self::ALPHA * (x[i] - m[i])),
@@ -147,48 +157,48 @@ impl StepCost {
     /// The current fit, each part at least a microsecond's worth (never zero or negative).
     pub fn cost(&self) -> Cost {
         let p = self.prior;
-        let mut xtx = [[0.0; 3]; 3];
-        let mut xty = [0.0; 3];
-        let mut add = |n: f64, w: f64, t: f64, weight: f64| {
-            let x = [1.0, n, w];
-            for i in 0..3 {
-                for j in 0..3 {
+        let mut xtx = [[0.0; 4]; 4];
+        let mut xty = [0.0; 4];
+        let mut add = |n: f64, w: f64, r: f64, t: f64, weight: f64| {
+            let x = [1.0, n, w, r];
+            for i in 0..4 {
+                for j in 0..4 {
                     xtx[i][j] += weight * x[i] * x[j];
                 }
                 xty[i] += weight * x[i] * t;
             }
         };
-        for (n, w) in [(1.0, 0.0), (64.0, 0.0), (64.0, 64.0)] {
-            add(n, w, p.a + p.c * n + p.e * w, Self::PRIOR);
+        for (n, w, r) in [(1.0, 0.0, 0.0), (64.0, 0.0, 0.0), (64.0, 64.0, 1.0), (1.0, 8.0, 8.0)] {
+            add(n, w, r, p.a + p.c * n + p.e * w + p.f * r, Self::PRIOR);
         }
-        for [n, w, t] in self.bins.iter().flatten() {
-            add(*n, *w, *t, 1.0);
+        for [n, w, r, t] in self.bins.iter().flatten() {
+            add(*n, *w, *r, *t, 1.0);
         }
-        let theta = solve3(xtx, xty).unwrap_or([p.a, p.c, p.e]);
-        Cost { a: theta[0].max(1e-6), c: theta[1].max(1e-6), e: theta[2].max(1e-9) }
+        let theta = solve(xtx, xty).unwrap_or([p.a, p.c, p.e, p.f]);
+        Cost { a: theta[0].max(1e-6), c: theta[1].max(1e-6), e: theta[2].max(1e-9), f: theta[3].max(0.0) }
     }
 }
 
-/// Solves a 3 x 3 system by Gaussian elimination with partial pivoting.
-fn solve3(mut m: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
-    for col in 0..3 {
-        let pivot = (col..3).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
-        if m[pivot][col].abs() < 1e-12 {
+/// Solves an N x N system by Gaussian elimination with partial pivoting.
+fn solve<const N: usize>(mut m: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
+    for col in 0..N {
+        let pivot = (col..N).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
+        if m[pivot][col].abs() < 1e-15 {
             return None;
         }
         m.swap(col, pivot);
         b.swap(col, pivot);
-        for row in col + 1..3 {
+        for row in col + 1..N {
             let f = m[row][col] / m[col][col];
-            for k in col..3 {
+            for k in col..N {
                 m[row][k] -= f * m[col][k];
             }
             b[row] -= f * b[col];
         }
     }
-    let mut x = [0.0; 3];
-    for row in (0..3).rev() {
-        let rest: f64 = (row + 1..3).map(|k| m[row][k] * x[k]).sum();
+    let mut x = [0.0; N];
+    for row in (0..N).rev() {
+        let rest: f64 = (row + 1..N).map(|k| m[row][k] * x[k]).sum();
         x[row] = (b[row] - rest) / m[row][row];
     }
     x.iter().all(|v| v.is_finite()).then_some(x)
@@ -221,11 +231,13 @@ mod tests {
 
     #[test]
     fn a_chunk_costs_its_tokens_and_their_attention() {
-        let cost = Cost { a: 0.004, c: 0.001, e: 0.001 };
-        // 2 tokens after 1,000 positions attend 1,001 and 1,002: 0.002 + 0.001 * 2.003.
-        assert!((cost.tokens(1000, 2) - (0.002 + 0.002003)).abs() < 1e-12);
+        let cost = Cost { a: 0.004, c: 0.001, e: 0.001, f: 0.002 };
+        // 2 tokens after 1,000 positions attend 1,001 and 1,002: 0.002 + 0.001 * 2.003, and the
+        // 1,000 cached positions are read once: 0.002.
+        assert!((cost.tokens(1000, 2) - (0.002 + 0.002003 + 0.002)).abs() < 1e-12);
+        assert_eq!(cost.tokens(1000, 0), 0.0);
         // Only attention: m tokens at 1,000 cost m/1000 + m(m+1)/2e6 s; 224 fit in 0.25 s, 225 not.
-        let attention = Cost { a: 0.0, c: 0.0, e: 0.001 };
+        let attention = Cost { a: 0.0, c: 0.0, e: 0.001, f: 0.0 };
         assert_eq!(attention.fit(1000, 512, 0.25), 224);
         assert_eq!(attention.fit(1000, 100, 0.25), 100);
         assert_eq!(attention.fit(1000, 512, 0.0), 0);
@@ -247,27 +259,32 @@ mod tests {
 
     #[test]
     fn the_cost_model_recovers_its_parts_from_steps() {
-        let prior = Cost { a: 0.004, c: 0.001, e: 0.0014 };
+        let prior = Cost { a: 0.004, c: 0.001, e: 0.0014, f: 0.002 };
         let mut fit = StepCost::new(prior);
         let c0 = fit.cost();
-        assert!((c0.a - 0.004).abs() < 1e-9 && (c0.c - 0.001).abs() < 1e-9 && (c0.e - 0.0014).abs() < 1e-9, "{c0:?}");
-        // Steps of another machine: a = 3 ms, c = 2.4 ms, e = 0.5 ms per thousand positions.
-        let truth = Cost { a: 0.003, c: 0.0024, e: 0.0005 };
-        for i in 0..2000usize {
-            let (n, p) = [(1, 40 + i % 600), (32, 300 + i % 500), (512, 4000)][i % 3];
-            let w = n * p + n * (n + 1) / 2;
-            fit.observe(n, w, truth.a + truth.tokens(p, n) * 1.0 + 0.0);
-            fit.observe(0, 0, 1.0);
-            fit.observe(3, 10, f64::NAN);
+        for (g, t) in [(c0.a, prior.a), (c0.c, prior.c), (c0.e, prior.e), (c0.f, prior.f)] {
+            assert!((g - t).abs() < 1e-9, "{c0:?}");
+        }
+        // Steps of another machine: a = 3 ms, c = 2.4 ms, e = 0.5 ms and f = 2 ms per thousand
+        // positions: single decodes, 8-token chunks, 32-token and 512-token chunks, each of one
+        // sequence at varying depths.
+        let truth = Cost { a: 0.003, c: 0.0024, e: 0.0005, f: 0.002 };
+        let step = |fit: &mut StepCost, n: usize, p: usize| {
+            fit.observe(n, n * p + n * (n + 1) / 2, p, truth.a + truth.tokens(p, n));
+        };
+        for i in 0..4000usize {
+            let (n, p) = [(1, 40 + i % 6000), (8, 100 + i % 3000), (32, 300 + i % 500), (512, 4000 - i % 700)][i % 4];
+            step(&mut fit, n, p);
+            fit.observe(0, 0, 0, 1.0);
+            fit.observe(3, 10, 0, f64::NAN);
         }
         let got = fit.cost();
-        for (g, t) in [(got.a, truth.a), (got.c, truth.c), (got.e, truth.e)] {
+        for (g, t) in [(got.a, truth.a), (got.c, truth.c), (got.e, truth.e), (got.f, truth.f)] {
             assert!((g - t).abs() < 0.02 * t, "{got:?} vs {truth:?}");
         }
-        // Then a long flood of 32-token decode steps only: what small steps cost is kept.
+        // Then a long flood of 32-token chunks only: what small steps cost is kept.
         for i in 0..5000usize {
-            let p = 300 + i % 500;
-            fit.observe(32, 32 * p + 528, truth.a + truth.tokens(p, 32));
+            step(&mut fit, 32, 300 + i % 500);
         }
         let got = fit.cost();
         assert!((got.a - truth.a).abs() < 0.05 * truth.a, "{got:?} vs {truth:?}");

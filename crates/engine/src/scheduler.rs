@@ -440,7 +440,7 @@ mod tests {
 
     /// A step's time in these tests: 4 ms fixed, 1 ms a token, attention free (unless a test
     /// says otherwise), so the guard allows 4 more tokens than the smallest tenant has.
-    const COST: Cost = Cost { a: 0.004, c: 0.001, e: 0.0 };
+    const COST: Cost = Cost { a: 0.004, c: 0.001, e: 0.0, f: 0.0 };
     const B: Budget =
         Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000, cost: Cost { c: 1e-6, ..COST }, max_step_seconds: 10.0 };
     const FAIR: Budget = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, cost: COST, max_step_seconds: 10.0 };
@@ -573,7 +573,7 @@ mod tests {
     #[test]
     fn deep_context_is_counted_for_its_attention_and_steps_are_capped_in_time() {
         // Attention only: a token at position p costs (p + 1) us.
-        let cost = Cost { a: 0.0, c: 0.0, e: 0.001 };
+        let cost = Cost { a: 0.0, c: 0.0, e: 0.001, f: 0.0 };
         let b = Budget { cost, max_step_seconds: 0.25, ..FAIR };
         // Alone at 1,000 positions: 224 tokens fit in 0.25 s (fair.rs computes it by hand).
         let deep = Running { tenant: 1, position: 1000, ..run(1, 8000, 0) };
@@ -592,7 +592,7 @@ mod tests {
         assert_eq!(plan.work, vec![(1, 1), (2, 30)]);
         assert!((plan.credits[&1] - (3.0 * 0.000465 - 0.001001)).abs() < 1e-12);
         // A decode deep in a context counts too: 31 streams at 4,000 positions against one at 40.
-        let guarded = Budget { cost: Cost { a: 0.004, c: 0.001, e: 0.001 }, ..b };
+        let guarded = Budget { cost: Cost { a: 0.004, c: 0.001, e: 0.001, f: 0.0 }, ..b };
         let mut running: Vec<Running> =
             (1..=31).map(|id| Running { tenant: 1, position: 4000, ..run(id, 0, 0) }).collect();
         running.push(Running { tenant: 2, position: 40, ..run(100, 0, 0) });
