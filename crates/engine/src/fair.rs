@@ -8,9 +8,10 @@
 //!   than the step's fixed part `a` plus the cheapest other tenant's: then a step with `k`
 //!   tenants takes at most `k (a + cheapest)`, so each tenant's work runs at least `1 / k` as fast
 //!   as it would alone (its fair share of the machine), whatever the others send.
-//! - **Cost model** ([`Cost`], [`StepCost`]): `a + c n + e w` seconds for `n` tokens attending
-//!   `w` thousand positions, fitted to the engine's own steps, so a token deep in a long
-//!   context (which attends thousands of positions) counts for what it costs.
+//! - **Cost model** ([`Cost`], [`StepCost`]): `a + c n + e w + f r` seconds for `n` tokens
+//!   attending `w` thousand positions, of sequences holding `r` thousand cached positions,
+//!   fitted to the engine's own steps, so a token deep in a long context counts for what it
+//!   costs.
 
 /// Max-min fair division of `total` units among `demands`: every demand gets
 /// `min(demand, level)` for the largest level the total allows, and the units left by integer
