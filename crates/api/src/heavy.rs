@@ -24,10 +24,8 @@ where
         ApiError::new(ErrorKind::TooManyRequests, "a large read of this entity is running; retry when it is done")
             .with_retry_after(1)
     })?;
-    let all = SERVER_WIDE
-        .acquire()
-        .await
-        .map_err(|_| ApiError::new(ErrorKind::Internal, "the read queue is closed"))?;
+    let all =
+        SERVER_WIDE.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "the read queue is closed"))?;
     let handle = tokio::runtime::Handle::current();
     // A blocking thread is no async worker, so it may drive the future to its end itself.
     tokio::task::spawn_blocking(move || {

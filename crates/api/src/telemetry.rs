@@ -53,7 +53,9 @@ pub fn classic_text(open: &str) -> String {
                 "gauge" | "histogram" | "summary" => (name.to_string(), kind),
                 _ => (name.to_string(), "untyped"),
             };
-            if let Some((_, text)) = help.take().filter(|(h, _)| rest.strip_prefix(h).is_some_and(|r| r.starts_with(' '))) {
+            if let Some((_, text)) =
+                help.take().filter(|(h, _)| rest.strip_prefix(h).is_some_and(|r| r.starts_with(' ')))
+            {
                 out.push_str(&format!("# HELP {name} {text}\n"));
             }
             out.push_str(&format!("# TYPE {name} {kind}\n"));

@@ -181,6 +181,7 @@ impl StepCost {
 }
 
 /// Solves an N x N system by Gaussian elimination with partial pivoting.
+#[allow(clippy::needless_range_loop)] // row and column indices, as in the elimination's math
 fn solve<const N: usize>(mut m: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
     for col in 0..N {
         let pivot = (col..N).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
@@ -290,5 +291,4 @@ mod tests {
         let got = fit.cost();
         assert!((got.a - truth.a).abs() < 0.05 * truth.a, "{got:?} vs {truth:?}");
     }
-
 }

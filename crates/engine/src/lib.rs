@@ -10,6 +10,7 @@
 //! - [`inspect`]: what a model file is, and the checks made before its weights load.
 
 mod engine;
+pub mod fair;
 mod grammar;
 pub mod inspect;
 mod lark;
@@ -17,7 +18,6 @@ pub mod metrics;
 pub mod prefix;
 mod pretok;
 pub mod sampler;
-pub mod fair;
 pub mod scheduler;
 mod sequence;
 mod served;

@@ -180,10 +180,16 @@ fn grant_tokens<Id: Copy + Ord>(
 ) -> (BTreeMap<Id, usize>, BTreeMap<u64, f64>) {
     /// One sequence's claim: (id, position, tokens wanted).
     type Item<Id> = (Id, usize, usize);
-    let mut tenants: BTreeMap<u64, (Vec<&Running<Id>>, Vec<&Running<Id>>, Vec<&Waiting<Id>>)> = BTreeMap::new();
+    /// A tenant's decodes, prompts being prefilled and admission candidates.
+    type Claims<'a, Id> = (Vec<&'a Running<Id>>, Vec<&'a Running<Id>>, Vec<&'a Waiting<Id>>);
+    let mut tenants: BTreeMap<u64, Claims<'_, Id>> = BTreeMap::new();
     for r in running {
         let t = tenants.entry(r.tenant).or_default();
-        if r.prefill_left == 0 { t.0.push(r) } else { t.1.push(r) }
+        if r.prefill_left == 0 {
+            t.0.push(r)
+        } else {
+            t.1.push(r)
+        }
     }
     for w in candidates {
         tenants.entry(w.tenant).or_default().2.push(w);
@@ -441,9 +447,15 @@ mod tests {
     /// A step's time in these tests: 4 ms fixed, 1 ms a token, attention free (unless a test
     /// says otherwise), so the guard allows 4 more tokens than the smallest tenant has.
     const COST: Cost = Cost { a: 0.004, c: 0.001, e: 0.0, f: 0.0 };
-    const B: Budget =
-        Budget { step_tokens: 100, max_seqs: 4, kv_tokens: 1000, cost: Cost { c: 1e-6, ..COST }, max_step_seconds: 10.0 };
-    const FAIR: Budget = Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, cost: COST, max_step_seconds: 10.0 };
+    const B: Budget = Budget {
+        step_tokens: 100,
+        max_seqs: 4,
+        kv_tokens: 1000,
+        cost: Cost { c: 1e-6, ..COST },
+        max_step_seconds: 10.0,
+    };
+    const FAIR: Budget =
+        Budget { max_seqs: 32, kv_tokens: 100_000, step_tokens: 512, cost: COST, max_step_seconds: 10.0 };
 
     #[test]
     fn decodes_first_then_chunked_prefill() {

@@ -413,7 +413,8 @@ async fn capped_job_creation_holds_under_concurrency() {
         let (m1, _) = store.create_model(&new_model("a", "m1"), false).await.unwrap();
         let (m2, _) = store.create_model(&new_model("a", "m2"), false).await.unwrap();
         let (other, _) = store.create_model(&new_model("b", "m"), false).await.unwrap();
-        let job = |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
+        let job =
+            |model_id| NewJob { model_id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
         store.create_job(&job(other.id)).await.unwrap();
         let tries = (0..24).map(|i| {
             let (store, new) = (store.clone(), job(if i % 2 == 0 { m1.id } else { m2.id }));
@@ -433,10 +434,7 @@ async fn capped_job_creation_holds_under_concurrency() {
         assert_eq!((queued, refused), (5, 19), "{name}");
         assert_eq!(store.pending_jobs("a").await.unwrap(), 5, "{name}");
         assert!(store.create_job_capped(&job(other.id), Some(2)).await.is_ok(), "{name}: b has one of two");
-        assert!(
-            matches!(store.create_job_capped(&job(m1.id), Some(5)).await, Err(StoreError::AtLimit(5))),
-            "{name}"
-        );
+        assert!(matches!(store.create_job_capped(&job(m1.id), Some(5)).await, Err(StoreError::AtLimit(5))), "{name}");
     }
 }
 

@@ -97,7 +97,9 @@ pub(super) async fn check_pending_jobs(state: &AppState, entity: &str) -> Result
 fn too_many_jobs(pending: i64, limit: i64) -> ApiError {
     ApiError::new(
         crate::error::ErrorKind::TooManyRequests,
-        format!("this entity already has {pending} training jobs queued or running (at most {limit}); wait for one to end"),
+        format!(
+            "this entity already has {pending} training jobs queued or running (at most {limit}); wait for one to end"
+        ),
     )
     .with_retry_after(5)
 }
