@@ -171,26 +171,22 @@ def bench(args):
         server.stop()
 
 
-def served_tokens(server):
-    """Prompt plus generated tokens the engine has served so far, over every entity (/metrics)."""
+def metric_samples(server, *names):
+    """The values of /metrics samples whose lines start with any of `names`."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
     conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {server.key}"})
     text = conn.getresponse().read().decode()
     conn.close()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith(("vllm:prompt_tokens_total", "vllm:generation_tokens_total")))
+    return [float(line.split()[-1]) for line in text.splitlines() if line.startswith(names)]
+
+
+def served_tokens(server):
+    """Prompt plus generated tokens the engine has served so far, over every entity."""
+    return sum(metric_samples(server, "vllm:prompt_tokens_total", "vllm:generation_tokens_total"))
 
 
 def busy(server):
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {server.key}"})
-    text = conn.getresponse().read().decode()
-    conn.close()
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running") or line.startswith("vllm:num_requests_waiting"):
-            if float(line.split()[-1]) > 0:
-                return True
-    return False
+    return any(v > 0 for v in metric_samples(server, "vllm:num_requests_running", "vllm:num_requests_waiting"))
 
 
 def check(args):

@@ -61,18 +61,23 @@ impl StoreProbe {
         }
         let (me, state) = (self.clone(), state.clone());
         tokio::spawn(async move {
-            let r = match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "health: store is not answering");
-                    Err("store is not answering".to_string())
-                }
-                Err(_) => Err("store timed out".to_string()),
-            };
+            let r = ping(&state, "store").await;
             *me.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), r));
             me.running.store(false, Ordering::Release);
             me.done.notify_waiters();
         });
+    }
+}
+
+/// One round trip to the store within `HEALTH_TIMEOUT`; the error names `what` failed.
+async fn ping(state: &AppState, what: &str) -> Result<(), String> {
+    match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "{what} is not answering");
+            Err(format!("{what} is not answering"))
+        }
+        Err(_) => Err(format!("{what} timed out")),
     }
 }
 
@@ -103,15 +108,7 @@ fn part(started: Instant, result: Result<(), String>) -> (bool, Value) {
 )]
 async fn system_check(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let t = Instant::now();
-    let db = match tokio::time::timeout(HEALTH_TIMEOUT, state.store().ping()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "system-check: store is not answering");
-            Err("the database is not answering".to_string())
-        }
-        Err(_) => Err("the database timed out".to_string()),
-    };
-    let (db_ok, database) = part(t, db);
+    let (db_ok, database) = part(t, ping(&state, "the database").await);
     let t = Instant::now();
     let queue = match state.training_heartbeat() {
         Some(h) => h.check(tandem_store::now_ms()),

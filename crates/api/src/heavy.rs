@@ -5,12 +5,44 @@
 //! async worker busy parsing, and `/health` and other tenants' requests waited behind them.
 
 use crate::error::{ApiError, ErrorKind};
-use crate::limiter::EntityLimiter;
+use crate::limiter::{EntityLimiter, Permit};
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
-static SERVER_WIDE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-static PER_ENTITY: LazyLock<Arc<EntityLimiter>> = LazyLock::new(|| Arc::new(EntityLimiter::new(1)));
+/// A bound on one kind of heavy work: one at a time per entity (a second is a 429 saying
+/// `busy`, with `Retry-After`), `server_wide` at a time over every entity (more wait).
+pub struct Gate {
+    server_wide: Semaphore,
+    per_entity: LazyLock<Arc<EntityLimiter>>,
+    busy: &'static str,
+}
+
+impl Gate {
+    pub const fn new(server_wide: usize, busy: &'static str) -> Self {
+        Gate {
+            server_wide: Semaphore::const_new(server_wide),
+            per_entity: LazyLock::new(|| Arc::new(EntityLimiter::new(1))),
+            busy,
+        }
+    }
+
+    /// The entity's permit, then a server-wide one; held together until dropped.
+    pub async fn enter(&'static self, entity: &str) -> Result<(Permit, SemaphorePermit<'static>), ApiError> {
+        let mine = self
+            .per_entity
+            .acquire(entity)
+            .ok_or_else(|| ApiError::new(ErrorKind::TooManyRequests, self.busy).with_retry_after(1))?;
+        let all = self
+            .server_wide
+            .acquire()
+            .await
+            .map_err(|_| ApiError::new(ErrorKind::Unavailable, "this kind of read is shut down"))?;
+        Ok((mine, all))
+    }
+}
+
+static READS: Gate = Gate::new(2, "a large read of this entity is running; retry when it is done");
 
 /// Runs `work` (store reads and the JSON it builds) on a blocking thread under the entity's
 /// permit.
@@ -20,16 +52,11 @@ where
     Fut: Future<Output = Result<T, ApiError>>,
     T: Send + 'static,
 {
-    let mine = PER_ENTITY.acquire(entity).ok_or_else(|| {
-        ApiError::new(ErrorKind::TooManyRequests, "a large read of this entity is running; retry when it is done")
-            .with_retry_after(1)
-    })?;
-    let all =
-        SERVER_WIDE.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "the read queue is closed"))?;
+    let held = READS.enter(entity).await?;
     let handle = tokio::runtime::Handle::current();
     // A blocking thread is no async worker, so it may drive the future to its end itself.
     tokio::task::spawn_blocking(move || {
-        let _held = (mine, all);
+        let _held = held;
         handle.block_on(work())
     })
     .await
@@ -48,7 +75,7 @@ mod tests {
             Ok::<_, crate::error::ApiError>(1)
         }));
         // Wait until the first read holds its entity's permit.
-        while super::PER_ENTITY.in_flight("heavy-a") == 0 {
+        while super::READS.per_entity.in_flight("heavy-a") == 0 {
             tokio::task::yield_now().await;
         }
         let second = run("heavy-a", || async { Ok::<_, crate::error::ApiError>(2) }).await;

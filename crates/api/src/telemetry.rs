@@ -47,15 +47,13 @@ pub fn classic_text(open: &str) -> String {
             continue;
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let Some((name, kind)) = rest.rsplit_once(' ') else { continue };
+            let Some((family, kind)) = rest.rsplit_once(' ') else { continue };
             let (name, kind) = match kind {
-                "counter" => (format!("{name}_total"), "counter"),
-                "gauge" | "histogram" | "summary" => (name.to_string(), kind),
-                _ => (name.to_string(), "untyped"),
+                "counter" => (format!("{family}_total"), "counter"),
+                "gauge" | "histogram" | "summary" => (family.to_string(), kind),
+                _ => (family.to_string(), "untyped"),
             };
-            if let Some((_, text)) =
-                help.take().filter(|(h, _)| rest.strip_prefix(h).is_some_and(|r| r.starts_with(' ')))
-            {
+            if let Some((_, text)) = help.take().filter(|(h, _)| *h == family) {
                 out.push_str(&format!("# HELP {name} {text}\n"));
             }
             out.push_str(&format!("# TYPE {name} {kind}\n"));

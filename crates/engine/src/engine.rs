@@ -290,16 +290,9 @@ impl EngineLoop {
             return;
         }
         self.steps += 1;
-        let tokens: usize = work.values().sum();
-        // Positions the step's tokens attend and the cached ones its sequences read, for the
-        // cost model: n tokens after p cached ones.
-        let shapes: Vec<(usize, usize)> = self
-            .running
-            .iter()
-            .filter_map(|s| work.get(&s.id).map(|&n| (s.cache.len(), n.min(s.prefill_left.max(1)))))
-            .collect();
-        let attended: usize = shapes.iter().map(|&(p, n)| n * p + n * (n + 1) / 2).sum();
-        let cached: usize = shapes.iter().map(|&(p, _)| p).sum();
+        // The step's shape for the cost model: its tokens, the positions they attend and the
+        // cached ones its sequences read (n tokens after p cached ones).
+        let (mut tokens, mut attended, mut cached) = (0, 0, 0);
         let started = Instant::now();
         let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
         let result = {
@@ -307,6 +300,8 @@ impl EngineLoop {
             for seq in self.running.iter_mut().filter(|s| work.contains_key(&s.id)) {
                 seq.last_step = self.steps;
                 let n = work[&seq.id].min(seq.prefill_left.max(1));
+                let p = seq.cache.len();
+                (tokens, attended, cached) = (tokens + n, attended + n * p + n * (n + 1) / 2, cached + p);
                 inputs.push(seq.input(n));
             }
             self.model.forward(&mut inputs)
@@ -418,8 +413,8 @@ impl EngineLoop {
             cost: self.cost.cost(),
             max_step_seconds: MAX_STEP_SECONDS,
         };
-        let plan = scheduler::schedule_with(&running, &waiting, &budget, &self.credits);
-        self.credits = plan.credits.clone();
+        let mut plan = scheduler::schedule_with(&running, &waiting, &budget, &self.credits);
+        self.credits = std::mem::take(&mut plan.credits);
         plan
     }
 

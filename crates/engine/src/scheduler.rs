@@ -316,13 +316,11 @@ fn preemptions<Id: Copy + Ord>(
         let d = tenants.entry(w.tenant).or_default();
         *d = (d.0 + w.seqs, d.1 + w.reserve);
     }
-    let ids: Vec<u64> = tenants.keys().copied().collect();
     let seat_share = water_fill(&tenants.values().map(|d| d.0).collect::<Vec<_>>(), budget.max_seqs);
     let kv_share = water_fill(&tenants.values().map(|d| d.1).collect::<Vec<_>>(), budget.kv_tokens);
-    let share = |t: u64| {
-        let i = ids.binary_search(&t).expect("every tenant has a demand");
-        (seat_share[i], kv_share[i])
-    };
+    let shares: BTreeMap<u64, (usize, usize)> =
+        tenants.keys().copied().zip(seat_share.into_iter().zip(kv_share)).collect();
+    let share = |t: u64| shares[&t];
     let (mut seqs, mut kv) = (running.len(), kv_reserved);
     let mut evicted: Vec<Id> = Vec::new();
     let fits = |seqs: usize, kv: usize, w: &Waiting<Id>| {
@@ -359,11 +357,8 @@ fn preemptions<Id: Copy + Ord>(
             take(r, &mut picks, (&mut s, &mut k), &mut trial);
         }
         let own = trial.get(&w.tenant).copied().unwrap_or_default();
-        if !fits(s, k, w) && own.0 < share(w.tenant).0 {
-            loop {
-                if fits(s, k, w) {
-                    break;
-                }
+        if own.0 < share(w.tenant).0 {
+            while !fits(s, k, w) {
                 // The tenant furthest above its shares (sequences, then KV) that has a
                 // preemptible sequence left.
                 let over = |t: u64, h: (usize, usize)| {

@@ -31,26 +31,8 @@ const MAX_PAGE_TOKENS: usize = 262_144;
 /// or job (up to the body limit) and decodes a page of tokens, so more would queue rather than
 /// take memory and the cores from inference.
 /// One of them per entity at a time (a second is a 429), so one tenant cannot hold both.
-static RENDERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-static PER_ENTITY: std::sync::LazyLock<std::sync::Arc<crate::limiter::EntityLimiter>> =
-    std::sync::LazyLock::new(|| std::sync::Arc::new(crate::limiter::EntityLimiter::new(1)));
-
-async fn render_permit(
-    caller: &Caller,
-) -> Result<(crate::limiter::Permit, tokio::sync::SemaphorePermit<'static>), ApiError> {
-    let mine = PER_ENTITY.acquire(&caller.entity).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::TooManyRequests,
-            "a trajectory page of this entity is being read; retry when it is done",
-        )
-        .with_retry_after(1)
-    })?;
-    let shared = RENDERS
-        .acquire()
-        .await
-        .map_err(|_| ApiError::new(ErrorKind::Unavailable, "trajectory rendering is shut down"))?;
-    Ok((mine, shared))
-}
+static RENDERS: crate::heavy::Gate =
+    crate::heavy::Gate::new(2, "a trajectory page of this entity is being read; retry when it is done");
 
 #[derive(Clone, Copy, PartialEq)]
 enum Sort {
@@ -256,7 +238,7 @@ pub async fn of_log(
     let q = parse(&query)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let log_id = path_id(&log_id, "log")?;
-    let _permits = render_permit(&caller).await?;
+    let _permits = RENDERS.enter(&caller.entity).await?;
     let (_, groups) = state.store().get_log(model.id, log_id).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("log"),
         other => other.into(),
@@ -296,7 +278,7 @@ pub async fn of_job(
 ) -> Result<Json<TrajectoriesView>, PreviewError> {
     let q = parse(&query)?;
     let job_id = path_id(&job_id, "job")?;
-    let _permits = render_permit(&caller).await?;
+    let _permits = RENDERS.enter(&caller.entity).await?;
     let not_found = |e| match e {
         StoreError::NotFound => ApiError::not_found("job"),
         other => other.into(),
