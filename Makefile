@@ -130,7 +130,7 @@ $(ART18ENV)/.ok-$(ART18_VERSION):
 		openpipe-art==$(ART18_VERSION) "openai<3" "polars<2" wandb==0.25.0
 	touch $@
 
-## reliability: the failure and load tests R1-R12 of docs/reliability.md (about 25 minutes; loopback
+## reliability: the failure and load tests R1-R14 of docs/reliability.md (about 35 minutes; loopback
 ## only). RELIABILITY_ARGS passes options, e.g. RELIABILITY_ARGS="--only R2,R3 --soak-minutes 1".
 RELIABILITY_ARGS ?=
 reliability: model

@@ -6,7 +6,7 @@ the attacker's own throughput alone and beside the victim (work conservation).
     python bench/fairness.py target/release/tandem models/SmolLM2-135M-Instruct.Q4_1.gguf [--rounds 5]
 
 `--check` runs a short version for `make test` that asserts orderings, not times: the victim's
-request finishes while the attacker's, started first, still runs.
+request (or small training job) finishes while the attacker's, started first, still runs.
 Standard library only (tests/python/tandem_server.py starts the server).
 """
 
@@ -117,6 +117,76 @@ def attacks(server, key, long_tokens):
     }
 
 
+def call(server, key, method, path, body=None):
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=600)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+    r = conn.getresponse()
+    data = json.loads(r.read() or b"null")
+    conn.close()
+    assert r.status == 200, (method, path, r.status, data)
+    return data
+
+
+def trajectory(rng, tokens, reward):
+    """A scored rollout as ART sends it: token ids with the sampler's logprobs."""
+    ids = [rng.randrange(100, 40000) for _ in range(tokens)]
+    lp = {"token": "x", "logprob": -1.0, "bytes": [120], "top_logprobs": []}
+    return {"reward": reward, "messages_and_choices": [
+        {"role": "user", "content": "Tell me something."},
+        {"finish_reason": "length", "index": 0, "message": {"role": "assistant", "content": "x"},
+         "prompt_token_ids": [1, 2, 3], "token_ids": ids, "logprobs": {"content": [lp] * tokens}}]}
+
+
+def queue_job(server, key, name, groups, per_group, tokens, seed, config=None):
+    """A model of the key's entity and an RL job on it; returns the job's id."""
+    rng = random.Random(seed)
+    model = call(server, key, "POST", "/v1/preview/models", {"project": "fair", "name": name, "base_model": MODEL})
+    trajectory_groups = [{"trajectories": [trajectory(rng, tokens, float(i % 3)) for i in range(per_group)]}
+                         for _ in range(groups)]
+    job = call(server, key, "POST", "/v1/preview/training-jobs",
+               {"model_id": model["id"], "trajectory_groups": trajectory_groups, "experimental_config": config or {}})
+    return job["id"]
+
+
+def job_events(server, key, job_id):
+    page = call(server, key, "GET", f"/v1/preview/training-jobs/{job_id}/events?limit=100")
+    return page["data"]
+
+
+def job_status(server, key, job_id):
+    return call(server, key, "GET", f"/v1/preview/training-jobs/{job_id}")["status"]
+
+
+def training_attack(server, victim, groups, trajectories, tokens, row_tokens=None):
+    """The attacker's long RL job runs (rows of `row_tokens`: its gradient steps' size); the
+    victim queues a one-step job. Returns the victim's wait for its first gradient step and its
+    whole job, and the attacker's median step time and status when the victim's job ended."""
+    config = {"packed_sequence_length": row_tokens} if row_tokens else {}
+    attacker_job = queue_job(server, server.key, "long", groups, trajectories, tokens, seed=11, config=config)
+    while not any(e["type"] == "gradient_step" for e in job_events(server, server.key, attacker_job)):
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    victim_job = queue_job(server, victim, "small", 1, 2, 40, seed=12)
+    first_step = None
+    while True:
+        status = job_status(server, victim, victim_job)
+        if first_step is None and any(e["type"] == "gradient_step" for e in job_events(server, victim, victim_job)):
+            first_step = time.monotonic() - t0
+        if status in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.05)
+    done = time.monotonic() - t0
+    assert status == "succeeded", status
+    attacker_status = job_status(server, server.key, attacker_job)
+    steps = [e["data"]["step_seconds"] for e in job_events(server, server.key, attacker_job)
+             if e["type"] == "gradient_step" and "step_seconds" in e["data"]]
+    call(server, server.key, "POST", f"/v1/preview/training-jobs/{attacker_job}/cancel")
+    while job_status(server, server.key, attacker_job) not in ("succeeded", "failed", "cancelled"):
+        time.sleep(0.2)
+    return first_step or done, done, statistics.median(steps), attacker_status
+
+
 def measure(server, victim, rounds, victim_tokens):
     samples = [stream_chat(server, victim, victim_tokens) for _ in range(rounds)]
     health = [health_ms(server) for _ in range(5)]
@@ -167,6 +237,12 @@ def bench(args):
             # Let the attacker's requests drain before the next attack.
             while health_ms(server) > 50 or busy(server):
                 time.sleep(1)
+        # Trainer time: the attacker's long RL job runs; the victim's one-step job waits for
+        # at most one of its gradient steps (the time-slicing bound), not for the whole job.
+        first, done, step, status = training_attack(server, victim, args.job_groups, 8, 400)
+        print(f"{'long training job':<20} victim's job: first step after {first:5.1f} s, done after {done:5.1f} s;"
+              f" attacker's step {step:5.2f} s (median): waited {first / step:4.2f} attacker steps;"
+              f" attacker {status} meanwhile")
     finally:
         server.stop()
 
@@ -223,9 +299,17 @@ def check(args):
             failures += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {name}: the victim's request ended "
                   f"{done['attacker'] - done['victim']:.1f} s before the attacker's")
+        # A long training job of the attacker's: the victim's one-step job ends while it runs.
+        # Steps of 1,024 tokens keep it short; the attacker's job is cancelled once the victim's
+        # has ended.
+        first, done, step, status = training_attack(server, victim, 12, 4, 400, row_tokens=1024)
+        ok = status == "running"
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} a long training job: the victim's job ran its step after "
+              f"{first:.1f} s ({first / step:.2f} attacker steps) and ended while the attacker's was {status}")
     finally:
         server.stop()
-    print(f"fairness: {2 - failures} passed, {failures} failed")
+    print(f"fairness: {3 - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 
@@ -238,6 +322,7 @@ def main():
     p.add_argument("--long-tokens", type=int, default=600)
     p.add_argument("--settle", type=float, default=3.0)
     p.add_argument("--window", type=float, default=10.0)
+    p.add_argument("--job-groups", type=int, default=16, help="groups of 8 x 400 tokens in the attacker's job")
     p.add_argument("--check", action="store_true")
     args = p.parse_args()
     return check(args) if args.check else bench(args)

@@ -1,4 +1,4 @@
-"""tandem's reliability suite (../shared/design/reliability.md, R1-R12), against the real binary
+"""tandem's reliability suite (../shared/design/reliability.md, R1-R12; R13-R14 are issue 32's), against the real binary
 and the bundled model, loopback only. Standard library only.
 
 Usage: python3 reliability.py <tandem binary> <model gguf> [--only R2,R3] [--soak-minutes 5]
@@ -28,6 +28,7 @@ import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from tandem_server import Server  # noqa: E402
+import fair_shares  # noqa: E402
 
 KEY = "reliability-key"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -674,6 +675,16 @@ def r12(ctx):
 
 
 # --- driver ------------------------------------------------------------------------------------
+
+
+@test("R13", "one tenant saturates inference: slots, streams, long prompts, heavy reads")
+def r13(ctx):
+    fair_shares.r13(ctx, check)
+
+
+@test("R14", "one tenant saturates training: the job cap, a long job, abandoned merges")
+def r14(ctx):
+    fair_shares.r14(ctx, check)
 
 
 class Context:

@@ -51,6 +51,10 @@ pub struct Limits {
     /// Training jobs (RL and SFT) one entity may have queued or running; more are a 429. The
     /// queue is served round robin between entities, and this keeps one entity from filling it.
     pub max_pending_jobs: i64,
+    /// Most tokens one training job may train on (all its sequences' tokens); more is a 422 at
+    /// creation. With the trainer time-sliced between entities this bounds a job's length, not
+    /// another entity's wait.
+    pub max_job_tokens: u64,
 }
 
 impl Default for Limits {
@@ -60,6 +64,7 @@ impl Default for Limits {
             trajectories: TrajectoryLimits::default(),
             max_delete_steps: 10_000,
             max_pending_jobs: 16,
+            max_job_tokens: 1 << 20,
         }
     }
 }

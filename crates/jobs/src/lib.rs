@@ -1,11 +1,13 @@
-//! The training worker: claims queued jobs one at a time, runs a [`Trainer`] on a blocking
-//! thread, streams its events into the store, writes the checkpoint durably and ends the job.
+//! The training worker: claims queued jobs (one per entity at a time), runs each [`Trainer`] on
+//! a blocking thread, time-slicing them at gradient-step boundaries ([`turns`]), streams their
+//! events into the store, writes each checkpoint durably and ends the job.
 //!
 //! The worker owns the job state machine's driving side (`queued → running → succeeded | failed |
 //! cancelled`); the store owns its transitions. It never touches HTTP or tensors: the trainer is
 //! a trait object, so the api crate can be tested with the worker and no model at all.
 
 mod lease;
+pub mod turns;
 mod worker;
 
 pub use lease::renew_interval;
@@ -88,7 +90,9 @@ pub trait TrainSink {
     fn started(&mut self, num_sequences: u64, extra: Map<String, Value>);
     /// One optimizer step; every value a number (ART converts each with `float()`).
     fn gradient_step(&mut self, metrics: BTreeMap<String, f64>);
-    /// Whether the trainer should stop at this step: the job was cancelled or the server stops.
+    /// A step boundary: called before each gradient step (and between the parts of long
+    /// preparations). The worker may run another entity's job here before it returns. Says
+    /// whether the trainer should stop: the job was cancelled or the server stops.
     fn should_stop(&mut self) -> Option<TrainError>;
 }
 

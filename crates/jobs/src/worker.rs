@@ -1,9 +1,10 @@
 //! The worker loop: wait for work, claim, train, finish.
 
 use crate::lease::{spawn_renewals, LeaseFlags, Renewals};
+use crate::turns::{Turn, Turns};
 use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use tandem_store::{
 };
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use uuid::Uuid;
 
 #[derive(Debug, Clone)]
@@ -34,6 +36,9 @@ pub struct WorkerConfig {
     /// Which running jobs [`Worker::recover`] takes back at start-up: all of them where this is
     /// the store's only process (SQLite), those whose lease ran out where trainers share it.
     pub reclaim_at_start: Reclaim,
+    /// Jobs run at once, each of another entity, time-sliced at gradient-step boundaries
+    /// (`turns.rs`); each held job keeps its adapter, optimizer state and rows in memory.
+    pub max_runs: usize,
 }
 
 impl Default for WorkerConfig {
@@ -44,11 +49,13 @@ impl Default for WorkerConfig {
             lease_ttl: Duration::from_secs(30),
             owner: format!("trainer-{}", tandem_core::new_id()),
             reclaim_at_start: Reclaim::All,
+            max_runs: 4,
         }
     }
 }
 
-/// Runs training jobs, one at a time (the trainer uses every core it is given).
+/// Runs training jobs: one per entity at a time, and only one computing at any moment (the
+/// trainer uses every core it is given), the others waiting for their turn at a step boundary.
 #[derive(Clone)]
 pub struct Worker {
     store: Arc<dyn Store>,
@@ -60,6 +67,7 @@ pub struct Worker {
     draining: Arc<AtomicBool>,
     heartbeat: Arc<Heartbeat>,
     metrics: Arc<TrainingMetrics>,
+    turns: Arc<Turns>,
     config: WorkerConfig,
 }
 
@@ -79,6 +87,7 @@ impl Worker {
             draining: Arc::new(AtomicBool::new(false)),
             heartbeat: Arc::new(Heartbeat::default()),
             metrics: Arc::default(),
+            turns: Arc::default(),
             config,
         }
     }
@@ -158,12 +167,11 @@ impl Worker {
         }
         let _stopped = Stopped(self.heartbeat.clone());
         let mut reclaimed_at: Option<Instant> = None;
+        // The jobs this loop runs, with their entities (claims pass over those).
+        let mut runs: JoinSet<()> = JoinSet::new();
+        let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
         while !self.stopping.load(Ordering::SeqCst) {
-            self.heartbeat.beat(now_ms(), false);
-            if self.draining.load(Ordering::SeqCst) {
-                let _ = tokio::time::timeout(self.config.poll_interval, self.wake.notified()).await;
-                continue;
-            }
+            self.heartbeat.beat(now_ms(), !runs.is_empty());
             // Jobs of trainers that died (another process's, on a shared database) come back
             // to the queue once their lease runs out; a few reads a lease are plenty.
             if reclaimed_at.is_none_or(|t| t.elapsed() >= crate::lease::renew_interval(self.config.lease_ttl)) {
@@ -172,19 +180,49 @@ impl Worker {
                     tracing::error!(error = %e, "could not look for expired training job leases");
                 }
             }
-            match self.run_once().await {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(e) => tracing::error!(error = %e, "training worker error"),
+            while !self.draining.load(Ordering::SeqCst) && runs.len() < self.config.max_runs.max(1) {
+                let busy: Vec<String> = running.values().cloned().collect();
+                match self.store.claim_next_job_skipping(&self.lease(), &busy).await {
+                    Ok(Some(claimed)) => {
+                        let (entity, worker) = (claimed.model.entity.clone(), self.clone());
+                        let id = runs.spawn(async move { worker.run_claimed_job(claimed).await }).id();
+                        running.insert(id, entity);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!(error = %e, "training worker error");
+                        break;
+                    }
+                }
             }
-            let _ = tokio::time::timeout(self.config.poll_interval, self.wake.notified()).await;
+            tokio::select! {
+                _ = tokio::time::timeout(self.config.poll_interval, self.wake.notified()) => {}
+                Some(done) = runs.join_next_with_id(), if !runs.is_empty() => {
+                    let id = match done {
+                        Ok((id, ())) => id,
+                        Err(e) => {
+                            tracing::error!(error = %e, "a training run ended abnormally");
+                            e.id()
+                        }
+                    };
+                    running.remove(&id);
+                }
+            }
         }
+        // Each run sees `stopping` at its next step and ends; the jobs run again later.
+        while runs.join_next().await.is_some() {}
         tracing::info!("training worker stopped");
     }
 
-    /// Claims and runs one job. `Ok(false)` when none was waiting.
+    /// Claims and runs one job to its end. `Ok(false)` when none was waiting.
     pub async fn run_once(&self) -> Result<bool, StoreError> {
         let Some(claimed) = self.store.claim_next_job(&self.lease()).await? else { return Ok(false) };
+        self.run_claimed_job(claimed).await;
+        Ok(true)
+    }
+
+    /// Runs a claimed job to its end, recording how it ended.
+    async fn run_claimed_job(&self, claimed: ClaimedJob) {
         let job_id = claimed.job.id;
         let entity = claimed.model.entity.clone();
         tracing::info!(%job_id, model_id = %claimed.model.id, attempt = claimed.job.attempts, "training job started");
@@ -206,7 +244,6 @@ impl Worker {
         if let Some(outcome) = outcome {
             self.metrics.job_finished(kind, outcome, claimed_at.elapsed().as_secs_f64());
         }
-        Ok(true)
     }
 
     /// Ends a job that could not be finished normally (its checkpoint or its outcome could not be
@@ -275,10 +312,18 @@ impl Worker {
             started: false,
             stopping: self.stopping.clone(),
             last_cancel_check: None,
+            turn: None,
         };
-        let trainer = self.trainer.clone();
+        let (trainer, turns) = (self.trainer.clone(), self.turns.clone());
         let (result, sink) = tokio::task::spawn_blocking(move || {
-            let result = trainer.train(&train_job, &mut sink);
+            // The job computes only while it holds the turn; between its steps another
+            // entity's job may run (its state stays here, on this thread).
+            sink.turn = Some(turns.enter());
+            let result = match sink.interrupted() {
+                Some(stop) => Err(stop),
+                None => trainer.train(&train_job, &mut sink),
+            };
+            sink.turn = None;
             (result, sink)
         })
         .await
@@ -457,9 +502,16 @@ struct StoreSink {
     started: bool,
     stopping: Arc<AtomicBool>,
     last_cancel_check: Option<Instant>,
+    /// The trainer's turn, held while this job computes (taken on its blocking thread).
+    turn: Option<Turn>,
 }
 
 impl StoreSink {
+    /// A lost lease stops the run like a shutdown: nothing more is written for it.
+    fn interrupted(&self) -> Option<TrainError> {
+        (self.stopping.load(Ordering::SeqCst) || self.lease.lost()).then_some(TrainError::Interrupted)
+    }
+
     fn append(&self, kind: EventKind, data: Value) {
         self.heartbeat.beat(now_ms(), true);
         match self.handle.block_on(self.store.append_event(self.job_id, &self.owner, kind, &data)) {
@@ -492,10 +544,13 @@ impl TrainSink for StoreSink {
     }
 
     fn should_stop(&mut self) -> Option<TrainError> {
+        // A step boundary: another entity's job may take its turn first.
+        if let Some(turn) = self.turn.as_mut() {
+            turn.boundary();
+        }
         self.heartbeat.beat(now_ms(), true);
-        // A lost lease stops the run like a shutdown: nothing more is written for it.
-        if self.stopping.load(Ordering::SeqCst) || self.lease.lost() {
-            return Some(TrainError::Interrupted);
+        if let Some(stop) = self.interrupted() {
+            return Some(stop);
         }
         // Cancellation is a store read: at most a few per second.
         let due = self.last_cancel_check.is_none_or(|t| t.elapsed() >= Duration::from_millis(250));

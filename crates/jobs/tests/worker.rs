@@ -240,3 +240,84 @@ async fn a_checkpoint_that_cannot_be_written_fails_the_job_and_frees_the_model()
     assert!(worker.run_once().await.unwrap());
     assert_eq!(f.store.get_job("e", next).await.unwrap().step, Some(1));
 }
+
+/// Runs gradient steps of 20 ms (as many as the job's learning rate says), logging each as
+/// ("entity/model", step).
+struct Stepper {
+    log: Arc<Mutex<Vec<(String, usize)>>>,
+}
+
+impl Trainer for Stepper {
+    fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
+        let steps = match &job.task {
+            tandem_jobs::TrainTask::Rl { config, .. } => config.learning_rate.round() as usize,
+            tandem_jobs::TrainTask::Sft { .. } => 1,
+        };
+        sink.started(steps as u64, Map::new());
+        for i in 0..steps {
+            if let Some(stop) = sink.should_stop() {
+                return Err(stop);
+            }
+            self.log.lock().unwrap().push((format!("{}/{}", job.model.entity, job.model.name), i));
+            std::thread::sleep(Duration::from_millis(20));
+            sink.gradient_step(BTreeMap::from([("loss".into(), 0.1)]));
+        }
+        Ok(TrainOutput { files: vec![("adapter_config.json".to_string(), b"{}".to_vec())], metrics: BTreeMap::new() })
+    }
+}
+
+/// Another entity's small job starts within a step or two of a long one's (it does not wait
+/// for the long job to end), the two alternate at step boundaries, and both finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_two_entities_are_time_sliced_at_step_boundaries() {
+    let f = fixture().await;
+    let new = NewModel { entity: "v".into(), project: "p".into(), name: "m".into(), base_model: "b".into() };
+    let (victim_model, _) = f.store.create_model(&new, false).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let trainer = Arc::new(Stepper { log: log.clone() });
+    let store = f.store.clone() as Arc<dyn Store>;
+    let worker = Worker::new(store, Checkpoints::local(f.checkpoints.clone()), trainer, WorkerConfig::default());
+    // The "learning rate" is the job's number of steps (the stepper reads it so).
+    let queue = |model_id: Uuid, steps: f64| {
+        let config = tandem_core::train_config::TrainConfig { learning_rate: steps, ..Default::default() };
+        let config = serde_json::to_value(config).unwrap();
+        NewJob { model_id, kind: JobKind::Rl, config, inputs: json!([]), rollout: None }
+    };
+    let long = f.store.create_job(&queue(f.model_id, 40.0)).await.unwrap().id;
+    // A job of another model of the same entity waits for the first: one job per entity.
+    let new = NewModel { entity: "e".into(), name: "m2".into(), ..new };
+    let (other_model, _) = f.store.create_model(&new, false).await.unwrap();
+    let long2 = f.store.create_job(&queue(other_model.id, 2.0)).await.unwrap().id;
+    let run = tokio::spawn(worker.clone().run());
+    while log.lock().unwrap().len() < 3 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let short = f.store.create_job(&queue(victim_model.id, 3.0)).await.unwrap().id;
+    let queued_at = log.lock().unwrap().len();
+    worker.waker().notify_one();
+    for job in [long, short, long2] {
+        let entity = if job == short { "v" } else { "e" };
+        while f.store.get_job(entity, job).await.unwrap().status != JobStatus::Succeeded {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    worker.stop();
+    run.await.unwrap();
+    let log = log.lock().unwrap().clone();
+    let first_short = log.iter().position(|(e, _)| e == "v/m").unwrap();
+    assert!(first_short <= queued_at + 3, "queued after step {queued_at}, first ran at {first_short}: {log:?}");
+    let last_short = log.iter().rposition(|(e, _)| e == "v/m").unwrap();
+    // The small job ran its three steps interleaved with the long one's, not after it.
+    let long_steps_meanwhile = log[first_short..=last_short].iter().filter(|(e, _)| e == "e/m").count();
+    assert!(long_steps_meanwhile <= 3, "{log:?}");
+    assert_eq!(log.iter().filter(|(e, _)| e == "e/m").count(), 40, "{log:?}");
+    assert!(
+        log[last_short..].iter().filter(|(e, _)| e == "e/m").count() > 20,
+        "the short job ended long before: {log:?}"
+    );
+    // e's other job ran only after its first ended.
+    let last_long = log.iter().rposition(|(e, _)| e == "e/m").unwrap();
+    let first_long2 = log.iter().position(|(e, _)| e == "e/m2").unwrap();
+    assert!(first_long2 > last_long, "{log:?}");
+    assert_eq!(log.iter().filter(|(e, _)| e == "e/m2").count(), 2);
+}

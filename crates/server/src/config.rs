@@ -105,6 +105,17 @@ pub struct ServeArgs {
     /// lease): on a shared database, a dead trainer's job goes to another this long after.
     #[arg(long, env = "TANDEM_JOB_LEASE_SECONDS")]
     pub job_lease_seconds: Option<f64>,
+    /// Training jobs a trainer holds at once, each of another entity, time-sliced at
+    /// gradient-step boundaries so a small job starts within a step of a long one (default 4).
+    #[arg(long, env = "TANDEM_MAX_TRAINING_RUNS")]
+    pub max_training_runs: Option<usize>,
+    /// Most tokens one training job may train on (RL trajectories' or SFT conversations'
+    /// tokens); a larger job is a 422 at creation (default 1048576).
+    #[arg(long, env = "TANDEM_MAX_JOB_TOKENS")]
+    pub max_job_tokens: Option<u64>,
+    /// Database connections this process keeps (default 4 on SQLite, 8 on PostgreSQL).
+    #[arg(long, env = "TANDEM_DB_POOL_SIZE")]
+    pub db_pool_size: Option<u32>,
     /// Turns on `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
     /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`) for PEFT adapter directories under this one; off
     /// when unset. It may not overlap the data directory.
@@ -190,6 +201,10 @@ pub struct ServeConfig {
     pub engine_spin_us: Option<u64>,
     pub job_max_attempts: i64,
     pub job_lease: std::time::Duration,
+    pub max_training_runs: usize,
+    pub max_job_tokens: u64,
+    /// None: the backend's default.
+    pub db_pool_size: Option<u32>,
     pub lora_root: Option<PathBuf>,
     pub quantize: tandem_model::Quantize,
 }
@@ -262,6 +277,12 @@ impl ServeConfig {
             job_lease: match args.job_lease_seconds.or(file.job_lease_seconds).unwrap_or(30.0) {
                 s if s.is_finite() && (0.3..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
                 s => anyhow::bail!("--job-lease-seconds {s}: expected 0.3 to 86400"),
+            },
+            max_training_runs: args.max_training_runs.or(file.max_training_runs).unwrap_or(4).max(1),
+            max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
+            db_pool_size: match args.db_pool_size.or(file.db_pool_size) {
+                Some(n) if !(1..=1000).contains(&n) => bail!("--db-pool-size {n}: expected 1 to 1000"),
+                n => n,
             },
             lora_root: args.lora_root.or(file.lora_root),
             quantize: match args.quantize.or(file.quantize) {

@@ -39,12 +39,23 @@ pub enum KeysCommand {
 /// SQLite opens it (SQLite gives its -wal and -shm files the database file's permissions).
 /// `postgres://` or `postgresql://` is PostgreSQL, its schema brought up to date on connect.
 pub async fn open_store(data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
+    open_store_with_pool(data_dir, database_url, None).await
+}
+
+/// [`open_store`] with at most `pool` connections (default: the backend's own).
+pub async fn open_store_with_pool(
+    data_dir: &Path,
+    database_url: Option<&str>,
+    pool: Option<u32>,
+) -> anyhow::Result<Arc<dyn Store>> {
     private_dir(data_dir)?;
     let db = match database_url {
         None => data_dir.join("tandem.db"),
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            let store =
-                PostgresStore::connect(url).await.with_context(|| format!("connecting to {}", redacted(url)))?;
+            let size = pool.unwrap_or(tandem_store::POSTGRES_POOL_SIZE);
+            let store = PostgresStore::connect_with_pool(url, size)
+                .await
+                .with_context(|| format!("connecting to {}", redacted(url)))?;
             return Ok(Arc::new(store));
         }
         Some(url) => match url.strip_prefix("sqlite://") {
@@ -53,7 +64,8 @@ pub async fn open_store(data_dir: &Path, database_url: Option<&str>) -> anyhow::
         },
     };
     private_file(&db)?;
-    let store = SqliteStore::open(&db).await.with_context(|| format!("opening {}", db.display()))?;
+    let size = pool.unwrap_or(tandem_store::SQLITE_POOL_SIZE);
+    let store = SqliteStore::open_with_pool(&db, size).await.with_context(|| format!("opening {}", db.display()))?;
     Ok(Arc::new(store))
 }
 

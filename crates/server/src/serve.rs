@@ -1,7 +1,7 @@
 //! `tandem serve`: open the store, start the training worker, serve HTTP until SIGTERM/SIGINT.
 
 use crate::config::ServeConfig;
-use crate::keys::open_store;
+use crate::keys::open_store_with_pool;
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::Path;
@@ -22,7 +22,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             bail!("model file {} not found (for the bundled model, run `make model`)", m.path.display());
         }
     }
-    let store = open_store(&config.data_dir, config.database_url.as_deref()).await?;
+    let store = open_store_with_pool(&config.data_dir, config.database_url.as_deref(), config.db_pool_size).await?;
     if config.role != crate::config::Role::All {
         // A node of a cluster shares the queue and the checkpoints with the others.
         if store.single_process() {
@@ -100,6 +100,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         WorkerConfig {
             max_attempts: config.job_max_attempts,
             lease_ttl: config.job_lease,
+            max_runs: config.max_training_runs,
             // Alone on its store, this process's previous run left every running job; sharing
             // it, only jobs whose lease ran out are orphans.
             reclaim_at_start: if store.single_process() { Reclaim::All } else { Reclaim::Expired },
@@ -121,7 +122,11 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         checkpoints: checkpoints.clone(),
         static_keys,
         served_models: config.models.iter().map(|m| m.id.clone()).collect(),
-        limits: Limits { max_body_bytes: config.max_body_bytes, ..Limits::default() },
+        limits: Limits {
+            max_body_bytes: config.max_body_bytes,
+            max_job_tokens: config.max_job_tokens,
+            ..Limits::default()
+        },
         jobs_waker: worker.waker(),
         backend: Some(backend),
         per_entity_limit: config.per_entity_limit,

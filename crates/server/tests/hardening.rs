@@ -76,7 +76,7 @@ async fn a_hostile_tenant_cannot_stop_starve_or_spy_on_another() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mallory = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
-    let server = Server::start(dir.path(), &["--api-key", KEY]);
+    let server = Server::start(dir.path(), &["--api-key", KEY, "--max-job-tokens", "20000"]);
     let pid = server.child.id();
     let api = Api { c: client(), url: server.url.clone() };
     api.still_serves(KEY, "start").await;
@@ -218,6 +218,13 @@ async fn a_hostile_tenant_cannot_stop_starve_or_spy_on_another() {
     let (s, v) = api.post(&mallory, "/v1/preview/training-jobs", job(too_long, json!({}))).await;
     assert_eq!(s, 422, "{v}");
     assert!(v.to_string().contains("context"), "{v}");
+    // A job over the per-job token budget is a 422 naming the budget (trainer time is
+    // time-sliced between entities; the budget bounds one job's length).
+    let over_budget =
+        json!([{"trajectories": [traj(vec![5; 7000], 1.0), traj(vec![6; 7000], 0.0), traj(vec![7; 7000], 0.5)]}]);
+    let (s, v) = api.post(&mallory, "/v1/preview/training-jobs", job(over_budget, json!({}))).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(v.to_string().contains("--max-job-tokens") && v.to_string().contains("20000"), "{v}");
     let huge_rewards = json!([{"trajectories": [traj(vec![5], 1e308), traj(vec![6], 1e308)]}]);
     let (s, v) = api
         .post(

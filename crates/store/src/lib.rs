@@ -18,8 +18,8 @@ mod sqlite;
 
 pub use blobs::{create_private_dir_all, CheckpointDir};
 pub use checkpoints::{BlobStore, Checkpoints, SWEEP_GRACE};
-pub use postgres::PostgresStore;
-pub use sqlite::SqliteStore;
+pub use postgres::{PostgresStore, MAX_CONNECTIONS as POSTGRES_POOL_SIZE};
+pub use sqlite::{SqliteStore, POOL_SIZE as SQLITE_POOL_SIZE};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -427,7 +427,12 @@ pub trait Store: Send + Sync + 'static {
     /// Atomically moves the oldest queued job whose model has no running job to `running`, held
     /// by `lease` (its expiry is reckoned by the database's clock where there is a server, so
     /// trainers' clocks need not agree).
-    async fn claim_next_job(&self, lease: &Lease) -> Result<Option<ClaimedJob>>;
+    async fn claim_next_job(&self, lease: &Lease) -> Result<Option<ClaimedJob>> {
+        self.claim_next_job_skipping(lease, &[]).await
+    }
+    /// [`Store::claim_next_job`], passing over the jobs of `skip_entities` (a trainer that
+    /// time-slices between entities holds one job of each at a time).
+    async fn claim_next_job_skipping(&self, lease: &Lease, skip_entities: &[String]) -> Result<Option<ClaimedJob>>;
     /// Extends the lease `lease.owner` holds on a running job by `lease.ttl_ms` from now.
     async fn renew_lease(&self, job_id: Uuid, lease: &Lease) -> Result<LeaseState>;
     /// Appends an event to a running job `owner` holds; `LeaseLost` (nothing written) otherwise,

@@ -404,6 +404,31 @@ async fn training_queue_is_round_robin_between_entities() {
     }
 }
 
+/// A trainer that time-slices between entities claims past the entities it already runs.
+#[tokio::test]
+async fn claims_pass_over_the_entities_a_trainer_skips() {
+    for (name, store, _dir) in backends().await {
+        let mut jobs = Vec::new();
+        for (entity, m) in [("a", "a1"), ("a", "a2"), ("b", "b1"), ("c's", "c1")] {
+            let (model, _) = store.create_model(&new_model(entity, m), false).await.unwrap();
+            let new =
+                NewJob { model_id: model.id, kind: JobKind::Rl, config: json!({}), inputs: json!([]), rollout: None };
+            jobs.push(store.create_job(&new).await.unwrap().id);
+        }
+        let lease = tandem_store::test_lease();
+        let skip = |e: &[&str]| e.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let first = store.claim_next_job_skipping(&lease, &skip(&["b"])).await.unwrap().unwrap();
+        assert_eq!(first.job.id, jobs[0], "{name}");
+        // a runs here: b is next, then (b skipped too) c's, whose name has a quote.
+        let second = store.claim_next_job_skipping(&lease, &skip(&["a"])).await.unwrap().unwrap();
+        assert_eq!(second.job.id, jobs[2], "{name}");
+        let third = store.claim_next_job_skipping(&lease, &skip(&["a", "b"])).await.unwrap().unwrap();
+        assert_eq!(third.job.id, jobs[3], "{name}");
+        assert!(store.claim_next_job_skipping(&lease, &skip(&["a", "b", "c's"])).await.unwrap().is_none(), "{name}");
+        assert_eq!(store.claim_next_job(&lease).await.unwrap().unwrap().job.id, jobs[1], "{name}");
+    }
+}
+
 /// The pending-job cap holds under concurrency: 24 creations at once over two of an entity's
 /// models, capped at 5, queue exactly 5 (the count and the insert are one atomic step); another
 /// entity is not counted.

@@ -315,12 +315,16 @@ fn reference_logprobs(
     reference: &ReferencePolicy,
     parts: &mut [Vec<Row>],
     pool: &LoraTrainer,
+    sink: &mut dyn TrainSink,
 ) -> Result<(), TrainError> {
     let lora = match reference {
         ReferencePolicy::Base => adapter::init(base, INIT_SEED).map_err(failed)?,
         ReferencePolicy::Checkpoint { dir, .. } => adapter::load(dir, base, INIT_SEED).map_err(TrainError::Failed)?,
     };
     for part in parts.iter_mut().flatten() {
+        if let Some(stop) = sink.should_stop() {
+            return Err(stop);
+        }
         let lps = pool.on_training_threads(|| logprobs(base, &lora, part))?;
         for (t, lp) in part.targets.iter_mut().zip(lps) {
             t.ref_lp = lp;
@@ -436,6 +440,10 @@ impl LoraTrainer {
         // job; the sampler's logprobs stay as the originals for truncated importance sampling.
         if config.precalculate_logprobs {
             for part in parts.iter_mut().flatten() {
+                // Long preparations have step boundaries too: another entity's job may run.
+                if let Some(stop) = sink.should_stop() {
+                    return Err(stop);
+                }
                 let lps = self.on_training_threads(|| logprobs(&base, &lora, part))?;
                 for (t, lp) in part.targets.iter_mut().zip(lps) {
                     t.original_lp = t.old_lp;
@@ -445,7 +453,7 @@ impl LoraTrainer {
         }
 
         if let Some(reference) = kl_reference {
-            reference_logprobs(&base, reference, &mut parts, self)?;
+            reference_logprobs(&base, reference, &mut parts, self, sink)?;
         }
 
         let vars = lora.vars();

@@ -69,6 +69,10 @@ pub async fn create(
     // Kept for people (curves, trajectory browser) beside the tokenized copy the trainer reads.
     let rollout = Rollout { metrics: log_metrics("train", &groups), groups: trajectory_groups.clone() };
     let inputs = tokenize_inputs(&state, &model, trajectory_groups, config.allow_training_without_logprobs).await?;
+    if let RlInputs::Tokenized(t) = &inputs {
+        let tokens = t.groups.iter().flat_map(|g| &g.trajectories).flat_map(|t| &t.sequences).map(|s| s.tokens.len());
+        check_job_tokens(&state, "trajectory_groups", tokens.sum::<usize>() as u64)?;
+    }
     let new = NewJob {
         model_id: model.id,
         kind: JobKind::Rl,
@@ -103,6 +107,29 @@ fn too_many_jobs(pending: i64, limit: i64) -> ApiError {
     )
     .with_retry_after(5)
 }
+
+/// A 422 when a job would train on more tokens than the server's per-job budget
+/// (`--max-job-tokens`).
+pub(super) fn check_job_tokens(state: &AppState, field: &str, tokens: u64) -> Result<(), ApiError> {
+    let limit = state.limits().max_job_tokens;
+    if tokens <= limit {
+        return Ok(());
+    }
+    let why = format!(
+        "this job would train on {tokens} tokens, more than this server's budget of {limit} per job \
+         (--max-job-tokens); split it into smaller jobs"
+    );
+    let mut v = Validator::new("body");
+    v.at(field, |v| v.value_error(&Value::Null, &why));
+    Err(ApiError::validation(v.into_errors()))
+}
+
+/// Reading and rendering a job's inputs at creation (tokenizing trajectories, rendering an SFT
+/// dataset) is CPU work of up to the body limit: one per entity at a time (a few more queued),
+/// two server-wide, on blocking threads, so one entity's large jobs neither hold every core nor
+/// delay another entity's creation behind more than one of its own.
+pub(super) static INPUT_CHECKS: crate::heavy::Gate =
+    crate::heavy::Gate::new(2, "several training jobs of this entity are being checked; retry when they are done");
 
 /// Inserts a job under the entity's pending-job cap (RL and SFT alike).
 pub(super) async fn queue_job(state: &AppState, new: &NewJob) -> Result<tandem_core::records::Job, ApiError> {
@@ -186,6 +213,7 @@ async fn tokenize_inputs(
     allow_without_logprobs: bool,
 ) -> Result<RlInputs, ApiError> {
     let Some(served) = state.model(&model.base_model).cloned() else { return Ok(RlInputs::Raw(groups)) };
+    let _held = INPUT_CHECKS.enter(&model.entity).await?;
     let model = model.clone();
     let result = tokio::task::spawn_blocking(move || {
         let info = served.info().clone();

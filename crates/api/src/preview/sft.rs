@@ -97,7 +97,11 @@ pub async fn create(
             }
         },
     };
-    let rows = check_trainable(&state, &model.base_model, data, config.clone()).await?;
+    let (rows, tokens) = {
+        let _held = super::jobs::INPUT_CHECKS.enter(&caller.entity).await?;
+        check_trainable(&state, &model.base_model, data, config.clone()).await?
+    };
+    super::jobs::check_job_tokens(&state, "training_data_url", tokens)?;
     let new = NewJob {
         model_id: model.id,
         kind: JobKind::Sft,
@@ -112,20 +116,21 @@ pub async fn create(
 }
 
 /// Reads the dataset's rows and renders them as the trainer will, so that a conversation the
-/// template cannot split, or a learning-rate list shorter than the batches, is a 422 now.
+/// template cannot split, or a learning-rate list shorter than the batches, is a 422 now; with
+/// the rows, the tokens the job trains on (0 without a served model to count them).
 async fn check_trainable(
     state: &AppState,
     base_model: &str,
     data: Vec<u8>,
     config: SftConfig,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<(Vec<Value>, u64), ApiError> {
     let served = state.model(base_model).cloned();
     tokio::task::spawn_blocking(move || {
         let text = String::from_utf8_lossy(&data);
         let mut v = Validator::new("body");
         let rows = parse_dataset(&mut v, &text, &DatasetLimits::default())
             .ok_or_else(|| invalid("training_data_url", "", "the stored dataset no longer parses"))?;
-        let Some(served) = served else { return Ok(rows) };
+        let Some(served) = served else { return Ok((rows, 0)) };
         let context = served.info().context_len;
         let tok = ModelTokenizer(served);
         let (batches, _) =
@@ -139,7 +144,8 @@ async fn check_trainable(
             v.at("config", |v| v.at("learning_rate", |v| v.value_error(&Value::Null, &why)));
             return Err(ApiError::validation(v.into_errors()));
         }
-        Ok(rows)
+        let tokens = batches.iter().flatten().map(|s| s.tokens.len() as u64).sum();
+        Ok((rows, tokens))
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("SFT check task failed: {e}")))?

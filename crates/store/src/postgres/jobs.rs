@@ -221,6 +221,7 @@ const CANDIDATE: &str = "
         SELECT 1 FROM training_jobs r WHERE r.model_id = j.model_id AND r.status = 'running')
       AND NOT EXISTS (
         SELECT 1 FROM training_jobs o WHERE o.model_id = j.model_id AND o.status = 'queued' AND o.seq < j.seq)
+      AND NOT (m.entity = ANY($1))
     ORDER BY (SELECT MAX(s.started_at) FROM training_jobs s JOIN models sm ON sm.id = s.model_id
               WHERE sm.entity = m.entity) ASC NULLS FIRST, j.seq
     LIMIT 1
@@ -233,10 +234,14 @@ const CANDIDATE: &str = "
 /// oldest job was just claimed, and "one running job per model" is checked once more under the
 /// model's claim lock, in a fresh snapshot that sees every earlier claim, so the rule does not
 /// rest on that argument alone.
-pub(crate) async fn claim_next_job(pool: &PgPool, lease: &Lease) -> Result<Option<ClaimedJob>> {
+pub(crate) async fn claim_next_job(
+    pool: &PgPool,
+    lease: &Lease,
+    skip_entities: &[String],
+) -> Result<Option<ClaimedJob>> {
     for _ in 0..CLAIM_ATTEMPTS {
         let mut tx = pool.begin().await?;
-        let Some(candidate) = sqlx::query(CANDIDATE).fetch_optional(&mut *tx).await? else {
+        let Some(candidate) = sqlx::query(CANDIDATE).bind(skip_entities).fetch_optional(&mut *tx).await? else {
             // At once rather than when the connection is next used: workers poll this.
             tx.rollback().await?;
             return Ok(None);

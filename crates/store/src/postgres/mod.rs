@@ -50,9 +50,9 @@ pub(crate) const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 100
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// Connections per server: requests mostly wait on the model, not the database, and several
-/// servers share one database's connection limit.
-const MAX_CONNECTIONS: u32 = 8;
+/// Connections per server by default: requests mostly wait on the model, not the database, and
+/// several servers share one database's connection limit.
+pub const MAX_CONNECTIONS: u32 = 8;
 /// How long a request waits for a connection (or a first connection for its server) before it
 /// fails, like SQLite's busy timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,7 +67,12 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://user@host:5432/db`) and brings the schema up to date, in the
     /// connection's default schema (normally `public`).
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::open(PgConnectOptions::from_str(url)?).await
+        Self::connect_with_pool(url, MAX_CONNECTIONS).await
+    }
+
+    /// [`PostgresStore::connect`] with at most `connections` connections (`--db-pool-size`).
+    pub async fn connect_with_pool(url: &str, connections: u32) -> Result<Self> {
+        Self::open(PgConnectOptions::from_str(url)?, connections).await
     }
 
     /// Like [`Self::connect`], with every table in `schema` (created if missing): several stores
@@ -79,7 +84,7 @@ impl PostgresStore {
         let mut conn = timeout(options.connect()).await?;
         sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).execute(&mut conn).await?;
         conn.close().await?;
-        Self::open(options.options([("search_path", schema)])).await
+        Self::open(options.options([("search_path", schema)]), MAX_CONNECTIONS).await
     }
 
     /// Drops `schema` with everything in it (a test's, once its stores are done). Connects on its
@@ -106,9 +111,9 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn open(options: PgConnectOptions) -> Result<Self> {
+    async fn open(options: PgConnectOptions, connections: u32) -> Result<Self> {
         let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(connections.max(1))
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(options)
             .await?;
@@ -439,8 +444,12 @@ impl crate::Store for PostgresStore {
         jobs::list_events(&self.pool, job_id, after, page.limit).await
     }
 
-    async fn claim_next_job(&self, lease: &crate::Lease) -> Result<Option<crate::ClaimedJob>> {
-        jobs::claim_next_job(&self.pool, lease).await
+    async fn claim_next_job_skipping(
+        &self,
+        lease: &crate::Lease,
+        skip_entities: &[String],
+    ) -> Result<Option<crate::ClaimedJob>> {
+        jobs::claim_next_job(&self.pool, lease, skip_entities).await
     }
 
     async fn renew_lease(&self, job_id: Uuid, lease: &crate::Lease) -> Result<crate::LeaseState> {

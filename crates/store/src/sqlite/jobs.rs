@@ -196,7 +196,11 @@ pub(crate) async fn list_events(
     Ok(rows::page(items, limit))
 }
 
-pub(crate) async fn claim_next_job(pool: &SqlitePool, lease: &Lease) -> Result<Option<ClaimedJob>> {
+pub(crate) async fn claim_next_job(
+    pool: &SqlitePool,
+    lease: &Lease,
+    skip_entities: &[String],
+) -> Result<Option<ClaimedJob>> {
     // One statement, so the claim is atomic without an explicit transaction. Round robin between
     // entities: the next job is the oldest one of the entity whose latest job started longest
     // ago (never: first), so one entity's queue of jobs cannot hold back another's.
@@ -207,12 +211,15 @@ pub(crate) async fn claim_next_job(pool: &SqlitePool, lease: &Lease) -> Result<O
             SELECT j.id FROM training_jobs j JOIN models m ON m.id = j.model_id
             WHERE j.status = 'queued' AND NOT EXISTS (
                 SELECT 1 FROM training_jobs r WHERE r.model_id = j.model_id AND r.status = 'running')
+              AND m.entity NOT IN (SELECT value FROM json_each(?4))
             ORDER BY (SELECT MAX(s.started_at) FROM training_jobs s JOIN models sm ON sm.id = s.model_id
                       WHERE sm.entity = m.entity) ASC NULLS FIRST, j.seq
             LIMIT 1)
          RETURNING {JOB_COLUMNS}, config, trajectory_groups"
     );
-    let row = sqlx::query(&sql).bind(now_ms()).bind(&lease.owner).bind(lease.ttl_ms).fetch_optional(pool).await?;
+    let skip = serde_json::to_string(skip_entities).map_err(|e| StoreError::Database(e.to_string()))?;
+    let row =
+        sqlx::query(&sql).bind(now_ms()).bind(&lease.owner).bind(lease.ttl_ms).bind(skip).fetch_optional(pool).await?;
     let Some(row) = row else { return Ok(None) };
     let job = rows::job(&row)?;
     let model = sqlx::query("SELECT * FROM models WHERE id = ?").bind(job.model_id.to_string()).fetch_one(pool).await?;

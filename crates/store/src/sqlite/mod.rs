@@ -26,6 +26,10 @@ use uuid::Uuid;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// Connections by default: WAL lets readers run beside the one writer; more than a few only
+/// queue on SQLite's write lock and hold file descriptors.
+pub const POOL_SIZE: u32 = 4;
+
 /// The default store: SQLite through sqlx.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -35,6 +39,11 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating if needed) the database file and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Self> {
+        Self::open_with_pool(path, POOL_SIZE).await
+    }
+
+    /// [`SqliteStore::open`] with at most `connections` connections (`--db-pool-size`).
+    pub async fn open_with_pool(path: &Path, connections: u32) -> Result<Self> {
         let url = format!("sqlite://{}", path.display());
         let options = SqliteConnectOptions::from_str(&url)?
             .create_if_missing(true)
@@ -43,7 +52,7 @@ impl SqliteStore {
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
@@ -572,8 +581,12 @@ impl crate::Store for SqliteStore {
         jobs::list_events(&self.pool, job_id, after, page.limit).await
     }
 
-    async fn claim_next_job(&self, lease: &crate::Lease) -> Result<Option<crate::ClaimedJob>> {
-        jobs::claim_next_job(&self.pool, lease).await
+    async fn claim_next_job_skipping(
+        &self,
+        lease: &crate::Lease,
+        skip_entities: &[String],
+    ) -> Result<Option<crate::ClaimedJob>> {
+        jobs::claim_next_job(&self.pool, lease, skip_entities).await
     }
 
     async fn renew_lease(&self, job_id: Uuid, lease: &crate::Lease) -> Result<crate::LeaseState> {
