@@ -104,50 +104,88 @@ fn ban(logits: &mut [f32], t: u32) {
     }
 }
 
-/// Picks the next token from processed logits.
+/// Picks the next token from processed logits: candidates in order of logit, best first (ties
+/// by id, so the order is deterministic), truncated by min-p, top-k and top-p, then the token
+/// where a uniform draw over their probabilities falls. Only the best candidates are sorted at
+/// first ([`HEAD`]): the walk almost always ends among them, and sorting a whole vocabulary was
+/// a tenth of a decode step. When a truncation or the draw reaches past them, the rest are
+/// sorted too and the pick is made again with the same draw.
 pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     if p.is_greedy() {
         return argmax(logits);
     }
-    // Candidates sorted by logit, best first (ties by id, so the order is deterministic).
     let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|i| logits[*i as usize] > f32::NEG_INFINITY).collect();
     if idx.is_empty() {
         return argmax(logits);
     }
-    idx.sort_unstable_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+    let draw = rng.random::<f64>();
+    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    if idx.len() > HEAD {
+        idx.select_nth_unstable_by(HEAD - 1, cmp);
+        idx[..HEAD].sort_unstable_by(cmp);
+        if let Some(t) = pick(logits, &idx, HEAD, p, draw) {
+            return t;
+        }
+        idx[HEAD..].sort_unstable_by(cmp);
+    } else {
+        idx.sort_unstable_by(cmp);
+    }
+    pick(logits, &idx, idx.len(), p, draw).unwrap_or_else(|| argmax(logits))
+}
+
+/// Candidates sorted before the rest (see [`sample`]).
+const HEAD: usize = 256;
+
+/// The pick of [`sample`] over candidates whose first `sorted` are in order; `None` when it
+/// would depend on the order of the others.
+fn pick(logits: &[f32], idx: &[u32], sorted: usize, p: &SamplingParams, draw: f64) -> Option<u32> {
     let max = logits[idx[0] as usize];
-    let mut probs: Vec<f64> =
-        idx.iter().map(|i| (((logits[*i as usize] - max) / p.temperature) as f64).exp()).collect();
+    let probs: Vec<f64> = idx.iter().map(|i| (((logits[*i as usize] - max) / p.temperature) as f64).exp()).collect();
+    let mut n = probs.len();
     // min-p: drop tokens below min_p times the top probability.
     if p.min_p > 0.0 {
         let keep = probs.iter().take_while(|q| **q >= p.min_p as f64 * probs[0]).count().max(1);
-        probs.truncate(keep);
+        if keep >= sorted && sorted < n {
+            return None;
+        }
+        n = keep;
     }
     if p.top_k > 0 {
-        probs.truncate(p.top_k.max(1));
+        n = n.min(p.top_k.max(1));
     }
+    // The kept set is the best `n`: known when they are all sorted, or when all are kept.
+    if sorted < n && n < probs.len() {
+        return None;
+    }
+    let ordered = |i: usize| i < sorted || sorted == probs.len();
     if p.top_p < 1.0 {
-        let total: f64 = probs.iter().sum();
+        let total: f64 = probs[..n].iter().sum();
         let mut acc = 0.0;
-        let mut keep = probs.len();
-        for (i, q) in probs.iter().enumerate() {
+        let mut keep = n;
+        for (i, q) in probs[..n].iter().enumerate() {
+            if !ordered(i) {
+                return None;
+            }
             acc += q / total;
             if acc >= p.top_p as f64 {
                 keep = i + 1;
                 break;
             }
         }
-        probs.truncate(keep.max(1));
+        n = keep.max(1);
     }
-    let total: f64 = probs.iter().sum();
-    let mut u = rng.random::<f64>() * total;
-    for (i, q) in probs.iter().enumerate() {
+    let total: f64 = probs[..n].iter().sum();
+    let mut u = draw * total;
+    for (i, q) in probs[..n].iter().enumerate() {
+        if !ordered(i) {
+            return None;
+        }
         u -= q;
         if u < 0.0 {
-            return idx[i];
+            return Some(idx[i]);
         }
     }
-    idx[probs.len() - 1]
+    ordered(n - 1).then(|| idx[n - 1])
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -223,6 +261,40 @@ mod tests {
         assert_ne!(draw(7), draw(8));
         let ones = draw(7).iter().filter(|t| **t == 1).count() as f64 / 4000.0;
         assert!((ones - 0.75).abs() < 0.03, "{ones}");
+    }
+
+    #[test]
+    fn sorting_the_best_first_picks_what_a_full_sort_picks() {
+        // The reference: every candidate sorted, then the same truncations and walk.
+        fn full(logits: &[f32], p: &SamplingParams, draw: f64) -> u32 {
+            let mut idx: Vec<u32> =
+                (0..logits.len() as u32).filter(|i| logits[*i as usize] > f32::NEG_INFINITY).collect();
+            idx.sort_unstable_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
+            super::pick(logits, &idx, idx.len(), p, draw).unwrap()
+        }
+        let mut gen = ChaCha8Rng::seed_from_u64(5);
+        // A vocabulary's worth of logits, peaked (the walk ends in the head) and flat (it does not).
+        for spread in [8.0f32, 0.05] {
+            let logits: Vec<f32> = (0..50_000).map(|_| gen.random::<f32>() * spread).collect();
+            for p in [
+                params(),
+                SamplingParams { min_p: 0.5, ..params() },
+                SamplingParams { top_k: 40, ..params() },
+                SamplingParams { top_k: 1000, ..params() },
+                SamplingParams { top_p: 0.9, ..params() },
+                SamplingParams { temperature: 0.3, top_p: 0.5, ..params() },
+            ] {
+                for seed in 0..40 {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                    let draw = ChaCha8Rng::seed_from_u64(seed).random::<f64>();
+                    assert_eq!(
+                        sample(&logits, &p, &mut rng),
+                        full(&logits, &p, draw),
+                        "spread {spread} seed {seed} {p:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -88,8 +88,18 @@ pub fn attend(q: &[f32], kv: HeadKv<'_>, positions: Range<usize>, scale: f32, sc
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(avx2) = features.avx2 {
-        // SAFETY: the token proves AVX2 and FMA; the body is safe code.
-        return unsafe { attend_avx2(avx2, q, kv, first..n_ctx, scale, scores, out) };
+        // SAFETY: the token proves AVX2, FMA and F16C; `hd` is 8, 16 or 32 vectors, and the
+        // lengths the kernel reads are asserted above. Other head sizes take the generic code
+        // compiled for AVX2 (its body is safe code).
+        unsafe {
+            match hd {
+                64 => avx2::attend_group::<1, 4, 8>(avx2, q, kv, first, n_ctx, scale, scores, out),
+                128 => avx2::attend_group::<1, 4, 16>(avx2, q, kv, first, n_ctx, scale, scores, out),
+                256 => avx2::attend_group::<1, 4, 32>(avx2, q, kv, first, n_ctx, scale, scores, out),
+                _ => attend_avx2(avx2, q, kv, first..n_ctx, scale, scores, out),
+            }
+        }
+        return;
     }
     attend_generic(q, kv, first..n_ctx, scale, scores, out)
 }
@@ -153,6 +163,30 @@ pub fn attend_group(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = cpu().avx2.filter(|_| matches!(hd, 64 | 128 | 256)) {
+        // Fewer heads, more accumulator chains each: 8 to 16 FMAs in flight.
+        macro_rules! go {
+            ($r:literal, $u:literal) => {
+                // SAFETY: the token proves AVX2, FMA and F16C; the lengths the kernel reads are
+                // asserted above.
+                unsafe {
+                    match hd {
+                        64 => avx2::attend_group::<$r, $u, 8>(avx2, qs, kv, first, n_ctx, scale, scores, outs),
+                        128 => avx2::attend_group::<$r, $u, 16>(avx2, qs, kv, first, n_ctx, scale, scores, outs),
+                        _ => avx2::attend_group::<$r, $u, 32>(avx2, qs, kv, first, n_ctx, scale, scores, outs),
+                    }
+                }
+            };
+        }
+        match heads {
+            1 => go!(1, 4),
+            2 => go!(2, 2),
+            3 => go!(3, 1),
+            _ => go!(4, 1),
+        }
+        return;
+    }
     for (i, (q, out)) in qs.chunks_exact(hd).zip(outs.chunks_exact_mut(hd)).enumerate() {
         attend(q, kv, positions.clone(), scale, &mut scores[i * span..(i + 1) * span], out);
     }
@@ -211,6 +245,107 @@ unsafe fn attend_avx2(
     out: &mut [f32],
 ) {
     attend_generic(q, kv, positions, scale, scores, out)
+}
+
+/// The AVX2 kernels (with F16C, which every AVX2 CPU has and the token checks): the AVX-512
+/// ones' layout in vectors of eight. Without them the AVX2 path was the generic code compiled
+/// for AVX2, converting each f16 on its own: half of a 1,000-token prefill on a CPU without
+/// AVX-512.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{exp_normalize, f16, Avx2Fma, HeadKv, KEY_TILE};
+    use std::arch::x86_64::*;
+
+    /// Eight f16 values from `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p` points at eight readable f16 values; the CPU has F16C.
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+
+    /// `R` query heads sharing one kv head (`qs`: their queries one after another, each `8 V`
+    /// long) over positions `first..n_ctx`; `scores` holds `R` spans of the tiles' length, and
+    /// `outs` receives the heads' outputs one after another. Each key is loaded once for all
+    /// heads; each head's scores use `U` interleaved accumulator chains per half tile (more for
+    /// fewer heads, so that enough FMAs are in flight).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (the token); the caller asserted that every key tile read
+    /// holds `8 V * KEY_TILE` values, `scores` `R` times the tiles' length and `qs` and `outs`
+    /// `R * 8 V` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // one index into several arrays
+    pub(super) unsafe fn attend_group<const R: usize, const U: usize, const V: usize>(
+        _: Avx2Fma,
+        qs: &[f32],
+        kv: HeadKv<'_>,
+        first: usize,
+        n_ctx: usize,
+        scale: f32,
+        scores: &mut [f32],
+        outs: &mut [f32],
+    ) {
+        let hd = 8 * V;
+        let tiles = n_ctx.div_ceil(KEY_TILE);
+        let span = tiles * KEY_TILE;
+        let sc = _mm256_set1_ps(scale);
+        for j in first / KEY_TILE..tiles {
+            let t = kv.tile(j)[..hd * KEY_TILE].as_ptr();
+            let mut lo = [[_mm256_setzero_ps(); U]; R];
+            let mut hi = [[_mm256_setzero_ps(); U]; R];
+            for d in (0..hd).step_by(U) {
+                for u in 0..U {
+                    // SAFETY: dimension d + u < hd of the tile's hd * KEY_TILE values.
+                    let (k0, k1) = unsafe { (load8(t.add((d + u) * KEY_TILE)), load8(t.add((d + u) * KEY_TILE + 8))) };
+                    for r in 0..R {
+                        let qd = _mm256_set1_ps(qs[r * hd + d + u]);
+                        lo[r][u] = _mm256_fmadd_ps(qd, k0, lo[r][u]);
+                        hi[r][u] = _mm256_fmadd_ps(qd, k1, hi[r][u]);
+                    }
+                }
+            }
+            for r in 0..R {
+                let (mut l, mut h) = (lo[r][0], hi[r][0]);
+                for u in 1..U {
+                    (l, h) = (_mm256_add_ps(l, lo[r][u]), _mm256_add_ps(h, hi[r][u]));
+                }
+                let row = &mut scores[r * span + j * KEY_TILE..r * span + (j + 1) * KEY_TILE];
+                // SAFETY: the slice holds the tile's 16 scores.
+                unsafe {
+                    _mm256_storeu_ps(row.as_mut_ptr(), _mm256_mul_ps(l, sc));
+                    _mm256_storeu_ps(row.as_mut_ptr().add(8), _mm256_mul_ps(h, sc));
+                }
+            }
+        }
+        for r in 0..R {
+            let weights = &mut scores[r * span + first..r * span + n_ctx];
+            exp_normalize(weights, 1.0);
+            let out = &mut outs[r * hd..(r + 1) * hd];
+            // Eight vectors (64 dimensions) of the output at a time: eight FMA chains, in
+            // registers.
+            for c0 in (0..V).step_by(8) {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut w = weights.iter();
+                for (values, count) in kv.value_segments(first, n_ctx) {
+                    for (p, w) in w.by_ref().take(count).enumerate() {
+                        let wv = _mm256_set1_ps(*w);
+                        let row = values[p * kv.stride + c0 * 8..p * kv.stride + c0 * 8 + 64].as_ptr();
+                        for (v, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: 64 values from `row` lie in the slice above.
+                            *a = _mm256_fmadd_ps(wv, unsafe { load8(row.add(8 * v)) }, *a);
+                        }
+                    }
+                }
+                let dst = &mut out[c0 * 8..c0 * 8 + 64];
+                for (v, a) in acc.iter().enumerate() {
+                    // SAFETY: eight floats at 8 v of the 64-float slice.
+                    unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(8 * v), *a) };
+                }
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

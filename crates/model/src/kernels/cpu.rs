@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-/// Proof that the CPU runs AVX2 and FMA.
+/// Proof that the CPU runs AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx2Fma(());
 
@@ -39,7 +39,8 @@ pub fn cpu() -> &'static Cpu {
 fn detect() -> Cpu {
     use std::is_x86_feature_detected as has;
     Cpu {
-        avx2: (has!("avx2") && has!("fma")).then_some(Avx2Fma(())),
+        // Every AVX2 CPU has F16C; the attention kernels widen f16 keys and values with it.
+        avx2: (has!("avx2") && has!("fma") && has!("f16c")).then_some(Avx2Fma(())),
         avx512f: has!("avx512f").then_some(Avx512F(())),
         vnni: (has!("avx512f") && has!("avx512bw") && has!("avx512vnni")).then_some(Avx512Vnni(())),
     }

@@ -167,32 +167,15 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {
         return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q4Tile(vnni, w, a)));
     }
-    let avx2 = cpu().avx2;
+    if let Some(avx2) = cpu().avx2 {
+        return q4::matmul_avx2(avx2, w, a, out);
+    }
     tiled(n_out, t_rows, out, |cols| {
-        let n1 = cols.n1;
-        let mut n = cols.n0;
-        while n < n1 {
-            let four = avx2.filter(|_| n + 4 <= n1);
+        for n in cols.n0..cols.n1 {
             for t in 0..t_rows {
                 let (aq, as_) = a.row(t);
-                let sums = a.sums(t);
-                if let Some(avx2) = four {
-                    let rows = [w.row(n), w.row(n + 1), w.row(n + 2), w.row(n + 3)];
-                    let r = simd::dot_q4(
-                        avx2,
-                        [rows[0].0, rows[1].0, rows[2].0, rows[3].0],
-                        [rows[0].1, rows[1].1, rows[2].1, rows[3].1],
-                        [rows[0].2, rows[1].2, rows[2].2, rows[3].2],
-                        aq,
-                        as_,
-                        sums,
-                    );
-                    cols.put(n, t, r.map(|x| [x]));
-                } else {
-                    cols.put(n, t, [[dot_q4_row(w, n, aq, as_, sums, avx2)]]);
-                }
+                cols.put(n, t, [[dot_q4_row(w, n, aq, as_, a.sums(t), None)]]);
             }
-            n += if four.is_some() { 4 } else { 1 };
         }
     });
 }
@@ -269,10 +252,12 @@ impl TileCall for Q8Tile<'_> {
 
 #[inline]
 fn dot_q4_row(w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32], avx2: Option<Avx2Fma>) -> f32 {
-    let (q, d, m) = w.row(n);
     match avx2 {
-        Some(avx2) => simd::dot_q4(avx2, [q], [d], [m], aq, as_, sums)[0],
-        None => q4::dot_q4_scalar(q, d, m, aq, as_, sums),
+        Some(avx2) => q4::dot_row_avx2(avx2, w, n, aq, as_, sums),
+        None => {
+            let (q, d, m) = w.row(n);
+            q4::dot_q4_scalar(q, d, m, aq, as_, sums)
+        }
     }
 }
 
@@ -448,6 +433,21 @@ pub fn exp_normalize(row: &mut [f32], scale: f32) -> (f32, f32, f32) {
         // SAFETY: the token proves AVX-512F; the body is safe code on any slice.
         return unsafe { exp_normalize_avx512(avx512, row, scale) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = cpu().avx2 {
+        // SAFETY: the token proves AVX2 and FMA; the body is safe code on any slice.
+        return unsafe { exp_normalize_avx2(avx2, row, scale) };
+    }
+    exp_normalize_body(row, scale)
+}
+
+/// [`exp_normalize_body`] compiled with AVX2 and FMA enabled so that it vectorises to 256 bits.
+///
+/// # Safety
+/// None beyond the target features, which the token proves.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_normalize_avx2(_: Avx2Fma, row: &mut [f32], scale: f32) -> (f32, f32, f32) {
     exp_normalize_body(row, scale)
 }
 

@@ -5,7 +5,8 @@
 //! Dot with int8 activations (scale `s`, quants `a`, block sum `S`):
 //! `sum_i (d q_i + m) s a_i = d s (sum_i q_i a_i) + m s S`.
 
-use super::QK;
+use super::cpu::Avx2Fma;
+use super::{simd, Cols, Q8Acts, QK};
 
 /// Bytes of one GGUF Q4_1 block: f16 d, f16 m, 16 bytes of nibbles.
 const BLOCK_BYTES: usize = 20;
@@ -155,6 +156,77 @@ impl Q4Matrix {
         }
         self
     }
+}
+
+/// The Q4_1 matmul with AVX2: tiles of four weight rows by two activation rows, each block's
+/// nibbles unpacked once for both (a row at a time unpacked them again for every activation
+/// row, and added the minimums' term in scalar code: most of a prefill on CPUs without
+/// AVX-512). The minimums' term of each output is one dot product of the row's minimums with
+/// the activation row's block scales times block sums (`min_weights`).
+pub(super) fn matmul_avx2(avx2: Avx2Fma, w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
+    let t_rows = a.rows();
+    let ws = min_weights(a);
+    super::tiled(w.rows(), t_rows, out, |cols| {
+        let mut n = cols.n0;
+        while n < cols.n1 {
+            if n + 4 <= cols.n1 {
+                let mut t = 0;
+                while t + 2 <= t_rows {
+                    tile::<4, 2>(avx2, w, a, &ws, n, t, &cols);
+                    t += 2;
+                }
+                if t < t_rows {
+                    tile::<4, 1>(avx2, w, a, &ws, n, t, &cols);
+                }
+                n += 4;
+            } else {
+                for t in 0..t_rows {
+                    tile::<1, 1>(avx2, w, a, &ws, n, t, &cols);
+                }
+                n += 1;
+            }
+        }
+    });
+}
+
+/// Each activation row's block scales times its block sums, the rows one after another: what a
+/// row's minimums are multiplied with.
+pub(super) fn min_weights(a: &Q8Acts) -> Vec<f32> {
+    (0..a.rows())
+        .flat_map(|t| {
+            let (_, scales) = a.row(t);
+            scales.iter().zip(a.sums(t)).map(|(s, n)| s * *n as f32)
+        })
+        .collect()
+}
+
+/// Weight rows `n..n + R` times activation rows `t..t + C`, minimums included, into `cols`.
+#[inline(always)]
+fn tile<const R: usize, const C: usize>(
+    avx2: Avx2Fma,
+    w: &Q4Matrix,
+    a: &Q8Acts,
+    ws: &[f32],
+    n: usize,
+    t: usize,
+    cols: &Cols,
+) {
+    let blocks = w.cols / QK;
+    let acts: [(&[i8], &[f32]); C] = std::array::from_fn(|c| a.row(t + c));
+    let v = simd::q4_tile::<R, C>(
+        avx2,
+        std::array::from_fn(|r| w.row(n + r)),
+        acts.map(|x| x.0),
+        acts.map(|x| x.1),
+        std::array::from_fn(|c| &ws[(t + c) * blocks..(t + c + 1) * blocks]),
+    );
+    cols.put(n, t, v);
+}
+
+/// One weight row times one activation row as [`matmul_avx2`] computes it, bit for bit.
+pub(super) fn dot_row_avx2(avx2: Avx2Fma, w: &Q4Matrix, n: usize, aq: &[i8], as_: &[f32], sums: &[i32]) -> f32 {
+    let ws: Vec<f32> = as_.iter().zip(sums).map(|(s, n)| s * *n as f32).collect();
+    simd::q4_tile::<1, 1>(avx2, [w.row(n)], [aq], [as_], [&ws])[0][0]
 }
 
 /// The reference dot product of one Q4_1 row and one activation row.

@@ -38,27 +38,35 @@ pub(crate) fn dot_q8x4(avx2: Avx2Fma, w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8],
     };
 }
 
-/// `R` Q4_1 weight rows (nibbles, scales, minimums) times one activation row with its block sums.
+/// `R` Q4_1 weight rows (nibbles, scales, minimums) times `C` activation rows (quants,
+/// scales, and `ws`: each block's scale times its quants' sum, what a minimum multiplies): each
+/// block's nibbles are unpacked once for all `C` activation rows. Every (row, activation)
+/// result is computed the same way whatever `R` and `C` are, so a batch equals its rows one at
+/// a time.
 #[inline]
-pub(crate) fn dot_q4<const R: usize>(
+pub(crate) fn q4_tile<const R: usize, const C: usize>(
     avx2: Avx2Fma,
-    q: [&[u8]; R],
-    d: [&[f32]; R],
-    m: [&[f32]; R],
-    aq: &[i8],
-    as_: &[f32],
-    sums: &[i32],
-) -> [f32; R] {
-    let blocks = as_.len();
-    assert!(aq.len() == blocks * QK && sums.len() == blocks);
-    assert!((0..R).all(|r| q[r].len() == blocks * QK / 2 && d[r].len() == blocks && m[r].len() == blocks));
+    w: [(&[u8], &[f32], &[f32]); R],
+    aq: [&[i8]; C],
+    as_: [&[f32]; C],
+    ws: [&[f32]; C],
+) -> [[f32; C]; R] {
+    let blocks = as_[0].len();
+    assert!((0..C).all(|c| aq[c].len() == blocks * QK && as_[c].len() == blocks && ws[c].len() == blocks));
+    assert!((0..R).all(|r| w[r].0.len() == blocks * QK / 2 && w[r].1.len() == blocks && w[r].2.len() == blocks));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the token proves AVX2 and FMA; the lengths are asserted above.
-    return unsafe { dot_q4_avx2::<R>(avx2, q, d, m, aq, as_, sums) };
+    return unsafe { q4_tile_avx2::<R, C>(avx2, w, aq, as_, ws) };
     #[cfg(not(target_arch = "x86_64"))]
     return {
         let _ = avx2;
-        std::array::from_fn(|r| super::q4::dot_q4_scalar(q[r], d[r], m[r], aq, as_, sums))
+        std::array::from_fn(|r| {
+            std::array::from_fn(|c| {
+                let bias: f32 = w[r].2.iter().zip(ws[c]).map(|(m, s)| m * s).sum();
+                let sums = vec![0i32; blocks];
+                super::q4::dot_q4_scalar(w[r].0, w[r].1, w[r].2, aq[c], as_[c], &sums) + bias
+            })
+        })
     };
 }
 
@@ -144,42 +152,57 @@ unsafe fn dot_q8x4_avx2(_: Avx2Fma, w: [&[i8]; 4], ws: [&[f32]; 4], aq: &[i8], a
     [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
 }
 
-/// R Q4_1 weight rows times one activation row. Nibbles are unsigned, so `maddubs` takes them
-/// directly (no sign trick); the per-block minimum is added through the activation block sums.
-/// Each row's result is computed the same way whatever R is.
+/// R Q4_1 weight rows times C activation rows. Nibbles are unsigned, so `maddubs` takes them
+/// directly (no sign trick); a block's nibbles are unpacked once and used for every activation
+/// row. The minimums' term is a dot product of a row's minimums with an activation row's `ws`,
+/// eight blocks a vector (it was a call per output, a tenth of a decode step).
 ///
 /// # Safety
-/// With `blocks = as_.len()`: `aq` holds at least `blocks * 32` bytes, each `q[r]` at least
-/// `blocks * 16`; each `d[r]`, `m[r]` and `sums` at least `blocks` entries.
+/// With `blocks = as_[0].len()`: each `aq[c]` holds at least `blocks * 32` bytes, `as_[c]` and
+/// `ws[c]` `blocks` entries; each `w[r].0` at least `blocks * 16` bytes, `w[r].1` and `w[r].2`
+/// `blocks` entries.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_q4_avx2<const R: usize>(
+#[allow(clippy::needless_range_loop)] // one block index into several arrays
+unsafe fn q4_tile_avx2<const R: usize, const C: usize>(
     _: Avx2Fma,
-    q: [&[u8]; R],
-    d: [&[f32]; R],
-    m: [&[f32]; R],
-    aq: &[i8],
-    as_: &[f32],
-    sums: &[i32],
-) -> [f32; R] {
+    w: [(&[u8], &[f32], &[f32]); R],
+    aq: [&[i8]; C],
+    as_: [&[f32]; C],
+    ws: [&[f32]; C],
+) -> [[f32; C]; R] {
     let ones = _mm256_set1_epi16(1);
     let mask = _mm_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut bias = [0f32; R];
-    for b in 0..as_.len() {
+    let blocks = as_[0].len();
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    for b in 0..blocks {
         // SAFETY: 32 activation bytes and 16 nibble bytes per block lie inside the slices.
-        let a = unsafe { _mm256_loadu_si256(aq.as_ptr().add(b * 32) as *const __m256i) };
+        let a: [__m256i; C] =
+            std::array::from_fn(|c| unsafe { _mm256_loadu_si256(aq[c].as_ptr().add(b * 32) as *const __m256i) });
         for r in 0..R {
-            let raw = unsafe { _mm_loadu_si128(q[r].as_ptr().add(b * 16) as *const __m128i) };
-            let lo = _mm_and_si128(raw, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-            let pairs = _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), a);
-            let sums32 = _mm256_madd_epi16(pairs, ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums32), _mm256_set1_ps(d[r][b] * as_[b]), acc[r]);
-            bias[r] += m[r][b] * as_[b] * sums[b] as f32;
+            let raw = unsafe { _mm_loadu_si128(w[r].0.as_ptr().add(b * 16) as *const __m128i) };
+            let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+            for c in 0..C {
+                let sums32 = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, a[c]), ones);
+                let scale = _mm256_set1_ps(w[r].1[b] * as_[c][b]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums32), scale, acc[r][c]);
+            }
         }
     }
-    std::array::from_fn(|r| hsum(acc[r]) + bias[r])
+    let split = blocks / 8 * 8;
+    std::array::from_fn(|r| {
+        std::array::from_fn(|c| {
+            let mut bias = _mm256_setzero_ps();
+            for b in (0..split).step_by(8) {
+                // SAFETY: blocks b..b + 8 lie inside both slices.
+                let (m, s) =
+                    unsafe { (_mm256_loadu_ps(w[r].2.as_ptr().add(b)), _mm256_loadu_ps(ws[c].as_ptr().add(b))) };
+                bias = _mm256_fmadd_ps(m, s, bias);
+            }
+            let tail: f32 = (split..blocks).map(|b| w[r].2[b] * ws[c][b]).sum();
+            hsum(acc[r][c]) + (hsum(bias) + tail)
+        })
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
