@@ -344,8 +344,9 @@ def an_exported_adapter_imports_as_a_checkpoint_and_trains_further(client, serve
 def a_checkpoint_merges_into_a_gguf_that_answers_as_the_checkpoint(client, server):
     """`tandem export --merged` on the trained checkpoint: the file read back with the `gguf`
     package has the base's tensors (names, types, shapes) and metadata; a second tandem serving it
-    as a plain base model gives the checkpoint's greedy answers; in f32 its projections are the
-    base's plus (alpha / r) B A of the exported PEFT files, computed here with numpy."""
+    as a plain base model gives the checkpoint's greedy answers (up to a near-tie); in f32 its
+    projections are the base's plus (alpha / r) B A of the exported PEFT files, computed here with
+    numpy."""
     name, model_id = trained_step(server)
     out = os.path.join(server.data, "merged.gguf")
     run = subprocess.run([server.binary, "export", "--data-dir", server.data, "--model", model_id, "--step", "1",
@@ -361,10 +362,22 @@ def a_checkpoint_merges_into_a_gguf_that_answers_as_the_checkpoint(client, serve
         merged_client = openai.OpenAI(base_url=second.url + "/v1", api_key=KEY)
         (served,) = [m.id for m in merged_client.models.list()]
         for q in ["Is snow white?", "Name a color."]:
-            ask = dict(messages=[{"role": "user", "content": q}], temperature=0, max_tokens=8)
-            got = merged_client.chat.completions.create(model=served, **ask).choices[0].message.content
-            want = client.chat.completions.create(model=name, **ask).choices[0].message.content
-            assert got == want, (q, got, want)
+            ask = dict(messages=[{"role": "user", "content": q}], temperature=0, max_tokens=8, logprobs=True,
+                       top_logprobs=5)
+            got = merged_client.chat.completions.create(model=served, **ask).choices[0].logprobs.content
+            want = client.chat.completions.create(model=name, **ask).choices[0].logprobs.content
+            # The merged file requantises W + BA into the base's Q4_1, and int8 activations turn
+            # such differences into a few hundredths of a nat, so the greedy paths may part, but
+            # only at a near-tie: where they first differ, the checkpoint's token is among the
+            # merged model's top 5, within 0.5 nats of its choice.
+            for i, (m, t) in enumerate(zip(got, want)):
+                if m.token == t.token:
+                    continue
+                alt = {c.token: c.logprob for c in m.top_logprobs}
+                assert t.token in alt and m.logprob - alt[t.token] < 0.5, (q, i, m.token, m.logprob, t.token, alt)
+                break
+            else:
+                assert len(got) == len(want), (q, [m.token for m in got], [t.token for t in want])
     finally:
         second.stop()
     # In f32, independently of tandem's reader: merged - base = (alpha / r) B A, from the exported
