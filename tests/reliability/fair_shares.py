@@ -41,11 +41,16 @@ def heavy_log(server, key, mib):
 
 def read_forever(server, key, path, stop, errors):
     while not stop.is_set():
-        conn = fairness.http.client.HTTPConnection(server.host, server.port, timeout=600)
-        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"})
-        r = conn.getresponse()
-        r.read()
-        conn.close()
+        try:
+            conn = fairness.http.client.HTTPConnection(server.host, server.port, timeout=600)
+            conn.request("GET", path, headers={"Authorization": f"Bearer {key}"})
+            r = conn.getresponse()
+            r.read()
+            conn.close()
+        except (OSError, fairness.http.client.HTTPException) as e:
+            if not stop.is_set():  # the server stops once the test has its figures
+                errors.append(repr(e))
+            return
         if r.status not in (200, 429):
             errors.append(r.status)
         if r.status == 429:
