@@ -88,6 +88,25 @@ impl Gate {
     }
 }
 
+impl Entered {
+    /// Runs `work` on a blocking thread that holds these permits until the work ends: a client
+    /// that leaves drops only the request's future, and the permits still bound the work that
+    /// goes on (held in the request instead, they were freed at once, and a client opening and
+    /// closing connections could start any number of such tasks).
+    pub async fn blocking<T: Send + 'static>(
+        self,
+        what: &str,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ApiError> {
+        tokio::task::spawn_blocking(move || {
+            let _held = self;
+            work()
+        })
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("{what} failed: {e}")))
+    }
+}
+
 static READS: Gate =
     Gate::new(2, "several large reads of this entity are running or waiting; retry when they are done");
 

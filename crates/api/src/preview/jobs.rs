@@ -213,17 +213,17 @@ async fn tokenize_inputs(
     allow_without_logprobs: bool,
 ) -> Result<RlInputs, ApiError> {
     let Some(served) = state.model(&model.base_model).cloned() else { return Ok(RlInputs::Raw(groups)) };
-    let _held = INPUT_CHECKS.enter(&model.entity).await?;
+    let held = INPUT_CHECKS.enter(&model.entity).await?;
     let model = model.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let info = served.info().clone();
-        let bounds = ModelBounds { vocab: info.vocab_size, context: info.context_len };
-        let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
-        tokenize_groups(&groups, &ModelTokenizer(served), &trained, allow_without_logprobs, bounds)
-            .map_err(|errors| (groups, errors))
-    })
-    .await
-    .map_err(|e| ApiError::new(crate::error::ErrorKind::Internal, format!("tokenize task failed: {e}")))?;
+    let result = held
+        .blocking("the tokenize task", move || {
+            let info = served.info().clone();
+            let bounds = ModelBounds { vocab: info.vocab_size, context: info.context_len };
+            let trained = TrainedModel { entity: &model.entity, project: &model.project, name: &model.name };
+            tokenize_groups(&groups, &ModelTokenizer(served), &trained, allow_without_logprobs, bounds)
+                .map_err(|errors| (groups, errors))
+        })
+        .await?;
     match result {
         Ok(tokenized) => Ok(RlInputs::Tokenized(tokenized)),
         Err((groups, errors)) => {

@@ -97,10 +97,8 @@ pub async fn create(
             }
         },
     };
-    let (rows, tokens) = {
-        let _held = super::jobs::INPUT_CHECKS.enter(&caller.entity).await?;
-        check_trainable(&state, &model.base_model, data, config.clone()).await?
-    };
+    let held = super::jobs::INPUT_CHECKS.enter(&caller.entity).await?;
+    let (rows, tokens) = check_trainable(&state, held, &model.base_model, data, config.clone()).await?;
     super::jobs::check_job_tokens(&state, "training_data_url", tokens)?;
     let new = NewJob {
         model_id: model.id,
@@ -120,12 +118,13 @@ pub async fn create(
 /// the rows, the tokens the job trains on (0 without a served model to count them).
 async fn check_trainable(
     state: &AppState,
+    held: crate::heavy::Entered,
     base_model: &str,
     data: Vec<u8>,
     config: SftConfig,
 ) -> Result<(Vec<Value>, u64), ApiError> {
     let served = state.model(base_model).cloned();
-    tokio::task::spawn_blocking(move || {
+    held.blocking("the SFT check", move || {
         let text = String::from_utf8_lossy(&data);
         let mut v = Validator::new("body");
         let rows = parse_dataset(&mut v, &text, &DatasetLimits::default())
@@ -147,6 +146,5 @@ async fn check_trainable(
         let tokens = batches.iter().flatten().map(|s| s.tokens.len() as u64).sum();
         Ok((rows, tokens))
     })
-    .await
-    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("SFT check task failed: {e}")))?
+    .await?
 }

@@ -193,16 +193,18 @@ fn render(
 
 async fn render_off_thread(
     state: &AppState,
+    permits: crate::heavy::Entered,
     groups: Value,
     stored: Option<RlInputs>,
     model: ModelRecord,
     q: Query_,
 ) -> Result<TrajectoriesView, ApiError> {
     let served = state.model(&model.base_model).cloned();
-    // Walking every group and decoding a page's tokens is CPU work: off the async workers.
-    tokio::task::spawn_blocking(move || render(&groups, stored.as_ref(), served.as_ref(), &model, &q))
+    // Walking every group and decoding a page's tokens is CPU work: off the async workers, under
+    // the entity's permits until it ends.
+    permits
+        .blocking("rendering trajectories", move || render(&groups, stored.as_ref(), served.as_ref(), &model, &q))
         .await
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("rendering trajectories failed: {e}")))
 }
 
 #[utoipa::path(
@@ -238,12 +240,12 @@ pub async fn of_log(
     let q = parse(&query)?;
     let model = owned_model(&state, &caller, &model_id).await?;
     let log_id = path_id(&log_id, "log")?;
-    let _permits = RENDERS.enter(&caller.entity).await?;
+    let permits = RENDERS.enter(&caller.entity).await?;
     let (_, groups) = state.store().get_log(model.id, log_id).await.map_err(|e| match e {
         StoreError::NotFound => ApiError::not_found("log"),
         other => other.into(),
     })?;
-    Ok(Json(render_off_thread(&state, groups, None, model, q).await?))
+    Ok(Json(render_off_thread(&state, permits, groups, None, model, q).await?))
 }
 
 #[utoipa::path(
@@ -278,7 +280,7 @@ pub async fn of_job(
 ) -> Result<Json<TrajectoriesView>, PreviewError> {
     let q = parse(&query)?;
     let job_id = path_id(&job_id, "job")?;
-    let _permits = RENDERS.enter(&caller.entity).await?;
+    let permits = RENDERS.enter(&caller.entity).await?;
     let not_found = |e| match e {
         StoreError::NotFound => ApiError::not_found("job"),
         other => other.into(),
@@ -298,5 +300,5 @@ pub async fn of_job(
             .into())
         }
     };
-    Ok(Json(render_off_thread(&state, groups, stored, model, q).await?))
+    Ok(Json(render_off_thread(&state, permits, groups, stored, model, q).await?))
 }
