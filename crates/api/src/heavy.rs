@@ -118,15 +118,9 @@ where
     Fut: Future<Output = Result<T, ApiError>>,
     T: Send + 'static,
 {
-    let held = READS.enter(entity).await?;
     let handle = tokio::runtime::Handle::current();
     // A blocking thread is no async worker, so it may drive the future to its end itself.
-    tokio::task::spawn_blocking(move || {
-        let _held = held;
-        handle.block_on(work())
-    })
-    .await
-    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("the read failed: {e}")))?
+    READS.enter(entity).await?.blocking("the read", move || handle.block_on(work())).await?
 }
 
 #[cfg(test)]
