@@ -18,14 +18,6 @@ MIN_DECODE_SHARE = 0.4
 MAX_HEALTH_MS = 100.0
 
 
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def heavy_log(server, key, mib):
     """A model of `key`'s entity with one trajectory log of about `mib` MiB; returns the paths of
     the log and of the model's history."""
@@ -97,8 +89,9 @@ def r13(ctx, check):
           f"decode at >= {MIN_DECODE_SHARE}x alone, /health within {MAX_HEALTH_MS} ms, the attacker no error")
 
 
-def r14(ctx, check):
-    """Trainer time, the job cap, job-input checks and abandoned merges under one attacker."""
+def r14(ctx, check, rss_mib):
+    """Trainer time, the job cap, job-input checks and abandoned merges under one attacker
+    (`rss_mib` is the suite's reader of a process's resident memory)."""
     server = ctx.server()
     victim = server.new_key("victim")
     failures = []

@@ -684,7 +684,7 @@ def r13(ctx):
 
 @test("R14", "one tenant saturates training: the job cap, a long job, abandoned merges")
 def r14(ctx):
-    fair_shares.r14(ctx, check)
+    fair_shares.r14(ctx, check, rss_mib)
 
 
 class Context:
