@@ -4,6 +4,8 @@ limit, side by side in one run on one server. Also `/health`'s latency during ea
 the attacker's own throughput alone and beside the victim (work conservation).
 
     python bench/fairness.py target/release/tandem models/SmolLM2-135M-Instruct.Q4_1.gguf [--rounds 5]
+        [--only 8000]   # one attack; TANDEM_TEST_LOG=tandem_engine::step=debug logs every step
+        [--compare OLD_BINARY]   # the attacker alone on both builds, in turns (work conservation)
 
 `--check` runs a short version for `make test` that asserts orderings, not times: the victim's
 request (or small training job) finishes while the attacker's, started first, still runs.
@@ -101,8 +103,16 @@ def completion_tokens(server, key, body, path="/v1/chat/completions"):
     return data["usage"]["completion_tokens"]
 
 
-def attacks(server, key, long_tokens):
+def attacks(server, key, long_tokens, key2=None):
     rng = random.Random(7)
+    # With a second attacker key: each attacking thread keeps to one of the two keys, in turn.
+    local, turn = threading.local(), iter(range(1 << 30))
+
+    def either_key():
+        if not hasattr(local, "key"):
+            local.key = (key, key2)[next(turn) % 2]
+        return local.key
+
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me everything."}],
             "max_tokens": long_tokens, "ignore_eos": True, "temperature": 1.0}
     return {
@@ -114,6 +124,8 @@ def attacks(server, key, long_tokens):
         "8000-token prompts": (lambda: completion_tokens(server, key, {
             "model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(8000)], "max_tokens": 1},
             "/v1/completions"), 2),
+        # Two attacking entities at once, 32 streams each: the victim's fair share is a third.
+        **({"2 attackers x 32 streams": (lambda: completion_tokens(server, either_key(), chat), 64)} if key2 else {}),
     }
 
 
@@ -209,12 +221,15 @@ def bench(args):
     server = Server(args.binary, args.model, "attacker-key", extra=["--max-num-seqs", "32"])
     try:
         victim = server.new_key("victim")
+        attacker2 = server.new_key("attacker-two")
         stream_chat(server, victim, 8)  # warm up
         samples, health = measure(server, victim, args.rounds, args.victim_tokens)
         alone = statistics.median(s[1] for s in samples)
         print(f"victim: {args.victim_tokens} tokens a stream, {args.rounds} rounds; attacker: another entity")
         report("alone", samples, health, alone)
-        for name, (fire, width) in attacks(server, server.key, args.long_tokens).items():
+        for name, (fire, width) in attacks(server, server.key, args.long_tokens, attacker2).items():
+            if args.only and args.only not in name:
+                continue
             # The victim alone again right before each attack: a shared VM's speed drifts.
             samples, health = measure(server, victim, args.rounds, args.victim_tokens)
             alone = statistics.median(s[1] for s in samples)
@@ -237,6 +252,8 @@ def bench(args):
             # Let the attacker's requests drain before the next attack.
             while health_ms(server) > 50 or busy(server):
                 time.sleep(1)
+        if args.only:
+            return
         # Trainer time: the attacker's long RL job runs; the victim's one-step job waits for
         # at most one of its gradient steps (the time-slicing bound), not for the whole job.
         first, done, step, status = training_attack(server, victim, args.job_groups, 8, 400)
@@ -245,6 +262,35 @@ def bench(args):
               f" attacker {status} meanwhile")
     finally:
         server.stop()
+
+
+def compare(args):
+    """Work conservation: the attacker alone (no victim) on this build and on `--compare`'s (a
+    build from before the fair scheduler), tokens served per second over the same windows,
+    the two servers taking turns so that a drifting VM's speed hits both alike."""
+    results = {}
+    names = [n for n in attacks(None, None, args.long_tokens) if not args.only or args.only in n]
+    for rnd in range(args.rounds):
+        for name in names:
+            for label, binary in (("this build", args.binary), ("compared build", args.compare)):
+                # A fresh server per window: nothing of the previous attack is left to drain.
+                server = Server(binary, args.model, "attacker-key", extra=["--max-num-seqs", "32"])
+                try:
+                    fire, width = attacks(server, server.key, args.long_tokens)[name]
+                    with Attack(fire, width) as a:
+                        time.sleep(args.settle)
+                        t0, n0 = time.monotonic(), served_tokens(server)
+                        time.sleep(args.window)
+                        rate = (served_tokens(server) - n0) / (time.monotonic() - t0)
+                    assert not a.errors, a.errors[:3]
+                    results.setdefault(name, {}).setdefault(label, []).append(rate)
+                    print(f"round {rnd + 1} {label:<15} {name:<20} {rate:7.1f} tokens/s", flush=True)
+                finally:
+                    server.stop()
+    for name, by in results.items():
+        new, old = statistics.median(by["this build"]), statistics.median(by["compared build"])
+        print(f"{name:<20} attacker alone: this build {new:7.1f}, compared build {old:7.1f} tokens/s "
+              f"(median of {args.rounds}): {new / old:4.2f}x")
 
 
 def metric_samples(server, *names):
@@ -324,7 +370,12 @@ def main():
     p.add_argument("--window", type=float, default=10.0)
     p.add_argument("--job-groups", type=int, default=16, help="groups of 8 x 400 tokens in the attacker's job")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--only", help="run only the attacks whose name contains this (no training attack)")
+    p.add_argument("--compare", metavar="OLD_BINARY",
+                   help="only the attacker alone, on this binary and on OLD_BINARY in turns (work conservation)")
     args = p.parse_args()
+    if args.compare:
+        return compare(args)
     return check(args) if args.check else bench(args)
 
 

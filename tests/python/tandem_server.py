@@ -26,7 +26,8 @@ class Server:
         self.proc = subprocess.Popen(
             [binary, "serve", "--port", "0", "--data-dir", self.data, "--model", model_path, "--api-key", key,
              *self.extra],
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env={**os.environ, "TANDEM_LOG": "warn"},
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env={**os.environ, "TANDEM_LOG": os.environ.get("TANDEM_TEST_LOG", "warn")},
         )
         found = []
 

@@ -249,6 +249,7 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
+        let entered = Instant::now();
         // A closed channel means the client is gone: free its sequences now. Aborts are counted
         // in choices, as finished ones are: a waiting request or an unforked sequence holds
         // all of its choices.
@@ -293,6 +294,9 @@ impl EngineLoop {
         // The step's shape for the cost model: its tokens, the positions they attend and the
         // cached ones its sequences read (n tokens after p cached ones).
         let (mut tokens, mut attended, mut cached) = (0, 0, 0);
+        let model_cost = self.cost.cost();
+        let by_tenant = predicted_by_tenant(&self.running, &work, &model_cost);
+        let predicted = model_cost.a + by_tenant.iter().map(|t| t.2).sum::<f64>();
         let started = Instant::now();
         let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
         let result = {
@@ -306,6 +310,7 @@ impl EngineLoop {
             }
             self.model.forward(&mut inputs)
         };
+        let forward = started.elapsed();
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
@@ -359,8 +364,21 @@ impl EngineLoop {
         let finished: Vec<SeqId> = seqs.into_iter().filter(|(_, f)| *f).map(|(s, _)| s.id).collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));
-        self.cost.observe(tokens, attended, cached, started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        self.cost.observe(tokens, attended, cached, seconds);
         self.metrics.step(started.elapsed());
+        // For operators and for tuning the cost model: `TANDEM_LOG=tandem_engine::step=debug`.
+        tracing::debug!(
+            target: "tandem_engine::step",
+            tokens,
+            attended,
+            cached,
+            seconds,
+            forward = forward.as_secs_f64(),
+            planning = (started - entered).as_secs_f64(),
+            predicted,
+            tenants = ?by_tenant,
+        );
     }
 
     fn plan(&mut self) -> scheduler::Plan<SeqId> {
@@ -444,6 +462,24 @@ impl EngineLoop {
         let _ = q.job.tx.send(InferEvent::Started { cached_tokens: cached });
         self.running.push(Seq::new(q.id.request, q.arrival, q.job, cache, cached, hashes));
     }
+}
+
+/// Per tenant in a step: (tenant, tokens, predicted seconds), for the step's debug line.
+fn predicted_by_tenant(
+    running: &[Seq],
+    work: &std::collections::HashMap<SeqId, usize>,
+    cost: &crate::fair::Cost,
+) -> Vec<(u64, usize, f64)> {
+    let mut out: Vec<(u64, usize, f64)> = Vec::new();
+    for seq in running.iter().filter(|s| work.contains_key(&s.id)) {
+        let n = work[&seq.id].min(seq.prefill_left.max(1));
+        let secs = cost.tokens(seq.cache.len(), n);
+        match out.iter_mut().find(|t| t.0 == seq.req.tenant) {
+            Some(t) => (t.1, t.2) = (t.1 + n, t.2 + secs),
+            None => out.push((seq.req.tenant, n, secs)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

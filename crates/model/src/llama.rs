@@ -6,7 +6,7 @@
 //! whole batch; attention runs per token against its own sequence's cache.
 
 use crate::arch::{Activation, Arch, SlidingWindow};
-use crate::kernels::team::for_each_chunk_mut;
+use crate::kernels::team::{for_each_chunk_mut, for_each_segment_mut};
 use crate::kernels::{self, Q8Acts, Weights};
 use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
@@ -328,35 +328,40 @@ impl Llama {
         for (r, info) in qkv.chunks_exact(width).zip(rows) {
             seqs[info.seq].cache.write(li, info.pos, &r[qd..qd + kvd], &r[qd + kvd..]);
         }
-        // Causal attention, one packed row at a time (rows are independent once caches hold k/v).
+        // Causal attention: each packed row's query heads in groups that share a kv head (at
+        // most MAX_GROUP, so each key and value vector is loaded once per group, not once per
+        // head), every (row, group) a task of its own. Rows are independent once caches hold k/v;
+        // splitting a row by its groups lets one token deep in a long context (a decode step,
+        // a one-token prefill chunk) use every core, where a task per row left all but one idle.
+        // The split depends only on the model, so a row's result is the same in any batch.
         let group = c.n_head / c.n_kv_head;
         let (scale, window) = (c.attn_scale, c.window(li));
         let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
+        let per = group.min(kernels::MAX_GROUP);
+        // Each task's query heads h0..h1, as bounds within a row of attention output.
+        let heads: Vec<(usize, usize, usize)> = (0..c.n_kv_head)
+            .flat_map(|kv| {
+                (kv * group..(kv + 1) * group).step_by(per).map(move |h0| (kv, h0, (h0 + per).min((kv + 1) * group)))
+            })
+            .collect();
+        let bounds: Vec<usize> = std::iter::once(0).chain(heads.iter().map(|&(_, _, h1)| h1 * hd)).collect();
         attn.resize(t_rows * qd, 0.0);
-        for_each_chunk_mut(attn, qd, |t, out| {
+        for_each_segment_mut(attn, qd, &bounds, |t, j, out| {
+            let (kv_head, h0, h1) = heads[j];
             let info = &rows[t];
             let q_row = &qkv[t * width..t * width + qd];
-            let cache = caches[info.seq];
             let n_ctx = info.pos + 1;
             let first = window.map_or(0, |w| w.first_visible(info.pos));
-            // The query heads of one kv head together, at most MAX_GROUP at a time: each key and
-            // value vector is then loaded once per group, not once per head.
-            let per = group.min(kernels::MAX_GROUP);
-            let mut scores = vec![0f32; per * n_ctx.next_multiple_of(kernels::KEY_TILE)];
-            for kv_head in 0..c.n_kv_head {
-                for h0 in (kv_head * group..(kv_head + 1) * group).step_by(per) {
-                    let h1 = (h0 + per).min((kv_head + 1) * group);
-                    kernels::attend_group(
-                        &q_row[h0 * hd..h1 * hd],
-                        h1 - h0,
-                        cache.head(li, kv_head, hd),
-                        first..n_ctx,
-                        scale,
-                        &mut scores,
-                        &mut out[h0 * hd..h1 * hd],
-                    );
-                }
-            }
+            let mut scores = vec![0f32; (h1 - h0) * n_ctx.next_multiple_of(kernels::KEY_TILE)];
+            kernels::attend_group(
+                &q_row[h0 * hd..h1 * hd],
+                h1 - h0,
+                caches[info.seq].head(li, kv_head, hd),
+                first..n_ctx,
+                scale,
+                &mut scores,
+                out,
+            );
         });
         acts.quantize(attn, t_rows, qd);
         proj.resize(t_rows * h, 0.0);

@@ -182,6 +182,33 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize
     for_each(shared.len / size, |i| f(i, unsafe { shared.slice(i * size, size) }));
 }
 
+/// Runs `f(i, j, segment)` in parallel for segment `j` of each `row`-long chunk `i` of `data`,
+/// the segments of a chunk being `bounds[j]..bounds[j + 1]` (`bounds` rises strictly from 0 to
+/// `row`): one task per (chunk, segment), so a chunk's parts may run on different threads.
+pub fn for_each_segment_mut<T: Send>(
+    data: &mut [T],
+    row: usize,
+    bounds: &[usize],
+    f: impl Fn(usize, usize, &mut [T]) + Sync,
+) {
+    assert!(row > 0 && data.len().is_multiple_of(row), "{} values in rows of {row}", data.len());
+    assert!(
+        bounds.len() >= 2
+            && bounds[0] == 0
+            && bounds[bounds.len() - 1] == row
+            && bounds.windows(2).all(|w| w[0] < w[1]),
+        "segment bounds {bounds:?} of a row of {row}"
+    );
+    let k = bounds.len() - 1;
+    let shared = Disjoint::new(data);
+    // SAFETY: task u takes segment u % k of row u / k; the bounds rise strictly inside a row
+    // (asserted), so no two tasks' slices overlap.
+    for_each(shared.len / row * k, |u| {
+        let (i, j) = (u / k, u % k);
+        f(i, j, unsafe { shared.slice(i * row + bounds[j], bounds[j + 1] - bounds[j]) })
+    });
+}
+
 /// A mutable slice whose disjoint parts parallel tasks take (each caller says why its parts are
 /// disjoint). It holds the `&mut` borrow, so the slice outlives the section.
 pub(crate) struct Disjoint<'a, T> {
@@ -317,6 +344,22 @@ mod tests {
             }
         });
         assert_eq!(threads(), rayon::current_num_threads());
+    }
+
+    #[test]
+    fn segments_of_rows_are_each_written_by_one_task() {
+        let team = Team::new(2, Duration::from_micros(200), "t").unwrap();
+        team.install(|| {
+            // Rows of 7 split 0..3, 3..4, 4..7: each value gets its (row, segment) once.
+            let mut data = vec![0u32; 5 * 7];
+            for_each_segment_mut(&mut data, 7, &[0, 3, 4, 7], |i, j, seg| {
+                seg.iter_mut().for_each(|v| *v += (10 * i + j + 1) as u32);
+            });
+            let want: Vec<u32> = (0..5).flat_map(|i| [0, 0, 0, 1, 2, 2, 2].map(|j| (10 * i + j + 1) as u32)).collect();
+            assert_eq!(data, want);
+        });
+        let caught = std::panic::catch_unwind(|| for_each_segment_mut(&mut [0u8; 6], 3, &[0, 2, 2, 3], |_, _, _| {}));
+        assert!(caught.is_err(), "empty segments are refused");
     }
 
     #[test]
