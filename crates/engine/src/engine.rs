@@ -294,9 +294,11 @@ impl EngineLoop {
         // The step's shape for the cost model: its tokens, the positions they attend and the
         // cached ones its sequences read (n tokens after p cached ones).
         let (mut tokens, mut attended, mut cached) = (0, 0, 0);
-        let model_cost = self.cost.cost();
-        let by_tenant = predicted_by_tenant(&self.running, &work, &model_cost);
-        let predicted = model_cost.a + by_tenant.iter().map(|t| t.2).sum::<f64>();
+        // The step's debug line (its cost model's prediction per tenant) is only worked out
+        // when that line is on: the engine loop is the hot path.
+        let model_cost =
+            tracing::enabled!(target: "tandem_engine::step", tracing::Level::DEBUG).then(|| self.cost.cost());
+        let mut by_tenant: Vec<(u64, usize, f64)> = Vec::new();
         let started = Instant::now();
         let order: Vec<usize> = (0..self.running.len()).filter(|i| work.contains_key(&self.running[*i].id)).collect();
         let result = {
@@ -306,6 +308,13 @@ impl EngineLoop {
                 let n = work[&seq.id].min(seq.prefill_left.max(1));
                 let p = seq.cache.len();
                 (tokens, attended, cached) = (tokens + n, attended + n * p + n * (n + 1) / 2, cached + p);
+                if let Some(cost) = &model_cost {
+                    let secs = cost.tokens(p, n);
+                    match by_tenant.iter_mut().find(|t| t.0 == seq.req.tenant) {
+                        Some(t) => (t.1, t.2) = (t.1 + n, t.2 + secs),
+                        None => by_tenant.push((seq.req.tenant, n, secs)),
+                    }
+                }
                 inputs.push(seq.input(n));
             }
             self.model.forward(&mut inputs)
@@ -364,21 +373,24 @@ impl EngineLoop {
         let finished: Vec<SeqId> = seqs.into_iter().filter(|(_, f)| *f).map(|(s, _)| s.id).collect();
         self.running.extend(forks);
         self.running.retain(|s| !finished.contains(&s.id));
-        let seconds = started.elapsed().as_secs_f64();
-        self.cost.observe(tokens, attended, cached, seconds);
-        self.metrics.step(started.elapsed());
+        let elapsed = started.elapsed();
+        self.cost.observe(tokens, attended, cached, elapsed.as_secs_f64());
+        self.metrics.step(elapsed);
         // For operators and for tuning the cost model: `TANDEM_LOG=tandem_engine::step=debug`.
-        tracing::debug!(
-            target: "tandem_engine::step",
-            tokens,
-            attended,
-            cached,
-            seconds,
-            forward = forward.as_secs_f64(),
-            planning = (started - entered).as_secs_f64(),
-            predicted,
-            tenants = ?by_tenant,
-        );
+        // `tenants` holds (tenant, tokens, predicted seconds).
+        if let Some(cost) = model_cost {
+            tracing::debug!(
+                target: "tandem_engine::step",
+                tokens,
+                attended,
+                cached,
+                seconds = elapsed.as_secs_f64(),
+                forward = forward.as_secs_f64(),
+                planning = (started - entered).as_secs_f64(),
+                predicted = cost.a + by_tenant.iter().map(|t| t.2).sum::<f64>(),
+                tenants = ?by_tenant,
+            );
+        }
     }
 
     fn plan(&mut self) -> scheduler::Plan<SeqId> {
@@ -462,24 +474,6 @@ impl EngineLoop {
         let _ = q.job.tx.send(InferEvent::Started { cached_tokens: cached });
         self.running.push(Seq::new(q.id.request, q.arrival, q.job, cache, cached, hashes));
     }
-}
-
-/// Per tenant in a step: (tenant, tokens, predicted seconds), for the step's debug line.
-fn predicted_by_tenant(
-    running: &[Seq],
-    work: &std::collections::HashMap<SeqId, usize>,
-    cost: &crate::fair::Cost,
-) -> Vec<(u64, usize, f64)> {
-    let mut out: Vec<(u64, usize, f64)> = Vec::new();
-    for seq in running.iter().filter(|s| work.contains_key(&s.id)) {
-        let n = work[&seq.id].min(seq.prefill_left.max(1));
-        let secs = cost.tokens(seq.cache.len(), n);
-        match out.iter_mut().find(|t| t.0 == seq.req.tenant) {
-            Some(t) => (t.1, t.2) = (t.1 + n, t.2 + secs),
-            None => out.push((seq.req.tenant, n, secs)),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
