@@ -79,6 +79,7 @@ pub struct TrainingMetrics {
     gradient_steps: Family<KindLabels, Counter>,
     trained_tokens: Family<KindLabels, Counter>,
     job_seconds: HistogramFamily<OutcomeLabels>,
+    parked: Counter,
 }
 
 impl Default for TrainingMetrics {
@@ -87,6 +88,7 @@ impl Default for TrainingMetrics {
             gradient_steps: Family::default(),
             trained_tokens: Family::default(),
             job_seconds: Family::new_with_constructor(job_histogram),
+            parked: Counter::default(),
         };
         // Counters read 0 from the start (an absent series is not a zero to a dashboard); the
         // duration histograms appear with the first job that ends.
@@ -110,7 +112,22 @@ impl TrainingMetrics {
         self.job_seconds.get_or_create(&OutcomeLabels { kind, outcome }).observe(secs);
     }
 
+    /// A held job parked its state to give its place in memory to another entity's job.
+    pub fn parked(&self) {
+        self.parked.inc();
+    }
+
+    /// Parks since start.
+    pub fn parked_count(&self) -> u64 {
+        self.parked.get()
+    }
+
     pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "tandem:training_runs_parked",
+            "Times a training job's adapter and optimizer left memory for another entity's job",
+            self.parked.clone(),
+        );
         registry.register(
             "tandem:training_gradient_steps",
             "Optimiser steps taken by training jobs",

@@ -7,6 +7,7 @@
 //! a trait object, so the api crate can be tested with the worker and no model at all.
 
 mod lease;
+mod sink;
 pub mod turns;
 mod worker;
 
@@ -94,6 +95,21 @@ pub trait TrainSink {
     /// preparations). The worker may run another entity's job here before it returns. Says
     /// whether the trainer should stop: the job was cancelled or the server stops.
     fn should_stop(&mut self) -> Option<TrainError>;
+    /// A step boundary of a run whose state can be parked: as [`TrainSink::should_stop`], and
+    /// when a run of another entity needs this run's memory the worker calls `held.park` before
+    /// this run waits for its turn and `held.unpark` when the turn comes back.
+    fn boundary(&mut self, held: &mut dyn Park) -> Option<TrainError> {
+        let _ = held;
+        self.should_stop()
+    }
+}
+
+/// A run's training state (adapter, optimizer) that can leave memory while the run waits.
+pub trait Park {
+    /// Writes the state to `path` and frees its memory; on an error the state stays in memory.
+    fn park(&mut self, path: &std::path::Path) -> Result<(), String>;
+    /// Reads the parked state back and removes its file (nothing to do when it is not parked).
+    fn unpark(&mut self) -> Result<(), String>;
 }
 
 /// Trains one job. Runs on a blocking thread, never on the async executor.

@@ -1,10 +1,11 @@
 //! The worker loop: wait for work, claim, train, finish.
 
 use crate::lease::{spawn_renewals, LeaseFlags, Renewals};
-use crate::turns::{Turn, Turns};
-use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
-use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap};
+use crate::sink::StoreSink;
+use crate::turns::Turns;
+use crate::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainTask, Trainer};
+use serde_json::json;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,9 +37,16 @@ pub struct WorkerConfig {
     /// Which running jobs [`Worker::recover`] takes back at start-up: all of them where this is
     /// the store's only process (SQLite), those whose lease ran out where trainers share it.
     pub reclaim_at_start: Reclaim,
-    /// Jobs run at once, each of another entity, time-sliced at gradient-step boundaries
-    /// (`turns.rs`); each held job keeps its adapter, optimizer state and rows in memory.
+    /// Jobs held in memory at once, each of another entity, time-sliced at gradient-step
+    /// boundaries (`turns.rs`); each keeps its adapter, optimizer state and rows in memory.
     pub max_runs: usize,
+    /// Jobs of further entities claimed beyond `max_runs`: their turn comes by parking a held
+    /// job (its adapter and optimizer written to `park_dir`), so every entity with work shares
+    /// the trainer. A parked job keeps only its rows in memory (and a waiting thread).
+    pub max_parked: usize,
+    /// Where parked jobs' states go (the data directory's `parked/`; the system's temporary
+    /// directory when unset).
+    pub park_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for WorkerConfig {
@@ -50,6 +58,8 @@ impl Default for WorkerConfig {
             owner: format!("trainer-{}", tandem_core::new_id()),
             reclaim_at_start: Reclaim::All,
             max_runs: 4,
+            max_parked: 12,
+            park_dir: None,
         }
     }
 }
@@ -87,7 +97,7 @@ impl Worker {
             draining: Arc::new(AtomicBool::new(false)),
             heartbeat: Arc::new(Heartbeat::default()),
             metrics: Arc::default(),
-            turns: Arc::default(),
+            turns: Arc::new(Turns::new(config.max_runs)),
             config,
         }
     }
@@ -180,7 +190,9 @@ impl Worker {
                     tracing::error!(error = %e, "could not look for expired training job leases");
                 }
             }
-            while !self.draining.load(Ordering::SeqCst) && runs.len() < self.config.max_runs.max(1) {
+            while !self.draining.load(Ordering::SeqCst)
+                && runs.len() < self.config.max_runs.max(1) + self.config.max_parked
+            {
                 let busy: Vec<String> = running.values().cloned().collect();
                 match self.store.claim_next_job_skipping(&self.lease(), &busy).await {
                     Ok(Some(claimed)) => {
@@ -313,6 +325,12 @@ impl Worker {
             stopping: self.stopping.clone(),
             last_cancel_check: None,
             turn: None,
+            park_path: self
+                .config
+                .park_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir)
+                .join(format!("tandem-parked-{job_id}.safetensors")),
         };
         let (trainer, turns) = (self.trainer.clone(), self.turns.clone());
         let (result, sink) = tokio::task::spawn_blocking(move || {
@@ -484,82 +502,5 @@ fn ignore_gone<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
         Ok(t) => Ok(Some(t)),
         Err(StoreError::NotFound) => Ok(None),
         Err(e) => Err(e),
-    }
-}
-
-/// The sink a trainer writes through: each call is a short blocking store write.
-struct StoreSink {
-    heartbeat: Arc<Heartbeat>,
-    metrics: Arc<TrainingMetrics>,
-    /// The job's kind, as the metrics label it.
-    kind: &'static str,
-    store: Arc<dyn Store>,
-    handle: Handle,
-    job_id: Uuid,
-    /// This trainer, as the job's lease names it.
-    owner: String,
-    lease: Arc<LeaseFlags>,
-    started: bool,
-    stopping: Arc<AtomicBool>,
-    last_cancel_check: Option<Instant>,
-    /// The trainer's turn, held while this job computes (taken on its blocking thread).
-    turn: Option<Turn>,
-}
-
-impl StoreSink {
-    /// A lost lease stops the run like a shutdown: nothing more is written for it.
-    fn interrupted(&self) -> Option<TrainError> {
-        (self.stopping.load(Ordering::SeqCst) || self.lease.lost()).then_some(TrainError::Interrupted)
-    }
-
-    fn append(&self, kind: EventKind, data: Value) {
-        self.heartbeat.beat(now_ms(), true);
-        match self.handle.block_on(self.store.append_event(self.job_id, &self.owner, kind, &data)) {
-            Ok(_) => {}
-            // The trainer stops at its next `should_stop`.
-            Err(StoreError::LeaseLost) => self.lease.mark_lost(),
-            Err(e) => tracing::error!(job_id = %self.job_id, error = %e, "could not append training event"),
-        }
-    }
-}
-
-impl TrainSink for StoreSink {
-    fn started(&mut self, num_sequences: u64, mut extra: Map<String, Value>) {
-        if self.started {
-            return;
-        }
-        extra.insert("num_sequences".into(), json!(num_sequences));
-        self.append(EventKind::TrainingStarted, Value::Object(extra));
-        self.started = true;
-    }
-
-    fn gradient_step(&mut self, metrics: BTreeMap<String, f64>) {
-        let tokens = metrics.get("num_trainable_tokens").copied().filter(|t| t.is_finite() && *t >= 0.0);
-        self.metrics.gradient_step(self.kind, tokens.map_or(0, |t| t as u64));
-        // JSON has no NaN: a non-finite value is dropped rather than sent as null, which ART's
-        // client would reject.
-        let data: Map<String, Value> =
-            metrics.into_iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| (k, json!(v))).collect();
-        self.append(EventKind::GradientStep, Value::Object(data));
-    }
-
-    fn should_stop(&mut self) -> Option<TrainError> {
-        // A step boundary: another entity's job may take its turn first.
-        if let Some(turn) = self.turn.as_mut() {
-            turn.boundary();
-        }
-        self.heartbeat.beat(now_ms(), true);
-        if let Some(stop) = self.interrupted() {
-            return Some(stop);
-        }
-        // Cancellation is a store read: at most a few per second.
-        let due = self.last_cancel_check.is_none_or(|t| t.elapsed() >= Duration::from_millis(250));
-        if due {
-            self.last_cancel_check = Some(Instant::now());
-            if let Ok(true) = self.handle.block_on(self.store.is_cancel_requested(self.job_id)) {
-                return Some(TrainError::Cancelled);
-            }
-        }
-        None
     }
 }

@@ -88,6 +88,16 @@ impl Fixture {
         self.store.create_job(&new).await.unwrap().id
     }
 
+    /// Waits for the job's `training_started` event, not just `running`: the claim sets the status
+    /// before the trainer's thread has run, and a job stopped in between has no events (it simply
+    /// runs again, without a `training_restarted`), which is not what these tests are about.
+    async fn wait_started(&self, job: Uuid) {
+        while !self.events(job).await.iter().any(|(k, _)| k == "training_started") {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(self.store.get_job("e", job).await.unwrap().status, JobStatus::Running);
+    }
+
     async fn events(&self, job: Uuid) -> Vec<(String, serde_json::Value)> {
         let page = PageRequest { after: None, limit: 100, order: Order::Asc };
         let events = self.store.list_events("e", job, page).await.unwrap();
@@ -130,9 +140,7 @@ async fn a_running_job_stops_when_cancelled() {
         let worker = worker.clone();
         async move { worker.run_once().await }
     });
-    while f.store.get_job("e", job).await.unwrap().status != JobStatus::Running {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    f.wait_started(job).await;
     f.store.cancel_job("e", job).await.unwrap();
     assert!(run.await.unwrap().unwrap());
     assert_eq!(f.store.get_job("e", job).await.unwrap().status, JobStatus::Cancelled);
@@ -146,9 +154,7 @@ async fn shutdown_leaves_the_job_for_recovery() {
     let (worker, _) = f.worker(Script::WaitForStop);
     let job = f.queue().await;
     let run = tokio::spawn(worker.clone().run());
-    while f.store.get_job("e", job).await.unwrap().status != JobStatus::Running {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    f.wait_started(job).await;
     worker.stop();
     run.await.unwrap();
     assert_eq!(f.store.get_job("e", job).await.unwrap().status, JobStatus::Running);
@@ -320,4 +326,127 @@ async fn jobs_of_two_entities_are_time_sliced_at_step_boundaries() {
     let first_long2 = log.iter().position(|(e, _)| e == "e/m2").unwrap();
     assert!(first_long2 > last_long, "{log:?}");
     assert_eq!(log.iter().filter(|(e, _)| e == "e/m2").count(), 2);
+}
+
+/// A trainer whose state (a step counter) can be parked: it counts runs in memory and refuses
+/// to step while parked.
+struct Parker {
+    log: Arc<Mutex<Vec<String>>>,
+    in_memory: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct Counter {
+    value: Option<u64>,
+    path: Option<std::path::PathBuf>,
+    in_memory: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tandem_jobs::Park for Counter {
+    fn park(&mut self, path: &std::path::Path) -> Result<(), String> {
+        let v = self.value.take().ok_or("parked twice")?;
+        std::fs::write(path, v.to_string()).map_err(|e| e.to_string())?;
+        self.path = Some(path.to_path_buf());
+        self.in_memory.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    fn unpark(&mut self) -> Result<(), String> {
+        let Some(path) = self.path.take() else { return Ok(()) };
+        self.value = Some(std::fs::read_to_string(&path).unwrap().parse().unwrap());
+        std::fs::remove_file(path).unwrap();
+        self.in_memory.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Trainer for Parker {
+    fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let steps = match &job.task {
+            tandem_jobs::TrainTask::Rl { config, .. } => config.learning_rate.round() as u64,
+            tandem_jobs::TrainTask::Sft { .. } => 1,
+        };
+        self.in_memory.fetch_add(1, SeqCst);
+        let mut state = Counter { value: Some(0), path: None, in_memory: self.in_memory.clone() };
+        sink.started(steps, Map::new());
+        let result = (|| {
+            for _ in 0..steps {
+                if let Some(stop) = sink.boundary(&mut state) {
+                    return Err(stop);
+                }
+                self.most.fetch_max(self.in_memory.load(SeqCst), SeqCst);
+                let v = state.value.as_mut().ok_or_else(|| TrainError::Failed("stepped while parked".into()))?;
+                *v += 1;
+                self.log.lock().unwrap().push(job.model.entity.clone());
+                std::thread::sleep(Duration::from_millis(15));
+                sink.gradient_step(BTreeMap::from([("loss".into(), 0.1)]));
+            }
+            Ok(state.value.unwrap_or(0))
+        })();
+        self.in_memory.fetch_sub(1, SeqCst);
+        let counted = result?;
+        let metrics = BTreeMap::from([("steps".to_string(), counted as f64)]);
+        Ok(TrainOutput { files: vec![("adapter_config.json".to_string(), b"{}".to_vec())], metrics })
+    }
+}
+
+/// With more entities than runs held in memory, a held job parks its state at a step boundary so
+/// every entity's job gets the trainer within a few steps, never more states in memory than
+/// the capacity, and each state comes back intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_beyond_the_held_runs_get_turns_by_parking() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let f = fixture().await;
+    let park_dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (in_memory, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let trainer = Arc::new(Parker { log: log.clone(), in_memory: in_memory.clone(), most: most.clone() });
+    let config = WorkerConfig {
+        max_runs: 1,
+        max_parked: 2,
+        park_dir: Some(park_dir.path().to_path_buf()),
+        ..WorkerConfig::default()
+    };
+    let store = f.store.clone() as Arc<dyn Store>;
+    let worker = Worker::new(store, Checkpoints::local(f.checkpoints.clone()), trainer, config);
+    let queue = |model_id: Uuid, steps: f64| {
+        let config = tandem_core::train_config::TrainConfig { learning_rate: steps, ..Default::default() };
+        let config = serde_json::to_value(config).unwrap();
+        NewJob { model_id, kind: JobKind::Rl, config, inputs: json!([]), rollout: None }
+    };
+    let long = f.store.create_job(&queue(f.model_id, 30.0)).await.unwrap().id;
+    let run = tokio::spawn(worker.clone().run());
+    while log.lock().unwrap().len() < 3 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut shorts = Vec::new();
+    for entity in ["v", "w"] {
+        let new = NewModel { entity: entity.into(), project: "p".into(), name: "m".into(), base_model: "b".into() };
+        let (model, _) = f.store.create_model(&new, false).await.unwrap();
+        shorts.push((entity, f.store.create_job(&queue(model.id, 3.0)).await.unwrap().id));
+    }
+    let queued_at = log.lock().unwrap().len();
+    worker.waker().notify_one();
+    for (entity, job) in shorts.iter().copied().chain([("e", long)]) {
+        while f.store.get_job(entity, job).await.unwrap().status != JobStatus::Succeeded {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let step = f.store.get_job(entity, job).await.unwrap().step.unwrap();
+        let model = f.store.get_job(entity, job).await.unwrap().model_id;
+        let cp = f.store.get_checkpoint(model, step).await.unwrap();
+        let want = if job == long { 30.0 } else { 3.0 };
+        assert_eq!(cp.metrics["steps"], want, "the state came back intact through parking");
+    }
+    worker.stop();
+    run.await.unwrap();
+    let log = log.lock().unwrap().clone();
+    for (entity, _) in &shorts {
+        let first = log.iter().position(|e| e == entity).unwrap();
+        // A step or two of the long job while the claims land, and the other newcomer's first
+        // step, before each.
+        assert!(first <= queued_at + 5, "{entity} queued after step {queued_at}, first ran at {first}: {log:?}");
+    }
+    assert_eq!(most.load(SeqCst), 1, "more states in memory than --max-training-runs");
+    assert!(worker.metrics().parked_count() > 0, "nobody parked: {log:?}");
+    assert_eq!(std::fs::read_dir(park_dir.path()).unwrap().count(), 0, "parked files left behind");
 }

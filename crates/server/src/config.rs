@@ -105,10 +105,14 @@ pub struct ServeArgs {
     /// lease): on a shared database, a dead trainer's job goes to another this long after.
     #[arg(long, env = "TANDEM_JOB_LEASE_SECONDS")]
     pub job_lease_seconds: Option<f64>,
-    /// Training jobs a trainer holds at once, each of another entity, time-sliced at
+    /// Training jobs a trainer holds in memory at once, each of another entity, time-sliced at
     /// gradient-step boundaries so a small job starts within a step of a long one (default 4).
     #[arg(long, env = "TANDEM_MAX_TRAINING_RUNS")]
     pub max_training_runs: Option<usize>,
+    /// Jobs of further entities a trainer takes beyond `--max-training-runs`: each gets its
+    /// turn by parking a held job's adapter and optimizer to disk (default 12; 0: they wait).
+    #[arg(long, env = "TANDEM_MAX_PARKED_TRAINING_RUNS")]
+    pub max_parked_training_runs: Option<usize>,
     /// Most tokens one training job may train on (RL trajectories' or SFT conversations'
     /// tokens); a larger job is a 422 at creation (default 1048576).
     #[arg(long, env = "TANDEM_MAX_JOB_TOKENS")]
@@ -202,6 +206,7 @@ pub struct ServeConfig {
     pub job_max_attempts: i64,
     pub job_lease: std::time::Duration,
     pub max_training_runs: usize,
+    pub max_parked_training_runs: usize,
     pub max_job_tokens: u64,
     /// None: the backend's default.
     pub db_pool_size: Option<u32>,
@@ -279,6 +284,11 @@ impl ServeConfig {
                 s => anyhow::bail!("--job-lease-seconds {s}: expected 0.3 to 86400"),
             },
             max_training_runs: args.max_training_runs.or(file.max_training_runs).unwrap_or(4).max(1),
+            max_parked_training_runs: match args.max_parked_training_runs.or(file.max_parked_training_runs) {
+                // Each is a waiting thread of the blocking pool, with its job's rows in memory.
+                Some(n) if n > 256 => bail!("--max-parked-training-runs {n}: expected 0 to 256"),
+                n => n.unwrap_or(12),
+            },
             max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
             db_pool_size: match args.db_pool_size.or(file.db_pool_size) {
                 Some(n) if !(1..=1000).contains(&n) => bail!("--db-pool-size {n}: expected 1 to 1000"),

@@ -101,6 +101,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             max_attempts: config.job_max_attempts,
             lease_ttl: config.job_lease,
             max_runs: config.max_training_runs,
+            max_parked: config.max_parked_training_runs,
+            park_dir: Some(park_dir(&config.data_dir, store.single_process())?),
             // Alone on its store, this process's previous run left every running job; sharing
             // it, only jobs whose lease ran out are orphans.
             reclaim_at_start: if store.single_process() { Reclaim::All } else { Reclaim::Expired },
@@ -183,6 +185,18 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 
 /// `--lora-root`, canonical. Adapters load from anywhere under it, for any entity, so it may not
 /// hold the data directory (other entities' checkpoints) nor lie inside it.
+/// Where parked training jobs' states go. A state outlives only its job's run (a job interrupted
+/// by a restart runs again from its stored inputs), so a process alone on its store empties it
+/// at start; processes sharing a database may share a data directory, and leave it.
+fn park_dir(data_dir: &Path, alone: bool) -> anyhow::Result<std::path::PathBuf> {
+    let dir = data_dir.join("parked");
+    if alone && dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
 fn lora_root(root: &Path, data_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     let root = root.canonicalize().with_context(|| format!("--lora-root {}", root.display()))?;
     if !root.is_dir() {

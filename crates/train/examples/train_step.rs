@@ -6,7 +6,7 @@ use candle_core::Tensor;
 // The allocator the server runs the trainer with.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use tandem_train::adamw::{AdamParams, AdamW};
 use tandem_train::net::{forward, Base};
 use tandem_train::pack::{Row, Target};
 
@@ -40,7 +40,7 @@ fn main() {
     }
     let vars = lora.vars();
     let mut opt =
-        AdamW::new(vars.clone(), ParamsAdamW { lr: 1e-5, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 })
+        AdamW::new(vars.clone(), AdamParams { lr: 1e-5, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 })
             .unwrap();
     let mut times = Vec::new();
     for step in 0..steps {

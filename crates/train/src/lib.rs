@@ -7,15 +7,19 @@
 //! - [`fused`]: RMS norm, RoPE, causal softmax and SiLU-mul as single ops with written backward.
 //! - [`net`]: the Llama forward pass with LoRA on candle autograd.
 //! - [`adapter`]: PEFT adapter files (init, load, save).
+//! - [`adamw`]: AdamW whose moments can be written out and read back.
+//! - [`held`]: a run's adapter and optimizer between steps, in memory or parked in a file.
 //! - [`trainer`]: the RL job, end to end ([`LoraTrainer`]).
 //! - [`sft`]: the supervised fine-tuning job (conversations, mean cross-entropy).
 //!
 //! Tokenizing trajectories is in `tandem_core::sequences`, so the api can refuse a job whose
 //! trajectories cannot be tokenized before it is queued.
 
+pub mod adamw;
 pub mod adapter;
 pub mod advantage;
 pub mod fused;
+pub mod held;
 pub mod loss;
 pub mod net;
 pub mod ops;

@@ -6,7 +6,9 @@
 //! rate (one for all, or the next of the list), AdamW without weight decay and gradients clipped
 //! to norm 1.0 (ART's SFT settings). The job continues from the model's latest checkpoint.
 
+use crate::adamw::AdamParams;
 use crate::adapter;
+use crate::held::{Held, Live};
 use crate::loss::sft_loss_part;
 use crate::net::{forward, Base, Lora};
 use crate::pack::{split, Row, Target};
@@ -14,7 +16,6 @@ use crate::trainer::{
     accumulate, check_memory, clip, ensure_finite, ensure_finite_weights, failed, LoraTrainer, BETAS, INIT_SEED,
 };
 use candle_core::{backprop::GradStore, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -75,26 +76,28 @@ pub(crate) fn train_sft(
         Some(dir) => adapter::load(dir, &base, INIT_SEED).map_err(TrainError::Failed)?,
         None => adapter::init(&base, INIT_SEED).map_err(failed)?,
     };
-    let vars = lora.vars();
-    let params = ParamsAdamW {
+    let params = AdamParams {
         lr: rates.first().copied().unwrap_or(0.0),
         beta1: BETAS.0,
         beta2: BETAS.1,
         eps: 1e-8,
         weight_decay: 0.0,
     };
-    let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
+    // Between steps the adapter and optimizer may be parked for another entity's job.
+    let mut held = Held::new(lora, params).map_err(failed)?;
     let mut summary: BTreeMap<String, f64> = BTreeMap::new();
     for (step, ((row, parts), lr)) in batches.iter().zip(&parts).zip(&rates).enumerate() {
-        if let Some(stop) = sink.should_stop() {
+        if let Some(stop) = sink.boundary(&mut held) {
             return Err(stop);
         }
+        let Live { lora, opt } = held.live()?;
+        let vars = lora.vars();
         let started = Instant::now();
         let n = row.targets.len();
         let mut loss = 0.0;
         let mut grads = GradStore::default();
         for part in parts {
-            let (l, part_grads) = trainer.on_training_threads(|| part_step(&base, &lora, part, n))?;
+            let (l, part_grads) = trainer.on_training_threads(|| part_step(&base, lora, part, n))?;
             loss += l;
             accumulate(&mut grads, &part_grads, &vars)?;
         }
@@ -118,8 +121,9 @@ pub(crate) fn train_sft(
         }
         sink.gradient_step(metrics);
     }
-    ensure_finite_weights(&vars)?;
-    let files = adapter::save(&lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
+    let lora = &held.live()?.lora;
+    ensure_finite_weights(&lora.vars())?;
+    let files = adapter::save(lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
     summary.insert("sft/num_gradient_steps".into(), batches.len() as f64);
     Ok(TrainOutput { files, metrics: summary })
 }

@@ -6,13 +6,14 @@
 //! `sum(g * new_lp)`, gradient clipping, one AdamW step. The job continues from the model's
 //! latest checkpoint, or from a fresh adapter (equal to the base model).
 
+use crate::adamw::AdamParams;
 use crate::advantage::group_advantages;
+use crate::held::{Held, Live};
 use crate::loss::{behaviour_kl, kl_mean, policy_loss_part, LossConfig, LossOutput, TokenInput};
 use crate::net::{forward, Base, Lora};
 use crate::pack::{mem_available, pack, part_memory_bytes, row_length, split, Row, TrajectoryInput};
 use crate::{adapter, TrainTokenizer};
 use candle_core::{backprop::GradStore, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -429,6 +430,16 @@ impl LoraTrainer {
             Some(dir) => adapter::load(dir, &base, INIT_SEED).map_err(TrainError::Failed)?,
             None => adapter::init(&base, INIT_SEED).map_err(failed)?,
         };
+        let params = AdamParams {
+            lr: config.learning_rate,
+            beta1: BETAS.0,
+            beta2: BETAS.1,
+            eps: 1e-8,
+            weight_decay: WEIGHT_DECAY,
+        };
+        // The adapter and optimizer live here between steps, or parked in a file while other
+        // entities' jobs have the trainer's memory (`held.rs`).
+        let mut held = Held::new(lora, params).map_err(failed)?;
         let trainable: usize = rows.iter().map(|r| r.targets.len()).sum();
         extra.insert("num_trainable_tokens".into(), json!(trainable));
         // Rows are processed in parts of whole sequences so that memory is bounded by the part
@@ -441,10 +452,11 @@ impl LoraTrainer {
         if config.precalculate_logprobs {
             for part in parts.iter_mut().flatten() {
                 // Long preparations have step boundaries too: another entity's job may run.
-                if let Some(stop) = sink.should_stop() {
+                if let Some(stop) = sink.boundary(&mut held) {
                     return Err(stop);
                 }
-                let lps = self.on_training_threads(|| logprobs(&base, &lora, part))?;
+                let lora = &held.live()?.lora;
+                let lps = self.on_training_threads(|| logprobs(&base, lora, part))?;
                 for (t, lp) in part.targets.iter_mut().zip(lps) {
                     t.original_lp = t.old_lp;
                     t.old_lp = lp;
@@ -456,31 +468,25 @@ impl LoraTrainer {
             reference_logprobs(&base, reference, &mut parts, self, sink)?;
         }
 
-        let vars = lora.vars();
-        let params = ParamsAdamW {
-            lr: config.learning_rate,
-            beta1: BETAS.0,
-            beta2: BETAS.1,
-            eps: 1e-8,
-            weight_decay: WEIGHT_DECAY,
-        };
-        let mut opt = AdamW::new(vars.clone(), params).map_err(failed)?;
         let loss_cfg = LossConfig::from_train(config);
         let mut summary: BTreeMap<String, f64> = BTreeMap::new();
         let n_rows = rows.len();
         for (step_index, (row, parts)) in rows.iter().zip(&parts).enumerate() {
-            if let Some(stop) = sink.should_stop() {
+            if let Some(stop) = sink.boundary(&mut held) {
                 return Err(stop);
             }
+            // Nothing of the state outlives the step: a parked job's memory is free.
+            let Live { lora, opt } = held.live()?;
+            let vars = lora.vars();
             let started = Instant::now();
             let row_targets = row.targets.len();
             let mut step = StepTotals::default();
             // The row's gradient: the sum of its parts'.
             let mut grads = GradStore::default();
-            let row_kl = self.on_training_threads(|| row_kl_mean(&base, &lora, parts, &loss_cfg))?;
+            let row_kl = self.on_training_threads(|| row_kl_mean(&base, lora, parts, &loss_cfg))?;
             for part in parts {
                 let out =
-                    self.on_training_threads(|| part_gradients(&base, &lora, part, &loss_cfg, row_targets, row_kl))?;
+                    self.on_training_threads(|| part_gradients(&base, lora, part, &loss_cfg, row_targets, row_kl))?;
                 step.add(&out, part.tokens.len());
                 accumulate(&mut grads, &out.grads, &vars)?;
             }
@@ -497,8 +503,9 @@ impl LoraTrainer {
             }
             sink.gradient_step(metrics);
         }
-        ensure_finite_weights(&vars)?;
-        let files = adapter::save(&lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
+        let lora = &held.live()?.lora;
+        ensure_finite_weights(&lora.vars())?;
+        let files = adapter::save(lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
         summary.insert("num_gradient_steps".into(), n_rows as f64);
         Ok(TrainOutput { files, metrics: summary })
     }

@@ -226,6 +226,9 @@ impl ChatTokenizer for Bytes {
 struct Sink {
     started: Option<u64>,
     steps: Vec<BTreeMap<String, f64>>,
+    /// Parks the run's state here and reads it back at every boundary that can park.
+    park: Option<std::path::PathBuf>,
+    parks: usize,
 }
 impl TrainSink for Sink {
     fn started(&mut self, n: u64, _extra: Map<String, Value>) {
@@ -236,6 +239,21 @@ impl TrainSink for Sink {
     }
     fn should_stop(&mut self) -> Option<TrainError> {
         None
+    }
+    fn boundary(&mut self, held: &mut dyn tandem_jobs::Park) -> Option<TrainError> {
+        if let Some(path) = &self.park {
+            held.park(path).unwrap();
+            self.parks += 1;
+            held.unpark().unwrap();
+            assert!(!path.exists());
+        }
+        None
+    }
+}
+
+impl Sink {
+    fn parking(dir: &std::path::Path) -> Self {
+        Sink { park: Some(dir.join("parked.safetensors")), ..Sink::default() }
     }
 }
 
@@ -466,7 +484,7 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
         {"reward": 1.0, "messages_and_choices": [choice(&[20, 21, 22], &[70, 71], -1.0)]},
         {"reward": 0.0, "messages_and_choices": [choice(&[20, 21, 23], &[90, 91, 92], -1.0)]},
     ]}]);
-    let run = |precalculate: bool| {
+    let run = |precalculate: bool, park: bool| {
         let job = TrainJob {
             job_id: uuid::Uuid::now_v7(),
             model: tiny_model_record(),
@@ -483,13 +501,17 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
             },
         };
         let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }]);
-        let mut sink = Sink::default();
-        t.train(&job, &mut sink).unwrap();
-        sink.steps[0]["mean_ratio"]
+        let mut sink = if park { Sink::parking(_dir.path()) } else { Sink::default() };
+        let out = t.train(&job, &mut sink).unwrap();
+        (sink.steps[0]["mean_ratio"], out.files, sink.parks)
     };
-    assert!((run(true) - 1.0).abs() < 1e-6);
+    let (ratio, files, _) = run(true, false);
+    assert!((ratio - 1.0).abs() < 1e-6);
+    // Parked before each precalculated part and before the step: the same adapter, byte for byte.
+    let (_, parked_files, parks) = run(true, true);
+    assert!(parks >= 2 && parked_files == files, "{parks} parks");
     // The sampler's -1.0 is far from the tiny model's ~ln(1/258): ratios far below 1.
-    assert!(run(false) < 0.5);
+    assert!(run(false, false).0 < 0.5);
 }
 
 /// Training computes on threads at a lower CPU priority than inference's.
@@ -644,6 +666,11 @@ fn sft_jobs_learn_the_conversations() {
     }
     job.base_checkpoint = Some(ckpt);
     job.base_step = 1;
+    // Parked and read back before each of its steps, the job ends with the same adapter.
+    let mut parking = Sink::parking(dir.path());
+    let job0 = TrainJob { base_checkpoint: None, base_step: 0, ..job.clone() };
+    assert_eq!(trainer.train(&job0, &mut parking).unwrap().files, out.files);
+    assert_eq!(parking.parks, 2);
     let mut again = Sink::default();
     trainer.train(&job, &mut again).unwrap();
     assert!(again.steps[0]["loss"] < first_loss, "{} -> {}", first_loss, again.steps[0]["loss"]);
