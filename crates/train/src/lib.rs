@@ -3,6 +3,8 @@
 //! - [`advantage`]: group-relative advantages and token weights (pure).
 //! - [`pack`]: trajectory sequences into rows, one optimizer step each (pure).
 //! - [`loss`]: the PPO / CISPO policy loss and its gradient per token (pure).
+//! - [`token_loss`]: Tinker's built-in losses per datum (cross-entropy, importance sampling, PPO,
+//!   CISPO), summed over tokens, on `loss`'s per-token terms (pure).
 //! - [`ops`]: candle custom ops with written backward passes (LoRA over a frozen weight, fused head).
 //! - [`fused`]: RMS norm, RoPE, causal softmax and SiLU-mul as single ops with written backward.
 //! - [`net`]: the Llama forward pass with LoRA on candle autograd.
@@ -25,6 +27,7 @@ pub mod net;
 pub mod ops;
 pub mod pack;
 pub mod sft;
+pub mod token_loss;
 pub mod trainer;
 
 pub use trainer::{LoraTrainer, TrainBase};

@@ -190,21 +190,18 @@ pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usi
             _ => 1.0,
         };
         let scale = t.weight * tis / denom;
-        let clipped = r.clamp(lo, hi);
         match cfg.kind {
             LossKind::Ppo => {
-                let (unclipped_term, clipped_term) = (r * a, clipped * a);
-                loss += -unclipped_term.min(clipped_term) * scale;
-                // The gradient flows through r where the unclipped term is the minimum, or where
-                // clipping does not bite (both terms then agree).
-                let dl_dr = if unclipped_term <= clipped_term || (lo..=hi).contains(&r) { -a } else { 0.0 };
+                let (l, dl_dr) = ppo_term(r, a, lo, hi);
+                loss += l * scale;
                 let g = dl_dr * scale;
                 grad[i] += g * dr_own * dd[i];
                 seg_grad[t.segment] += g * dr_mean;
             }
             LossKind::Cispo => {
-                loss += -clipped * a * t.new_lp * scale;
-                grad[i] += -clipped * a * scale;
+                let (l, g) = cispo_term(r, a, t.new_lp, lo, hi);
+                loss += l * scale;
+                grad[i] += g * scale;
             }
         }
     }
@@ -219,6 +216,22 @@ pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usi
         clip_high: clip_high as f64 / nf,
         mean_ratio: if n == 0 { 1.0 } else { ratio_sum / nf },
     }
+}
+
+/// PPO's term of one token with ratio `r` and advantage `a`, `-min(r a, clip(r, lo, hi) a)`,
+/// and its derivative in `r`: the gradient flows through `r` where the unclipped term is the
+/// minimum, or where clipping does not bite (both terms then agree).
+pub fn ppo_term(r: f64, a: f64, lo: f64, hi: f64) -> (f64, f64) {
+    let (unclipped, clipped) = (r * a, r.clamp(lo, hi) * a);
+    let dl_dr = if unclipped <= clipped || (lo..=hi).contains(&r) { -a } else { 0.0 };
+    (-unclipped.min(clipped), dl_dr)
+}
+
+/// CISPO's term of one token, `-sg(clip(r, lo, hi)) a lp`, and its derivative in `lp` (the
+/// clipped ratio is a constant to the gradient).
+pub fn cispo_term(r: f64, a: f64, lp: f64, lo: f64, hi: f64) -> (f64, f64) {
+    let c = r.clamp(lo, hi);
+    (-c * a * lp, -c * a)
 }
 
 #[cfg(test)]
