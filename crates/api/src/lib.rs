@@ -6,6 +6,7 @@
 //! - [`preview`]: the `/v1/preview` area (models, checkpoints, logs, training jobs, events).
 //! - [`health`]: `GET /health` and `GET /v1/system-check`.
 //! - [`dashboard`]: the web pages at `/` (static, built in; they read the JSON routes).
+//! - [`tinker`]: the Tinker training API's wire formats (its routes are not served yet).
 //!
 //! This crate never sees a tensor: training is reached through the store (jobs are rows the
 //! worker picks up) and a wake-up handle.
@@ -21,6 +22,7 @@ pub mod openai;
 pub mod openapi;
 pub mod preview;
 pub mod telemetry;
+pub mod tinker;
 pub mod trajectory_view;
 pub(crate) mod views;
 
