@@ -28,16 +28,21 @@ fn layer_of(pairs: Vec<(Var, Var)>) -> candle_core::Result<[(Var, Var); 7]> {
 
 /// A fresh adapter of ART's shape, equal to the base model. Seeded: the same every time.
 pub fn init(base: &Base, seed: u64) -> candle_core::Result<Lora> {
+    init_with(base, AdapterConfig { r: RANK, lora_alpha: Some(ALPHA), use_rslora: false }, seed)
+}
+
+/// A fresh adapter of `config`'s rank and scale on every module, equal to the base model.
+pub fn init_with(base: &Base, config: AdapterConfig, seed: u64) -> candle_core::Result<Lora> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut pairs = Vec::with_capacity(base.config.n_layer);
     for _ in 0..base.config.n_layer {
         let layer = (0..7).map(|m| {
             let (din, dout) = base.dims(m);
-            fresh_pair(din, dout, RANK, &mut rng)
+            fresh_pair(din, dout, config.r, &mut rng)
         });
         pairs.push(layer_of(layer.collect::<candle_core::Result<_>>()?)?);
     }
-    Ok(Lora { config: AdapterConfig { r: RANK, lora_alpha: Some(ALPHA), use_rslora: false }, pairs })
+    Ok(Lora { config, pairs })
 }
 
 /// Loads an adapter directory (a checkpoint, or any PEFT adapter) to continue training from it.

@@ -12,6 +12,8 @@
 //! - [`adamw`]: AdamW whose moments can be written out and read back.
 //! - [`held`]: a run's adapter and optimizer between steps, in memory or parked in a file.
 //! - [`trainer`]: the RL job, end to end ([`LoraTrainer`]).
+//! - [`session`]: a training session held between calls (Tinker's model): gradients summed
+//!   over `forward_backward` calls until `optim_step`.
 //! - [`sft`]: the supervised fine-tuning job (conversations, mean cross-entropy).
 //!
 //! Tokenizing trajectories is in `tandem_core::sequences`, so the api can refuse a job whose
@@ -26,6 +28,7 @@ pub mod loss;
 pub mod net;
 pub mod ops;
 pub mod pack;
+pub mod session;
 pub mod sft;
 pub mod token_loss;
 pub mod trainer;

@@ -1,0 +1,338 @@
+//! A training session: a LoRA adapter and its optimizer held between calls, gradients summed
+//! over `forward_backward` calls until `optim_step` (the Tinker training model, issue 33).
+//!
+//! Each datum is one sequence whose position `i` predicts `targets[i]`; the targets must be the
+//! input shifted by one (the next token at every position, as every SDK recipe builds them),
+//! so a datum is the row `tokens ++ [last target]` with one trained token per position. Its
+//! loss is [`crate::token_loss`]'s, summed over tokens and datums, and its gradient goes
+//! through the network as in the job trainer (`sum(g * new_lp)`).
+
+use crate::adamw::AdamParams;
+use crate::held::{Held, Live};
+use crate::net::{forward, Base};
+use crate::pack::{Row, Target};
+use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
+use crate::trainer::{accumulate, check_memory, clip, failed, INIT_SEED};
+use crate::{adapter, LoraTrainer};
+use candle_core::backprop::GradStore;
+use candle_core::Tensor;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tandem_jobs::TrainError;
+use tandem_model::peft::AdapterConfig;
+
+/// One datum, as the wire reads it: input tokens, one target per token, loss inputs by key.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionDatum {
+    pub tokens: Vec<u32>,
+    pub targets: Vec<u32>,
+    pub inputs: BTreeMap<String, Vec<f64>>,
+}
+
+/// One `optim_step`: AdamW's settings for this step, and global-norm clipping (0: none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamStep {
+    pub params: AdamParams,
+    pub grad_clip_norm: f64,
+}
+
+/// What `forward_backward` (or `forward`) gives: each datum's target logprobs and the loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forwarded {
+    pub logprobs: Vec<Vec<f32>>,
+    pub loss: f64,
+}
+
+pub struct Session {
+    base: Arc<Base>,
+    held: Held,
+    /// Gradients summed since the last `optim_step`.
+    grads: Option<GradStore>,
+}
+
+impl Session {
+    /// A fresh adapter of `rank` with scale `alpha / rank` on the base model `base_id`.
+    pub fn create(
+        trainer: &LoraTrainer,
+        base_id: &str,
+        rank: usize,
+        alpha: f64,
+        seed: Option<u64>,
+    ) -> Result<Self, TrainError> {
+        if !(1..=256).contains(&rank) {
+            return Err(TrainError::Invalid(format!("lora rank {rank}: expected 1 to 256")));
+        }
+        let (base, _) = trainer.base(base_id)?;
+        let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
+        let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
+        // The first optim_step sets the real settings; these only size the moments.
+        let params = AdamParams { lr: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 };
+        Ok(Session { base, held: Held::new(lora, params).map_err(failed)?, grads: None })
+    }
+
+    /// The held state, to park between calls (only without pending gradients: see
+    /// [`Session::can_park`]).
+    pub fn held(&mut self) -> &mut Held {
+        &mut self.held
+    }
+
+    /// Gradients summed since the last step live only in memory: a session with some is not
+    /// parked.
+    pub fn can_park(&self) -> bool {
+        self.grads.is_none()
+    }
+
+    /// Runs `data` forward (and, with `backward`, adds its gradients to the pending ones).
+    pub fn forward_backward(
+        &mut self,
+        trainer: &LoraTrainer,
+        data: &[SessionDatum],
+        loss: TokenLoss,
+        backward: bool,
+    ) -> Result<Forwarded, TrainError> {
+        let rows: Vec<(Row, DatumInputs)> =
+            data.iter().enumerate().map(|(i, d)| self.row(i, d, loss)).collect::<Result<_, _>>()?;
+        check_memory(&self.base, rows.iter().map(|(r, _)| r))?;
+        let base = &self.base;
+        let Live { lora, .. } = self.held.live()?;
+        let vars = lora.vars();
+        let (mut logprobs, mut total) = (Vec::with_capacity(rows.len()), 0.0);
+        for (row, inputs) in &rows {
+            let out = trainer.on_training_threads(|| forward(base, lora, row)).map_err(failed)?;
+            let lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
+            let new_lp: Vec<f64> = lp.iter().map(|x| f64::from(*x)).collect();
+            let l = datum_loss(loss, &new_lp, inputs);
+            total += l.loss;
+            if backward {
+                let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
+                let g = Tensor::from_vec(g, lp.len(), out.logprobs.device()).map_err(failed)?;
+                let grads = trainer
+                    .on_training_threads(|| out.logprobs.mul(&g).and_then(|s| s.sum_all()).and_then(|s| s.backward()))
+                    .map_err(failed)?;
+                accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
+            }
+            logprobs.push(lp);
+        }
+        if !total.is_finite() {
+            // Nothing of this call is kept: a NaN gradient would poison every later step.
+            self.grads = None;
+            return Err(TrainError::Invalid(format!(
+                "the loss is {total}; this call's and the pending gradients were dropped"
+            )));
+        }
+        Ok(Forwarded { logprobs, loss: total })
+    }
+
+    /// One AdamW step on the gradients summed since the last one; the global gradient norm
+    /// before clipping (0 when no gradient is pending: nothing moves, as in PyTorch).
+    pub fn optim_step(&mut self, trainer: &LoraTrainer, step: AdamStep) -> Result<f64, TrainError> {
+        let p = step.params;
+        let valid = p.lr.is_finite()
+            && p.lr >= 0.0
+            && (0.0..1.0).contains(&p.beta1)
+            && (0.0..1.0).contains(&p.beta2)
+            && p.eps.is_finite()
+            && p.eps > 0.0
+            && p.weight_decay.is_finite()
+            && p.weight_decay >= 0.0
+            && step.grad_clip_norm.is_finite()
+            && step.grad_clip_norm >= 0.0;
+        if !valid {
+            return Err(TrainError::Invalid(format!(
+                "adam_params {p:?} with grad_clip_norm {}: expected learning_rate >= 0, betas in [0, 1), eps > 0, weight_decay >= 0, grad_clip_norm >= 0",
+                step.grad_clip_norm
+            )));
+        }
+        let Some(mut grads) = self.grads.take() else { return Ok(0.0) };
+        let Live { lora, opt } = self.held.live()?;
+        let vars = lora.vars();
+        let max = if step.grad_clip_norm > 0.0 { step.grad_clip_norm } else { f64::INFINITY };
+        let norm = trainer.on_training_threads(|| clip(&mut grads, &vars, max)).map_err(failed)?;
+        if !norm.is_finite() {
+            return Err(TrainError::Invalid(format!("the gradient norm is {norm}; no step was taken")));
+        }
+        opt.params = p;
+        trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
+        Ok(norm)
+    }
+
+    /// A datum as a row: its tokens and last target, one trained token per position.
+    fn row(&self, index: usize, d: &SessionDatum, loss: TokenLoss) -> Result<(Row, DatumInputs), TrainError> {
+        let bad = |e: String| TrainError::Invalid(format!("datum {index}: {e}"));
+        let n = d.tokens.len();
+        if n == 0 || d.targets.len() != n {
+            return Err(bad(format!("{} targets for {n} input tokens", d.targets.len())));
+        }
+        if let Some(i) = (0..n - 1).find(|&i| d.targets[i] != d.tokens[i + 1]) {
+            return Err(bad(format!(
+                "target_tokens[{i}] is {}, not the next input token {}: only targets that are the input shifted by one are served",
+                d.targets[i],
+                d.tokens[i + 1]
+            )));
+        }
+        let c = &self.base.config;
+        if let Some(t) = d.tokens.iter().chain(&d.targets).find(|t| **t as usize >= c.vocab) {
+            return Err(bad(format!("token id {t} is outside the vocabulary of {}", c.vocab)));
+        }
+        if n + 1 > c.context_len {
+            return Err(bad(format!(
+                "{} tokens with the last target, more than the context of {}",
+                n + 1,
+                c.context_len
+            )));
+        }
+        let take = |key: &str| d.inputs.get(key).cloned().unwrap_or_default();
+        let inputs = DatumInputs {
+            weights: take("weights"),
+            sampling_lp: take("logprobs"),
+            advantages: take("advantages"),
+            clip_low: take("clip_low_threshold"),
+            clip_high: take("clip_high_threshold"),
+        };
+        check_inputs(loss, n, &inputs).map_err(bad)?;
+        let mut tokens = d.tokens.clone();
+        tokens.push(d.targets[n - 1]);
+        let targets = (1..=n)
+            .map(|pos| Target {
+                pos,
+                segment: 0,
+                old_lp: f64::NAN,
+                original_lp: f64::NAN,
+                ref_lp: f64::NAN,
+                advantage: 0.0,
+                weight: 1.0,
+            })
+            .collect();
+        Ok((Row { tokens, segments: vec![(0, n + 1)], targets, trajectories: 1 }, inputs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TrainBase;
+    use tandem_core::chat::ChatMessage;
+    use tandem_core::inference::InputError;
+    use tandem_core::sequences::ChatTokenizer;
+
+    /// Sessions take token ids: no text is ever tokenized here.
+    struct IdsOnly;
+    impl ChatTokenizer for IdsOnly {
+        fn render(&self, _: &[ChatMessage], _: Option<&serde_json::Value>, _: bool) -> Result<Vec<u32>, InputError> {
+            Err(InputError::Template("sessions take token ids".into()))
+        }
+        fn tokenize(&self, _: &str) -> Result<Vec<u32>, InputError> {
+            Err(InputError::Template("sessions take token ids".into()))
+        }
+        fn token_id(&self, _: &[u8]) -> Option<u32> {
+            None
+        }
+    }
+
+    fn trainer() -> (tempfile::TempDir, LoraTrainer) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        tandem_model::testing::write_tiny_arch_gguf(&path, tandem_model::Arch::Llama);
+        (dir, LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path, tokenizer: Arc::new(IdsOnly) }]))
+    }
+
+    fn datum(tokens: &[u32], next: u32, key: &str, values: Vec<f64>) -> SessionDatum {
+        let mut targets = tokens[1..].to_vec();
+        targets.push(next);
+        let mut inputs = BTreeMap::from([(key.to_string(), values)]);
+        if key == "advantages" {
+            inputs.insert("logprobs".into(), vec![0.0; tokens.len()]);
+        }
+        SessionDatum { tokens: tokens.to_vec(), targets, inputs }
+    }
+
+    fn step() -> AdamStep {
+        AdamStep {
+            params: AdamParams { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 },
+            grad_clip_norm: 0.0,
+        }
+    }
+
+    fn weights(s: &mut Session) -> Vec<f32> {
+        let vars = s.held.live().unwrap().lora.vars();
+        vars.iter().flat_map(|v| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
+    }
+
+    #[test]
+    fn cross_entropy_steps_raise_the_weighted_targets_logprob() {
+        let (_dir, t) = trainer();
+        let mut s = Session::create(&t, "tiny", 4, 32.0, Some(1)).unwrap();
+        let d = datum(&[10, 20, 30, 40], 50, "weights", vec![0.0, 1.0, 1.0, 1.0]);
+        let before = s.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, false).unwrap();
+        assert_eq!(before.logprobs[0].len(), 4);
+        // The loss is -sum(w * lp) over the weighted targets.
+        let want: f64 = -before.logprobs[0][1..].iter().map(|x| f64::from(*x)).sum::<f64>();
+        assert!((before.loss - want).abs() < 1e-4, "{} vs {want}", before.loss);
+        assert!(s.can_park(), "a forward alone leaves no gradient");
+        for _ in 0..5 {
+            s.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, true).unwrap();
+            assert!(!s.can_park());
+            assert!(s.optim_step(&t, step()).unwrap() > 0.0);
+        }
+        let after = s.forward_backward(&t, &[d], TokenLoss::CrossEntropy, false).unwrap();
+        assert!(after.loss < before.loss - 0.1, "{} -> {}", before.loss, after.loss);
+        // The unweighted first target is trained by nothing but moves with the shared weights.
+        assert!(s.optim_step(&t, step()).unwrap() == 0.0, "no gradient pending: nothing moves");
+    }
+
+    /// Gradients summed over two calls equal one call over both datums; and importance sampling
+    /// at ratio 1 has cross-entropy's gradient with the advantages as weights.
+    #[test]
+    fn gradients_accumulate_across_calls_and_losses_agree_where_they_should() {
+        let (_dir, t) = trainer();
+        let a = datum(&[3, 4, 5], 6, "weights", vec![1.0, 0.5, -0.25]);
+        let b = datum(&[7, 8], 9, "weights", vec![2.0, 1.0]);
+        let run = |calls: Vec<Vec<SessionDatum>>| {
+            let mut s = Session::create(&t, "tiny", 4, 32.0, Some(7)).unwrap();
+            for data in calls {
+                s.forward_backward(&t, &data, TokenLoss::CrossEntropy, true).unwrap();
+            }
+            let norm = s.optim_step(&t, step()).unwrap();
+            (norm, weights(&mut s))
+        };
+        let (n1, w1) = run(vec![vec![a.clone()], vec![b.clone()]]);
+        let (n2, w2) = run(vec![vec![a.clone(), b.clone()]]);
+        assert!((n1 - n2).abs() < 1e-9 * n1.max(1.0), "{n1} vs {n2}");
+        assert_eq!(w1, w2);
+
+        // The sampler's logprobs equal the learner's: ratio 1, d/dlp(-r A) = -A, as CE with w = A.
+        let mut s = Session::create(&t, "tiny", 4, 32.0, Some(7)).unwrap();
+        let lp = s.forward_backward(&t, std::slice::from_ref(&a), TokenLoss::CrossEntropy, false).unwrap().logprobs;
+        let mut is = datum(&[3, 4, 5], 6, "advantages", vec![1.0, 0.5, -0.25]);
+        is.inputs.insert("logprobs".into(), lp[0].iter().map(|x| f64::from(*x)).collect());
+        s.forward_backward(&t, &[is], TokenLoss::ImportanceSampling, true).unwrap();
+        let n3 = s.optim_step(&t, step()).unwrap();
+        let (n4, _) = run(vec![vec![a.clone()]]);
+        assert!((n3 - n4).abs() < 1e-5 * n4, "{n3} vs {n4}");
+    }
+
+    #[test]
+    fn bad_datums_and_settings_are_refused_and_keep_nothing() {
+        let (_dir, t) = trainer();
+        let mut s = Session::create(&t, "tiny", 4, 32.0, None).unwrap();
+        let ce = TokenLoss::CrossEntropy;
+        let mut shifted = datum(&[1, 2, 3], 4, "weights", vec![1.0; 3]);
+        shifted.targets[0] = 9;
+        let cases = [
+            (shifted, "not the next input token"),
+            (datum(&[1, 2], 100_000, "weights", vec![1.0; 2]), "outside the vocabulary"),
+            (datum(&[1, 2], 3, "weights", vec![1.0]), "1 values for 2"),
+            (datum(&[1, 2], 3, "advantages", vec![1.0; 2]), "weights"),
+        ];
+        for (d, want) in cases {
+            let e = s.forward_backward(&t, &[d], ce, true).unwrap_err().to_string();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+        assert!(s.can_park(), "a refused call leaves no gradient");
+        let mut bad = step();
+        bad.params.beta2 = 1.0;
+        assert!(s.optim_step(&t, bad).is_err());
+        assert!(Session::create(&t, "tiny", 0, 32.0, None).is_err());
+        assert!(Session::create(&t, "other", 4, 32.0, None).is_err());
+    }
+}
