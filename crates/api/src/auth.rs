@@ -122,6 +122,14 @@ pub async fn require_anthropic(State(state): State<AppState>, req: Request, next
     admit_with(&state, token, req, next).await.unwrap_or_else(|e| e.into_anthropic_response().into_response())
 }
 
+/// Middleware for the Tinker API: its SDK sends `X-API-Key` and only accepts keys that start
+/// with `tml-`, so `tml-` followed by a tandem key is that key (a bare key or a bearer token
+/// works too). Errors in FastAPI's shape.
+pub async fn require_tinker(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let token = api_key_or_bearer(&req).map(|k| k.strip_prefix("tml-").unwrap_or(k).to_owned());
+    admit_with(&state, token, req, next).await.unwrap_or_else(|e| e.into_preview_response().into_response())
+}
+
 /// Middleware for the OpenAI-compatible area: the same check, rendered in its error shape.
 pub async fn require_openai(State(state): State<AppState>, req: Request, next: Next) -> Response {
     admit(&state, req, next).await.unwrap_or_else(|e| e.into_openai_response().into_response())

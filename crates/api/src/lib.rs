@@ -6,7 +6,8 @@
 //! - [`preview`]: the `/v1/preview` area (models, checkpoints, logs, training jobs, events).
 //! - [`health`]: `GET /health` and `GET /v1/system-check`.
 //! - [`dashboard`]: the web pages at `/` (static, built in; they read the JSON routes).
-//! - [`tinker`]: the Tinker training API's wire formats (its routes are not served yet).
+//! - [`tinker`]: the Tinker training API (`/api/v1/`): sessions, models, forward_backward,
+//!   optim_step, futures.
 //!
 //! This crate never sees a tensor: training is reached through the store (jobs are rows the
 //! worker picks up) and a wake-up handle.
@@ -95,6 +96,8 @@ pub struct AppConfig {
     pub training_metrics: Option<Arc<TrainingMetrics>>,
     /// `--lora-root`, canonical: turns on `/v1/load_lora_adapter` for adapters under it.
     pub lora_root: Option<std::path::PathBuf>,
+    /// The Tinker training sessions; `None` where this node does not train.
+    pub tinker: Option<Arc<dyn tandem_core::tinker::TinkerTrainer>>,
     /// Set while an operator drains this node: `/health` answers 503 so that load balancers
     /// send it nothing new (it still answers what reaches it).
     pub draining: Arc<std::sync::atomic::AtomicBool>,
@@ -109,6 +112,7 @@ pub struct AppState(
     Arc<telemetry::Telemetry>,
     Arc<openai::lora::LoraRegistry>,
     Arc<health::StoreProbe>,
+    Arc<tinker::state::TinkerState>,
 );
 
 impl AppState {
@@ -117,7 +121,16 @@ impl AppState {
         let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
         let telemetry =
             Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
-        AppState(Arc::new(config), limiter, models, telemetry, Arc::default(), Arc::default())
+        AppState(Arc::new(config), limiter, models, telemetry, Arc::default(), Arc::default(), Arc::default())
+    }
+
+    /// The Tinker routes' sessions, models and futures.
+    pub(crate) fn tinker(&self) -> &Arc<tinker::state::TinkerState> {
+        &self.6
+    }
+
+    pub(crate) fn tinker_trainer(&self) -> Option<Arc<dyn tandem_core::tinker::TinkerTrainer>> {
+        self.0.tinker.clone()
     }
 
     /// The store's last health probe (`/health` answers from it).
@@ -217,6 +230,7 @@ pub fn app(state: AppState) -> Router {
             }),
         )
         .merge(dashboard::router())
+        .nest("/api/v1", tinker::router(state.clone()))
         .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
         .with_state(state.clone())
         .layer(DefaultBodyLimit::max(max_body))

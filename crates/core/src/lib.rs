@@ -10,6 +10,7 @@
 //! - [`names`]: what a model address may contain.
 //! - [`chat`]: chat messages (role and content typed, the rest as sent).
 //! - [`inference`]: the port between the api and the inference engine.
+//! - [`tinker`]: the port between the Tinker routes and the training sessions.
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 //! - [`health`]: the training worker's heartbeat.
 //! - [`history`]: a model's curves over steps, downsampled.
@@ -26,6 +27,7 @@ pub mod records;
 pub mod sequences;
 pub mod sft;
 pub mod telemetry;
+pub mod tinker;
 pub mod train_config;
 pub mod trajectory;
 pub mod validate;

@@ -112,6 +112,12 @@ impl Worker {
         self.metrics.clone()
     }
 
+    /// The turn between this worker's jobs, for other training work to take its share of it
+    /// (the Tinker sessions' calls).
+    pub fn turns(&self) -> Arc<Turns> {
+        self.turns.clone()
+    }
+
     /// Notified by the api when a job is queued, so it starts without waiting for the poll.
     pub fn waker(&self) -> Arc<Notify> {
         self.wake.clone()

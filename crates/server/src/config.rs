@@ -113,6 +113,9 @@ pub struct ServeArgs {
     /// turn by parking a held job's adapter and optimizer to disk (default 12; 0: they wait).
     #[arg(long, env = "TANDEM_MAX_PARKED_TRAINING_RUNS")]
     pub max_parked_training_runs: Option<usize>,
+    /// Tinker training models this server holds at once, every entity's together (default 8).
+    #[arg(long, env = "TANDEM_MAX_TINKER_MODELS")]
+    pub max_tinker_models: Option<usize>,
     /// Most tokens one training job may train on (RL trajectories' or SFT conversations'
     /// tokens); a larger job is a 422 at creation (default 1048576).
     #[arg(long, env = "TANDEM_MAX_JOB_TOKENS")]
@@ -207,6 +210,7 @@ pub struct ServeConfig {
     pub job_lease: std::time::Duration,
     pub max_training_runs: usize,
     pub max_parked_training_runs: usize,
+    pub max_tinker_models: usize,
     pub max_job_tokens: u64,
     /// None: the backend's default.
     pub db_pool_size: Option<u32>,
@@ -289,6 +293,7 @@ impl ServeConfig {
                 Some(n) if n > 256 => bail!("--max-parked-training-runs {n}: expected 0 to 256"),
                 n => n.unwrap_or(12),
             },
+            max_tinker_models: args.max_tinker_models.or(file.max_tinker_models).unwrap_or(8).max(1),
             max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
             db_pool_size: match args.db_pool_size.or(file.db_pool_size) {
                 Some(n) if !(1..=1000).contains(&n) => bail!("--db-pool-size {n}: expected 1 to 1000"),

@@ -14,6 +14,7 @@ use tandem_engine::template::jail::TemplateJail;
 use tandem_engine::{Engine, EngineConfig};
 use tandem_jobs::{Worker, WorkerConfig};
 use tandem_store::{BlobStore, CheckpointDir, Checkpoints, NodeBeat, Reclaim, Store};
+use tandem_train::tinker::TinkerModels;
 use tandem_train::{LoraTrainer, ModelTokenizer, TrainBase};
 
 pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
@@ -96,7 +97,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let worker = Worker::new(
         store.clone(),
         checkpoints.clone(),
-        trainer,
+        trainer.clone(),
         WorkerConfig {
             max_attempts: config.job_max_attempts,
             lease_ttl: config.job_lease,
@@ -137,6 +138,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         training_heartbeat: role.trains().then(|| worker.heartbeat()),
         training_metrics: role.trains().then(|| worker.metrics()),
         lora_root,
+        tinker: role.trains().then(|| {
+            Arc::new(TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models))
+                as Arc<dyn tandem_core::tinker::TinkerTrainer>
+        }),
         draining: draining.clone(),
     });
     let worker_task = role.trains().then(|| tokio::spawn(worker.clone().run()));

@@ -14,6 +14,8 @@
 //! - [`trainer`]: the RL job, end to end ([`LoraTrainer`]).
 //! - [`session`]: a training session held between calls (Tinker's model): gradients summed
 //!   over `forward_backward` calls until `optim_step`.
+//! - [`tinker`]: the sessions the Tinker routes drive (`tandem_core::tinker::TinkerTrainer`),
+//!   each call taking the trainer's turn.
 //! - [`sft`]: the supervised fine-tuning job (conversations, mean cross-entropy).
 //!
 //! Tokenizing trajectories is in `tandem_core::sequences`, so the api can refuse a job whose
@@ -30,6 +32,7 @@ pub mod ops;
 pub mod pack;
 pub mod session;
 pub mod sft;
+pub mod tinker;
 pub mod token_loss;
 pub mod trainer;
 

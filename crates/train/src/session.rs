@@ -16,18 +16,10 @@ use crate::trainer::{accumulate, check_memory, clip, failed, INIT_SEED};
 use crate::{adapter, LoraTrainer};
 use candle_core::backprop::GradStore;
 use candle_core::Tensor;
-use std::collections::BTreeMap;
 use std::sync::Arc;
+use tandem_core::tinker::Datum;
 use tandem_jobs::TrainError;
 use tandem_model::peft::AdapterConfig;
-
-/// One datum, as the wire reads it: input tokens, one target per token, loss inputs by key.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SessionDatum {
-    pub tokens: Vec<u32>,
-    pub targets: Vec<u32>,
-    pub inputs: BTreeMap<String, Vec<f64>>,
-}
 
 /// One `optim_step`: AdamW's settings for this step, and global-norm clipping (0: none).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -86,7 +78,7 @@ impl Session {
     pub fn forward_backward(
         &mut self,
         trainer: &LoraTrainer,
-        data: &[SessionDatum],
+        data: &[Datum],
         loss: TokenLoss,
         backward: bool,
     ) -> Result<Forwarded, TrainError> {
@@ -157,7 +149,7 @@ impl Session {
     }
 
     /// A datum as a row: its tokens and last target, one trained token per position.
-    fn row(&self, index: usize, d: &SessionDatum, loss: TokenLoss) -> Result<(Row, DatumInputs), TrainError> {
+    fn row(&self, index: usize, d: &Datum, loss: TokenLoss) -> Result<(Row, DatumInputs), TrainError> {
         let bad = |e: String| TrainError::Invalid(format!("datum {index}: {e}"));
         let n = d.tokens.len();
         if n == 0 || d.targets.len() != n {
@@ -211,6 +203,7 @@ impl Session {
 mod tests {
     use super::*;
     use crate::TrainBase;
+    use std::collections::BTreeMap;
     use tandem_core::chat::ChatMessage;
     use tandem_core::inference::InputError;
     use tandem_core::sequences::ChatTokenizer;
@@ -236,14 +229,14 @@ mod tests {
         (dir, LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path, tokenizer: Arc::new(IdsOnly) }]))
     }
 
-    fn datum(tokens: &[u32], next: u32, key: &str, values: Vec<f64>) -> SessionDatum {
+    fn datum(tokens: &[u32], next: u32, key: &str, values: Vec<f64>) -> Datum {
         let mut targets = tokens[1..].to_vec();
         targets.push(next);
         let mut inputs = BTreeMap::from([(key.to_string(), values)]);
         if key == "advantages" {
             inputs.insert("logprobs".into(), vec![0.0; tokens.len()]);
         }
-        SessionDatum { tokens: tokens.to_vec(), targets, inputs }
+        Datum { tokens: tokens.to_vec(), targets, inputs }
     }
 
     fn step() -> AdamStep {
@@ -287,7 +280,7 @@ mod tests {
         let (_dir, t) = trainer();
         let a = datum(&[3, 4, 5], 6, "weights", vec![1.0, 0.5, -0.25]);
         let b = datum(&[7, 8], 9, "weights", vec![2.0, 1.0]);
-        let run = |calls: Vec<Vec<SessionDatum>>| {
+        let run = |calls: Vec<Vec<Datum>>| {
             let mut s = Session::create(&t, "tiny", 4, 32.0, Some(7)).unwrap();
             for data in calls {
                 s.forward_backward(&t, &data, TokenLoss::CrossEntropy, true).unwrap();

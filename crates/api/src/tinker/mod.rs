@@ -3,8 +3,36 @@
 //! - [`pb`]: prost types of `proto/tinker_public.proto` (field numbers are the SDK's).
 //! - [`wire`]: a `forward_backward` request's data read into token ids, targets and loss inputs,
 //!   checked; its output (per-datum logprobs, `name:reduction` metrics) encoded.
+//! - [`state`]: sessions, models in `seq_id` order, futures.
+//! - [`routes`]: the handlers under `/api/v1/`.
 
+pub mod routes;
+pub mod state;
 pub mod wire;
+
+use crate::auth::require_tinker;
+use crate::AppState;
+use axum::middleware::from_fn_with_state;
+use axum::routing::post;
+use axum::Router;
+
+/// The Tinker routes (nested under `/api/v1`); anything else there is a clear 404.
+pub fn router(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route("/client/config", post(routes::client_config))
+        .route("/client/dynamic_config", post(routes::dynamic_config))
+        .route("/telemetry", post(routes::telemetry))
+        .route("/create_session", post(routes::create_session))
+        .route("/session_heartbeat", post(routes::heartbeat))
+        .route("/sessions/{id}/finish", post(routes::finish))
+        .route("/create_model", post(routes::create_model))
+        .route("/get_info", post(routes::get_info))
+        .route("/forward_backward", post(routes::forward_backward))
+        .route("/optim_step", post(routes::optim_step))
+        .route("/retrieve_future", post(routes::retrieve_future))
+        .fallback(routes::not_served)
+        .layer(from_fn_with_state(state, require_tinker))
+}
 
 /// The SDK's protobuf messages.
 #[allow(clippy::all, missing_docs)]

@@ -8,19 +8,11 @@
 
 use super::pb;
 use std::collections::BTreeMap;
+pub use tandem_core::tinker::Datum;
 
 /// Most elements one loss input may hold (a datum's targets are bounded by the context, far
 /// below this; the bound keeps a forged shape from allocating).
 const MAX_ELEMENTS: usize = 1 << 22;
-
-/// One datum, read: the model input's tokens, the targets (position i predicts `targets[i]`)
-/// and the loss inputs by key, each as long as the targets.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Datum {
-    pub tokens: Vec<u32>,
-    pub targets: Vec<u32>,
-    pub inputs: BTreeMap<String, Vec<f64>>,
-}
 
 /// The keys a datum's `loss_fn_inputs` may hold besides `target_tokens` (the SDK's own list).
 pub const INPUT_KEYS: [&str; 6] =

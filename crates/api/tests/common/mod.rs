@@ -67,6 +67,7 @@ pub async fn test_app_configured(
         training_heartbeat: Some(heartbeat.clone()),
         training_metrics: Some(Arc::default()),
         lora_root,
+        tinker: None,
     });
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, heartbeat, _dir: dir }
 }

@@ -1,0 +1,462 @@
+//! The Tinker routes under `/api/v1/` that tandem serves: client configuration, sessions,
+//! training models (`create_model`, `get_info`), `forward_backward`, `forward`, `optim_step` and
+//! `retrieve_future`. Each training call answers at once with a future and runs in its
+//! model's `seq_id` order on a blocking thread (docs/tinker.md).
+
+use super::state::{
+    ModelEntry, Outcome, Promise, SessionEntry, TinkerState, MAX_MODELS_PER_ENTITY, MAX_SESSIONS_PER_ENTITY,
+};
+use super::{pb, wire};
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use prost::Message;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tandem_core::tinker::{AdamSettings, LoraSpec, TinkerError, TinkerTrainer};
+
+/// How long `retrieve_future` holds a pending request before `try_again` (the SDK re-polls at
+/// once, and its own timeout is 45 s).
+const HOLD: Duration = Duration::from_secs(20);
+/// How long a call waits for an earlier `seq_id` of its model before it fails.
+const GAP_WAIT: Duration = Duration::from_secs(600);
+
+/// Errors in FastAPI's `{"detail": ...}` shape, as the SDK reads them.
+type Result<T> = std::result::Result<T, PreviewError>;
+
+fn trainer(state: &AppState) -> Result<Arc<dyn TinkerTrainer>> {
+    state.tinker_trainer().ok_or_else(|| {
+        PreviewError(ApiError::new(ErrorKind::Unavailable, "this node does not train (its --role has no trainer)"))
+    })
+}
+
+/// Ends idle sessions and releases their models (at each new session and model).
+fn reap(state: &AppState) {
+    let models = state.tinker().reap_idle();
+    if let Some(trainer) = state.tinker_trainer() {
+        for m in &models {
+            trainer.release(m);
+        }
+    }
+    if !models.is_empty() {
+        tracing::info!(models = models.len(), "released the training models of idle Tinker sessions");
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::Validation, message)
+}
+
+pub async fn client_config() -> Json<Value> {
+    // Uncompressed protobuf bodies; the rest of the SDK's defaults stand.
+    Json(json!({ "pjwt_auth_enabled": false, "proto_compress_fwdbwd": false }))
+}
+
+pub async fn dynamic_config() -> Json<Value> {
+    Json(json!({}))
+}
+
+pub async fn telemetry() -> Json<Value> {
+    Json(json!({ "status": "accepted" }))
+}
+
+pub async fn create_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>> {
+    reap(&state);
+    let t = state.tinker();
+    let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    if sessions.values().filter(|s| s.entity == caller.entity).count() >= MAX_SESSIONS_PER_ENTITY {
+        return Err(PreviewError(ApiError::new(
+            ErrorKind::TooManyRequests,
+            format!("an entity may hold {MAX_SESSIONS_PER_ENTITY} sessions; finish one first"),
+        )));
+    }
+    let id = format!("tandem-{}", uuid::Uuid::new_v4().simple());
+    sessions.insert(id.clone(), SessionEntry { entity: caller.entity, models: Vec::new(), last_seen: Instant::now() });
+    Ok(Json(json!({ "session_id": id, "type": "create_session" })))
+}
+
+#[derive(Deserialize)]
+pub struct SessionRef {
+    session_id: String,
+}
+
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SessionRef>,
+) -> Result<Json<Value>> {
+    match state.tinker().touch_session(&caller.entity, &body.session_id) {
+        true => Ok(Json(json!({ "type": "session_heartbeat" }))),
+        false => Err(ApiError::not_found("session").into()),
+    }
+}
+
+/// Ends a session and releases its models.
+pub async fn finish(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>> {
+    let t = state.tinker();
+    let session = {
+        let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        match sessions.get(&id) {
+            Some(s) if s.entity == caller.entity => sessions.remove(&id),
+            _ => None,
+        }
+    };
+    let session = session.ok_or_else(|| ApiError::not_found("session"))?;
+    for model in &session.models {
+        t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model);
+        if let Some(trainer) = state.tinker_trainer() {
+            trainer.release(model);
+        }
+    }
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+pub struct CreateModel {
+    session_id: String,
+    model_seq_id: i64,
+    base_model: String,
+    #[serde(default)]
+    lora_config: Option<LoraConfig>,
+    #[serde(default)]
+    optimizer_config: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct LoraConfig {
+    rank: usize,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default = "yes")]
+    train_mlp: bool,
+    #[serde(default = "yes")]
+    train_attn: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn submitted(request_id: &str, model_id: &str) -> Json<Value> {
+    Json(json!({ "request_id": request_id, "model_id": model_id }))
+}
+
+fn new_future(t: &TinkerState, entity: &str) -> Result<(String, Promise)> {
+    t.future(entity).ok_or_else(|| {
+        PreviewError(ApiError::new(ErrorKind::TooManyRequests, "too many pending results; fetch them first"))
+    })
+}
+
+pub async fn create_model(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<CreateModel>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    reap(&state);
+    let t = state.tinker().clone();
+    if !t.touch_session(&caller.entity, &body.session_id) {
+        return Err(ApiError::not_found("session").into());
+    }
+    let model_id = format!("{}:train:{}", body.session_id, body.model_seq_id);
+    if let Some(m) = t.model(&caller.entity, &model_id) {
+        return Ok(submitted(&m.create_request, &model_id));
+    }
+    if state.model(&body.base_model).is_none() && !state.served_models().contains(&body.base_model) {
+        return Err(PreviewError(bad(format!(
+            "base_model {:?} is not served here (served: {})",
+            body.base_model,
+            state.served_models().join(", ")
+        ))));
+    }
+    let lora = body.lora_config.ok_or_else(|| bad("lora_config is required: only LoRA models are trained"))?;
+    if !(lora.train_mlp && lora.train_attn) {
+        return Err(PreviewError(bad(
+            "training only the attention or only the MLP modules is not served: set train_attn and train_mlp",
+        )));
+    }
+    if let Some(kind) = body.optimizer_config.as_ref().and_then(|o| o.get("type")).and_then(Value::as_str) {
+        if kind != "adamw" {
+            return Err(PreviewError(bad(format!("optimizer {kind:?} is not served: only adamw"))));
+        }
+    }
+    if t.models_of(&caller.entity) >= MAX_MODELS_PER_ENTITY {
+        return Err(PreviewError(ApiError::new(
+            ErrorKind::TooManyRequests,
+            format!("an entity may hold {MAX_MODELS_PER_ENTITY} training models at once; finish a session first"),
+        )));
+    }
+    let (request_id, promise) = new_future(&t, &caller.entity)?;
+    let entry = Arc::new(ModelEntry {
+        entity: caller.entity.clone(),
+        session_id: body.session_id.clone(),
+        base_model: body.base_model.clone(),
+        rank: lora.rank,
+        create_request: request_id.clone(),
+        next: tokio::sync::watch::channel(1).0,
+        seen: Mutex::new(HashMap::new()),
+    });
+    t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
+    if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&body.session_id) {
+        s.models.push(model_id.clone());
+    }
+    let (id, base) = (model_id.clone(), body.base_model);
+    let spec = LoraSpec { rank: lora.rank, seed: lora.seed };
+    tokio::task::spawn_blocking(move || {
+        let outcome = match trainer.create(&id, &base, spec) {
+            Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),
+            Err(e) => {
+                t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                failed(e)
+            }
+        };
+        promise.set(outcome);
+    });
+    Ok(submitted(&request_id, &model_id))
+}
+
+fn failed(e: TinkerError) -> Outcome {
+    match e {
+        TinkerError::User(error) => Outcome::Failed { error, category: "user" },
+        TinkerError::Server(error) => Outcome::Failed { error, category: "server" },
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ModelRef {
+    model_id: String,
+}
+
+pub async fn get_info(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<ModelRef>,
+) -> Result<Json<Value>> {
+    let m = state.tinker().model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    Ok(Json(json!({
+        "model_id": body.model_id,
+        "model_data": { "model_name": m.base_model, "arch": "llama" },
+        "optimizer_config": { "type": "adamw" },
+        "is_lora": true,
+        "lora_rank": m.rank,
+        "model_name": m.base_model,
+        "type": "get_info",
+    })))
+}
+
+/// Accepts call `seq_id` of a model and runs `work` once every earlier call has run: the
+/// immediate answer, a future. A retried `seq_id` gets the first call's future.
+fn ordered(
+    t: &Arc<TinkerState>,
+    model: Arc<ModelEntry>,
+    model_id: &str,
+    seq_id: i64,
+    work: impl FnOnce() -> Outcome + Send + 'static,
+) -> Result<Json<Value>> {
+    let (request_id, promise) = {
+        let mut seen = model.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(id) = seen.get(&seq_id) {
+            return Ok(submitted(id, model_id));
+        }
+        if seq_id < *model.next.borrow() as i64 || seq_id < 1 {
+            return Err(PreviewError(bad(format!(
+                "seq_id {seq_id} of model {model_id} was already run or is out of range"
+            ))));
+        }
+        let (id, promise) = new_future(t, &model.entity)?;
+        seen.insert(seq_id, id.clone());
+        // Keep the retries of recent calls only.
+        let floor = *model.next.borrow() as i64 - 4096;
+        seen.retain(|s, _| *s >= floor);
+        (id, promise)
+    };
+    let seq = seq_id as u64;
+    tokio::spawn(async move {
+        let mut next = model.next.subscribe();
+        // The watch guard is not Send: read the value out before any other await.
+        let reached =
+            tokio::time::timeout(GAP_WAIT, next.wait_for(|n| *n >= seq)).await.ok().and_then(|r| r.ok().map(|n| *n));
+        if reached != Some(seq) {
+            let at = *model.next.borrow();
+            promise.set(Outcome::Failed {
+                error: format!("seq_id {seq} waited {GAP_WAIT:?} for seq_id {at}, which never came"),
+                category: "user",
+            });
+            return;
+        }
+        let outcome = tokio::task::spawn_blocking(work)
+            .await
+            .unwrap_or_else(|e| Outcome::Failed { error: format!("the call failed: {e}"), category: "server" });
+        promise.set(outcome);
+        model.next.send_modify(|n| *n = seq + 1);
+    });
+    Ok(submitted(&request_id, model_id))
+}
+
+/// `forward_backward` and `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`.
+pub async fn forward_backward(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let req = pb::ForwardBackwardRequest::decode(body.as_ref())
+        .map_err(|e| bad(format!("the body is not a ForwardBackwardRequest protobuf: {e}")))?;
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, &req.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    // What the request itself gets wrong fails its future, in order, so later calls still run.
+    let budget = state.limits().max_job_tokens;
+    let read = read_call(&req).and_then(|call| {
+        let tokens: u64 = call.0.iter().map(|d| d.tokens.len() as u64).sum();
+        if tokens > budget {
+            return Err(format!(
+                "the call holds {tokens} tokens, more than one call may train (--max-job-tokens {budget})"
+            ));
+        }
+        Ok(call)
+    });
+    let id = req.model_id.clone();
+    ordered(&t, model, &req.model_id, i64::from(req.seq_id), move || {
+        let (data, config) = match read {
+            Ok(r) => r,
+            Err(error) => return Outcome::Failed { error, category: "user" },
+        };
+        match trainer.forward_backward(&id, &data, &req.loss_fn, &config, !req.forward_only) {
+            Ok(f) => Outcome::Proto(wire::output(&f.logprobs, &[("loss:sum", f.loss)]).encode_to_vec()),
+            Err(e) => failed(e),
+        }
+    })
+}
+
+type Call = (Vec<wire::Datum>, Vec<(String, f64)>);
+
+fn read_call(req: &pb::ForwardBackwardRequest) -> std::result::Result<Call, String> {
+    let data =
+        req.data.iter().enumerate().map(|(i, d)| wire::datum(d, i)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut config: Vec<(String, f64)> = req.loss_fn_config.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    for (k, v) in &req.loss_fn_config_v2 {
+        match &v.value {
+            Some(pb::loss_config_value::Value::Number(n)) if !config.iter().any(|(c, _)| c == k) => {
+                config.push((k.clone(), *n))
+            }
+            Some(pb::loss_config_value::Value::Text(_)) => {
+                return Err(format!("loss_fn_config {k:?} is text; the served losses take numbers"))
+            }
+            _ => {}
+        }
+    }
+    Ok((data, config))
+}
+
+#[derive(Deserialize)]
+pub struct OptimStep {
+    model_id: String,
+    seq_id: i64,
+    #[serde(default)]
+    adam_params: Option<AdamParamsBody>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+struct AdamParamsBody {
+    learning_rate: f64,
+    #[serde(default = "beta1")]
+    beta1: f64,
+    #[serde(default = "beta2")]
+    beta2: f64,
+    #[serde(default = "eps")]
+    eps: f64,
+    #[serde(default)]
+    weight_decay: f64,
+    #[serde(default)]
+    grad_clip_norm: f64,
+}
+
+fn beta1() -> f64 {
+    0.9
+}
+fn beta2() -> f64 {
+    0.95
+}
+fn eps() -> f64 {
+    1e-12
+}
+
+pub async fn optim_step(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<OptimStep>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    let id = body.model_id.clone();
+    let adam = body.adam_params;
+    ordered(&t, model, &body.model_id, body.seq_id, move || {
+        let Some(p) = adam else {
+            return Outcome::Failed { error: "only adam_params (AdamW) steps are served".into(), category: "user" };
+        };
+        let settings = AdamSettings {
+            learning_rate: p.learning_rate,
+            beta1: p.beta1,
+            beta2: p.beta2,
+            eps: p.eps,
+            weight_decay: p.weight_decay,
+            grad_clip_norm: p.grad_clip_norm,
+        };
+        match trainer.optim_step(&id, settings) {
+            Ok(norm) => Outcome::Json(json!({ "metrics": { "grad_norm:mean": norm } })),
+            Err(e) => failed(e),
+        }
+    })
+}
+
+#[derive(Deserialize)]
+pub struct Retrieve {
+    request_id: String,
+}
+
+pub async fn retrieve_future(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<Retrieve>,
+) -> Result<Response> {
+    let t = state.tinker().clone();
+    let outcome = t.wait(&caller.entity, &body.request_id, HOLD).await.map_err(|()| ApiError::not_found("request"))?;
+    Ok(match outcome.as_deref() {
+        None => {
+            Json(json!({ "type": "try_again", "request_id": body.request_id, "queue_state": "active" })).into_response()
+        }
+        Some(Outcome::Json(v)) => Json(v.clone()).into_response(),
+        Some(Outcome::Proto(bytes)) => {
+            ([(header::CONTENT_TYPE, "application/x-protobuf")], bytes.clone()).into_response()
+        }
+        Some(Outcome::Failed { error, category }) => {
+            Json(json!({ "error": error, "category": category })).into_response()
+        }
+    })
+}
+
+/// Any other Tinker route: not served yet, said plainly (the SDK raises it to the caller).
+pub async fn not_served(uri: axum::http::Uri) -> PreviewError {
+    PreviewError(ApiError::new(
+        ErrorKind::NotFound,
+        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, retrieve_future)", uri.path()),
+    ))
+}

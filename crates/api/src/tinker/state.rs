@@ -1,0 +1,178 @@
+//! What the Tinker routes keep between calls: sessions, training models with their `seq_id`
+//! order, and futures (a request's outcome, fetched by `retrieve_future`). All in memory: a
+//! restart ends every session, as the SDK's server does for a lost session.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Json(Value),
+    /// A protobuf body (`ForwardBackwardOutput`, `SampleResponse`).
+    Proto(Vec<u8>),
+    /// `category`: `user` (the SDK never retries it) or `server`.
+    Failed {
+        error: String,
+        category: &'static str,
+    },
+}
+
+struct FutureEntry {
+    entity: String,
+    done: watch::Receiver<Option<Arc<Outcome>>>,
+    created: Instant,
+}
+
+/// A request's outcome once set; dropping it unset fails the future (its task ended early).
+pub struct Promise(Option<watch::Sender<Option<Arc<Outcome>>>>);
+
+impl Promise {
+    pub fn set(mut self, outcome: Outcome) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(Some(Arc::new(outcome)));
+        }
+    }
+}
+
+impl Drop for Promise {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let failed = Outcome::Failed { error: "the request ended without a result".into(), category: "server" };
+            let _ = tx.send(Some(Arc::new(failed)));
+        }
+    }
+}
+
+/// A session: its entity and the models it created (released when it finishes).
+pub struct SessionEntry {
+    pub entity: String,
+    pub models: Vec<String>,
+    pub last_seen: Instant,
+}
+
+/// A training model: whose it is, what it trains, and where its calls are in `seq_id` order.
+pub struct ModelEntry {
+    pub entity: String,
+    pub session_id: String,
+    pub base_model: String,
+    pub rank: usize,
+    /// The request that created it (a retried `create_model` gets the same one).
+    pub create_request: String,
+    /// The next `seq_id` to run (training calls start at 1: the creation is 0).
+    pub next: watch::Sender<u64>,
+    /// `seq_id` -> request id of every call accepted, for retries of the same call.
+    pub seen: Mutex<HashMap<i64, String>>,
+}
+
+/// How long a finished future stays fetchable, and how many one entity may hold.
+const FUTURE_TTL: Duration = Duration::from_secs(3600);
+pub const MAX_FUTURES_PER_ENTITY: usize = 100_000;
+pub const MAX_SESSIONS_PER_ENTITY: usize = 64;
+/// Training models one entity may hold at once (the server holds `--max-tinker-models` in all),
+/// so no entity takes every place.
+pub const MAX_MODELS_PER_ENTITY: usize = 4;
+/// A session without a heartbeat (the SDK beats every 10 s) or a call this long is ended and
+/// its models released.
+pub const SESSION_IDLE: Duration = Duration::from_secs(600);
+
+#[derive(Default)]
+pub struct TinkerState {
+    futures: Mutex<HashMap<String, FutureEntry>>,
+    pub sessions: Mutex<HashMap<String, SessionEntry>>,
+    pub models: Mutex<HashMap<String, Arc<ModelEntry>>>,
+}
+
+impl TinkerState {
+    /// A new pending future of `entity`: its id and the promise that completes it. `None` when
+    /// the entity holds too many.
+    pub fn future(&self, entity: &str) -> Option<(String, Promise)> {
+        let mut futures = self.futures.lock().unwrap_or_else(|e| e.into_inner());
+        futures.retain(|_, f| f.created.elapsed() < FUTURE_TTL);
+        if futures.values().filter(|f| f.entity == entity).count() >= MAX_FUTURES_PER_ENTITY {
+            return None;
+        }
+        let id = format!("req-{}", uuid::Uuid::new_v4().simple());
+        let (tx, rx) = watch::channel(None);
+        futures.insert(id.clone(), FutureEntry { entity: entity.to_string(), done: rx, created: Instant::now() });
+        Some((id, Promise(Some(tx))))
+    }
+
+    /// The future's outcome, waiting up to `hold` for it: `Err(())` when `entity` has no such
+    /// future, `Ok(None)` when it is still pending.
+    pub async fn wait(&self, entity: &str, id: &str, hold: Duration) -> Result<Option<Arc<Outcome>>, ()> {
+        let mut rx = {
+            let futures = self.futures.lock().unwrap_or_else(|e| e.into_inner());
+            match futures.get(id) {
+                Some(f) if f.entity == entity => f.done.clone(),
+                _ => return Err(()),
+            }
+        };
+        let ready =
+            tokio::time::timeout(hold, rx.wait_for(|o| o.is_some())).await.ok().and_then(|r| r.ok().map(|o| o.clone()));
+        Ok(ready.flatten().or_else(|| rx.borrow().clone()))
+    }
+
+    /// `entity`'s model `id`, or `None` (absent, or another entity's: the same answer).
+    pub fn model(&self, entity: &str, id: &str) -> Option<Arc<ModelEntry>> {
+        let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        models.get(id).filter(|m| m.entity == entity).cloned()
+    }
+
+    /// Ends the sessions idle past [`SESSION_IDLE`]: the ids of the models to release.
+    pub fn reap_idle(&self) -> Vec<String> {
+        let ended: Vec<SessionEntry> = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            let idle: Vec<String> =
+                sessions.iter().filter(|(_, s)| s.last_seen.elapsed() > SESSION_IDLE).map(|(k, _)| k.clone()).collect();
+            idle.iter().filter_map(|k| sessions.remove(k)).collect()
+        };
+        let models: Vec<String> = ended.into_iter().flat_map(|s| s.models).collect();
+        let mut held = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        for m in &models {
+            held.remove(m);
+        }
+        models
+    }
+
+    /// Models `entity` holds.
+    pub fn models_of(&self, entity: &str) -> usize {
+        self.models.lock().unwrap_or_else(|e| e.into_inner()).values().filter(|m| m.entity == entity).count()
+    }
+
+    /// Whether `entity` owns session `id` (and marks it seen).
+    pub fn touch_session(&self, entity: &str, id: &str) -> bool {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        match sessions.get_mut(id) {
+            Some(s) if s.entity == entity => {
+                s.last_seen = Instant::now();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn futures_are_per_entity_and_complete_once() {
+        let state = TinkerState::default();
+        let (id, promise) = state.future("a").unwrap();
+        assert!(state.wait("b", &id, Duration::ZERO).await.is_err(), "another entity's future is unknown");
+        assert!(state.wait("a", &id, Duration::from_millis(10)).await.unwrap().is_none(), "pending");
+        promise.set(Outcome::Json(serde_json::json!({"ok": 1})));
+        let got = state.wait("a", &id, Duration::from_secs(1)).await.unwrap().unwrap();
+        assert!(matches!(&*got, Outcome::Json(v) if v["ok"] == 1));
+        // A promise dropped unset fails its future rather than leaving it pending forever.
+        let (id, promise) = state.future("a").unwrap();
+        drop(promise);
+        let got = state.wait("a", &id, Duration::from_secs(1)).await.unwrap().unwrap();
+        assert!(matches!(&*got, Outcome::Failed { category: "server", .. }));
+    }
+}

@@ -1,0 +1,73 @@
+//! The port between the Tinker routes (api) and the training sessions they drive (train): plain
+//! numbers in, plain numbers out, so the api never sees a tensor.
+
+use std::collections::BTreeMap;
+
+/// One datum of a `forward_backward` call: input tokens, one target per token (position `i`
+/// predicts `targets[i]`), and the loss inputs by key, each as long as the targets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Datum {
+    pub tokens: Vec<u32>,
+    pub targets: Vec<u32>,
+    pub inputs: BTreeMap<String, Vec<f64>>,
+}
+
+/// A new model's adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraSpec {
+    pub rank: usize,
+    pub seed: Option<u64>,
+}
+
+/// One `optim_step`'s AdamW settings (`grad_clip_norm` 0: no clipping).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamSettings {
+    pub learning_rate: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub grad_clip_norm: f64,
+}
+
+/// Each datum's target logprobs and the call's summed loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forwarded {
+    pub logprobs: Vec<Vec<f32>>,
+    pub loss: f64,
+}
+
+/// Why a call failed: the caller's input (`user`, never retried by the SDK) or the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TinkerError {
+    User(String),
+    Server(String),
+}
+
+impl std::fmt::Display for TinkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TinkerError::User(m) | TinkerError::Server(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Training models held between calls. Every method blocks (it computes): call it off the
+/// async workers. Model ids are the api's; ownership is the api's to check.
+pub trait TinkerTrainer: Send + Sync {
+    /// A fresh adapter on a served base model.
+    fn create(&self, model_id: &str, base_model: &str, lora: LoraSpec) -> Result<(), TinkerError>;
+    /// Runs `data` forward and, with `backward`, adds its gradients to the model's pending ones.
+    fn forward_backward(
+        &self,
+        model_id: &str,
+        data: &[Datum],
+        loss_fn: &str,
+        config: &[(String, f64)],
+        backward: bool,
+    ) -> Result<Forwarded, TinkerError>;
+    /// One AdamW step on the pending gradients; the gradient norm before clipping.
+    fn optim_step(&self, model_id: &str, adam: AdamSettings) -> Result<f64, TinkerError>;
+    /// Forgets a model (its session ended).
+    fn release(&self, model_id: &str);
+}

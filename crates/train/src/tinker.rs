@@ -1,0 +1,113 @@
+//! [`TinkerModels`]: the training sessions the Tinker routes drive, held in memory between
+//! calls, each call taking the trainer's turn (`tandem_jobs::turns`) like a job's step, so
+//! Tinker clients and `/v1/preview` jobs of other entities share the trainer fairly.
+
+use crate::adamw::AdamParams;
+use crate::session::{AdamStep, Session};
+use crate::token_loss::TokenLoss;
+use crate::LoraTrainer;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tandem_core::tinker::{AdamSettings, Datum, Forwarded, LoraSpec, TinkerError, TinkerTrainer};
+use tandem_jobs::turns::Turns;
+use tandem_jobs::TrainError;
+
+/// Tinker's LoRA scale numerator: `alpha / rank` with alpha fixed, as Tinker's service does,
+/// so the learning rate that suits one rank suits the others.
+pub const LORA_ALPHA: f64 = 32.0;
+
+pub struct TinkerModels {
+    trainer: Arc<LoraTrainer>,
+    turns: Arc<Turns>,
+    models: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    /// Most models held at once, server-wide (each holds an adapter, its moments and pending
+    /// gradients in memory).
+    max_models: usize,
+}
+
+impl TinkerModels {
+    pub fn new(trainer: Arc<LoraTrainer>, turns: Arc<Turns>, max_models: usize) -> Self {
+        TinkerModels { trainer, turns, models: Mutex::default(), max_models: max_models.max(1) }
+    }
+
+    fn model(&self, id: &str) -> Result<Arc<Mutex<Session>>, TinkerError> {
+        let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        models.get(id).cloned().ok_or_else(|| TinkerError::User(format!("model {id:?} is not held by this server")))
+    }
+
+    /// Runs `f` on the model's session while holding the trainer's turn.
+    fn with_session<R>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Session) -> Result<R, TrainError>,
+    ) -> Result<R, TinkerError> {
+        let session = self.model(id)?;
+        let _turn = self.turns.enter();
+        let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut s).map_err(error)
+    }
+}
+
+fn error(e: TrainError) -> TinkerError {
+    match e {
+        TrainError::Invalid(m) => TinkerError::User(m),
+        other => TinkerError::Server(other.to_string()),
+    }
+}
+
+impl TinkerTrainer for TinkerModels {
+    fn create(&self, model_id: &str, base_model: &str, lora: LoraSpec) -> Result<(), TinkerError> {
+        {
+            let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+            if models.len() >= self.max_models {
+                return Err(TinkerError::User(format!(
+                    "this server holds {} training models, its limit (--max-tinker-models); finish a session to free one",
+                    models.len()
+                )));
+            }
+        }
+        let session = {
+            let _turn = self.turns.enter();
+            Session::create(&self.trainer, base_model, lora.rank, LORA_ALPHA, lora.seed).map_err(error)?
+        };
+        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        if models.len() >= self.max_models {
+            return Err(TinkerError::User("this server's training models are all taken".into()));
+        }
+        models.insert(model_id.to_string(), Arc::new(Mutex::new(session)));
+        Ok(())
+    }
+
+    fn forward_backward(
+        &self,
+        model_id: &str,
+        data: &[Datum],
+        loss_fn: &str,
+        config: &[(String, f64)],
+        backward: bool,
+    ) -> Result<Forwarded, TinkerError> {
+        let loss = TokenLoss::parse(loss_fn, config).map_err(TinkerError::User)?;
+        let trainer = &self.trainer;
+        self.with_session(model_id, |s| s.forward_backward(trainer, data, loss, backward))
+            .map(|f| Forwarded { logprobs: f.logprobs, loss: f.loss })
+    }
+
+    fn optim_step(&self, model_id: &str, adam: AdamSettings) -> Result<f64, TinkerError> {
+        let step = AdamStep {
+            params: AdamParams {
+                lr: adam.learning_rate,
+                beta1: adam.beta1,
+                beta2: adam.beta2,
+                eps: adam.eps,
+                weight_decay: adam.weight_decay,
+            },
+            grad_clip_norm: adam.grad_clip_norm,
+        };
+        let trainer = &self.trainer;
+        self.with_session(model_id, |s| s.optim_step(trainer, step))
+    }
+
+    fn release(&self, model_id: &str) {
+        self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
+    }
+}

@@ -1,0 +1,154 @@
+"""The Tinker SDK (`tinker` 0.38.0, unchanged) against tandem: the routes served so far.
+
+Usage: python test_tinker.py <path to tandem binary> <model gguf>
+
+Run with a virtualenv that has `tinker==0.38.0` (`make test` makes target/tinkerenv). Starts a
+server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
+
+  sft-loop          create a LoRA model, then forward_backward (cross_entropy) + optim_step five
+                    times: the loss falls; per-datum logprobs and `loss:sum` come back
+  rl-losses         importance_sampling, ppo (with clip thresholds) and cispo each run; `forward`
+                    gives the same logprobs as the forward_backward before any step
+  pipelined         calls submitted without waiting for results run in seq_id order
+  bad-input         a NaN advantage, an unknown loss and targets that are not the input shifted by
+                    one fail their own call (a user error, not retried); the next call still runs
+  other-entity      another key's client cannot see the model (404)
+  session-end       leaving `with ServiceClient(...)` finishes the session cleanly
+
+Prints 'tinker: N passed, M failed' and exits non-zero on any failure.
+"""
+
+import math
+import sys
+
+import tinker
+from tinker import types
+
+from tandem_server import run_checks
+
+KEY = "tinker-test-key"
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# A short sentence's token ids in SmolLM2's vocabulary (any ids below its 49,152 would do).
+TOKENS = [504, 3458, 282, 4649, 314, 7042, 30, 378, 3458, 282, 6129, 314, 4141, 30]
+
+
+def service(server, key=KEY):
+    return tinker.ServiceClient(base_url=f"http://{server.host}:{server.port}", api_key=f"tml-{key}")
+
+
+def datum(tokens=TOKENS, **inputs):
+    """Position i of the input predicts token i + 1."""
+    n = len(tokens) - 1
+    loss_inputs = {"target_tokens": tokens[1:]}
+    for k, v in inputs.items():
+        loss_inputs[k] = v if isinstance(v, list) else [v] * n
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_inputs)
+
+
+def logprobs(out, i=0):
+    return out.loss_fn_outputs[i]["logprobs"].tolist()
+
+
+class Ctx:
+    def __init__(self, server):
+        self.server = server
+        self.sc = service(server)
+        self.tc = self.sc.create_lora_training_client(base_model=BASE, rank=8, seed=3).result()
+
+
+def sft_loop(ctx):
+    tc = ctx.tc
+    info = tc.get_info()
+    assert info.model_data.model_name == BASE and info.lora_rank == 8, info
+    d = datum(weights=1.0)
+    losses = []
+    for _ in range(5):
+        out = tc.forward_backward([d], "cross_entropy").result()
+        assert "loss:sum" in out.metrics, out.metrics
+        lps = logprobs(out)
+        assert len(lps) == len(TOKENS) - 1 and all(lp <= 0 for lp in lps), lps
+        assert abs(out.metrics["loss:sum"] + sum(lps)) < 1e-3 * max(1.0, abs(out.metrics["loss:sum"]))
+        losses.append(out.metrics["loss:sum"])
+        step = tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        assert step.metrics["grad_norm:mean"] > 0, step
+    assert losses[-1] < losses[0] - 1.0, losses
+
+
+def rl_losses(ctx):
+    tc = ctx.tc
+    n = len(TOKENS) - 1
+    fwd = tc.forward([datum(weights=0.0)], "cross_entropy").result()
+    sampled = logprobs(fwd)
+    # At ratio 1 the forward of an RL loss gives the same logprobs.
+    rl = datum(logprobs=sampled, advantages=[1.0 if i % 2 else -0.5 for i in range(n)])
+    for loss, config in (("importance_sampling", None), ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+                         ("cispo", None)):
+        out = tc.forward_backward([rl], loss, loss_fn_config=config).result()
+        got = logprobs(out)
+        assert max(abs(a - b) for a, b in zip(got, sampled)) < 1e-4, (loss, got, sampled)
+        assert math.isfinite(out.metrics["loss:sum"]), out.metrics
+    tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+
+
+def pipelined(ctx):
+    tc = ctx.tc
+    d = datum(weights=1.0)
+    # Submitted back to back; the server runs them strictly in seq_id order.
+    futures = [tc.forward_backward([d], "cross_entropy"), tc.optim_step(types.AdamParams(learning_rate=1e-3)),
+               tc.forward([d], "cross_entropy")]
+    first, _, after = (f.result() for f in futures)
+    assert after.metrics["loss:sum"] < first.metrics["loss:sum"], (first.metrics, after.metrics)
+
+
+def bad_input(ctx):
+    tc = ctx.tc
+    n = len(TOKENS) - 1
+    cases = [
+        (lambda: tc.forward_backward([datum(logprobs=0.0, advantages=[float("nan")] * n)], "ppo"), "nan"),
+        (lambda: tc.forward_backward([datum(weights=1.0)], "dro"), "not served"),
+        (lambda: tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+                                                  loss_fn_inputs={"target_tokens": TOKENS[:-1],
+                                                                  "weights": [1.0] * n})], "cross_entropy"),
+         "shifted by one"),
+    ]
+    for call, want in cases:
+        try:
+            call().result()
+        except tinker.RequestFailedError as e:
+            assert want in str(e).lower(), e
+            assert e.category == types.RequestErrorCategory.User, e.category
+        else:
+            raise AssertionError(f"accepted a call that should fail with {want!r}")
+    # The model goes on.
+    tc.forward([datum(weights=1.0)], "cross_entropy").result()
+
+
+def other_entity(ctx):
+    other = ctx.server.new_key("someone-else")
+    model_id = ctx.tc.model_id
+    for path, body in (("/api/v1/get_info", {"model_id": model_id}),
+                       ("/api/v1/optim_step", {"model_id": model_id, "seq_id": 1000,
+                                               "adam_params": {"learning_rate": 1.0}})):
+        status, reply, _ = ctx.server.api("POST", path, body, key=f"tml-{other}")
+        assert status == 404 and reply == {"detail": "model not found"}, (path, status, reply)
+    # The owner's key in any accepted form reaches it.
+    status, reply, _ = ctx.server.api("POST", "/api/v1/get_info", {"model_id": model_id}, key=KEY)
+    assert status == 200 and reply["lora_rank"] == 8, (status, reply)
+
+
+def session_end(ctx):
+    with service(ctx.server) as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4).result()
+        tc.forward([datum(weights=1.0)], "cross_entropy").result()
+
+
+CHECKS = [sft_loop, rl_losses, pipelined, bad_input, other_entity, session_end]
+
+
+def main():
+    binary, model = sys.argv[1], sys.argv[2]
+    return run_checks("tinker", CHECKS, binary, model, KEY, Ctx)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
