@@ -9,6 +9,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     times: the loss falls; per-datum logprobs and `loss:sum` come back
   rl-losses         importance_sampling, ppo (with clip thresholds) and cispo each run; `forward`
                     gives the same logprobs as the forward_backward before any step
+  sampler-weights   save_weights_for_sampler by name: a tinker:// path, and the adapter is the
+                    next checkpoint of the model's tandem record (project `tinker`), served at
+                    once by /v1/completions with logprobs that differ from the base model's
   pipelined         calls submitted without waiting for results run in seq_id order
   bad-input         a NaN advantage, an unknown loss and targets that are not the input shifted by
                     one fail their own call (a user error, not retried); the next call still runs
@@ -90,6 +93,29 @@ def rl_losses(ctx):
     tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
 
 
+def sampler_weights(ctx):
+    tc = ctx.tc
+    saved = tc.save_weights_for_sampler("after-sft").result()
+    assert saved.path == f"tinker://{tc.model_id}/sampler_weights/after-sft", saved.path
+    session, _, seq = tc.model_id.split(":")
+    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
+    assert status == 200, models
+    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    status, cps, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/checkpoints")
+    assert status == 200 and [c["step"] for c in cps["data"]] == [1], cps
+
+    def prompt_logprobs(model):
+        status, out, _ = ctx.server.api("POST", "/v1/completions", {
+            "model": model, "prompt": TOKENS, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0})
+        assert status == 200, out
+        return [next(iter(p.values()))["logprob"] for p in out["choices"][0]["prompt_logprobs"][1:]]
+
+    trained = prompt_logprobs(f"{record['entity']}/tinker/{record['name']}")
+    base = prompt_logprobs(BASE)
+    # The SFT steps raised the sentence's logprobs under the trained adapter.
+    assert sum(trained) > sum(base) + 1.0, (sum(trained), sum(base))
+
+
 def pipelined(ctx):
     tc = ctx.tc
     d = datum(weights=1.0)
@@ -142,7 +168,7 @@ def session_end(ctx):
         tc.forward([datum(weights=1.0)], "cross_entropy").result()
 
 
-CHECKS = [sft_loop, rl_losses, pipelined, bad_input, other_entity, session_end]
+CHECKS = [sft_loop, sampler_weights, rl_losses, pipelined, bad_input, other_entity, session_end]
 
 
 def main():

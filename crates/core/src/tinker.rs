@@ -68,6 +68,9 @@ pub trait TinkerTrainer: Send + Sync {
     ) -> Result<Forwarded, TinkerError>;
     /// One AdamW step on the pending gradients; the gradient norm before clipping.
     fn optim_step(&self, model_id: &str, adam: AdamSettings) -> Result<f64, TinkerError>;
+    /// The model's adapter as PEFT files (`adapter_config.json`, `adapter_model.safetensors`),
+    /// to publish as a checkpoint that the engine serves.
+    fn adapter_files(&self, model_id: &str) -> Result<Vec<(String, Vec<u8>)>, TinkerError>;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

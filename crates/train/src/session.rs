@@ -12,7 +12,7 @@ use crate::held::{Held, Live};
 use crate::net::{forward, Base};
 use crate::pack::{Row, Target};
 use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
-use crate::trainer::{accumulate, check_memory, clip, failed, INIT_SEED};
+use crate::trainer::{accumulate, check_memory, clip, ensure_finite_weights, failed, INIT_SEED};
 use crate::{adapter, LoraTrainer};
 use candle_core::backprop::GradStore;
 use candle_core::Tensor;
@@ -37,6 +37,8 @@ pub struct Forwarded {
 
 pub struct Session {
     base: Arc<Base>,
+    /// The served base model's id, as the adapter's files name it.
+    base_id: String,
     held: Held,
     /// Gradients summed since the last `optim_step`.
     grads: Option<GradStore>,
@@ -59,7 +61,7 @@ impl Session {
         let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
         // The first optim_step sets the real settings; these only size the moments.
         let params = AdamParams { lr: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 };
-        Ok(Session { base, held: Held::new(lora, params).map_err(failed)?, grads: None })
+        Ok(Session { base, base_id: base_id.to_string(), held: Held::new(lora, params).map_err(failed)?, grads: None })
     }
 
     /// The held state, to park between calls (only without pending gradients: see
@@ -146,6 +148,13 @@ impl Session {
         opt.params = p;
         trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
         Ok(norm)
+    }
+
+    /// The adapter as PEFT files, as a job's checkpoint holds them.
+    pub fn adapter_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
+        let lora = &self.held.live()?.lora;
+        ensure_finite_weights(&lora.vars())?;
+        adapter::save(lora, &self.base, &self.base_id).map_err(TrainError::Failed)
     }
 
     /// A datum as a row: its tokens and last target, one trained token per position.

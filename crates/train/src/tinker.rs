@@ -107,6 +107,10 @@ impl TinkerTrainer for TinkerModels {
         self.with_session(model_id, |s| s.optim_step(trainer, step))
     }
 
+    fn adapter_files(&self, model_id: &str) -> Result<Vec<(String, Vec<u8>)>, TinkerError> {
+        self.with_session(model_id, |s| s.adapter_files())
+    }
+
     fn release(&self, model_id: &str) {
         self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
     }

@@ -29,6 +29,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/get_info", post(routes::get_info))
         .route("/forward_backward", post(routes::forward_backward))
         .route("/optim_step", post(routes::optim_step))
+        .route("/save_weights_for_sampler", post(routes::save_weights_for_sampler))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)
         .layer(from_fn_with_state(state, require_tinker))

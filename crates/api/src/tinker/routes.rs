@@ -201,6 +201,15 @@ pub async fn create_model(
             format!("an entity may hold {MAX_MODELS_PER_ENTITY} training models at once; finish a session first"),
         )));
     }
+    // The model is a tandem model of the entity too: its sampler weights are its checkpoints,
+    // served by every inference route and shown on the dashboard.
+    let new = tandem_store::NewModel {
+        entity: caller.entity.clone(),
+        project: "tinker".into(),
+        name: format!("{}-train-{}", body.session_id, body.model_seq_id),
+        base_model: body.base_model.clone(),
+    };
+    let (record, _) = state.store().create_model(&new, true).await.map_err(ApiError::from)?;
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let entry = Arc::new(ModelEntry {
         entity: caller.entity.clone(),
@@ -210,6 +219,8 @@ pub async fn create_model(
         create_request: request_id.clone(),
         next: tokio::sync::watch::channel(1).0,
         seen: Mutex::new(HashMap::new()),
+        record_id: record.id,
+        sampler_steps: Mutex::new(HashMap::new()),
     });
     t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
     if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&body.session_id) {
@@ -268,6 +279,22 @@ fn ordered(
     seq_id: i64,
     work: impl FnOnce() -> Outcome + Send + 'static,
 ) -> Result<Json<Value>> {
+    let work = async move {
+        tokio::task::spawn_blocking(work)
+            .await
+            .unwrap_or_else(|e| Outcome::Failed { error: format!("the call failed: {e}"), category: "server" })
+    };
+    ordered_async(t, model, model_id, seq_id, work)
+}
+
+/// [`ordered`] for work that awaits (the store, the blob store).
+fn ordered_async(
+    t: &Arc<TinkerState>,
+    model: Arc<ModelEntry>,
+    model_id: &str,
+    seq_id: i64,
+    work: impl std::future::Future<Output = Outcome> + Send + 'static,
+) -> Result<Json<Value>> {
     let (request_id, promise) = {
         let mut seen = model.seen.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(id) = seen.get(&seq_id) {
@@ -299,10 +326,7 @@ fn ordered(
             });
             return;
         }
-        let outcome = tokio::task::spawn_blocking(work)
-            .await
-            .unwrap_or_else(|e| Outcome::Failed { error: format!("the call failed: {e}"), category: "server" });
-        promise.set(outcome);
+        promise.set(work.await);
         model.next.send_modify(|n| *n = seq + 1);
     });
     Ok(submitted(&request_id, model_id))
@@ -428,6 +452,87 @@ pub async fn optim_step(
 }
 
 #[derive(Deserialize)]
+pub struct SaveForSampler {
+    model_id: String,
+    seq_id: i64,
+    /// The name of named sampler weights; absent for the ephemeral kind.
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
+/// tandem record (served at once by every inference route as `{entity}/tinker/{name}:stepN`),
+/// and its Tinker path `tinker://{model_id}/sampler_weights/{name}`.
+pub async fn save_weights_for_sampler(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SaveForSampler>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    let entry = model.clone();
+    let id = body.model_id.clone();
+    let name = body.path.clone();
+    ordered_async(&t, model, &body.model_id, body.seq_id, async move {
+        let Some(name) = name else {
+            return Outcome::Failed {
+                error: "ephemeral sampler weights (save_weights_and_get_sampling_client) are not served yet: save them by name".into(),
+                category: "user",
+            };
+        };
+        if let Some(problem) = tandem_core::names::name_problem(&name) {
+            return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
+        }
+        let files = {
+            let id = id.clone();
+            match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
+                Ok(Ok(files)) => files,
+                Ok(Err(e)) => return failed(e),
+                Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+            }
+        };
+        match publish(&state, entry.record_id, files).await {
+            Ok(step) => {
+                entry.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), step);
+                Outcome::Json(json!({
+                    "path": format!("tinker://{id}/sampler_weights/{name}"),
+                    "type": "save_weights_for_sampler",
+                }))
+            }
+            Err(e) => Outcome::Failed { error: e.message, category: "server" },
+        }
+    })
+}
+
+/// Writes adapter files as the next checkpoint of `record`: durably, then to the blob store,
+/// then recorded (a node finds the files of every checkpoint it finds recorded). Its step.
+async fn publish(
+    state: &AppState,
+    record: uuid::Uuid,
+    files: Vec<(String, Vec<u8>)>,
+) -> std::result::Result<i64, ApiError> {
+    let id = tandem_core::new_id();
+    let relative = tandem_store::CheckpointDir::relative_path(record, id);
+    let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+        dir.write_atomic(&rel, &refs).map(|_| ())
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("writing the checkpoint failed: {e}")))??;
+    state.checkpoints().upload(&relative).await?;
+    match state.store().import_checkpoint(record, id, &relative).await {
+        Ok(cp) => Ok(cp.step),
+        Err(e) => {
+            let _ = state.checkpoints().remove(&relative).await;
+            Err(e.into())
+        }
+    }
+}
+
+#[derive(Deserialize)]
 pub struct Retrieve {
     request_id: String,
 }
@@ -457,6 +562,6 @@ pub async fn retrieve_future(
 pub async fn not_served(uri: axum::http::Uri) -> PreviewError {
     PreviewError(ApiError::new(
         ErrorKind::NotFound,
-        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, retrieve_future)", uri.path()),
+        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights_for_sampler by name, retrieve_future)", uri.path()),
     ))
 }

@@ -66,6 +66,10 @@ pub struct ModelEntry {
     pub next: watch::Sender<u64>,
     /// `seq_id` -> request id of every call accepted, for retries of the same call.
     pub seen: Mutex<HashMap<i64, String>>,
+    /// The tandem model record its sampler weights are checkpoints of (project `tinker`).
+    pub record_id: uuid::Uuid,
+    /// Sampler weights saved by name -> the checkpoint step they are.
+    pub sampler_steps: Mutex<HashMap<String, i64>>,
 }
 
 /// How long a finished future stays fetchable, and how many one entity may hold.
