@@ -12,6 +12,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
   sampler-weights   save_weights_for_sampler by name: a tinker:// path, and the adapter is the
                     next checkpoint of the model's tandem record (project `tinker`), served at
                     once by /v1/completions with logprobs that differ from the base model's
+  saved-state       save_state, then create_training_client_from_state_with_optimizer and
+                    create_training_client_from_state: the same weights; with the optimizer the
+                    next step's result is identical, with fresh moments it is not
   pipelined         calls submitted without waiting for results run in seq_id order
   bad-input         a NaN advantage, an unknown loss and targets that are not the input shifted by
                     one fail their own call (a user error, not retried); the next call still runs
@@ -116,6 +119,26 @@ def sampler_weights(ctx):
     assert sum(trained) > sum(base) + 1.0, (sum(trained), sum(base))
 
 
+def saved_state(ctx):
+    tc, sc = ctx.tc, ctx.sc
+    d = datum(weights=1.0)
+    saved = tc.save_state("mid").result()
+    assert saved.path == f"tinker://{tc.model_id}/weights/mid", saved.path
+    ctx.state_path = saved.path
+    restored = sc.create_training_client_from_state_with_optimizer(saved.path).result()
+    fresh = sc.create_training_client_from_state(saved.path).result()
+    assert restored.get_info().lora_rank == 8
+    clients = (tc, restored, fresh)
+    before = [logprobs(c.forward([d], "cross_entropy").result()) for c in clients]
+    assert before[0] == before[1] == before[2], before
+    for c in clients:
+        c.forward_backward([d], "cross_entropy").result()
+        c.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    after = [c.forward([d], "cross_entropy").result().metrics["loss:sum"] for c in clients]
+    assert after[0] == after[1], f"the restored optimizer continued differently: {after}"
+    assert abs(after[0] - after[2]) > 1e-4, f"fresh moments took the same step: {after}"
+
+
 def pipelined(ctx):
     tc = ctx.tc
     d = datum(weights=1.0)
@@ -157,6 +180,10 @@ def other_entity(ctx):
                                                "adam_params": {"learning_rate": 1.0}})):
         status, reply, _ = ctx.server.api("POST", path, body, key=f"tml-{other}")
         assert status == 404 and reply == {"detail": "model not found"}, (path, status, reply)
+    # Nor can it load the owner's saved state.
+    status, reply, _ = ctx.server.api("POST", "/api/v1/load_weights", {
+        "session_id": "x", "model_seq_id": 0, "path": ctx.state_path, "optimizer": True}, key=f"tml-{other}")
+    assert status == 404 and reply == {"detail": "saved state not found"}, (status, reply)
     # The owner's key in any accepted form reaches it.
     status, reply, _ = ctx.server.api("POST", "/api/v1/get_info", {"model_id": model_id}, key=KEY)
     assert status == 200 and reply["lora_rank"] == 8, (status, reply)
@@ -168,7 +195,7 @@ def session_end(ctx):
         tc.forward([datum(weights=1.0)], "cross_entropy").result()
 
 
-CHECKS = [sft_loop, sampler_weights, rl_losses, pipelined, bad_input, other_entity, session_end]
+CHECKS = [sft_loop, sampler_weights, saved_state, rl_losses, pipelined, bad_input, other_entity, session_end]
 
 
 def main():

@@ -71,6 +71,20 @@ pub trait TinkerTrainer: Send + Sync {
     /// The model's adapter as PEFT files (`adapter_config.json`, `adapter_model.safetensors`),
     /// to publish as a checkpoint that the engine serves.
     fn adapter_files(&self, model_id: &str) -> Result<Vec<(String, Vec<u8>)>, TinkerError>;
+    /// Saves the model's training state (adapter, AdamW moments and step) as `name`, in
+    /// `owner`'s space: Tinker's `save_weights`.
+    fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError>;
+    /// The base model and rank of a saved state of `owner`'s (`None`: no such state).
+    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<(String, usize)>;
+    /// A new model from a saved state, with its optimizer's moments or fresh ones.
+    fn load_state(
+        &self,
+        owner: &str,
+        model_id: &str,
+        source_model: &str,
+        name: &str,
+        with_optimizer: bool,
+    ) -> Result<(), TinkerError>;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

@@ -139,7 +139,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         training_metrics: role.trains().then(|| worker.metrics()),
         lora_root,
         tinker: role.trains().then(|| {
-            Arc::new(TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models))
+            let states = config.data_dir.join("tinker-states");
+            Arc::new(TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models, states))
                 as Arc<dyn tandem_core::tinker::TinkerTrainer>
         }),
         draining: draining.clone(),

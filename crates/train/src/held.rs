@@ -98,6 +98,11 @@ impl Held {
         Ok(Held { config, params, live: Some(Live { lora, opt }), parked: None })
     }
 
+    /// The adapter alone (the optimizer's moments dropped).
+    pub fn take_lora(&mut self) -> Option<Lora> {
+        self.live.take().map(|l| l.lora)
+    }
+
     pub fn is_parked(&self) -> bool {
         self.live.is_none()
     }

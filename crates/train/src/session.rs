@@ -150,6 +150,39 @@ impl Session {
         Ok(norm)
     }
 
+    /// Writes the training state (adapter, moments, step) to `path` and its description beside
+    /// it (`path` with `.json`: base model, rank, alpha).
+    pub fn save_state(&mut self, path: &std::path::Path) -> Result<(), TrainError> {
+        let lora = &self.held.live()?.lora;
+        let about =
+            serde_json::json!({ "base_model": self.base_id, "rank": lora.config.r, "alpha": lora.config.lora_alpha });
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| TrainError::Failed(format!("saving the state: {e}")))?;
+        }
+        self.held.save(path).map_err(TrainError::Failed)?;
+        std::fs::write(path.with_extension("json"), about.to_string())
+            .map_err(|e| TrainError::Failed(format!("saving the state: {e}")))
+    }
+
+    /// A session from a state [`Session::save_state`] wrote; `with_optimizer: false` starts
+    /// fresh moments (the adapter only).
+    pub fn load_state(trainer: &LoraTrainer, path: &std::path::Path, with_optimizer: bool) -> Result<Self, TrainError> {
+        let (base_id, rank, alpha) =
+            state_info(path).ok_or_else(|| TrainError::Invalid("no such saved state".into()))?;
+        let (base, _) = trainer.base(&base_id)?;
+        let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
+        let params = AdamParams { lr: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 };
+        let mut held = Held::load(path, config, params).map_err(TrainError::Failed)?;
+        if !with_optimizer {
+            let lora = held.take_lora().ok_or_else(|| TrainError::Failed("the saved state is empty".into()))?;
+            held = Held::new(lora, params).map_err(failed)?;
+        }
+        if held.live()?.lora.pairs.len() != base.config.n_layer {
+            return Err(TrainError::Invalid(format!("the saved state does not fit {base_id}")));
+        }
+        Ok(Session { base, base_id, held, grads: None })
+    }
+
     /// The adapter as PEFT files, as a job's checkpoint holds them.
     pub fn adapter_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
         let lora = &self.held.live()?.lora;
@@ -206,6 +239,12 @@ impl Session {
             .collect();
         Ok((Row { tokens, segments: vec![(0, n + 1)], targets, trajectories: 1 }, inputs))
     }
+}
+
+/// A saved state's base model, rank and alpha, from the description beside it.
+pub fn state_info(path: &std::path::Path) -> Option<(String, usize, f64)> {
+    let about: serde_json::Value = serde_json::from_slice(&std::fs::read(path.with_extension("json")).ok()?).ok()?;
+    Some((about["base_model"].as_str()?.to_string(), about["rank"].as_u64()? as usize, about["alpha"].as_f64()?))
 }
 
 #[cfg(test)]

@@ -6,11 +6,17 @@ use crate::adamw::AdamParams;
 use crate::session::{AdamStep, Session};
 use crate::token_loss::TokenLoss;
 use crate::LoraTrainer;
+use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tandem_core::tinker::{AdamSettings, Datum, Forwarded, LoraSpec, TinkerError, TinkerTrainer};
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
+
+/// Saved states one entity may keep (each is an adapter and its moments: ~29 MB at rank 8 on
+/// the bundled model); saving over an existing name does not count.
+pub const MAX_STATES_PER_ENTITY: usize = 64;
 
 /// Tinker's LoRA scale numerator: `alpha / rank` with alpha fixed, as Tinker's service does,
 /// so the learning rate that suits one rank suits the others.
@@ -18,6 +24,8 @@ pub const LORA_ALPHA: f64 = 32.0;
 
 pub struct TinkerModels {
     trainer: Arc<LoraTrainer>,
+    /// Saved states: `<dir>/<owner hash>/<model id>/<name>.safetensors` (and `.json`).
+    states: PathBuf,
     turns: Arc<Turns>,
     models: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
     /// Most models held at once, server-wide (each holds an adapter, its moments and pending
@@ -26,8 +34,30 @@ pub struct TinkerModels {
 }
 
 impl TinkerModels {
-    pub fn new(trainer: Arc<LoraTrainer>, turns: Arc<Turns>, max_models: usize) -> Self {
-        TinkerModels { trainer, turns, models: Mutex::default(), max_models: max_models.max(1) }
+    pub fn new(trainer: Arc<LoraTrainer>, turns: Arc<Turns>, max_models: usize, states: PathBuf) -> Self {
+        TinkerModels { trainer, states, turns, models: Mutex::default(), max_models: max_models.max(1) }
+    }
+
+    /// Where `owner`'s state `name` of `model_id` lives. The owner is hashed (any entity name
+    /// is a safe directory); ids and names were checked for `/` and `..` by the caller.
+    fn state_path(&self, owner: &str, model_id: &str, name: &str) -> Result<PathBuf, TinkerError> {
+        let safe = |s: &str| !s.is_empty() && !s.contains(['/', '\\', '\0']) && s != "." && s != "..";
+        if !safe(model_id) || !safe(name) || name.len() > 128 {
+            return Err(TinkerError::User(format!(
+                "the state name {name:?} may not be empty, hold '/' or exceed 128 bytes"
+            )));
+        }
+        let hash: String = Sha256::digest(owner.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect();
+        Ok(self.states.join(hash).join(model_id.replace(':', "_")).join(format!("{name}.safetensors")))
+    }
+
+    fn hold(&self, model_id: &str, session: Session) -> Result<(), TinkerError> {
+        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        if models.len() >= self.max_models {
+            return Err(TinkerError::User("this server's training models are all taken (--max-tinker-models)".into()));
+        }
+        models.insert(model_id.to_string(), Arc::new(Mutex::new(session)));
+        Ok(())
     }
 
     fn model(&self, id: &str) -> Result<Arc<Mutex<Session>>, TinkerError> {
@@ -70,12 +100,7 @@ impl TinkerTrainer for TinkerModels {
             let _turn = self.turns.enter();
             Session::create(&self.trainer, base_model, lora.rank, LORA_ALPHA, lora.seed).map_err(error)?
         };
-        let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
-        if models.len() >= self.max_models {
-            return Err(TinkerError::User("this server's training models are all taken".into()));
-        }
-        models.insert(model_id.to_string(), Arc::new(Mutex::new(session)));
-        Ok(())
+        self.hold(model_id, session)
     }
 
     fn forward_backward(
@@ -109,6 +134,48 @@ impl TinkerTrainer for TinkerModels {
 
     fn adapter_files(&self, model_id: &str) -> Result<Vec<(String, Vec<u8>)>, TinkerError> {
         self.with_session(model_id, |s| s.adapter_files())
+    }
+
+    fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError> {
+        let path = self.state_path(owner, model_id, name)?;
+        if !path.exists() {
+            // <owner>/<model>/<name>.safetensors: the owner's directory is two levels up.
+            let owner_dir = path.parent().and_then(|p| p.parent());
+            let held = owner_dir.and_then(|d| std::fs::read_dir(d).ok()).into_iter().flatten().flatten();
+            let count: usize = held
+                .filter_map(|m| std::fs::read_dir(m.path()).ok())
+                .map(|files| {
+                    files.flatten().filter(|f| f.path().extension().is_some_and(|e| e == "safetensors")).count()
+                })
+                .sum();
+            if count >= MAX_STATES_PER_ENTITY {
+                return Err(TinkerError::User(format!(
+                    "an entity may keep {MAX_STATES_PER_ENTITY} saved states; save over an existing name"
+                )));
+            }
+        }
+        self.with_session(model_id, |s| s.save_state(&path))
+    }
+
+    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<(String, usize)> {
+        let path = self.state_path(owner, source_model, name).ok()?;
+        crate::session::state_info(&path).map(|(base, rank, _)| (base, rank))
+    }
+
+    fn load_state(
+        &self,
+        owner: &str,
+        model_id: &str,
+        source_model: &str,
+        name: &str,
+        with_optimizer: bool,
+    ) -> Result<(), TinkerError> {
+        let path = self.state_path(owner, source_model, name)?;
+        let session = {
+            let _turn = self.turns.enter();
+            Session::load_state(&self.trainer, &path, with_optimizer).map_err(error)?
+        };
+        self.hold(model_id, session)
     }
 
     fn release(&self, model_id: &str) {

@@ -30,6 +30,8 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/forward_backward", post(routes::forward_backward))
         .route("/optim_step", post(routes::optim_step))
         .route("/save_weights_for_sampler", post(routes::save_weights_for_sampler))
+        .route("/save_weights", post(routes::save_weights))
+        .route("/load_weights", post(routes::load_weights))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)
         .layer(from_fn_with_state(state, require_tinker))

@@ -195,37 +195,9 @@ pub async fn create_model(
             return Err(PreviewError(bad(format!("optimizer {kind:?} is not served: only adamw"))));
         }
     }
-    if t.models_of(&caller.entity) >= MAX_MODELS_PER_ENTITY {
-        return Err(PreviewError(ApiError::new(
-            ErrorKind::TooManyRequests,
-            format!("an entity may hold {MAX_MODELS_PER_ENTITY} training models at once; finish a session first"),
-        )));
-    }
-    // The model is a tandem model of the entity too: its sampler weights are its checkpoints,
-    // served by every inference route and shown on the dashboard.
-    let new = tandem_store::NewModel {
-        entity: caller.entity.clone(),
-        project: "tinker".into(),
-        name: format!("{}-train-{}", body.session_id, body.model_seq_id),
-        base_model: body.base_model.clone(),
-    };
-    let (record, _) = state.store().create_model(&new, true).await.map_err(ApiError::from)?;
-    let (request_id, promise) = new_future(&t, &caller.entity)?;
-    let entry = Arc::new(ModelEntry {
-        entity: caller.entity.clone(),
-        session_id: body.session_id.clone(),
-        base_model: body.base_model.clone(),
-        rank: lora.rank,
-        create_request: request_id.clone(),
-        next: tokio::sync::watch::channel(1).0,
-        seen: Mutex::new(HashMap::new()),
-        record_id: record.id,
-        sampler_steps: Mutex::new(HashMap::new()),
-    });
-    t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
-    if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&body.session_id) {
-        s.models.push(model_id.clone());
-    }
+    let (request_id, promise) =
+        register_model(&state, &caller.entity, &body.session_id, body.model_seq_id, &body.base_model, lora.rank)
+            .await?;
     let (id, base) = (model_id.clone(), body.base_model);
     let spec = LoraSpec { rank: lora.rank, seed: lora.seed };
     tokio::task::spawn_blocking(move || {
@@ -460,6 +432,52 @@ pub struct SaveForSampler {
     path: Option<String>,
 }
 
+/// Registers model `{session_id}:train:{seq}` of `entity` (and its tandem record, project
+/// `tinker`) before its creation runs: its future, and the promise that completes it.
+async fn register_model(
+    state: &AppState,
+    entity: &str,
+    session_id: &str,
+    seq: i64,
+    base_model: &str,
+    rank: usize,
+) -> Result<(String, Promise)> {
+    let t = state.tinker();
+    if t.models_of(entity) >= MAX_MODELS_PER_ENTITY {
+        return Err(PreviewError(ApiError::new(
+            ErrorKind::TooManyRequests,
+            format!("an entity may hold {MAX_MODELS_PER_ENTITY} training models at once; finish a session first"),
+        )));
+    }
+    // The model is a tandem model of the entity too: its sampler weights are its checkpoints,
+    // served by every inference route and shown on the dashboard.
+    let new = tandem_store::NewModel {
+        entity: entity.to_string(),
+        project: "tinker".into(),
+        name: format!("{session_id}-train-{seq}"),
+        base_model: base_model.to_string(),
+    };
+    let (record, _) = state.store().create_model(&new, true).await.map_err(ApiError::from)?;
+    let (request_id, promise) = new_future(t, entity)?;
+    let model_id = format!("{session_id}:train:{seq}");
+    let entry = Arc::new(ModelEntry {
+        entity: entity.to_string(),
+        session_id: session_id.to_string(),
+        base_model: base_model.to_string(),
+        rank,
+        create_request: request_id.clone(),
+        next: tokio::sync::watch::channel(1).0,
+        seen: Mutex::new(HashMap::new()),
+        record_id: record.id,
+        sampler_steps: Mutex::new(HashMap::new()),
+    });
+    t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
+    if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(session_id) {
+        s.models.push(model_id);
+    }
+    Ok((request_id, promise))
+}
+
 /// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
 /// tandem record (served at once by every inference route as `{entity}/tinker/{name}:stepN`),
 /// and its Tinker path `tinker://{model_id}/sampler_weights/{name}`.
@@ -533,6 +551,96 @@ async fn publish(
 }
 
 #[derive(Deserialize)]
+pub struct SaveState {
+    model_id: String,
+    seq_id: i64,
+    path: String,
+}
+
+/// `save_weights` (`TrainingClient.save_state`): the adapter, AdamW moments and step, kept in the
+/// data directory under the caller's entity; answers `tinker://{model_id}/weights/{name}`.
+pub async fn save_weights(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SaveState>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_state(&owner, &id, &name) {
+        Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
+        Err(e) => failed(e),
+    })
+}
+
+#[derive(Deserialize)]
+pub struct LoadState {
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    model_seq_id: Option<i64>,
+    #[serde(default)]
+    model_id: Option<String>,
+    path: String,
+    #[serde(default)]
+    optimizer: bool,
+}
+
+/// `load_weights` as `create_training_client_from_state[_with_optimizer]` sends it: a new model
+/// `{session_id}:train:{model_seq_id}` from a state the caller's entity saved.
+pub async fn load_weights(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<LoadState>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let (Some(session_id), Some(seq), None) = (body.session_id.clone(), body.model_seq_id, body.model_id.as_ref())
+    else {
+        return Err(PreviewError(bad(
+            "load_weights into an existing model (TrainingClient.load_state) is not served: create a training client from the state",
+        )));
+    };
+    let (source, name) = parse_state_path(&body.path).ok_or_else(|| {
+        bad(format!("path {:?} is not a saved state: expected tinker://<model_id>/weights/<name>", body.path))
+    })?;
+    let (base_model, rank) =
+        trainer.state_info(&caller.entity, &source, &name).ok_or_else(|| ApiError::not_found("saved state"))?;
+    reap(&state);
+    let t = state.tinker().clone();
+    if !t.touch_session(&caller.entity, &session_id) {
+        return Err(ApiError::not_found("session").into());
+    }
+    let model_id = format!("{session_id}:train:{seq}");
+    if let Some(m) = t.model(&caller.entity, &model_id) {
+        return Ok(submitted(&m.create_request, &model_id));
+    }
+    let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
+    let (id, owner, with_optimizer) = (model_id.clone(), caller.entity.clone(), body.optimizer);
+    tokio::task::spawn_blocking(move || {
+        let outcome = match trainer.load_state(&owner, &id, &source, &name, with_optimizer) {
+            Ok(()) => Outcome::Json(
+                json!({ "model_id": id, "path": format!("tinker://{source}/weights/{name}"), "type": "load_weights" }),
+            ),
+            Err(e) => {
+                t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                failed(e)
+            }
+        };
+        promise.set(outcome);
+    });
+    Ok(submitted(&request_id, &model_id))
+}
+
+/// `tinker://{model_id}/weights/{name}` -> (model id, name).
+fn parse_state_path(path: &str) -> Option<(String, String)> {
+    let rest = path.strip_prefix("tinker://")?;
+    let (model, name) = rest.split_once("/weights/")?;
+    (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
+}
+
+#[derive(Deserialize)]
 pub struct Retrieve {
     request_id: String,
 }
@@ -562,6 +670,6 @@ pub async fn retrieve_future(
 pub async fn not_served(uri: axum::http::Uri) -> PreviewError {
     PreviewError(ApiError::new(
         ErrorKind::NotFound,
-        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights_for_sampler by name, retrieve_future)", uri.path()),
+        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler by name, retrieve_future)", uri.path()),
     ))
 }
