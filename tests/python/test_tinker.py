@@ -12,6 +12,10 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
   sampler-weights   save_weights_for_sampler by name: a tinker:// path, and the adapter is the
                     next checkpoint of the model's tandem record (project `tinker`), served at
                     once by /v1/completions with logprobs that differ from the base model's
+  sampling          a sampling client on the saved sampler weights: n samples with per-token
+                    logprobs and stop reasons, a stop token ending a sample (and included in it),
+                    compute_logprobs equal to /v1/completions' prompt logprobs for the same step,
+                    greedy sampling of the base model equal to /v1/completions' greedy text
   saved-state       save_state, then create_training_client_from_state_with_optimizer and
                     create_training_client_from_state: the same weights; with the optimizer the
                     next step's result is identical, with fresh moments it is not
@@ -104,6 +108,7 @@ def sampler_weights(ctx):
     status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
     assert status == 200, models
     record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    ctx.entity = record["entity"]
     status, cps, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/checkpoints")
     assert status == 200 and [c["step"] for c in cps["data"]] == [1], cps
 
@@ -117,6 +122,41 @@ def sampler_weights(ctx):
     base = prompt_logprobs(BASE)
     # The SFT steps raised the sentence's logprobs under the trained adapter.
     assert sum(trained) > sum(base) + 1.0, (sum(trained), sum(base))
+
+
+def sampling(ctx):
+    tc, sc = ctx.tc, ctx.sc
+    path = f"tinker://{tc.model_id}/sampler_weights/after-sft"
+    sampler = sc.create_sampling_client(model_path=path).result()
+    prompt = types.ModelInput.from_ints(TOKENS[:5])
+    res = sampler.sample(prompt=prompt, num_samples=3,
+                         sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, seed=1)).result()
+    assert len(res.sequences) == 3, res
+    for seq in res.sequences:
+        assert 1 <= len(seq.tokens) <= 8 and len(seq.logprobs) == len(seq.tokens), seq
+        assert all(lp <= 0 for lp in seq.logprobs) and seq.stop_reason in ("stop", "length"), seq
+    # A stop token ends the sample and is part of it.
+    first = res.sequences[0].tokens[0]
+    stopped = sampler.sample(prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(
+        max_tokens=8, temperature=1.0, seed=1, stop=[first])).result().sequences[0]
+    assert stopped.tokens == [first] and stopped.stop_reason == "stop", stopped
+    # compute_logprobs equals the chat engine's prompt logprobs for the same checkpoint.
+    got = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    assert got[0] is None and len(got) == len(TOKENS), got
+    session, _, seq = tc.model_id.split(":")
+    status, out, _ = ctx.server.api("POST", "/v1/completions", {
+        "model": f"{ctx.entity}/tinker/{session}-train-{seq}", "prompt": TOKENS, "max_tokens": 1,
+        "prompt_logprobs": 0, "temperature": 0})
+    assert status == 200, out
+    want = [next(iter(p.values()))["logprob"] for p in out["choices"][0]["prompt_logprobs"][1:]]
+    assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4, (got, want)
+    # Greedy base-model sampling equals /v1/completions' greedy tokens.
+    base = sc.create_sampling_client(base_model=BASE).result()
+    greedy = base.sample(prompt=prompt, num_samples=1,
+                         sampling_params=types.SamplingParams(max_tokens=6, temperature=0.0)).result().sequences[0]
+    status, out, _ = ctx.server.api("POST", "/v1/completions", {
+        "model": BASE, "prompt": TOKENS[:5], "max_tokens": 6, "temperature": 0, "return_token_ids": True})
+    assert status == 200 and greedy.tokens == out["choices"][0]["token_ids"][:len(greedy.tokens)], (greedy, out)
 
 
 def saved_state(ctx):
@@ -195,7 +235,7 @@ def session_end(ctx):
         tc.forward([datum(weights=1.0)], "cross_entropy").result()
 
 
-CHECKS = [sft_loop, sampler_weights, saved_state, rl_losses, pipelined, bad_input, other_entity, session_end]
+CHECKS = [sft_loop, sampler_weights, sampling, saved_state, rl_losses, pipelined, bad_input, other_entity, session_end]
 
 
 def main():

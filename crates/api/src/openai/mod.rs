@@ -5,7 +5,7 @@
 
 mod beam;
 mod chat;
-mod completions;
+pub(crate) mod completions;
 mod generate;
 pub mod lora;
 mod messages;

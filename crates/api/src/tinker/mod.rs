@@ -4,10 +4,14 @@
 //! - [`wire`]: a `forward_backward` request's data read into token ids, targets and loss inputs,
 //!   checked; its output (per-datum logprobs, `name:reduction` metrics) encoded.
 //! - [`state`]: sessions, models in `seq_id` order, futures.
-//! - [`routes`]: the handlers under `/api/v1/`.
+//! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
+//! - [`weights`]: saving for the sampler, saving and loading the training state.
+//! - [`sample`]: sampling sessions and `asample` through the engine.
 
 pub mod routes;
+pub mod sample;
 pub mod state;
+pub mod weights;
 pub mod wire;
 
 use crate::auth::require_tinker;
@@ -29,9 +33,12 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/get_info", post(routes::get_info))
         .route("/forward_backward", post(routes::forward_backward))
         .route("/optim_step", post(routes::optim_step))
-        .route("/save_weights_for_sampler", post(routes::save_weights_for_sampler))
-        .route("/save_weights", post(routes::save_weights))
-        .route("/load_weights", post(routes::load_weights))
+        .route("/save_weights_for_sampler", post(weights::save_weights_for_sampler))
+        .route("/save_weights", post(weights::save_weights))
+        .route("/load_weights", post(weights::load_weights))
+        .route("/create_sampling_session", post(sample::create))
+        .route("/samplers/{id}", axum::routing::get(sample::get))
+        .route("/asample", post(sample::asample))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)
         .layer(from_fn_with_state(state, require_tinker))

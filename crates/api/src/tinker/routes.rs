@@ -30,16 +30,16 @@ const HOLD: Duration = Duration::from_secs(20);
 const GAP_WAIT: Duration = Duration::from_secs(600);
 
 /// Errors in FastAPI's `{"detail": ...}` shape, as the SDK reads them.
-type Result<T> = std::result::Result<T, PreviewError>;
+pub(super) type Result<T> = std::result::Result<T, PreviewError>;
 
-fn trainer(state: &AppState) -> Result<Arc<dyn TinkerTrainer>> {
+pub(super) fn trainer(state: &AppState) -> Result<Arc<dyn TinkerTrainer>> {
     state.tinker_trainer().ok_or_else(|| {
         PreviewError(ApiError::new(ErrorKind::Unavailable, "this node does not train (its --role has no trainer)"))
     })
 }
 
 /// Ends idle sessions and releases their models (at each new session and model).
-fn reap(state: &AppState) {
+pub(super) fn reap(state: &AppState) {
     let models = state.tinker().reap_idle();
     if let Some(trainer) = state.tinker_trainer() {
         for m in &models {
@@ -51,7 +51,7 @@ fn reap(state: &AppState) {
     }
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
+pub(super) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::Validation, message)
 }
 
@@ -152,11 +152,16 @@ fn yes() -> bool {
     true
 }
 
-fn submitted(request_id: &str, model_id: &str) -> Json<Value> {
+pub(super) fn submitted(request_id: &str, model_id: &str) -> Json<Value> {
     Json(json!({ "request_id": request_id, "model_id": model_id }))
 }
 
-fn new_future(t: &TinkerState, entity: &str) -> Result<(String, Promise)> {
+/// `asample`'s immediate answer: the future and one sequence id per sample.
+pub(super) fn submitted_samples(request_id: &str, ids: &[String]) -> Json<Value> {
+    Json(json!({ "request_id": request_id, "sample_sequence_ids": ids }))
+}
+
+pub(super) fn new_future(t: &TinkerState, entity: &str) -> Result<(String, Promise)> {
     t.future(entity).ok_or_else(|| {
         PreviewError(ApiError::new(ErrorKind::TooManyRequests, "too many pending results; fetch them first"))
     })
@@ -213,7 +218,7 @@ pub async fn create_model(
     Ok(submitted(&request_id, &model_id))
 }
 
-fn failed(e: TinkerError) -> Outcome {
+pub(super) fn failed(e: TinkerError) -> Outcome {
     match e {
         TinkerError::User(error) => Outcome::Failed { error, category: "user" },
         TinkerError::Server(error) => Outcome::Failed { error, category: "server" },
@@ -244,7 +249,7 @@ pub async fn get_info(
 
 /// Accepts call `seq_id` of a model and runs `work` once every earlier call has run: the
 /// immediate answer, a future. A retried `seq_id` gets the first call's future.
-fn ordered(
+pub(super) fn ordered(
     t: &Arc<TinkerState>,
     model: Arc<ModelEntry>,
     model_id: &str,
@@ -260,7 +265,7 @@ fn ordered(
 }
 
 /// [`ordered`] for work that awaits (the store, the blob store).
-fn ordered_async(
+pub(super) fn ordered_async(
     t: &Arc<TinkerState>,
     model: Arc<ModelEntry>,
     model_id: &str,
@@ -423,18 +428,9 @@ pub async fn optim_step(
     })
 }
 
-#[derive(Deserialize)]
-pub struct SaveForSampler {
-    model_id: String,
-    seq_id: i64,
-    /// The name of named sampler weights; absent for the ephemeral kind.
-    #[serde(default)]
-    path: Option<String>,
-}
-
 /// Registers model `{session_id}:train:{seq}` of `entity` (and its tandem record, project
 /// `tinker`) before its creation runs: its future, and the promise that completes it.
-async fn register_model(
+pub(super) async fn register_model(
     state: &AppState,
     entity: &str,
     session_id: &str,
@@ -478,168 +474,6 @@ async fn register_model(
     Ok((request_id, promise))
 }
 
-/// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
-/// tandem record (served at once by every inference route as `{entity}/tinker/{name}:stepN`),
-/// and its Tinker path `tinker://{model_id}/sampler_weights/{name}`.
-pub async fn save_weights_for_sampler(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Json(body): Json<SaveForSampler>,
-) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
-    let t = state.tinker().clone();
-    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
-    let entry = model.clone();
-    let id = body.model_id.clone();
-    let name = body.path.clone();
-    ordered_async(&t, model, &body.model_id, body.seq_id, async move {
-        let Some(name) = name else {
-            return Outcome::Failed {
-                error: "ephemeral sampler weights (save_weights_and_get_sampling_client) are not served yet: save them by name".into(),
-                category: "user",
-            };
-        };
-        if let Some(problem) = tandem_core::names::name_problem(&name) {
-            return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
-        }
-        let files = {
-            let id = id.clone();
-            match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
-                Ok(Ok(files)) => files,
-                Ok(Err(e)) => return failed(e),
-                Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
-            }
-        };
-        match publish(&state, entry.record_id, files).await {
-            Ok(step) => {
-                entry.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), step);
-                Outcome::Json(json!({
-                    "path": format!("tinker://{id}/sampler_weights/{name}"),
-                    "type": "save_weights_for_sampler",
-                }))
-            }
-            Err(e) => Outcome::Failed { error: e.message, category: "server" },
-        }
-    })
-}
-
-/// Writes adapter files as the next checkpoint of `record`: durably, then to the blob store,
-/// then recorded (a node finds the files of every checkpoint it finds recorded). Its step.
-async fn publish(
-    state: &AppState,
-    record: uuid::Uuid,
-    files: Vec<(String, Vec<u8>)>,
-) -> std::result::Result<i64, ApiError> {
-    let id = tandem_core::new_id();
-    let relative = tandem_store::CheckpointDir::relative_path(record, id);
-    let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-        dir.write_atomic(&rel, &refs).map(|_| ())
-    })
-    .await
-    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("writing the checkpoint failed: {e}")))??;
-    state.checkpoints().upload(&relative).await?;
-    match state.store().import_checkpoint(record, id, &relative).await {
-        Ok(cp) => Ok(cp.step),
-        Err(e) => {
-            let _ = state.checkpoints().remove(&relative).await;
-            Err(e.into())
-        }
-    }
-}
-
-#[derive(Deserialize)]
-pub struct SaveState {
-    model_id: String,
-    seq_id: i64,
-    path: String,
-}
-
-/// `save_weights` (`TrainingClient.save_state`): the adapter, AdamW moments and step, kept in the
-/// data directory under the caller's entity; answers `tinker://{model_id}/weights/{name}`.
-pub async fn save_weights(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Json(body): Json<SaveState>,
-) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
-    let t = state.tinker().clone();
-    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
-    let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
-    ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_state(&owner, &id, &name) {
-        Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
-        Err(e) => failed(e),
-    })
-}
-
-#[derive(Deserialize)]
-pub struct LoadState {
-    #[serde(default)]
-    session_id: Option<String>,
-    #[serde(default)]
-    model_seq_id: Option<i64>,
-    #[serde(default)]
-    model_id: Option<String>,
-    path: String,
-    #[serde(default)]
-    optimizer: bool,
-}
-
-/// `load_weights` as `create_training_client_from_state[_with_optimizer]` sends it: a new model
-/// `{session_id}:train:{model_seq_id}` from a state the caller's entity saved.
-pub async fn load_weights(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Json(body): Json<LoadState>,
-) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
-    let (Some(session_id), Some(seq), None) = (body.session_id.clone(), body.model_seq_id, body.model_id.as_ref())
-    else {
-        return Err(PreviewError(bad(
-            "load_weights into an existing model (TrainingClient.load_state) is not served: create a training client from the state",
-        )));
-    };
-    let (source, name) = parse_state_path(&body.path).ok_or_else(|| {
-        bad(format!("path {:?} is not a saved state: expected tinker://<model_id>/weights/<name>", body.path))
-    })?;
-    let (base_model, rank) =
-        trainer.state_info(&caller.entity, &source, &name).ok_or_else(|| ApiError::not_found("saved state"))?;
-    reap(&state);
-    let t = state.tinker().clone();
-    if !t.touch_session(&caller.entity, &session_id) {
-        return Err(ApiError::not_found("session").into());
-    }
-    let model_id = format!("{session_id}:train:{seq}");
-    if let Some(m) = t.model(&caller.entity, &model_id) {
-        return Ok(submitted(&m.create_request, &model_id));
-    }
-    let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
-    let (id, owner, with_optimizer) = (model_id.clone(), caller.entity.clone(), body.optimizer);
-    tokio::task::spawn_blocking(move || {
-        let outcome = match trainer.load_state(&owner, &id, &source, &name, with_optimizer) {
-            Ok(()) => Outcome::Json(
-                json!({ "model_id": id, "path": format!("tinker://{source}/weights/{name}"), "type": "load_weights" }),
-            ),
-            Err(e) => {
-                t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                failed(e)
-            }
-        };
-        promise.set(outcome);
-    });
-    Ok(submitted(&request_id, &model_id))
-}
-
-/// `tinker://{model_id}/weights/{name}` -> (model id, name).
-fn parse_state_path(path: &str) -> Option<(String, String)> {
-    let rest = path.strip_prefix("tinker://")?;
-    let (model, name) = rest.split_once("/weights/")?;
-    (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
-}
-
 #[derive(Deserialize)]
 pub struct Retrieve {
     request_id: String,
@@ -670,6 +504,6 @@ pub async fn retrieve_future(
 pub async fn not_served(uri: axum::http::Uri) -> PreviewError {
     PreviewError(ApiError::new(
         ErrorKind::NotFound,
-        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler by name, retrieve_future)", uri.path()),
+        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler by name, create_sampling_session, asample, retrieve_future)", uri.path()),
     ))
 }

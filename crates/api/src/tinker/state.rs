@@ -88,6 +88,7 @@ pub struct TinkerState {
     futures: Mutex<HashMap<String, FutureEntry>>,
     pub sessions: Mutex<HashMap<String, SessionEntry>>,
     pub models: Mutex<HashMap<String, Arc<ModelEntry>>>,
+    pub samplers: Mutex<HashMap<String, Arc<super::sample::Sampler>>>,
 }
 
 impl TinkerState {
@@ -135,6 +136,11 @@ impl TinkerState {
             idle.iter().filter_map(|k| sessions.remove(k)).collect()
         };
         let models: Vec<String> = ended.into_iter().flat_map(|s| s.models).collect();
+        self.samplers.lock().unwrap_or_else(|e| e.into_inner()).retain(|id, _| {
+            id.split_once(":sample:").is_none_or(|(session, _)| {
+                self.sessions.lock().unwrap_or_else(|e| e.into_inner()).contains_key(session)
+            })
+        });
         let mut held = self.models.lock().unwrap_or_else(|e| e.into_inner());
         for m in &models {
             held.remove(m);
@@ -145,6 +151,12 @@ impl TinkerState {
     /// Models `entity` holds.
     pub fn models_of(&self, entity: &str) -> usize {
         self.models.lock().unwrap_or_else(|e| e.into_inner()).values().filter(|m| m.entity == entity).count()
+    }
+
+    /// `entity`'s sampling session `id`.
+    pub fn sampler(&self, entity: &str, id: &str) -> Option<Arc<super::sample::Sampler>> {
+        let samplers = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        samplers.get(id).filter(|s| s.entity == entity).cloned()
     }
 
     /// Whether `entity` owns session `id` (and marks it seen).

@@ -19,6 +19,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use body::{CompletionRenderer, PromptOut};
 use plan::{CompletionPlan, PromptInput};
+use serde_json::Value;
 use tandem_core::inference::{InferEvent, ValidRequest};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -169,4 +170,48 @@ async fn collect(
         }
     }
     Ok(renderer)
+}
+
+/// A one-prompt completions request run to its end for another front (Tinker's `asample`): the
+/// body as `/v1/completions` takes it, validated, admitted and scheduled the same way. Returns
+/// the number of choices and every event (the prompt logprobs, each choice's tokens and end).
+pub(crate) async fn run_to_end(
+    state: &AppState,
+    entity: &str,
+    body: &Value,
+) -> Result<(usize, Vec<InferEvent>), ApiError> {
+    let plan = plan::validate(body, state.priority_scheduling())?;
+    let target = resolve(state, entity, plan.sampling.model.as_deref()).await?;
+    let permit = super::admit(state, entity)?;
+    if !target.model.has_capacity() {
+        return Err(super::at_capacity());
+    }
+    let [PromptInput::Tokens(ids)] = plan.prompts.as_slice() else {
+        return Err(ApiError::new(ErrorKind::Validation, "one prompt of token ids is expected"));
+    };
+    let mut draft = plan.sampling.draft(
+        super::request_id(None, &HeaderMap::new()),
+        entity,
+        Prompt::Tokens(ids.clone()),
+        "max_tokens",
+    );
+    draft.prompt_logprobs_per_choice = false;
+    let Validated { request, .. } = generate::validate_blocking(&target, draft, None).await?;
+    let n = plan.sampling.n;
+    let mut events = generate::start(&target, request, &plan.sampling).await?;
+    let (mut out, mut finished) = (Vec::new(), 0);
+    while finished < n {
+        match events.recv().await {
+            Some(InferEvent::Error(m)) => {
+                return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}")))
+            }
+            Some(ev) => {
+                finished += matches!(ev, InferEvent::Finished { .. }) as usize;
+                out.push(ev);
+            }
+            None => return Err(ApiError::new(ErrorKind::Internal, "the inference engine stopped during generation")),
+        }
+    }
+    drop(permit);
+    Ok((n, out))
 }

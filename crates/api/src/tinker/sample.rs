@@ -1,0 +1,302 @@
+//! Tinker sampling: sampling sessions (a base model, or sampler weights saved by name) and
+//! `asample`, run through the same engine, scheduler, fair shares and limits as
+//! `/v1/completions` (the request is one, built from the Tinker call), and answered as the
+//! SDK's protobuf `SampleResponse`.
+
+use super::pb;
+use super::routes::{new_future, submitted_samples};
+use super::state::Outcome;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use prost::Message;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tandem_core::inference::{FinishReason, InferEvent};
+
+type Result<T> = std::result::Result<T, PreviewError>;
+
+/// A sampling session: whose it is and the model string it samples (as `/v1/completions`
+/// takes it).
+pub struct Sampler {
+    pub entity: String,
+    pub model: String,
+    pub base_model: String,
+    pub model_path: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct CreateSampler {
+    session_id: String,
+    sampling_session_seq_id: i64,
+    #[serde(default)]
+    base_model: Option<String>,
+    #[serde(default)]
+    model_path: Option<String>,
+}
+
+/// `create_sampling_session`: a base model, or `tinker://{model_id}/sampler_weights/{name}`.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<CreateSampler>,
+) -> Result<Json<Value>> {
+    let t = state.tinker().clone();
+    if !t.touch_session(&caller.entity, &body.session_id) {
+        return Err(ApiError::not_found("session").into());
+    }
+    let sampler = match (&body.model_path, &body.base_model) {
+        (Some(path), _) => {
+            let (model_id, name) =
+                path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")).ok_or_else(|| {
+                    bad(format!("model_path {path:?}: expected tinker://<model_id>/sampler_weights/<name>"))
+                })?;
+            let m = t.model(&caller.entity, model_id).ok_or_else(|| ApiError::not_found("sampler weights"))?;
+            let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied();
+            let step = step.ok_or_else(|| ApiError::not_found("sampler weights"))?;
+            let record = model_id.replace(":train:", "-train-");
+            Sampler {
+                entity: caller.entity.clone(),
+                model: format!("{}/tinker/{record}:step{step}", caller.entity),
+                base_model: m.base_model.clone(),
+                model_path: Some(path.clone()),
+            }
+        }
+        (None, Some(base)) => {
+            if state.model(base).is_none() {
+                return Err(bad(format!("base_model {base:?} is not served here")).into());
+            }
+            Sampler { entity: caller.entity.clone(), model: base.clone(), base_model: base.clone(), model_path: None }
+        }
+        (None, None) => return Err(bad("base_model or model_path is required").into()),
+    };
+    let id = format!("{}:sample:{}", body.session_id, body.sampling_session_seq_id);
+    t.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), Arc::new(sampler));
+    Ok(Json(json!({ "sampling_session_id": id, "type": "create_sampling_session" })))
+}
+
+/// `GET samplers/{id}`.
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>> {
+    let s = state.tinker().sampler(&caller.entity, &id).ok_or_else(|| ApiError::not_found("sampler"))?;
+    Ok(Json(json!({ "sampler_id": id, "base_model": s.base_model, "model_path": s.model_path })))
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::Validation, message)
+}
+
+#[derive(Deserialize)]
+pub struct Sample {
+    sampling_session_id: String,
+    #[serde(default = "one")]
+    num_samples: usize,
+    prompt: PromptBody,
+    #[serde(default)]
+    sampling_params: Params,
+    #[serde(default)]
+    prompt_logprobs: bool,
+}
+
+fn one() -> usize {
+    1
+}
+
+#[derive(Deserialize)]
+struct PromptBody {
+    chunks: Vec<Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct Params {
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    stop: Option<Value>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_k: Option<i64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+}
+
+/// The Tinker call as a `/v1/completions` body: the sampled tokens' logprobs always (RL needs
+/// them), `stop: null` stopping at the end of sequence and `[]` never early.
+fn completions_body(model: &str, s: &Sample) -> std::result::Result<Value, String> {
+    let mut tokens = Vec::new();
+    for c in &s.prompt.chunks {
+        if c["type"] != "encoded_text" {
+            return Err(format!("prompt chunks of type {} are not served: only encoded_text", c["type"]));
+        }
+        let ids = c["tokens"].as_array().ok_or("an encoded_text chunk without tokens")?;
+        for id in ids {
+            tokens.push(id.as_u64().filter(|i| *i <= u32::MAX as u64).ok_or(format!("token id {id} is not valid"))?);
+        }
+    }
+    let p = &s.sampling_params;
+    let mut body = json!({
+        "model": model, "prompt": tokens, "n": s.num_samples, "logprobs": 0,
+        "temperature": p.temperature.unwrap_or(1.0), "top_p": p.top_p.unwrap_or(1.0),
+        "skip_special_tokens": false,
+    });
+    if let Some(m) = p.max_tokens {
+        body["max_tokens"] = json!(m);
+    }
+    if let Some(seed) = p.seed {
+        body["seed"] = json!(seed);
+    }
+    if let Some(k) = p.top_k.filter(|k| *k > 0) {
+        body["top_k"] = json!(k);
+    }
+    if s.prompt_logprobs {
+        body["prompt_logprobs"] = json!(0);
+    }
+    match &p.stop {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) => body["stop"] = json!([t]),
+        Some(Value::Array(a)) if a.is_empty() => body["ignore_eos"] = json!(true),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => body["stop"] = json!(a),
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => body["stop_token_ids"] = json!(a),
+        Some(other) => return Err(format!("sampling_params.stop {other}: expected strings or token ids")),
+    }
+    Ok(body)
+}
+
+/// The engine's events as the SDK's `SampleResponse`: each sample's tokens (the stop token or
+/// the tokens completing a stop string included) and their logprobs, and the prompt's logprobs
+/// (NaN at position 0) when asked.
+fn response(n: usize, events: &[InferEvent]) -> pb::SampleResponse {
+    let mut seqs = vec![pb::SampledSequence::default(); n];
+    let mut lps: Vec<Vec<u8>> = vec![Vec::new(); n];
+    let mut prompt = None;
+    for ev in events {
+        match ev {
+            InferEvent::Token { choice, token_id, logprob, .. } if *choice < n => {
+                seqs[*choice].tokens.extend_from_slice(&(*token_id as i32).to_le_bytes());
+                let lp = logprob.as_ref().map_or(f32::NAN, |l| l.token.logprob);
+                lps[*choice].extend_from_slice(&lp.to_le_bytes());
+            }
+            InferEvent::Finished { choice, reason, .. } if *choice < n => {
+                let length = matches!(reason, FinishReason::Length);
+                seqs[*choice].stop_reason = if length { pb::StopReason::Length } else { pb::StopReason::Stop } as i32;
+            }
+            InferEvent::PromptLogprobs(p) => {
+                let bytes: Vec<u8> = p
+                    .iter()
+                    .flat_map(|pos| pos.as_ref().and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob).to_le_bytes())
+                    .collect();
+                prompt = Some(bytes);
+            }
+            _ => {}
+        }
+    }
+    for (s, l) in seqs.iter_mut().zip(lps) {
+        s.logprobs = Some(l);
+    }
+    pb::SampleResponse { sequences: seqs, prompt_logprobs: prompt, ..Default::default() }
+}
+
+/// `asample`: answered at once with a future and one sequence id per sample.
+pub async fn asample(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<Sample>,
+) -> Result<Json<Value>> {
+    let t = state.tinker().clone();
+    let sampler =
+        t.sampler(&caller.entity, &body.sampling_session_id).ok_or_else(|| ApiError::not_found("sampling session"))?;
+    if !(1..=128).contains(&body.num_samples) {
+        return Err(bad(format!("num_samples {}: expected 1 to 128", body.num_samples)).into());
+    }
+    let request = completions_body(&sampler.model, &body).map_err(bad)?;
+    let (request_id, promise) = new_future(&t, &caller.entity)?;
+    let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
+    let entity = caller.entity.clone();
+    tokio::spawn(async move {
+        let outcome = match crate::openai::completions::run_to_end(&state, &entity, &request).await {
+            Ok((n, events)) => Outcome::Proto(response(n, &events).encode_to_vec()),
+            Err(e) => {
+                let category = if e.status().is_client_error() { "user" } else { "server" };
+                Outcome::Failed { error: e.message, category }
+            }
+        };
+        promise.set(outcome);
+    });
+    Ok(submitted_samples(&request_id, &ids))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_core::inference::{RankedLogprob, StopReason, TokenLogprob, TopLogprob};
+
+    fn token(choice: usize, id: u32, lp: f32) -> InferEvent {
+        let top = TopLogprob { token_id: id, token: String::new(), bytes: vec![], logprob: lp };
+        InferEvent::Token {
+            choice,
+            token_id: id,
+            text: String::new(),
+            logprob: Some(TokenLogprob { token: top, top: vec![] }),
+        }
+    }
+
+    #[test]
+    fn events_become_the_sdks_sample_response() {
+        let ranked = |lp| Some(vec![RankedLogprob { token_id: 1, logprob: lp, rank: 1, decoded: String::new() }]);
+        let events = vec![
+            InferEvent::PromptLogprobs(vec![None, ranked(-1.5)]),
+            token(1, 7, -0.5),
+            token(0, 3, -0.25),
+            InferEvent::Finished { choice: 1, reason: FinishReason::Length, stop_reason: None, text: String::new() },
+            token(0, 2, -0.125),
+            InferEvent::Finished {
+                choice: 0,
+                reason: FinishReason::Stop,
+                stop_reason: Some(StopReason::Token(2)),
+                text: String::new(),
+            },
+        ];
+        let r = response(2, &events);
+        let ints = |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        let floats =
+            |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        // The stop token is part of the sample, as Tinker returns it.
+        assert_eq!(ints(&r.sequences[0].tokens), vec![3, 2]);
+        assert_eq!(floats(r.sequences[0].logprobs.as_ref().unwrap()), vec![-0.25, -0.125]);
+        assert_eq!(r.sequences[0].stop_reason, pb::StopReason::Stop as i32);
+        assert_eq!(r.sequences[1].stop_reason, pb::StopReason::Length as i32);
+        let prompt = floats(r.prompt_logprobs.as_ref().unwrap());
+        assert!(prompt[0].is_nan() && prompt[1] == -1.5, "{prompt:?}");
+    }
+
+    #[test]
+    fn tinker_sampling_params_map_to_a_completions_body() {
+        let s: Sample = serde_json::from_value(json!({
+            "sampling_session_id": "s", "num_samples": 3,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}, {"type": "encoded_text", "tokens": [3]}]},
+            "sampling_params": {"max_tokens": 5, "seed": 9, "stop": [13, 14], "temperature": 0.5, "top_k": -1},
+            "prompt_logprobs": true,
+        }))
+        .unwrap();
+        let b = completions_body("m", &s).unwrap();
+        assert_eq!(b["prompt"], json!([1, 2, 3]));
+        assert_eq!((b["n"].clone(), b["max_tokens"].clone(), b["seed"].clone()), (json!(3), json!(5), json!(9)));
+        assert_eq!(b["stop_token_ids"], json!([13, 14]));
+        assert!(b.get("top_k").is_none(), "-1 is every token");
+        assert_eq!(b["prompt_logprobs"], json!(0));
+        let mut never = s;
+        never.sampling_params.stop = Some(json!([]));
+        assert_eq!(completions_body("m", &never).unwrap()["ignore_eos"], json!(true));
+        never.prompt.chunks = vec![json!({"type": "image", "data": ""})];
+        assert!(completions_body("m", &never).unwrap_err().contains("image"));
+    }
+}

@@ -1,0 +1,184 @@
+//! Tinker's weights routes: `save_weights_for_sampler` (a checkpoint of the model's tandem
+//! record, served by every inference route), `save_weights` (the training state) and
+//! `load_weights` (a new model from a saved state).
+
+use super::routes::{bad, failed, ordered, ordered_async, reap, register_model, submitted, trainer, Result};
+use super::state::Outcome;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::AppState;
+use axum::extract::State;
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize)]
+pub struct SaveForSampler {
+    model_id: String,
+    seq_id: i64,
+    /// The name of named sampler weights; absent for the ephemeral kind.
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
+/// tandem record (served at once by every inference route as `{entity}/tinker/{name}:stepN`),
+/// and its Tinker path `tinker://{model_id}/sampler_weights/{name}`.
+pub async fn save_weights_for_sampler(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SaveForSampler>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    let entry = model.clone();
+    let id = body.model_id.clone();
+    let name = body.path.clone();
+    ordered_async(&t, model, &body.model_id, body.seq_id, async move {
+        let Some(name) = name else {
+            return Outcome::Failed {
+                error: "ephemeral sampler weights (save_weights_and_get_sampling_client) are not served yet: save them by name".into(),
+                category: "user",
+            };
+        };
+        if let Some(problem) = tandem_core::names::name_problem(&name) {
+            return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
+        }
+        let files = {
+            let id = id.clone();
+            match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
+                Ok(Ok(files)) => files,
+                Ok(Err(e)) => return failed(e),
+                Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+            }
+        };
+        match publish(&state, entry.record_id, files).await {
+            Ok(step) => {
+                entry.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), step);
+                Outcome::Json(json!({
+                    "path": format!("tinker://{id}/sampler_weights/{name}"),
+                    "type": "save_weights_for_sampler",
+                }))
+            }
+            Err(e) => Outcome::Failed { error: e.message, category: "server" },
+        }
+    })
+}
+
+/// Writes adapter files as the next checkpoint of `record`: durably, then to the blob store,
+/// then recorded (a node finds the files of every checkpoint it finds recorded). Its step.
+async fn publish(
+    state: &AppState,
+    record: uuid::Uuid,
+    files: Vec<(String, Vec<u8>)>,
+) -> std::result::Result<i64, ApiError> {
+    let id = tandem_core::new_id();
+    let relative = tandem_store::CheckpointDir::relative_path(record, id);
+    let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+        dir.write_atomic(&rel, &refs).map(|_| ())
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("writing the checkpoint failed: {e}")))??;
+    state.checkpoints().upload(&relative).await?;
+    match state.store().import_checkpoint(record, id, &relative).await {
+        Ok(cp) => Ok(cp.step),
+        Err(e) => {
+            let _ = state.checkpoints().remove(&relative).await;
+            Err(e.into())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct SaveState {
+    model_id: String,
+    seq_id: i64,
+    path: String,
+}
+
+/// `save_weights` (`TrainingClient.save_state`): the adapter, AdamW moments and step, kept in the
+/// data directory under the caller's entity; answers `tinker://{model_id}/weights/{name}`.
+pub async fn save_weights(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SaveState>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_state(&owner, &id, &name) {
+        Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
+        Err(e) => failed(e),
+    })
+}
+
+#[derive(Deserialize)]
+pub struct LoadState {
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    model_seq_id: Option<i64>,
+    #[serde(default)]
+    model_id: Option<String>,
+    path: String,
+    #[serde(default)]
+    optimizer: bool,
+}
+
+/// `load_weights` as `create_training_client_from_state[_with_optimizer]` sends it: a new model
+/// `{session_id}:train:{model_seq_id}` from a state the caller's entity saved.
+pub async fn load_weights(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<LoadState>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let (Some(session_id), Some(seq), None) = (body.session_id.clone(), body.model_seq_id, body.model_id.as_ref())
+    else {
+        return Err(PreviewError(bad(
+            "load_weights into an existing model (TrainingClient.load_state) is not served: create a training client from the state",
+        )));
+    };
+    let (source, name) = parse_state_path(&body.path).ok_or_else(|| {
+        bad(format!("path {:?} is not a saved state: expected tinker://<model_id>/weights/<name>", body.path))
+    })?;
+    let (base_model, rank) =
+        trainer.state_info(&caller.entity, &source, &name).ok_or_else(|| ApiError::not_found("saved state"))?;
+    reap(&state);
+    let t = state.tinker().clone();
+    if !t.touch_session(&caller.entity, &session_id) {
+        return Err(ApiError::not_found("session").into());
+    }
+    let model_id = format!("{session_id}:train:{seq}");
+    if let Some(m) = t.model(&caller.entity, &model_id) {
+        return Ok(submitted(&m.create_request, &model_id));
+    }
+    let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
+    let (id, owner, with_optimizer) = (model_id.clone(), caller.entity.clone(), body.optimizer);
+    tokio::task::spawn_blocking(move || {
+        let outcome = match trainer.load_state(&owner, &id, &source, &name, with_optimizer) {
+            Ok(()) => Outcome::Json(
+                json!({ "model_id": id, "path": format!("tinker://{source}/weights/{name}"), "type": "load_weights" }),
+            ),
+            Err(e) => {
+                t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                failed(e)
+            }
+        };
+        promise.set(outcome);
+    });
+    Ok(submitted(&request_id, &model_id))
+}
+
+/// `tinker://{model_id}/weights/{name}` -> (model id, name).
+fn parse_state_path(path: &str) -> Option<(String, String)> {
+    let rest = path.strip_prefix("tinker://")?;
+    let (model, name) = rest.split_once("/weights/")?;
+    (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
+}
