@@ -12,7 +12,8 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
   sampler-weights   save_weights_for_sampler by name: a tinker:// path, and the adapter is the
                     next checkpoint of the model's tandem record (project `tinker`), served at
                     once by /v1/completions with logprobs that differ from the base model's
-  sampling          a sampling client on the saved sampler weights: n samples with per-token
+  sampling          a sampling client on the saved sampler weights (and one from
+                    save_weights_and_get_sampling_client): n samples with per-token
                     logprobs and stop reasons, a stop token ending a sample (and included in it),
                     compute_logprobs equal to /v1/completions' prompt logprobs for the same step,
                     greedy sampling of the base model equal to /v1/completions' greedy text
@@ -150,6 +151,12 @@ def sampling(ctx):
     assert status == 200, out
     want = [next(iter(p.values()))["logprob"] for p in out["choices"][0]["prompt_logprobs"][1:]]
     assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4, (got, want)
+    # save_weights_and_get_sampling_client: the current weights, sampled at once.
+    current = tc.save_weights_and_get_sampling_client()
+    current = current.result() if hasattr(current, "result") else current
+    now = current.sample(prompt=prompt, num_samples=2,
+                         sampling_params=types.SamplingParams(max_tokens=4, temperature=1.0, seed=2)).result()
+    assert len(now.sequences) == 2 and all(len(s.logprobs) == len(s.tokens) for s in now.sequences), now
     # Greedy base-model sampling equals /v1/completions' greedy tokens.
     base = sc.create_sampling_client(base_model=BASE).result()
     greedy = base.sample(prompt=prompt, num_samples=1,

@@ -19,6 +19,9 @@ pub struct SaveForSampler {
     /// The name of named sampler weights; absent for the ephemeral kind.
     #[serde(default)]
     path: Option<String>,
+    /// The ephemeral kind's sampling session number (`save_weights_and_get_sampling_client`).
+    #[serde(default)]
+    sampling_session_seq_id: Option<i64>,
 }
 
 /// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
@@ -35,13 +38,21 @@ pub async fn save_weights_for_sampler(
     t.touch_session(&caller.entity, &model.session_id);
     let entry = model.clone();
     let id = body.model_id.clone();
-    let name = body.path.clone();
+    let (path, sampler_seq) = (body.path.clone(), body.sampling_session_seq_id);
+    let ephemeral = path.is_none();
+    let entity = caller.entity.clone();
     ordered_async(&t, model, &body.model_id, body.seq_id, async move {
-        let Some(name) = name else {
-            return Outcome::Failed {
-                error: "ephemeral sampler weights (save_weights_and_get_sampling_client) are not served yet: save them by name".into(),
-                category: "user",
-            };
+        // The ephemeral kind is a checkpoint too (so the engine serves it), named after its
+        // sampling session, and answered with that session.
+        let name = match (path, sampler_seq) {
+            (Some(name), _) => name,
+            (None, Some(seq)) => format!("sampler-{seq}"),
+            (None, None) => {
+                return Outcome::Failed {
+                    error: "path or sampling_session_seq_id is required".into(),
+                    category: "user",
+                }
+            }
         };
         if let Some(problem) = tandem_core::names::name_problem(&name) {
             return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
@@ -57,10 +68,27 @@ pub async fn save_weights_for_sampler(
         match publish(&state, entry.record_id, files).await {
             Ok(step) => {
                 entry.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), step);
-                Outcome::Json(json!({
-                    "path": format!("tinker://{id}/sampler_weights/{name}"),
-                    "type": "save_weights_for_sampler",
-                }))
+                let path = format!("tinker://{id}/sampler_weights/{name}");
+                match sampler_seq {
+                    Some(seq) if ephemeral => {
+                        let sampler_id = format!("{}:sample:{seq}", entry.session_id);
+                        let record = id.replace(":train:", "-train-");
+                        let sampler = super::sample::Sampler {
+                            entity: entity.clone(),
+                            model: format!("{entity}/tinker/{record}:step{step}"),
+                            base_model: entry.base_model.clone(),
+                            model_path: Some(path),
+                        };
+                        state
+                            .tinker()
+                            .samplers
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(sampler_id.clone(), std::sync::Arc::new(sampler));
+                        Outcome::Json(json!({ "sampling_session_id": sampler_id, "type": "save_weights_for_sampler" }))
+                    }
+                    _ => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
+                }
             }
             Err(e) => Outcome::Failed { error: e.message, category: "server" },
         }
