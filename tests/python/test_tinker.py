@@ -69,6 +69,9 @@ class Ctx:
 
 def sft_loop(ctx):
     tc = ctx.tc
+    caps = ctx.sc.create_rest_client().get_server_capabilities().result()
+    names = [m.model_name for m in caps.supported_models]
+    assert names == [BASE], names
     info = tc.get_info()
     assert info.model_data.model_name == BASE and info.lora_rank == 8, info
     d = datum(weights=1.0)

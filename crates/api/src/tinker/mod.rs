@@ -26,6 +26,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/client/config", post(routes::client_config))
         .route("/client/dynamic_config", post(routes::dynamic_config))
         .route("/telemetry", post(routes::telemetry))
+        .route("/get_server_capabilities", axum::routing::get(routes::capabilities))
         .route("/create_session", post(routes::create_session))
         .route("/session_heartbeat", post(routes::heartbeat))
         .route("/sessions/{id}/finish", post(routes::finish))

@@ -64,6 +64,19 @@ pub async fn dynamic_config() -> Json<Value> {
     Json(json!({}))
 }
 
+/// The served base models: every one is trainable and sampleable.
+pub async fn capabilities(State(state): State<AppState>) -> Json<Value> {
+    let models: Vec<Value> = state
+        .models()
+        .iter()
+        .map(|m| {
+            let info = m.info();
+            json!({ "model_name": info.id, "max_context_length": info.context_len, "trainable": state.tinker_trainer().is_some(), "sampleable": true })
+        })
+        .collect();
+    Json(json!({ "supported_models": models }))
+}
+
 pub async fn telemetry() -> Json<Value> {
     Json(json!({ "status": "accepted" }))
 }
@@ -504,6 +517,6 @@ pub async fn retrieve_future(
 pub async fn not_served(uri: axum::http::Uri) -> PreviewError {
     PreviewError(ApiError::new(
         ErrorKind::NotFound,
-        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler by name, create_sampling_session, asample, retrieve_future)", uri.path()),
+        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler, create_sampling_session, asample, get_server_capabilities, retrieve_future)", uri.path()),
     ))
 }
