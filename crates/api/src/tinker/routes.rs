@@ -165,6 +165,14 @@ fn yes() -> bool {
     true
 }
 
+/// The caller's model `id` (another entity's is the same 404 as none), its session marked seen.
+pub(super) fn owned_model(state: &AppState, caller: &Caller, id: &str) -> Result<(Arc<TinkerState>, Arc<ModelEntry>)> {
+    let t = state.tinker().clone();
+    let model = t.model(&caller.entity, id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, &model.session_id);
+    Ok((t, model))
+}
+
 pub(super) fn submitted(request_id: &str, model_id: &str) -> Json<Value> {
     Json(json!({ "request_id": request_id, "model_id": model_id }))
 }
@@ -331,9 +339,7 @@ pub async fn forward_backward(
     let trainer = trainer(&state)?;
     let req = pb::ForwardBackwardRequest::decode(body.as_ref())
         .map_err(|e| bad(format!("the body is not a ForwardBackwardRequest protobuf: {e}")))?;
-    let t = state.tinker().clone();
-    let model = t.model(&caller.entity, &req.model_id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
+    let (t, model) = owned_model(&state, &caller, &req.model_id)?;
     // What the request itself gets wrong fails its future, in order, so later calls still run.
     let budget = state.limits().max_job_tokens;
     let read = read_call(&req).and_then(|call| {
@@ -417,9 +423,7 @@ pub async fn optim_step(
     Json(body): Json<OptimStep>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let t = state.tinker().clone();
-    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
+    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let id = body.model_id.clone();
     let adam = body.adam_params;
     ordered(&t, model, &body.model_id, body.seq_id, move || {

@@ -2,7 +2,9 @@
 //! record, served by every inference route), `save_weights` (the training state) and
 //! `load_weights` (a new model from a saved state).
 
-use super::routes::{bad, failed, ordered, ordered_async, reap, register_model, submitted, trainer, Result};
+use super::routes::{
+    bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
+};
 use super::state::Outcome;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
@@ -33,9 +35,7 @@ pub async fn save_weights_for_sampler(
     Json(body): Json<SaveForSampler>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let t = state.tinker().clone();
-    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
+    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let entry = model.clone();
     let id = body.model_id.clone();
     let (path, sampler_seq) = (body.path.clone(), body.sampling_session_seq_id);
@@ -136,9 +136,7 @@ pub async fn save_weights(
     Json(body): Json<SaveState>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let t = state.tinker().clone();
-    let model = t.model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
+    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
     ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_state(&owner, &id, &name) {
         Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
