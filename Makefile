@@ -76,12 +76,15 @@ $(PYENV_OK):
 	touch $@
 
 # The tinker SDK, unchanged, for tests/python/test_tinker.py (a virtualenv of its own: it pins
-# its own httpx and pydantic ranges).
+# its own httpx and pydantic ranges), with transformers and jinja2 for its get_tokenizer().
 TINKERENV := target/tinkerenv
 TINKER_VERSION := 0.38.0
-$(TINKERENV)/.ok-$(TINKER_VERSION):
+TRANSFORMERS_VERSION := 5.24.0
+TINKER_OK := $(TINKERENV)/.ok-$(TINKER_VERSION)-$(TRANSFORMERS_VERSION)-$(JINJA2_VERSION)
+$(TINKER_OK):
 	python3 -m venv $(TINKERENV)
-	$(TINKERENV)/bin/python -m pip install --quiet --disable-pip-version-check tinker==$(TINKER_VERSION)
+	$(TINKERENV)/bin/python -m pip install --quiet --disable-pip-version-check tinker==$(TINKER_VERSION) \
+		transformers==$(TRANSFORMERS_VERSION) jinja2==$(JINJA2_VERSION)
 	touch $@
 
 # moto in server mode: a local S3-compatible server for the cluster test's `s3://` blob store, in a
@@ -169,7 +172,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
 test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) \
-		$(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKERENV)/.ok-$(TINKER_VERSION)
+		$(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKER_OK)
 	@# Hugging Face's ids and jinja2's renders, which crates/engine/tests/real_tokenizers.rs compares with.
 	$(PYENV)/bin/python tests/python/tokenizer_reference.py $(TOKENIZERS) target/tokenizer-reference.json $(QWEN_MODEL)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
@@ -182,7 +185,8 @@ test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART2
 		$(BROWSER)/node_modules/axe-core/axe.min.js $(ART23ENV)/bin/python
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
 	$(ART18ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)
-	$(TINKERENV)/bin/python tests/python/test_tinker.py target/debug/tandem $(MODEL)
+	@# Offline, as a user without the hub: the tokenizer comes from the directory get_info names.
+	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python tests/python/test_tinker.py target/debug/tandem $(MODEL)
 	@# The same RL loop with every record in PostgreSQL (a fresh database each run), and the cluster
 	@# of api and trainer nodes on a file:// and an s3:// (moto) blob store, when a server answers.
 	@if psql "$(PG_ADMIN_URL)" -qc 'SELECT 1' >/dev/null 2>&1; then \

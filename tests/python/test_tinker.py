@@ -24,6 +24,8 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
   bad-input         a NaN advantage, an unknown loss and targets that are not the input shifted by
                     one fail their own call (a user error, not retried); the next call still runs
   other-entity      another key's client cannot see the model (404)
+  tokenizer         TrainingClient.get_tokenizer() loads the directory get_info names, offline:
+                    its ids and chat template equal tandem's /tokenize
   session-end       leaving `with ServiceClient(...)` finishes the session cleanly
 
 Prints 'tinker: N passed, M failed' and exits non-zero on any failure.
@@ -239,13 +241,27 @@ def other_entity(ctx):
     assert status == 200 and reply["lora_rank"] == 8, (status, reply)
 
 
+def tokenizer(ctx):
+    tok = ctx.tc.get_tokenizer()
+    text = "Hello, world!  Numbers 7 12345 and accents: déjà vu, 漢字 🙂<|im_end|> end"
+    status, out, _ = ctx.server.api("POST", "/tokenize", {"model": BASE, "prompt": text, "add_special_tokens": False})
+    assert status == 200, out
+    assert tok.encode(text, add_special_tokens=False) == out["tokens"], (tok.encode(text, add_special_tokens=False), out)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    rendered = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+    rendered = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    status, out, _ = ctx.server.api("POST", "/tokenize", {"model": BASE, "messages": msgs, "add_generation_prompt": True})
+    assert status == 200 and rendered == out["tokens"], (rendered, out)
+
+
 def session_end(ctx):
     with service(ctx.server) as sc:
         tc = sc.create_lora_training_client(base_model=BASE, rank=4).result()
         tc.forward([datum(weights=1.0)], "cross_entropy").result()
 
 
-CHECKS = [sft_loop, sampler_weights, sampling, saved_state, rl_losses, pipelined, bad_input, other_entity, session_end]
+CHECKS = [sft_loop, sampler_weights, sampling, saved_state, rl_losses, pipelined, bad_input, other_entity, tokenizer,
+          session_end]
 
 
 def main():

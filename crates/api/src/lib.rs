@@ -96,6 +96,9 @@ pub struct AppConfig {
     pub training_metrics: Option<Arc<TrainingMetrics>>,
     /// `--lora-root`, canonical: turns on `/v1/load_lora_adapter` for adapters under it.
     pub lora_root: Option<std::path::PathBuf>,
+    /// Each served model's tokenizer directory (`tokenizer.json` and `tokenizer_config.json`),
+    /// named to Tinker clients by `get_info`.
+    pub tokenizer_dirs: std::collections::BTreeMap<String, std::path::PathBuf>,
     /// The Tinker training sessions; `None` where this node does not train.
     pub tinker: Option<Arc<dyn tandem_core::tinker::TinkerTrainer>>,
     /// Set while an operator drains this node: `/health` answers 503 so that load balancers
@@ -127,6 +130,10 @@ impl AppState {
     /// The Tinker routes' sessions, models and futures.
     pub(crate) fn tinker(&self) -> &Arc<tinker::state::TinkerState> {
         &self.6
+    }
+
+    pub(crate) fn tokenizer_dir(&self, model: &str) -> Option<&std::path::Path> {
+        self.0.tokenizer_dirs.get(model).map(|p| p.as_path())
     }
 
     pub(crate) fn tinker_trainer(&self) -> Option<Arc<dyn tandem_core::tinker::TinkerTrainer>> {

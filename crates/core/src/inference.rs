@@ -392,6 +392,11 @@ impl std::fmt::Debug for ValidRequest {
 /// Rendering, tokenizing and `prepare` are blocking (CPU work, file reads): call them off the
 /// async workers.
 pub trait ServedModel: Send + Sync + 'static {
+    /// The tokenizer as files a Hugging Face client loads with the same ids (`tokenizer.json`,
+    /// `tokenizer_config.json`); none where the model cannot say.
+    fn tokenizer_files(&self) -> Vec<(String, Vec<u8>)> {
+        Vec::new()
+    }
     fn info(&self) -> &BaseModelInfo;
     /// Whether a request would be queued now; checked before any rendering.
     fn has_capacity(&self) -> bool;

@@ -93,14 +93,15 @@ impl Engine {
             model.config.context_len = model.config.context_len.min(n.max(1));
         }
         let mut tok = TextTokenizer::from_meta(meta)?;
-        let template = match (meta.chat_template.as_deref(), template::builtin::for_arch(model.config.arch)) {
-            (Some(source), _) => Some(ChatTemplate::new(source)?),
-            (None, Some(builtin)) => {
-                tok.add_end_token(builtin.end_of_turn);
-                Some(ChatTemplate::new(builtin.source)?)
-            }
-            (None, None) => None,
-        };
+        let (template, template_source) =
+            match (meta.chat_template.as_deref(), template::builtin::for_arch(model.config.arch)) {
+                (Some(source), _) => (Some(ChatTemplate::new(source)?), Some(source.to_string())),
+                (None, Some(builtin)) => {
+                    tok.add_end_token(builtin.end_of_turn);
+                    (Some(ChatTemplate::new(builtin.source)?), Some(builtin.source.to_string()))
+                }
+                (None, None) => (None, None),
+            };
         let tok = Arc::new(tok);
         let info = BaseModelInfo {
             id: id.to_string(),
@@ -129,6 +130,7 @@ impl Engine {
             model,
             tok,
             template,
+            template_source,
             grammars,
             tx: Mutex::new(tx),
             metrics,

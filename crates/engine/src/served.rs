@@ -131,6 +131,8 @@ pub(crate) struct Served {
     pub model: Arc<Llama>,
     pub tok: Arc<TextTokenizer>,
     pub template: Option<ChatTemplate>,
+    /// The template's source, for the tokenizer files a Hugging Face client loads.
+    pub template_source: Option<String>,
     pub grammars: Grammars,
     pub tx: Mutex<std::sync::mpsc::Sender<Job>>,
     pub metrics: Arc<EngineMetrics>,
@@ -214,6 +216,10 @@ impl Served {
 }
 
 impl ServedModel for Served {
+    fn tokenizer_files(&self) -> Vec<(String, Vec<u8>)> {
+        self.tok.hf_files(self.template_source.as_deref(), self.info.context_len)
+    }
+
     fn info(&self) -> &BaseModelInfo {
         &self.info
     }

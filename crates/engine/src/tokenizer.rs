@@ -166,6 +166,29 @@ pub(crate) fn added_token(meta: &TokenizerMeta, id: usize, special: bool) -> Val
 }
 
 impl TextTokenizer {
+    /// The tokenizer as a directory `transformers.AutoTokenizer.from_pretrained` loads with the
+    /// same ids: `tokenizer.json` (the one tandem tokenizes with) and `tokenizer_config.json`
+    /// (its special tokens, the chat template, the context).
+    pub fn hf_files(&self, chat_template: Option<&str>, context_len: usize) -> Vec<(String, Vec<u8>)> {
+        let mut config = json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": self.token_text(self.eos_id),
+            "model_max_length": context_len,
+            "add_bos_token": self.add_bos,
+            "clean_up_tokenization_spaces": false,
+        });
+        if let Some(bos) = self.bos_id {
+            config["bos_token"] = json!(self.token_text(bos));
+        }
+        if let Some(t) = chat_template {
+            config["chat_template"] = json!(t);
+        }
+        vec![
+            ("tokenizer.json".to_string(), self.inner.to_string(false).unwrap_or_default().into_bytes()),
+            ("tokenizer_config.json".to_string(), config.to_string().into_bytes()),
+        ]
+    }
+
     pub fn from_meta(meta: &TokenizerMeta) -> Result<Self, TokenizerError> {
         let (inner, token_bytes, special) = match (meta.model.as_str(), &meta.hf_json) {
             (_, Some(json)) => hugging_face(json)?,

@@ -78,6 +78,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     }
 
     let backend: SharedBackend = Arc::new(engine);
+    let tokenizer_dirs = write_tokenizers(&config.data_dir, &backend)?;
     // The trainer renders and tokenizes with the engine's own template and tokenizer, so training
     // sees exactly the prompts serving saw.
     let bases = config
@@ -132,6 +133,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         },
         jobs_waker: worker.waker(),
         backend: Some(backend),
+        tokenizer_dirs,
         per_entity_limit: config.per_entity_limit,
         priority_scheduling: config.priority_scheduling,
         reasoning_parser: config.reasoning_parser,
@@ -191,6 +193,30 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 
 /// `--lora-root`, canonical. Adapters load from anywhere under it, for any entity, so it may not
 /// hold the data directory (other entities' checkpoints) nor lie inside it.
+/// Each served model's tokenizer as a directory a Hugging Face client loads
+/// (`<data dir>/tokenizers/<model id with / as -->`), rewritten at every start: Tinker's
+/// `get_info` names it, so the SDK's `get_tokenizer()` works offline on this machine.
+fn write_tokenizers(
+    data_dir: &Path,
+    backend: &SharedBackend,
+) -> anyhow::Result<std::collections::BTreeMap<String, std::path::PathBuf>> {
+    let mut dirs = std::collections::BTreeMap::new();
+    for m in backend.models() {
+        let files = m.tokenizer_files();
+        if files.is_empty() {
+            continue;
+        }
+        let id = m.info().id.clone();
+        let dir = data_dir.join("tokenizers").join(id.replace('/', "--").replace(':', "_"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, bytes) in files {
+            std::fs::write(dir.join(&name), bytes).with_context(|| format!("writing {name} of {id}"))?;
+        }
+        dirs.insert(id, dir.canonicalize().unwrap_or(dir));
+    }
+    Ok(dirs)
+}
+
 /// Where parked training jobs' states go. A state outlives only its job's run (a job interrupted
 /// by a restart runs again from its stored inputs), so a process alone on its store empties it
 /// at start; processes sharing a database may share a data directory, and leave it.

@@ -259,7 +259,12 @@ pub async fn get_info(
     let m = state.tinker().model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
     Ok(Json(json!({
         "model_id": body.model_id,
-        "model_data": { "model_name": m.base_model, "arch": "llama" },
+        "model_data": {
+            "model_name": m.base_model,
+            "arch": "llama",
+            // A local directory (`AutoTokenizer.from_pretrained` takes it) on this machine.
+            "tokenizer_id": state.tokenizer_dir(&m.base_model).map(|d| d.display().to_string()),
+        },
         "optimizer_config": { "type": "adamw" },
         "is_lora": true,
         "lora_rank": m.rank,

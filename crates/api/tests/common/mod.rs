@@ -68,6 +68,7 @@ pub async fn test_app_configured(
         training_metrics: Some(Arc::default()),
         lora_root,
         tinker: None,
+        tokenizer_dirs: Default::default(),
     });
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, heartbeat, _dir: dir }
 }
