@@ -74,7 +74,8 @@ pub struct ModelEntry {
 
 /// How long a finished future stays fetchable, and how many one entity may hold.
 const FUTURE_TTL: Duration = Duration::from_secs(3600);
-pub const MAX_FUTURES_PER_ENTITY: usize = 100_000;
+/// (Each pending one is a waiting task: 10,000 bound what one entity holds to a few MB.)
+pub const MAX_FUTURES_PER_ENTITY: usize = 10_000;
 pub const MAX_SESSIONS_PER_ENTITY: usize = 64;
 /// Training models one entity may hold at once (the server holds `--max-tinker-models` in all),
 /// so no entity takes every place.
