@@ -19,7 +19,8 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     greedy sampling of the base model equal to /v1/completions' greedy text
   saved-state       save_state, then create_training_client_from_state_with_optimizer and
                     create_training_client_from_state: the same weights; with the optimizer the
-                    next step's result is identical, with fresh moments it is not
+                    next step's result is identical, with fresh moments it is not; the RestClient
+                    lists the run's checkpoints and deletes one by its tinker path
   pipelined         calls submitted without waiting for results run in seq_id order
   bad-input         a NaN advantage, an unknown loss and targets that are not the input shifted by
                     one fail their own call (a user error, not retried); the next call still runs
@@ -189,6 +190,15 @@ def saved_state(ctx):
     after = [c.forward([d], "cross_entropy").result().metrics["loss:sum"] for c in clients]
     assert after[0] == after[1], f"the restored optimizer continued differently: {after}"
     assert abs(after[0] - after[2]) > 1e-4, f"fresh moments took the same step: {after}"
+    # The RestClient lists the run's checkpoints and deletes one by its tinker path.
+    rest = sc.create_rest_client()
+    listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+    paths = {c.tinker_path: c.checkpoint_type for c in listed}
+    assert paths.get(saved.path) == "training" and paths.get(f"tinker://{tc.model_id}/sampler_weights/after-sft") == "sampler", paths
+    rest.save = tc.save_state("scratch").result().path
+    rest.delete_checkpoint_from_tinker_path(rest.save).result()
+    after_delete = {c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+    assert rest.save not in after_delete and saved.path in after_delete, after_delete
 
 
 def pipelined(ctx):

@@ -85,6 +85,10 @@ pub trait TinkerTrainer: Send + Sync {
         name: &str,
         with_optimizer: bool,
     ) -> Result<(), TinkerError>;
+    /// `owner`'s saved states of `model_id`: (name, bytes, written at, ms since the epoch).
+    fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
+    /// Deletes a saved state; whether it existed.
+    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

@@ -178,6 +178,32 @@ impl TinkerTrainer for TinkerModels {
         self.hold(model_id, session)
     }
 
+    fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)> {
+        let Ok(probe) = self.state_path(owner, model_id, "x") else { return Vec::new() };
+        let Some(dir) = probe.parent() else { return Vec::new() };
+        let mut out: Vec<(String, u64, i64)> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|f| {
+                let path = f.path();
+                let name = path.file_name()?.to_str()?.strip_suffix(".safetensors")?.to_string();
+                let meta = f.metadata().ok()?;
+                let at = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64;
+                Some((name, meta.len(), at))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool {
+        let Ok(path) = self.state_path(owner, model_id, name) else { return false };
+        let existed = std::fs::remove_file(&path).is_ok();
+        let _ = std::fs::remove_file(path.with_extension("json"));
+        existed
+    }
+
     fn release(&self, model_id: &str) {
         self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
     }

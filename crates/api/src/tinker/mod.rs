@@ -40,6 +40,8 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/create_sampling_session", post(sample::create))
         .route("/samplers/{id}", axum::routing::get(sample::get))
         .route("/asample", post(sample::asample))
+        .route("/training_runs/{run}/checkpoints", axum::routing::get(weights::list_checkpoints))
+        .route("/training_runs/{run}/checkpoints/{kind}/{name}", axum::routing::delete(weights::delete_checkpoint))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)
         .layer(from_fn_with_state(state, require_tinker))

@@ -208,3 +208,78 @@ fn parse_state_path(path: &str) -> Option<(String, String)> {
     let (model, name) = rest.split_once("/weights/")?;
     (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
 }
+
+/// RFC 3339 of milliseconds since the epoch (the SDK parses `time` as a datetime).
+fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// `GET training_runs/{model_id}/checkpoints` (`RestClient.list_checkpoints`): the model's saved
+/// training states and its sampler weights saved by name while its session lives.
+pub async fn list_checkpoints(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Path(run): axum::extract::Path<String>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let model = state.tinker().model(&caller.entity, &run);
+    let states = {
+        let (owner, run) = (caller.entity.clone(), run.clone());
+        tokio::task::spawn_blocking(move || trainer.list_states(&owner, &run)).await.unwrap_or_default()
+    };
+    if model.is_none() && states.is_empty() {
+        return Err(ApiError::not_found("training run").into());
+    }
+    let mut out: Vec<Value> = states
+        .into_iter()
+        .map(|(name, size, at)| {
+            json!({ "checkpoint_id": format!("weights/{name}"), "checkpoint_type": "training", "time": rfc3339(at),
+                    "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false })
+        })
+        .collect();
+    if let Some(m) = model {
+        let steps: Vec<(String, i64)> =
+            m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (name, step) in steps {
+            let Ok(cp) = state.store().get_checkpoint(m.record_id, step).await else { continue };
+            out.push(json!({ "checkpoint_id": format!("sampler_weights/{name}"), "checkpoint_type": "sampler",
+                             "time": rfc3339(cp.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{name}"),
+                             "public": false }));
+        }
+    }
+    Ok(Json(json!({ "checkpoints": out })))
+}
+
+/// `DELETE training_runs/{model_id}/checkpoints/{kind}/{name}`: a saved training state, or
+/// sampler weights saved by name (their checkpoint of the model's tandem record goes too).
+pub async fn delete_checkpoint(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Path((run, kind, name)): axum::extract::Path<(String, String, String)>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    match kind.as_str() {
+        "weights" => {
+            let owner = caller.entity.clone();
+            let gone =
+                tokio::task::spawn_blocking(move || trainer.delete_state(&owner, &run, &name)).await.unwrap_or(false);
+            if !gone {
+                return Err(ApiError::not_found("checkpoint").into());
+            }
+        }
+        "sampler_weights" => {
+            let m = state.tinker().model(&caller.entity, &run).ok_or_else(|| ApiError::not_found("checkpoint"))?;
+            let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            let step = step.ok_or_else(|| ApiError::not_found("checkpoint"))?;
+            let deleted = state.store().delete_checkpoints(m.record_id, &[step]).await.map_err(ApiError::from)?;
+            for cp in deleted.deleted {
+                let _ = state.checkpoints().remove(&cp.path).await;
+            }
+        }
+        _ => return Err(ApiError::not_found("checkpoint").into()),
+    }
+    Ok(Json(json!({})))
+}
