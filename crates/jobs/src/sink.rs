@@ -83,38 +83,42 @@ impl TrainSink for StoreSink {
     }
 
     fn boundary(&mut self, held: &mut dyn Park) -> Option<TrainError> {
-        let Some(turn) = self.turn.as_mut() else { return self.checks() };
-        if turn.boundary_or_park(true) {
-            // Another entity's job needs this one's place in memory.
-            let t = Instant::now();
-            let freed = match held.park(&self.park_path) {
-                Ok(()) => {
-                    let bytes = std::fs::metadata(&self.park_path).map(|m| m.len()).unwrap_or(0);
-                    let secs = t.elapsed().as_secs_f64();
-                    tracing::info!(job_id = %self.job_id, bytes, secs, "training job parked for another entity's");
-                    true
-                }
-                Err(e) => {
-                    tracing::warn!(job_id = %self.job_id, error = %e, "could not park a training job; it stays in memory");
-                    false
-                }
-            };
-            self.metrics.parked();
-            turn.park(freed);
-            // Stopping or cancelled while parked: the state is not read back for nothing.
-            if let Some(stop) = self.checks() {
-                return Some(stop);
-            }
-            if let Err(e) = held.unpark() {
-                return Some(TrainError::Failed(format!("reading back the parked training state: {e}")));
-            }
-            return None;
+        let must_park = self.turn.as_mut().is_some_and(|turn| turn.boundary_or_park(true));
+        if !must_park {
+            return self.checks();
         }
-        self.checks()
+        // Another entity's job needs this one's place in memory.
+        let freed = self.park(held);
+        if let Some(turn) = self.turn.as_mut() {
+            turn.park(freed);
+        }
+        // Stopping or cancelled while parked: the state is not read back for nothing.
+        if let Some(stop) = self.checks() {
+            return Some(stop);
+        }
+        held.unpark().err().map(|e| TrainError::Failed(format!("reading back the parked training state: {e}")))
     }
 }
 
 impl StoreSink {
+    /// Writes the job's state out; whether it left memory (a failed write keeps it there).
+    fn park(&self, held: &mut dyn Park) -> bool {
+        let t = Instant::now();
+        match held.park(&self.park_path) {
+            Ok(()) => {
+                let bytes = std::fs::metadata(&self.park_path).map(|m| m.len()).unwrap_or(0);
+                let secs = t.elapsed().as_secs_f64();
+                tracing::info!(job_id = %self.job_id, bytes, secs, "training job parked for another entity's");
+                self.metrics.parked();
+                true
+            }
+            Err(e) => {
+                tracing::warn!(job_id = %self.job_id, error = %e, "could not park a training job; it stays in memory");
+                false
+            }
+        }
+    }
+
     /// The checks of a step boundary: shutdown, a lost lease, cancellation.
     fn checks(&mut self) -> Option<TrainError> {
         self.heartbeat.beat(now_ms(), true);

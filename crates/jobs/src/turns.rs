@@ -109,7 +109,7 @@ impl Ledger {
             self.held.remove(&id);
         }
         self.waiting.push(id);
-        let next = self.take_least_served(|_, _| true).unwrap_or(id);
+        let next = self.take_least_served().unwrap_or(id);
         self.give(next);
         next
     }
@@ -122,7 +122,7 @@ impl Ledger {
         if self.holder == Some(id) {
             self.holder = None;
             // The leaver's place is free, so the least served fits whoever it is.
-            if let Some(next) = self.take_least_served(|_, _| true) {
+            if let Some(next) = self.take_least_served() {
                 self.give(next);
             }
         }
@@ -155,8 +155,9 @@ impl Ledger {
         best.map(|(i, _)| i)
     }
 
-    fn take_least_served(&mut self, fits: impl Fn(&Self, u64) -> bool) -> Option<u64> {
-        self.least_served(fits).map(|i| self.waiting.remove(i))
+    /// Removes and returns the least-served waiter, whoever it is.
+    fn take_least_served(&mut self) -> Option<u64> {
+        self.least_served(|_, _| true).map(|i| self.waiting.remove(i))
     }
 }
 

@@ -66,8 +66,10 @@ impl Held {
     pub fn load(path: &Path, config: AdapterConfig, params: AdamParams) -> Result<Self, String> {
         let mut t = candle_core::safetensors::load(path, &Device::Cpu)
             .map_err(|e| format!("reading the training state {}: {e}", path.display()))?;
-        let mut take = |name: &str| t.remove(name).ok_or_else(|| format!("the training state has no {name}"));
-        let step: Vec<u32> = take("adam.step")?.to_vec1().map_err(|e| e.to_string())?;
+        let take = |t: &mut HashMap<String, Tensor>, name: &str| {
+            t.remove(name).ok_or_else(|| format!("the training state has no {name}"))
+        };
+        let step: Vec<u32> = take(&mut t, "adam.step")?.to_vec1().map_err(|e| e.to_string())?;
         let step_t = *step.first().ok_or("the training state's step is empty")? as usize;
         let var = |t: Tensor| -> Result<Var, String> {
             if t.dtype() != DType::F32 || t.rank() != 2 {
@@ -75,24 +77,24 @@ impl Held {
             }
             Var::from_tensor(&t).map_err(|e| e.to_string())
         };
+        // Layers until the first one the file lacks.
         let mut pairs = Vec::new();
-        while let Ok(a) = take(&format!("lora.{}.0.a", pairs.len())) {
+        while t.contains_key(&format!("lora.{}.0.a", pairs.len())) {
             let l = pairs.len();
-            let mut layer = Vec::with_capacity(7);
-            let mut a = Some(a);
-            for m in 0..7 {
-                let a = match a.take() {
-                    Some(a) => a,
-                    None => take(&format!("lora.{l}.{m}.a"))?,
-                };
-                layer.push((var(a)?, var(take(&format!("lora.{l}.{m}.b"))?)?));
-            }
+            let layer = (0..7)
+                .map(|m| {
+                    Ok((
+                        var(take(&mut t, &format!("lora.{l}.{m}.a"))?)?,
+                        var(take(&mut t, &format!("lora.{l}.{m}.b"))?)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
             pairs.push(<[(Var, Var); 7]>::try_from(layer).map_err(|_| "an adapter layer needs seven pairs")?);
         }
         let lora = Lora { config: config.clone(), pairs };
         let vars = lora.vars();
         let moments = (0..vars.len())
-            .map(|i| Ok((take(&format!("adam.{i}.m"))?, take(&format!("adam.{i}.v"))?)))
+            .map(|i| Ok((take(&mut t, &format!("adam.{i}.m"))?, take(&mut t, &format!("adam.{i}.v"))?)))
             .collect::<Result<Vec<_>, String>>()?;
         let opt = AdamW::restore(vars, moments, step_t, params).map_err(|e| e.to_string())?;
         Ok(Held { config, params, live: Some(Live { lora, opt }), parked: None })

@@ -21,6 +21,10 @@ use tandem_core::tinker::Datum;
 use tandem_jobs::TrainError;
 use tandem_model::peft::AdapterConfig;
 
+/// The optimizer's settings before the first `optim_step`, which brings the call's own (these
+/// are Tinker's defaults; they only size the moments).
+const UNSET: AdamParams = AdamParams { lr: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 };
+
 /// One `optim_step`: AdamW's settings for this step, and global-norm clipping (0: none).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamStep {
@@ -59,20 +63,13 @@ impl Session {
         let (base, _) = trainer.base(base_id)?;
         let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
         let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
-        // The first optim_step sets the real settings; these only size the moments.
-        let params = AdamParams { lr: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 };
-        Ok(Session { base, base_id: base_id.to_string(), held: Held::new(lora, params).map_err(failed)?, grads: None })
+        Ok(Session { base, base_id: base_id.to_string(), held: Held::new(lora, UNSET).map_err(failed)?, grads: None })
     }
 
-    /// The held state, to park between calls (only without pending gradients: see
-    /// [`Session::can_park`]).
-    pub fn held(&mut self) -> &mut Held {
-        &mut self.held
-    }
-
-    /// Gradients summed since the last step live only in memory: a session with some is not
-    /// parked.
-    pub fn can_park(&self) -> bool {
+    /// No gradient is pending (a session is never parked, but the tests read what a refused
+    /// call left behind through this).
+    #[cfg(test)]
+    fn can_park(&self) -> bool {
         self.grads.is_none()
     }
 
@@ -171,11 +168,10 @@ impl Session {
             state_info(path).ok_or_else(|| TrainError::Invalid("no such saved state".into()))?;
         let (base, _) = trainer.base(&base_id)?;
         let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
-        let params = AdamParams { lr: 0.0, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 };
-        let mut held = Held::load(path, config, params).map_err(TrainError::Failed)?;
+        let mut held = Held::load(path, config, UNSET).map_err(TrainError::Failed)?;
         if !with_optimizer {
             let lora = held.take_lora().ok_or_else(|| TrainError::Failed("the saved state is empty".into()))?;
-            held = Held::new(lora, params).map_err(failed)?;
+            held = Held::new(lora, UNSET).map_err(failed)?;
         }
         if held.live()?.lora.pairs.len() != base.config.n_layer {
             return Err(TrainError::Invalid(format!("the saved state does not fit {base_id}")));

@@ -39,12 +39,12 @@ impl TinkerModels {
     }
 
     /// Where `owner`'s state `name` of `model_id` lives. The owner is hashed (any entity name
-    /// is a safe directory); ids and names were checked for `/` and `..` by the caller.
+    /// is a safe directory); an id or name that could leave its directory is refused.
     fn state_path(&self, owner: &str, model_id: &str, name: &str) -> Result<PathBuf, TinkerError> {
         let safe = |s: &str| !s.is_empty() && !s.contains(['/', '\\', '\0']) && s != "." && s != "..";
         if !safe(model_id) || !safe(name) || name.len() > 128 {
             return Err(TinkerError::User(format!(
-                "the state name {name:?} may not be empty, hold '/' or exceed 128 bytes"
+                "the state {model_id:?}/{name:?}: ids and names may not be empty, `.` or `..`, hold '/' or '\\', or exceed 128 bytes"
             )));
         }
         let hash: String = Sha256::digest(owner.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect();

@@ -1,7 +1,7 @@
 //! The `/v1/preview` area: the W&B-Training-style control plane ART's `ServerlessBackend` uses.
 //! Every route requires a key; every object is scoped to the key's entity.
 
-mod checkpoints;
+pub(crate) mod checkpoints;
 mod datasets;
 mod history;
 mod jobs;

@@ -41,13 +41,18 @@ pub(super) fn trainer(state: &AppState) -> Result<Arc<dyn TinkerTrainer>> {
 /// Ends idle sessions and releases their models (at each new session and model).
 pub(super) fn reap(state: &AppState) {
     let models = state.tinker().reap_idle();
-    if let Some(trainer) = state.tinker_trainer() {
-        for m in &models {
-            trainer.release(m);
-        }
-    }
+    release(state, &models);
     if !models.is_empty() {
         tracing::info!(models = models.len(), "released the training models of idle Tinker sessions");
+    }
+}
+
+/// Frees the trainer's sessions of ended models.
+fn release(state: &AppState, models: &[String]) {
+    if let Some(trainer) = state.tinker_trainer() {
+        for m in models {
+            trainer.release(m);
+        }
     }
 }
 
@@ -115,27 +120,14 @@ pub async fn heartbeat(
     }
 }
 
-/// Ends a session and releases its models.
+/// Ends a session: its samplers go and its models are released.
 pub async fn finish(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>> {
-    let t = state.tinker();
-    let session = {
-        let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        match sessions.get(&id) {
-            Some(s) if s.entity == caller.entity => sessions.remove(&id),
-            _ => None,
-        }
-    };
-    let session = session.ok_or_else(|| ApiError::not_found("session"))?;
-    for model in &session.models {
-        t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model);
-        if let Some(trainer) = state.tinker_trainer() {
-            trainer.release(model);
-        }
-    }
+    let models = state.tinker().finish(&caller.entity, &id).ok_or_else(|| ApiError::not_found("session"))?;
+    release(&state, &models);
     Ok(Json(json!({})))
 }
 

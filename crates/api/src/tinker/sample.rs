@@ -4,20 +4,17 @@
 //! SDK's protobuf `SampleResponse`.
 
 use super::pb;
-use super::routes::{new_future, submitted_samples};
-use super::state::Outcome;
+use super::routes::{bad, new_future, submitted_samples, Result};
+use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::error::{ApiError, ErrorKind};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use prost::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use tandem_core::inference::{FinishReason, InferEvent};
-
-type Result<T> = std::result::Result<T, PreviewError>;
 
 /// A sampling session: whose it is and the model string it samples (as `/v1/completions`
 /// takes it).
@@ -26,6 +23,20 @@ pub struct Sampler {
     pub model: String,
     pub base_model: String,
     pub model_path: Option<String>,
+}
+
+impl Sampler {
+    /// A sampler of the sampler weights saved as checkpoint `step` of model `model_id`'s
+    /// tandem record (`{entity}/tinker/{session}-train-{n}`), known to Tinker as `path`.
+    pub fn of_checkpoint(entity: &str, model_id: &str, base_model: &str, step: i64, path: String) -> Self {
+        let record = model_id.replace(":train:", "-train-");
+        Sampler {
+            entity: entity.to_string(),
+            model: format!("{entity}/tinker/{record}:step{step}"),
+            base_model: base_model.to_string(),
+            model_path: Some(path),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -57,13 +68,7 @@ pub async fn create(
             let m = t.model(&caller.entity, model_id).ok_or_else(|| ApiError::not_found("sampler weights"))?;
             let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied();
             let step = step.ok_or_else(|| ApiError::not_found("sampler weights"))?;
-            let record = model_id.replace(":train:", "-train-");
-            Sampler {
-                entity: caller.entity.clone(),
-                model: format!("{}/tinker/{record}:step{step}", caller.entity),
-                base_model: m.base_model.clone(),
-                model_path: Some(path.clone()),
-            }
+            Sampler::of_checkpoint(&caller.entity, model_id, &m.base_model, step, path.clone())
         }
         (None, Some(base)) => {
             if state.model(base).is_none() {
@@ -74,7 +79,13 @@ pub async fn create(
         (None, None) => return Err(bad("base_model or model_path is required").into()),
     };
     let id = format!("{}:sample:{}", body.session_id, body.sampling_session_seq_id);
-    t.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), Arc::new(sampler));
+    if !t.add_sampler(id.clone(), sampler) {
+        return Err(ApiError::new(
+            ErrorKind::TooManyRequests,
+            format!("an entity may hold {MAX_SAMPLERS_PER_ENTITY} sampling sessions; finish a session first"),
+        )
+        .into());
+    }
     Ok(Json(json!({ "sampling_session_id": id, "type": "create_sampling_session" })))
 }
 
@@ -86,10 +97,6 @@ pub async fn get(
 ) -> Result<Json<Value>> {
     let s = state.tinker().sampler(&caller.entity, &id).ok_or_else(|| ApiError::not_found("sampler"))?;
     Ok(Json(json!({ "sampler_id": id, "base_model": s.base_model, "model_path": s.model_path })))
-}
-
-fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorKind::Validation, message)
 }
 
 #[derive(Deserialize)]

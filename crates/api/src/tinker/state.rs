@@ -3,7 +3,7 @@
 //! restart ends every session, as the SDK's server does for a lost session.
 
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -77,6 +77,8 @@ const FUTURE_TTL: Duration = Duration::from_secs(3600);
 /// (Each pending one is a waiting task: 10,000 bound what one entity holds to a few MB.)
 pub const MAX_FUTURES_PER_ENTITY: usize = 10_000;
 pub const MAX_SESSIONS_PER_ENTITY: usize = 64;
+/// Sampling sessions one entity may hold (they end with their session).
+pub const MAX_SAMPLERS_PER_ENTITY: usize = 1024;
 /// Training models one entity may hold at once (the server holds `--max-tinker-models` in all),
 /// so no entity takes every place.
 pub const MAX_MODELS_PER_ENTITY: usize = 4;
@@ -128,25 +130,49 @@ impl TinkerState {
         models.get(id).filter(|m| m.entity == entity).cloned()
     }
 
-    /// Ends the sessions idle past [`SESSION_IDLE`]: the ids of the models to release.
-    pub fn reap_idle(&self) -> Vec<String> {
-        let ended: Vec<SessionEntry> = {
+    /// Ends the sessions `ending` picks, with their samplers and their models' entries: how many
+    /// ended, and the ids of the models to release.
+    fn end_sessions(&self, ending: impl Fn(&str, &SessionEntry) -> bool) -> (usize, Vec<String>) {
+        let ended: Vec<(String, SessionEntry)> = {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            let idle: Vec<String> =
-                sessions.iter().filter(|(_, s)| s.last_seen.elapsed() > SESSION_IDLE).map(|(k, _)| k.clone()).collect();
-            idle.iter().filter_map(|k| sessions.remove(k)).collect()
+            let ids: Vec<String> = sessions.iter().filter(|(k, s)| ending(k, s)).map(|(k, _)| k.clone()).collect();
+            ids.into_iter().filter_map(|k| sessions.remove(&k).map(|s| (k, s))).collect()
         };
-        let models: Vec<String> = ended.into_iter().flat_map(|s| s.models).collect();
-        self.samplers.lock().unwrap_or_else(|e| e.into_inner()).retain(|id, _| {
-            id.split_once(":sample:").is_none_or(|(session, _)| {
-                self.sessions.lock().unwrap_or_else(|e| e.into_inner()).contains_key(session)
-            })
-        });
+        let ids: HashSet<&str> = ended.iter().map(|(k, _)| k.as_str()).collect();
+        self.samplers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|id, _| id.split_once(":sample:").is_none_or(|(session, _)| !ids.contains(session)));
+        let count = ended.len();
+        let models: Vec<String> = ended.into_iter().flat_map(|(_, s)| s.models).collect();
         let mut held = self.models.lock().unwrap_or_else(|e| e.into_inner());
         for m in &models {
             held.remove(m);
         }
-        models
+        (count, models)
+    }
+
+    /// Ends the sessions idle past [`SESSION_IDLE`]: the ids of the models to release.
+    pub fn reap_idle(&self) -> Vec<String> {
+        self.end_sessions(|_, s| s.last_seen.elapsed() > SESSION_IDLE).1
+    }
+
+    /// Ends `entity`'s session `id`: the ids of the models to release, `None` when it has no
+    /// such session.
+    pub fn finish(&self, entity: &str, id: &str) -> Option<Vec<String>> {
+        let (count, models) = self.end_sessions(|k, s| k == id && s.entity == entity);
+        (count > 0).then_some(models)
+    }
+
+    /// Adds a sampling session; `false` when its entity holds [`MAX_SAMPLERS_PER_ENTITY`].
+    pub fn add_sampler(&self, id: String, sampler: super::sample::Sampler) -> bool {
+        let mut samplers = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        let held = samplers.values().filter(|s| s.entity == sampler.entity).count();
+        if !samplers.contains_key(&id) && held >= MAX_SAMPLERS_PER_ENTITY {
+            return false;
+        }
+        samplers.insert(id, Arc::new(sampler));
+        true
     }
 
     /// Models `entity` holds.

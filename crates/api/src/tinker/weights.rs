@@ -5,7 +5,8 @@
 use super::routes::{
     bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
 };
-use super::state::Outcome;
+use super::sample::Sampler;
+use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
 use crate::AppState;
@@ -72,19 +73,13 @@ pub async fn save_weights_for_sampler(
                 match sampler_seq {
                     Some(seq) if ephemeral => {
                         let sampler_id = format!("{}:sample:{seq}", entry.session_id);
-                        let record = id.replace(":train:", "-train-");
-                        let sampler = super::sample::Sampler {
-                            entity: entity.clone(),
-                            model: format!("{entity}/tinker/{record}:step{step}"),
-                            base_model: entry.base_model.clone(),
-                            model_path: Some(path),
-                        };
-                        state
-                            .tinker()
-                            .samplers
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(sampler_id.clone(), std::sync::Arc::new(sampler));
+                        let sampler = Sampler::of_checkpoint(&entity, &id, &entry.base_model, step, path);
+                        if !state.tinker().add_sampler(sampler_id.clone(), sampler) {
+                            return Outcome::Failed {
+                                error: format!("an entity may hold {MAX_SAMPLERS_PER_ENTITY} sampling sessions; finish a session first"),
+                                category: "user",
+                            };
+                        }
                         Outcome::Json(json!({ "sampling_session_id": sampler_id, "type": "save_weights_for_sampler" }))
                     }
                     _ => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
@@ -275,9 +270,8 @@ pub async fn delete_checkpoint(
             let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
             let step = step.ok_or_else(|| ApiError::not_found("checkpoint"))?;
             let deleted = state.store().delete_checkpoints(m.record_id, &[step]).await.map_err(ApiError::from)?;
-            for cp in deleted.deleted {
-                let _ = state.checkpoints().remove(&cp.path).await;
-            }
+            // As the preview API deletes: the engine forgets the cached adapter, then the files go.
+            crate::preview::checkpoints::remove_files(&state, &deleted.deleted).await;
         }
         _ => return Err(ApiError::not_found("checkpoint").into()),
     }

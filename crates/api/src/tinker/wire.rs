@@ -58,10 +58,17 @@ fn values(t: &pb::Tensor) -> Result<Vec<f64>, String> {
         }
         None => return Err("has no data".into()),
     };
-    let width = match pb::DType::try_from(t.dtype) {
-        Ok(pb::DType::DtypeFloat32) | Ok(pb::DType::DtypeInt32) => 4,
-        Ok(pb::DType::DtypeInt64) => 8,
-        Ok(pb::DType::DtypeBfloat16) => 2,
+    // The dtype picks the width and the decoder once, not per value.
+    let (width, decode): (usize, fn(&[u8]) -> f64) = match pb::DType::try_from(t.dtype) {
+        Ok(pb::DType::DtypeFloat32) => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+        Ok(pb::DType::DtypeInt32) => (4, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+        Ok(pb::DType::DtypeInt64) => {
+            (8, |b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64)
+        }
+        // bfloat16 is the high half of a float32.
+        Ok(pb::DType::DtypeBfloat16) => {
+            (2, |b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16) as f64)
+        }
         _ => return Err(format!("has dtype {}, not float32, bfloat16, int32 or int64", t.dtype)),
     };
     if dense.len() % width != 0 {
@@ -76,13 +83,7 @@ fn values(t: &pb::Tensor) -> Result<Vec<f64>, String> {
         [len] if *len == n as i64 => {}
         shape => return Err(format!("has shape {shape:?} for {n} values: only 1-D tensors are served")),
     }
-    let out = dense.chunks_exact(width).map(|b| match (pb::DType::try_from(t.dtype), b.len()) {
-        (Ok(pb::DType::DtypeFloat32), _) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-        (Ok(pb::DType::DtypeInt32), _) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-        (Ok(pb::DType::DtypeBfloat16), _) => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16) as f64,
-        _ => i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f64,
-    });
-    Ok(out.collect())
+    Ok(dense.chunks_exact(width).map(decode).collect())
 }
 
 /// Reads one datum: its tokens, its `target_tokens` (integer ids, one per input token) and its
