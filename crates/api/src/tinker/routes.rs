@@ -56,8 +56,11 @@ fn release(state: &AppState, models: &[String]) {
     }
 }
 
+/// A 422 in FastAPI's shape, `{"detail": [{"loc": ["body"], "msg": ..., ...}]}` (a
+/// validation error with no field would render an empty `detail`).
 pub(super) fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorKind::Validation, message)
+    let msg = format!("Value error, {}", message.into());
+    ApiError::field(vec![tandem_core::validate::Loc::from("body")], "value_error", msg, Value::Null)
 }
 
 pub async fn client_config() -> Json<Value> {
@@ -203,6 +206,9 @@ pub async fn create_model(
         ))));
     }
     let lora = body.lora_config.ok_or_else(|| bad("lora_config is required: only LoRA models are trained"))?;
+    if !(1..=256).contains(&lora.rank) {
+        return Err(PreviewError(bad(format!("lora_config.rank {}: expected 1 to 256", lora.rank))));
+    }
     if !(lora.train_mlp && lora.train_attn) {
         return Err(PreviewError(bad(
             "training only the attention or only the MLP modules is not served: set train_attn and train_mlp",
