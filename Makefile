@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma model-qwen tokenizers build run test check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -85,6 +85,34 @@ $(TINKER_OK):
 	python3 -m venv $(TINKERENV)
 	$(TINKERENV)/bin/python -m pip install --quiet --disable-pip-version-check tinker==$(TINKER_VERSION) \
 		transformers==$(TRANSFORMERS_VERSION) jinja2==$(JINJA2_VERSION)
+	touch $@
+
+# tinker-cookbook 0.6.1 and ART 0.5.23's TinkerNativeBackend for `make test-cookbook`, each in a
+# Python 3.12 virtualenv of its own (they pin different tinker SDKs: 0.38 and 0.34), both with
+# PyTorch 2.11.0 (the cookbook and ART's Tinker path build tensors with it; PyPI's CUDA build, ~5 GB
+# each, runs on the CPU; the second install comes from pip's cache). The cookbook names
+# tml-renderers >= 0.4.1, which the registry does not carry (0.2.1 is its newest): the cookbook is
+# installed without its own dependency list, then with that list minus tml-renderers, which only the
+# Inkling/Kimi renderers import (never these tests); its math_rl recipe's extras as it names them.
+COOKBOOKENV := target/cookbookenv
+COOKBOOK_VERSION := 0.6.1
+TORCH_VERSION := 2.11.0
+COOKBOOK_OK := $(COOKBOOKENV)/.ok-$(COOKBOOK_VERSION)-$(TINKER_VERSION)-$(TORCH_VERSION)
+$(COOKBOOK_OK):
+	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: the cookbook tests need Python 3.12" >&2; exit 1; fi; \
+	"$$py" -m venv $(COOKBOOKENV)
+	$(COOKBOOKENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps tinker-cookbook==$(COOKBOOK_VERSION)
+	$(COOKBOOKENV)/bin/python -m pip install --quiet --disable-pip-version-check tinker==$(TINKER_VERSION) \
+		torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) jinja2==$(JINJA2_VERSION) aiohttp anyio \
+		blobfile chz cloudpickle datasets huggingface-hub numpy pillow pydantic pyrage rich safetensors termcolor \
+		tiktoken tqdm "math-verify>=0.5.0" "pylatexenc>=2.0" "sympy>=1.12.0"
+	touch $@
+ARTTINKERENV := target/arttinkerenv
+ARTTINKER_OK := $(ARTTINKERENV)/.ok-$(ART23_VERSION)
+$(ARTTINKER_OK):
+	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: ART $(ART23_VERSION) needs Python 3.12" >&2; exit 1; fi; \
+	"$$py" -m venv $(ARTTINKERENV)
+	$(ARTTINKERENV)/bin/python -m pip install --quiet --disable-pip-version-check "openpipe-art[tinker]==$(ART23_VERSION)"
 	touch $@
 
 # moto in server mode: a local S3-compatible server for the cluster test's `s3://` blob store, in a
@@ -200,6 +228,15 @@ test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART2
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
 	$(ART23ENV)/bin/python tests/python/test_qwen.py target/debug/tandem $(QWEN_MODEL) $(QWEN15_MODEL) $(MODEL)
 	$(PYENV)/bin/python bench/fairness.py target/debug/tandem $(MODEL) --check
+
+## test-cookbook: tinker-cookbook 0.6.1's RL (math_rl arithmetic) and supervised (chat_sl) loops and ART
+## 0.5.23's TinkerNativeBackend against tandem, offline (their PyTorch keeps them out of `make test`;
+## .ci/run runs both). Uses the debug binary `make test` builds.
+test-cookbook: model $(COOKBOOK_OK) $(ARTTINKER_OK)
+	@# As `make test` builds it (a plain `cargo build` unifies features differently and rebuilds).
+	$(CARGO) test --workspace --all-targets --no-run
+	$(COOKBOOKENV)/bin/python tests/python/test_cookbook.py target/debug/tandem $(MODEL)
+	$(ARTTINKERENV)/bin/python tests/python/test_art_tinker.py target/debug/tandem $(MODEL)
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model

@@ -94,13 +94,13 @@ class Server:
         return out.stdout.strip().splitlines()[-1].strip()
 
 
-def run_checks(suite, checks, binary, model_path, key, make_client, extra=()):
-    """Starts a server (with `extra` flags), runs each `check(client)` (or `check(client, server)`
+def run_checks(suite, checks, binary, model_path, key, make_client, extra=(), data=None):
+    """Starts a server (with `extra` flags, in the data dir `data` if given), runs each `check(client)` (or `check(client, server)`
     for checks that take two arguments) against `make_client(server)`, prints
     '<suite>: N passed, M failed', and returns the exit code (1 on any failure)."""
     import traceback
 
-    server = Server(binary, model_path, key, extra)
+    server = Server(binary, model_path, key, extra, data=data)
     try:
         client = make_client(server)
         passed = failed = 0

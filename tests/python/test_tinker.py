@@ -27,18 +27,36 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
   other-entity      another key's client cannot see the model (404)
   tokenizer         TrainingClient.get_tokenizer() loads the directory get_info names, offline:
                     its ids and chat template equal tandem's /tokenize
-  session-end       leaving `with ServiceClient(...)` finishes the session cleanly
+  session-end       leaving `with ServiceClient(...)` finishes the session cleanly; sampler weights
+                    it saved by name still sample, list and delete by their tinker:// path afterwards
+  load-state        TrainingClient.load_state[_with_optimizer] into a held model: its weights become
+                    the saved ones (a state of another rank is refused by name)
+  curves            each optim_step is a point (train/loss, train/grad_norm, ...) on the model
+                    record's history, as the dashboard reads it
+  hub-tokenizer     SamplingClient.get_tokenizer() loads the base model by name from the hub cache
+                    the server writes (HF_HUB_CACHE=<data>/hf-hub), and GET /v1/tokenizer gives
+                    the same files as a tar archive (a directory, or a hub cache's layout)
 
 Prints 'tinker: N passed, M failed' and exits non-zero on any failure.
 """
 
+import io
 import math
+import os
 import sys
+import tarfile
+import tempfile
 
-import tinker
-from tinker import types
+# The data directory is chosen before anything imports huggingface_hub (it reads HF_HUB_CACHE once):
+# the server writes its hub cache there.
+DATA = tempfile.mkdtemp(prefix="tandem-tinker-")
+os.environ["HF_HUB_CACHE"] = os.path.join(DATA, "hf-hub")
+os.environ["HF_HUB_OFFLINE"] = "1"
 
-from tandem_server import run_checks
+import tinker  # noqa: E402
+from tinker import types  # noqa: E402
+
+from tandem_server import run_checks  # noqa: E402
 
 KEY = "tinker-test-key"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -179,7 +197,7 @@ def saved_state(ctx):
     assert saved.path == f"tinker://{tc.model_id}/weights/mid", saved.path
     ctx.state_path = saved.path
     restored = sc.create_training_client_from_state_with_optimizer(saved.path).result()
-    fresh = sc.create_training_client_from_state(saved.path).result()
+    fresh = ctx.fresh = sc.create_training_client_from_state(saved.path).result()
     assert restored.get_info().lora_rank == 8
     clients = (tc, restored, fresh)
     before = [logprobs(c.forward([d], "cross_entropy").result()) for c in clients]
@@ -268,15 +286,97 @@ def session_end(ctx):
     with service(ctx.server) as sc:
         tc = sc.create_lora_training_client(base_model=BASE, rank=4).result()
         tc.forward([datum(weights=1.0)], "cross_entropy").result()
+        path = tc.save_weights_for_sampler("kept").result().path
+        model_id = tc.model_id
+    # The session is over and its model released; the named sampler weights stay.
+    sc = service(ctx.server)
+    sampler = sc.create_sampling_client(model_path=path).result()
+    out = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:5]), num_samples=1,
+                         sampling_params=types.SamplingParams(max_tokens=3, temperature=0.0)).result()
+    assert len(out.sequences[0].tokens) >= 1, out
+    rest = sc.create_rest_client()
+    listed = {c.tinker_path: c.checkpoint_type for c in rest.list_checkpoints(model_id).result().checkpoints}
+    assert listed.get(path) == "sampler", listed
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert path not in {c.tinker_path for c in rest.list_checkpoints(model_id).result().checkpoints}
+    try:
+        sc.create_sampling_client(model_path=path).result()
+    except Exception as e:  # the SDK raises the 404 as it gets it
+        assert "not found" in str(e).lower(), e
+    else:
+        raise AssertionError("deleted sampler weights still made a sampling client")
 
 
-CHECKS = [sft_loop, sampler_weights, sampling, saved_state, rl_losses, pipelined, bad_input, other_entity, tokenizer,
-          session_end]
+def load_state(ctx):
+    tc, sc = ctx.tc, ctx.sc
+    d = datum(weights=1.0)
+    saved = tc.save_state("to-load").result().path
+    want = logprobs(tc.forward([d], "cross_entropy").result())
+    other = ctx.fresh  # saved_state's model (an entity holds at most four)
+    assert logprobs(other.forward([d], "cross_entropy").result()) != want
+    other.load_state_with_optimizer(saved).result()
+    assert logprobs(other.forward([d], "cross_entropy").result()) == want
+    # Both continue identically from there: the moments came along.
+    for c in (tc, other):
+        c.forward_backward([d], "cross_entropy").result()
+        c.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    a, b = (c.forward([d], "cross_entropy").result().metrics["loss:sum"] for c in (tc, other))
+    assert a == b, (a, b)
+    other.load_state(saved).result()
+    assert logprobs(other.forward([d], "cross_entropy").result()) == want
+    # A state of another rank is refused by name (the path is the owner's: a model of the same
+    # entity, under a second session so the entity's four places hold).
+    with service(ctx.server) as sc2:
+        small = sc2.create_lora_training_client(base_model=BASE, rank=4).result()
+        try:
+            small.load_state(saved).result()
+        except tinker.RequestFailedError as e:
+            assert "rank 8" in str(e), e
+        else:
+            raise AssertionError("a rank-8 state loaded into a rank-4 model")
+
+
+def curves(ctx):
+    session, _, seq = ctx.tc.model_id.split(":")
+    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
+    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    status, history, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/history")
+    assert status == 200, history
+    series = {s["key"]: s for s in history["series"]}
+    for key in ("train/loss", "train/loss_per_token", "train/grad_norm", "train/learning_rate", "train/trained_tokens"):
+        assert key in series, sorted(series)
+    # sft_loop's five steps lowered the loss, and every optim_step with gradients left a point.
+    loss = [p["value"] for p in series["train/loss"]["points"]]
+    assert series["train/loss"]["total"] >= 5 and loss[4] < loss[0], series["train/loss"]
+
+
+def hub_tokenizer(ctx):
+    sampler = ctx.sc.create_sampling_client(base_model=BASE).result()
+    tok = sampler.get_tokenizer()
+    text = "Hello, world!  Numbers 7 12345 and accents: déjà vu"
+    status, out, _ = ctx.server.api("POST", "/tokenize", {"model": BASE, "prompt": text, "add_special_tokens": False})
+    assert status == 200 and tok.encode(text, add_special_tokens=False) == out["tokens"], out
+    for layout, want in (("dir", "HuggingFaceTB--SmolLM2-135M-Instruct/tokenizer.json"),
+                         ("hub", "models--HuggingFaceTB--SmolLM2-135M-Instruct/refs/main")):
+        status, raw, headers = ctx.server.api("GET", f"/v1/tokenizer?model={BASE}&layout={layout}")
+        assert status == 200 and headers["content-type"] == "application/x-tar", (status, raw)
+        names = tarfile.open(fileobj=io.BytesIO(raw)).getnames()
+        assert want in names, names
+    # The hub layout is the cache the server wrote (the same revision).
+    with open(os.path.join(DATA, "hf-hub", "models--HuggingFaceTB--SmolLM2-135M-Instruct", "refs", "main")) as f:
+        revision = f.read()
+    assert any(n.endswith(f"snapshots/{revision}/tokenizer.json") for n in names), (revision, names)
+    status, reply, _ = ctx.server.api("GET", "/v1/tokenizer?model=no-such-model")
+    assert status == 404, (status, reply)
+
+
+CHECKS = [sft_loop, curves, sampler_weights, sampling, saved_state, load_state, rl_losses, pipelined, bad_input,
+          other_entity, tokenizer, hub_tokenizer, session_end]
 
 
 def main():
     binary, model = sys.argv[1], sys.argv[2]
-    return run_checks("tinker", CHECKS, binary, model, KEY, Ctx)
+    return run_checks("tinker", CHECKS, binary, model, KEY, Ctx, data=DATA)
 
 
 if __name__ == "__main__":

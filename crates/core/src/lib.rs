@@ -14,11 +14,13 @@
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 //! - [`health`]: the training worker's heartbeat.
 //! - [`history`]: a model's curves over steps, downsampled.
+//! - [`hf_files`]: where a tokenizer's files go for a Hugging Face client (a hub cache's layout).
 //! - [`telemetry`]: Prometheus metrics shared by the engine, the worker and the api.
 
 pub mod beam;
 pub mod chat;
 pub mod health;
+pub mod hf_files;
 pub mod history;
 pub mod inference;
 pub mod metrics;

@@ -12,6 +12,18 @@ pub struct Datum {
     pub inputs: BTreeMap<String, Vec<f64>>,
 }
 
+/// Sampler weights saved by name: a checkpoint of the model's tandem record, remembered beyond
+/// the model's session (as saved training states are), so its `tinker://` path samples, lists
+/// and deletes after the run that saved it has ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedSampler {
+    pub name: String,
+    pub step: i64,
+    pub record_id: uuid::Uuid,
+    pub base_model: String,
+    pub rank: usize,
+}
+
 /// A new model's adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoraSpec {
@@ -85,8 +97,25 @@ pub trait TinkerTrainer: Send + Sync {
         name: &str,
         with_optimizer: bool,
     ) -> Result<(), TinkerError>;
+    /// Replaces the held model's adapter with a saved state of the same base model and rank,
+    /// with its optimizer's moments or fresh ones (the deprecated `TrainingClient.load_state`).
+    fn load_state_into(
+        &self,
+        owner: &str,
+        model_id: &str,
+        source_model: &str,
+        name: &str,
+        with_optimizer: bool,
+    ) -> Result<(), TinkerError>;
     /// `owner`'s saved states of `model_id`: (name, bytes, written at, ms since the epoch).
     fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
+    /// Remembers sampler weights `owner` saved by name of `model_id` (a name saved again is
+    /// replaced).
+    fn note_sampler(&self, owner: &str, model_id: &str, saved: SavedSampler) -> Result<(), TinkerError>;
+    /// `owner`'s sampler weights saved by name of `model_id`.
+    fn saved_samplers(&self, owner: &str, model_id: &str) -> Vec<SavedSampler>;
+    /// Forgets sampler weights saved by name; the forgotten entry.
+    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Option<SavedSampler>;
     /// Deletes a saved state; whether it existed.
     fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool;
     /// Forgets a model (its session ended).

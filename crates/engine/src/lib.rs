@@ -8,6 +8,7 @@
 //! - `engine`, `sequence`: the loop and the per-choice state machine.
 //! - [`metrics`]: Prometheus series.
 //! - [`inspect`]: what a model file is, and the checks made before its weights load.
+//! - [`tokenizer_dir`]: a model's tokenizer as files a Hugging Face client loads offline.
 
 mod engine;
 pub mod fair;
@@ -25,6 +26,7 @@ mod spm;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod tokenizer_dir;
 
 pub use engine::EngineConfig;
 
@@ -36,7 +38,6 @@ use tandem_core::inference::{BaseModelInfo, InferenceBackend, ModelHandle};
 use tandem_core::telemetry::prometheus_client::registry::Registry;
 use tandem_model::{Llama, TokenizerMeta};
 use template::jail::TemplateJail;
-use template::ChatTemplate;
 use tokenizer::TextTokenizer;
 
 #[derive(Debug, thiserror::Error)]
@@ -94,14 +95,7 @@ impl Engine {
         }
         let mut tok = TextTokenizer::from_meta(meta)?;
         let (template, template_source) =
-            match (meta.chat_template.as_deref(), template::builtin::for_arch(model.config.arch)) {
-                (Some(source), _) => (Some(ChatTemplate::new(source)?), Some(source.to_string())),
-                (None, Some(builtin)) => {
-                    tok.add_end_token(builtin.end_of_turn);
-                    (Some(ChatTemplate::new(builtin.source)?), Some(builtin.source.to_string()))
-                }
-                (None, None) => (None, None),
-            };
+            tokenizer_dir::served_template(meta.chat_template.as_deref(), model.config.arch, &mut tok)?;
         let tok = Arc::new(tok);
         let info = BaseModelInfo {
             id: id.to_string(),

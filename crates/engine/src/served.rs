@@ -217,7 +217,10 @@ impl Served {
 
 impl ServedModel for Served {
     fn tokenizer_files(&self) -> Vec<(String, Vec<u8>)> {
-        self.tok.hf_files(self.template_source.as_deref(), self.info.context_len)
+        crate::tokenizer_dir::with_config(
+            self.tok.hf_files(self.template_source.as_deref(), self.info.context_len),
+            self.model.config.arch,
+        )
     }
 
     fn info(&self) -> &BaseModelInfo {

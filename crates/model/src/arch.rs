@@ -37,6 +37,17 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// The `model_type` of a Hugging Face `config.json` for this architecture (Gemma 3's text-only
+    /// model, as the 270M and 1B ship).
+    pub fn hf_model_type(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3_text",
+        }
+    }
+
     /// The `general.architecture` value, also the metadata key prefix.
     pub fn name(self) -> &'static str {
         match self {

@@ -315,7 +315,7 @@ fn non_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
 
 /// The bundled SmolLM2 GGUF is served under its Hugging Face id; any other file under its stem,
 /// a checkpoint directory under its name.
-fn default_model_id(path: &Path) -> String {
+pub(crate) fn default_model_id(path: &Path) -> String {
     let name = if path.is_dir() { path.file_name() } else { path.file_stem() };
     let stem = name.map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     if stem.to_ascii_lowercase().starts_with("smollm2-135m-instruct") {

@@ -191,15 +191,17 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--lora-root`, canonical. Adapters load from anywhere under it, for any entity, so it may not
-/// hold the data directory (other entities' checkpoints) nor lie inside it.
-/// Each served model's tokenizer as a directory a Hugging Face client loads
-/// (`<data dir>/tokenizers/<model id with / as -->`), rewritten at every start: Tinker's
-/// `get_info` names it, so the SDK's `get_tokenizer()` works offline on this machine.
+/// Each served model's tokenizer as files a Hugging Face client loads offline, rewritten at every
+/// start: a directory per model (`<data dir>/tokenizers/<model id, / as -->`), which Tinker's
+/// `get_info` names so the SDK's `TrainingClient.get_tokenizer()` loads it, and the same files as
+/// a hub cache (`<data dir>/hf-hub`), where loading by the model's name finds them
+/// (`HF_HUB_CACHE=<data dir>/hf-hub HF_HUB_OFFLINE=1`: the SDK's sampling clients, tinker-cookbook
+/// and ART load tokenizers by name).
 fn write_tokenizers(
     data_dir: &Path,
     backend: &SharedBackend,
 ) -> anyhow::Result<std::collections::BTreeMap<String, std::path::PathBuf>> {
+    use tandem_core::hf_files as tokenizer_dir;
     let mut dirs = std::collections::BTreeMap::new();
     for m in backend.models() {
         let files = m.tokenizer_files();
@@ -207,11 +209,11 @@ fn write_tokenizers(
             continue;
         }
         let id = m.info().id.clone();
-        let dir = data_dir.join("tokenizers").join(id.replace('/', "--").replace(':', "_"));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        for (name, bytes) in files {
-            std::fs::write(dir.join(&name), bytes).with_context(|| format!("writing {name} of {id}"))?;
-        }
+        let dir = data_dir.join("tokenizers").join(tokenizer_dir::dir_name(&id));
+        crate::export::write_files(&dir, &files).with_context(|| format!("writing the tokenizer of {id} to {}", dir.display()))?;
+        let hub = data_dir.join("hf-hub");
+        crate::export::write_files(&hub, &tokenizer_dir::hub_layout(&id, &files))
+            .with_context(|| format!("writing the tokenizer of {id} to {}", hub.display()))?;
         dirs.insert(id, dir.canonicalize().unwrap_or(dir));
     }
     Ok(dirs)
@@ -229,6 +231,8 @@ fn park_dir(data_dir: &Path, alone: bool) -> anyhow::Result<std::path::PathBuf> 
     Ok(dir)
 }
 
+/// `--lora-root`, canonical. Adapters load from anywhere under it, for any entity, so it may not
+/// hold the data directory (other entities' checkpoints) nor lie inside it.
 fn lora_root(root: &Path, data_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     let root = root.canonicalize().with_context(|| format!("--lora-root {}", root.display()))?;
     if !root.is_dir() {

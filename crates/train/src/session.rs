@@ -179,6 +179,23 @@ impl Session {
         Ok(Session { base, base_id, held, grads: None })
     }
 
+    /// Replaces this session's adapter (and moments, or fresh ones) with a saved state of the
+    /// same base model and rank: Tinker's `load_state` into an existing model. Pending gradients
+    /// are dropped with the adapter they were taken of.
+    pub fn load_into(&mut self, trainer: &LoraTrainer, path: &std::path::Path, with_optimizer: bool) -> Result<(), TrainError> {
+        let rank = self.held.live()?.lora.config.r;
+        let (base_id, saved_rank, _) =
+            state_info(path).ok_or_else(|| TrainError::Invalid("no such saved state".into()))?;
+        if base_id != self.base_id || saved_rank != rank {
+            return Err(TrainError::Invalid(format!(
+                "the state was saved from {base_id} at rank {saved_rank}; this model is {} at rank {rank}: create a training client from the state instead",
+                self.base_id
+            )));
+        }
+        *self = Session::load_state(trainer, path, with_optimizer)?;
+        Ok(())
+    }
+
     /// The adapter as PEFT files, as a job's checkpoint holds them.
     pub fn adapter_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
         let lora = &self.held.live()?.lora;

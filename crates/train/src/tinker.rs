@@ -10,13 +10,18 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tandem_core::tinker::{AdamSettings, Datum, Forwarded, LoraSpec, TinkerError, TinkerTrainer};
+use tandem_core::tinker::{AdamSettings, Datum, Forwarded, LoraSpec, SavedSampler, TinkerError, TinkerTrainer};
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
 
 /// Saved states one entity may keep (each is an adapter and its moments: ~29 MB at rank 8 on
 /// the bundled model); saving over an existing name does not count.
 pub const MAX_STATES_PER_ENTITY: usize = 64;
+
+/// Sampler weights saved by name one model may keep listed (each is a checkpoint on disk).
+pub const MAX_SAMPLERS_PER_MODEL: usize = 1024;
+// No state name can give this file name (a state is `<name>.safetensors` and `<name>.json`).
+const SAMPLERS_FILE: &str = ".sampler_weights";
 
 /// Tinker's LoRA scale numerator: `alpha / rank` with alpha fixed, as Tinker's service does,
 /// so the learning rate that suits one rank suits the others.
@@ -28,6 +33,8 @@ pub struct TinkerModels {
     states: PathBuf,
     turns: Arc<Turns>,
     models: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    /// Serialises changes to the saved-sampler lists (read, change, write back).
+    samplers: Mutex<()>,
     /// Most models held at once, server-wide (each holds an adapter, its moments and pending
     /// gradients in memory).
     max_models: usize,
@@ -35,7 +42,7 @@ pub struct TinkerModels {
 
 impl TinkerModels {
     pub fn new(trainer: Arc<LoraTrainer>, turns: Arc<Turns>, max_models: usize, states: PathBuf) -> Self {
-        TinkerModels { trainer, states, turns, models: Mutex::default(), max_models: max_models.max(1) }
+        TinkerModels { trainer, states, turns, models: Mutex::default(), samplers: Mutex::default(), max_models: max_models.max(1) }
     }
 
     /// Where `owner`'s state `name` of `model_id` lives. The owner is hashed (any entity name
@@ -49,6 +56,26 @@ impl TinkerModels {
         }
         let hash: String = Sha256::digest(owner.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect();
         Ok(self.states.join(hash).join(model_id.replace(':', "_")).join(format!("{name}.safetensors")))
+    }
+
+    /// `owner`'s list of sampler weights saved by name of `model_id`, beside its saved states.
+    fn samplers_path(&self, owner: &str, model_id: &str) -> Result<PathBuf, TinkerError> {
+        Ok(self.state_path(owner, model_id, "x")?.with_file_name(SAMPLERS_FILE))
+    }
+
+    fn read_samplers(path: &std::path::Path) -> Vec<SavedSampler> {
+        std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
+
+    fn write_samplers(path: &std::path::Path, list: &[SavedSampler]) -> Result<(), TinkerError> {
+        let io = |e: std::io::Error| TinkerError::Server(format!("recording the sampler weights: {e}"));
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        // Written whole to a new file, then renamed over the old: a crash leaves one or the other.
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(list).unwrap_or_default()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
     }
 
     fn hold(&self, model_id: &str, session: Session) -> Result<(), TinkerError> {
@@ -178,6 +205,19 @@ impl TinkerTrainer for TinkerModels {
         self.hold(model_id, session)
     }
 
+    fn load_state_into(
+        &self,
+        owner: &str,
+        model_id: &str,
+        source_model: &str,
+        name: &str,
+        with_optimizer: bool,
+    ) -> Result<(), TinkerError> {
+        let path = self.state_path(owner, source_model, name)?;
+        let trainer = &self.trainer;
+        self.with_session(model_id, |s| s.load_into(trainer, &path, with_optimizer))
+    }
+
     fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)> {
         let Ok(probe) = self.state_path(owner, model_id, "x") else { return Vec::new() };
         let Some(dir) = probe.parent() else { return Vec::new() };
@@ -195,6 +235,34 @@ impl TinkerTrainer for TinkerModels {
             .collect();
         out.sort();
         out
+    }
+
+    fn note_sampler(&self, owner: &str, model_id: &str, saved: SavedSampler) -> Result<(), TinkerError> {
+        let path = self.samplers_path(owner, model_id)?;
+        let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = Self::read_samplers(&path);
+        list.retain(|s| s.name != saved.name);
+        if list.len() >= MAX_SAMPLERS_PER_MODEL {
+            return Err(TinkerError::User(format!(
+                "a model may keep {MAX_SAMPLERS_PER_MODEL} sampler weights saved by name; delete some or save over a name"
+            )));
+        }
+        list.push(saved);
+        Self::write_samplers(&path, &list)
+    }
+
+    fn saved_samplers(&self, owner: &str, model_id: &str) -> Vec<SavedSampler> {
+        self.samplers_path(owner, model_id).map(|p| Self::read_samplers(&p)).unwrap_or_default()
+    }
+
+    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Option<SavedSampler> {
+        let path = self.samplers_path(owner, model_id).ok()?;
+        let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = Self::read_samplers(&path);
+        let at = list.iter().position(|s| s.name == name)?;
+        let gone = list.remove(at);
+        Self::write_samplers(&path, &list).ok()?;
+        Some(gone)
     }
 
     fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool {

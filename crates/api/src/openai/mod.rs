@@ -17,6 +17,7 @@ mod response;
 mod responses;
 mod sse;
 mod tokenize;
+mod tokenizer_files;
 mod tools;
 pub mod wire;
 
@@ -57,6 +58,7 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(models))
         .routes(routes!(tokenize::tokenize))
         .routes(routes!(tokenize::detokenize))
+        .routes(routes!(tokenizer_files::files))
         .routes(routes!(metrics))
         .routes(routes!(nodes::list))
         .routes(routes!(lora::load))

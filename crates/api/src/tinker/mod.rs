@@ -42,6 +42,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/asample", post(sample::asample))
         .route("/training_runs/{run}/checkpoints", axum::routing::get(weights::list_checkpoints))
         .route("/training_runs/{run}/checkpoints/{kind}/{name}", axum::routing::delete(weights::delete_checkpoint))
+        .route("/weights_info", post(weights::weights_info))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)
         .layer(from_fn_with_state(state, require_tinker))

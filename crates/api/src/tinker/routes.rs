@@ -4,7 +4,7 @@
 //! model's `seq_id` order on a blocking thread (docs/tinker.md).
 
 use super::state::{
-    ModelEntry, Outcome, Promise, SessionEntry, TinkerState, MAX_MODELS_PER_ENTITY, MAX_SESSIONS_PER_ENTITY,
+    ModelEntry, Outcome, Pending, Promise, SessionEntry, TinkerState, MAX_MODELS_PER_ENTITY, MAX_SESSIONS_PER_ENTITY,
 };
 use super::{pb, wire};
 use crate::auth::Caller;
@@ -64,8 +64,10 @@ pub(super) fn bad(message: impl Into<String>) -> ApiError {
 }
 
 pub async fn client_config() -> Json<Value> {
-    // Uncompressed protobuf bodies; the rest of the SDK's defaults stand.
-    Json(json!({ "pjwt_auth_enabled": false, "proto_compress_fwdbwd": false }))
+    // Uncompressed protobuf bodies; a training client from a saved state in one `load_weights`
+    // (the SDK before 0.38 asks `weights_info`, `create_model` then `load_weights` without this;
+    // 0.38 always does the former and ignores the flag). The rest of the SDK's defaults stand.
+    Json(json!({ "pjwt_auth_enabled": false, "proto_compress_fwdbwd": false, "create_model_via_load_weights": true }))
 }
 
 pub async fn dynamic_config() -> Json<Value> {
@@ -355,13 +357,21 @@ pub async fn forward_backward(
         Ok(call)
     });
     let id = req.model_id.clone();
+    let entry = model.clone();
     ordered(&t, model, &req.model_id, i64::from(req.seq_id), move || {
         let (data, config) = match read {
             Ok(r) => r,
             Err(error) => return Outcome::Failed { error, category: "user" },
         };
         match trainer.forward_backward(&id, &data, &req.loss_fn, &config, !req.forward_only) {
-            Ok(f) => Outcome::Proto(wire::output(&f.logprobs, &[("loss:sum", f.loss)]).encode_to_vec()),
+            Ok(f) => {
+                if !req.forward_only {
+                    let mut p = entry.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    p.loss += f.loss;
+                    p.tokens += data.iter().map(|d| d.tokens.len() as u64).sum::<u64>();
+                }
+                Outcome::Proto(wire::output(&f.logprobs, &[("loss:sum", f.loss)]).encode_to_vec())
+            }
             Err(e) => failed(e),
         }
     })
@@ -429,7 +439,8 @@ pub async fn optim_step(
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let id = body.model_id.clone();
     let adam = body.adam_params;
-    ordered(&t, model, &body.model_id, body.seq_id, move || {
+    let entry = model.clone();
+    ordered_async(&t, model, &body.model_id, body.seq_id, async move {
         let Some(p) = adam else {
             return Outcome::Failed { error: "only adam_params (AdamW) steps are served".into(), category: "user" };
         };
@@ -441,11 +452,43 @@ pub async fn optim_step(
             weight_decay: p.weight_decay,
             grad_clip_norm: p.grad_clip_norm,
         };
-        match trainer.optim_step(&id, settings) {
-            Ok(norm) => Outcome::Json(json!({ "metrics": { "grad_norm:mean": norm } })),
-            Err(e) => failed(e),
+        let stepped = tokio::task::spawn_blocking(move || trainer.optim_step(&id, settings)).await;
+        match stepped {
+            Ok(Ok(norm)) => {
+                let taken = std::mem::take(&mut *entry.pending.lock().unwrap_or_else(|e| e.into_inner()));
+                if taken.tokens > 0 {
+                    log_step(&state, entry.record_id, taken, norm, settings.learning_rate).await;
+                }
+                Outcome::Json(json!({ "metrics": { "grad_norm:mean": norm } }))
+            }
+            Ok(Err(e)) => failed(e),
+            Err(e) => Outcome::Failed { error: format!("the call failed: {e}"), category: "server" },
         }
     })
+}
+
+/// One optimizer step's point on the model record's curves (a metrics-only log, split `train`),
+/// so the dashboard shows a Tinker run's loss like a job's. A log that cannot be written costs
+/// the curve a point, never the step.
+async fn log_step(state: &AppState, record: uuid::Uuid, taken: Pending, grad_norm: f64, lr: f64) {
+    let mut metrics = std::collections::BTreeMap::new();
+    metrics.insert("train/loss".to_string(), taken.loss);
+    metrics.insert("train/loss_per_token".to_string(), taken.loss / taken.tokens as f64);
+    metrics.insert("train/trained_tokens".to_string(), taken.tokens as f64);
+    metrics.insert("train/grad_norm".to_string(), grad_norm);
+    metrics.insert("train/learning_rate".to_string(), lr);
+    metrics.retain(|_, v| v.is_finite());
+    let new = tandem_store::NewLog {
+        model_id: record,
+        split: "train".into(),
+        metrics,
+        num_groups: 0,
+        num_trajectories: 0,
+        trajectory_groups: json!([]),
+    };
+    if let Err(e) = state.store().append_log(&new).await {
+        tracing::warn!(error = %e, "could not record a Tinker step's metrics");
+    }
 }
 
 /// Registers model `{session_id}:train:{seq}` of `entity` (and its tandem record, project
@@ -486,6 +529,7 @@ pub(super) async fn register_model(
         seen: Mutex::new(HashMap::new()),
         record_id: record.id,
         sampler_steps: Mutex::new(HashMap::new()),
+        pending: Mutex::default(),
     });
     t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
     if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(session_id) {

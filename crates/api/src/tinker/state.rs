@@ -70,6 +70,15 @@ pub struct ModelEntry {
     pub record_id: uuid::Uuid,
     /// Sampler weights saved by name -> the checkpoint step they are.
     pub sampler_steps: Mutex<HashMap<String, i64>>,
+    /// What `forward_backward` calls added since the last `optim_step` (loss summed, tokens):
+    /// the step's point on the dashboard's curves.
+    pub pending: Mutex<Pending>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Pending {
+    pub loss: f64,
+    pub tokens: u64,
 }
 
 /// How long a finished future stays fetchable, and how many one entity may hold.

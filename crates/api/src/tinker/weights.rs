@@ -1,6 +1,6 @@
 //! Tinker's weights routes: `save_weights_for_sampler` (a checkpoint of the model's tandem
 //! record, served by every inference route), `save_weights` (the training state) and
-//! `load_weights` (a new model from a saved state).
+//! `load_weights` (a new model from a saved state, or a saved state into a held model).
 
 use super::routes::{
     bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tandem_core::tinker::SavedSampler;
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
@@ -59,7 +60,7 @@ pub async fn save_weights_for_sampler(
             return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
         }
         let files = {
-            let id = id.clone();
+            let (id, trainer) = (id.clone(), trainer.clone());
             match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
                 Ok(Ok(files)) => files,
                 Ok(Err(e)) => return failed(e),
@@ -69,6 +70,23 @@ pub async fn save_weights_for_sampler(
         match publish(&state, entry.record_id, files).await {
             Ok(step) => {
                 entry.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), step);
+                if !ephemeral {
+                    // Named weights outlive the session: their path samples after the run ends.
+                    let saved = SavedSampler {
+                        name: name.clone(),
+                        step,
+                        record_id: entry.record_id,
+                        base_model: entry.base_model.clone(),
+                        rank: entry.rank,
+                    };
+                    let (owner, id) = (entity.clone(), id.clone());
+                    let noted = tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, saved)).await;
+                    match noted {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return failed(e),
+                        Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+                    }
+                }
                 let path = format!("tinker://{id}/sampler_weights/{name}");
                 match sampler_seq {
                     Some(seq) if ephemeral => {
@@ -150,6 +168,10 @@ pub struct LoadState {
     path: String,
     #[serde(default)]
     optimizer: bool,
+    /// Set when loading into an existing model (`TrainingClient.load_state`): a call in the
+    /// model's `seq_id` order.
+    #[serde(default)]
+    seq_id: Option<i64>,
 }
 
 /// `load_weights` as `create_training_client_from_state[_with_optimizer]` sends it: a new model
@@ -160,15 +182,15 @@ pub async fn load_weights(
     Json(body): Json<LoadState>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let (Some(session_id), Some(seq), None) = (body.session_id.clone(), body.model_seq_id, body.model_id.as_ref())
-    else {
-        return Err(PreviewError(bad(
-            "load_weights into an existing model (TrainingClient.load_state) is not served: create a training client from the state",
-        )));
-    };
     let (source, name) = parse_state_path(&body.path).ok_or_else(|| {
         bad(format!("path {:?} is not a saved state: expected tinker://<model_id>/weights/<name>", body.path))
     })?;
+    if let Some(model_id) = body.model_id.clone() {
+        return load_into(state, caller, model_id, body, source, name);
+    }
+    let (Some(session_id), Some(seq)) = (body.session_id.clone(), body.model_seq_id) else {
+        return Err(PreviewError(bad("load_weights needs model_id, or session_id and model_seq_id for a new model")));
+    };
     let (base_model, rank) =
         trainer.state_info(&caller.entity, &source, &name).ok_or_else(|| ApiError::not_found("saved state"))?;
     reap(&state);
@@ -197,6 +219,74 @@ pub async fn load_weights(
     Ok(submitted(&request_id, &model_id))
 }
 
+/// `load_weights` into an existing model (`TrainingClient.load_state[_with_optimizer]`): in the
+/// model's `seq_id` order, its adapter replaced by a state of the caller's entity of the same
+/// base model and rank.
+fn load_into(
+    state: AppState,
+    caller: Caller,
+    model_id: String,
+    body: LoadState,
+    source: String,
+    name: String,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let seq = body.seq_id.ok_or_else(|| bad("load_weights into a model needs its seq_id"))?;
+    let (t, model) = owned_model(&state, &caller, &model_id)?;
+    if trainer.state_info(&caller.entity, &source, &name).is_none() {
+        return Err(ApiError::not_found("saved state").into());
+    }
+    let (id, owner, with_optimizer, path) = (model_id.clone(), caller.entity.clone(), body.optimizer, body.path);
+    ordered(&t, model, &model_id, seq, move || match trainer.load_state_into(&owner, &id, &source, &name, with_optimizer) {
+        Ok(()) => Outcome::Json(json!({ "path": path, "type": "load_weights" })),
+        Err(e) => failed(e),
+    })
+}
+
+#[derive(Deserialize)]
+pub struct WeightsInfo {
+    tinker_path: String,
+}
+
+/// `weights_info` (`RestClient.get_weights_info_by_tinker_path`): the base model and LoRA rank of
+/// a saved state or of sampler weights saved by name, of the caller's entity.
+pub async fn weights_info(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<WeightsInfo>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    let path = body.tinker_path;
+    let found = if let Some((source, name)) = parse_state_path(&path) {
+        let (owner, trainer) = (caller.entity.clone(), trainer.clone());
+        tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
+    } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
+        let held = state.tinker().model(&caller.entity, model).and_then(|m| {
+            let named = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name);
+            named.then(|| (m.base_model.clone(), m.rank))
+        });
+        match held {
+            Some(found) => Some(found),
+            None => {
+                let (owner, model, name) = (caller.entity.clone(), model.to_string(), name.to_string());
+                tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model))
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|s| s.name == name)
+                    .map(|s| (s.base_model, s.rank))
+            }
+        }
+    } else {
+        return Err(bad(format!("{path:?} is not a tinker:// path of saved weights")).into());
+    };
+    let (base_model, rank) = found.ok_or_else(|| ApiError::not_found("weights"))?;
+    Ok(Json(json!({
+        "base_model": base_model, "is_lora": true, "lora_rank": rank,
+        "train_unembed": false, "train_mlp": true, "train_attn": true,
+    })))
+}
+
 /// `tinker://{model_id}/weights/{name}` -> (model id, name).
 fn parse_state_path(path: &str) -> Option<(String, String)> {
     let rest = path.strip_prefix("tinker://")?;
@@ -213,7 +303,8 @@ fn rfc3339(ms: i64) -> String {
 }
 
 /// `GET training_runs/{model_id}/checkpoints` (`RestClient.list_checkpoints`): the model's saved
-/// training states and its sampler weights saved by name while its session lives.
+/// training states and its sampler weights saved by name (kept after its session ends, as states
+/// are; the ephemeral kind while its session lives).
 pub async fn list_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -221,12 +312,18 @@ pub async fn list_checkpoints(
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let model = state.tinker().model(&caller.entity, &run);
-    let states = {
+    let (states, saved) = {
         let (owner, run) = (caller.entity.clone(), run.clone());
-        tokio::task::spawn_blocking(move || trainer.list_states(&owner, &run)).await.unwrap_or_default()
+        tokio::task::spawn_blocking(move || (trainer.list_states(&owner, &run), trainer.saved_samplers(&owner, &run)))
+            .await
+            .unwrap_or_default()
     };
-    if model.is_none() && states.is_empty() {
-        return Err(ApiError::not_found("training run").into());
+    if model.is_none() && states.is_empty() && saved.is_empty() {
+        // A run whose saves are all deleted is still a run: its tandem record says it existed.
+        let record = run.replace(":train:", "-train-");
+        if state.store().find_model(&caller.entity, "tinker", &record).await.is_err() {
+            return Err(ApiError::not_found("training run").into());
+        }
     }
     let mut out: Vec<Value> = states
         .into_iter()
@@ -235,11 +332,15 @@ pub async fn list_checkpoints(
                     "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false })
         })
         .collect();
-    if let Some(m) = model {
-        let steps: Vec<(String, i64)> =
-            m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), *v)).collect();
-        for (name, step) in steps {
-            let Ok(cp) = state.store().get_checkpoint(m.record_id, step).await else { continue };
+    let mut samplers: std::collections::BTreeMap<String, (uuid::Uuid, i64)> =
+        saved.into_iter().map(|s| (s.name, (s.record_id, s.step))).collect();
+    if let Some(m) = &model {
+        let held = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner());
+        samplers.extend(held.iter().map(|(k, v)| (k.clone(), (m.record_id, *v))));
+    }
+    {
+        for (name, (record, step)) in samplers {
+            let Ok(cp) = state.store().get_checkpoint(record, step).await else { continue };
             out.push(json!({ "checkpoint_id": format!("sampler_weights/{name}"), "checkpoint_type": "sampler",
                              "time": rfc3339(cp.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{name}"),
                              "public": false }));
@@ -266,10 +367,18 @@ pub async fn delete_checkpoint(
             }
         }
         "sampler_weights" => {
-            let m = state.tinker().model(&caller.entity, &run).ok_or_else(|| ApiError::not_found("checkpoint"))?;
-            let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
-            let step = step.ok_or_else(|| ApiError::not_found("checkpoint"))?;
-            let deleted = state.store().delete_checkpoints(m.record_id, &[step]).await.map_err(ApiError::from)?;
+            let held = state.tinker().model(&caller.entity, &run).and_then(|m| {
+                let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&name)?;
+                Some((m.record_id, step))
+            });
+            let forgotten = {
+                let (owner, run, name) = (caller.entity.clone(), run.clone(), name.clone());
+                tokio::task::spawn_blocking(move || trainer.forget_sampler(&owner, &run, &name)).await.ok().flatten()
+            };
+            let (record, step) = held
+                .or(forgotten.map(|s| (s.record_id, s.step)))
+                .ok_or_else(|| ApiError::not_found("checkpoint"))?;
+            let deleted = state.store().delete_checkpoints(record, &[step]).await.map_err(ApiError::from)?;
             // As the preview API deletes: the engine forgets the cached adapter, then the files go.
             crate::preview::checkpoints::remove_files(&state, &deleted.deleted).await;
         }

@@ -1,0 +1,77 @@
+//! `GET /v1/tokenizer`: a served base model's tokenizer as a tar archive of the files a Hugging
+//! Face client loads offline with tandem's ids and chat template, for clients on other machines
+//! (the tinker SDK, tinker-cookbook and ART load tokenizers by directory or by name). `layout=hub`
+//! gives the same files as a hub cache, to unpack into `HF_HUB_CACHE`.
+
+use crate::error::{ApiError, ErrorKind, OpenAiError};
+use crate::AppState;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tandem_core::hf_files;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TokenizerQuery {
+    /// A served base model's id, as `/v1/models` lists it.
+    pub model: String,
+    /// `dir` (default): one directory named after the model; `hub`: a hub cache's
+    /// `models--org--name/` tree.
+    pub layout: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    operation_id = "tokenizer_files",
+    path = "/v1/tokenizer",
+    tag = "inference",
+    summary = "A base model's tokenizer as files a Hugging Face client loads (a tar archive)",
+    params(TokenizerQuery),
+    responses(
+        (status = 200, description = "`{model, / as --}/tokenizer.json` and `tokenizer_config.json`, or with `layout=hub` `models--{org}--{name}/refs/main` and `snapshots/{revision}/...`", content_type = "application/x-tar", body = String),
+        crate::openapi::bodies::InferenceErrors
+    ),
+    security(("bearer" = []))
+)]
+pub async fn files(State(state): State<AppState>, Query(q): Query<TokenizerQuery>) -> Result<Response, OpenAiError> {
+    let hub = match q.layout.as_deref() {
+        None | Some("dir") => false,
+        Some("hub") => true,
+        Some(other) => return Err(ApiError::bad_param("layout", format!("layout must be dir or hub, not {other:?}")).into()),
+    };
+    let model = state
+        .model(&q.model)
+        .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("The model `{}` does not exist.", q.model)))?
+        .clone();
+    let id = q.model;
+    let tar = tokio::task::spawn_blocking(move || {
+        let files = model.tokenizer_files();
+        if files.is_empty() {
+            return Err(ApiError::new(ErrorKind::NotFound, format!("the model `{id}` has no tokenizer files to give")));
+        }
+        let files = if hub {
+            hf_files::hub_layout(&id, &files)
+        } else {
+            let folder = hf_files::dir_name(&id);
+            files.into_iter().map(|(name, bytes)| (format!("{folder}/{name}"), bytes)).collect()
+        };
+        archive(&files).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))??;
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response())
+}
+
+fn archive(files: &[hf_files::File]) -> std::io::Result<Vec<u8>> {
+    let mut out = tar::Builder::new(Vec::new());
+    out.mode(tar::HeaderMode::Deterministic);
+    for (name, bytes) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        out.append_data(&mut header, name, bytes.as_slice())?;
+    }
+    out.into_inner()
+}
