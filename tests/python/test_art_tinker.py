@@ -52,14 +52,18 @@ def check(ok, msg):
         raise AssertionError(msg)
 
 
+def new_model():
+    return art.TrainableModel(name="native", run_name="native", project="tinker-native", base_model=BASE,
+                              _internal_config=CONFIG)
+
+
 class Ctx:
     def __init__(self, server):
         self.server = server
         os.environ["TINKER_BASE_URL"] = server.url
         self.path = os.path.join(DATA, "art")
         self.backend = TinkerNativeBackend(path=self.path)
-        self.model = art.TrainableModel(name="native", project="tinker-native", base_model=BASE,
-                                        _internal_config=CONFIG)
+        self.model = new_model()
 
 
 def run(coro):
@@ -100,7 +104,10 @@ def train(ctx):
         result = run(ctx.backend.train(ctx.model, batch, learning_rate=1e-4, loss_fn=loss, save_checkpoint=save))
         m = result.metrics
         print(f"     step {step} ({loss}) in {time.monotonic() - started:.1f}s: "
-              + ", ".join(f"{k} {v:.4g}" for k, v in sorted(m.items()) if k.startswith(("loss/", "data/step_num"))))
+              + ", ".join(f"{k} {v:.4g}" for k, v in sorted(m.items()) if k in ("loss:sum", "grad_norm:mean")
+                          or k.startswith(("loss/", "data/step_num_trajectories"))))
+        # tandem's forward_backward and optim_step metrics, as ART passes them through.
+        check("loss:sum" in m and m.get("grad_norm:mean", 0) > 0, f"no loss or gradient norm from tandem: {sorted(m)}")
         check(result.step == step, f"step {result.step}, expected {step}")
         check(run(ctx.model.get_step()) == step, "the model's step follows")
 
@@ -123,7 +130,7 @@ def serves(ctx):
 def resume(ctx):
     run(ctx.backend.close())
     backend = TinkerNativeBackend(path=ctx.path)
-    model = art.TrainableModel(name="native", project="tinker-native", base_model=BASE, _internal_config=CONFIG)
+    model = new_model()
     run(model.register(backend))
     check(run(model.get_step()) == 2, f"resumed at step {run(model.get_step())}, expected 2")
     result = run(backend.train(model, run(groups(model)), learning_rate=1e-4))

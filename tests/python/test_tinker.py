@@ -29,6 +29,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     its ids and chat template equal tandem's /tokenize
   session-end       leaving `with ServiceClient(...)` finishes the session cleanly; sampler weights
                     it saved by name still sample, list and delete by their tinker:// path afterwards
+  rest-runs         the RestClient lists the entity's runs (base model, rank, last checkpoints), gets
+                    one by a tinker:// path, lists checkpoints across runs and a state's
+                    weights_info; another entity sees none of them
   load-state        TrainingClient.load_state[_with_optimizer] into a held model: its weights become
                     the saved ones (a state of another rank is refused by name)
   curves            each optim_step is a point (train/loss, train/grad_norm, ...) on the model
@@ -219,6 +222,31 @@ def saved_state(ctx):
     assert rest.save not in after_delete and saved.path in after_delete, after_delete
 
 
+def rest_runs(ctx):
+    rest = tinker.RestClient(base_url=ctx.server.url, api_key=f"tml-{KEY}")
+    runs = rest.list_training_runs(limit=50).result()
+    mine = {r.training_run_id: r for r in runs.training_runs}
+    run = mine[ctx.tc.model_id]
+    assert run.base_model == BASE and run.is_lora and run.lora_rank == 8, run
+    assert run.last_checkpoint is not None and run.last_sampler_checkpoint is not None, run
+    assert runs.cursor.total_count >= len(runs.training_runs) >= 1, runs.cursor
+    one = rest.get_training_run_by_tinker_path(ctx.state_path).result()
+    assert one.training_run_id == ctx.tc.model_id, one
+    everything = {c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints}
+    assert ctx.state_path in everything, everything
+    info = rest.get_weights_info_by_tinker_path(ctx.state_path).result()
+    assert info.base_model == BASE and info.lora_rank == 8, info
+    # Another entity sees none of it.
+    other = tinker.RestClient(base_url=ctx.server.url, api_key=f"tml-{ctx.server.new_key('runs-other')}")
+    assert not [r for r in other.list_training_runs().result().training_runs if r.training_run_id == ctx.tc.model_id]
+    try:
+        other.get_training_run(ctx.tc.model_id).result()
+    except tinker.NotFoundError:
+        pass
+    else:
+        raise AssertionError("another entity read the run")
+
+
 def pipelined(ctx):
     tc = ctx.tc
     d = datum(weights=1.0)
@@ -370,7 +398,7 @@ def hub_tokenizer(ctx):
     assert status == 404, (status, reply)
 
 
-CHECKS = [sft_loop, curves, sampler_weights, sampling, saved_state, load_state, rl_losses, pipelined, bad_input,
+CHECKS = [sft_loop, curves, sampler_weights, sampling, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
           other_entity, tokenizer, hub_tokenizer, session_end]
 
 

@@ -6,9 +6,11 @@
 //! - [`state`]: sessions, models in `seq_id` order, futures.
 //! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
 //! - [`weights`]: saving for the sampler, saving and loading the training state.
+//! - [`runs`]: the RestClient's listings of runs and their checkpoints.
 //! - [`sample`]: sampling sessions and `asample` through the engine.
 
 pub mod routes;
+pub mod runs;
 pub mod sample;
 pub mod state;
 pub mod weights;
@@ -40,7 +42,10 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/create_sampling_session", post(sample::create))
         .route("/samplers/{id}", axum::routing::get(sample::get))
         .route("/asample", post(sample::asample))
-        .route("/training_runs/{run}/checkpoints", axum::routing::get(weights::list_checkpoints))
+        .route("/training_runs", axum::routing::get(runs::list_runs))
+        .route("/training_runs/{run}", axum::routing::get(runs::get_run))
+        .route("/training_runs/{run}/checkpoints", axum::routing::get(runs::list_checkpoints))
+        .route("/checkpoints", axum::routing::get(runs::list_all_checkpoints))
         .route("/training_runs/{run}/checkpoints/{kind}/{name}", axum::routing::delete(weights::delete_checkpoint))
         .route("/weights_info", post(weights::weights_info))
         .route("/retrieve_future", post(routes::retrieve_future))

@@ -568,6 +568,6 @@ pub async fn retrieve_future(
 pub async fn not_served(uri: axum::http::Uri) -> PreviewError {
     PreviewError(ApiError::new(
         ErrorKind::NotFound,
-        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler, create_sampling_session, asample, get_server_capabilities, training_runs/{{run}}/checkpoints, retrieve_future)", uri.path()),
+        format!("{} is not served by tandem yet (served: sessions, create_model, get_info, forward_backward, forward, optim_step, save_weights, load_weights, save_weights_for_sampler, weights_info, create_sampling_session, asample, get_server_capabilities, training_runs, training_runs/{{run}}[/checkpoints], checkpoints, retrieve_future)", uri.path()),
     ))
 }

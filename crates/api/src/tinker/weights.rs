@@ -1,6 +1,7 @@
 //! Tinker's weights routes: `save_weights_for_sampler` (a checkpoint of the model's tandem
 //! record, served by every inference route), `save_weights` (the training state) and
-//! `load_weights` (a new model from a saved state, or a saved state into a held model).
+//! `load_weights` (a new model from a saved state, or a saved state into a held model),
+//! `weights_info`, and deleting a run's checkpoints (`runs` lists them).
 
 use super::routes::{
     bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
@@ -292,61 +293,6 @@ fn parse_state_path(path: &str) -> Option<(String, String)> {
     let rest = path.strip_prefix("tinker://")?;
     let (model, name) = rest.split_once("/weights/")?;
     (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
-}
-
-/// RFC 3339 of milliseconds since the epoch (the SDK parses `time` as a datetime).
-fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
-}
-
-/// `GET training_runs/{model_id}/checkpoints` (`RestClient.list_checkpoints`): the model's saved
-/// training states and its sampler weights saved by name (kept after its session ends, as states
-/// are; the ephemeral kind while its session lives).
-pub async fn list_checkpoints(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    axum::extract::Path(run): axum::extract::Path<String>,
-) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
-    let model = state.tinker().model(&caller.entity, &run);
-    let (states, saved) = {
-        let (owner, run) = (caller.entity.clone(), run.clone());
-        tokio::task::spawn_blocking(move || (trainer.list_states(&owner, &run), trainer.saved_samplers(&owner, &run)))
-            .await
-            .unwrap_or_default()
-    };
-    if model.is_none() && states.is_empty() && saved.is_empty() {
-        // A run whose saves are all deleted is still a run: its tandem record says it existed.
-        let record = run.replace(":train:", "-train-");
-        if state.store().find_model(&caller.entity, "tinker", &record).await.is_err() {
-            return Err(ApiError::not_found("training run").into());
-        }
-    }
-    let mut out: Vec<Value> = states
-        .into_iter()
-        .map(|(name, size, at)| {
-            json!({ "checkpoint_id": format!("weights/{name}"), "checkpoint_type": "training", "time": rfc3339(at),
-                    "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false })
-        })
-        .collect();
-    let mut samplers: std::collections::BTreeMap<String, (uuid::Uuid, i64)> =
-        saved.into_iter().map(|s| (s.name, (s.record_id, s.step))).collect();
-    if let Some(m) = &model {
-        let held = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner());
-        samplers.extend(held.iter().map(|(k, v)| (k.clone(), (m.record_id, *v))));
-    }
-    {
-        for (name, (record, step)) in samplers {
-            let Ok(cp) = state.store().get_checkpoint(record, step).await else { continue };
-            out.push(json!({ "checkpoint_id": format!("sampler_weights/{name}"), "checkpoint_type": "sampler",
-                             "time": rfc3339(cp.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{name}"),
-                             "public": false }));
-        }
-    }
-    Ok(Json(json!({ "checkpoints": out })))
 }
 
 /// `DELETE training_runs/{model_id}/checkpoints/{kind}/{name}`: a saved training state, or

@@ -1,0 +1,198 @@
+//! The RestClient's view of Tinker runs: a run is a Tinker model (`{session}:train:{seq}`), kept
+//! as the tandem record `{session}-train-{seq}` of project `tinker`, with its saved training
+//! states and sampler weights saved by name. `training_runs`, `training_runs/{id}`,
+//! `training_runs/{id}/checkpoints` and `checkpoints` (every run's, across runs).
+
+use super::routes::{trainer, Result};
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::AppState;
+use axum::extract::{Path, Query, State};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tandem_core::records::{ModelRecord, PageRequest};
+
+/// Most runs a listing reads (an entity with more sees its first ones, by creation).
+const MAX_RUNS: usize = 10_000;
+
+/// RFC 3339 of milliseconds since the epoch (the SDK parses `time` as a datetime).
+fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// The run id of a tandem record of project `tinker` (`None` for records not made by Tinker).
+fn run_of(record: &str) -> Option<String> {
+    let (session, seq) = record.rsplit_once("-train-")?;
+    (!session.is_empty() && seq.parse::<u64>().is_ok()).then(|| format!("{session}:train:{seq}"))
+}
+
+/// One run's checkpoints as the SDK's `Checkpoint`s (states, then sampler weights by name), and
+/// its LoRA rank where something says it; `None` when the caller has no such run.
+async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Option<(Vec<Value>, Option<usize>)>> {
+    let trainer = trainer(state)?;
+    let model = state.tinker().model(entity, run);
+    let (states, saved, state_rank) = {
+        let (owner, run) = (entity.to_string(), run.to_string());
+        tokio::task::spawn_blocking(move || {
+            let states = trainer.list_states(&owner, &run);
+            let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|(_, r)| r);
+            (states, trainer.saved_samplers(&owner, &run), rank)
+        })
+        .await
+        .unwrap_or_default()
+    };
+    if model.is_none() && states.is_empty() && saved.is_empty() {
+        // A run whose saves are all deleted is still a run: its tandem record says it existed.
+        let record = run.replace(":train:", "-train-");
+        if state.store().find_model(entity, "tinker", &record).await.is_err() {
+            return Ok(None);
+        }
+    }
+    let rank = model.as_ref().map(|m| m.rank).or(saved.first().map(|s| s.rank)).or(state_rank);
+    let mut out: Vec<Value> = states
+        .into_iter()
+        .map(|(name, size, at)| {
+            json!({ "checkpoint_id": format!("weights/{name}"), "checkpoint_type": "training", "time": rfc3339(at),
+                    "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false })
+        })
+        .collect();
+    let mut samplers: std::collections::BTreeMap<String, (uuid::Uuid, i64)> =
+        saved.into_iter().map(|s| (s.name, (s.record_id, s.step))).collect();
+    if let Some(m) = &model {
+        let held = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner());
+        samplers.extend(held.iter().map(|(k, v)| (k.clone(), (m.record_id, *v))));
+    }
+    for (name, (record, step)) in samplers {
+        let Ok(cp) = state.store().get_checkpoint(record, step).await else { continue };
+        out.push(json!({ "checkpoint_id": format!("sampler_weights/{name}"), "checkpoint_type": "sampler",
+                         "time": rfc3339(cp.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{name}"),
+                         "public": false }));
+    }
+    Ok(Some((out, rank)))
+}
+
+/// `GET training_runs/{model_id}/checkpoints` (`RestClient.list_checkpoints`): the run's saved
+/// training states and its sampler weights saved by name (kept after its session ends, as states
+/// are; the ephemeral kind while its session lives).
+pub async fn list_checkpoints(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(run): Path<String>,
+) -> Result<Json<Value>> {
+    let (out, _) = checkpoints_of(&state, &caller.entity, &run).await?.ok_or_else(|| ApiError::not_found("training run"))?;
+    Ok(Json(json!({ "checkpoints": out })))
+}
+
+/// The entity's Tinker runs, oldest first.
+async fn runs_of(state: &AppState, entity: &str) -> Result<Vec<ModelRecord>> {
+    let mut out = Vec::new();
+    let mut page = PageRequest::first(500);
+    loop {
+        let p = state.store().list_models(entity, Some("tinker"), None, page).await.map_err(ApiError::from)?;
+        out.extend(p.items.iter().filter(|m| run_of(&m.name).is_some()).cloned());
+        match (p.has_more, p.items.last()) {
+            (true, Some(last)) if out.len() < MAX_RUNS => page.after = Some(last.id),
+            _ => break,
+        }
+    }
+    out.truncate(MAX_RUNS);
+    Ok(out)
+}
+
+/// A run as the SDK's `TrainingRun`.
+async fn run_view(state: &AppState, record: &ModelRecord) -> Result<Option<Value>> {
+    let Some(run) = run_of(&record.name) else { return Ok(None) };
+    let Some((checkpoints, rank)) = checkpoints_of(state, &record.entity, &run).await? else { return Ok(None) };
+    let latest = |kind: &str| {
+        checkpoints.iter().filter(|c| c["checkpoint_type"] == kind).max_by_key(|c| c["time"].as_str().map(str::to_string)).cloned()
+    };
+    let last_time =
+        checkpoints.iter().filter_map(|c| c["time"].as_str()).max().map(str::to_string).unwrap_or_else(|| rfc3339(record.created_at));
+    Ok(Some(json!({
+        "training_run_id": run, "base_model": record.base_model, "model_owner": record.entity, "is_lora": true,
+        "corrupted": false, "lora_rank": rank, "last_request_time": last_time,
+        "last_checkpoint": latest("training"), "last_sampler_checkpoint": latest("sampler"),
+    })))
+}
+
+#[derive(Deserialize)]
+pub struct Paging {
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    offset: Option<usize>,
+}
+
+impl Paging {
+    fn window(&self, default: usize) -> (usize, usize) {
+        (self.offset.unwrap_or(0), self.limit.unwrap_or(default).clamp(1, 1000))
+    }
+}
+
+/// `GET training_runs` (`RestClient.list_training_runs`): the caller's runs, by offset.
+pub async fn list_runs(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(paging): Query<Paging>,
+) -> Result<Json<Value>> {
+    let (offset, limit) = paging.window(20);
+    let records = runs_of(&state, &caller.entity).await?;
+    let mut runs = Vec::new();
+    for r in records.iter().skip(offset).take(limit) {
+        runs.extend(run_view(&state, r).await?);
+    }
+    Ok(Json(json!({ "training_runs": runs, "cursor": { "offset": offset, "limit": limit, "total_count": records.len() } })))
+}
+
+/// `GET training_runs/{id}` (`RestClient.get_training_run[_by_tinker_path]`).
+pub async fn get_run(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(run): Path<String>,
+) -> Result<Json<Value>> {
+    let record = state
+        .store()
+        .find_model(&caller.entity, "tinker", &run.replace(":train:", "-train-"))
+        .await
+        .map_err(|_| ApiError::not_found("training run"))?;
+    let view = run_view(&state, &record).await?.ok_or_else(|| ApiError::not_found("training run"))?;
+    Ok(Json(view))
+}
+
+/// `GET checkpoints` (`RestClient.list_user_checkpoints`): every run's checkpoints, newest first.
+pub async fn list_all_checkpoints(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(paging): Query<Paging>,
+) -> Result<Json<Value>> {
+    let (offset, limit) = paging.window(100);
+    let mut all = Vec::new();
+    for r in runs_of(&state, &caller.entity).await? {
+        let Some(run) = run_of(&r.name) else { continue };
+        if let Some((cps, _)) = checkpoints_of(&state, &caller.entity, &run).await? {
+            all.extend(cps);
+        }
+    }
+    all.sort_by(|a, b| b["time"].as_str().cmp(&a["time"].as_str()));
+    let total = all.len();
+    let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
+    Ok(Json(json!({ "checkpoints": page, "cursor": { "offset": offset, "limit": limit, "total_count": total } })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_map_to_runs() {
+        assert_eq!(run_of("tandem-abc-train-0").as_deref(), Some("tandem-abc:train:0"));
+        assert_eq!(run_of("a-train-b-train-12").as_deref(), Some("a-train-b:train:12"));
+        assert_eq!(run_of("my-model"), None);
+        assert_eq!(run_of("-train-1"), None);
+        assert_eq!(run_of("x-train-"), None);
+    }
+}
