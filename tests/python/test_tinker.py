@@ -22,8 +22,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     next step's result is identical, with fresh moments it is not; the RestClient
                     lists the run's checkpoints and deletes one by its tinker path
   pipelined         calls submitted without waiting for results run in seq_id order
-  bad-input         a NaN advantage, an unknown loss and targets that are not the input shifted by
-                    one fail their own call (a user error, not retried); the next call still runs
+  bad-input         a NaN advantage, an unknown loss, targets that are not the input shifted by one
+                    and a token id outside the vocabulary fail their own call (a user error, not
+                    retried); the next call still runs
   other-entity      another key's client cannot see the model (404)
   tokenizer         TrainingClient.get_tokenizer() loads the directory get_info names, offline:
                     its ids and chat template equal tandem's /tokenize
@@ -267,6 +268,8 @@ def bad_input(ctx):
                                                   loss_fn_inputs={"target_tokens": TOKENS[:-1],
                                                                   "weights": [1.0] * n})], "cross_entropy"),
          "shifted by one"),
+        (lambda: tc.forward_backward([datum(tokens=[1, 2, 10 ** 6], weights=1.0)], "cross_entropy"),
+         "outside the vocabulary"),
     ]
     for call, want in cases:
         try:
