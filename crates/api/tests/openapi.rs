@@ -39,6 +39,7 @@ async fn the_document_lists_every_route_and_needs_no_key() {
         "GET /v1/models",
         "POST /tokenize",
         "POST /detokenize",
+        "GET /v1/tokenizer",
         "GET /metrics",
         "GET /v1/nodes",
         "POST /v1/load_lora_adapter",
