@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -290,6 +290,11 @@ bench-rl: model
 bench-rl-trl: model $(ART23ENV)/.ok-$(ART23_VERSION)
 	bash bench/run-rl-trl.sh $(ART23ENV)/bin/python
 
+## bench-rl-tinker: the same RL loop through the Tinker API against ART's job path, on one tandem server:
+## per-step time and time to the same held-out gain (bench/rl_tinker.py)
+bench-rl-tinker: model $(ART23ENV)/.ok-$(ART23_VERSION) $(COOKBOOK_OK)
+	bash bench/run-rl-tinker.sh $(ART23ENV)/bin/python $(COOKBOOKENV)/bin/python
+
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
 ## bench-cluster: aggregate throughput of api nodes sharing PostgreSQL and a blob store, 1 node vs 2
 ## (docs/deploy.md: on one machine the cores bound it, so it reports per-node efficiency)
@@ -297,7 +302,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

@@ -30,13 +30,14 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     its ids and chat template equal tandem's /tokenize
   session-end       leaving `with ServiceClient(...)` finishes the session cleanly; sampler weights
                     it saved by name still sample, list and delete by their tinker:// path afterwards
+                    (the owner's only), and saving over a name deleted the checkpoint it named
   rest-runs         the RestClient lists the entity's runs (base model, rank, last checkpoints), gets
                     one by a tinker:// path, lists checkpoints across runs and a state's
                     weights_info; another entity sees none of them
   load-state        TrainingClient.load_state[_with_optimizer] into a held model: its weights become
                     the saved ones (a state of another rank is refused by name)
-  curves            each optim_step is a point (train/loss, train/grad_norm, ...) on the model
-                    record's history, as the dashboard reads it
+  curves            each optim_step writes train/loss, train/grad_norm, ... to the model record's
+                    history, as the dashboard reads it
   hub-tokenizer     SamplingClient.get_tokenizer() loads the base model by name from the hub cache
                     the server writes (HF_HUB_CACHE=<data>/hf-hub), and GET /v1/tokenizer gives
                     the same files as a tar archive (a directory, or a hub cache's layout)
@@ -317,9 +318,29 @@ def session_end(ctx):
     with service(ctx.server) as sc:
         tc = sc.create_lora_training_client(base_model=BASE, rank=4).result()
         tc.forward([datum(weights=1.0)], "cross_entropy").result()
+        first = tc.save_weights_for_sampler("kept").result().path
+        tc.forward_backward([datum(weights=1.0)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         path = tc.save_weights_for_sampler("kept").result().path
         model_id = tc.model_id
-    # The session is over and its model released; the named sampler weights stay.
+    assert first == path, (first, path)
+    # Saving over the name deleted the checkpoint it named: one checkpoint is left.
+    session, _, seq = model_id.split(":")
+    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
+    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    status, cps, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/checkpoints")
+    assert status == 200 and [c["step"] for c in cps["data"]] == [2], cps
+    # The session is over and its model released; the named sampler weights stay, the owner's only.
+    other = service(ctx.server, ctx.server.new_key("late-other"))
+    for attempt in (lambda: other.create_sampling_client(model_path=path).result(),
+                    lambda: other.create_rest_client().get_weights_info_by_tinker_path(path).result(),
+                    lambda: other.create_rest_client().delete_checkpoint_from_tinker_path(path).result()):
+        try:
+            attempt()
+        except Exception as e:
+            assert "not found" in str(e).lower() or "404" in str(e), e
+        else:
+            raise AssertionError("another entity reached the saved sampler weights")
     sc = service(ctx.server)
     sampler = sc.create_sampling_client(model_path=path).result()
     out = sampler.sample(prompt=types.ModelInput.from_ints(TOKENS[:5]), num_samples=1,

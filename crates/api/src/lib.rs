@@ -116,6 +116,7 @@ pub struct AppState(
     Arc<openai::lora::LoraRegistry>,
     Arc<health::StoreProbe>,
     Arc<tinker::state::TinkerState>,
+    Arc<openai::tokenizer_files::TarCache>,
 );
 
 impl AppState {
@@ -124,12 +125,26 @@ impl AppState {
         let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
         let telemetry =
             Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
-        AppState(Arc::new(config), limiter, models, telemetry, Arc::default(), Arc::default(), Arc::default())
+        AppState(
+            Arc::new(config),
+            limiter,
+            models,
+            telemetry,
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        )
     }
 
     /// The Tinker routes' sessions, models and futures.
     pub(crate) fn tinker(&self) -> &Arc<tinker::state::TinkerState> {
         &self.6
+    }
+
+    /// `GET /v1/tokenizer`'s archives, built once per model and layout.
+    pub(crate) fn tokenizer_tars(&self) -> &openai::tokenizer_files::TarCache {
+        &self.7
     }
 
     pub(crate) fn tokenizer_dir(&self, model: &str) -> Option<&std::path::Path> {

@@ -39,7 +39,8 @@ mod tests {
 
     #[test]
     fn hub_layout_names_one_revision_from_the_bytes() {
-        let files = vec![("tokenizer.json".to_string(), b"{}".to_vec()), ("tokenizer_config.json".to_string(), b"{}".to_vec())];
+        let files =
+            vec![("tokenizer.json".to_string(), b"{}".to_vec()), ("tokenizer_config.json".to_string(), b"{}".to_vec())];
         let a = hub_layout("org/name", &files);
         let rev = String::from_utf8(a[0].1.clone()).unwrap();
         assert_eq!(a[0].0, "models--org--name/refs/main");

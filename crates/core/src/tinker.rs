@@ -14,11 +14,16 @@ pub struct Datum {
 
 /// Sampler weights saved by name: a checkpoint of the model's tandem record, remembered beyond
 /// the model's session (as saved training states are), so its `tinker://` path samples, lists
-/// and deletes after the run that saved it has ended.
+/// and deletes after the run that saved it has ended. The checkpoint's id is kept with its step:
+/// a step number is reused once the latest checkpoint is deleted, so a name is live only while
+/// the checkpoint at its step is still the one it saved.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SavedSampler {
     pub name: String,
     pub step: i64,
+    pub checkpoint_id: uuid::Uuid,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
     pub record_id: uuid::Uuid,
     pub base_model: String,
     pub rank: usize,
@@ -109,9 +114,17 @@ pub trait TinkerTrainer: Send + Sync {
     ) -> Result<(), TinkerError>;
     /// `owner`'s saved states of `model_id`: (name, bytes, written at, ms since the epoch).
     fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
-    /// Remembers sampler weights `owner` saved by name of `model_id` (a name saved again is
-    /// replaced).
-    fn note_sampler(&self, owner: &str, model_id: &str, saved: SavedSampler) -> Result<(), TinkerError>;
+    /// Whether `owner` may save sampler weights `name` of `model_id` (a new name counts against
+    /// the limit; saving over a name does not).
+    fn may_note_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError>;
+    /// Remembers sampler weights `owner` saved by name of `model_id`; the entry it replaces (a
+    /// name saved again), whose checkpoint the caller deletes.
+    fn note_sampler(
+        &self,
+        owner: &str,
+        model_id: &str,
+        saved: SavedSampler,
+    ) -> Result<Option<SavedSampler>, TinkerError>;
     /// `owner`'s sampler weights saved by name of `model_id`.
     fn saved_samplers(&self, owner: &str, model_id: &str) -> Vec<SavedSampler>;
     /// Forgets sampler weights saved by name; the forgotten entry.

@@ -47,6 +47,9 @@ pub fn files_of(path: &Path, max_model_len: Option<usize>) -> Result<Vec<File>, 
 /// name from a hub cache reads `config.json` first (a directory does without), and finds the
 /// tokenizer class in `tokenizer_config.json`.
 pub(crate) fn with_config(mut files: Vec<File>, arch: Arch) -> Vec<File> {
-    files.push(("config.json".into(), serde_json::json!({ "model_type": arch.hf_model_type() }).to_string().into_bytes()));
+    files.push((
+        "config.json".into(),
+        serde_json::json!({ "model_type": arch.hf_model_type() }).to_string().into_bytes(),
+    ));
     files
 }

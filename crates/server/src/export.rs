@@ -71,12 +71,15 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
 fn tokenizer(args: &ExportArgs, dir: &std::path::Path) -> anyhow::Result<()> {
     let path = PathBuf::from(args.model.as_deref().unwrap_or(DEFAULT_MODEL));
     let name = args.name.clone().unwrap_or_else(|| default_model_id(&path));
-    let files = tokenizer_dir::files_of(&path, args.max_model_len)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let files =
+        tokenizer_dir::files_of(&path, args.max_model_len).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let files = if args.hub { hf_files::hub_layout(&name, &files) } else { files };
     write_files(dir, &files).with_context(|| format!("writing {}", dir.display()))?;
     if args.hub {
-        eprintln!("tokenizer of {name} written as a hub cache: HF_HUB_CACHE={} HF_HUB_OFFLINE=1, then load {name:?}", dir.display());
+        eprintln!(
+            "tokenizer of {name} written as a hub cache: HF_HUB_CACHE={} HF_HUB_OFFLINE=1, then load {name:?}",
+            dir.display()
+        );
     } else {
         eprintln!("tokenizer of {name} written: AutoTokenizer.from_pretrained({:?})", dir.display().to_string());
     }
@@ -104,21 +107,16 @@ async fn merged(args: &ExportArgs, out: PathBuf) -> anyhow::Result<()> {
     let base = match args.base.clone() {
         Some(path) => path,
         None if model.base_model == BUNDLED_MODEL_ID => PathBuf::from(DEFAULT_MODEL),
-        None => bail!(
-            "model {} was trained on {}: give --base with that model's GGUF file",
-            model_id,
-            model.base_model
-        ),
+        None => {
+            bail!("model {} was trained on {}: give --base with that model's GGUF file", model_id, model.base_model)
+        }
     };
     let step = match args.step {
         Some(s) => s,
         None => store.latest_step(model_id).await?,
     };
     if step < 1 {
-        bail!(
-            "--step must be 1 or more (step 0 is the base model itself); model {} has no checkpoint yet",
-            model_id
-        );
+        bail!("--step must be 1 or more (step 0 is the base model itself); model {} has no checkpoint yet", model_id);
     }
     let checkpoint = store
         .get_checkpoint(model_id, step)

@@ -201,7 +201,7 @@ fn write_tokenizers(
     data_dir: &Path,
     backend: &SharedBackend,
 ) -> anyhow::Result<std::collections::BTreeMap<String, std::path::PathBuf>> {
-    use tandem_core::hf_files as tokenizer_dir;
+    use tandem_core::hf_files;
     let mut dirs = std::collections::BTreeMap::new();
     for m in backend.models() {
         let files = m.tokenizer_files();
@@ -209,10 +209,11 @@ fn write_tokenizers(
             continue;
         }
         let id = m.info().id.clone();
-        let dir = data_dir.join("tokenizers").join(tokenizer_dir::dir_name(&id));
-        crate::export::write_files(&dir, &files).with_context(|| format!("writing the tokenizer of {id} to {}", dir.display()))?;
+        let dir = data_dir.join("tokenizers").join(hf_files::dir_name(&id));
+        crate::export::write_files(&dir, &files)
+            .with_context(|| format!("writing the tokenizer of {id} to {}", dir.display()))?;
         let hub = data_dir.join("hf-hub");
-        crate::export::write_files(&hub, &tokenizer_dir::hub_layout(&id, &files))
+        crate::export::write_files(&hub, &hf_files::hub_layout(&id, &files))
             .with_context(|| format!("writing the tokenizer of {id} to {}", hub.display()))?;
         dirs.insert(id, dir.canonicalize().unwrap_or(dir));
     }

@@ -182,7 +182,12 @@ impl Session {
     /// Replaces this session's adapter (and moments, or fresh ones) with a saved state of the
     /// same base model and rank: Tinker's `load_state` into an existing model. Pending gradients
     /// are dropped with the adapter they were taken of.
-    pub fn load_into(&mut self, trainer: &LoraTrainer, path: &std::path::Path, with_optimizer: bool) -> Result<(), TrainError> {
+    pub fn load_into(
+        &mut self,
+        trainer: &LoraTrainer,
+        path: &std::path::Path,
+        with_optimizer: bool,
+    ) -> Result<(), TrainError> {
         let rank = self.held.live()?.lora.config.r;
         let (base_id, saved_rank, _) =
             state_info(path).ok_or_else(|| TrainError::Invalid("no such saved state".into()))?;

@@ -42,7 +42,14 @@ pub struct TinkerModels {
 
 impl TinkerModels {
     pub fn new(trainer: Arc<LoraTrainer>, turns: Arc<Turns>, max_models: usize, states: PathBuf) -> Self {
-        TinkerModels { trainer, states, turns, models: Mutex::default(), samplers: Mutex::default(), max_models: max_models.max(1) }
+        TinkerModels {
+            trainer,
+            states,
+            turns,
+            models: Mutex::default(),
+            samplers: Mutex::default(),
+            max_models: max_models.max(1),
+        }
     }
 
     /// Where `owner`'s state `name` of `model_id` lives. The owner is hashed (any entity name
@@ -63,18 +70,30 @@ impl TinkerModels {
         Ok(self.state_path(owner, model_id, "x")?.with_file_name(SAMPLERS_FILE))
     }
 
-    fn read_samplers(path: &std::path::Path) -> Vec<SavedSampler> {
-        std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    /// The list (empty when there is none yet); a file that cannot be read is an error, never an
+    /// empty list that the next write would put in its place.
+    fn read_samplers(path: &std::path::Path) -> Result<Vec<SavedSampler>, TinkerError> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                TinkerError::Server(format!("the sampler weights list {} is damaged: {e}", path.display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(TinkerError::Server(format!("reading the sampler weights list: {e}"))),
+        }
     }
 
     fn write_samplers(path: &std::path::Path, list: &[SavedSampler]) -> Result<(), TinkerError> {
+        use std::io::Write;
         let io = |e: std::io::Error| TinkerError::Server(format!("recording the sampler weights: {e}"));
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        // Written whole to a new file, then renamed over the old: a crash leaves one or the other.
+        // Written whole to a new file, synced, then renamed over the old: a crash leaves one or
+        // the other.
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(list).unwrap_or_default()).map_err(io)?;
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&serde_json::to_vec(list).unwrap_or_default()).map_err(io)?;
+        f.sync_all().map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)
     }
 
@@ -237,30 +256,48 @@ impl TinkerTrainer for TinkerModels {
         out
     }
 
-    fn note_sampler(&self, owner: &str, model_id: &str, saved: SavedSampler) -> Result<(), TinkerError> {
+    fn may_note_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError> {
+        let list = Self::read_samplers(&self.samplers_path(owner, model_id)?)?;
+        if list.len() >= MAX_SAMPLERS_PER_MODEL && !list.iter().any(|s| s.name == name) {
+            return Err(TinkerError::User(format!(
+                "a model may keep {MAX_SAMPLERS_PER_MODEL} sampler weights saved by name; delete some or save over a name"
+            )));
+        }
+        Ok(())
+    }
+
+    fn note_sampler(
+        &self,
+        owner: &str,
+        model_id: &str,
+        saved: SavedSampler,
+    ) -> Result<Option<SavedSampler>, TinkerError> {
         let path = self.samplers_path(owner, model_id)?;
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut list = Self::read_samplers(&path);
-        list.retain(|s| s.name != saved.name);
+        let mut list = Self::read_samplers(&path)?;
+        let replaced = list.iter().position(|s| s.name == saved.name).map(|at| list.remove(at));
         if list.len() >= MAX_SAMPLERS_PER_MODEL {
             return Err(TinkerError::User(format!(
                 "a model may keep {MAX_SAMPLERS_PER_MODEL} sampler weights saved by name; delete some or save over a name"
             )));
         }
         list.push(saved);
-        Self::write_samplers(&path, &list)
+        Self::write_samplers(&path, &list)?;
+        Ok(replaced)
     }
 
     fn saved_samplers(&self, owner: &str, model_id: &str) -> Vec<SavedSampler> {
-        self.samplers_path(owner, model_id).map(|p| Self::read_samplers(&p)).unwrap_or_default()
+        // Unreadable reads as none here (a listing shows less); writers refuse instead.
+        self.samplers_path(owner, model_id).and_then(|p| Self::read_samplers(&p)).unwrap_or_default()
     }
 
     fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Option<SavedSampler> {
         let path = self.samplers_path(owner, model_id).ok()?;
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut list = Self::read_samplers(&path);
+        let mut list = Self::read_samplers(&path).ok()?;
         let at = list.iter().position(|s| s.name == name)?;
         let gone = list.remove(at);
+        // Not forgotten unless written: the caller deletes the checkpoint only for what this returns.
         Self::write_samplers(&path, &list).ok()?;
         Some(gone)
     }

@@ -17,7 +17,7 @@ mod response;
 mod responses;
 mod sse;
 mod tokenize;
-mod tokenizer_files;
+pub(crate) mod tokenizer_files;
 mod tools;
 pub mod wire;
 

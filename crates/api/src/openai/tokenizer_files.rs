@@ -5,11 +5,20 @@
 
 use crate::error::{ApiError, ErrorKind, OpenAiError};
 use crate::AppState;
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use std::collections::HashMap;
 use tandem_core::hf_files;
+
+/// Archives already built, by (model, hub layout): a model's tokenizer never changes while the
+/// process serves it, and building one serialises the whole vocabulary (megabytes for Qwen's), so
+/// a thousand requests cost one build and share its bytes. Bounded by the served models (two
+/// layouts each); the lock also makes concurrent first requests build once.
+#[derive(Default)]
+pub struct TarCache(tokio::sync::Mutex<HashMap<(String, bool), Bytes>>);
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -29,7 +38,7 @@ pub struct TokenizerQuery {
     summary = "A base model's tokenizer as files a Hugging Face client loads (a tar archive)",
     params(TokenizerQuery),
     responses(
-        (status = 200, description = "`{model, / as --}/tokenizer.json` and `tokenizer_config.json`, or with `layout=hub` `models--{org}--{name}/refs/main` and `snapshots/{revision}/...`", content_type = "application/x-tar", body = String),
+        (status = 200, description = "`{model, / as -- and : as _}/tokenizer.json`, `tokenizer_config.json` and `config.json`, or with `layout=hub` `models--{org}--{name}/refs/main` and `snapshots/{revision}/...`", content_type = "application/x-tar", body = String),
         crate::openapi::bodies::InferenceErrors
     ),
     security(("bearer" = []))
@@ -38,13 +47,19 @@ pub async fn files(State(state): State<AppState>, Query(q): Query<TokenizerQuery
     let hub = match q.layout.as_deref() {
         None | Some("dir") => false,
         Some("hub") => true,
-        Some(other) => return Err(ApiError::bad_param("layout", format!("layout must be dir or hub, not {other:?}")).into()),
+        Some(other) => {
+            return Err(ApiError::bad_param("layout", format!("layout must be dir or hub, not {other:?}")).into())
+        }
     };
     let model = state
         .model(&q.model)
         .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("The model `{}` does not exist.", q.model)))?
         .clone();
-    let id = q.model;
+    let mut cache = state.tokenizer_tars().0.lock().await;
+    if let Some(tar) = cache.get(&(q.model.clone(), hub)) {
+        return Ok(([(header::CONTENT_TYPE, "application/x-tar")], tar.clone()).into_response());
+    }
+    let id = q.model.clone();
     let tar = tokio::task::spawn_blocking(move || {
         let files = model.tokenizer_files();
         if files.is_empty() {
@@ -60,6 +75,8 @@ pub async fn files(State(state): State<AppState>, Query(q): Query<TokenizerQuery
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))??;
+    let tar = Bytes::from(tar);
+    cache.insert((q.model, hub), tar.clone());
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response())
 }
 

@@ -7,11 +7,13 @@
 //! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
 //! - [`weights`]: saving for the sampler, saving and loading the training state.
 //! - [`runs`]: the RestClient's listings of runs and their checkpoints.
+//! - `samplers`: sampler weights saved by name, found and checked live.
 //! - [`sample`]: sampling sessions and `asample` through the engine.
 
 pub mod routes;
 pub mod runs;
 pub mod sample;
+mod samplers;
 pub mod state;
 pub mod weights;
 pub mod wire;

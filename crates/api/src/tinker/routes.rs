@@ -453,9 +453,10 @@ pub async fn optim_step(
             grad_clip_norm: p.grad_clip_norm,
         };
         let stepped = tokio::task::spawn_blocking(move || trainer.optim_step(&id, settings)).await;
+        // Taken whatever the outcome: a failed step's losses belong to no point.
+        let taken = std::mem::take(&mut *entry.pending.lock().unwrap_or_else(|e| e.into_inner()));
         match stepped {
             Ok(Ok(norm)) => {
-                let taken = std::mem::take(&mut *entry.pending.lock().unwrap_or_else(|e| e.into_inner()));
                 if taken.tokens > 0 {
                     log_step(&state, entry.record_id, taken, norm, settings.learning_rate).await;
                 }
@@ -528,7 +529,7 @@ pub(super) async fn register_model(
         next: tokio::sync::watch::channel(1).0,
         seen: Mutex::new(HashMap::new()),
         record_id: record.id,
-        sampler_steps: Mutex::new(HashMap::new()),
+        samplers: Mutex::new(HashMap::new()),
         pending: Mutex::default(),
     });
     t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);

@@ -4,6 +4,7 @@
 //! `training_runs/{id}/checkpoints` and `checkpoints` (every run's, across runs).
 
 use super::routes::{trainer, Result};
+use super::samplers;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::AppState;
@@ -11,10 +12,14 @@ use axum::extract::{Path, Query, State};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tandem_core::records::{ModelRecord, PageRequest};
+use tandem_core::records::{ModelRecord, Order, PageRequest};
+use tandem_store::StoreError;
 
-/// Most runs a listing reads (an entity with more sees its first ones, by creation).
-const MAX_RUNS: usize = 10_000;
+/// Most runs a listing reads (an entity with more sees its newest ones).
+const MAX_RUNS: usize = 2_000;
+/// Most runs whose checkpoints `GET checkpoints` gathers (the newest): each costs file reads and
+/// a paged read of its checkpoints, and the listing must not take the pool from other tenants.
+const MAX_RUNS_SCANNED: usize = 20;
 
 /// RFC 3339 of milliseconds since the epoch (the SDK parses `time` as a datetime).
 fn rfc3339(ms: i64) -> String {
@@ -30,47 +35,50 @@ fn run_of(record: &str) -> Option<String> {
     (!session.is_empty() && seq.parse::<u64>().is_ok()).then(|| format!("{session}:train:{seq}"))
 }
 
-/// One run's checkpoints as the SDK's `Checkpoint`s (states, then sampler weights by name), and
-/// its LoRA rank where something says it; `None` when the caller has no such run.
-async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Option<(Vec<Value>, Option<usize>)>> {
+/// A checkpoint as the SDK's `Checkpoint`, with its time in ms for ordering.
+type Listed = (i64, Value);
+
+/// One run's checkpoints (states, then sampler weights by name; only saves whose checkpoint is
+/// still the one they saved), and its LoRA rank where something says it; `None` when the caller
+/// has no such run.
+async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Option<(Vec<Listed>, Option<usize>)>> {
     let trainer = trainer(state)?;
     let model = state.tinker().model(entity, run);
-    let (states, saved, state_rank) = {
+    let (states, state_rank) = {
         let (owner, run) = (entity.to_string(), run.to_string());
         tokio::task::spawn_blocking(move || {
             let states = trainer.list_states(&owner, &run);
             let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|(_, r)| r);
-            (states, trainer.saved_samplers(&owner, &run), rank)
+            (states, rank)
         })
         .await
         .unwrap_or_default()
     };
+    let saved = samplers::all(state, entity, run).await?;
     if model.is_none() && states.is_empty() && saved.is_empty() {
         // A run whose saves are all deleted is still a run: its tandem record says it existed.
         let record = run.replace(":train:", "-train-");
-        if state.store().find_model(entity, "tinker", &record).await.is_err() {
-            return Ok(None);
+        match state.store().find_model(entity, "tinker", &record).await {
+            Ok(_) => {}
+            Err(StoreError::NotFound) => return Ok(None),
+            Err(e) => return Err(ApiError::from(e).into()),
         }
     }
     let rank = model.as_ref().map(|m| m.rank).or(saved.first().map(|s| s.rank)).or(state_rank);
-    let mut out: Vec<Value> = states
+    let mut out: Vec<Listed> = states
         .into_iter()
         .map(|(name, size, at)| {
-            json!({ "checkpoint_id": format!("weights/{name}"), "checkpoint_type": "training", "time": rfc3339(at),
-                    "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false })
+            (at, json!({ "checkpoint_id": format!("weights/{name}"), "checkpoint_type": "training", "time": rfc3339(at),
+                         "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false }))
         })
         .collect();
-    let mut samplers: std::collections::BTreeMap<String, (uuid::Uuid, i64)> =
-        saved.into_iter().map(|s| (s.name, (s.record_id, s.step))).collect();
-    if let Some(m) = &model {
-        let held = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner());
-        samplers.extend(held.iter().map(|(k, v)| (k.clone(), (m.record_id, *v))));
-    }
-    for (name, (record, step)) in samplers {
-        let Ok(cp) = state.store().get_checkpoint(record, step).await else { continue };
-        out.push(json!({ "checkpoint_id": format!("sampler_weights/{name}"), "checkpoint_type": "sampler",
-                         "time": rfc3339(cp.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{name}"),
-                         "public": false }));
+    for s in samplers::only_live(state, saved).await? {
+        out.push((
+            s.created_at,
+            json!({ "checkpoint_id": format!("sampler_weights/{}", s.name), "checkpoint_type": "sampler",
+                 "time": rfc3339(s.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{}", s.name),
+                 "public": false }),
+        ));
     }
     Ok(Some((out, rank)))
 }
@@ -83,14 +91,15 @@ pub async fn list_checkpoints(
     Extension(caller): Extension<Caller>,
     Path(run): Path<String>,
 ) -> Result<Json<Value>> {
-    let (out, _) = checkpoints_of(&state, &caller.entity, &run).await?.ok_or_else(|| ApiError::not_found("training run"))?;
-    Ok(Json(json!({ "checkpoints": out })))
+    let (out, _) =
+        checkpoints_of(&state, &caller.entity, &run).await?.ok_or_else(|| ApiError::not_found("training run"))?;
+    Ok(Json(json!({ "checkpoints": out.into_iter().map(|(_, c)| c).collect::<Vec<_>>() })))
 }
 
-/// The entity's Tinker runs, oldest first.
+/// The entity's Tinker runs, newest first (at most [`MAX_RUNS`]).
 async fn runs_of(state: &AppState, entity: &str) -> Result<Vec<ModelRecord>> {
     let mut out = Vec::new();
-    let mut page = PageRequest::first(500);
+    let mut page = PageRequest { order: Order::Desc, ..PageRequest::first(500) };
     loop {
         let p = state.store().list_models(entity, Some("tinker"), None, page).await.map_err(ApiError::from)?;
         out.extend(p.items.iter().filter(|m| run_of(&m.name).is_some()).cloned());
@@ -108,10 +117,13 @@ async fn run_view(state: &AppState, record: &ModelRecord) -> Result<Option<Value
     let Some(run) = run_of(&record.name) else { return Ok(None) };
     let Some((checkpoints, rank)) = checkpoints_of(state, &record.entity, &run).await? else { return Ok(None) };
     let latest = |kind: &str| {
-        checkpoints.iter().filter(|c| c["checkpoint_type"] == kind).max_by_key(|c| c["time"].as_str().map(str::to_string)).cloned()
+        checkpoints
+            .iter()
+            .filter(|(_, c)| c["checkpoint_type"] == kind)
+            .max_by_key(|(at, _)| *at)
+            .map(|(_, c)| c.clone())
     };
-    let last_time =
-        checkpoints.iter().filter_map(|c| c["time"].as_str()).max().map(str::to_string).unwrap_or_else(|| rfc3339(record.created_at));
+    let last_time = rfc3339(checkpoints.iter().map(|(at, _)| *at).max().unwrap_or(record.created_at));
     Ok(Some(json!({
         "training_run_id": run, "base_model": record.base_model, "model_owner": record.entity, "is_lora": true,
         "corrupted": false, "lora_rank": rank, "last_request_time": last_time,
@@ -129,11 +141,12 @@ pub struct Paging {
 
 impl Paging {
     fn window(&self, default: usize) -> (usize, usize) {
-        (self.offset.unwrap_or(0), self.limit.unwrap_or(default).clamp(1, 1000))
+        (self.offset.unwrap_or(0).min(MAX_RUNS), self.limit.unwrap_or(default).clamp(1, 100))
     }
 }
 
-/// `GET training_runs` (`RestClient.list_training_runs`): the caller's runs, by offset.
+/// `GET training_runs` (`RestClient.list_training_runs`): the caller's runs, newest first, by
+/// offset.
 pub async fn list_runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -145,7 +158,9 @@ pub async fn list_runs(
     for r in records.iter().skip(offset).take(limit) {
         runs.extend(run_view(&state, r).await?);
     }
-    Ok(Json(json!({ "training_runs": runs, "cursor": { "offset": offset, "limit": limit, "total_count": records.len() } })))
+    Ok(Json(
+        json!({ "training_runs": runs, "cursor": { "offset": offset, "limit": limit, "total_count": records.len() } }),
+    ))
 }
 
 /// `GET training_runs/{id}` (`RestClient.get_training_run[_by_tinker_path]`).
@@ -154,16 +169,17 @@ pub async fn get_run(
     Extension(caller): Extension<Caller>,
     Path(run): Path<String>,
 ) -> Result<Json<Value>> {
-    let record = state
-        .store()
-        .find_model(&caller.entity, "tinker", &run.replace(":train:", "-train-"))
-        .await
-        .map_err(|_| ApiError::not_found("training run"))?;
+    let record = match state.store().find_model(&caller.entity, "tinker", &run.replace(":train:", "-train-")).await {
+        Ok(r) => r,
+        Err(StoreError::NotFound) => return Err(ApiError::not_found("training run").into()),
+        Err(e) => return Err(ApiError::from(e).into()),
+    };
     let view = run_view(&state, &record).await?.ok_or_else(|| ApiError::not_found("training run"))?;
     Ok(Json(view))
 }
 
-/// `GET checkpoints` (`RestClient.list_user_checkpoints`): every run's checkpoints, newest first.
+/// `GET checkpoints` (`RestClient.list_user_checkpoints`): the checkpoints of the entity's
+/// newest [`MAX_RUNS_SCANNED`] runs, newest first.
 pub async fn list_all_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -171,15 +187,15 @@ pub async fn list_all_checkpoints(
 ) -> Result<Json<Value>> {
     let (offset, limit) = paging.window(100);
     let mut all = Vec::new();
-    for r in runs_of(&state, &caller.entity).await? {
+    for r in runs_of(&state, &caller.entity).await?.into_iter().take(MAX_RUNS_SCANNED) {
         let Some(run) = run_of(&r.name) else { continue };
         if let Some((cps, _)) = checkpoints_of(&state, &caller.entity, &run).await? {
             all.extend(cps);
         }
     }
-    all.sort_by(|a, b| b["time"].as_str().cmp(&a["time"].as_str()));
+    all.sort_by(|a, b| b.0.cmp(&a.0));
     let total = all.len();
-    let page: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
+    let page: Vec<Value> = all.into_iter().skip(offset).take(limit).map(|(_, c)| c).collect();
     Ok(Json(json!({ "checkpoints": page, "cursor": { "offset": offset, "limit": limit, "total_count": total } })))
 }
 

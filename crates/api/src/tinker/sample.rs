@@ -4,7 +4,7 @@
 //! SDK's protobuf `SampleResponse`.
 
 use super::pb;
-use super::routes::{bad, new_future, submitted_samples, trainer, Result};
+use super::routes::{bad, new_future, submitted_samples, Result};
 use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind};
@@ -65,25 +65,12 @@ pub async fn create(
                 path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")).ok_or_else(|| {
                     bad(format!("model_path {path:?}: expected tinker://<model_id>/sampler_weights/<name>"))
                 })?;
-            let held = t.model(&caller.entity, model_id).and_then(|m| {
-                let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied()?;
-                Some((m.base_model.clone(), step))
-            });
-            let found = match held {
-                Some(found) => Some(found),
-                // Saved by an earlier session of this entity (named weights outlive their run).
-                None => {
-                    let trainer = trainer(&state)?;
-                    let (owner, model_id, name) = (caller.entity.clone(), model_id.to_string(), name.to_string());
-                    tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model_id))
-                        .await
-                        .unwrap_or_default()
-                        .into_iter()
-                        .find(|s| s.name == name)
-                        .map(|s| (s.base_model, s.step))
-                }
-            };
-            let (base_model, step) = found.ok_or_else(|| ApiError::not_found("sampler weights"))?;
+            // This session's saves, or named ones of an earlier session (they outlive their run),
+            // while their checkpoint is still the one they saved.
+            let saved = super::samplers::find(&state, &caller.entity, model_id, name)
+                .await?
+                .ok_or_else(|| ApiError::not_found("sampler weights"))?;
+            let (base_model, step) = (saved.base_model, saved.step);
             Sampler::of_checkpoint(&caller.entity, model_id, &base_model, step, path.clone())
         }
         (None, Some(base)) => {

@@ -68,8 +68,9 @@ pub struct ModelEntry {
     pub seen: Mutex<HashMap<i64, String>>,
     /// The tandem model record its sampler weights are checkpoints of (project `tinker`).
     pub record_id: uuid::Uuid,
-    /// Sampler weights saved by name -> the checkpoint step they are.
-    pub sampler_steps: Mutex<HashMap<String, i64>>,
+    /// Sampler weights saved this session, by name (the ephemeral kind too): the checkpoint
+    /// each is.
+    pub samplers: Mutex<HashMap<String, tandem_core::tinker::SavedSampler>>,
     /// What `forward_backward` calls added since the last `optim_step` (loss summed, tokens):
     /// the step's point on the dashboard's curves.
     pub pending: Mutex<Pending>,

@@ -7,6 +7,7 @@ use super::routes::{
     bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
 };
 use super::sample::Sampler;
+use super::samplers;
 use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
@@ -60,6 +61,15 @@ pub async fn save_weights_for_sampler(
         if let Some(problem) = tandem_core::names::name_problem(&name) {
             return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
         }
+        if !ephemeral {
+            // Before anything is written: past the limit a save leaves nothing behind.
+            let (owner, id, name, trainer) = (entity.clone(), id.clone(), name.clone(), trainer.clone());
+            match tokio::task::spawn_blocking(move || trainer.may_note_sampler(&owner, &id, &name)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return failed(e),
+                Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+            }
+        }
         let files = {
             let (id, trainer) = (id.clone(), trainer.clone());
             match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
@@ -68,54 +78,69 @@ pub async fn save_weights_for_sampler(
                 Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
             }
         };
-        match publish(&state, entry.record_id, files).await {
-            Ok(step) => {
-                entry.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), step);
-                if !ephemeral {
-                    // Named weights outlive the session: their path samples after the run ends.
-                    let saved = SavedSampler {
-                        name: name.clone(),
-                        step,
-                        record_id: entry.record_id,
-                        base_model: entry.base_model.clone(),
-                        rank: entry.rank,
-                    };
-                    let (owner, id) = (entity.clone(), id.clone());
-                    let noted = tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, saved)).await;
-                    match noted {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => return failed(e),
-                        Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
-                    }
+        let cp = match publish(&state, entry.record_id, files).await {
+            Ok(cp) => cp,
+            Err(e) => return Outcome::Failed { error: e.message, category: "server" },
+        };
+        let saved = SavedSampler {
+            name: name.clone(),
+            step: cp.step,
+            checkpoint_id: cp.id,
+            created_at: cp.created_at,
+            record_id: entry.record_id,
+            base_model: entry.base_model.clone(),
+            rank: entry.rank,
+        };
+        if !ephemeral {
+            // Named weights outlive the session (their path samples after the run ends); the
+            // checkpoint a name saved before is deleted with the name's move.
+            let (owner, id, kept) = (entity.clone(), id.clone(), saved.clone());
+            let replaced = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, kept)).await {
+                Ok(Ok(replaced)) => replaced,
+                Ok(Err(e)) => {
+                    let _ = samplers::drop_checkpoint(&state, &saved).await;
+                    return failed(e);
                 }
-                let path = format!("tinker://{id}/sampler_weights/{name}");
-                match sampler_seq {
-                    Some(seq) if ephemeral => {
-                        let sampler_id = format!("{}:sample:{seq}", entry.session_id);
-                        let sampler = Sampler::of_checkpoint(&entity, &id, &entry.base_model, step, path);
-                        if !state.tinker().add_sampler(sampler_id.clone(), sampler) {
-                            return Outcome::Failed {
-                                error: format!("an entity may hold {MAX_SAMPLERS_PER_ENTITY} sampling sessions; finish a session first"),
-                                category: "user",
-                            };
-                        }
-                        Outcome::Json(json!({ "sampling_session_id": sampler_id, "type": "save_weights_for_sampler" }))
-                    }
-                    _ => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
+                Err(e) => {
+                    let _ = samplers::drop_checkpoint(&state, &saved).await;
+                    return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" };
+                }
+            };
+            if let Some(old) = replaced.filter(|old| old.checkpoint_id != saved.checkpoint_id) {
+                if let Err(e) = samplers::drop_checkpoint(&state, &old).await {
+                    tracing::warn!(error = %e.message, "could not delete the checkpoint a saved name replaced");
                 }
             }
-            Err(e) => Outcome::Failed { error: e.message, category: "server" },
+        }
+        let step = saved.step;
+        entry.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), saved);
+        let path = format!("tinker://{id}/sampler_weights/{name}");
+        match sampler_seq {
+            Some(seq) if ephemeral => {
+                let sampler_id = format!("{}:sample:{seq}", entry.session_id);
+                let sampler = Sampler::of_checkpoint(&entity, &id, &entry.base_model, step, path);
+                if !state.tinker().add_sampler(sampler_id.clone(), sampler) {
+                    return Outcome::Failed {
+                        error: format!(
+                            "an entity may hold {MAX_SAMPLERS_PER_ENTITY} sampling sessions; finish a session first"
+                        ),
+                        category: "user",
+                    };
+                }
+                Outcome::Json(json!({ "sampling_session_id": sampler_id, "type": "save_weights_for_sampler" }))
+            }
+            _ => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
         }
     })
 }
 
 /// Writes adapter files as the next checkpoint of `record`: durably, then to the blob store,
-/// then recorded (a node finds the files of every checkpoint it finds recorded). Its step.
+/// then recorded (a node finds the files of every checkpoint it finds recorded).
 async fn publish(
     state: &AppState,
     record: uuid::Uuid,
     files: Vec<(String, Vec<u8>)>,
-) -> std::result::Result<i64, ApiError> {
+) -> std::result::Result<tandem_core::records::Checkpoint, ApiError> {
     let id = tandem_core::new_id();
     let relative = tandem_store::CheckpointDir::relative_path(record, id);
     let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
@@ -127,7 +152,7 @@ async fn publish(
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("writing the checkpoint failed: {e}")))??;
     state.checkpoints().upload(&relative).await?;
     match state.store().import_checkpoint(record, id, &relative).await {
-        Ok(cp) => Ok(cp.step),
+        Ok(cp) => Ok(cp),
         Err(e) => {
             let _ = state.checkpoints().remove(&relative).await;
             Err(e.into())
@@ -187,13 +212,16 @@ pub async fn load_weights(
         bad(format!("path {:?} is not a saved state: expected tinker://<model_id>/weights/<name>", body.path))
     })?;
     if let Some(model_id) = body.model_id.clone() {
-        return load_into(state, caller, model_id, body, source, name);
+        return load_into(state, caller, model_id, body, source, name).await;
     }
     let (Some(session_id), Some(seq)) = (body.session_id.clone(), body.model_seq_id) else {
         return Err(PreviewError(bad("load_weights needs model_id, or session_id and model_seq_id for a new model")));
     };
-    let (base_model, rank) =
-        trainer.state_info(&caller.entity, &source, &name).ok_or_else(|| ApiError::not_found("saved state"))?;
+    let (base_model, rank) = {
+        let (trainer, owner, source, name) = (trainer.clone(), caller.entity.clone(), source.clone(), name.clone());
+        tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
+    }
+    .ok_or_else(|| ApiError::not_found("saved state"))?;
     reap(&state);
     let t = state.tinker().clone();
     if !t.touch_session(&caller.entity, &session_id) {
@@ -223,7 +251,7 @@ pub async fn load_weights(
 /// `load_weights` into an existing model (`TrainingClient.load_state[_with_optimizer]`): in the
 /// model's `seq_id` order, its adapter replaced by a state of the caller's entity of the same
 /// base model and rank.
-fn load_into(
+async fn load_into(
     state: AppState,
     caller: Caller,
     model_id: String,
@@ -234,13 +262,24 @@ fn load_into(
     let trainer = trainer(&state)?;
     let seq = body.seq_id.ok_or_else(|| bad("load_weights into a model needs its seq_id"))?;
     let (t, model) = owned_model(&state, &caller, &model_id)?;
-    if trainer.state_info(&caller.entity, &source, &name).is_none() {
+    let exists = {
+        let (trainer, owner, source, name) = (trainer.clone(), caller.entity.clone(), source.clone(), name.clone());
+        tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten().is_some()
+    };
+    if !exists {
         return Err(ApiError::not_found("saved state").into());
     }
     let (id, owner, with_optimizer, path) = (model_id.clone(), caller.entity.clone(), body.optimizer, body.path);
-    ordered(&t, model, &model_id, seq, move || match trainer.load_state_into(&owner, &id, &source, &name, with_optimizer) {
-        Ok(()) => Outcome::Json(json!({ "path": path, "type": "load_weights" })),
-        Err(e) => failed(e),
+    let entry = model.clone();
+    ordered(&t, model, &model_id, seq, move || {
+        match trainer.load_state_into(&owner, &id, &source, &name, with_optimizer) {
+            Ok(()) => {
+                // The losses summed so far were of gradients the load dropped.
+                *entry.pending.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
+                Outcome::Json(json!({ "path": path, "type": "load_weights" }))
+            }
+            Err(e) => failed(e),
+        }
     })
 }
 
@@ -262,22 +301,7 @@ pub async fn weights_info(
         let (owner, trainer) = (caller.entity.clone(), trainer.clone());
         tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
     } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
-        let held = state.tinker().model(&caller.entity, model).and_then(|m| {
-            let named = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).contains_key(name);
-            named.then(|| (m.base_model.clone(), m.rank))
-        });
-        match held {
-            Some(found) => Some(found),
-            None => {
-                let (owner, model, name) = (caller.entity.clone(), model.to_string(), name.to_string());
-                tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model))
-                    .await
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find(|s| s.name == name)
-                    .map(|s| (s.base_model, s.rank))
-            }
-        }
+        samplers::find(&state, &caller.entity, model, name).await?.map(|s| (s.base_model, s.rank))
     } else {
         return Err(bad(format!("{path:?} is not a tinker:// path of saved weights")).into());
     };
@@ -313,20 +337,16 @@ pub async fn delete_checkpoint(
             }
         }
         "sampler_weights" => {
-            let held = state.tinker().model(&caller.entity, &run).and_then(|m| {
-                let step = m.sampler_steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&name)?;
-                Some((m.record_id, step))
-            });
+            let held = state
+                .tinker()
+                .model(&caller.entity, &run)
+                .and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(&name));
             let forgotten = {
                 let (owner, run, name) = (caller.entity.clone(), run.clone(), name.clone());
                 tokio::task::spawn_blocking(move || trainer.forget_sampler(&owner, &run, &name)).await.ok().flatten()
             };
-            let (record, step) = held
-                .or(forgotten.map(|s| (s.record_id, s.step)))
-                .ok_or_else(|| ApiError::not_found("checkpoint"))?;
-            let deleted = state.store().delete_checkpoints(record, &[step]).await.map_err(ApiError::from)?;
-            // As the preview API deletes: the engine forgets the cached adapter, then the files go.
-            crate::preview::checkpoints::remove_files(&state, &deleted.deleted).await;
+            let saved = held.or(forgotten).ok_or_else(|| ApiError::not_found("checkpoint"))?;
+            samplers::drop_checkpoint(&state, &saved).await?;
         }
         _ => return Err(ApiError::not_found("checkpoint").into()),
     }

@@ -1,0 +1,93 @@
+//! Sampler weights saved by name (and this session's ephemeral ones): found in the held model's
+//! memory or in the list the trainer keeps beside the run's states, and live only while the
+//! checkpoint at their step is still the one they saved (a step number is reused once the
+//! latest checkpoint is deleted, e.g. through `/v1/preview`).
+
+use super::routes::trainer;
+use crate::error::ApiError;
+use crate::AppState;
+use std::collections::HashSet;
+use tandem_core::records::PageRequest;
+use tandem_core::tinker::SavedSampler;
+use tandem_store::StoreError;
+
+/// Whether the checkpoint `s` names is still the one it saved.
+pub(super) async fn live(state: &AppState, s: &SavedSampler) -> Result<bool, ApiError> {
+    match state.store().get_checkpoint(s.record_id, s.step).await {
+        Ok(cp) => Ok(cp.id == s.checkpoint_id),
+        Err(StoreError::NotFound) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Every save of `run` by `entity` (memory first, then the kept list), by name.
+pub(super) async fn all(state: &AppState, entity: &str, run: &str) -> Result<Vec<SavedSampler>, ApiError> {
+    let trainer = trainer(state).map_err(|e| e.0)?;
+    let (owner, model) = (entity.to_string(), run.to_string());
+    let kept = tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model)).await.unwrap_or_default();
+    let mut by_name: std::collections::BTreeMap<String, SavedSampler> =
+        kept.into_iter().map(|s| (s.name.clone(), s)).collect();
+    if let Some(m) = state.tinker().model(entity, run) {
+        let held = m.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        by_name.extend(held.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    Ok(by_name.into_values().collect())
+}
+
+/// The live save `name` of `run` by `entity`.
+pub(super) async fn find(
+    state: &AppState,
+    entity: &str,
+    run: &str,
+    name: &str,
+) -> Result<Option<SavedSampler>, ApiError> {
+    let held = state
+        .tinker()
+        .model(entity, run)
+        .and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
+    let found = match held {
+        Some(s) => Some(s),
+        None => {
+            let trainer = trainer(state).map_err(|e| e.0)?;
+            let (owner, model, name) = (entity.to_string(), run.to_string(), name.to_string());
+            tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model))
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .find(|s| s.name == name)
+        }
+    };
+    match found {
+        Some(s) if live(state, &s).await? => Ok(Some(s)),
+        _ => Ok(None),
+    }
+}
+
+/// The live ones of `saves`: one paged read of each record's checkpoints, not one per save.
+pub(super) async fn only_live(state: &AppState, saves: Vec<SavedSampler>) -> Result<Vec<SavedSampler>, ApiError> {
+    let records: HashSet<uuid::Uuid> = saves.iter().map(|s| s.record_id).collect();
+    let mut ids = HashSet::new();
+    for record in records {
+        let mut page = PageRequest::first(500);
+        loop {
+            let p = state.store().list_checkpoints(record, page).await?;
+            ids.extend(p.items.iter().map(|c| c.id));
+            match (p.has_more, p.items.last()) {
+                (true, Some(last)) => page.after = Some(last.id),
+                _ => break,
+            }
+        }
+    }
+    Ok(saves.into_iter().filter(|s| ids.contains(&s.checkpoint_id)).collect())
+}
+
+/// Deletes the checkpoint `s` saved, if it is still that one (the engine forgets the adapter
+/// and the files go, as the preview API deletes).
+pub(super) async fn drop_checkpoint(state: &AppState, s: &SavedSampler) -> Result<(), ApiError> {
+    if !live(state, s).await? {
+        return Ok(());
+    }
+    let deleted = state.store().delete_checkpoints(s.record_id, &[s.step]).await?;
+    crate::preview::checkpoints::remove_files(state, &deleted.deleted).await;
+    Ok(())
+}
