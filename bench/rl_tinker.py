@@ -43,12 +43,12 @@ async def tinker_side(args):
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     async def run(index):
-        tc = await service.create_lora_training_client_async(base_model=args.base_model, rank=8)
-        sampler = await tc.save_weights_and_get_sampling_client_async()
+        tc = await service.create_lora_training_client(base_model=args.base_model, rank=8)
+        sampler = await tc.save_weights_and_get_sampling_client()
 
         async def evaluate(sampler):
             async def one(a, b):
-                out = await sampler.sample_async(prompt=types.ModelInput.from_ints(prompt(a, b)), num_samples=1,
+                out = await sampler.sample(prompt=types.ModelInput.from_ints(prompt(a, b)), num_samples=1,
                                                  sampling_params=types.SamplingParams(max_tokens=MAX_TOKENS,
                                                                                       temperature=0.0))
                 return rl_trl.reward(tok.decode(out.sequences[0].tokens, skip_special_tokens=True),
@@ -57,7 +57,7 @@ async def tinker_side(args):
 
         async def group(sampler, a, b):
             ids = prompt(a, b)
-            out = await sampler.sample_async(prompt=types.ModelInput.from_ints(ids), num_samples=ROLLOUTS,
+            out = await sampler.sample(prompt=types.ModelInput.from_ints(ids), num_samples=ROLLOUTS,
                                              sampling_params=types.SamplingParams(max_tokens=MAX_TOKENS,
                                                                                   temperature=1.0))
             rewards = [rl_trl.reward(tok.decode(s.tokens, skip_special_tokens=True), rl_trl.answer(a, b))
@@ -90,11 +90,12 @@ async def tinker_side(args):
             rolled = time.perf_counter()
             data = [d for g in groups for d in datums(*g)]
             if data:
-                fb = await tc.forward_backward_async(data, "importance_sampling")
-                opt = await tc.optim_step_async(types.AdamParams(learning_rate=args.learning_rate))
-                await fb.result_async()
-                await opt.result_async()
-            sampler = await tc.save_weights_and_get_sampling_client_async()
+                # Submitted back to back, then awaited: the SDK's pipelined form.
+                fb = tc.forward_backward(data, "importance_sampling")
+                opt = tc.optim_step(types.AdamParams(learning_rate=args.learning_rate))
+                await fb
+                await opt
+            sampler = await tc.save_weights_and_get_sampling_client()
             wall += time.perf_counter() - t
             phases.append((rolled - t, time.perf_counter() - rolled))
             rewards.append(sum(r for g in groups for r in g[2]) / (PROMPTS * ROLLOUTS))
