@@ -7,10 +7,9 @@ use crate::template::{builtin, ChatTemplate};
 use crate::tokenizer::TextTokenizer;
 use crate::EngineError;
 use std::path::Path;
+use tandem_core::hf_files::File;
 use tandem_model::source::WeightSource;
 use tandem_model::Arch;
-
-use tandem_core::hf_files::File;
 
 /// The chat template a model is served with: the file's own, else the architecture's built-in
 /// one (whose end-of-turn token then also ends generation, which `tok` learns).

@@ -52,22 +52,31 @@ impl TinkerModels {
         }
     }
 
-    /// Where `owner`'s state `name` of `model_id` lives. The owner is hashed (any entity name
-    /// is a safe directory); an id or name that could leave its directory is refused.
-    fn state_path(&self, owner: &str, model_id: &str, name: &str) -> Result<PathBuf, TinkerError> {
-        let safe = |s: &str| !s.is_empty() && !s.contains(['/', '\\', '\0']) && s != "." && s != "..";
-        if !safe(model_id) || !safe(name) || name.len() > 128 {
+    /// The directory of `owner`'s saved states of `model_id`. The owner is hashed (any entity
+    /// name is a safe directory); an id that could leave its directory is refused.
+    fn run_dir(&self, owner: &str, model_id: &str) -> Result<PathBuf, TinkerError> {
+        if !safe_name(model_id) {
             return Err(TinkerError::User(format!(
-                "the state {model_id:?}/{name:?}: ids and names may not be empty, `.` or `..`, hold '/' or '\\', or exceed 128 bytes"
+                "the model id {model_id:?} may not be empty, `.` or `..`, or hold '/' or '\\'"
             )));
         }
         let hash: String = Sha256::digest(owner.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect();
-        Ok(self.states.join(hash).join(model_id.replace(':', "_")).join(format!("{name}.safetensors")))
+        Ok(self.states.join(hash).join(model_id.replace(':', "_")))
+    }
+
+    /// Where `owner`'s state `name` of `model_id` lives.
+    fn state_path(&self, owner: &str, model_id: &str, name: &str) -> Result<PathBuf, TinkerError> {
+        if !safe_name(name) || name.len() > 128 {
+            return Err(TinkerError::User(format!(
+                "the state name {name:?} may not be empty, `.` or `..`, hold '/' or '\\', or exceed 128 bytes"
+            )));
+        }
+        Ok(self.run_dir(owner, model_id)?.join(format!("{name}.safetensors")))
     }
 
     /// `owner`'s list of sampler weights saved by name of `model_id`, beside its saved states.
     fn samplers_path(&self, owner: &str, model_id: &str) -> Result<PathBuf, TinkerError> {
-        Ok(self.state_path(owner, model_id, "x")?.with_file_name(SAMPLERS_FILE))
+        Ok(self.run_dir(owner, model_id)?.join(SAMPLERS_FILE))
     }
 
     /// The list (empty when there is none yet); a file that cannot be read is an error, never an
@@ -122,6 +131,21 @@ impl TinkerModels {
         let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut s).map_err(error)
     }
+}
+
+/// A model id or state name usable as one path component.
+fn safe_name(s: &str) -> bool {
+    !s.is_empty() && !s.contains(['/', '\\', '\0']) && s != "." && s != ".."
+}
+
+/// Whether a list has room for `name` (a name already there is saved over).
+fn room_for(list: &[SavedSampler], name: &str) -> Result<(), TinkerError> {
+    if list.len() >= MAX_SAMPLERS_PER_MODEL && !list.iter().any(|s| s.name == name) {
+        return Err(TinkerError::User(format!(
+            "a model may keep {MAX_SAMPLERS_PER_MODEL} sampler weights saved by name; delete some or save over a name"
+        )));
+    }
+    Ok(())
 }
 
 fn error(e: TrainError) -> TinkerError {
@@ -238,8 +262,7 @@ impl TinkerTrainer for TinkerModels {
     }
 
     fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)> {
-        let Ok(probe) = self.state_path(owner, model_id, "x") else { return Vec::new() };
-        let Some(dir) = probe.parent() else { return Vec::new() };
+        let Ok(dir) = self.run_dir(owner, model_id) else { return Vec::new() };
         let mut out: Vec<(String, u64, i64)> = std::fs::read_dir(dir)
             .into_iter()
             .flatten()
@@ -257,13 +280,7 @@ impl TinkerTrainer for TinkerModels {
     }
 
     fn may_note_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError> {
-        let list = Self::read_samplers(&self.samplers_path(owner, model_id)?)?;
-        if list.len() >= MAX_SAMPLERS_PER_MODEL && !list.iter().any(|s| s.name == name) {
-            return Err(TinkerError::User(format!(
-                "a model may keep {MAX_SAMPLERS_PER_MODEL} sampler weights saved by name; delete some or save over a name"
-            )));
-        }
-        Ok(())
+        room_for(&Self::read_samplers(&self.samplers_path(owner, model_id)?)?, name)
     }
 
     fn note_sampler(
@@ -275,12 +292,8 @@ impl TinkerTrainer for TinkerModels {
         let path = self.samplers_path(owner, model_id)?;
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
         let mut list = Self::read_samplers(&path)?;
+        room_for(&list, &saved.name)?;
         let replaced = list.iter().position(|s| s.name == saved.name).map(|at| list.remove(at));
-        if list.len() >= MAX_SAMPLERS_PER_MODEL {
-            return Err(TinkerError::User(format!(
-                "a model may keep {MAX_SAMPLERS_PER_MODEL} sampler weights saved by name; delete some or save over a name"
-            )));
-        }
         list.push(saved);
         Self::write_samplers(&path, &list)?;
         Ok(replaced)

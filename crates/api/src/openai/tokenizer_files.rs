@@ -71,24 +71,11 @@ pub async fn files(State(state): State<AppState>, Query(q): Query<TokenizerQuery
             let folder = hf_files::dir_name(&id);
             files.into_iter().map(|(name, bytes)| (format!("{folder}/{name}"), bytes)).collect()
         };
-        archive(&files).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+        crate::preview::checkpoints::tar_of(&files).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))??;
     let tar = Bytes::from(tar);
     cache.insert((q.model, hub), tar.clone());
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response())
-}
-
-fn archive(files: &[hf_files::File]) -> std::io::Result<Vec<u8>> {
-    let mut out = tar::Builder::new(Vec::new());
-    out.mode(tar::HeaderMode::Deterministic);
-    for (name, bytes) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(bytes.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        out.append_data(&mut header, name, bytes.as_slice())?;
-    }
-    out.into_inner()
 }

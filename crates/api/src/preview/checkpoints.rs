@@ -109,15 +109,24 @@ pub(crate) const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_mod
 /// A checkpoint's adapter as one uncompressed tar archive of a directory named after it (the
 /// safetensors data does not compress). Built on a blocking thread from the checkpoint's files.
 fn adapter_tar(dir: std::path::PathBuf, folder: String) -> std::io::Result<Vec<u8>> {
+    let files = ADAPTER_FILES
+        .iter()
+        .map(|name| Ok((format!("{folder}/{name}"), std::fs::read(dir.join(name))?)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    tar_of(&files)
+}
+
+/// Regular files (path in the archive, bytes) as one uncompressed tar archive, deterministic
+/// (no times or owners): the PEFT adapter and the tokenizer downloads.
+pub(crate) fn tar_of(files: &[(String, Vec<u8>)]) -> std::io::Result<Vec<u8>> {
     let mut out = tar::Builder::new(Vec::new());
     out.mode(tar::HeaderMode::Deterministic);
-    for name in ADAPTER_FILES {
-        let bytes = std::fs::read(dir.join(name))?;
+    for (name, bytes) in files {
         let mut header = tar::Header::new_gnu();
         header.set_size(bytes.len() as u64);
         header.set_mode(0o644);
         header.set_entry_type(tar::EntryType::Regular);
-        out.append_data(&mut header, format!("{folder}/{name}"), bytes.as_slice())?;
+        out.append_data(&mut header, name, bytes.as_slice())?;
     }
     out.into_inner()
 }

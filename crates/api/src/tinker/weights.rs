@@ -16,7 +16,8 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tandem_core::tinker::SavedSampler;
+use std::sync::Arc;
+use tandem_core::tinker::{SavedSampler, TinkerTrainer};
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
@@ -95,15 +96,16 @@ pub async fn save_weights_for_sampler(
             // Named weights outlive the session (their path samples after the run ends); the
             // checkpoint a name saved before is deleted with the name's move.
             let (owner, id, kept) = (entity.clone(), id.clone(), saved.clone());
-            let replaced = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, kept)).await {
-                Ok(Ok(replaced)) => replaced,
-                Ok(Err(e)) => {
+            let noted = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, kept)).await {
+                Ok(noted) => noted.map_err(failed),
+                Err(e) => Err(Outcome::Failed { error: format!("saving failed: {e}"), category: "server" }),
+            };
+            let replaced = match noted {
+                Ok(replaced) => replaced,
+                Err(outcome) => {
+                    // Not remembered, so not kept: the checkpoint just written goes again.
                     let _ = samplers::drop_checkpoint(&state, &saved).await;
-                    return failed(e);
-                }
-                Err(e) => {
-                    let _ = samplers::drop_checkpoint(&state, &saved).await;
-                    return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" };
+                    return outcome;
                 }
             };
             if let Some(old) = replaced.filter(|old| old.checkpoint_id != saved.checkpoint_id) {
@@ -217,11 +219,8 @@ pub async fn load_weights(
     let (Some(session_id), Some(seq)) = (body.session_id.clone(), body.model_seq_id) else {
         return Err(PreviewError(bad("load_weights needs model_id, or session_id and model_seq_id for a new model")));
     };
-    let (base_model, rank) = {
-        let (trainer, owner, source, name) = (trainer.clone(), caller.entity.clone(), source.clone(), name.clone());
-        tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
-    }
-    .ok_or_else(|| ApiError::not_found("saved state"))?;
+    let (base_model, rank) =
+        state_info(&trainer, &caller.entity, &source, &name).await.ok_or_else(|| ApiError::not_found("saved state"))?;
     reap(&state);
     let t = state.tinker().clone();
     if !t.touch_session(&caller.entity, &session_id) {
@@ -262,11 +261,7 @@ async fn load_into(
     let trainer = trainer(&state)?;
     let seq = body.seq_id.ok_or_else(|| bad("load_weights into a model needs its seq_id"))?;
     let (t, model) = owned_model(&state, &caller, &model_id)?;
-    let exists = {
-        let (trainer, owner, source, name) = (trainer.clone(), caller.entity.clone(), source.clone(), name.clone());
-        tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten().is_some()
-    };
-    if !exists {
+    if state_info(&trainer, &caller.entity, &source, &name).await.is_none() {
         return Err(ApiError::not_found("saved state").into());
     }
     let (id, owner, with_optimizer, path) = (model_id.clone(), caller.entity.clone(), body.optimizer, body.path);
@@ -298,8 +293,7 @@ pub async fn weights_info(
     let trainer = trainer(&state)?;
     let path = body.tinker_path;
     let found = if let Some((source, name)) = parse_state_path(&path) {
-        let (owner, trainer) = (caller.entity.clone(), trainer.clone());
-        tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
+        state_info(&trainer, &caller.entity, &source, &name).await
     } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
         samplers::find(&state, &caller.entity, model, name).await?.map(|s| (s.base_model, s.rank))
     } else {
@@ -310,6 +304,17 @@ pub async fn weights_info(
         "base_model": base_model, "is_lora": true, "lora_rank": rank,
         "train_unembed": false, "train_mlp": true, "train_attn": true,
     })))
+}
+
+/// The base model and rank of `owner`'s saved state, read off the async threads.
+async fn state_info(
+    trainer: &Arc<dyn TinkerTrainer>,
+    owner: &str,
+    source: &str,
+    name: &str,
+) -> Option<(String, usize)> {
+    let (trainer, owner, source, name) = (trainer.clone(), owner.to_string(), source.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
 }
 
 /// `tinker://{model_id}/weights/{name}` -> (model id, name).
