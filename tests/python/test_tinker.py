@@ -238,6 +238,9 @@ def rest_runs(ctx):
     assert ctx.state_path in everything, everything
     info = rest.get_weights_info_by_tinker_path(ctx.state_path).result()
     assert info.base_model == BASE and info.lora_rank == 8, info
+    # A page that is not a number is a 422 naming the field, in FastAPI's shape.
+    status, reply, _ = ctx.server.api("GET", "/api/v1/training_runs?limit=abc", headers={"X-API-Key": f"tml-{KEY}"})
+    assert status == 422 and reply["detail"][0]["loc"] == ["query", "limit"], (status, reply)
     # Another entity sees none of it.
     other = tinker.RestClient(base_url=ctx.server.url, api_key=f"tml-{ctx.server.new_key('runs-other')}")
     assert not [r for r in other.list_training_runs().result().training_runs if r.training_run_id == ctx.tc.model_id]
@@ -420,6 +423,8 @@ def hub_tokenizer(ctx):
     assert any(n.endswith(f"snapshots/{revision}/tokenizer.json") for n in names), (revision, names)
     status, reply, _ = ctx.server.api("GET", "/v1/tokenizer?model=no-such-model")
     assert status == 404, (status, reply)
+    status, reply, _ = ctx.server.api("GET", "/v1/tokenizer")
+    assert status == 400 and reply["error"]["param"] == "model", (status, reply)
 
 
 CHECKS = [sft_loop, curves, sampler_weights, sampling, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,

@@ -9,7 +9,6 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use std::collections::HashMap;
 use tandem_core::hf_files;
 
@@ -20,7 +19,8 @@ use tandem_core::hf_files;
 #[derive(Default)]
 pub struct TarCache(tokio::sync::Mutex<HashMap<(String, bool), Bytes>>);
 
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
+/// The query (documented through utoipa; read from the raw pairs).
+#[derive(Debug, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TokenizerQuery {
     /// A served base model's id, as `/v1/models` lists it.
@@ -43,7 +43,18 @@ pub struct TokenizerQuery {
     ),
     security(("bearer" = []))
 )]
-pub async fn files(State(state): State<AppState>, Query(q): Query<TokenizerQuery>) -> Result<Response, OpenAiError> {
+pub async fn files(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, OpenAiError> {
+    // Read by hand, not by serde: a missing field is an error in the OpenAI shape, not axum's text.
+    let q = TokenizerQuery {
+        model: query
+            .get("model")
+            .cloned()
+            .ok_or_else(|| ApiError::bad_param("model", "model (a served base model's id) is required"))?,
+        layout: query.get("layout").cloned(),
+    };
     let hub = match q.layout.as_deref() {
         None | Some("dir") => false,
         Some("hub") => true,

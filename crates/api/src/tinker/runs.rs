@@ -10,9 +10,10 @@ use crate::error::ApiError;
 use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::{Extension, Json};
-use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use tandem_core::records::{ModelRecord, Order, PageRequest};
+use tandem_core::validate::Validator;
 use tandem_store::StoreError;
 
 /// Most runs a listing reads (an entity with more sees its newest ones).
@@ -131,18 +132,25 @@ async fn run_view(state: &AppState, record: &ModelRecord) -> Result<Option<Value
     })))
 }
 
-#[derive(Deserialize)]
-pub struct Paging {
-    #[serde(default)]
-    limit: Option<usize>,
-    #[serde(default)]
-    offset: Option<usize>,
-}
-
-impl Paging {
-    fn window(&self, default: usize) -> (usize, usize) {
-        (self.offset.unwrap_or(0).min(MAX_RUNS), self.limit.unwrap_or(default).clamp(1, 100))
-    }
+/// `offset` and `limit` of a listing (the RestClient's paging): whole numbers, else a 422 in
+/// FastAPI's shape naming the field (as every query of the preview API); then clamped, `limit`
+/// to 1-100 and `offset` to the runs a listing reads.
+fn window(query: &HashMap<String, String>, default: usize) -> Result<(usize, usize)> {
+    let mut v = Validator::new("query");
+    let mut read = |key: &str, fallback: i64| match query.get(key) {
+        None => fallback,
+        Some(raw) => v.at(key, |v| match raw.parse::<i64>() {
+            Ok(n) => n,
+            Err(_) => {
+                let msg = "Input should be a valid integer, unable to parse string as an integer";
+                v.error("int_parsing", msg, &json!(raw));
+                fallback
+            }
+        }),
+    };
+    let (offset, limit) = (read("offset", 0), read("limit", default as i64));
+    let window = (offset.clamp(0, MAX_RUNS as i64) as usize, limit.clamp(1, 100) as usize);
+    Ok(v.finish(window).map_err(ApiError::validation)?)
 }
 
 /// `GET training_runs` (`RestClient.list_training_runs`): the caller's runs, newest first, by
@@ -150,9 +158,9 @@ impl Paging {
 pub async fn list_runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Query(paging): Query<Paging>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>> {
-    let (offset, limit) = paging.window(20);
+    let (offset, limit) = window(&query, 20)?;
     let records = runs_of(&state, &caller.entity).await?;
     let mut runs = Vec::new();
     for r in records.iter().skip(offset).take(limit) {
@@ -183,9 +191,9 @@ pub async fn get_run(
 pub async fn list_all_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Query(paging): Query<Paging>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>> {
-    let (offset, limit) = paging.window(100);
+    let (offset, limit) = window(&query, 100)?;
     let mut all = Vec::new();
     for r in runs_of(&state, &caller.entity).await?.into_iter().take(MAX_RUNS_SCANNED) {
         let Some(run) = run_of(&r.name) else { continue };
