@@ -170,12 +170,14 @@ $(ART18ENV)/.ok-$(ART18_VERSION):
 		openpipe-art==$(ART18_VERSION) "openai<3" "polars<2" wandb==0.25.0
 	touch $@
 
-## reliability: the failure and load tests R1-R14 of docs/reliability.md (about 35 minutes; loopback
-## only). RELIABILITY_ARGS passes options, e.g. RELIABILITY_ARGS="--only R2,R3 --soak-minutes 1".
+## reliability: the failure and load tests R1-R17 of docs/reliability.md (about 40 minutes; loopback
+## only; R15 starts a PostgreSQL of its own, R16 moto's S3 server, R17 mounts a tmpfs and so needs
+## root). RELIABILITY_ARGS passes options, e.g. RELIABILITY_ARGS="--only R2,R3 --soak-minutes 1".
 RELIABILITY_ARGS ?=
-reliability: model
+reliability: model $(MOTOENV)/.ok-$(MOTO_VERSION)
 	$(CARGO) build --bin tandem
-	python3 tests/reliability/reliability.py target/debug/tandem $(MODEL) $(RELIABILITY_ARGS)
+	python3 tests/reliability/reliability.py target/debug/tandem $(MODEL) --moto-python $(MOTOENV)/bin/python \
+		$(RELIABILITY_ARGS)
 
 ## reliability-postgres: the reliability tests that concern the store (R5, R6, R9, R11) with every
 ## server on PostgreSQL (a fresh database tandem_reliability; about 10 minutes).
@@ -228,6 +230,8 @@ test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART2
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
 	$(ART23ENV)/bin/python tests/python/test_qwen.py target/debug/tandem $(QWEN_MODEL) $(QWEN15_MODEL) $(MODEL)
 	$(PYENV)/bin/python bench/fairness.py target/debug/tandem $(MODEL) --check
+	@# R15's short form: a PostgreSQL of the test's own stopped for 6 s under load.
+	$(PYENV)/bin/python tests/reliability/reliability.py target/debug/tandem $(MODEL) --only R15 --outage-seconds 6
 
 ## test-cookbook: tinker-cookbook 0.6.1's RL (math_rl arithmetic) and supervised (chat_sl) loops and ART
 ## 0.5.23's TinkerNativeBackend against tandem, offline (their PyTorch keeps them out of `make test`;

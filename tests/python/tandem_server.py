@@ -16,12 +16,14 @@ import urllib.request
 
 class Server:
     """Starts `binary serve` with `--api-key key` on a free port. `data` may name an existing data
-    dir (a restart); by default a new temporary one is made."""
+    dir (a restart); by default a new temporary one is made. The log goes to `log_dir` when given
+    (a data dir that fills up), else into the data dir."""
 
-    def __init__(self, binary, model_path, key, extra=(), data=None, prefix="tandem-"):
+    def __init__(self, binary, model_path, key, extra=(), data=None, prefix="tandem-", log_dir=None):
         self.binary, self.model_path, self.key, self.extra = binary, model_path, key, list(extra)
         self.data = data or tempfile.mkdtemp(prefix=prefix)
-        self.log_path = os.path.join(self.data, "server.log")
+        self.log_dir = log_dir
+        self.log_path = os.path.join(log_dir or self.data, "server.log")
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [binary, "serve", "--port", "0", "--data-dir", self.data, "--model", model_path, "--api-key", key,
@@ -49,7 +51,7 @@ class Server:
 
     def restart(self):
         """The same data dir and flags, a new process (and port)."""
-        return Server(self.binary, self.model_path, self.key, self.extra, data=self.data)
+        return Server(self.binary, self.model_path, self.key, self.extra, data=self.data, log_dir=self.log_dir)
 
     def log_tail(self, lines=40):
         if not self.log.closed:

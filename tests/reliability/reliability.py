@@ -1,4 +1,4 @@
-"""tandem's reliability suite (../shared/design/reliability.md, R1-R12; R13-R14 are issue 32's), against the real binary
+"""tandem's reliability suite (../shared/design/reliability.md, R1-R12; R13-R14 are issue 32's, R15-R17 issue 35's), against the real binary
 and the bundled model, loopback only. Standard library only.
 
 Usage: python3 reliability.py <tandem binary> <model gguf> [--only R2,R3] [--soak-minutes 5]
@@ -29,6 +29,7 @@ import uuid
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from tandem_server import Server  # noqa: E402
 import fair_shares  # noqa: E402
+import outages  # noqa: E402
 
 KEY = "reliability-key"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -687,6 +688,21 @@ def r14(ctx):
     fair_shares.r14(ctx, check, rss_mib)
 
 
+@test("R15", "PostgreSQL stopped under logs, jobs, reads and chats")
+def r15(ctx):
+    outages.r15(ctx, sys.modules[__name__], outage_s=ctx.args.outage_seconds)
+
+
+@test("R16", "the S3 blob store unreachable during a publish and a first read")
+def r16(ctx):
+    outages.r16(ctx, sys.modules[__name__])
+
+
+@test("R17", "the data directory's disk fills up")
+def r17(ctx):
+    outages.r17(ctx, sys.modules[__name__])
+
+
 class Context:
     def __init__(self, args):
         self.args = args
@@ -719,6 +735,8 @@ def main():
     p.add_argument("--rounds", type=int, default=20, help="kill -9 rounds of R5 and R6")
     p.add_argument("--database-url", default=None,
                    help="run every server on this database (postgres://...; make reliability-postgres)")
+    p.add_argument("--outage-seconds", type=float, default=12.0, help="how long R15 stops PostgreSQL")
+    p.add_argument("--moto-python", default=None, help="a Python with moto[server], for R16")
     p.add_argument("--fuzz-seconds", type=int, default=60, help="per cargo-fuzz target in R12")
     p.add_argument("--st-seconds", type=int, default=300,
                    help="schemathesis time budget in R8 (300 s: more than 10,000 cases here)")

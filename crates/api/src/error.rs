@@ -21,6 +21,8 @@ pub enum ErrorKind {
     PayloadTooLarge,
     TooManyRequests,
     Unavailable,
+    /// The disk is full (507): nothing was written; the same call succeeds once space returns.
+    InsufficientStorage,
     Internal,
 }
 
@@ -74,6 +76,7 @@ impl ApiError {
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -124,6 +127,7 @@ impl ApiError {
             ErrorKind::PayloadTooLarge => "RequestTooLargeError",
             ErrorKind::TooManyRequests => "RateLimitError",
             ErrorKind::Unavailable => "ServiceUnavailableError",
+            ErrorKind::InsufficientStorage => "InsufficientStorageError",
             ErrorKind::Internal => "InternalServerError",
         };
         let mut message = self.message.clone();
@@ -187,7 +191,7 @@ impl ApiError {
             ErrorKind::PayloadTooLarge => "request_too_large",
             ErrorKind::TooManyRequests => "rate_limit_error",
             ErrorKind::Unavailable => "overloaded_error",
-            ErrorKind::Internal => "api_error",
+            ErrorKind::InsufficientStorage | ErrorKind::Internal => "api_error",
         };
         let message = match (&self.param, self.fields.first()) {
             (Some(p), _) if !self.message.contains(p.as_str()) => format!("{p}: {}", self.message),
@@ -244,6 +248,10 @@ impl IntoResponse for OpenAiError {
     }
 }
 
+/// `Retry-After` of a store that did not answer: about the pool's acquire timeout, so a client
+/// that waits it finds the outage over or gets its next 503 as quickly.
+pub const STORE_RETRY_AFTER_SECS: u64 = 2;
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
@@ -255,6 +263,18 @@ impl From<StoreError> for ApiError {
                 "Value error, no item of this list has that id",
                 Value::Null,
             ),
+            // What failed is logged; the client learns which store, not where it is.
+            StoreError::Unavailable(why) => {
+                tracing::warn!(error = %why, "store unavailable");
+                let what = if why.starts_with("blob store") { "the blob store" } else { "the database" };
+                ApiError::new(ErrorKind::Unavailable, format!("{what} is unavailable; retry shortly"))
+                    .with_retry_after(STORE_RETRY_AFTER_SECS)
+            }
+            StoreError::Full(why) => {
+                tracing::error!(error = %why, "out of disk space");
+                ApiError::new(ErrorKind::InsufficientStorage, "the server is out of disk space; nothing was written")
+                    .with_retry_after(STORE_RETRY_AFTER_SECS)
+            }
             other => {
                 tracing::error!(error = %other, "store error");
                 ApiError::new(ErrorKind::Internal, "internal server error")
@@ -296,5 +316,15 @@ mod tests {
         assert_eq!(e.into_preview_response().headers()["retry-after"], "2");
         assert_eq!(ApiError::from(StoreError::InvalidCursor).status(), 422);
         assert_eq!(ApiError::from(StoreError::Database("x".into())).status(), 500);
+        let down = ApiError::from(StoreError::Unavailable("no database connection".into()));
+        assert_eq!(down.status(), 503);
+        assert_eq!(down.message, "the database is unavailable; retry shortly");
+        let r = down.into_openai_response();
+        assert_eq!((r.status().as_u16(), &r.headers()["retry-after"]), (503, &HeaderValue::from_static("2")));
+        let blobs = ApiError::from(StoreError::Unavailable("blob store: connection refused".into()));
+        assert_eq!(blobs.message, "the blob store is unavailable; retry shortly");
+        let full = ApiError::from(StoreError::Full("No space left on device (os error 28)".into()));
+        let r = full.into_anthropic_response();
+        assert_eq!(r.status(), 507);
     }
 }

@@ -255,7 +255,14 @@ impl Worker {
             }
             Err(e) => {
                 tracing::error!(%job_id, error = %e, "training job could not be finished");
-                self.fail_until_recorded(&entity, job_id, format!("internal error: {e}")).await;
+                let why = match &e {
+                    // An outage or a full disk outlasted the retries: say so, it is not a bug.
+                    StoreError::Unavailable(_) | StoreError::Full(_) => {
+                        format!("the job's results could not be stored: {e}")
+                    }
+                    _ => format!("internal error: {e}"),
+                };
+                self.fail_until_recorded(&entity, job_id, why).await;
                 Some("failed")
             }
         };
@@ -470,11 +477,19 @@ impl Worker {
         let path = CheckpointDir::relative_path(*model_id, checkpoint_id);
         let TrainOutput { files, metrics } = output;
         self.checkpoints.publish(&path, files).await?;
-        let step = self.store.latest_step(*model_id).await? + 1;
-        let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path: path.clone(), metrics };
-        let outcome = JobOutcome::Succeeded { checkpoint, event_data: json!({ "step": step }) };
-        match self.store.finish_job(job_id, &self.config.owner, &outcome).await {
-            Ok(_) => {
+        // The files are stored: a database that is down for a moment should not cost the run.
+        let (path_ref, metrics_ref) = (&path, &metrics);
+        let recorded = self
+            .while_unavailable(|| async move {
+                let step = self.store.latest_step(*model_id).await? + 1;
+                let (path, metrics) = (path_ref.clone(), metrics_ref.clone());
+                let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path, metrics };
+                let outcome = JobOutcome::Succeeded { checkpoint, event_data: json!({ "step": step }) };
+                self.store.finish_job(job_id, &self.config.owner, &outcome).await.map(|_| step)
+            })
+            .await;
+        match recorded {
+            Ok(step) => {
                 tracing::info!(%job_id, step, "training job succeeded");
                 Ok(())
             }
@@ -482,6 +497,29 @@ impl Worker {
                 // The row was never recorded, so the files belong to nothing.
                 let _ = self.checkpoints.remove(&path).await;
                 Err(e)
+            }
+        }
+    }
+
+    /// Runs `attempt` again with backoff while the store is unavailable, for up to
+    /// [`RECORD_RETRY`] (less when shutting down).
+    async fn while_unavailable<T, F: std::future::Future<Output = Result<T, StoreError>>>(
+        &self,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + RECORD_RETRY;
+        let mut wait = Duration::from_millis(250);
+        loop {
+            match attempt().await {
+                Err(StoreError::Unavailable(why))
+                    if Instant::now() + wait < deadline && !self.stopping.load(Ordering::SeqCst) =>
+                {
+                    tracing::warn!(error = %why, retry_in_ms = wait.as_millis() as u64, "the store is unavailable; retrying");
+                    self.heartbeat.beat(now_ms(), true);
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(8));
+                }
+                other => return other,
             }
         }
     }
@@ -502,6 +540,10 @@ impl Worker {
         Ok(())
     }
 }
+
+/// How long a finished job's outcome is retried while the database is unavailable before the
+/// job is handed to [`Worker::fail_until_recorded`]'s longer wait.
+const RECORD_RETRY: Duration = Duration::from_secs(60);
 
 fn ignore_gone<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
     match r {

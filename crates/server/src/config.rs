@@ -123,6 +123,15 @@ pub struct ServeArgs {
     /// Database connections this process keeps (default 4 on SQLite, 8 on PostgreSQL).
     #[arg(long, env = "TANDEM_DB_POOL_SIZE")]
     pub db_pool_size: Option<u32>,
+    /// Seconds a request waits for a database connection before it is answered 503 with
+    /// `Retry-After` (default 2 on PostgreSQL, where it bounds the wait while the server is
+    /// down; 10 on SQLite, whose waits are only queueing behind its one writer).
+    #[arg(long, env = "TANDEM_DB_ACQUIRE_TIMEOUT")]
+    pub db_acquire_timeout: Option<f64>,
+    /// Seconds a checkpoint publish retries, with backoff, while the blob store does not answer
+    /// or the disk is full, before the job fails with that error (default 60).
+    #[arg(long, env = "TANDEM_BLOB_RETRY_SECONDS")]
+    pub blob_retry_seconds: Option<f64>,
     /// Turns on `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
     /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`) for PEFT adapter directories under this one; off
     /// when unset. It may not overlap the data directory.
@@ -212,8 +221,9 @@ pub struct ServeConfig {
     pub max_parked_training_runs: usize,
     pub max_tinker_models: usize,
     pub max_job_tokens: u64,
-    /// None: the backend's default.
-    pub db_pool_size: Option<u32>,
+    /// The database pool's size and acquire timeout (None: the backend's defaults).
+    pub db_pool: tandem_store::PoolSettings,
+    pub blob_retry: std::time::Duration,
     pub lora_root: Option<PathBuf>,
     pub quantize: tandem_model::Quantize,
 }
@@ -295,9 +305,21 @@ impl ServeConfig {
             },
             max_tinker_models: args.max_tinker_models.or(file.max_tinker_models).unwrap_or(8).max(1),
             max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
-            db_pool_size: match args.db_pool_size.or(file.db_pool_size) {
-                Some(n) if !(1..=1000).contains(&n) => bail!("--db-pool-size {n}: expected 1 to 1000"),
-                n => n,
+            db_pool: tandem_store::PoolSettings {
+                size: match args.db_pool_size.or(file.db_pool_size) {
+                    Some(n) if !(1..=1000).contains(&n) => bail!("--db-pool-size {n}: expected 1 to 1000"),
+                    n => n,
+                },
+                acquire_timeout: match args.db_acquire_timeout.or(file.db_acquire_timeout) {
+                    Some(s) if !(0.1..=600.0).contains(&s) => {
+                        bail!("--db-acquire-timeout {s}: expected 0.1 to 600 seconds")
+                    }
+                    s => s.map(std::time::Duration::from_secs_f64),
+                },
+            },
+            blob_retry: match args.blob_retry_seconds.or(file.blob_retry_seconds).unwrap_or(60.0) {
+                s if (0.0..=3600.0).contains(&s) => std::time::Duration::from_secs_f64(s),
+                s => bail!("--blob-retry-seconds {s}: expected 0 to 3600"),
             },
             lora_root: args.lora_root.or(file.lora_root),
             quantize: match args.quantize.or(file.quantize) {

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tandem_store::{PostgresStore, SqliteStore, Store, StoreError};
+use tandem_store::{PoolSettings, PostgresStore, SqliteStore, Store, StoreError};
 
 #[derive(Debug, Args)]
 pub struct KeysArgs {
@@ -39,21 +39,21 @@ pub enum KeysCommand {
 /// SQLite opens it (SQLite gives its -wal and -shm files the database file's permissions).
 /// `postgres://` or `postgresql://` is PostgreSQL, its schema brought up to date on connect.
 pub async fn open_store(data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
-    open_store_with_pool(data_dir, database_url, None).await
+    open_store_with_pool(data_dir, database_url, PoolSettings::default()).await
 }
 
-/// [`open_store`] with at most `pool` connections (default: the backend's own).
+/// [`open_store`] with the pool's size and acquire timeout where `pool` sets them (default: the
+/// backend's own).
 pub async fn open_store_with_pool(
     data_dir: &Path,
     database_url: Option<&str>,
-    pool: Option<u32>,
+    pool: PoolSettings,
 ) -> anyhow::Result<Arc<dyn Store>> {
     private_dir(data_dir)?;
     let db = match database_url {
         None => data_dir.join("tandem.db"),
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            let size = pool.unwrap_or(tandem_store::POSTGRES_POOL_SIZE);
-            let store = PostgresStore::connect_with_pool(url, size)
+            let store = PostgresStore::connect_with_pool(url, pool)
                 .await
                 .with_context(|| format!("connecting to {}", redacted(url)))?;
             return Ok(Arc::new(store));
@@ -64,8 +64,7 @@ pub async fn open_store_with_pool(
         },
     };
     private_file(&db)?;
-    let size = pool.unwrap_or(tandem_store::SQLITE_POOL_SIZE);
-    let store = SqliteStore::open_with_pool(&db, size).await.with_context(|| format!("opening {}", db.display()))?;
+    let store = SqliteStore::open_with_pool(&db, pool).await.with_context(|| format!("opening {}", db.display()))?;
     Ok(Arc::new(store))
 }
 

@@ -23,7 +23,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             bail!("model file {} not found (for the bundled model, run `make model`)", m.path.display());
         }
     }
-    let store = open_store_with_pool(&config.data_dir, config.database_url.as_deref(), config.db_pool_size).await?;
+    let store = open_store_with_pool(&config.data_dir, config.database_url.as_deref(), config.db_pool).await?;
     if config.role != crate::config::Role::All {
         // A node of a cluster shares the queue and the checkpoints with the others.
         if store.single_process() {
@@ -68,7 +68,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             Checkpoints::with_remote(local, blobs)
         }
         None => Checkpoints::local(local),
-    };
+    }
+    .with_publish_budget(config.blob_retry);
 
     let mut static_keys = StaticKeys::default();
     if let Some(key) = &config.api_key {

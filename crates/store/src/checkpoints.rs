@@ -11,6 +11,7 @@
 //! record.
 
 use crate::{CheckpointDir, Result, StoreError};
+use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -40,6 +41,7 @@ impl BlobStore {
         let bad = |why: String| StoreError::Io(format!("--blob-store {url}: {why}"));
         let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
         let (scheme, prefix) = object_store::ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
+        use object_store::ClientConfigKey::ConnectTimeout as Connect;
         use object_store::ObjectStoreScheme as S;
         let store: Arc<dyn ObjectStore> = match scheme {
             S::Local => {
@@ -56,21 +58,27 @@ impl BlobStore {
                 });
             }
             S::Memory => Arc::new(object_store::memory::InMemory::new()),
-            S::AmazonS3 => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(|e| bad(e.to_string()))?,
-            ),
-            S::GoogleCloudStorage => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_url(url)
-                    .build()
-                    .map_err(|e| bad(e.to_string()))?,
-            ),
-            S::MicrosoftAzure => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_url(url)
-                    .build()
-                    .map_err(|e| bad(e.to_string()))?,
-            ),
+            S::AmazonS3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env();
+                if std::env::var_os("AWS_CONNECT_TIMEOUT").is_none() {
+                    b = b.with_config(object_store::aws::AmazonS3ConfigKey::Client(Connect), CONNECT_TIMEOUT);
+                }
+                Arc::new(b.with_url(url).with_retry(client_retries()).build().map_err(|e| bad(e.to_string()))?)
+            }
+            S::GoogleCloudStorage => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env();
+                if std::env::var_os("GOOGLE_CONNECT_TIMEOUT").is_none() {
+                    b = b.with_config(object_store::gcp::GoogleConfigKey::Client(Connect), CONNECT_TIMEOUT);
+                }
+                Arc::new(b.with_url(url).with_retry(client_retries()).build().map_err(|e| bad(e.to_string()))?)
+            }
+            S::MicrosoftAzure => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env();
+                if std::env::var_os("AZURE_CONNECT_TIMEOUT").is_none() {
+                    b = b.with_config(object_store::azure::AzureConfigKey::Client(Connect), CONNECT_TIMEOUT);
+                }
+                Arc::new(b.with_url(url).with_retry(client_retries()).build().map_err(|e| bad(e.to_string()))?)
+            }
             other => return Err(bad(format!("{other:?} is not a supported blob store"))),
         };
         let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
@@ -116,8 +124,23 @@ impl BlobStore {
 }
 
 pub(crate) fn io(e: object_store::Error) -> StoreError {
-    StoreError::Io(format!("blob store: {e}"))
+    crate::errors::blob_error(e)
 }
+
+/// The cloud clients' own retries, kept short: a read of a checkpoint this node lacks answers
+/// (a 503 when the store is down) within a few seconds instead of the clients' default three
+/// minutes; a publish retries on top of this for longer ([`Checkpoints::with_publish_budget`]).
+fn client_retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig::default(),
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(5),
+    }
+}
+
+/// How long connecting to the blob store may take before the attempt fails (the clients'
+/// default is 5 s); a variable of the cloud's own (e.g. `AWS_CONNECT_TIMEOUT`) takes precedence.
+const CONNECT_TIMEOUT: &str = "2s";
 
 /// Checkpoint files: the local directory, and the shared blob store behind it when there is one.
 #[derive(Debug, Clone)]
@@ -129,7 +152,13 @@ pub struct Checkpoints {
     fetching: Arc<Gates>,
     /// Checkpoints this node has downloaded from the blob store since it started.
     downloads: Arc<std::sync::atomic::AtomicU64>,
+    /// How long a publish keeps retrying while the blob store is unreachable or the disk full.
+    publish_budget: Duration,
 }
+
+/// [`Checkpoints::publish`]'s default retry budget: a blob store back within a minute costs the
+/// job only the wait.
+pub const PUBLISH_BUDGET: Duration = Duration::from_secs(60);
 
 /// Objects no live checkpoint owns are removed only once they are this old: a node may be
 /// uploading one it has not recorded yet (an upload of a checkpoint takes seconds, not an hour).
@@ -137,11 +166,24 @@ pub const SWEEP_GRACE: Duration = Duration::from_secs(3600);
 
 impl Checkpoints {
     pub fn local(local: CheckpointDir) -> Self {
-        Checkpoints { local, remote: None, fetching: Arc::default(), downloads: Arc::default() }
+        Checkpoints {
+            local,
+            remote: None,
+            fetching: Arc::default(),
+            downloads: Arc::default(),
+            publish_budget: PUBLISH_BUDGET,
+        }
     }
 
     pub fn with_remote(local: CheckpointDir, remote: BlobStore) -> Self {
-        Checkpoints { local, remote: Some(remote), fetching: Arc::default(), downloads: Arc::default() }
+        Checkpoints { remote: Some(remote), ..Checkpoints::local(local) }
+    }
+
+    /// How long [`Self::publish`] and [`Self::upload`] retry a blob store that does not answer
+    /// or a disk that is full before they give up (`--blob-retry-seconds`).
+    pub fn with_publish_budget(mut self, budget: Duration) -> Self {
+        self.publish_budget = budget;
+        self
     }
 
     /// The local directory (on a node with a blob store: its cache).
@@ -159,39 +201,75 @@ impl Checkpoints {
     }
 
     /// Writes a checkpoint's files durably (locally, then to the blob store) before the caller
-    /// records it. On failure nothing of it is left.
+    /// records it. While the blob store does not answer or the disk is full it retries with
+    /// backoff for the publish budget, then fails with that error. On failure nothing of it is
+    /// left.
     pub async fn publish(&self, relative: &str, files: Vec<(String, Vec<u8>)>) -> Result<PathBuf> {
-        let (path, files) = self.write_local(relative, files).await?;
-        if let Err(e) = self.upload_files(relative, files).await {
+        let files: Arc<Files> = Arc::new(files.into_iter().map(|(n, b)| (n, Bytes::from(b))).collect());
+        let path = self.retrying("writing", relative, || self.write_local(relative, files.clone())).await?;
+        if let Err(e) = self.retrying("uploading", relative, || self.upload_files(relative, &files)).await {
             let _ = self.remove(relative).await;
             return Err(e);
         }
         Ok(path)
     }
 
+    /// Runs `attempt` until it succeeds, fails for good, or the publish budget is spent on
+    /// `Unavailable`/`Full` failures (the last of which it returns).
+    async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
+        &self,
+        what: &str,
+        relative: &str,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<T> {
+        let deadline = tokio::time::Instant::now() + self.publish_budget;
+        let mut wait = Duration::from_millis(250);
+        loop {
+            match attempt().await {
+                Err(e @ (StoreError::Unavailable(_) | StoreError::Full(_))) => {
+                    let now = tokio::time::Instant::now();
+                    if now + wait > deadline {
+                        tracing::error!(checkpoint = relative, error = %e, "gave up {what} a checkpoint");
+                        return Err(e);
+                    }
+                    tracing::warn!(checkpoint = relative, error = %e, retry_in_ms = wait.as_millis() as u64,
+                        "{what} a checkpoint failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(8));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Uploads a checkpoint already written to the local directory (an import writes it there
-    /// first, to check it against the base model). A no-op without a blob store.
+    /// first, to check it against the base model). A no-op without a blob store. Unlike
+    /// [`Self::publish`] it does not retry past the client's own retries: a request waits on it.
     pub async fn upload(&self, relative: &str) -> Result<()> {
         if self.remote.is_none() {
             return Ok(());
         }
         let dir = self.local.resolve(relative).ok_or_else(|| bad_path(relative))?;
-        let files = blocking(move || {
+        let files: Files = blocking(move || {
             let mut files = Vec::new();
             for entry in std::fs::read_dir(&dir)? {
                 let entry = entry?;
-                files.push((entry.file_name().to_string_lossy().into_owned(), std::fs::read(entry.path())?));
+                files.push((
+                    entry.file_name().to_string_lossy().into_owned(),
+                    Bytes::from(std::fs::read(entry.path())?),
+                ));
             }
             Ok(files)
         })
         .await?;
-        self.upload_files(relative, files).await
+        // A request waits on this one: no retries beyond the client's own (a quick 503).
+        self.upload_files(relative, &files).await
     }
 
-    async fn upload_files(&self, relative: &str, files: Vec<(String, Vec<u8>)>) -> Result<()> {
+    async fn upload_files(&self, relative: &str, files: &Files) -> Result<()> {
         let Some(remote) = &self.remote else { return Ok(()) };
         for (name, bytes) in files {
-            remote.store.put(&BlobStore::key(relative, &name), PutPayload::from(bytes)).await.map_err(io)?;
+            remote.store.put(&BlobStore::key(relative, name), PutPayload::from(bytes.clone())).await.map_err(io)?;
         }
         Ok(())
     }
@@ -221,22 +299,20 @@ impl Checkpoints {
         let mut files = Vec::with_capacity(objects.len());
         for (name, key) in objects {
             let bytes = remote.store.get(&key).await.map_err(io)?.bytes().await.map_err(io)?;
-            files.push((name, bytes.to_vec()));
+            files.push((name, bytes));
         }
-        let (path, _) = self.write_local(relative, files).await?;
+        let path = self.write_local(relative, Arc::new(files)).await?;
         self.downloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(checkpoint = relative, "checkpoint fetched from the blob store");
         Ok(Some(path))
     }
 
-    /// Writes files as one local checkpoint directory (atomically, on a blocking thread) and
-    /// hands them back.
-    async fn write_local(&self, relative: &str, files: Files) -> Result<(PathBuf, Files)> {
+    /// Writes files as one local checkpoint directory (atomically, on a blocking thread).
+    async fn write_local(&self, relative: &str, files: Arc<Files>) -> Result<PathBuf> {
         let (dir, rel) = (self.local.clone(), relative.to_string());
         blocking(move || {
-            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-            let path = dir.write_atomic(&rel, &refs)?;
-            Ok((path, files))
+            let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_ref())).collect();
+            dir.write_atomic(&rel, &refs)
         })
         .await
     }
@@ -334,8 +410,8 @@ pub(crate) fn cutoff_ms(grace: Duration) -> i64 {
     crate::now_ms() - grace.as_millis() as i64
 }
 
-/// A checkpoint's files: (name, bytes).
-type Files = Vec<(String, Vec<u8>)>;
+/// A checkpoint's files: (name, bytes); `Bytes` so that a retried upload shares them.
+type Files = Vec<(String, Bytes)>;
 
 /// Runs file-system work on a blocking thread.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -433,5 +509,45 @@ mod tests {
         assert!(!path.exists());
         assert!(BlobStore::open("ftp://x/y").is_err());
         assert!(BlobStore::open("not a url").is_err());
+    }
+
+    /// An S3 endpoint where nothing listens: a stopped blob store.
+    fn unreachable_s3() -> BlobStore {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(format!("http://127.0.0.1:{port}"))
+            .with_allow_http(true)
+            .with_bucket_name("b")
+            .with_region("us-east-1")
+            .with_access_key_id("k")
+            .with_secret_access_key("s")
+            .with_retry(client_retries())
+            .build()
+            .unwrap();
+        BlobStore { store: Arc::new(store), url: "s3://b".into() }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_blob_store_fails_a_publish_after_its_budget_and_leaves_nothing() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let remote = unreachable_s3();
+        let c = node(&a, &remote).with_publish_budget(Duration::from_millis(1500));
+        let rel = new_relative();
+        let started = std::time::Instant::now();
+        let e = c.publish(&rel, vec![("w".into(), vec![1, 2])]).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(e, StoreError::Unavailable(ref m) if m.starts_with("blob store")), "{e:?}");
+        // It retried (more than one attempt's client retries) but stopped near the budget.
+        assert!(took >= Duration::from_millis(1000) && took < Duration::from_secs(20), "{took:?}");
+        assert!(c.dir().resolve(&rel).is_some_and(|p| !p.exists()), "the local files are removed");
+        // A node without the files answers unavailable, not an i/o error (the api's 503).
+        let e = node(&b, &remote).local_dir(&rel).await.unwrap_err();
+        assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
+        // A request's upload does not wait out the publish budget.
+        let c = c.with_publish_budget(Duration::from_secs(600));
+        c.dir().write_atomic(&rel, &[("w", &[1u8][..])]).unwrap();
+        let started = std::time::Instant::now();
+        assert!(matches!(c.upload(&rel).await, Err(StoreError::Unavailable(_))));
+        assert!(started.elapsed() < Duration::from_secs(20));
     }
 }

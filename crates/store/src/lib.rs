@@ -13,11 +13,13 @@ mod blobs;
 mod checkpoints;
 mod codec;
 mod dataset_blobs;
+mod errors;
 mod postgres;
 mod sqlite;
 
 pub use blobs::{create_private_dir_all, CheckpointDir};
 pub use checkpoints::{BlobStore, Checkpoints, SWEEP_GRACE};
+pub use errors::PoolSettings;
 pub use postgres::{PostgresStore, MAX_CONNECTIONS as POSTGRES_POOL_SIZE};
 pub use sqlite::{SqliteStore, POOL_SIZE as SQLITE_POOL_SIZE};
 
@@ -50,29 +52,14 @@ pub enum StoreError {
     /// A capped insert found the entity already at its cap (the count it found).
     #[error("at the limit: {0} already")]
     AtLimit(i64),
-}
-
-/// One mapping for both backends: sqlx classifies each database's codes into an `ErrorKind`
-/// (SQLite's constraint codes; PostgreSQL's SQLSTATE 23505 unique and 23503 foreign-key
-/// violations), so the same situation gives the same variant whichever backend hit it.
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        use sqlx::error::ErrorKind;
-        let kind = e.as_database_error().map(|d| d.kind());
-        match (e, kind) {
-            (sqlx::Error::RowNotFound, _) => StoreError::NotFound,
-            // The row it refers to (a model, a job) was deleted meanwhile.
-            (_, Some(ErrorKind::ForeignKeyViolation)) => StoreError::NotFound,
-            (other, Some(ErrorKind::UniqueViolation)) => StoreError::Conflict(other.to_string()),
-            (other, _) => StoreError::Database(other.to_string()),
-        }
-    }
-}
-
-impl From<std::io::Error> for StoreError {
-    fn from(e: std::io::Error) -> Self {
-        StoreError::Io(e.to_string())
-    }
+    /// The database or the blob store did not answer (stopped, unreachable, no connection free
+    /// within the pool's acquire timeout, a connection lost mid-transaction, which rolled it
+    /// back): nothing was written, and the same call may succeed shortly.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The disk (or the database's tablespace) is full: nothing was written.
+    #[error("no space left: {0}")]
+    Full(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

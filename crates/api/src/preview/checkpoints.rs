@@ -271,7 +271,7 @@ pub async fn export_merged(
     let tmp = tempfile::Builder::new()
         .prefix(".merge-")
         .tempdir_in(state.checkpoints().dir().root())
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("no room for the merged file: {e}")))?;
+        .map_err(|e| ApiError::from(tandem_store::StoreError::from(e)))?;
     let out = tmp.path().join("merged.gguf");
     // The permit and the temporary directory belong to the merge, not to this request: a client
     // that leaves drops this future, but the blocking merge runs on, and must keep holding the
@@ -288,6 +288,10 @@ pub async fn export_merged(
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("merge task failed: {e}")))?
     .map_err(|e| match e {
         ExportError::Unsupported(m) => ApiError::new(ErrorKind::Conflict, m),
+        // A full disk is the client's 507 (retry once space returns), not the server's fault.
+        ExportError::Failed(m) if m.contains("os error 28") => {
+            ApiError::new(ErrorKind::InsufficientStorage, "the server is out of disk space for the merged file")
+        }
         ExportError::Failed(m) => ApiError::new(ErrorKind::Internal, format!("the merge failed: {m}")),
     })?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);

@@ -32,7 +32,8 @@ mod notify;
 mod responses;
 mod rows;
 
-use crate::{ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, Result, StoreError};
+use crate::errors::POSTGRES_ACQUIRE_TIMEOUT;
+use crate::{ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, PoolSettings, Result, StoreError};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, Row};
@@ -53,8 +54,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 /// Connections per server by default: requests mostly wait on the model, not the database, and
 /// several servers share one database's connection limit.
 pub const MAX_CONNECTIONS: u32 = 8;
-/// How long a request waits for a connection (or a first connection for its server) before it
-/// fails, like SQLite's busy timeout.
+/// How long a server waits for its first connection at start-up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The store on PostgreSQL through sqlx.
@@ -67,12 +67,13 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://user@host:5432/db`) and brings the schema up to date, in the
     /// connection's default schema (normally `public`).
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_with_pool(url, MAX_CONNECTIONS).await
+        Self::connect_with_pool(url, PoolSettings::default()).await
     }
 
-    /// [`PostgresStore::connect`] with at most `connections` connections (`--db-pool-size`).
-    pub async fn connect_with_pool(url: &str, connections: u32) -> Result<Self> {
-        Self::open(PgConnectOptions::from_str(url)?, connections).await
+    /// [`PostgresStore::connect`] with the pool's size (`--db-pool-size`) and acquire timeout
+    /// (`--db-acquire-timeout`) where `pool` sets them.
+    pub async fn connect_with_pool(url: &str, pool: PoolSettings) -> Result<Self> {
+        Self::open(PgConnectOptions::from_str(url)?, pool).await
     }
 
     /// Like [`Self::connect`], with every table in `schema` (created if missing): several stores
@@ -84,7 +85,7 @@ impl PostgresStore {
         let mut conn = timeout(options.connect()).await?;
         sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).execute(&mut conn).await?;
         conn.close().await?;
-        Self::open(options.options([("search_path", schema)]), MAX_CONNECTIONS).await
+        Self::open(options.options([("search_path", schema)]), PoolSettings::default()).await
     }
 
     /// Drops `schema` with everything in it (a test's, once its stores are done). Connects on its
@@ -111,12 +112,27 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn open(options: PgConnectOptions, connections: u32) -> Result<Self> {
+    async fn open(options: PgConnectOptions, settings: PoolSettings) -> Result<Self> {
+        // The first connection may take CONNECT_TIMEOUT (a server starting up alongside); later
+        // calls wait at most the acquire timeout, which is all a request waits while the
+        // server is down (the pool retries connecting until then).
         let pool = PgPoolOptions::new()
-            .max_connections(connections.max(1))
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(options)
-            .await?;
+            .max_connections(settings.size.unwrap_or(MAX_CONNECTIONS).max(1))
+            .acquire_timeout(settings.acquire_timeout.unwrap_or(POSTGRES_ACQUIRE_TIMEOUT))
+            .connect_lazy_with(options);
+        let started = std::time::Instant::now();
+        loop {
+            match pool.acquire().await {
+                Ok(_) => break,
+                Err(sqlx::Error::PoolTimedOut) if started.elapsed() < CONNECT_TIMEOUT => continue,
+                Err(sqlx::Error::PoolTimedOut) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "no answer from PostgreSQL within {CONNECT_TIMEOUT:?}"
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         // Concurrent start-ups wait on sqlx's advisory lock, so one server migrates.
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
         Ok(PostgresStore { pool })

@@ -12,10 +12,13 @@ mod nodes;
 mod responses;
 mod rows;
 
-use crate::{now_ms, ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, Result, StoreError};
+use crate::errors::SQLITE_ACQUIRE_TIMEOUT;
+use crate::{
+    now_ms, ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, PoolSettings, Result, StoreError,
+};
 use serde_json::Value;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::{Connection, Row, SqlitePool};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
@@ -30,6 +33,34 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 /// queue on SQLite's write lock and hold file descriptors.
 pub const POOL_SIZE: u32 = 4;
 
+/// How every connection to the database file is opened.
+fn connect_options(path: &Path) -> Result<SqliteConnectOptions> {
+    Ok(SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_secs(10)))
+}
+
+fn pool_options(settings: PoolSettings) -> SqlitePoolOptions {
+    SqlitePoolOptions::new()
+        .max_connections(settings.size.unwrap_or(POOL_SIZE).max(1))
+        .acquire_timeout(settings.acquire_timeout.unwrap_or(SQLITE_ACQUIRE_TIMEOUT))
+        // On a full disk SQLite rolls a failed statement or COMMIT back by itself; sqlx still
+        // counts the transaction as open, its ROLLBACK then fails, and the connection would
+        // refuse every later BEGIN ("non-zero transaction depth"). Found by R17: every pooled
+        // connection ended up so, and writes never recovered when space returned. The ping runs
+        // every command queued before it (a dropped transaction's rollback), so a connection
+        // still inside a transaction after it is broken: it is closed and the pool opens another.
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                conn.ping().await?;
+                Ok(!conn.is_in_transaction())
+            })
+        })
+}
+
 /// The default store: SQLite through sqlx.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -39,23 +70,13 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating if needed) the database file and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Self> {
-        Self::open_with_pool(path, POOL_SIZE).await
+        Self::open_with_pool(path, PoolSettings::default()).await
     }
 
-    /// [`SqliteStore::open`] with at most `connections` connections (`--db-pool-size`).
-    pub async fn open_with_pool(path: &Path, connections: u32) -> Result<Self> {
-        let url = format!("sqlite://{}", path.display());
-        let options = SqliteConnectOptions::from_str(&url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
-            .await?;
+    /// [`SqliteStore::open`] with the pool's size (`--db-pool-size`) and acquire timeout
+    /// (`--db-acquire-timeout`) where `pool` sets them.
+    pub async fn open_with_pool(path: &Path, pool: PoolSettings) -> Result<Self> {
+        let pool = pool_options(pool).connect_with(connect_options(path)?).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
         Ok(SqliteStore { pool })
     }

@@ -47,3 +47,36 @@ async fn non_finite_metrics_never_make_rows_unreadable() {
     let cp = store.get_checkpoint(m.id, 1).await.unwrap();
     assert_eq!(cp.metrics.get("a"), None, "the log's metrics reach the checkpoint finite too");
 }
+
+/// A database that fills up (capped with `max_page_count`, as a full disk refuses pages) fails
+/// writes as `Full`, and leaves no pooled connection unusable: the one connection of this pool
+/// takes transactions again at once (sqlx left it "inside" a transaction SQLite had rolled back).
+#[tokio::test]
+async fn a_full_database_fails_writes_as_full_and_poisons_no_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = connect_options(&dir.path().join("t.db")).unwrap().pragma("max_page_count", "48");
+    let pool = pool_options(PoolSettings { size: Some(1), acquire_timeout: None }).connect_with(options).await.unwrap();
+    sqlx::query("CREATE TABLE t (x TEXT)").execute(&pool).await.unwrap();
+    let mut failure = None;
+    for _ in 0..500 {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let wrote = sqlx::query("INSERT INTO t VALUES (?)").bind("x".repeat(3000)).execute(&mut *tx).await;
+        if let Err(e) = wrote.map(drop).and(Ok(())) {
+            failure = Some(e);
+            break;
+        }
+        if let Err(e) = tx.commit().await {
+            failure = Some(e);
+            break;
+        }
+    }
+    let e = StoreError::from(failure.expect("the capped database fills up"));
+    assert!(matches!(e, StoreError::Full(_)), "{e:?}");
+    for _ in 0..3 {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.expect("the connection takes a new transaction");
+        sqlx::query("SELECT count(*) FROM t").execute(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let ok: String = sqlx::query_scalar("PRAGMA integrity_check").fetch_one(&pool).await.unwrap();
+    assert_eq!(ok, "ok");
+}
