@@ -375,10 +375,14 @@ async fn health_is_503_when_the_store_does_not_answer() {
     assert_eq!(r.json()["status"], "unavailable");
     // A scrape still answers (the job gauges keep their last values).
     assert_eq!(app.call("GET", "/metrics", KEY_A, None).await.status, 200);
-    // Requests that need the store fail cleanly, not with a hang or a panic.
+    // Requests that need the store fail cleanly and quickly, not with a hang, a panic or a 500:
+    // a 503 the clients retry after `Retry-After`.
+    let started = std::time::Instant::now();
     let r = app.call("GET", "/v1/preview/models", KEY_A, None).await;
-    assert_eq!(r.status, 500);
-    assert_eq!(r.json(), json!({"detail": "internal server error"}));
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json(), json!({"detail": "the database is unavailable; retry shortly"}));
+    assert_eq!(r.headers["retry-after"], "2");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
 }
 
 #[tokio::test]
