@@ -255,10 +255,17 @@ impl Worker {
             }
             Err(e) => {
                 tracing::error!(%job_id, error = %e, "training job could not be finished");
+                // An outage or a full disk outlasted the retries: say so (it is not a bug), but not
+                // where the stores are (the log has the whole error).
                 let why = match &e {
-                    // An outage or a full disk outlasted the retries: say so, it is not a bug.
-                    StoreError::Unavailable(_) | StoreError::Full(_) => {
-                        format!("the job's results could not be stored: {e}")
+                    StoreError::Unavailable(m) if m.starts_with("blob store") => {
+                        "the job's results could not be stored: the blob store did not answer".to_string()
+                    }
+                    StoreError::Unavailable(_) => {
+                        "the job's results could not be stored: the database did not answer".into()
+                    }
+                    StoreError::Full(_) => {
+                        "the job's results could not be stored: the server is out of disk space".into()
                     }
                     _ => format!("internal error: {e}"),
                 };
@@ -512,11 +519,13 @@ impl Worker {
         loop {
             match attempt().await {
                 Err(StoreError::Unavailable(why))
-                    if Instant::now() + wait < deadline && !self.stopping.load(Ordering::SeqCst) =>
+                    if Instant::now() < deadline && !self.stopping.load(Ordering::SeqCst) =>
                 {
-                    tracing::warn!(error = %why, retry_in_ms = wait.as_millis() as u64, "the store is unavailable; retrying");
+                    // The last attempt comes at the deadline.
+                    let nap = wait.min(deadline.saturating_duration_since(Instant::now()));
+                    tracing::warn!(error = %why, retry_in_ms = nap.as_millis() as u64, "the store is unavailable; retrying");
                     self.heartbeat.beat(now_ms(), true);
-                    tokio::time::sleep(wait).await;
+                    tokio::time::sleep(nap).await;
                     wait = (wait * 2).min(Duration::from_secs(8));
                 }
                 other => return other,

@@ -228,13 +228,15 @@ impl Checkpoints {
             match attempt().await {
                 Err(e @ (StoreError::Unavailable(_) | StoreError::Full(_))) => {
                     let now = tokio::time::Instant::now();
-                    if now + wait > deadline {
+                    if now >= deadline {
                         tracing::error!(checkpoint = relative, error = %e, "gave up {what} a checkpoint");
                         return Err(e);
                     }
-                    tracing::warn!(checkpoint = relative, error = %e, retry_in_ms = wait.as_millis() as u64,
+                    // The last attempt comes at the deadline.
+                    let nap = wait.min(deadline - now);
+                    tracing::warn!(checkpoint = relative, error = %e, retry_in_ms = nap.as_millis() as u64,
                         "{what} a checkpoint failed; retrying");
-                    tokio::time::sleep(wait).await;
+                    tokio::time::sleep(nap).await;
                     wait = (wait * 2).min(Duration::from_secs(8));
                 }
                 other => return other,
