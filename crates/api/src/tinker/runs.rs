@@ -201,7 +201,7 @@ pub async fn list_all_checkpoints(
             all.extend(cps);
         }
     }
-    all.sort_by(|a, b| b.0.cmp(&a.0));
+    all.sort_by_key(|c| std::cmp::Reverse(c.0));
     let total = all.len();
     let page: Vec<Value> = all.into_iter().skip(offset).take(limit).map(|(_, c)| c).collect();
     Ok(Json(json!({ "checkpoints": page, "cursor": { "offset": offset, "limit": limit, "total_count": total } })))
