@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import pwd
+import random
 import shutil
 import socket
 import sqlite3
@@ -204,6 +205,14 @@ def _r15(ctx, rel, pg, outage_s):
     ctx.servers.append(server)
     model = rel.create_model(server)
     groups = rel.rollout_groups(server, n_groups=1, n=2)
+    # A trained checkpoint, served before the outage: its name and its file are known to the node.
+    status, first = server.api("POST", "/v1/preview/training-jobs",
+                               {"model_id": model["id"], "trajectory_groups": groups})[:2]
+    rel.check(status == 200 and rel.wait_job(server, first["id"])["status"] == "succeeded", f"first job: {first}")
+    trained = f"wandb-artifact:///{model['entity']}/{model['project']}/{model['name']}"
+    for name in (trained, trained + ":step1"):
+        status, reply = server.api("POST", "/v1/chat/completions", rel.chat_body(max_tokens=4, model=name))[:2]
+        rel.check(status == 200, f"the checkpoint serves before the outage: {status} {reply}")
     rec, stop, acked, lock = Recorder(), threading.Event(), {}, threading.Lock()
     tinker = {"X-API-Key": f"tml-{rel.KEY}"}
     jobs_made, next_job = [], [0.0]
@@ -222,6 +231,8 @@ def _r15(ctx, rel, pg, outage_s):
     def chatter():
         while not stop.is_set():
             rec.call(server, "chat (base)", "openai", "POST", "/v1/chat/completions", rel.chat_body(max_tokens=4))
+            rec.call(server, "chat (checkpoint)", "openai", "POST", "/v1/chat/completions",
+                     rel.chat_body(max_tokens=4, model=random.choice((trained, trained + ":step1"))))
             rec.call(server, "messages (base)", "anthropic", "POST", "/v1/messages",
                      {"model": rel.BASE, "max_tokens": 4, "messages": rel.user("Hi")},
                      headers={"x-api-key": rel.KEY, "anthropic-version": "2023-06-01"})
@@ -269,11 +280,13 @@ def _r15(ctx, rel, pg, outage_s):
     judge(rel, during, DB_BOUND_S, "outage")
     judge(rel, rec.between(t_up, t_end), DB_BOUND_S, "after")
     judge(rel, rec.between(0, t_down), DB_BOUND_S, "before")
-    store_routes = [r for r in during if r[0] not in ("chat (base)", "messages (base)")]
+    chats = ("chat (base)", "messages (base)", "chat (checkpoint)")
+    store_routes = [r for r in during if r[0] not in chats]
     rel.check(any(r[4] == 503 for r in store_routes), "no store route saw the outage (503)")
-    inference = [r for r in during if r[0] in ("chat (base)", "messages (base)")]
+    inference = [r for r in during if r[0] in chats]
     rel.check(inference and all(r[4] == 200 for r in inference),
-              f"inference on the base model must go on: {[r for r in inference if r[4] != 200][:3]}")
+              f"inference on the base model and a served checkpoint must go on: "
+              f"{[r for r in inference if r[4] != 200][:3]}")
     rel.check(all(s == 503 and took < 3 for s, took in health_during[1:]),
               f"/health during the outage: {health_during}")
     first_ack = min((r[2] + r[3] for r in rec.rows if r[0] == "POST log" and r[4] == 200 and r[2] >= t_up),

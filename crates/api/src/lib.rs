@@ -117,6 +117,7 @@ pub struct AppState(
     Arc<health::StoreProbe>,
     Arc<tinker::state::TinkerState>,
     Arc<openai::tokenizer_files::TarCache>,
+    Arc<openai::resolve::LastKnown>,
 );
 
 impl AppState {
@@ -134,12 +135,18 @@ impl AppState {
             Arc::default(),
             Arc::default(),
             Arc::default(),
+            Arc::default(),
         )
     }
 
     /// The Tinker routes' sessions, models and futures.
     pub(crate) fn tinker(&self) -> &Arc<tinker::state::TinkerState> {
         &self.6
+    }
+
+    /// What trained models' names last resolved to, for serving through a database outage.
+    pub(crate) fn last_known(&self) -> &openai::resolve::LastKnown {
+        &self.8
     }
 
     /// `GET /v1/tokenizer`'s archives, built once per model and layout.

@@ -12,7 +12,7 @@ mod messages;
 mod nodes;
 mod reasoning;
 pub mod request;
-mod resolve;
+pub(crate) mod resolve;
 mod response;
 mod responses;
 mod sse;
