@@ -6,6 +6,7 @@
 //! kernels (`kernels`), because candle's quantised matmul reads the weights once per token and so
 //! does not get cheaper with batching (measured in `docs/benchmarks.md`).
 
+pub mod allocator;
 pub mod arch;
 pub mod gguf;
 pub mod hf;

@@ -60,6 +60,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     })
     .await??;
     tracing::info!(secs = started.elapsed().as_secs_f32(), "models loaded");
+    // Loading's temporaries (file bytes beside their packed copies) go back to the system.
+    tandem_model::allocator::release_freed_memory();
     let local = CheckpointDir::open(config.data_dir.join("checkpoints"))?;
     let checkpoints = match &config.blob_store {
         Some(url) => {

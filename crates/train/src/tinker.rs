@@ -323,6 +323,9 @@ impl TinkerTrainer for TinkerModels {
     }
 
     fn release(&self, model_id: &str) {
-        self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
+        let dropped = self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
+        drop(dropped);
+        // Its adapter, optimizer state and the last calls' activations go back to the system now.
+        tandem_model::allocator::release_freed_memory();
     }
 }

@@ -396,12 +396,15 @@ impl StepTotals {
 
 impl Trainer for LoraTrainer {
     fn train(&self, job: &TrainJob, sink: &mut dyn TrainSink) -> Result<TrainOutput, TrainError> {
-        match &job.task {
+        let result = match &job.task {
             TrainTask::Rl { config, inputs, kl_reference } => {
                 self.train_rl(job, config, inputs, kl_reference.as_ref(), sink)
             }
             TrainTask::Sft { config, rows } => crate::sft::train_sft(self, job, config, rows, sink),
-        }
+        };
+        // The job's activations are freed: hand them back now, not a purge delay from now.
+        tandem_model::allocator::release_freed_memory();
+        result
     }
 }
 
