@@ -1,11 +1,11 @@
 //! How long the allocator keeps freed memory before it hands it back to the system.
 //!
-//! The server and the training bench allocate with mimalloc, which by default returns ("purges")
-//! freed pages after 10 ms. A training step allocates and frees gigabytes of activations, so every
-//! op's output then lands on fresh pages the kernel must fault in and zero: on Qwen2.5 0.5B
+//! The server and the training bench allocate with mimalloc, which returns ("purges") freed pages
+//! to the system. A training step allocates and frees gigabytes of activations, so with its
+//! defaults every op's output lands on fresh pages the kernel must fault in and zero: on Qwen2.5 0.5B
 //! (4 x 256 tokens, LoRA r8) 233,000 minor faults in four steps, 15-17 s a step. Kept for a
 //! minute, 2,600 faults and 12-13.6 s a step (`examples/train_step`, session 23), at the same peak
-//! RSS. mimalloc purges what was freed once the delay has passed (arenas ten times later), so
+//! RSS. mimalloc purges what was freed only once the delay has passed, so
 //! the trainer hands freed memory back explicitly when a job ends ([`release_freed_memory`]).
 // One FFI call into mimalloc's option table: the crate's one use of `unsafe` outside kernels/.
 #![allow(unsafe_code)]
