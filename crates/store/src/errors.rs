@@ -78,7 +78,9 @@ impl From<sqlx::Error> for StoreError {
                 StoreError::Unavailable("no database connection within the pool's acquire timeout".into())
             }
             sqlx::Error::PoolClosed => StoreError::Unavailable("the database pool is closed".into()),
-            sqlx::Error::Io(io) => io.into(),
+            // The database's socket (or, for SQLite, its file).
+            sqlx::Error::Io(io) if is_full(&io) => StoreError::Full(io.to_string()),
+            sqlx::Error::Io(io) => StoreError::Unavailable(format!("the database connection failed: {io}")),
             sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => {
                 StoreError::Unavailable(format!("the database connection failed: {e}"))
             }
@@ -87,22 +89,12 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// A file-system failure (checkpoint files, the data directory): a full disk is `Full`, the rest
+/// `Io`. Socket failures reach the store as `sqlx::Error::Io`, mapped above.
 impl From<std::io::Error> for StoreError {
     fn from(e: std::io::Error) -> Self {
         if is_full(&e) {
             StoreError::Full(e.to_string())
-        } else if matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionRefused
-                | std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::NotConnected
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::TimedOut
-                | std::io::ErrorKind::UnexpectedEof
-        ) {
-            // Only sockets fail this way: the database's connection.
-            StoreError::Unavailable(format!("the database connection failed: {e}"))
         } else {
             StoreError::Io(e.to_string())
         }
@@ -160,9 +152,11 @@ mod tests {
         assert!(matches!(StoreError::from(enospc()), StoreError::Full(_)));
         assert!(matches!(StoreError::from(std::io::Error::from_raw_os_error(EDQUOT)), StoreError::Full(_)));
         assert!(matches!(StoreError::from(sqlx::Error::Io(enospc())), StoreError::Full(_)));
-        // A file that is missing is not a full disk, nor an outage.
+        // A file that is missing or cut short is not a full disk, nor an outage.
         let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
         assert!(matches!(StoreError::from(missing), StoreError::Io(_)));
+        let short = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        assert!(matches!(StoreError::from(short), StoreError::Io(_)));
         let wrapped = object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(enospc()) };
         assert!(matches!(blob_error(wrapped), StoreError::Full(_)));
     }
