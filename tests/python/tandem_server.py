@@ -6,6 +6,7 @@ Used by test_art.py and the reliability suite (tests/reliability/). Standard lib
 import json
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -154,3 +155,28 @@ def trained_step(server, base="HuggingFaceTB/SmolLM2-135M-Instruct"):
     rl_step(server, model["id"], "Is the sky blue? Answer yes or no.", seed=3, base=base)
     server.trained = (f"wandb-artifact:///{model['entity']}/sdk/trained:step1", model["id"])
     return server.trained
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto(python, bucket):
+    """moto's S3 server (in the virtualenv of `python`) on a free port, with `bucket`: (process, port)."""
+    port = free_port()
+    proc = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            # moto does not check signatures: an unsigned PUT makes the bucket.
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/{bucket}", method="PUT"),
+                                   timeout=2)
+            return proc, port
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto's S3 server did not start")
+            time.sleep(0.2)

@@ -32,17 +32,15 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_art  # noqa: E402  (sets ART's environment before importing it)
-from tandem_server import Server  # noqa: E402
+from tandem_server import Server, start_moto  # noqa: E402
 
 KEY = test_art.KEY
 BASE = test_art.BASE_MODEL
@@ -55,31 +53,6 @@ ART_STAGES = ("register", "rollout", "train", "serve-new-step", "sft-from-file",
 def psql(url, sql):
     out = subprocess.run(["psql", url, "-Atqc", sql], capture_output=True, text=True, check=True)
     return out.stdout.strip()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_moto(python):
-    """moto's S3 server on a free port, with a bucket; returns (process, endpoint)."""
-    port = free_port()
-    proc = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            # moto does not check signatures: an unsigned PUT makes the bucket.
-            urllib.request.urlopen(urllib.request.Request(endpoint + "/tandem-test", method="PUT"), timeout=2)
-            return proc, endpoint
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto's S3 server did not start")
-            time.sleep(0.2)
 
 
 class Cluster:
@@ -306,7 +279,8 @@ def main():
     moto = None
     scratch = tempfile.mkdtemp(prefix="tandem-cluster-")
     if kind == "s3":
-        moto, endpoint = start_moto(sys.argv[5])
+        moto, moto_port = start_moto(sys.argv[5], "tandem-test")
+        endpoint = f"http://127.0.0.1:{moto_port}"
         os.environ.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"})
         blob_store = "s3://tandem-test/cluster"

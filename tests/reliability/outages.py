@@ -21,16 +21,12 @@ import threading
 import time
 import uuid
 
+from tandem_server import free_port, start_moto
+
 # A 503 from an unavailable store comes within the pool's acquire timeout (2 s) and a request's
 # own work; from an unreachable blob store within its client's retries (5 s) and connect timeout.
 DB_BOUND_S = 4.0
 BLOB_BOUND_S = 9.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrivatePostgres:
@@ -318,33 +314,13 @@ def _r15(ctx, rel, pg, outage_s):
     rel.check(server.api("GET", "/health", key=False)[0] == 200, "/health after the outage")
 
 
-def start_moto(python):
-    """moto's S3 server on a free port with a bucket `tandem-rel`: (process, port)."""
-    port = free_port()
-    proc = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    import urllib.request
-    while True:
-        try:
-            # moto does not check signatures: an unsigned PUT makes the bucket.
-            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/tandem-rel", method="PUT"),
-                                   timeout=2)
-            return proc, port
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto's S3 server did not start")
-            time.sleep(0.2)
-
-
 def r16(ctx, rel, budget_s=15):
     """The S3 blob store unreachable during a checkpoint publish (back within the retry budget,
     and not), and during the first read of a checkpoint this node has not cached."""
     python = ctx.args.moto_python
     if not python or not os.path.exists(python):
         raise NotImplementedError("needs moto's S3 server: pass --moto-python (make reliability does)")
-    moto, moto_port = start_moto(python)
+    moto, moto_port = start_moto(python, "tandem-rel")
     proxy = Proxy(moto_port)
     saved = dict(os.environ)
     os.environ.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",

@@ -264,9 +264,9 @@ impl From<StoreError> for ApiError {
                 Value::Null,
             ),
             // What failed is logged; the client learns which store, not where it is.
-            StoreError::Unavailable(why) => {
+            StoreError::Unavailable(ref why) => {
                 tracing::warn!(error = %why, "store unavailable");
-                let what = if why.starts_with("blob store") { "the blob store" } else { "the database" };
+                let what = e.failed_store().unwrap_or("the store");
                 ApiError::new(ErrorKind::Unavailable, format!("{what} is unavailable; retry shortly"))
                     .with_retry_after(STORE_RETRY_AFTER_SECS)
             }

@@ -257,16 +257,11 @@ impl Worker {
                 tracing::error!(%job_id, error = %e, "training job could not be finished");
                 // An outage or a full disk outlasted the retries: say so (it is not a bug), but not
                 // where the stores are (the log has the whole error).
-                let why = match &e {
-                    StoreError::Unavailable(m) if m.starts_with("blob store") => {
-                        "the job's results could not be stored: the blob store did not answer".to_string()
+                let why = match (&e, e.failed_store()) {
+                    (StoreError::Full(_), _) => {
+                        "the job's results could not be stored: the server is out of disk space".to_string()
                     }
-                    StoreError::Unavailable(_) => {
-                        "the job's results could not be stored: the database did not answer".into()
-                    }
-                    StoreError::Full(_) => {
-                        "the job's results could not be stored: the server is out of disk space".into()
-                    }
+                    (_, Some(store)) => format!("the job's results could not be stored: {store} did not answer"),
                     _ => format!("internal error: {e}"),
                 };
                 self.fail_until_recorded(&entity, job_id, why).await;

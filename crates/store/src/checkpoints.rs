@@ -179,8 +179,8 @@ impl Checkpoints {
         Checkpoints { remote: Some(remote), ..Checkpoints::local(local) }
     }
 
-    /// How long [`Self::publish`] and [`Self::upload`] retry a blob store that does not answer
-    /// or a disk that is full before they give up (`--blob-retry-seconds`).
+    /// How long [`Self::publish`] retries a blob store that does not answer or a disk that is
+    /// full before it gives up (`--blob-retry-seconds`).
     pub fn with_publish_budget(mut self, budget: Duration) -> Self {
         self.publish_budget = budget;
         self

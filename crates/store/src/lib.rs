@@ -62,6 +62,19 @@ pub enum StoreError {
     Full(String),
 }
 
+impl StoreError {
+    /// Which store an `Unavailable` or `Full` error is about ("the blob store", "the database",
+    /// "the disk"), for messages that say what failed but not where it is.
+    pub fn failed_store(&self) -> Option<&'static str> {
+        match self {
+            StoreError::Unavailable(m) if m.starts_with("blob store") => Some("the blob store"),
+            StoreError::Unavailable(_) => Some("the database"),
+            StoreError::Full(_) => Some("the disk"),
+            _ => None,
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// An API key as stored: its hash, never the key.
