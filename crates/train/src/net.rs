@@ -215,8 +215,18 @@ pub struct RowOutput {
     pub entropy: Vec<f32>,
 }
 
-/// The forward pass over a packed row.
+/// The forward pass over a packed row, for a backward pass to follow.
 pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
+    forward_pass(base, lora, row, true)
+}
+
+/// The forward pass over a packed row when only its logprobs are wanted (reference and
+/// learner logprobs, Tinker's `forward`): the head skips what only a backward would use.
+pub fn score(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
+    forward_pass(base, lora, row, false)
+}
+
+fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutput> {
     let c = &base.config;
     let dev = Device::Cpu;
     let ids = Tensor::from_slice(&row.tokens, row.tokens.len(), &dev)?;
@@ -303,8 +313,9 @@ pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
     let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
     let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
     let entropy = Arc::new(Mutex::new(Vec::new()));
-    let logprobs =
-        rows.contiguous()?.apply_op1(HeadLogprob { head: base.head.clone(), targets, entropy: entropy.clone() })?;
+    let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
+    let head = HeadLogprob { head: base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
+    let logprobs = rows.contiguous()?.apply_op1(head)?;
     let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
     Ok(RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy })
 }

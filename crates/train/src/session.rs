@@ -89,7 +89,8 @@ impl Session {
         let vars = lora.vars();
         let (mut logprobs, mut total) = (Vec::with_capacity(rows.len()), 0.0);
         for (row, inputs) in &rows {
-            let out = trainer.on_training_threads(|| forward(base, lora, row)).map_err(failed)?;
+            let pass = if backward { forward } else { crate::net::score };
+            let out = trainer.on_training_threads(|| pass(base, lora, row)).map_err(failed)?;
             let lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
             let new_lp: Vec<f64> = lp.iter().map(|x| f64::from(*x)).collect();
             let l = datum_loss(loss, &new_lp, inputs);

@@ -336,7 +336,7 @@ fn reference_logprobs(
 
 /// Each target's new logprob under the current weights (the graph is dropped at once).
 fn logprobs(base: &Base, lora: &Lora, row: &Row) -> Result<Vec<f64>, TrainError> {
-    let out = forward(base, lora, row).map_err(failed)?;
+    let out = crate::net::score(base, lora, row).map_err(failed)?;
     Ok(out.logprobs.detach().to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect())
 }
 
