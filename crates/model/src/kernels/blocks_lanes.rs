@@ -9,9 +9,11 @@
 //! Layout per (group of 16 rows, block of 32 values):
 //! - 256 bytes of nibbles in Q4_1's lane order: byte `64s + 4*lane + e` holds value `4s + e`
 //!   (low nibble) and value `16 + 4s + e` (high nibble) of row `lane`, s in 0..4;
-//! - 0, 1 or 2 planes of 64 bytes for the fifth and sixth bits: bit `s` of byte `4*lane + e`
-//!   is that bit of value `4s + e` (s in 0..8), so step s of the dot product gets its bits with
-//!   one 16-bit shift and one mask, never crossing a byte (the shifts are at most 4);
+//! - for the five-bit formats a plane of 64 bytes for the fifth bits: bit `s` of byte
+//!   `4*lane + e` is that bit of value `4s + e` (s in 0..8), so step s of the dot product gets
+//!   its bits with one 16-bit shift and one mask, never crossing a byte (the shifts are at most
+//!   4); for Q6_K two vectors of 64 bytes holding the fifth and sixth bits of four values per
+//!   byte (`crumb_values`);
 //! - the scales, per format as the file has them (no rounding): legacy blocks keep the f16 scale
 //!   (and Q5_1 the f16 minimum) per row and block; K-quants keep per row and super-block the
 //!   f16 `d` and `dmin`, and per row and block two bytes of codes (Q4_K/Q5_K: the 6-bit scale
@@ -115,13 +117,23 @@ impl BlockLanes {
                                 (vals[4 * s + e] & 0x0F) | ((vals[16 + 4 * s + e] & 0x0F) << 4);
                         }
                     }
-                    for plane in 0..planes(format) {
+                    if format == BlockFormat::Q6K {
                         for e in 0..4 {
-                            let mut byte = 0u8;
-                            for s in 0..8 {
-                                byte |= ((vals[4 * s + e] >> (4 + plane)) & 1) << s;
+                            for (pair, [b4, b6, b0, b2]) in crumb_values(e).into_iter().enumerate() {
+                                let two = |v: usize| (vals[v] >> 4) & 3;
+                                p.q[dst + 256 + 64 * pair + 4 * lane + e] =
+                                    (two(b4) << 4) | (two(b6) << 6) | two(b0) | (two(b2) << 2);
                             }
-                            p.q[dst + 256 + 64 * plane + 4 * lane + e] = byte;
+                        }
+                    } else {
+                        for plane in 0..planes(format) {
+                            for e in 0..4 {
+                                let mut byte = 0u8;
+                                for s in 0..8 {
+                                    byte |= ((vals[4 * s + e] >> (4 + plane)) & 1) << s;
+                                }
+                                p.q[dst + 256 + 64 * plane + 4 * lane + e] = byte;
+                            }
                         }
                     }
                 }
@@ -183,11 +195,22 @@ impl BlockLanes {
                     q[16 + 4 * s + e] = byte >> 4;
                 }
             }
-            for plane in 0..planes(self.format) {
+            if self.format == BlockFormat::Q6K {
                 for e in 0..4 {
-                    let byte = self.q[base + 256 + 64 * plane + 4 * lane + e];
-                    for s in 0..8 {
-                        q[4 * s + e] |= ((byte >> s) & 1) << (4 + plane);
+                    for (pair, values) in crumb_values(e).into_iter().enumerate() {
+                        let byte = self.q[base + 256 + 64 * pair + 4 * lane + e];
+                        for (v, at) in values.into_iter().zip([4, 6, 0, 2]) {
+                            q[v] |= ((byte >> at) & 3) << 4;
+                        }
+                    }
+                }
+            } else {
+                for plane in 0..planes(self.format) {
+                    for e in 0..4 {
+                        let byte = self.q[base + 256 + 64 * plane + 4 * lane + e];
+                        for s in 0..8 {
+                            q[4 * s + e] |= ((byte >> s) & 1) << (4 + plane);
+                        }
                     }
                 }
             }
@@ -227,6 +250,16 @@ impl BlockLanes {
             }
         }
     }
+}
+
+/// Q6_K's two high bits of four values share a byte ("crumbs") rather than two bit planes: for
+/// byte `4*lane + e` of high-bit vector `pair` (0 or 1), the values whose bits sit at bits 4-5,
+/// 6-7, 0-1 and 2-3: the low and high half's value of step `2 pair`, then of step `2 pair + 1`.
+/// The kernel then moves a step's bits into place with one shift and mask per half, where the two
+/// planes took two each (Q6_K's unpacking was twice the integer work of the other formats').
+fn crumb_values(e: usize) -> [[usize; 4]; 2] {
+    let v = |step: usize, half: usize| 16 * half + 4 * step + e;
+    [[v(0, 0), v(0, 1), v(1, 0), v(1, 1)], [v(2, 0), v(2, 1), v(3, 0), v(3, 1)]]
 }
 
 /// The 6-bit scale and minimum codes of sub-block `j` of a Q4_K / Q5_K super-block.
@@ -302,7 +335,7 @@ unsafe fn block_tile<const R: usize, const C: usize, const SPLIT: bool>(
     let off = offset(format);
     let k = blocks * QK;
     let nib = _mm512_set1_epi8(0x0F);
-    let (bit4, bit5) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x20));
+    let (bit4, crumb) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x30));
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     let (aq, scales) = (a.quants().as_ptr(), a.scales().as_ptr());
     let (ss32, ss16) = (a.all_scaled_sums().as_ptr(), a.all_scaled_sums16().as_ptr());
@@ -326,28 +359,28 @@ unsafe fn block_tile<const R: usize, const C: usize, const SPLIT: bool>(
                     let v = _mm512_loadu_si512(w.q.as_ptr().add(((g + r) * blocks + b) * bb + step * 64) as *const _);
                     lo[r] = _mm512_and_si512(v, nib);
                     hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                    // Bit s of each plane byte to bit 4 (5): step s for the low half, s + 4 for
-                    // the high half; 16-bit shifts of at most 4 keep every bit in its byte.
-                    let up = _mm_cvtsi32_si128(4 - step as i32);
-                    if n_planes >= 1 {
+                    if n_planes == 2 {
+                        // Q6_K's crumbs (`crumb_values`): bits 4-5 and 6-7 of an even step, 0-1
+                        // and 2-3 of an odd one, each moved to bits 4-5 by one 16-bit shift (bits
+                        // crossing into the next byte land outside the mask).
+                        let c = planes_v[r][step / 2];
+                        let (l, h) = if step % 2 == 0 {
+                            (c, _mm512_srli_epi16(c, 2))
+                        } else {
+                            (_mm512_slli_epi16(c, 4), _mm512_slli_epi16(c, 2))
+                        };
+                        lo[r] = _mm512_or_si512(lo[r], _mm512_and_si512(l, crumb));
+                        hi[r] = _mm512_or_si512(hi[r], _mm512_and_si512(h, crumb));
+                    } else if n_planes == 1 {
+                        // Bit s of the plane's byte to bit 4: step s for the low half, s + 4 for
+                        // the high half; 16-bit shifts of at most 4 keep every bit in its byte.
                         let p0 = planes_v[r][0];
+                        let up = _mm_cvtsi32_si128(4 - step as i32);
                         lo[r] = _mm512_or_si512(lo[r], _mm512_and_si512(_mm512_sll_epi16(p0, up), bit4));
                         hi[r] = _mm512_or_si512(
                             hi[r],
                             _mm512_and_si512(_mm512_srl_epi16(p0, _mm_cvtsi32_si128(step as i32)), bit4),
                         );
-                    }
-                    if n_planes == 2 {
-                        let p1 = planes_v[r][1];
-                        let up5 = _mm_cvtsi32_si128(5 - step as i32);
-                        lo[r] = _mm512_or_si512(lo[r], _mm512_and_si512(_mm512_sll_epi16(p1, up5), bit5));
-                        let down = (step as i32 + 4) - 5; // bit step + 4 to bit 5
-                        let p1h = if down >= 0 {
-                            _mm512_srl_epi16(p1, _mm_cvtsi32_si128(down))
-                        } else {
-                            _mm512_sll_epi16(p1, _mm_cvtsi32_si128(-down))
-                        };
-                        hi[r] = _mm512_or_si512(hi[r], _mm512_and_si512(p1h, bit5));
                     }
                 }
                 for c in 0..C {
