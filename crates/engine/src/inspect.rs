@@ -14,16 +14,16 @@ use tandem_model::source::WeightSource;
 const KEPT: &[&str] = &["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"];
 
 /// The checks that need no weights: the file opens and is whole, the architecture and its shape
-/// are supported, the tokenizer builds, the chat template compiles.
-pub fn preflight(path: &Path) -> Result<(), EngineError> {
+/// are supported, the tokenizer builds, the chat template compiles. Gives the tokenizer it built.
+pub fn preflight(path: &Path) -> Result<TextTokenizer, EngineError> {
     let mut source = WeightSource::open(path)?;
     source.llama_config()?;
     let meta = source.tokenizer_meta()?;
-    TextTokenizer::from_meta(&meta)?;
+    let tok = TextTokenizer::from_meta(&meta)?;
     if let Some(t) = meta.chat_template.as_deref() {
         ChatTemplate::new(t)?;
     }
-    Ok(())
+    Ok(tok)
 }
 
 /// A GGUF file described, a line a fact, and the verdict: `Ok` when tandem serves it, else why not.
@@ -48,7 +48,7 @@ pub fn inspect(path: &Path) -> Report {
     let mut lines = Vec::new();
     if path.is_dir() {
         lines.push(("file", path.display().to_string()));
-        let verdict = preflight(path).map_err(|e| e.to_string());
+        let verdict = preflight(path).map(drop).map_err(|e| e.to_string());
         lines.push(("kind", "Hugging Face checkpoint directory".into()));
         return Report { lines, verdict };
     }
@@ -130,7 +130,7 @@ pub fn inspect(path: &Path) -> Report {
             if converted.is_empty() { "none".into() } else { converted },
         ),
     ));
-    Report { lines, verdict: preflight(path).map_err(|e| e.to_string()) }
+    Report { lines, verdict: preflight(path).map(drop).map_err(|e| e.to_string()) }
 }
 
 #[cfg(test)]

@@ -74,10 +74,15 @@ impl Engine {
         quantize: tandem_model::Quantize,
         config: EngineConfig,
     ) -> Result<(), EngineError> {
-        // Refuse what cannot be served before reading any weights.
-        inspect::preflight(path)?;
+        // Refuse what cannot be served before reading any weights. The tokenizer built for the
+        // check is the one served: building it is, after the weights, a model's largest
+        // allocation (~200 MB of temporaries for a 151,936-token vocabulary), so it is built
+        // once, and its temporaries go back to the system before the weights come in rather
+        // than adding to the peak (issue 31: peak RSS at or below llama.cpp's).
+        let tok = inspect::preflight(path)?;
+        tandem_model::allocator::release_freed_memory();
         let loaded = tandem_model::load_model(path, quantize)?;
-        self.add_model(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, config)
+        self.add_model_with(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, tok, config)
     }
 
     /// Serves an already built model (tests use tiny random ones).
@@ -85,15 +90,27 @@ impl Engine {
         &mut self,
         id: &str,
         path: &str,
+        model: Llama,
+        meta: &TokenizerMeta,
+        config: EngineConfig,
+    ) -> Result<(), EngineError> {
+        let tok = TextTokenizer::from_meta(meta)?;
+        self.add_model_with(id, path, model, meta, tok, config)
+    }
+
+    fn add_model_with(
+        &mut self,
+        id: &str,
+        path: &str,
         mut model: Llama,
         meta: &TokenizerMeta,
+        mut tok: TextTokenizer,
         config: EngineConfig,
     ) -> Result<(), EngineError> {
         if let Some(n) = config.max_model_len {
             // Only ever shorter: positions past the model's own context have no trained meaning.
             model.config.context_len = model.config.context_len.min(n.max(1));
         }
-        let mut tok = TextTokenizer::from_meta(meta)?;
         let (template, template_source) =
             tokenizer_dir::served_template(meta.chat_template.as_deref(), model.config.arch, &mut tok)?;
         let tok = Arc::new(tok);

@@ -32,11 +32,10 @@ pub(crate) fn served_template(
 /// it, read from its header: no weights load. `max_model_len` shortens the context as `serve`'s
 /// flag does.
 pub fn files_of(path: &Path, max_model_len: Option<usize>) -> Result<Vec<File>, EngineError> {
-    inspect::preflight(path)?;
+    let mut tok = inspect::preflight(path)?;
     let mut source = WeightSource::open(path)?;
     let config = source.llama_config()?;
     let meta = source.tokenizer_meta()?;
-    let mut tok = TextTokenizer::from_meta(&meta)?;
     let (_, template) = served_template(meta.chat_template.as_deref(), config.arch, &mut tok)?;
     let context = max_model_len.map_or(config.context_len, |n| config.context_len.min(n.max(1)));
     Ok(with_config(tok.hf_files(template.as_deref(), context), config.arch))

@@ -6,7 +6,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::Device;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// What the tokenizer and chat template need from the file's metadata.
@@ -236,19 +236,33 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// A tensor's GGML type and raw bytes, as stored.
     /// A tensor's stored type, `None` for an unknown name.
     pub fn tensor_dtype(&self, name: &str) -> Option<candle_core::quantized::GgmlDType> {
         self.content.tensor_infos.get(name).map(|t| t.ggml_dtype)
     }
 
+    /// A tensor's GGML type and raw bytes, as stored: read straight into one buffer (through
+    /// candle's `QTensor` the bytes were held twice while loading, which set a model's peak
+    /// memory: the vocabulary's matrix is the largest tensor of most models).
     pub fn tensor_raw(&mut self, name: &str) -> Result<(candle_core::quantized::GgmlDType, Vec<u8>), ModelError> {
-        let q = self
+        let info = self
             .content
-            .tensor(&mut self.reader, name, &Device::Cpu)
-            .map_err(|e| ModelError::Gguf(format!("{name}: {}", first_line(&e))))?;
-        let data = q.data().map_err(err)?.into_owned();
-        Ok((q.dtype(), data))
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::Gguf(format!("{name}: no such tensor in the file")))?;
+        let dtype = info.ggml_dtype;
+        let (elems, block) = (info.shape.elem_count(), dtype.block_size().max(1));
+        if !elems.is_multiple_of(block) {
+            return Err(ModelError::Gguf(format!("{name}: {elems} values are not whole blocks of {dtype:?}")));
+        }
+        let len = elems / block * dtype.type_size();
+        let at = self.content.tensor_data_offset.saturating_add(info.offset);
+        let mut data = vec![0u8; len];
+        self.reader
+            .seek(SeekFrom::Start(at))
+            .and_then(|_| self.reader.read_exact(&mut data))
+            .map_err(|e| ModelError::Gguf(format!("{name}: {e}")))?;
+        Ok((dtype, data))
     }
 
     /// A tensor dequantised to f32, with its dims (outermost first; weights are (out, in)).

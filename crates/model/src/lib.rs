@@ -90,6 +90,16 @@ pub fn load_model(path: &Path, quantize: Quantize) -> Result<LoadedModel, ModelE
     let (h, f, qd, kvd) = (config.hidden, config.ffn, config.q_dim(), config.kv_dim());
     // Only the lane-packed copies are kept where the CPU has VNNI (rows are read from them).
     let embed = matrix(file, "token_embd.weight", config.vocab, h)?.lanes_only();
+    // The output head (when not tied) next: the vocabulary's matrices are a model's largest, and
+    // each holds its file bytes beside its packed copy while it loads. Loaded first, that
+    // transient sits below the final size; loaded last, it sat on top of every layer (issue 31:
+    // +280 MB on Qwen2.5 0.5B's Q8_0 head). Their temporaries go back before the layers load.
+    let lm_head = if file.source.has_tensor("output.weight") {
+        Some(matrix(file, "output.weight", config.vocab, h)?.lanes_only())
+    } else {
+        None
+    };
+    crate::allocator::release_freed_memory();
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let p = format!("blk.{i}");
@@ -125,12 +135,8 @@ pub fn load_model(path: &Path, quantize: Quantize) -> Result<LoadedModel, ModelE
         });
     }
     let out_norm = vector(file.source, "output_norm.weight", h)?;
-    let lm_head = if file.source.has_tensor("output.weight") {
-        Some(matrix(file, "output.weight", config.vocab, h)?.lanes_only())
-    } else {
-        None
-    };
-    Ok(LoadedModel { model: Llama::new(config, embed, layers, out_norm, lm_head), tokenizer })
+    let model = Llama::new(config, embed, layers, out_norm, lm_head);
+    Ok(LoadedModel { model, tokenizer })
 }
 
 /// How the rows of a layer tensor must be permuted into the interleaved rotary order
@@ -276,7 +282,7 @@ fn stored_matrix(name: &str, dtype: GgmlDType, raw: Vec<u8>, rows: usize, cols: 
     let len = raw.len();
     let m = match BlockFormat::of(dtype) {
         Some(format) => BlockMatrix::from_raw(format, raw, rows, cols).map(Weights::Block),
-        None if dtype == GgmlDType::Q8_0 => Q8Matrix::from_q8_0_bytes(&raw, rows, cols).map(Weights::Q8),
+        None if dtype == GgmlDType::Q8_0 => Q8Matrix::from_q8_0_bytes(raw, rows, cols).map(Weights::Q8),
         None => Q4Matrix::from_q4_1_bytes(&raw, rows, cols).map(Weights::Q4),
     };
     m.ok_or_else(|| ModelError::Gguf(format!("{name}: {len} bytes do not make a ({rows}, {cols}) {dtype:?} matrix")))

@@ -236,16 +236,16 @@ fn q8_0_blocks_are_taken_as_they_are() {
     let q = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
     let mut raw = q.data().unwrap().into_owned();
     let back = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let m = Q8Matrix::from_q8_0_bytes(&raw, rows, cols).unwrap();
+    let m = Q8Matrix::from_q8_0_bytes(raw.clone(), rows, cols).unwrap();
     let mut row = vec![0f32; cols];
     for r in 0..rows {
         m.dequantize_row(r, &mut row);
         assert_eq!(&row[..], &back[r * cols..(r + 1) * cols], "row {r}");
     }
-    assert!(Q8Matrix::from_q8_0_bytes(&raw[1..], rows, cols).is_none());
+    assert!(Q8Matrix::from_q8_0_bytes(raw[1..].to_vec(), rows, cols).is_none());
     // A -128 in a file is read as -127, the kernels' range.
     raw[2] = 0x80;
-    let m = Q8Matrix::from_q8_0_bytes(&raw, rows, cols).unwrap();
+    let m = Q8Matrix::from_q8_0_bytes(raw.clone(), rows, cols).unwrap();
     m.dequantize_row(0, &mut row);
     let d = half::f16::from_le_bytes([raw[0], raw[1]]).to_f32();
     assert_eq!(row[0], -127.0 * d);

@@ -40,8 +40,10 @@ impl Q8Matrix {
     /// From the raw bytes of a GGUF Q8_0 tensor of shape (rows, cols): its blocks are already
     /// int8 with one scale, so they are taken as they are (no f32 copy of the matrix, which for
     /// Gemma 3's 262,144-token embedding was 671 MB at load, and no requantisation). A -128
-    /// (never written by ggml's quantiser) becomes -127, the range the kernels assume.
-    pub fn from_q8_0_bytes(raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+    /// (never written by ggml's quantiser) becomes -127, the range the kernels assume. `raw` is
+    /// dropped before the lane-packed copy is built, so that loading holds two copies of the
+    /// matrix at a time, not three (the vocabulary's matrix sets a model's peak at load).
+    pub fn from_q8_0_bytes(raw: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
         const BLOCK_BYTES: usize = 34;
         let blocks = rows * cols / QK;
         if !cols.is_multiple_of(QK) || raw.len() != blocks * BLOCK_BYTES {
@@ -53,6 +55,7 @@ impl Q8Matrix {
             scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
             quants.extend(b[2..].iter().map(|q| (*q as i8).max(-127)));
         }
+        drop(raw);
         Some(
             Q8Matrix {
                 rows,
