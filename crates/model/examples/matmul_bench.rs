@@ -26,7 +26,32 @@ fn block(format: BlockFormat, rows: usize, cols: usize) -> Weights {
     Weights::Block(BlockMatrix::from_raw(format, raw, rows, cols).unwrap())
 }
 
+/// `matmul_bench stream [THREADS]`: decode's access pattern, one activation row against a stream
+/// of Q4_K matrices (Qwen2.5-1.5B's FFN shape) ten times the size of the L3 cache, on
+/// THREADS threads (2): the weight bytes read per second, what bounds decode.
+fn stream(threads: usize) {
+    let mats: Vec<Weights> = (0..40).map(|_| block(BlockFormat::Q4K, 8960, 1536).lanes_only()).collect();
+    let bytes: usize = mats.iter().map(Weights::bytes).sum();
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
+        let mut a = Q8Acts::default();
+        a.quantize(&pseudo(1536, 7), 1, 1536);
+        let mut out = vec![0f32; 8960];
+        let mut best = f64::MAX;
+        for _ in 0..8 {
+            let start = std::time::Instant::now();
+            for w in &mats {
+                matmul(w, &a, &mut out);
+            }
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        println!("stream {} MB of Q4_K, T=1, {threads} threads: {:.1} GB/s", bytes >> 20, bytes as f64 / best / 1e9);
+    });
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("stream") {
+        return stream(std::env::args().nth(2).and_then(|t| t.parse().ok()).unwrap_or(2));
+    }
     // `matmul_bench blocks` times only the block formats at Qwen2.5-1.5B's FFN shape.
     let only_blocks = std::env::args().nth(1).as_deref() == Some("blocks");
     rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
