@@ -180,6 +180,18 @@ def sampling(ctx):
     assert status == 200, out
     want = [next(iter(p.values()))["logprob"] for p in out["choices"][0]["prompt_logprobs"][1:]]
     assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4, (got, want)
+    # prompt_logprobs_last_n: only the last N scored (the SDK checks the rest are None).
+    last = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS), prompt_logprobs_last_n=2).result()
+    assert last[:-2] == [None] * (len(TOKENS) - 2) and last[-2:] == got[-2:], (last, got)
+    # What is not served is an error the caller sees, never an answer without it.
+    try:
+        sampler.sample(prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2),
+                       topk_prompt_logprobs=2).result()
+        raise AssertionError("top-k prompt logprobs were answered without them")
+    except AssertionError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the SDK's error type for a 400 varies by layer)
+        assert "not served yet" in str(e), e
     # save_weights_and_get_sampling_client: the current weights, sampled at once.
     current = tc.save_weights_and_get_sampling_client()
     current = current.result() if hasattr(current, "result") else current

@@ -112,6 +112,18 @@ pub struct Sample {
     sampling_params: Params,
     #[serde(default)]
     prompt_logprobs: bool,
+    /// Only the last N prompt positions' logprobs (the rest NaN, which the SDK checks).
+    #[serde(default)]
+    prompt_logprobs_last_n: Option<i64>,
+    // Not served yet: refused with a 400 that says so rather than answered without them.
+    #[serde(default)]
+    topk_prompt_logprobs: i64,
+    #[serde(default)]
+    topk_sample_logprobs: i64,
+    #[serde(default)]
+    prompt_alt_tokens_k: i64,
+    #[serde(default)]
+    target_prompt_logprobs: Option<Value>,
 }
 
 fn one() -> usize {
@@ -142,6 +154,20 @@ struct Params {
 /// The Tinker call as a `/v1/completions` body: the sampled tokens' logprobs always (RL needs
 /// them), `stop: null` stopping at the end of sequence and `[]` never early.
 fn completions_body(model: &str, s: &Sample) -> std::result::Result<Value, String> {
+    if s.topk_prompt_logprobs > 0 || s.topk_sample_logprobs > 0 {
+        return Err("top-k logprobs (topk_prompt_logprobs, topk_sample_logprobs) are not served yet: \
+                    the sampled tokens' logprobs and prompt_logprobs are"
+            .into());
+    }
+    if s.prompt_alt_tokens_k > 0 {
+        return Err("prompt_alt_tokens_k is not served yet".into());
+    }
+    if s.target_prompt_logprobs.as_ref().is_some_and(|t| !t.is_null()) {
+        return Err("target_prompt_logprobs is not served yet: prompt_logprobs gives each prompt token's".into());
+    }
+    if let Some(n) = s.prompt_logprobs_last_n.filter(|n| *n < 0) {
+        return Err(format!("prompt_logprobs_last_n {n}: expected a count of positions, 0 or more"));
+    }
     let mut tokens = Vec::new();
     for c in &s.prompt.chunks {
         if c["type"] != "encoded_text" {
@@ -183,8 +209,8 @@ fn completions_body(model: &str, s: &Sample) -> std::result::Result<Value, Strin
 
 /// The engine's events as the SDK's `SampleResponse`: each sample's tokens (the stop token or
 /// the tokens completing a stop string included) and their logprobs, and the prompt's logprobs
-/// (NaN at position 0) when asked.
-fn response(n: usize, events: &[InferEvent]) -> pb::SampleResponse {
+/// (NaN at position 0, and before the last `last_n` positions when given) when asked.
+fn response(n: usize, events: &[InferEvent], last_n: Option<usize>) -> pb::SampleResponse {
     let mut seqs = vec![pb::SampledSequence::default(); n];
     let mut lps: Vec<Vec<u8>> = vec![Vec::new(); n];
     let mut prompt = None;
@@ -200,9 +226,12 @@ fn response(n: usize, events: &[InferEvent]) -> pb::SampleResponse {
                 seqs[*choice].stop_reason = if length { pb::StopReason::Length } else { pb::StopReason::Stop } as i32;
             }
             InferEvent::PromptLogprobs(p) => {
+                let first = last_n.map_or(0, |k| p.len().saturating_sub(k));
                 let bytes: Vec<u8> = p
                     .iter()
-                    .flat_map(|pos| pos.as_ref().and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob).to_le_bytes())
+                    .enumerate()
+                    .map(|(i, pos)| if i < first { None } else { pos.as_ref() })
+                    .flat_map(|pos| pos.and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob).to_le_bytes())
                     .collect();
                 prompt = Some(bytes);
             }
@@ -231,9 +260,10 @@ pub async fn asample(
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
+    let last_n = body.prompt_logprobs_last_n.map(|n| n as usize);
     tokio::spawn(async move {
         let outcome = match crate::openai::completions::run_to_end(&state, &entity, &request).await {
-            Ok((n, events)) => Outcome::Proto(response(n, &events).encode_to_vec()),
+            Ok((n, events)) => Outcome::Proto(response(n, &events, last_n).encode_to_vec()),
             Err(e) => {
                 let category = if e.status().is_client_error() { "user" } else { "server" };
                 Outcome::Failed { error: e.message, category }
@@ -275,7 +305,7 @@ mod tests {
                 text: String::new(),
             },
         ];
-        let r = response(2, &events);
+        let r = response(2, &events, None);
         let ints = |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
         let floats =
             |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
@@ -286,6 +316,12 @@ mod tests {
         assert_eq!(r.sequences[1].stop_reason, pb::StopReason::Length as i32);
         let prompt = floats(r.prompt_logprobs.as_ref().unwrap());
         assert!(prompt[0].is_nan() && prompt[1] == -1.5, "{prompt:?}");
+        // prompt_logprobs_last_n: NaN before the last N positions, as the SDK checks.
+        let three = vec![InferEvent::PromptLogprobs(vec![None, ranked(-1.5), ranked(-2.5)])];
+        let last = floats(response(1, &three, Some(1)).prompt_logprobs.as_ref().unwrap());
+        assert!(last[0].is_nan() && last[1].is_nan() && last[2] == -2.5, "{last:?}");
+        let all = floats(response(1, &three, Some(5)).prompt_logprobs.as_ref().unwrap());
+        assert!(all[0].is_nan() && all[1] == -1.5 && all[2] == -2.5, "{all:?}");
     }
 
     #[test]
@@ -308,5 +344,20 @@ mod tests {
         assert_eq!(completions_body("m", &never).unwrap()["ignore_eos"], json!(true));
         never.prompt.chunks = vec![json!({"type": "image", "data": ""})];
         assert!(completions_body("m", &never).unwrap_err().contains("image"));
+        // What is not served is refused, never answered without it.
+        let with = |extra: Value| {
+            let mut v = json!({"sampling_session_id": "s", "prompt": {"chunks": []}});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            completions_body("m", &serde_json::from_value::<Sample>(v).unwrap())
+        };
+        assert!(with(json!({"topk_sample_logprobs": 2})).unwrap_err().contains("not served yet"));
+        assert!(with(json!({"topk_prompt_logprobs": 1})).unwrap_err().contains("not served yet"));
+        assert!(with(json!({"prompt_alt_tokens_k": 3})).unwrap_err().contains("not served yet"));
+        assert!(with(json!({"target_prompt_logprobs": {"data": [1]}})).unwrap_err().contains("not served yet"));
+        assert!(with(json!({"prompt_logprobs_last_n": -1})).is_err());
+        // The SDK's defaults pass.
+        let defaults = json!({"topk_prompt_logprobs": 0, "topk_sample_logprobs": 0, "prompt_alt_tokens_k": 0,
+                              "target_prompt_logprobs": null, "prompt_logprobs_last_n": 2});
+        assert!(with(defaults).is_ok());
     }
 }
