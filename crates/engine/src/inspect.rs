@@ -9,21 +9,30 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use tandem_model::gguf::GgufFile;
 use tandem_model::source::WeightSource;
+use tandem_model::{LlamaConfig, TokenizerMeta};
 
 /// Stored types the kernels multiply as they are; the others are converted at load.
 const KEPT: &[&str] = &["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"];
 
 /// The checks that need no weights: the file opens and is whole, the architecture and its shape
-/// are supported, the tokenizer builds, the chat template compiles. Gives the tokenizer it built.
-pub fn preflight(path: &Path) -> Result<TextTokenizer, EngineError> {
+/// are supported, the tokenizer builds, the chat template compiles.
+pub fn preflight(path: &Path) -> Result<Checked, EngineError> {
     let mut source = WeightSource::open(path)?;
-    source.llama_config()?;
+    let config = source.llama_config()?;
     let meta = source.tokenizer_meta()?;
-    let tok = TextTokenizer::from_meta(&meta)?;
+    let tokenizer = TextTokenizer::from_meta(&meta)?;
     if let Some(t) = meta.chat_template.as_deref() {
         ChatTemplate::new(t)?;
     }
-    Ok(tok)
+    Ok(Checked { config, meta, tokenizer })
+}
+
+/// What [`preflight`] read and built, for its callers to use rather than build again (the
+/// tokenizer of a large vocabulary is, after the weights, a model's largest allocation).
+pub struct Checked {
+    pub config: LlamaConfig,
+    pub meta: TokenizerMeta,
+    pub tokenizer: TextTokenizer,
 }
 
 /// A GGUF file described, a line a fact, and the verdict: `Ok` when tandem serves it, else why not.

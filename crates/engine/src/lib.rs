@@ -79,7 +79,7 @@ impl Engine {
         // allocation (~200 MB of temporaries for a 151,936-token vocabulary), so it is built
         // once, and its temporaries go back to the system before the weights come in rather
         // than adding to the peak (issue 31: peak RSS at or below llama.cpp's).
-        let tok = inspect::preflight(path)?;
+        let tok = inspect::preflight(path)?.tokenizer;
         tandem_model::allocator::release_freed_memory();
         let loaded = tandem_model::load_model(path, quantize)?;
         self.add_model_with(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, tok, config)

@@ -8,7 +8,6 @@ use crate::tokenizer::TextTokenizer;
 use crate::EngineError;
 use std::path::Path;
 use tandem_core::hf_files::File;
-use tandem_model::source::WeightSource;
 use tandem_model::Arch;
 
 /// The chat template a model is served with: the file's own, else the architecture's built-in
@@ -32,10 +31,7 @@ pub(crate) fn served_template(
 /// it, read from its header: no weights load. `max_model_len` shortens the context as `serve`'s
 /// flag does.
 pub fn files_of(path: &Path, max_model_len: Option<usize>) -> Result<Vec<File>, EngineError> {
-    let mut tok = inspect::preflight(path)?;
-    let mut source = WeightSource::open(path)?;
-    let config = source.llama_config()?;
-    let meta = source.tokenizer_meta()?;
+    let inspect::Checked { config, meta, tokenizer: mut tok } = inspect::preflight(path)?;
     let (_, template) = served_template(meta.chat_template.as_deref(), config.arch, &mut tok)?;
     let context = max_model_len.map_or(config.context_len, |n| config.context_len.min(n.max(1)));
     Ok(with_config(tok.hf_files(template.as_deref(), context), config.arch))

@@ -40,6 +40,13 @@ pub struct TokenizerMeta {
     pub hf_json: Option<String>,
 }
 
+/// A tensor's size in the file by its header. Saturating: a hostile header's sizes must not
+/// wrap into a small, "whole" file.
+fn stored_bytes(t: &candle_core::quantized::gguf_file::TensorInfo) -> u64 {
+    let blocks = (t.shape.elem_count() / t.ggml_dtype.block_size().max(1)) as u64;
+    blocks.saturating_mul(t.ggml_dtype.type_size() as u64)
+}
+
 /// An open GGUF file with its parsed header.
 pub struct GgufFile {
     content: Content,
@@ -79,12 +86,7 @@ impl GgufFile {
         let c = &self.content;
         c.tensor_infos
             .values()
-            .map(|t| {
-                // Saturating: a hostile header's sizes must not wrap into a small, "whole" file.
-                let blocks = (t.shape.elem_count() / t.ggml_dtype.block_size().max(1)) as u64;
-                let bytes = blocks.saturating_mul(t.ggml_dtype.type_size() as u64);
-                c.tensor_data_offset.saturating_add(t.offset).saturating_add(bytes)
-            })
+            .map(|t| c.tensor_data_offset.saturating_add(t.offset).saturating_add(stored_bytes(t)))
             .max()
             .unwrap_or(c.tensor_data_offset)
     }
@@ -255,9 +257,9 @@ impl GgufFile {
         if !elems.is_multiple_of(block) {
             return Err(ModelError::Gguf(format!("{name}: {elems} values are not whole blocks of {dtype:?}")));
         }
-        let len = elems / block * dtype.type_size();
+        // `open` checked that every tensor's bytes lie inside the file.
         let at = self.content.tensor_data_offset.saturating_add(info.offset);
-        let mut data = vec![0u8; len];
+        let mut data = vec![0u8; stored_bytes(info) as usize];
         self.reader
             .seek(SeekFrom::Start(at))
             .and_then(|_| self.reader.read_exact(&mut data))

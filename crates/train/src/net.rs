@@ -94,16 +94,8 @@ impl Base {
         let head = if tied { embed.clone() } else { t(head_name)? };
         let (v, hd) = head.dims2().map_err(|e| e.to_string())?;
         let head = if int8 && hd % QK == 0 {
-            // E^T with the vocabulary padded to whole blocks by zero columns.
-            let vp = v.next_multiple_of(QK);
             let e32 = head.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
-            let mut et = vec![0f32; hd * vp];
-            for (tok, row) in e32.chunks_exact(hd).enumerate() {
-                for (k, x) in row.iter().enumerate() {
-                    et[k * vp + tok] = *x;
-                }
-            }
-            let et = Q8Matrix::from_f32(&et, hd, vp).lanes_only();
+            let et = HeadInt8::transposed(&e32, v, hd);
             let e = tandem_model::matrix(f2, head_name, v, hd).map_err(|e| e.to_string())?.lanes_only();
             HeadWeights::Int8(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
         } else {

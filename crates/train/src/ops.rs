@@ -12,7 +12,7 @@
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
 use tandem_model::kernels::sgemm::{sgemm, Operand};
-use tandem_model::kernels::{self, Q8Acts, Weights};
+use tandem_model::kernels::{self, Q8Acts, Q8Matrix, Weights};
 
 /// Rows of the head processed at once: 64 x 49,152 f32 logits = 12 MB per chunk.
 const HEAD_CHUNK: usize = 64;
@@ -188,6 +188,19 @@ pub struct HeadInt8 {
 }
 
 impl HeadInt8 {
+    /// The backward's int8 copy of `E^T` from the head's f32 rows `e32` (V x H), the vocabulary
+    /// padded to whole blocks by zero columns.
+    pub fn transposed(e32: &[f32], v: usize, hd: usize) -> Q8Matrix {
+        let vp = v.next_multiple_of(kernels::QK);
+        let mut et = vec![0f32; hd * vp];
+        for (tok, row) in e32.chunks_exact(hd).enumerate() {
+            for (k, x) in row.iter().enumerate() {
+                et[k * vp + tok] = *x;
+            }
+        }
+        Q8Matrix::from_f32(&et, hd, vp).lanes_only()
+    }
+
     /// For rows `rows` of `h` (H wide): each row's logits turned in place into its softmax, and
     /// (logsumexp, entropy, logprob of the target) per row. The exponentials use the kernels'
     /// polynomial (a libm `expf` over 49,152 logits per row was ~4% of a step).
@@ -428,19 +441,11 @@ mod tests {
     /// for bit, and is what the backward used (the slot is emptied).
     #[test]
     fn int8_head_keeps_its_gradient_factor_exactly() {
-        use tandem_model::kernels::Q8Matrix;
         let (v, hd, n) = (70, 64, 67);
         let head = randn((v, hd), 8).flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let vp = v.next_multiple_of(kernels::QK);
-        let mut et = vec![0f32; hd * vp];
-        for (tok, row) in head.chunks_exact(hd).enumerate() {
-            for (k, x) in row.iter().enumerate() {
-                et[k * vp + tok] = *x;
-            }
-        }
         let int8 = HeadInt8 {
             e: Arc::new(Weights::Q8(Q8Matrix::from_f32(&head, v, hd))),
-            et: Arc::new(Weights::Q8(Q8Matrix::from_f32(&et, hd, vp))),
+            et: Arc::new(Weights::Q8(HeadInt8::transposed(&head, v, hd))),
         };
         let x = Var::from_tensor(&randn((n, hd), 9)).unwrap();
         let targets: Vec<u32> = (0..n).map(|i| (i * 11 % v) as u32).collect();

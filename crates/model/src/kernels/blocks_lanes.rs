@@ -119,10 +119,11 @@ impl BlockLanes {
                     }
                     if format == BlockFormat::Q6K {
                         for e in 0..4 {
-                            for (pair, [b4, b6, b0, b2]) in crumb_values(e).into_iter().enumerate() {
-                                let two = |v: usize| (vals[v] >> 4) & 3;
-                                p.q[dst + 256 + 64 * pair + 4 * lane + e] =
-                                    (two(b4) << 4) | (two(b6) << 6) | two(b0) | (two(b2) << 2);
+                            for (pair, values) in crumb_values(e).into_iter().enumerate() {
+                                p.q[dst + 256 + 64 * pair + 4 * lane + e] = values
+                                    .into_iter()
+                                    .zip(CRUMB_BITS)
+                                    .fold(0, |byte, (v, at)| byte | ((vals[v] >> 4) & 3) << at);
                             }
                         }
                     } else {
@@ -199,7 +200,7 @@ impl BlockLanes {
                 for e in 0..4 {
                     for (pair, values) in crumb_values(e).into_iter().enumerate() {
                         let byte = self.q[base + 256 + 64 * pair + 4 * lane + e];
-                        for (v, at) in values.into_iter().zip([4, 6, 0, 2]) {
+                        for (v, at) in values.into_iter().zip(CRUMB_BITS) {
                             q[v] |= ((byte >> at) & 3) << 4;
                         }
                     }
@@ -254,9 +255,12 @@ impl BlockLanes {
 
 /// Q6_K's two high bits of four values share a byte ("crumbs") rather than two bit planes: for
 /// byte `4*lane + e` of high-bit vector `pair` (0 or 1), the values whose bits sit at bits 4-5,
-/// 6-7, 0-1 and 2-3: the low and high half's value of step `2 pair`, then of step `2 pair + 1`.
+/// 6-7, 0-1 and 2-3 (`CRUMB_BITS`): the low and high half's value of step `2 pair`, then of
+/// step `2 pair + 1`.
 /// The kernel then moves a step's bits into place with one shift and mask per half, where the two
 /// planes took two each (Q6_K's unpacking was twice the integer work of the other formats').
+const CRUMB_BITS: [u32; 4] = [4, 6, 0, 2];
+
 fn crumb_values(e: usize) -> [[usize; 4]; 2] {
     let v = |step: usize, half: usize| 16 * half + 4 * step + e;
     [[v(0, 0), v(0, 1), v(1, 0), v(1, 1)], [v(2, 0), v(2, 1), v(3, 0), v(3, 1)]]
