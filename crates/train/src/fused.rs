@@ -9,8 +9,8 @@
 //! - RMS norm `y = x r w`, `r = (mean(x^2) + eps)^-1/2`: `dx = r w g - x r^3 sum(x w g) / n`
 //!   (the weight is frozen: no `dw`).
 //! - RoPE on adjacent pairs `(a, b) -> (a c - b s, a s + b c)`: the backward rotates `g` by `-theta`.
-//! - Causal attention per segment: one op over the row (`SegmentAttention`), its math in
-//!   `tandem_model::kernels::causal`.
+//! - Causal attention per span (a sequence, or a prefix tree's prefix or branch): one op over the
+//!   row (`SegmentAttention`), its math in `tandem_model::kernels::causal`.
 //! - `act(a) * u` with `act(a) = a sig(z(a))` (SiLU: `z = a`; GELU tanh: `z = 2 sqrt(2/pi) (a +
 //!   0.044715 a^3)`): `da = g u (sig + a sig (1 - sig) z')`, `du = g act(a)`.
 
@@ -205,7 +205,7 @@ fn as_cached(xs: &[f32]) -> Vec<f32> {
     out
 }
 
-/// Causal attention within each segment of a packed row, `(q (T, nh hd), k, v (T, nkv hd)) ->
+/// Causal attention within each span of a packed row (a branch also over its prefix), `(q (T, nh hd), k, v (T, nkv hd)) ->
 /// (T, nh hd)`, forward and backward in `tandem_model::kernels::causal` (heads read in place
 /// through strides, no (heads, s, s) tensors kept: the backward recomputes the probabilities).
 /// With `kv_as_cached`, keys and values are rounded to f16 first, as the server caches them.
@@ -213,7 +213,7 @@ fn as_cached(xs: &[f32]) -> Vec<f32> {
 pub struct SegmentAttention {
     /// Round keys and values as the server caches them (f16) before attending.
     pub kv_as_cached: bool,
-    pub segments: Arc<Vec<(usize, usize)>>,
+    pub spans: Arc<Vec<causal::Span>>,
     pub heads: causal::Heads,
 }
 
@@ -234,9 +234,9 @@ impl candle_core::CustomOp3 for SegmentAttention {
         let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let mut out = vec![0f32; q.len()];
         if self.kv_as_cached {
-            causal::forward(q, &as_cached(k), &as_cached(v), &mut out, &self.segments, self.heads);
+            causal::forward(q, &as_cached(k), &as_cached(v), &mut out, &self.spans, self.heads);
         } else {
-            causal::forward(q, k, v, &mut out, &self.segments, self.heads);
+            causal::forward(q, k, v, &mut out, &self.spans, self.heads);
         }
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
@@ -258,7 +258,7 @@ impl candle_core::CustomOp3 for SegmentAttention {
             tandem_model::kv::round_as_cached(&mut vv);
         }
         let (mut dq, mut dk, mut dv) = (vec![0f32; qv.len()], vec![0f32; kv.len()], vec![0f32; vv.len()]);
-        causal::backward(&qv, &kv, &vv, &gv, &mut dq, &mut dk, &mut dv, &self.segments, self.heads);
+        causal::backward(&qv, &kv, &vv, &gv, &mut dq, &mut dk, &mut dv, &self.spans, self.heads);
         Ok((Some(tensor(dq, q)?), Some(tensor(dk, k)?), Some(tensor(dv, v)?)))
     }
 }

@@ -236,15 +236,17 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
     if let Some(s) = c.embed_scale {
         x = x.affine(s as f64, 0.0)?;
     }
-    // Each segment's positions start at 0: the RoPE angles of every row token, once per row and
-    // table (Gemma's sliding layers have their own base).
+    // Each sequence's positions start at 0 (a branch's continue after its prefix): the RoPE
+    // angles of every row token, once per row and table (Gemma's sliding layers have their own
+    // base).
     let half = c.head_dim / 2;
+    let offsets: Vec<usize> = (0..row.segments.len()).map(|seg| row.offset(seg)).collect();
     let row_rope = |table: &RopeTable| {
         let (mut cos, mut sin) =
             (Vec::with_capacity(row.tokens.len() * half), Vec::with_capacity(row.tokens.len() * half));
-        for &(_, len) in &row.segments {
-            cos.extend_from_slice(&table.cos[..len * half]);
-            sin.extend_from_slice(&table.sin[..len * half]);
+        for (&(_, len), &o) in row.segments.iter().zip(&offsets) {
+            cos.extend_from_slice(&table.cos[o * half..(o + len) * half]);
+            sin.extend_from_slice(&table.sin[o * half..(o + len) * half]);
         }
         Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim }
     };
@@ -252,7 +254,7 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
     let rope_swa = base.rope_swa.as_ref().map(row_rope);
     let scale = lora.scale();
     let eps = c.rms_eps;
-    let segments = Arc::new(row.segments.clone());
+    let spans = Arc::new(row.spans());
     for (li, (layer, pairs)) in base.layers.iter().zip(&lora.pairs).enumerate() {
         let window = c.window(li);
         let rope = match (&rope_swa, window) {
@@ -262,7 +264,7 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
         let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
         let attention = SegmentAttention {
             kv_as_cached: base.kv_as_cached,
-            segments: segments.clone(),
+            spans: spans.clone(),
             heads: tandem_model::kernels::causal::Heads {
                 n_head: c.n_head,
                 n_kv_head: c.n_kv_head,
@@ -301,7 +303,7 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
         x = x.add(&d)?;
     }
     let h = rms_norm(&x, &base.out_norm, eps)?;
-    let from: Vec<u32> = row.targets.iter().map(|t| (t.pos - 1) as u32).collect();
+    let from: Vec<u32> = row.targets.iter().map(|t| row.source(t) as u32).collect();
     let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
     let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
     let entropy = Arc::new(Mutex::new(Vec::new()));

@@ -10,7 +10,7 @@
 use crate::adamw::AdamParams;
 use crate::held::{Held, Live};
 use crate::net::{forward, Base};
-use crate::pack::{Row, Target};
+use crate::pack::{lay_out, Target};
 use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
 use crate::trainer::{accumulate, check_memory, clip, ensure_finite_weights, failed, INIT_SEED};
 use crate::{adapter, LoraTrainer};
@@ -73,7 +73,10 @@ impl Session {
         self.grads.is_none()
     }
 
-    /// Runs `data` forward (and, with `backward`, adds its gradients to the pending ones).
+    /// Runs `data` forward (and, with `backward`, adds its gradients to the pending ones). The
+    /// datums are packed in rows of up to the trainer's part size (a longer datum is a row of
+    /// its own), datums that share a prefix (a group's prompt) as prefix trees: each datum's
+    /// logprobs and loss are what it gives alone.
     pub fn forward_backward(
         &mut self,
         trainer: &LoraTrainer,
@@ -81,29 +84,52 @@ impl Session {
         loss: TokenLoss,
         backward: bool,
     ) -> Result<Forwarded, TrainError> {
-        let rows: Vec<(Row, DatumInputs)> =
-            data.iter().enumerate().map(|(i, d)| self.row(i, d, loss)).collect::<Result<_, _>>()?;
-        check_memory(&self.base, rows.iter().map(|(r, _)| r))?;
+        let datums: Vec<(Vec<u32>, DatumInputs)> =
+            data.iter().enumerate().map(|(i, d)| self.datum(i, d, loss)).collect::<Result<_, _>>()?;
+        let seqs: Vec<&[u32]> = datums.iter().map(|(t, _)| t.as_slice()).collect();
+        let row_len = seqs.iter().map(|s| s.len()).max().unwrap_or(0).max(trainer.part_tokens);
+        let (mut rows, placements) = lay_out(&seqs, row_len, trainer.share_prefixes)
+            .map_err(|i| TrainError::Failed(format!("datum {i} does not fit a row")))?;
+        // Each datum's targets, one per position after the first, consecutive in its row.
+        let mut ranges = Vec::with_capacity(datums.len());
+        for p in &placements {
+            let row = &mut rows[p.row];
+            let first = row.targets.len();
+            row.targets.extend(p.index[1..].iter().map(|&pos| Target {
+                pos,
+                segment: p.segment,
+                old_lp: f64::NAN,
+                original_lp: f64::NAN,
+                ref_lp: f64::NAN,
+                advantage: 0.0,
+                weight: 1.0,
+            }));
+            ranges.push((p.row, first..row.targets.len()));
+        }
+        check_memory(&self.base, rows.iter())?;
         let base = &self.base;
         let Live { lora, .. } = self.held.live()?;
         let vars = lora.vars();
-        let (mut logprobs, mut total) = (Vec::with_capacity(rows.len()), 0.0);
-        for (row, inputs) in &rows {
+        let (mut logprobs, mut total) = (vec![Vec::new(); datums.len()], 0.0);
+        for (ri, row) in rows.iter().enumerate() {
             let pass = if backward { forward } else { crate::net::score };
             let out = trainer.on_training_threads(|| pass(base, lora, row)).map_err(failed)?;
             let lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
-            let new_lp: Vec<f64> = lp.iter().map(|x| f64::from(*x)).collect();
-            let l = datum_loss(loss, &new_lp, inputs);
-            total += l.loss;
+            let mut grad = vec![0f32; lp.len()];
+            for (d, (_, range)) in ranges.iter().enumerate().filter(|(_, (r, _))| *r == ri) {
+                let new_lp: Vec<f64> = lp[range.clone()].iter().map(|x| f64::from(*x)).collect();
+                let l = datum_loss(loss, &new_lp, &datums[d].1);
+                total += l.loss;
+                grad[range.clone()].iter_mut().zip(&l.grad).for_each(|(g, x)| *g = *x as f32);
+                logprobs[d] = lp[range.clone()].to_vec();
+            }
             if backward {
-                let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
-                let g = Tensor::from_vec(g, lp.len(), out.logprobs.device()).map_err(failed)?;
+                let g = Tensor::from_vec(grad, lp.len(), out.logprobs.device()).map_err(failed)?;
                 let grads = trainer
                     .on_training_threads(|| out.logprobs.mul(&g).and_then(|s| s.sum_all()).and_then(|s| s.backward()))
                     .map_err(failed)?;
                 accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
             }
-            logprobs.push(lp);
         }
         if !total.is_finite() {
             // Nothing of this call is kept: a NaN gradient would poison every later step.
@@ -209,8 +235,9 @@ impl Session {
         adapter::save(lora, &self.base, &self.base_id).map_err(TrainError::Failed)
     }
 
-    /// A datum as a row: its tokens and last target, one trained token per position.
-    fn row(&self, index: usize, d: &Datum, loss: TokenLoss) -> Result<(Row, DatumInputs), TrainError> {
+    /// A datum as a sequence: its tokens and last target (each position after the first is
+    /// trained), with its loss inputs.
+    fn datum(&self, index: usize, d: &Datum, loss: TokenLoss) -> Result<(Vec<u32>, DatumInputs), TrainError> {
         let bad = |e: String| TrainError::Invalid(format!("datum {index}: {e}"));
         let n = d.tokens.len();
         if n == 0 || d.targets.len() != n {
@@ -245,18 +272,7 @@ impl Session {
         check_inputs(loss, n, &inputs).map_err(bad)?;
         let mut tokens = d.tokens.clone();
         tokens.push(d.targets[n - 1]);
-        let targets = (1..=n)
-            .map(|pos| Target {
-                pos,
-                segment: 0,
-                old_lp: f64::NAN,
-                original_lp: f64::NAN,
-                ref_lp: f64::NAN,
-                advantage: 0.0,
-                weight: 1.0,
-            })
-            .collect();
-        Ok((Row { tokens, segments: vec![(0, n + 1)], targets, trajectories: 1 }, inputs))
+        Ok((tokens, inputs))
     }
 }
 
@@ -357,8 +373,10 @@ mod tests {
         };
         let (n1, w1) = run(vec![vec![a.clone()], vec![b.clone()]]);
         let (n2, w2) = run(vec![vec![a.clone(), b.clone()]]);
-        assert!((n1 - n2).abs() < 1e-9 * n1.max(1.0), "{n1} vs {n2}");
-        assert_eq!(w1, w2);
+        // One call packs both datums in one row: the same numbers up to summation order.
+        assert!((n1 - n2).abs() < 1e-6 * n1.max(1.0), "{n1} vs {n2}");
+        let d = w1.iter().zip(&w2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-5, "weights differ by {d}");
 
         // The sampler's logprobs equal the learner's: ratio 1, d/dlp(-r A) = -A, as CE with w = A.
         let mut s = Session::create(&t, "tiny", 4, 32.0, Some(7)).unwrap();
@@ -369,6 +387,54 @@ mod tests {
         let n3 = s.optim_step(&t, step()).unwrap();
         let (n4, _) = run(vec![vec![a.clone()]]);
         assert!((n3 - n4).abs() < 1e-5 * n4, "{n3} vs {n4}");
+    }
+
+    /// A GRPO group's datums share their prompt: laid out as a prefix tree (also over several
+    /// rows), each datum's logprobs, the loss and the step are what the datums give alone.
+    #[test]
+    fn datums_sharing_a_prompt_train_as_they_do_alone() {
+        let prompt: Vec<u32> = (10..24).collect();
+        let group: Vec<Datum> = [vec![30, 31, 32], vec![40], vec![50, 51], vec![30, 31, 60]]
+            .iter()
+            .enumerate()
+            .map(|(k, completion)| {
+                let tokens: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+                let n = tokens.len();
+                // Advantages on the completion's targets only, as the cookbook builds them.
+                let adv: Vec<f64> =
+                    (0..n).map(|i| if i + 1 >= prompt.len() { 0.5 - 0.3 * k as f64 } else { 0.0 }).collect();
+                let mut d = datum(&tokens, 70 + k as u32, "advantages", adv);
+                d.inputs.insert("logprobs".into(), (0..n).map(|i| -1.0 - 0.01 * i as f64).collect());
+                d
+            })
+            .collect();
+        for part in [512, 24] {
+            let run = |share: bool| {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("tiny.gguf");
+                tandem_model::testing::write_tiny_arch_gguf(&path, tandem_model::Arch::Qwen2);
+                // f32 products: the int8 ones round a shared prefix's summed gradient once
+                // (tests/tiny.rs measures that).
+                let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path, tokenizer: Arc::new(IdsOnly) }])
+                    .with_part_tokens(part)
+                    .with_prefix_sharing(share)
+                    .with_exact_base(true);
+                let mut s = Session::create(&t, "tiny", 4, 32.0, Some(3)).unwrap();
+                let f = s.forward_backward(&t, &group, TokenLoss::ImportanceSampling, true).unwrap();
+                let norm = s.optim_step(&t, step()).unwrap();
+                (f, norm, weights(&mut s))
+            };
+            let ((tree, n_tree, w_tree), (flat, n_flat, w_flat)) = (run(true), run(false));
+            // The loss sums terms of both signs (advantages +0.5 to -0.4): compare it absolutely.
+            assert!((tree.loss - flat.loss).abs() < 1e-4, "{} vs {}", tree.loss, flat.loss);
+            assert!((n_tree - n_flat).abs() < 1e-5 * n_flat, "{n_tree} vs {n_flat}");
+            for (a, b) in tree.logprobs.iter().flatten().zip(flat.logprobs.iter().flatten()) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+            assert_eq!(tree.logprobs.iter().map(Vec::len).collect::<Vec<_>>(), vec![17, 15, 16, 17]);
+            let d = w_tree.iter().zip(&w_flat).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d < 2e-4, "part {part}: weights differ by {d}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::adapter;
 use crate::held::{Held, Live};
 use crate::loss::sft_loss_part;
 use crate::net::{forward, Base, Lora};
-use crate::pack::{split, Row, Target};
+use crate::pack::{lay_out, split, Row, Target};
 use crate::trainer::{
     accumulate, check_memory, clip, ensure_finite, ensure_finite_weights, failed, LoraTrainer, BETAS, INIT_SEED,
 };
@@ -25,18 +25,19 @@ use tandem_jobs::{TrainError, TrainJob, TrainOutput, TrainSink};
 
 const SFT_MAX_GRAD_NORM: f64 = 1.0;
 
-/// One batch as a row of segments, every trained token a target.
-fn batch_row(seqs: &[Sequence], conversations: usize) -> Row {
-    let mut row = Row { trajectories: conversations, ..Row::default() };
-    for (segment, s) in seqs.iter().enumerate() {
-        let start = row.tokens.len();
-        row.segments.push((start, s.tokens.len()));
-        row.tokens.extend_from_slice(&s.tokens);
+/// One batch as one row, every trained token a target; conversations that share a prefix (a
+/// system prompt, a history) share it as a prefix tree when `share`.
+fn batch_row(seqs: &[Sequence], conversations: usize, share: bool) -> Row {
+    let tokens: Vec<&[u32]> = seqs.iter().map(|s| s.tokens.as_slice()).collect();
+    let (rows, placements) = lay_out(&tokens, usize::MAX, share).expect("no length bound");
+    let mut row = rows.into_iter().next().unwrap_or_default();
+    row.trajectories = conversations;
+    for (s, p) in seqs.iter().zip(&placements) {
         // Position 0 has nothing to be predicted from.
         for (i, _) in s.trained.iter().enumerate().skip(1).filter(|(_, t)| **t) {
             row.targets.push(Target {
-                pos: start + i,
-                segment,
+                pos: p.index[i],
+                segment: p.segment,
                 old_lp: f64::NAN,
                 original_lp: f64::NAN,
                 ref_lp: f64::NAN,
@@ -58,7 +59,7 @@ pub(crate) fn train_sft(
     let (base, tb) = trainer.base(&job.model.base_model)?;
     let (batches, dropped) =
         sft_batches(rows, config, tb.tokenizer.as_ref(), base.config.context_len).map_err(TrainError::Invalid)?;
-    let batches: Vec<Row> = batches.iter().map(|b| batch_row(b, b.len())).collect();
+    let batches: Vec<Row> = batches.iter().map(|b| batch_row(b, b.len(), trainer.share_prefixes)).collect();
     let rates: Vec<f64> =
         (0..batches.len()).map(|i| config.learning_rate.at(i)).collect::<Option<_>>().ok_or_else(|| {
             TrainError::Invalid(format!("learning_rate lists fewer rates than the {} batches", batches.len()))

@@ -49,6 +49,13 @@ pub struct LoraTrainer {
     bases: Vec<TrainBase>,
     loaded: Mutex<BTreeMap<String, Arc<Base>>>,
     pub(crate) part_tokens: usize,
+    /// Lay sequences that share a prefix out as prefix trees ([`crate::pack::lay_out`]); off
+    /// only to measure and test against the unshared rows.
+    pub(crate) share_prefixes: bool,
+    /// Load bases with f32 products everywhere ([`Base::load_exact`]): for tests that compare
+    /// two computations to float precision (the int8 products round each call's activations
+    /// and gradients, so sums taken in another order differ by their rounding).
+    exact: bool,
     pool: rayon::ThreadPool,
 }
 
@@ -80,7 +87,14 @@ fn lower_priority() {}
 
 impl LoraTrainer {
     pub fn new(bases: Vec<TrainBase>) -> Self {
-        LoraTrainer { bases, loaded: Mutex::new(BTreeMap::new()), part_tokens: PART_TOKENS, pool: training_pool() }
+        LoraTrainer {
+            bases,
+            loaded: Mutex::new(BTreeMap::new()),
+            part_tokens: PART_TOKENS,
+            share_prefixes: true,
+            exact: false,
+            pool: training_pool(),
+        }
     }
 
     /// Runs `f` on the trainer's low-priority threads.
@@ -94,6 +108,18 @@ impl LoraTrainer {
         self
     }
 
+    /// Trains shared prefixes once (the default) or once per sequence.
+    pub fn with_prefix_sharing(mut self, share: bool) -> Self {
+        self.share_prefixes = share;
+        self
+    }
+
+    /// Trains on f32 products everywhere (slower; exact gradients).
+    pub fn with_exact_base(mut self, exact: bool) -> Self {
+        self.exact = exact;
+        self
+    }
+
     pub(crate) fn base(&self, id: &str) -> Result<(Arc<Base>, &TrainBase), TrainError> {
         let tb = self
             .bases
@@ -104,7 +130,8 @@ impl LoraTrainer {
         if let Some(b) = loaded.get(id) {
             return Ok((b.clone(), tb));
         }
-        let b = Arc::new(Base::load(&tb.path).map_err(|e| TrainError::Failed(format!("loading the base model: {e}")))?);
+        let load = if self.exact { Base::load_exact } else { Base::load };
+        let b = Arc::new(load(&tb.path).map_err(|e| TrainError::Failed(format!("loading the base model: {e}")))?);
         loaded.insert(id.to_string(), b.clone());
         Ok((b, tb))
     }
@@ -232,7 +259,7 @@ pub(crate) fn check_memory<'a>(base: &Base, parts: impl Iterator<Item = &'a Row>
         return Ok(());
     };
     if need > available {
-        let longest = part.segments.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let longest = (0..part.segments.len()).map(|s| part.offset(s) + part.segments[s].1).max().unwrap_or(0);
         let gb = |b: u64| b as f64 / (1u64 << 30) as f64;
         return Err(TrainError::Invalid(format!(
             "training this job needs about {:.1} GiB at once (a part of {} tokens, its longest sequence {} tokens) and {:.1} GiB are available; send shorter sequences",
@@ -382,6 +409,8 @@ impl StepTotals {
             ("clip_fraction".to_string(), (self.clip_low + self.clip_high) / n),
             ("mean_ratio".to_string(), if trained == 0 { 1.0 } else { self.ratio / n }),
             ("tokens_per_second".to_string(), self.tokens as f64 / secs.max(1e-9)),
+            // Tokens the step's forward ran (a shared prefix once per part).
+            ("num_forward_tokens".to_string(), self.tokens as f64),
             ("step_seconds".to_string(), secs),
         ]);
         if self.behaviour_kl.1 > 0 {
@@ -428,7 +457,7 @@ impl LoraTrainer {
         }
         let longest = trajs.iter().flat_map(|t| t.sequences.iter().map(|s| s.tokens.len())).max().unwrap_or(0);
         let row_len = row_length(longest, config.packed_sequence_length, base.config.context_len);
-        let rows = pack(&trajs, row_len, config.advantage_balance).map_err(TrainError::Invalid)?;
+        let rows = pack(&trajs, row_len, config.advantage_balance, self.share_prefixes).map_err(TrainError::Invalid)?;
         let lora = match &job.base_checkpoint {
             Some(dir) => adapter::load(dir, &base, INIT_SEED).map_err(TrainError::Failed)?,
             None => adapter::init(&base, INIT_SEED).map_err(failed)?,
