@@ -1,13 +1,16 @@
 //! The trainer: ART trajectory groups (RL) or conversations (SFT) in, a LoRA checkpoint out.
 //!
 //! - [`advantage`]: group-relative advantages and token weights (pure).
-//! - [`pack`]: trajectory sequences into rows, one optimizer step each (pure).
+//! - [`pack`]: trajectory sequences into rows, one optimizer step each, sequences that share a
+//!   prefix as prefix trees, and rows into parts of bounded size (pure).
 //! - [`loss`]: the PPO / CISPO policy loss and its gradient per token (pure).
 //! - [`token_loss`]: Tinker's built-in losses per datum (cross-entropy, importance sampling, PPO,
 //!   CISPO), summed over tokens, on `loss`'s per-token terms (pure).
 //! - [`ops`]: candle custom ops with written backward passes (LoRA over a frozen weight, fused head).
 //! - [`fused`]: RMS norm, RoPE, causal softmax and SiLU-mul as single ops with written backward.
 //! - [`net`]: the Llama forward pass with LoRA on candle autograd.
+//! - [`tree`]: forward and backward over a row's parts, a tree cut into parts running its prefix
+//!   once.
 //! - [`adapter`]: PEFT adapter files (init, load, save).
 //! - [`adamw`]: AdamW whose moments can be written out and read back.
 //! - [`held`]: a run's adapter and optimizer between steps, in memory or parked in a file.
@@ -35,6 +38,7 @@ pub mod sft;
 pub mod tinker;
 pub mod token_loss;
 pub mod trainer;
+pub mod tree;
 
 pub use trainer::{LoraTrainer, TrainBase};
 

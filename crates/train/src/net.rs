@@ -207,44 +207,78 @@ pub struct RowOutput {
     pub entropy: Vec<f32>,
 }
 
+/// A tree's prefix as its branches read it, computed once for several parts: every layer's
+/// keys (after RoPE) and values of the prefix rows, and the final hidden state of its last row
+/// (which predicts each branch's first token). [`forward_prefix`] captures it;
+/// [`forward_branches`] reads it as rows `0..p` of its part.
+pub struct Prefix {
+    pub kv: Vec<(Tensor, Tensor)>,
+    pub last: Tensor,
+}
+
 /// The forward pass over a packed row, for a backward pass to follow.
 pub fn forward(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
-    forward_pass(base, lora, row, true)
+    forward_pass(base, lora, row, true, None, false).map(|(out, _)| out)
 }
 
 /// The forward pass over a packed row when only its logprobs are wanted (reference and
 /// learner logprobs, Tinker's `forward`): the head skips what only a backward would use.
 pub fn score(base: &Base, lora: &Lora, row: &Row) -> Res<RowOutput> {
-    forward_pass(base, lora, row, false)
+    forward_pass(base, lora, row, false, None, false).map(|(out, _)| out)
 }
 
-fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutput> {
+/// The forward pass over a row that is one tree's prefix (one span), also giving what its
+/// branches read ([`Prefix`], in the graph); `grad`: a backward pass follows.
+pub fn forward_prefix(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<(RowOutput, Prefix)> {
+    let (out, prefix) = forward_pass(base, lora, row, grad, None, true)?;
+    Ok((out, prefix.expect("captured")))
+}
+
+/// The forward pass over a part whose span 0 is a tree's prefix, computed before: rows `0..p`
+/// come from `prefix` (leaf variables, so the backward gives their gradients) and only the
+/// branches run. Its targets must all lie in the branches; `grad`: a backward pass follows.
+pub fn forward_branches(base: &Base, lora: &Lora, row: &Row, prefix: &Prefix, grad: bool) -> Res<RowOutput> {
+    forward_pass(base, lora, row, grad, Some(prefix), false).map(|(out, _)| out)
+}
+
+fn forward_pass(
+    base: &Base,
+    lora: &Lora,
+    row: &Row,
+    grad: bool,
+    given: Option<&Prefix>,
+    capture: bool,
+) -> Res<(RowOutput, Option<Prefix>)> {
     let c = &base.config;
     let dev = Device::Cpu;
-    let ids = Tensor::from_slice(&row.tokens, row.tokens.len(), &dev)?;
+    // With a given prefix, the rows before `p` are not computed here.
+    let p = if given.is_some() { row.segments[0].1 } else { 0 };
+    let tokens = &row.tokens[p..];
+    let ids = Tensor::from_slice(tokens, tokens.len(), &dev)?;
     let mut x = match &base.embed {
         Embedding::F32(e) => e.index_select(&ids, 0)?,
         Embedding::Quantized(e) => {
             let h = e.cols();
-            let mut rows = vec![0f32; row.tokens.len() * h];
-            for (out, &t) in rows.chunks_exact_mut(h).zip(&row.tokens) {
+            let mut rows = vec![0f32; tokens.len() * h];
+            for (out, &t) in rows.chunks_exact_mut(h).zip(tokens) {
                 e.dequantize_row(t as usize, out);
             }
-            Tensor::from_vec(rows, (row.tokens.len(), h), &dev)?
+            Tensor::from_vec(rows, (tokens.len(), h), &dev)?
         }
     };
     if let Some(s) = c.embed_scale {
         x = x.affine(s as f64, 0.0)?;
     }
     // Each sequence's positions start at 0 (a branch's continue after its prefix): the RoPE
-    // angles of every row token, once per row and table (Gemma's sliding layers have their own
-    // base).
+    // angles of every computed row, once per row and table (Gemma's sliding layers have their
+    // own base).
     let half = c.head_dim / 2;
-    let offsets: Vec<usize> = (0..row.segments.len()).map(|seg| row.offset(seg)).collect();
+    let computed: Vec<usize> = (0..row.segments.len()).filter(|&seg| row.segments[seg].0 >= p).collect();
+    let offsets: Vec<usize> = computed.iter().map(|&seg| row.offset(seg)).collect();
     let row_rope = |table: &RopeTable| {
-        let (mut cos, mut sin) =
-            (Vec::with_capacity(row.tokens.len() * half), Vec::with_capacity(row.tokens.len() * half));
-        for (&(_, len), &o) in row.segments.iter().zip(&offsets) {
+        let (mut cos, mut sin) = (Vec::with_capacity(tokens.len() * half), Vec::with_capacity(tokens.len() * half));
+        for (&seg, &o) in computed.iter().zip(&offsets) {
+            let len = row.segments[seg].1;
             cos.extend_from_slice(&table.cos[o * half..(o + len) * half]);
             sin.extend_from_slice(&table.sin[o * half..(o + len) * half]);
         }
@@ -254,7 +288,10 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
     let rope_swa = base.rope_swa.as_ref().map(row_rope);
     let scale = lora.scale();
     let eps = c.rms_eps;
-    let spans = Arc::new(row.spans());
+    // Attention runs over all the row's rows (a given prefix's as keys only: its query rows are
+    // zeros no span reads).
+    let spans = Arc::new(row.spans().into_iter().filter(|s| s.start >= p).collect::<Vec<_>>());
+    let mut captured = Vec::new();
     for (li, (layer, pairs)) in base.layers.iter().zip(&lora.pairs).enumerate() {
         let window = c.window(li);
         let rope = match (&rope_swa, window) {
@@ -286,7 +323,19 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
             // The norm's weight is one head long: the op normalises each head on its own.
             (q, k) = (rms_norm(&q, qn, eps)?, rms_norm(&k, kn, eps)?);
         }
-        let att = rotate(q)?.apply_op3(&rotate(k)?, &v.contiguous()?, attention)?;
+        let (q, k, v) = (rotate(q)?, rotate(k)?, v.contiguous()?);
+        if capture {
+            captured.push((k.clone(), v.clone()));
+        }
+        let att = match given {
+            Some(prefix) => {
+                let (pk, pv) = &prefix.kv[li];
+                let q = Tensor::cat(&[&Tensor::zeros((p, q.dim(1)?), DType::F32, &dev)?, &q], 0)?;
+                let (k, v) = (Tensor::cat(&[pk, &k], 0)?, Tensor::cat(&[pv, &v], 0)?);
+                q.apply_op3(&k, &v, attention)?.narrow(0, p, tokens.len())?
+            }
+            None => q.apply_op3(&k, &v, attention)?,
+        };
         let mut o = linear(&att, &layer.w[3], &pairs[3], scale)?;
         if let Some((post, _)) = &layer.post_norms {
             o = rms_norm(&o, post, eps)?;
@@ -302,8 +351,25 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
         }
         x = x.add(&d)?;
     }
-    let h = rms_norm(&x, &base.out_norm, eps)?;
-    let from: Vec<u32> = row.targets.iter().map(|t| row.source(t) as u32).collect();
+    let mut h = rms_norm(&x, &base.out_norm, eps)?;
+    let captured = if capture {
+        let last = h.narrow(0, tokens.len() - 1, 1)?;
+        Some(Prefix { kv: captured, last })
+    } else {
+        None
+    };
+    // Row index i of the part is row i - p of `h`; with a given prefix, its last row is put
+    // before them (every target is in a branch, so none reads further back).
+    let mut first = p;
+    if let Some(prefix) = given {
+        h = Tensor::cat(&[&prefix.last, &h], 0)?;
+        first = p - 1;
+    }
+    if row.targets.is_empty() {
+        let none = Tensor::zeros(0, DType::F32, &dev)?;
+        return Ok((RowOutput { logprobs: none, entropy: Vec::new() }, captured));
+    }
+    let from: Vec<u32> = row.targets.iter().map(|t| (row.source(t) - first) as u32).collect();
     let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
     let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
     let entropy = Arc::new(Mutex::new(Vec::new()));
@@ -311,5 +377,5 @@ fn forward_pass(base: &Base, lora: &Lora, row: &Row, grad: bool) -> Res<RowOutpu
     let head = HeadLogprob { head: base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
     let logprobs = rows.contiguous()?.apply_op1(head)?;
     let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
-    Ok(RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy })
+    Ok((RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy }, captured))
 }

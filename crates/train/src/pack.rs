@@ -52,6 +52,9 @@ pub struct Row {
     pub parents: Vec<Option<usize>>,
     pub targets: Vec<Target>,
     pub trajectories: usize,
+    /// Set on the parts [`split`] cuts one tree into (the same value on each, consecutive):
+    /// their span 0 is the tree's prefix, computed once for all of them ([`crate::tree`]).
+    pub shared_prefix: Option<usize>,
 }
 
 impl Row {
@@ -270,9 +273,9 @@ pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64, share: bool
 }
 
 /// Splits a row into parts of whole trees with at most `max_tokens` tokens each (a longer
-/// sequence is a part of its own; a larger tree is split into trees of the same prefix with
-/// fewer branches, the prefix computed once per part), spans and positions renumbered within
-/// each part. The trainer runs forward and backward part by part and accumulates the
+/// sequence is a part of its own; a larger tree is cut into parts of its prefix and some of its
+/// branches, marked [`Row::shared_prefix`] so that the prefix runs once for all of them), spans
+/// and positions renumbered within each part. The trainer runs forward and backward part by part and accumulates the
 /// gradients, so memory is bounded by the part, not the row.
 pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
     let n = row.segments.len();
@@ -295,12 +298,18 @@ pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
             }
             chunks.last_mut().expect("a chunk").push(b);
         }
+        let whole = chunks.len() == 1;
         for chunk in chunks {
             let size = len(root) + chunk.iter().map(|&c| len(c)).sum::<usize>();
-            if !current.tokens.is_empty() && current.tokens.len() + size > max_tokens {
+            if !current.tokens.is_empty() && (!whole || current.tokens.len() + size > max_tokens) {
                 parts.push(std::mem::replace(&mut current, Row { trajectories: row.trajectories, ..Row::default() }));
             }
             add_tree(&mut current, row, root, &chunk);
+            if !whole {
+                // A chunk of a tree is a part of its own, marked so the prefix runs once.
+                current.shared_prefix = Some(root);
+                parts.push(std::mem::replace(&mut current, Row { trajectories: row.trajectories, ..Row::default() }));
+            }
         }
     }
     if !current.tokens.is_empty() {
@@ -501,13 +510,14 @@ mod tests {
             }
         }
         let parts = split(row, 20);
-        // The prefix with two branches (19 tokens); the prefix again with the third, and the
-        // lone sequence.
+        // The prefix with two branches (19 tokens); the prefix again with the third; the lone
+        // sequence.
         assert_eq!(
             parts.iter().map(|p| p.segments.clone()).collect::<Vec<_>>(),
-            vec![vec![(0, 10), (10, 5), (15, 4)], vec![(0, 10), (10, 4), (14, 5)]]
+            vec![vec![(0, 10), (10, 5), (15, 4)], vec![(0, 10), (10, 4)], vec![(0, 5)]]
         );
-        assert_eq!(parts[1].parents, vec![None, Some(0), None]);
+        assert_eq!(parts[1].parents, vec![None, Some(0)]);
+        assert_eq!(parts.iter().map(|p| p.shared_prefix).collect::<Vec<_>>(), vec![Some(0), Some(0), None]);
         // Each sequence's targets are in one part, reading the same tokens from the same
         // sources as in the row.
         let n: usize = parts.iter().map(|p| p.targets.len()).sum();

@@ -9,13 +9,13 @@
 
 use crate::adamw::AdamParams;
 use crate::held::{Held, Live};
-use crate::net::{forward, Base};
-use crate::pack::{lay_out, Target};
+use crate::net::Base;
+use crate::pack::{lay_out, split, Target};
 use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
 use crate::trainer::{accumulate, check_memory, clip, ensure_finite_weights, failed, INIT_SEED};
+use crate::tree::run_parts;
 use crate::{adapter, LoraTrainer};
 use candle_core::backprop::GradStore;
-use candle_core::Tensor;
 use std::sync::Arc;
 use tandem_core::tinker::Datum;
 use tandem_jobs::TrainError;
@@ -74,9 +74,9 @@ impl Session {
     }
 
     /// Runs `data` forward (and, with `backward`, adds its gradients to the pending ones). The
-    /// datums are packed in rows of up to the trainer's part size (a longer datum is a row of
-    /// its own), datums that share a prefix (a group's prompt) as prefix trees: each datum's
-    /// logprobs and loss are what it gives alone.
+    /// datums are laid out as one row, those that share a prefix (a group's prompt) as prefix
+    /// trees, and run in parts of up to the trainer's part size (a longer datum is a part of its
+    /// own; a tree's prefix runs once): each datum's logprobs and loss are what it gives alone.
     pub fn forward_backward(
         &mut self,
         trainer: &LoraTrainer,
@@ -87,14 +87,12 @@ impl Session {
         let datums: Vec<(Vec<u32>, DatumInputs)> =
             data.iter().enumerate().map(|(i, d)| self.datum(i, d, loss)).collect::<Result<_, _>>()?;
         let seqs: Vec<&[u32]> = datums.iter().map(|(t, _)| t.as_slice()).collect();
-        let row_len = seqs.iter().map(|s| s.len()).max().unwrap_or(0).max(trainer.part_tokens);
-        let (mut rows, placements) = lay_out(&seqs, row_len, trainer.share_prefixes)
+        let (rows, placements) = lay_out(&seqs, usize::MAX, trainer.share_prefixes)
             .map_err(|i| TrainError::Failed(format!("datum {i} does not fit a row")))?;
-        // Each datum's targets, one per position after the first, consecutive in its row.
-        let mut ranges = Vec::with_capacity(datums.len());
+        let mut row = rows.into_iter().next().unwrap_or_default();
+        // Each datum's targets, one per position after the first, its own segment: parts keep
+        // a segment's targets together and in order, so a part's targets are whole datums.
         for p in &placements {
-            let row = &mut rows[p.row];
-            let first = row.targets.len();
             row.targets.extend(p.index[1..].iter().map(|&pos| Target {
                 pos,
                 segment: p.segment,
@@ -104,32 +102,45 @@ impl Session {
                 advantage: 0.0,
                 weight: 1.0,
             }));
-            ranges.push((p.row, first..row.targets.len()));
         }
-        check_memory(&self.base, rows.iter())?;
+        let parts = split(&row, trainer.part_tokens);
+        check_memory(&self.base, parts.iter())?;
+        // Parts hold whole datums, in order: the datums of each part and their target ranges.
+        let mut owned: Vec<Vec<(usize, std::ops::Range<usize>)>> = Vec::with_capacity(parts.len());
+        let mut d = 0;
+        for part in &parts {
+            let (mut list, mut at) = (Vec::new(), 0);
+            while at < part.targets.len() {
+                let n = datums[d].0.len() - 1;
+                list.push((d, at..at + n));
+                (at, d) = (at + n, d + 1);
+            }
+            owned.push(list);
+        }
         let base = &self.base;
         let Live { lora, .. } = self.held.live()?;
-        let vars = lora.vars();
+        let mut grads = GradStore::default();
+        let mut datum_losses = |k: usize, lps: &[f32]| {
+            let mut g = vec![0.0; lps.len()];
+            let mut each = Vec::with_capacity(owned[k].len());
+            for (d, range) in &owned[k] {
+                let new_lp: Vec<f64> = lps[range.clone()].iter().map(|x| f64::from(*x)).collect();
+                let l = datum_loss(loss, &new_lp, &datums[*d].1);
+                g[range.clone()].copy_from_slice(&l.grad);
+                each.push((*d, l.loss, lps[range.clone()].to_vec()));
+            }
+            Ok((g, each))
+        };
+        let results =
+            trainer.on_training_threads(|| run_parts(base, lora, &parts, backward, &mut grads, &mut datum_losses))?;
         let (mut logprobs, mut total) = (vec![Vec::new(); datums.len()], 0.0);
-        for (ri, row) in rows.iter().enumerate() {
-            let pass = if backward { forward } else { crate::net::score };
-            let out = trainer.on_training_threads(|| pass(base, lora, row)).map_err(failed)?;
-            let lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
-            let mut grad = vec![0f32; lp.len()];
-            for (d, (_, range)) in ranges.iter().enumerate().filter(|(_, (r, _))| *r == ri) {
-                let new_lp: Vec<f64> = lp[range.clone()].iter().map(|x| f64::from(*x)).collect();
-                let l = datum_loss(loss, &new_lp, &datums[d].1);
-                total += l.loss;
-                grad[range.clone()].iter_mut().zip(&l.grad).for_each(|(g, x)| *g = *x as f32);
-                logprobs[d] = lp[range.clone()].to_vec();
-            }
-            if backward {
-                let g = Tensor::from_vec(grad, lp.len(), out.logprobs.device()).map_err(failed)?;
-                let grads = trainer
-                    .on_training_threads(|| out.logprobs.mul(&g).and_then(|s| s.sum_all()).and_then(|s| s.backward()))
-                    .map_err(failed)?;
-                accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
-            }
+        for (d, l, lp) in results.into_iter().flat_map(|r| r.extra) {
+            total += l;
+            logprobs[d] = lp;
+        }
+        if backward {
+            let vars = lora.vars();
+            accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
         }
         if !total.is_finite() {
             // Nothing of this call is kept: a NaN gradient would poison every later step.

@@ -10,12 +10,10 @@ use crate::adamw::AdamParams;
 use crate::adapter;
 use crate::held::{Held, Live};
 use crate::loss::sft_loss_part;
-use crate::net::{forward, Base, Lora};
 use crate::pack::{lay_out, split, Row, Target};
-use crate::trainer::{
-    accumulate, check_memory, clip, ensure_finite, ensure_finite_weights, failed, LoraTrainer, BETAS, INIT_SEED,
-};
-use candle_core::{backprop::GradStore, Tensor};
+use crate::trainer::{check_memory, clip, ensure_finite, ensure_finite_weights, failed, LoraTrainer, BETAS, INIT_SEED};
+use crate::tree::run_parts;
+use candle_core::backprop::GradStore;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -95,13 +93,16 @@ pub(crate) fn train_sft(
         let vars = lora.vars();
         let started = Instant::now();
         let n = row.targets.len();
-        let mut loss = 0.0;
         let mut grads = GradStore::default();
-        for part in parts {
-            let (l, part_grads) = trainer.on_training_threads(|| part_step(&base, lora, part, n))?;
-            loss += l;
-            accumulate(&mut grads, &part_grads, &vars)?;
-        }
+        // Each part's share of the batch's mean cross-entropy.
+        let mut part_loss = |_: usize, lps: &[f32]| {
+            let lp: Vec<f64> = lps.iter().map(|x| f64::from(*x)).collect();
+            let (loss, grad) = sft_loss_part(&lp, n);
+            Ok((grad, loss))
+        };
+        let results =
+            trainer.on_training_threads(|| run_parts(&base, lora, parts, true, &mut grads, &mut part_loss))?;
+        let loss: f64 = results.iter().map(|r| r.extra).sum();
         let grad_norm = trainer.on_training_threads(|| clip(&mut grads, &vars, SFT_MAX_GRAD_NORM)).map_err(failed)?;
         ensure_finite(step, &[("the loss", loss), ("the gradient norm", grad_norm)])?;
         opt.set_learning_rate(*lr);
@@ -127,15 +128,4 @@ pub(crate) fn train_sft(
     let files = adapter::save(lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
     summary.insert("sft/num_gradient_steps".into(), batches.len() as f64);
     Ok(TrainOutput { files, metrics: summary })
-}
-
-/// One part's forward, its share of the batch loss, and its gradients.
-fn part_step(base: &Base, lora: &Lora, part: &Row, batch_tokens: usize) -> Result<(f64, GradStore), TrainError> {
-    let out = forward(base, lora, part).map_err(failed)?;
-    let lp: Vec<f64> = out.logprobs.to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect();
-    let (loss, grad) = sft_loss_part(&lp, batch_tokens);
-    let g: Vec<f32> = grad.iter().map(|x| *x as f32).collect();
-    let g = Tensor::from_vec(g, lp.len(), out.logprobs.device()).map_err(failed)?;
-    let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
-    Ok((loss, surrogate.backward().map_err(failed)?))
 }

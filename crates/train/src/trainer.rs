@@ -10,10 +10,11 @@ use crate::adamw::AdamParams;
 use crate::advantage::group_advantages;
 use crate::held::{Held, Live};
 use crate::loss::{behaviour_kl, kl_mean, policy_loss_part, LossConfig, LossOutput, TokenInput};
-use crate::net::{forward, Base, Lora};
+use crate::net::{Base, Lora};
 use crate::pack::{mem_available, pack, part_memory_bytes, row_length, split, Row, TrajectoryInput};
+use crate::tree::{run_parts, PartResult};
 use crate::{adapter, TrainTokenizer};
-use candle_core::{backprop::GradStore, Tensor};
+use candle_core::backprop::GradStore;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -289,33 +290,10 @@ fn token_inputs(part: &Row, new_lp: &[f32]) -> Vec<TokenInput> {
         .collect()
 }
 
-/// One part's forward, loss share and backward: (loss, entropies, gradients, the KL penalty's
-/// row mean, the behaviour KL sum). `row_kl` is the row's mean KL term when the row has
-/// several parts; a row of one part computes it here, from this forward.
-fn part_gradients(
-    base: &Base,
-    lora: &Lora,
-    part: &Row,
-    cfg: &LossConfig,
-    row_targets: usize,
-    row_kl: Option<f64>,
-) -> Result<PartOutput, TrainError> {
-    let out = forward(base, lora, part).map_err(failed)?;
-    let new_lp: Vec<f32> = out.logprobs.to_vec1().map_err(failed)?;
-    let inputs = token_inputs(part, &new_lp);
-    let kl = cfg.kl.map(|(_, source)| row_kl.unwrap_or_else(|| kl_mean(&inputs, source)));
-    let l = policy_loss_part(&inputs, cfg, row_targets, kl.unwrap_or(0.0));
-    let g: Vec<f32> = l.grad.iter().map(|g| *g as f32).collect();
-    let g = Tensor::from_vec(g, new_lp.len(), out.logprobs.device()).map_err(failed)?;
-    let surrogate = out.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?;
-    let grads = surrogate.backward().map_err(failed)?;
-    Ok(PartOutput { loss: l, entropy: out.entropy, grads, kl, behaviour_kl: behaviour_kl(&inputs) })
-}
-
-struct PartOutput {
+/// What a part's loss gave, beside its gradient.
+struct PartLoss {
     loss: LossOutput,
-    entropy: Vec<f32>,
-    grads: GradStore,
+    /// The KL penalty's row mean used.
     kl: Option<f64>,
     /// Sum and count of the k3 estimate of KL(sampler || learner) over tokens with logprobs.
     behaviour_kl: (f64, usize),
@@ -381,8 +359,9 @@ struct StepTotals {
 }
 
 impl StepTotals {
-    fn add(&mut self, p: &PartOutput, tokens: usize) {
-        let (l, entropy) = (&p.loss, &p.entropy);
+    fn add(&mut self, r: &PartResult<PartLoss>) {
+        let (p, entropy, tokens) = (&r.extra, &r.entropy, r.tokens);
+        let l = &p.loss;
         let n = l.grad.len() as f64;
         self.kl_policy_ref = p.kl.or(self.kl_policy_ref);
         self.behaviour_kl.0 += p.behaviour_kl.0;
@@ -516,11 +495,18 @@ impl LoraTrainer {
             // The row's gradient: the sum of its parts'.
             let mut grads = GradStore::default();
             let row_kl = self.on_training_threads(|| row_kl_mean(&base, lora, parts, &loss_cfg))?;
-            for part in parts {
-                let out =
-                    self.on_training_threads(|| part_gradients(&base, lora, part, &loss_cfg, row_targets, row_kl))?;
-                step.add(&out, part.tokens.len());
-                accumulate(&mut grads, &out.grads, &vars)?;
+            // Each part's loss share: a row of one part takes the KL term's mean from its own
+            // forward.
+            let mut part_loss = |k: usize, lps: &[f32]| {
+                let inputs = token_inputs(&parts[k], lps);
+                let kl = loss_cfg.kl.map(|(_, source)| row_kl.unwrap_or_else(|| kl_mean(&inputs, source)));
+                let loss = policy_loss_part(&inputs, &loss_cfg, row_targets, kl.unwrap_or(0.0));
+                Ok((loss.grad.clone(), PartLoss { loss, kl, behaviour_kl: behaviour_kl(&inputs) }))
+            };
+            let results =
+                self.on_training_threads(|| run_parts(&base, lora, parts, true, &mut grads, &mut part_loss))?;
+            for r in &results {
+                step.add(r);
             }
             let grad_norm = self.on_training_threads(|| clip(&mut grads, &vars, MAX_GRAD_NORM)).map_err(failed)?;
             let lr = config.learning_rate

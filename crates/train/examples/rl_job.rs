@@ -1,0 +1,135 @@
+//! Times whole RL training jobs on the real model, with and without prefix sharing, alternating:
+//! GROUPS groups of GROUP rollouts, each a PROMPT-token prompt (its own per group) and a
+//! COMPLETION-token sampled reply with logprobs, rewards spread within each group, ART's
+//! defaults (rows of up to 2048 tokens, one optimizer step per row, LoRA r8).
+//! `cargo run --release -p tandem-train --example rl_job` (TANDEM_MODEL, GROUPS, GROUP, PROMPT,
+//! COMPLETION, ROUNDS, PART). Prints each job's wall time, steps and forward tokens, then one JSON line.
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tandem_core::chat::ChatMessage;
+use tandem_core::inference::InputError;
+use tandem_core::sequences::{ChatTokenizer, RlInputs, Sequence, TokenizedGroup, TokenizedGroups, TokenizedTrajectory};
+use tandem_core::train_config::TrainConfig;
+use tandem_jobs::{TrainError, TrainJob, TrainSink, TrainTask, Trainer};
+use tandem_train::{LoraTrainer, TrainBase};
+
+// The allocator the server runs the trainer with.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn env(key: &str, default: usize) -> usize {
+    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The job comes tokenized: nothing is rendered.
+struct Ids;
+impl ChatTokenizer for Ids {
+    fn render(&self, _: &[ChatMessage], _: Option<&Value>, _: bool) -> Result<Vec<u32>, InputError> {
+        Err(InputError::Template("tokenized job".into()))
+    }
+    fn tokenize(&self, _: &str) -> Result<Vec<u32>, InputError> {
+        Err(InputError::Template("tokenized job".into()))
+    }
+    fn token_id(&self, _: &[u8]) -> Option<u32> {
+        None
+    }
+}
+
+#[derive(Default)]
+struct Steps(Vec<BTreeMap<String, f64>>);
+impl TrainSink for Steps {
+    fn started(&mut self, _: u64, _: Map<String, Value>) {}
+    fn gradient_step(&mut self, m: BTreeMap<String, f64>) {
+        self.0.push(m);
+    }
+    fn should_stop(&mut self) -> Option<TrainError> {
+        None
+    }
+}
+
+fn main() {
+    tandem_model::allocator::keep_freed_memory();
+    let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
+    let (groups, group, prompt, completion, rounds) =
+        (env("GROUPS", 1), env("GROUP", 8), env("PROMPT", 300), env("COMPLETION", 40), env("ROUNDS", 3));
+    let groups = (0..groups)
+        .map(|g| TokenizedGroup {
+            trajectories: (0..group)
+                .map(|k| {
+                    let ids = |n: usize, salt: usize| (0..n).map(move |i| (100 + (i * 7 + salt * 131) % 20000) as u32);
+                    let tokens: Vec<u32> = ids(prompt, g).chain(ids(completion, 1000 + g * group + k)).collect();
+                    let trained: Vec<bool> = (0..tokens.len()).map(|i| i >= prompt).collect();
+                    let old_lp = trained.iter().map(|t| if *t { -2.0 } else { f64::NAN }).collect();
+                    TokenizedTrajectory {
+                        reward: k as f64 / group as f64,
+                        sequences: vec![Sequence { tokens, trained, old_lp }],
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    let inputs = RlInputs::Tokenized(TokenizedGroups { format: 2, groups });
+    let job = TrainJob {
+        job_id: uuid::Uuid::now_v7(),
+        model: tandem_core::records::ModelRecord {
+            id: uuid::Uuid::nil(),
+            entity: "bench".into(),
+            project: "bench".into(),
+            name: "rl-job".into(),
+            base_model: "base".into(),
+            run_id: "r".into(),
+            created_at: 0,
+        },
+        base_step: 0,
+        base_checkpoint: None,
+        task: TrainTask::Rl {
+            config: TrainConfig { learning_rate: 1e-5, ..TrainConfig::default() },
+            inputs,
+            kl_reference: None,
+        },
+    };
+    // The trainer's part size (tokens through forward and backward at once).
+    let part = env("PART", 512);
+    let base = TrainBase { id: "base".into(), path: path.into(), tokenizer: Arc::new(Ids) };
+    let trainers = [
+        ("unshared", LoraTrainer::new(vec![clone_base(&base)]).with_prefix_sharing(false).with_part_tokens(part)),
+        ("shared", LoraTrainer::new(vec![clone_base(&base)]).with_part_tokens(part)),
+    ];
+    // ONLY=shared or ONLY=unshared runs one of them (for a profile).
+    let only = std::env::var("ONLY").ok();
+    let trainers: Vec<_> = trainers.into_iter().filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n)).collect();
+    // A first job per trainer loads its base (not timed).
+    for (_, t) in &trainers {
+        t.train(&job, &mut Steps::default()).unwrap();
+    }
+    let mut results: BTreeMap<&str, Vec<(f64, usize, f64)>> = BTreeMap::new();
+    for round in 0..rounds {
+        for (name, t) in &trainers {
+            let mut steps = Steps::default();
+            let start = std::time::Instant::now();
+            t.train(&job, &mut steps).unwrap();
+            let secs = start.elapsed().as_secs_f64();
+            let tokens: f64 = steps.0.iter().map(|m| m["num_forward_tokens"]).sum();
+            let step_secs: Vec<String> = steps.0.iter().map(|m| format!("{:.2}", m["step_seconds"])).collect();
+            eprintln!(
+                "round {round} {name}: {secs:.2} s, {} steps ({} s), {tokens} forward tokens",
+                steps.0.len(),
+                step_secs.join(", ")
+            );
+            results.entry(name).or_default().push((secs, steps.0.len(), tokens));
+        }
+    }
+    let json: Vec<String> = results
+        .iter()
+        .map(|(name, r)| {
+            let secs: Vec<f64> = r.iter().map(|x| x.0).collect();
+            format!("\"{name}\": {{\"seconds\": {secs:?}, \"steps\": {}, \"forward_tokens\": {}}}", r[0].1, r[0].2)
+        })
+        .collect();
+    println!("{{{}}}", json.join(", "));
+}
+
+fn clone_base(b: &TrainBase) -> TrainBase {
+    TrainBase { id: b.id.clone(), path: b.path.clone(), tokenizer: b.tokenizer.clone() }
+}
