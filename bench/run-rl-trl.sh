@@ -16,7 +16,7 @@ start_tandem 8109 "$out/data"
 trap 'kill $tandem_pid 2>/dev/null || true; rm -rf "$out"' EXIT
 wait_healthy 8109
 "$art_python" bench/rl_trl.py tandem http://127.0.0.1:8109 bench $tandem_pid --steps "$STEPS" --runs "${RUNS:-3}" \
-  --base-path "$out/art" --json "$out/tandem.json"
+  --task "${TASK:-sums}" --base-path "$out/art" --json "$out/tandem.json"
 kill $tandem_pid && wait $tandem_pid 2>/dev/null || true
-TQDM_DISABLE=1 "$torch" bench/rl_trl.py trl "$MODEL" --steps "$STEPS" --out "$out/trl" --json "$out/trl.json" >"$out/trl.log"
+TQDM_DISABLE=1 "$torch" bench/rl_trl.py trl "$MODEL" --steps "$STEPS" --task "${TASK:-sums}" --out "$out/trl" --json "$out/trl.json" >"$out/trl.log"
 python3 bench/rl_trl.py compare "$out/tandem.json" "$out/trl.json"
