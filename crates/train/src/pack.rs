@@ -122,12 +122,13 @@ pub struct Placement {
 struct Tree {
     members: Vec<usize>,
     shared: usize,
+    /// The members' tokens before sharing.
+    all: usize,
 }
 
 impl Tree {
-    fn tokens(&self, seqs: &[&[u32]]) -> usize {
-        let all: usize = self.members.iter().map(|&m| seqs[m].len()).sum();
-        all - (self.members.len() - 1) * self.shared
+    fn tokens(&self) -> usize {
+        self.all - (self.members.len() - 1) * self.shared
     }
 }
 
@@ -155,12 +156,12 @@ pub fn lay_out(seqs: &[&[u32]], row_len: usize, share: bool) -> Result<(Vec<Row>
             let l = common_prefix(first, s).min(current).min(s.len().saturating_sub(1));
             // Joining shrinks the k members' shared prefix from `current` to `l` and saves `l`
             // of the new sequence's tokens.
-            let before = tree.tokens(seqs);
-            let all: usize = tree.members.iter().map(|&m| seqs[m].len()).sum::<usize>() + s.len();
+            let before = tree.tokens();
+            let all = tree.all + s.len();
             let after = all - k * l;
             if l >= MIN_SHARED && k * l > (k - 1) * current && used - before + after <= row_len {
                 tree.members.push(i);
-                tree.shared = l;
+                (tree.shared, tree.all) = (l, all);
                 used = used - before + after;
                 continue;
             }
@@ -169,7 +170,7 @@ pub fn lay_out(seqs: &[&[u32]], row_len: usize, share: bool) -> Result<(Vec<Row>
             rows.push(Vec::new());
             used = 0;
         }
-        rows.last_mut().expect("a row").push(Tree { members: vec![i], shared: 0 });
+        rows.last_mut().expect("a row").push(Tree { members: vec![i], shared: 0, all: s.len() });
         used += s.len();
     }
     let mut placements: Vec<Option<Placement>> = vec![None; seqs.len()];
@@ -286,6 +287,11 @@ pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
         }
     }
     let len = |seg: usize| row.segments[seg].1;
+    // Each sequence's targets (by the span holding its end), in row order.
+    let mut targets: Vec<Vec<&Target>> = vec![Vec::new(); n];
+    for t in &row.targets {
+        targets[t.segment].push(t);
+    }
     let mut parts: Vec<Row> = Vec::new();
     let mut current = Row { trajectories: row.trajectories, ..Row::default() };
     for root in (0..n).filter(|&s| row.parent(s).is_none()) {
@@ -304,7 +310,7 @@ pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
             if !current.tokens.is_empty() && (!whole || current.tokens.len() + size > max_tokens) {
                 parts.push(std::mem::replace(&mut current, Row { trajectories: row.trajectories, ..Row::default() }));
             }
-            add_tree(&mut current, row, root, &chunk);
+            add_tree(&mut current, row, &targets, root, &chunk);
             if !whole {
                 // A chunk of a tree is a part of its own, marked so the prefix runs once.
                 current.shared_prefix = Some(root);
@@ -324,24 +330,30 @@ pub fn split(row: &Row, max_tokens: usize) -> Vec<Row> {
 }
 
 /// Copies span `root` of `row` and its branches `chunk` (none: `root` is a whole sequence) into
-/// `part`, with the targets of those sequences.
-fn add_tree(part: &mut Row, row: &Row, root: usize, chunk: &[usize]) {
-    // Old span -> (new span, new start).
-    let mut renamed: Vec<Option<(usize, usize)>> = vec![None; row.segments.len()];
+/// `part`, with the targets of those sequences (`targets`: by sequence end span).
+fn add_tree(part: &mut Row, row: &Row, targets: &[Vec<&Target>], root: usize, chunk: &[usize]) {
+    let root_new = part.segments.len();
+    // The span `seg` of the tree becomes span `root_new + k` starting at `new_starts[k]`.
+    let mut new_starts = Vec::with_capacity(chunk.len() + 1);
     for (k, &seg) in std::iter::once(&root).chain(chunk).enumerate() {
         let (start, l) = row.segments[seg];
-        let new_start = part.tokens.len();
-        part.segments.push((new_start, l));
-        part.parents.push((k > 0).then(|| renamed[root].expect("the root first").0));
+        new_starts.push(part.tokens.len());
+        part.segments.push((part.tokens.len(), l));
+        part.parents.push((k > 0).then_some(root_new));
         part.tokens.extend_from_slice(&row.tokens[start..start + l]);
-        renamed[seg] = Some((part.segments.len() - 1, new_start));
     }
     let leaves = if chunk.is_empty() { std::slice::from_ref(&root) } else { chunk };
-    for t in row.targets.iter().filter(|t| leaves.contains(&t.segment)) {
-        let held_by = if t.pos >= row.segments[t.segment].0 { t.segment } else { root };
-        let ((_, new_start), old_start) = (renamed[held_by].expect("copied"), row.segments[held_by].0);
-        let segment = renamed[t.segment].expect("copied").0;
-        part.targets.push(Target { pos: t.pos - old_start + new_start, segment, ..*t });
+    for (i, &leaf) in leaves.iter().enumerate() {
+        // The leaf's place among the copied spans (the root is 0).
+        let k = if chunk.is_empty() { 0 } else { i + 1 };
+        for t in &targets[leaf] {
+            let (old_start, new_start) = if t.pos >= row.segments[leaf].0 {
+                (row.segments[leaf].0, new_starts[k])
+            } else {
+                (row.segments[root].0, new_starts[0])
+            };
+            part.targets.push(Target { pos: t.pos - old_start + new_start, segment: root_new + k, ..**t });
+        }
     }
 }
 
