@@ -1,8 +1,8 @@
 //! Times whole RL training jobs on the real model, with and without prefix sharing, alternating:
-//! GROUPS groups of GROUP rollouts, each a PROMPT-token prompt (its own per group) and a
+//! GROUP_COUNT groups of GROUP rollouts, each a PROMPT-token prompt (its own per group) and a
 //! COMPLETION-token sampled reply with logprobs, rewards spread within each group, ART's
 //! defaults (rows of up to 2048 tokens, one optimizer step per row, LoRA r8).
-//! `cargo run --release -p tandem-train --example rl_job` (TANDEM_MODEL, GROUPS, GROUP, PROMPT,
+//! `cargo run --release -p tandem-train --example rl_job` (TANDEM_MODEL, GROUP_COUNT, GROUP, PROMPT,
 //! COMPLETION, ROUNDS, PART). Prints each job's wall time, steps and forward tokens, then one JSON line.
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -52,7 +52,7 @@ fn main() {
     tandem_model::allocator::keep_freed_memory();
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let (groups, group, prompt, completion, rounds) =
-        (env("GROUPS", 1), env("GROUP", 8), env("PROMPT", 300), env("COMPLETION", 40), env("ROUNDS", 3));
+        (env("GROUP_COUNT", 1), env("GROUP", 8), env("PROMPT", 300), env("COMPLETION", 40), env("ROUNDS", 3));
     let groups = (0..groups)
         .map(|g| TokenizedGroup {
             trajectories: (0..group)
