@@ -292,6 +292,8 @@ fn forward_pass(
     // zeros no span reads).
     let spans = Arc::new(row.spans().into_iter().filter(|s| s.start >= p).collect::<Vec<_>>());
     let mut captured = Vec::new();
+    // A given prefix's query rows (the op reads none of them), made once for every layer.
+    let no_queries = Tensor::zeros((p, c.n_head * c.head_dim), DType::F32, &dev)?;
     for (li, (layer, pairs)) in base.layers.iter().zip(&lora.pairs).enumerate() {
         let window = c.window(li);
         let rope = match (&rope_swa, window) {
@@ -330,7 +332,7 @@ fn forward_pass(
         let att = match given {
             Some(prefix) => {
                 let (pk, pv) = &prefix.kv[li];
-                let q = Tensor::cat(&[&Tensor::zeros((p, q.dim(1)?), DType::F32, &dev)?, &q], 0)?;
+                let q = Tensor::cat(&[&no_queries, &q], 0)?;
                 let (k, v) = (Tensor::cat(&[pk, &k], 0)?, Tensor::cat(&[pv, &v], 0)?);
                 q.apply_op3(&k, &v, attention)?.narrow(0, p, tokens.len())?
             }

@@ -265,6 +265,34 @@ fn rl(job: &mut TrainJob) -> (&mut TrainConfig, &mut Option<ReferencePolicy>) {
     }
 }
 
+/// An RL job of the tiny base's model on raw trajectory groups.
+fn rl_job(config: TrainConfig, groups: Value, kl_reference: Option<ReferencePolicy>) -> TrainJob {
+    TrainJob {
+        job_id: uuid::Uuid::now_v7(),
+        model: tiny_model_record(),
+        base_step: 0,
+        base_checkpoint: None,
+        task: TrainTask::Rl { config, inputs: RlInputs::Raw(groups), kl_reference },
+    }
+}
+
+/// The adapter weights a job wrote.
+fn adapter_weights(out: &tandem_jobs::TrainOutput) -> Vec<u8> {
+    out.files.iter().find(|(n, _)| n == "adapter_model.safetensors").unwrap().1.clone()
+}
+
+/// Two updates agree: one Adam step of 1e-2 normalises each gradient entry, so where an entry
+/// is tiny, float summation order shows up in the update; compare at 2% of the step.
+fn assert_same_update(a: &[u8], b: &[u8], what: &str) {
+    let load = |bytes: &[u8]| candle_core::safetensors::load_buffer(bytes, &candle_core::Device::Cpu).unwrap();
+    let (a, b) = (load(a), load(b));
+    for (k, ta) in &a {
+        let d =
+            ta.sub(&b[k]).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        assert!(d < 2e-4, "{what}{k} differs by {d}");
+    }
+}
+
 fn choice(prompt: &[u32], ids: &[u32], lp: f64) -> Value {
     json!({"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": ""},
            "prompt_token_ids": prompt, "token_ids": ids,
@@ -390,27 +418,18 @@ fn parts_give_the_same_step_as_the_whole_row() {
         {"reward": 0.2, "messages_and_choices": [choice(&[20, 21, 23], &[90, 91, 92], -2.0)]},
         {"reward": 0.0, "messages_and_choices": [choice(&[24, 21], &[95], -1.0)]},
     ]}]);
-    let job = TrainJob {
-        job_id: uuid::Uuid::now_v7(),
-        model: tiny_model_record(),
-        base_step: 0,
-        base_checkpoint: None,
-        task: TrainTask::Rl {
-            config: TrainConfig {
-                learning_rate: 1e-2,
-                importance_sampling_level: ImportanceSamplingLevel::Sequence,
-                ..TrainConfig::default()
-            },
-            inputs: RlInputs::Raw(groups),
-            kl_reference: None,
-        },
+    let config = TrainConfig {
+        learning_rate: 1e-2,
+        importance_sampling_level: ImportanceSamplingLevel::Sequence,
+        ..TrainConfig::default()
     };
+    let job = rl_job(config, groups, None);
     let run = |part: usize, job: &TrainJob| {
         let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(Bytes) }])
             .with_part_tokens(part);
         let mut sink = Sink::default();
         let out = t.train(job, &mut sink).unwrap();
-        let weights = out.files.iter().find(|(n, _)| n == "adapter_model.safetensors").unwrap().1.clone();
+        let weights = adapter_weights(&out);
         let kl = sink.steps[0].get("kl_policy_ref").copied().unwrap_or(0.0);
         (weights, sink.steps[0]["loss"], sink.steps[0]["grad_norm"], kl)
     };
@@ -431,15 +450,7 @@ fn parts_give_the_same_step_as_the_whole_row() {
         (whole.1, whole.2),
         (parts.1, parts.2)
     );
-    let load = |bytes: &[u8]| candle_core::safetensors::load_buffer(bytes, &candle_core::Device::Cpu).unwrap();
-    let (a, b) = (load(&whole.0), load(&parts.0));
-    for (k, ta) in &a {
-        let d =
-            ta.sub(&b[k]).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-        // One Adam step of 1e-2 normalises each gradient entry: where an entry is tiny, float
-        // summation order shows up in the update, so compare at 2% of the step.
-        assert!(d < 2e-4, "{k} differs by {d}");
-    }
+    assert_same_update(&whole.0, &parts.0, "");
 }
 
 /// Prefix trees give the same step as every sequence whole: a group's prompt laid out once
@@ -480,22 +491,12 @@ fn prefix_trees_give_the_same_step(exact: bool) {
             .with_part_tokens(part)
             .with_prefix_sharing(share)
             .with_exact_base(exact);
-        let job = TrainJob {
-            job_id: uuid::Uuid::now_v7(),
-            model: tiny_model_record(),
-            base_step: 0,
-            base_checkpoint: None,
-            task: TrainTask::Rl {
-                config: config.clone(),
-                inputs: RlInputs::Raw(groups.clone()),
-                kl_reference: config.kl_penalty.as_ref().map(|_| ReferencePolicy::Base),
-            },
-        };
+        let reference = config.kl_penalty.as_ref().map(|_| ReferencePolicy::Base);
+        let job = rl_job(config.clone(), groups.clone(), reference);
         let mut sink = Sink::default();
         let out = t.train(&job, &mut sink).unwrap();
         assert_eq!(sink.steps.len(), 1, "one row either way");
-        let weights = out.files.iter().find(|(n, _)| n == "adapter_model.safetensors").unwrap().1.clone();
-        (weights, sink.steps.remove(0))
+        (adapter_weights(&out), sink.steps.remove(0))
     };
     let kl = |source| Some(KlPenalty { coef: 0.7, source, reference: KlReference::Step(0) });
     let configs = [
@@ -504,7 +505,6 @@ fn prefix_trees_give_the_same_step(exact: bool) {
         (LossKind::Ppo, ImportanceSamplingLevel::Sequence, kl(KlSource::Sample)),
         (LossKind::Cispo, ImportanceSamplingLevel::Average, kl(KlSource::CurrentLearner)),
     ];
-    let load = |bytes: &[u8]| candle_core::safetensors::load_buffer(bytes, &candle_core::Device::Cpu).unwrap();
     for (loss, level, kl_penalty) in configs {
         let config = TrainConfig {
             learning_rate: 1e-2,
@@ -525,27 +525,18 @@ fn prefix_trees_give_the_same_step(exact: bool) {
                 assert!((a - b).abs() <= tol * b.abs().max(1e-3), "{what}: {key} {a} vs {b}");
             }
             assert!(tree["grad_norm"] > 0.0, "{what}: something trains");
-            {
-                // 6 sequences of 16-19 tokens: the two prompts (14 and 12 tokens) once each,
-                // also where a tree is cut into parts of 12 (a part per branch).
-                assert!(
-                    tree["num_forward_tokens"] < flat["num_forward_tokens"] - 40.0,
-                    "{what}: {} vs {} tokens",
-                    tree["num_forward_tokens"],
-                    flat["num_forward_tokens"]
-                );
-            }
-            if !exact {
-                // Adam's first step is about lr x sign(g): entries whose gradient is near zero
-                // flip with any rounding, so the update is compared on exact products only.
-                continue;
-            }
-            let (a, b) = (load(&w_tree), load(&w_flat));
-            for (k, ta) in &a {
-                let d = ta.sub(&b[k]).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
-                let d = d.to_scalar::<f32>().unwrap();
-                // As in parts_give_the_same_step_as_the_whole_row: 2% of an Adam step.
-                assert!(d < 2e-4, "{what}: {k} differs by {d}");
+            // 6 sequences of 16-19 tokens: the two prompts (14 and 12 tokens) once each, also
+            // where a tree is cut into parts of 12 (a part per branch).
+            assert!(
+                tree["num_forward_tokens"] < flat["num_forward_tokens"] - 40.0,
+                "{what}: {} vs {} tokens",
+                tree["num_forward_tokens"],
+                flat["num_forward_tokens"]
+            );
+            // Adam's first step is about lr x sign(g): entries whose gradient is near zero flip
+            // with any rounding, so the update is compared on exact products only.
+            if exact {
+                assert_same_update(&w_tree, &w_flat, &format!("{what}: "));
             }
         }
     }

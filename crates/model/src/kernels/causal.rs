@@ -153,6 +153,26 @@ fn key_ranges(span: &Span) -> Vec<(usize, usize)> {
     span.context.iter().copied().chain(std::iter::once((span.start, span.len))).collect()
 }
 
+/// Kv head `g`'s keys and values as a span reads them, and their row stride: in place for a
+/// plain segment, gathered into `kb` and `vb` (context rows first) for a span with context.
+fn keys_and_values(
+    k: &[f32],
+    v: &[f32],
+    span: &Span,
+    (kv_rs, g, hd): (usize, usize, usize),
+    kb: &mut Vec<f32>,
+    vb: &mut Vec<f32>,
+) -> (*const f32, *const f32, usize) {
+    if span.context.is_empty() {
+        let at = span.start * kv_rs + g * hd;
+        return (k[at..].as_ptr(), v[at..].as_ptr(), kv_rs);
+    }
+    let ranges = key_ranges(span);
+    gather(k, (kv_rs, g, hd), &ranges, kb);
+    gather(v, (kv_rs, g, hd), &ranges, vb);
+    (kb.as_ptr(), vb.as_ptr(), hd)
+}
+
 /// `out` (T, nh * hd) = attention of each span of `q`, `k`, `v`.
 pub fn forward(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], spans: &[Span], h: Heads) {
     let (nh, nkv, hd) = (h.n_head, h.n_kv_head, h.head_dim);
@@ -171,14 +191,7 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], spans: &[Span],
             let g = head / group;
             // A span with context reads its keys and values gathered (context, then its own
             // rows); a plain segment reads them in place.
-            let (kg, vg, k_rs) = if o == 0 {
-                (k[start * kv_rs + g * hd..].as_ptr(), v[start * kv_rs + g * hd..].as_ptr(), kv_rs)
-            } else {
-                let ranges = key_ranges(span);
-                gather(k, (kv_rs, g, hd), &ranges, kb);
-                gather(v, (kv_rs, g, hd), &ranges, vb);
-                (kb.as_ptr(), vb.as_ptr(), hd)
-            };
+            let (kg, vg, k_rs) = keys_and_values(k, v, span, (kv_rs, g, hd), kb, vb);
             // SAFETY: `check` bounded every span and context by T; this task writes only rows
             // start..start+s, columns head*hd..(head+1)*hd of `out`, which no other task writes
             // (spans' own rows are disjoint).
@@ -240,26 +253,15 @@ pub fn backward(
                 let w = o + s;
                 p.resize(s * w, 0.0);
                 dp.resize(s * w, 0.0);
-                // Keys, values and their gradients: in place for a plain segment, gathered into
-                // scratch (context rows first) for a span with context.
-                let (kg, vg, dkg, dvg, k_rs) = if o == 0 {
+                // The gradients of the keys and values likewise: in place, or in scratch.
+                let (kg, vg, k_rs) = keys_and_values(k, v, span, (kv_rs, g, hd), kb, vb);
+                let (dkg, dvg) = if o == 0 {
                     // SAFETY: rows start.. of kv head g's columns, in bounds (`check`).
-                    unsafe {
-                        (
-                            k.as_ptr().add(start * kv_rs + g * hd),
-                            v.as_ptr().add(start * kv_rs + g * hd),
-                            dk_p.ptr().add(start * kv_rs + g * hd),
-                            dv_p.ptr().add(start * kv_rs + g * hd),
-                            kv_rs,
-                        )
-                    }
+                    unsafe { (dk_p.ptr().add(start * kv_rs + g * hd), dv_p.ptr().add(start * kv_rs + g * hd)) }
                 } else {
-                    let ranges = key_ranges(span);
-                    gather(k, (kv_rs, g, hd), &ranges, kb);
-                    gather(v, (kv_rs, g, hd), &ranges, vb);
                     dkb.resize(w * hd, 0.0);
                     dvb.resize(w * hd, 0.0);
-                    (kb.as_ptr(), vb.as_ptr(), dkb.as_mut_ptr(), dvb.as_mut_ptr(), hd)
+                    (dkb.as_mut_ptr(), dvb.as_mut_ptr())
                 };
                 // SAFETY: spans and contexts are bounded by T (`check`); this task writes rows
                 // start..start+s of dq in the columns of the heads of kv head g, and of dk, dv in
@@ -269,19 +271,8 @@ pub fn backward(
                         let qh = q.as_ptr().add(start * q_rs + head * hd);
                         let doh = dout.as_ptr().add(start * q_rs + head * hd);
                         probabilities(p, (s, o), hd, (h.scale, h.window), (qh, q_rs), (kg, k_rs));
-                        // Key block b0..b1 is seen only by queries i >= b0 - o, and row block
-                        // r0..r1 sees only keys j < o + r1: every product below skips the zeros.
-                        for b0 in (0..w).step_by(ROWS) {
-                            let (b1, i0) = ((b0 + ROWS).min(w), b0.saturating_sub(o));
-                            // dV_g[j] += sum_i P[i][j] dO_h[i] (P^T element (j, i) is p[i][j]).
-                            mm(
-                                (b1 - b0, hd, s - i0),
-                                (dvg.add(b0 * k_rs), k_rs, 1),
-                                i > 0,
-                                (p.as_ptr().add(i0 * w + b0), 1, w),
-                                (doh.add(i0 * q_rs), q_rs, 1),
-                            );
-                        }
+                        // Row block r0..r1 sees only keys j < o + r1, and key block b0..b1 is
+                        // seen only by queries i >= b0 - o: every product below skips the zeros.
                         for r0 in (0..s).step_by(ROWS) {
                             let r1 = (r0 + ROWS).min(s);
                             // dP[i][j] = dO_h[i] . V_g[j] for j <= o + i.
@@ -316,6 +307,14 @@ pub fn backward(
                         }
                         for b0 in (0..w).step_by(ROWS) {
                             let (b1, i0) = ((b0 + ROWS).min(w), b0.saturating_sub(o));
+                            // dV_g[j] += sum_i P[i][j] dO_h[i] (P^T element (j, i) is p[i][j]).
+                            mm(
+                                (b1 - b0, hd, s - i0),
+                                (dvg.add(b0 * k_rs), k_rs, 1),
+                                i > 0,
+                                (p.as_ptr().add(i0 * w + b0), 1, w),
+                                (doh.add(i0 * q_rs), q_rs, 1),
+                            );
                             // dK_g[j] += sum_i dS[i][j] Q_h[i].
                             mm(
                                 (b1 - b0, hd, s - i0),
