@@ -12,7 +12,7 @@ use crate::held::{Held, Live};
 use crate::loss::{behaviour_kl, kl_mean, policy_loss_part, LossConfig, LossOutput, TokenInput};
 use crate::net::{Base, Lora};
 use crate::pack::{mem_available, pack, part_memory_bytes, row_length, split, Row, TrajectoryInput};
-use crate::tree::{run_parts, PartResult};
+use crate::tree::{run_parts, score_parts, units, PartResult};
 use crate::{adapter, TrainTokenizer};
 use candle_core::backprop::GradStore;
 use serde_json::{json, Map, Value};
@@ -307,9 +307,7 @@ fn row_kl_mean(base: &Base, lora: &Lora, parts: &[Row], cfg: &LossConfig) -> Res
         return Ok(None);
     }
     let mut all = Vec::new();
-    for part in parts {
-        let lps = logprobs(base, lora, part)?;
-        let lps: Vec<f32> = lps.iter().map(|x| *x as f32).collect();
+    for (part, lps) in parts.iter().zip(score_parts(base, lora, parts)?) {
         all.extend(token_inputs(part, &lps));
     }
     Ok(Some(kl_mean(&all, source)))
@@ -327,22 +325,21 @@ fn reference_logprobs(
         ReferencePolicy::Base => adapter::init(base, INIT_SEED).map_err(failed)?,
         ReferencePolicy::Checkpoint { dir, .. } => adapter::load(dir, base, INIT_SEED).map_err(TrainError::Failed)?,
     };
-    for part in parts.iter_mut().flatten() {
-        if let Some(stop) = sink.should_stop() {
-            return Err(stop);
-        }
-        let lps = pool.on_training_threads(|| logprobs(base, &lora, part))?;
-        for (t, lp) in part.targets.iter_mut().zip(lps) {
-            t.ref_lp = lp;
+    for row in parts.iter_mut() {
+        for unit in units(row) {
+            if let Some(stop) = sink.should_stop() {
+                return Err(stop);
+            }
+            let unit = &mut row[unit];
+            let lps = pool.on_training_threads(|| score_parts(base, &lora, unit))?;
+            for (part, lps) in unit.iter_mut().zip(lps) {
+                for (t, lp) in part.targets.iter_mut().zip(lps) {
+                    t.ref_lp = f64::from(lp);
+                }
+            }
         }
     }
     Ok(())
-}
-
-/// Each target's new logprob under the current weights (the graph is dropped at once).
-fn logprobs(base: &Base, lora: &Lora, row: &Row) -> Result<Vec<f64>, TrainError> {
-    let out = crate::net::score(base, lora, row).map_err(failed)?;
-    Ok(out.logprobs.detach().to_vec1::<f32>().map_err(failed)?.into_iter().map(f64::from).collect())
 }
 
 /// A row's metrics, summed over its parts.
@@ -461,16 +458,21 @@ impl LoraTrainer {
         // With precalculate_logprobs the ratio is taken against the weights at the start of this
         // job; the sampler's logprobs stay as the originals for truncated importance sampling.
         if config.precalculate_logprobs {
-            for part in parts.iter_mut().flatten() {
-                // Long preparations have step boundaries too: another entity's job may run.
-                if let Some(stop) = sink.boundary(&mut held) {
-                    return Err(stop);
-                }
-                let lora = &held.live()?.lora;
-                let lps = self.on_training_threads(|| logprobs(&base, lora, part))?;
-                for (t, lp) in part.targets.iter_mut().zip(lps) {
-                    t.original_lp = t.old_lp;
-                    t.old_lp = lp;
+            for row in parts.iter_mut() {
+                for unit in units(row) {
+                    // Long preparations have step boundaries too: another entity's job may run.
+                    if let Some(stop) = sink.boundary(&mut held) {
+                        return Err(stop);
+                    }
+                    let lora = &held.live()?.lora;
+                    let unit = &mut row[unit];
+                    let lps = self.on_training_threads(|| score_parts(&base, lora, unit))?;
+                    for (part, lps) in unit.iter_mut().zip(lps) {
+                        for (t, lp) in part.targets.iter_mut().zip(lps) {
+                            t.original_lp = t.old_lp;
+                            t.old_lp = f64::from(lp);
+                        }
+                    }
                 }
             }
         }

@@ -44,12 +44,8 @@ pub fn run_parts<T>(
 ) -> Result<Vec<PartResult<T>>, TrainError> {
     let vars = lora.vars();
     let mut out = Vec::with_capacity(parts.len());
-    let mut i = 0;
-    while i < parts.len() {
-        let n = match parts[i].shared_prefix {
-            Some(id) => parts[i..].iter().take_while(|p| p.shared_prefix == Some(id)).count(),
-            None => 1,
-        };
+    for unit in units(parts) {
+        let (i, n) = (unit.start, unit.len());
         if n == 1 {
             let part = &parts[i];
             let o = if backward { forward(base, lora, part) } else { score(base, lora, part) }.map_err(failed)?;
@@ -60,11 +56,34 @@ pub fn run_parts<T>(
             }
             out.push(PartResult { logprobs: lp, entropy: o.entropy, tokens: part.tokens.len(), extra });
         } else {
-            out.extend(tree(base, lora, &parts[i..i + n], i, backward, grads, &vars, grad_of)?);
+            out.extend(tree(base, lora, &parts[unit], i, backward, grads, &vars, grad_of)?);
         }
-        i += n;
     }
     Ok(out)
+}
+
+/// Where `parts` fall into runs that [`run_parts`] computes together: a plain part alone, the
+/// parts cut from one tree as one run (their prefix runs once).
+pub fn units(parts: &[Row]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < parts.len() {
+        let n = match parts[i].shared_prefix {
+            Some(id) => parts[i..].iter().take_while(|p| p.shared_prefix == Some(id)).count(),
+            None => 1,
+        };
+        out.push(i..i + n);
+        i += n;
+    }
+    out
+}
+
+/// Each part's targets' logprobs under `lora`, forward only (no graph kept), a tree's prefix
+/// once: the scoring passes (old logprobs, the KL penalty's reference and learner terms).
+pub fn score_parts(base: &Base, lora: &Lora, parts: &[Row]) -> Result<Vec<Vec<f32>>, TrainError> {
+    let mut unused = GradStore::default();
+    let results = run_parts(base, lora, parts, false, &mut unused, &mut |_, _| Ok((Vec::new(), ())))?;
+    Ok(results.into_iter().map(|r| r.logprobs).collect())
 }
 
 fn values(t: &Tensor) -> Result<Vec<f32>, TrainError> {

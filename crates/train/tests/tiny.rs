@@ -499,23 +499,29 @@ fn prefix_trees_give_the_same_step(exact: bool) {
         (adapter_weights(&out), sink.steps.remove(0))
     };
     let kl = |source| Some(KlPenalty { coef: 0.7, source, reference: KlReference::Step(0) });
+    // The scoring passes (old logprobs recomputed, the KL penalty's reference and learner
+    // terms) run cut trees forward only; their values must match too.
     let configs = [
-        (LossKind::Ppo, ImportanceSamplingLevel::Token, None),
-        (LossKind::Cispo, ImportanceSamplingLevel::Sequence, None),
-        (LossKind::Ppo, ImportanceSamplingLevel::Sequence, kl(KlSource::Sample)),
-        (LossKind::Cispo, ImportanceSamplingLevel::Average, kl(KlSource::CurrentLearner)),
+        (LossKind::Ppo, ImportanceSamplingLevel::Token, None, false),
+        (LossKind::Cispo, ImportanceSamplingLevel::Sequence, None, true),
+        (LossKind::Ppo, ImportanceSamplingLevel::Sequence, kl(KlSource::Sample), false),
+        (LossKind::Cispo, ImportanceSamplingLevel::Average, kl(KlSource::CurrentLearner), true),
     ];
-    for (loss, level, kl_penalty) in configs {
+    for (loss, level, kl_penalty, precalculate_logprobs) in configs {
         let config = TrainConfig {
             learning_rate: 1e-2,
             loss,
             importance_sampling_level: level,
             kl_penalty: kl_penalty.clone(),
+            precalculate_logprobs,
             ..TrainConfig::default()
         };
         for part in [1000, 12] {
             let ((w_tree, tree), (w_flat, flat)) = (run(true, part, &config), run(false, part, &config));
-            let what = format!("{loss:?} {level:?} kl {} part {part} exact {exact}", kl_penalty.is_some());
+            let what = format!(
+                "{loss:?} {level:?} kl {} precalculate {precalculate_logprobs} part {part} exact {exact}",
+                kl_penalty.is_some()
+            );
             // The forward is the same computation either way; the int8 products round a shared
             // prefix row's summed gradient once instead of each copy's: the norms differ by their
             // rounding (up to 1.7e-3 here, where int8 and f32 differ by up to 1.5e-3).
