@@ -32,8 +32,9 @@ pub struct EngineConfig {
     /// positions per model by [`EngineConfig::kv_tokens`]; the default is a quarter of the
     /// machine's memory (the rest is for weights, prefix cache and the trainer).
     pub kv_cache_bytes: u64,
-    /// Prompt positions kept for prefix reuse.
-    pub prefix_cache_tokens: usize,
+    /// Prompt positions kept for prefix reuse; `None`: as many as [`PREFIX_CACHE_BYTES`] of the
+    /// model's KV hold ([`EngineConfig::prefix_tokens`]).
+    pub prefix_cache_tokens: Option<usize>,
     /// Serves at most this context (vLLM's `--max-model-len`); `None`: the model's own.
     pub max_model_len: Option<usize>,
     /// How long the engine's helper threads spin after a parallel section before sleeping:
@@ -50,14 +51,28 @@ impl Default for EngineConfig {
             max_seqs: 32,
             max_waiting: 256,
             kv_cache_bytes: machine_memory_bytes().map_or(4 << 30, |m| m / 4),
-            prefix_cache_tokens: 16 * 1024,
+            prefix_cache_tokens: None,
             max_model_len: None,
             team_spin: Duration::from_millis(1),
         }
     }
 }
 
+/// The prefix cache's default size in bytes of KV. Its entries live beside the running
+/// sequences' KV (not in their budget), so they are resident memory for as long as they are
+/// kept: in an RL loop, whose checkpoint changes every step, most of them are never read again.
+/// 16,384 positions (the default before) were ~380 MB on SmolLM2 and most of `make
+/// bench-rl-trl`'s growth between training jobs (docs/benchmarks.md, session 26).
+pub const PREFIX_CACHE_BYTES: u64 = 128 << 20;
+
 impl EngineConfig {
+    /// Prompt positions the prefix cache keeps for a model: the configured number, or as many
+    /// as [`PREFIX_CACHE_BYTES`] hold at the model's KV bytes a position.
+    pub fn prefix_tokens(&self, model: &tandem_model::LlamaConfig) -> usize {
+        let per_position = (model.n_layer * model.kv_dim() * 2 * tandem_model::KV_VALUE_BYTES).max(1) as u64;
+        self.prefix_cache_tokens.unwrap_or((PREFIX_CACHE_BYTES / per_position) as usize)
+    }
+
     /// KV positions the budget holds for a model: its bytes over what one position costs (keys
     /// and values of every layer, f32), but never less than one full context, so that any one
     /// sequence can always run to its end alone.
@@ -142,7 +157,7 @@ impl EngineLoop {
         rx: Receiver<Job>,
         metrics: Arc<EngineMetrics>,
     ) -> Self {
-        let prefix = PrefixCache::new(config.prefix_cache_tokens);
+        let prefix = PrefixCache::new(config.prefix_tokens(&model.config));
         EngineLoop {
             model,
             tok,

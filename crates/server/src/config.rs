@@ -91,7 +91,8 @@ pub struct ServeArgs {
     /// New tokens per engine step, prefill chunks and decode together (vLLM's flag).
     #[arg(long, env = "TANDEM_MAX_NUM_BATCHED_TOKENS")]
     pub max_num_batched_tokens: Option<usize>,
-    /// Prompt positions kept for prefix reuse (shared copy-on-write with running sequences).
+    /// Prompt positions kept for prefix reuse (shared copy-on-write with running sequences);
+    /// default: as many as 128 MiB of the model's KV hold.
     #[arg(long, env = "TANDEM_PREFIX_CACHE_TOKENS")]
     pub prefix_cache_tokens: Option<usize>,
     /// Microseconds the engine's helper threads spin after a parallel section before sleeping
@@ -113,6 +114,12 @@ pub struct ServeArgs {
     /// turn by parking a held job's adapter and optimizer to disk (default 12; 0: they wait).
     #[arg(long, env = "TANDEM_MAX_PARKED_TRAINING_RUNS")]
     pub max_parked_training_runs: Option<usize>,
+    /// A training part, or a shared prefix cut across parts, longer than this many tokens keeps
+    /// only each layer's input through its forward and recomputes the rest in its backward
+    /// (activation checkpointing: a fraction of the memory for about a fifth more time; default
+    /// 256, half a part; 0: always; a large number: never).
+    #[arg(long, env = "TANDEM_TRAIN_RECOMPUTE_TOKENS")]
+    pub train_recompute_tokens: Option<usize>,
     /// Tinker training models this server holds at once, every entity's together (default 8).
     #[arg(long, env = "TANDEM_MAX_TINKER_MODELS")]
     pub max_tinker_models: Option<usize>,
@@ -219,6 +226,8 @@ pub struct ServeConfig {
     pub job_lease: std::time::Duration,
     pub max_training_runs: usize,
     pub max_parked_training_runs: usize,
+    /// None: the trainer's default (half a part).
+    pub train_recompute_tokens: Option<usize>,
     pub max_tinker_models: usize,
     pub max_job_tokens: u64,
     /// The database pool's size and acquire timeout (None: the backend's defaults).
@@ -298,6 +307,7 @@ impl ServeConfig {
                 s => anyhow::bail!("--job-lease-seconds {s}: expected 0.3 to 86400"),
             },
             max_training_runs: args.max_training_runs.or(file.max_training_runs).unwrap_or(4).max(1),
+            train_recompute_tokens: args.train_recompute_tokens.or(file.train_recompute_tokens),
             max_parked_training_runs: match args.max_parked_training_runs.or(file.max_parked_training_runs) {
                 // Each is a waiting thread of the blocking pool, with its job's rows in memory.
                 Some(n) if n > 256 => bail!("--max-parked-training-runs {n}: expected 0 to 256"),

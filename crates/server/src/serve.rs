@@ -41,7 +41,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         kv_cache_bytes: config.kv_cache_bytes.unwrap_or(defaults.kv_cache_bytes),
         max_model_len: config.max_model_len,
         step_tokens: config.max_num_batched_tokens.unwrap_or(defaults.step_tokens),
-        prefix_cache_tokens: config.prefix_cache_tokens.unwrap_or(defaults.prefix_cache_tokens),
+        prefix_cache_tokens: config.prefix_cache_tokens,
         team_spin: config.engine_spin_us.map_or(defaults.team_spin, std::time::Duration::from_micros),
     };
     let (models, quantize) = (config.models.clone(), config.quantize);
@@ -94,7 +94,11 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             tokenizer: Arc::new(ModelTokenizer(served)),
         })
         .collect();
-    let trainer = Arc::new(LoraTrainer::new(bases));
+    let mut trainer = LoraTrainer::new(bases);
+    if let Some(n) = config.train_recompute_tokens {
+        trainer = trainer.with_recompute_above(n);
+    }
+    let trainer = Arc::new(trainer);
     // This process in the node registry and as a lease holder; operators (and the cluster
     // test) find the process by its pid.
     let worker_owner = format!("{} pid {} ({})", hostname(), std::process::id(), tandem_core::new_id());

@@ -3,15 +3,18 @@
 //! COMPLETION-token sampled reply with logprobs, rewards spread within each group, ART's
 //! defaults (rows of up to 2048 tokens, one optimizer step per row, LoRA r8).
 //! `cargo run --release -p tandem-train --example rl_job` (TANDEM_MODEL, GROUP_COUNT, GROUP, PROMPT,
-//! COMPLETION, ROUNDS, PART). Prints each job's wall time, steps and forward tokens, then one JSON line.
+//! COMPLETION, ROUNDS, PART; KL=1 adds a KL penalty against the base, which costs a reference
+//! pass; RECOMPUTE=n recomputes cut trees' prefixes longer than n tokens, default half a part).
+//! Prints each job's wall time, steps and forward tokens, then one JSON line with the process's
+//! peak RSS.
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tandem_core::chat::ChatMessage;
 use tandem_core::inference::InputError;
 use tandem_core::sequences::{ChatTokenizer, RlInputs, Sequence, TokenizedGroup, TokenizedGroups, TokenizedTrajectory};
-use tandem_core::train_config::TrainConfig;
-use tandem_jobs::{TrainError, TrainJob, TrainSink, TrainTask, Trainer};
+use tandem_core::train_config::{KlPenalty, KlReference, KlSource, TrainConfig};
+use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainSink, TrainTask, Trainer};
 use tandem_train::{LoraTrainer, TrainBase};
 
 // The allocator the server runs the trainer with.
@@ -70,6 +73,7 @@ fn main() {
         })
         .collect();
     let inputs = RlInputs::Tokenized(TokenizedGroups { format: 2, groups });
+    let kl = (env("KL", 0) == 1).then_some(KlPenalty { coef: 0.1, source: KlSource::Sample, reference: KlReference::Step(0) });
     let job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
         model: tandem_core::records::ModelRecord {
@@ -84,17 +88,18 @@ fn main() {
         base_step: 0,
         base_checkpoint: None,
         task: TrainTask::Rl {
-            config: TrainConfig { learning_rate: 1e-5, ..TrainConfig::default() },
+            config: TrainConfig { learning_rate: 1e-5, kl_penalty: kl.clone(), ..TrainConfig::default() },
             inputs,
-            kl_reference: None,
+            kl_reference: kl.as_ref().map(|_| ReferencePolicy::Base),
         },
     };
     // The trainer's part size (tokens through forward and backward at once).
     let part = env("PART", 512);
     let base = TrainBase { id: "base".into(), path: path.into(), tokenizer: Arc::new(Ids) };
+    let recompute = std::env::var("RECOMPUTE").ok().and_then(|v| v.parse().ok()).unwrap_or(part / 2);
     let trainers = [
         ("unshared", LoraTrainer::new(vec![clone_base(&base)]).with_prefix_sharing(false).with_part_tokens(part)),
-        ("shared", LoraTrainer::new(vec![clone_base(&base)]).with_part_tokens(part)),
+        ("shared", LoraTrainer::new(vec![clone_base(&base)]).with_part_tokens(part).with_recompute_above(recompute)),
     ];
     // ONLY=shared or ONLY=unshared runs one of them (for a profile).
     let only = std::env::var("ONLY").ok();
@@ -127,7 +132,13 @@ fn main() {
             format!("\"{name}\": {{\"seconds\": {secs:?}, \"steps\": {}, \"forward_tokens\": {}}}", r[0].1, r[0].2)
         })
         .collect();
-    println!("{{{}}}", json.join(", "));
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let peak_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    println!("{{{}, \"peak_rss_mb\": {:.0}}}", json.join(", "), peak_kb / 1024.0);
 }
 
 fn clone_base(b: &TrainBase) -> TrainBase {

@@ -33,6 +33,7 @@ pub mod loss;
 pub mod net;
 pub mod ops;
 pub mod pack;
+pub mod recompute;
 pub mod session;
 pub mod sft;
 pub mod tinker;

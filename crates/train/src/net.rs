@@ -16,6 +16,7 @@ use crate::ops::{Frozen, HeadInt8, HeadLogprob, HeadWeights, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
+use tandem_model::kernels::causal::Span;
 use tandem_model::kernels::{Q8Matrix, Weights, QK};
 use tandem_model::llama::RopeTable;
 use tandem_model::peft::{AdapterConfig, Module};
@@ -192,8 +193,8 @@ impl Lora {
 }
 
 /// `x W^T + scale (x A^T) B^T`.
-fn linear(x: &Tensor, w: &Frozen, lora: &(Var, Var), scale: f64) -> Res<Tensor> {
-    x.contiguous()?.apply_op3(lora.0.as_tensor(), lora.1.as_tensor(), LoraLinear { w: w.clone(), scale })
+fn linear(x: &Tensor, w: &Frozen, lora: &(Tensor, Tensor), scale: f64) -> Res<Tensor> {
+    x.contiguous()?.apply_op3(&lora.0, &lora.1, LoraLinear { w: w.clone(), scale })
 }
 
 fn rms_norm(x: &Tensor, weight: &Arc<Vec<f32>>, eps: f32) -> Res<Tensor> {
@@ -249,61 +250,122 @@ fn forward_pass(
     given: Option<&Prefix>,
     capture: bool,
 ) -> Res<(RowOutput, Option<Prefix>)> {
-    let c = &base.config;
-    let dev = Device::Cpu;
-    // With a given prefix, the rows before `p` are not computed here.
-    let p = if given.is_some() { row.segments[0].1 } else { 0 };
-    let tokens = &row.tokens[p..];
-    let ids = Tensor::from_slice(tokens, tokens.len(), &dev)?;
-    let mut x = match &base.embed {
-        Embedding::F32(e) => e.index_select(&ids, 0)?,
-        Embedding::Quantized(e) => {
-            let h = e.cols();
-            let mut rows = vec![0f32; tokens.len() * h];
-            for (out, &t) in rows.chunks_exact_mut(h).zip(tokens) {
-                e.dequantize_row(t as usize, out);
-            }
-            Tensor::from_vec(rows, (tokens.len(), h), &dev)?
-        }
-    };
-    if let Some(s) = c.embed_scale {
-        x = x.affine(s as f64, 0.0)?;
-    }
-    // Each sequence's positions start at 0 (a branch's continue after its prefix): the RoPE
-    // angles of every computed row, once per row and table (Gemma's sliding layers have their
-    // own base).
-    let half = c.head_dim / 2;
-    let computed: Vec<usize> = (0..row.segments.len()).filter(|&seg| row.segments[seg].0 >= p).collect();
-    let offsets: Vec<usize> = computed.iter().map(|&seg| row.offset(seg)).collect();
-    let row_rope = |table: &RopeTable| {
-        let (mut cos, mut sin) = (Vec::with_capacity(tokens.len() * half), Vec::with_capacity(tokens.len() * half));
-        for (&seg, &o) in computed.iter().zip(&offsets) {
-            let len = row.segments[seg].1;
-            cos.extend_from_slice(&table.cos[o * half..(o + len) * half]);
-            sin.extend_from_slice(&table.sin[o * half..(o + len) * half]);
-        }
-        Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim }
-    };
-    let rope = row_rope(&base.rope);
-    let rope_swa = base.rope_swa.as_ref().map(row_rope);
-    let scale = lora.scale();
-    let eps = c.rms_eps;
-    // Attention runs over all the row's rows (a given prefix's as keys only: its query rows are
-    // zeros no span reads).
-    let spans = Arc::new(row.spans().into_iter().filter(|s| s.start >= p).collect::<Vec<_>>());
+    let pass = Pass::new(base, lora, row, grad, given)?;
+    let mut x = pass.embed()?;
     let mut captured = Vec::new();
-    // A given prefix's query rows (the op reads none of them), made once for every layer.
-    let no_queries = Tensor::zeros((p, c.n_head * c.head_dim), DType::F32, &dev)?;
-    for (li, (layer, pairs)) in base.layers.iter().zip(&lora.pairs).enumerate() {
+    for li in 0..base.layers.len() {
+        let (next, k, v) = pass.layer(li, &x)?;
+        if capture {
+            captured.push((k, v));
+        }
+        x = next;
+    }
+    let (out, last) = pass.head(&x, grad)?;
+    Ok((out, capture.then(|| Prefix { kv: captured, last })))
+}
+
+/// One pass over a row, layer by layer: what every layer reads (the rows' RoPE angles, the
+/// attention spans, a given prefix) made once. [`forward_pass`] runs its layers in order;
+/// [`crate::recompute`] runs them again one at a time from saved inputs.
+pub(crate) struct Pass<'a> {
+    base: &'a Base,
+    row: &'a Row,
+    /// The adapter's A and B per layer and module: the variables themselves when a backward
+    /// follows, detached copies (same storage) when not, so that no graph is built and each
+    /// activation is freed as soon as the next op has read it.
+    pairs: Vec<[(Tensor, Tensor); 7]>,
+    scale: f64,
+    given: Option<&'a Prefix>,
+    /// Rows before `p` are a given prefix's (not computed here).
+    p: usize,
+    rope: Rope,
+    rope_swa: Option<Rope>,
+    spans: Arc<Vec<Span>>,
+    /// A given prefix's query rows (the attention reads none of them), made once.
+    no_queries: Tensor,
+}
+
+impl<'a> Pass<'a> {
+    pub(crate) fn new(base: &'a Base, lora: &Lora, row: &'a Row, grad: bool, given: Option<&'a Prefix>) -> Res<Self> {
+        let c = &base.config;
+        let p = if given.is_some() { row.segments[0].1 } else { 0 };
+        let n = row.tokens.len() - p;
+        // Each sequence's positions start at 0 (a branch's continue after its prefix): the RoPE
+        // angles of every computed row, once per row and table (Gemma's sliding layers have
+        // their own base).
+        let half = c.head_dim / 2;
+        let computed: Vec<usize> = (0..row.segments.len()).filter(|&seg| row.segments[seg].0 >= p).collect();
+        let row_rope = |table: &RopeTable| {
+            let (mut cos, mut sin) = (Vec::with_capacity(n * half), Vec::with_capacity(n * half));
+            for &seg in &computed {
+                let (o, len) = (row.offset(seg), row.segments[seg].1);
+                cos.extend_from_slice(&table.cos[o * half..(o + len) * half]);
+                sin.extend_from_slice(&table.sin[o * half..(o + len) * half]);
+            }
+            Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim }
+        };
+        let pairs = lora
+            .pairs
+            .iter()
+            .map(|layer| {
+                layer.each_ref().map(|(a, b)| {
+                    if grad {
+                        (a.as_tensor().clone(), b.as_tensor().clone())
+                    } else {
+                        (a.as_tensor().detach(), b.as_tensor().detach())
+                    }
+                })
+            })
+            .collect();
+        Ok(Pass {
+            base,
+            row,
+            pairs,
+            scale: lora.scale(),
+            given,
+            p,
+            rope: row_rope(&base.rope),
+            rope_swa: base.rope_swa.as_ref().map(row_rope),
+            // Attention runs over all the row's rows (a given prefix's as keys only).
+            spans: Arc::new(row.spans().into_iter().filter(|s| s.start >= p).collect()),
+            no_queries: Tensor::zeros((p, c.n_head * c.head_dim), DType::F32, &Device::Cpu)?,
+        })
+    }
+
+    /// The computed rows' token embeddings (the first layer's input).
+    pub(crate) fn embed(&self) -> Res<Tensor> {
+        let tokens = &self.row.tokens[self.p..];
+        let dev = Device::Cpu;
+        let x = match &self.base.embed {
+            Embedding::F32(e) => e.index_select(&Tensor::from_slice(tokens, tokens.len(), &dev)?, 0)?,
+            Embedding::Quantized(e) => {
+                let h = e.cols();
+                let mut rows = vec![0f32; tokens.len() * h];
+                for (out, &t) in rows.chunks_exact_mut(h).zip(tokens) {
+                    e.dequantize_row(t as usize, out);
+                }
+                Tensor::from_vec(rows, (tokens.len(), h), &dev)?
+            }
+        };
+        match self.base.config.embed_scale {
+            Some(s) => x.affine(s as f64, 0.0),
+            None => Ok(x),
+        }
+    }
+
+    /// Layer `li` on its input `x`: its output and the layer's keys (after RoPE) and values.
+    pub(crate) fn layer(&self, li: usize, x: &Tensor) -> Res<(Tensor, Tensor, Tensor)> {
+        let (c, layer, pairs) = (&self.base.config, &self.base.layers[li], &self.pairs[li]);
+        let (scale, eps) = (self.scale, c.rms_eps);
         let window = c.window(li);
-        let rope = match (&rope_swa, window) {
+        let rope = match (&self.rope_swa, window) {
             (Some(r), Some(_)) => r,
-            _ => &rope,
+            _ => &self.rope,
         };
         let rotate = |x: Tensor| -> Res<Tensor> { x.contiguous()?.apply_op1(rope.clone()) };
         let attention = SegmentAttention {
-            kv_as_cached: base.kv_as_cached,
-            spans: spans.clone(),
+            kv_as_cached: self.base.kv_as_cached,
+            spans: self.spans.clone(),
             heads: tandem_model::kernels::causal::Heads {
                 n_head: c.n_head,
                 n_kv_head: c.n_kv_head,
@@ -312,12 +374,13 @@ fn forward_pass(
                 window: window.map(|w| w.window),
             },
         };
-        let h = rms_norm(&x, &layer.attn_norm, eps)?;
+        let h = rms_norm(x, &layer.attn_norm, eps)?;
         let (mut q, mut k, mut v) = (
             linear(&h, &layer.w[0], &pairs[0], scale)?,
             linear(&h, &layer.w[1], &pairs[1], scale)?,
             linear(&h, &layer.w[2], &pairs[2], scale)?,
         );
+        drop(h);
         if let Some([bq, bk, bv]) = &layer.bias {
             (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
         }
@@ -326,58 +389,64 @@ fn forward_pass(
             (q, k) = (rms_norm(&q, qn, eps)?, rms_norm(&k, kn, eps)?);
         }
         let (q, k, v) = (rotate(q)?, rotate(k)?, v.contiguous()?);
-        if capture {
-            captured.push((k.clone(), v.clone()));
-        }
-        let att = match given {
+        let att = match self.given {
             Some(prefix) => {
                 let (pk, pv) = &prefix.kv[li];
-                let q = Tensor::cat(&[&no_queries, &q], 0)?;
+                let q = Tensor::cat(&[&self.no_queries, &q], 0)?;
                 let (k, v) = (Tensor::cat(&[pk, &k], 0)?, Tensor::cat(&[pv, &v], 0)?);
-                q.apply_op3(&k, &v, attention)?.narrow(0, p, tokens.len())?
+                q.apply_op3(&k, &v, attention)?.narrow(0, self.p, x.dim(0)?)?
             }
             None => q.apply_op3(&k, &v, attention)?,
         };
+        drop(q);
         let mut o = linear(&att, &layer.w[3], &pairs[3], scale)?;
+        drop(att);
         if let Some((post, _)) = &layer.post_norms {
             o = rms_norm(&o, post, eps)?;
         }
-        x = x.add(&o)?;
+        let x = x.add(&o)?;
+        drop(o);
         let h = rms_norm(&x, &layer.ffn_norm, eps)?;
         let g = linear(&h, &layer.w[4], &pairs[4], scale)?;
         let u = linear(&h, &layer.w[5], &pairs[5], scale)?;
+        drop(h);
         let act = g.contiguous()?.apply_op2(&u.contiguous()?, ActMul(c.arch.activation()))?;
+        drop((g, u));
         let mut d = linear(&act, &layer.w[6], &pairs[6], scale)?;
+        drop(act);
         if let Some((_, post)) = &layer.post_norms {
             d = rms_norm(&d, post, eps)?;
         }
-        x = x.add(&d)?;
+        Ok((x.add(&d)?, k, v))
     }
-    let mut h = rms_norm(&x, &base.out_norm, eps)?;
-    let captured = if capture {
-        let last = h.narrow(0, tokens.len() - 1, 1)?;
-        Some(Prefix { kv: captured, last })
-    } else {
-        None
-    };
-    // Row index i of the part is row i - p of `h`; with a given prefix, its last row is put
-    // before them (every target is in a branch, so none reads further back).
-    let mut first = p;
-    if let Some(prefix) = given {
-        h = Tensor::cat(&[&prefix.last, &h], 0)?;
-        first = p - 1;
+
+    /// The last layer's output `x` to the targets' logprobs (and entropies), with the final
+    /// hidden state of the last computed row (what a tree's branches read of their prefix);
+    /// `grad`: a backward pass through the head follows.
+    pub(crate) fn head(&self, x: &Tensor, grad: bool) -> Res<(RowOutput, Tensor)> {
+        let dev = Device::Cpu;
+        let row = self.row;
+        let mut h = rms_norm(x, &self.base.out_norm, self.base.config.rms_eps)?;
+        let last = h.narrow(0, h.dim(0)? - 1, 1)?;
+        // Row index i of the part is row i - p of `h`; with a given prefix, its last row is put
+        // before them (every target is in a branch, so none reads further back).
+        let mut first = self.p;
+        if let Some(prefix) = self.given {
+            h = Tensor::cat(&[&prefix.last, &h], 0)?;
+            first = self.p - 1;
+        }
+        if row.targets.is_empty() {
+            let none = Tensor::zeros(0, DType::F32, &dev)?;
+            return Ok((RowOutput { logprobs: none, entropy: Vec::new() }, last));
+        }
+        let from: Vec<u32> = row.targets.iter().map(|t| (row.source(t) - first) as u32).collect();
+        let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
+        let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
+        let entropy = Arc::new(Mutex::new(Vec::new()));
+        let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
+        let head = HeadLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
+        let logprobs = rows.contiguous()?.apply_op1(head)?;
+        let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
+        Ok((RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy }, last))
     }
-    if row.targets.is_empty() {
-        let none = Tensor::zeros(0, DType::F32, &dev)?;
-        return Ok((RowOutput { logprobs: none, entropy: Vec::new() }, captured));
-    }
-    let from: Vec<u32> = row.targets.iter().map(|t| (row.source(t) - first) as u32).collect();
-    let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
-    let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
-    let entropy = Arc::new(Mutex::new(Vec::new()));
-    let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
-    let head = HeadLogprob { head: base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
-    let logprobs = rows.contiguous()?.apply_op1(head)?;
-    let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
-    Ok((RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy }, captured))
 }

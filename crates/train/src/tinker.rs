@@ -326,6 +326,6 @@ impl TinkerTrainer for TinkerModels {
         let dropped = self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
         drop(dropped);
         // Its adapter, optimizer state and the last calls' activations go back to the system now.
-        tandem_model::allocator::release_freed_memory();
+        self.trainer.release_freed_memory();
     }
 }

@@ -44,12 +44,16 @@ pub struct TrainBase {
     pub tokenizer: Arc<dyn TrainTokenizer>,
 }
 
-/// Trains LoRA adapters for the served base models. The f32 base weights are loaded on first
-/// use and kept.
+/// Trains LoRA adapters for the served base models. The frozen base (int8 or f32 products, see
+/// [`Base::load`]) is loaded on first use and kept.
 pub struct LoraTrainer {
     bases: Vec<TrainBase>,
     loaded: Mutex<BTreeMap<String, Arc<Base>>>,
     pub(crate) part_tokens: usize,
+    /// A part, or a cut tree's prefix, longer than this many tokens is recomputed layer by
+    /// layer in its backward instead of keeping its graph ([`crate::recompute`]); `None`: half
+    /// a part.
+    recompute_tokens: Option<usize>,
     /// Lay sequences that share a prefix out as prefix trees ([`crate::pack::lay_out`]); off
     /// only to measure and test against the unshared rows.
     pub(crate) share_prefixes: bool,
@@ -92,10 +96,21 @@ impl LoraTrainer {
             bases,
             loaded: Mutex::new(BTreeMap::new()),
             part_tokens: PART_TOKENS,
+            recompute_tokens: None,
             share_prefixes: true,
             exact: false,
             pool: training_pool(),
         }
+    }
+
+    /// Hands the memory freed by a job back to the system, from every training thread as well
+    /// as this one: the allocator keeps a thread's freed pages with that thread (for a minute,
+    /// `tandem_model::allocator`), so collecting on the calling thread alone left most of a
+    /// job's activations in the process (measured: a server's RSS between RL jobs rose from
+    /// ~700 MB to ~1,200 MB over three runs).
+    pub fn release_freed_memory(&self) {
+        self.pool.broadcast(|_| tandem_model::allocator::release_freed_memory());
+        tandem_model::allocator::release_freed_memory();
     }
 
     /// Runs `f` on the trainer's low-priority threads.
@@ -107,6 +122,20 @@ impl LoraTrainer {
     pub fn with_part_tokens(mut self, n: usize) -> Self {
         self.part_tokens = n.max(1);
         self
+    }
+
+    /// Recomputes a part or a cut tree's prefix longer than `n` tokens in its backward (tests
+    /// use 0 to take that path everywhere, `usize::MAX` to never take it).
+    pub fn with_recompute_above(mut self, n: usize) -> Self {
+        self.recompute_tokens = Some(n);
+        self
+    }
+
+    /// How long a part or a cut tree's prefix may be before its activations are recomputed
+    /// rather than kept: by default half a part (measured on SmolLM2: a job at ~1/2-1/5 of the
+    /// memory, ~20% slower; docs/benchmarks.md, session 26).
+    pub(crate) fn recompute_above(&self) -> usize {
+        self.recompute_tokens.unwrap_or(self.part_tokens / 2)
     }
 
     /// Trains shared prefixes once (the default) or once per sequence.
@@ -408,7 +437,7 @@ impl Trainer for LoraTrainer {
             TrainTask::Sft { config, rows } => crate::sft::train_sft(self, job, config, rows, sink),
         };
         // The job's activations are freed: hand them back now, not a purge delay from now.
-        tandem_model::allocator::release_freed_memory();
+        self.release_freed_memory();
         result
     }
 }
@@ -506,7 +535,7 @@ impl LoraTrainer {
                 Ok((loss.grad.clone(), PartLoss { loss, kl, behaviour_kl: behaviour_kl(&inputs) }))
             };
             let results =
-                self.on_training_threads(|| run_parts(&base, lora, parts, true, &mut grads, &mut part_loss))?;
+                self.on_training_threads(|| run_parts(&base, lora, parts, true, self.recompute_above(), &mut grads, &mut part_loss))?;
             for r in &results {
                 step.add(r);
             }

@@ -10,10 +10,13 @@
 //! prefix's keys, values and last hidden state. The prefix's backward comes last, through
 //! `sum(g lp) + sum(K dK) + sum(V dV) + sum(h dh)`: by the chain rule the same gradient as
 //! running the tree whole, with the memory of the prefix plus one part and the prefix's compute
-//! once instead of once per part.
+//! once instead of once per part. A part or prefix longer than the caller's limit keeps only
+//! each layer's input instead of its graph and is recomputed layer by layer in its backward
+//! ([`crate::recompute`]): a fraction of the memory, for one more forward.
 
 use crate::net::{forward, forward_branches, forward_prefix, score, Base, Lora, Prefix};
 use crate::pack::{Row, Target};
+use crate::recompute::dot;
 use crate::trainer::{accumulate, failed};
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
@@ -34,11 +37,14 @@ pub type GradOf<'a, T> = dyn FnMut(usize, &[f32]) -> Result<(Vec<f64>, T), Train
 
 /// Runs `parts` forward (and, with `backward`, backward, adding the adapter's gradients into
 /// `grads`), in order.
+/// A part, or a cut tree's prefix, longer than `recompute_above` tokens keeps only each layer's
+/// input between its forward and its backward ([`crate::recompute`]).
 pub fn run_parts<T>(
     base: &Base,
     lora: &Lora,
     parts: &[Row],
     backward: bool,
+    recompute_above: usize,
     grads: &mut GradStore,
     grad_of: &mut GradOf<'_, T>,
 ) -> Result<Vec<PartResult<T>>, TrainError> {
@@ -46,7 +52,17 @@ pub fn run_parts<T>(
     let mut out = Vec::with_capacity(parts.len());
     for unit in units(parts) {
         let (i, n) = (unit.start, unit.len());
-        if n == 1 {
+        if n == 1 && backward && parts[i].tokens.len() > recompute_above {
+            let part = &parts[i];
+            let (o, _, saved) = crate::recompute::forward(base, lora, part)?;
+            let lp = values(&o.logprobs)?;
+            let (g, extra) = grad_of(i, &lp)?;
+            if !lp.is_empty() {
+                let loss = weighted_sum(&o.logprobs, &g)?;
+                crate::recompute::backward(base, lora, part, saved, Some(loss), &[], grads)?;
+            }
+            out.push(PartResult { logprobs: lp, entropy: o.entropy, tokens: part.tokens.len(), extra });
+        } else if n == 1 {
             let part = &parts[i];
             let o = if backward { forward(base, lora, part) } else { score(base, lora, part) }.map_err(failed)?;
             let lp = values(&o.logprobs)?;
@@ -56,7 +72,8 @@ pub fn run_parts<T>(
             }
             out.push(PartResult { logprobs: lp, entropy: o.entropy, tokens: part.tokens.len(), extra });
         } else {
-            out.extend(tree(base, lora, &parts[unit], i, backward, grads, &vars, grad_of)?);
+            let recompute = backward && parts[i].segments[0].1 > recompute_above;
+            out.extend(tree(base, lora, &parts[unit], i, backward, recompute, grads, &vars, grad_of)?);
         }
     }
     Ok(out)
@@ -82,7 +99,7 @@ pub fn units(parts: &[Row]) -> Vec<std::ops::Range<usize>> {
 /// once: the scoring passes (old logprobs, the KL penalty's reference and learner terms).
 pub fn score_parts(base: &Base, lora: &Lora, parts: &[Row]) -> Result<Vec<Vec<f32>>, TrainError> {
     let mut unused = GradStore::default();
-    let results = run_parts(base, lora, parts, false, &mut unused, &mut |_, _| Ok((Vec::new(), ())))?;
+    let results = run_parts(base, lora, parts, false, usize::MAX, &mut unused, &mut |_, _| Ok((Vec::new(), ())))?;
     Ok(results.into_iter().map(|r| r.logprobs).collect())
 }
 
@@ -93,11 +110,16 @@ fn values(t: &Tensor) -> Result<Vec<f32>, TrainError> {
     t.to_vec1::<f32>().map_err(failed)
 }
 
-/// The gradients of `sum(g * lp)`.
-fn surrogate_backward(lp: &Tensor, g: &[f64]) -> Result<GradStore, TrainError> {
+/// `sum(g * lp)`.
+fn weighted_sum(lp: &Tensor, g: &[f64]) -> Result<Tensor, TrainError> {
     let g: Vec<f32> = g.iter().map(|x| *x as f32).collect();
     let g = Tensor::from_vec(g, lp.elem_count(), lp.device()).map_err(failed)?;
-    lp.mul(&g).and_then(|t| t.sum_all()).and_then(|t| t.backward()).map_err(failed)
+    dot(lp, &g)
+}
+
+/// The gradients of `sum(g * lp)`.
+fn surrogate_backward(lp: &Tensor, g: &[f64]) -> Result<GradStore, TrainError> {
+    weighted_sum(lp, g)?.backward().map_err(failed)
 }
 
 /// `sum` of `a`'s gradient in `grads` into `into`.
@@ -119,6 +141,7 @@ fn tree<T>(
     parts: &[Row],
     first: usize,
     backward: bool,
+    recompute: bool,
     grads: &mut GradStore,
     vars: &[Var],
     grad_of: &mut GradOf<'_, T>,
@@ -138,16 +161,27 @@ fn tree<T>(
         }
         at_prefix.push(here);
     }
-    let (pre, prefix) = forward_prefix(base, lora, &prefix_row, backward).map_err(failed)?;
+    let (pre, prefix, saved) = if recompute {
+        let (pre, prefix, saved) = crate::recompute::forward(base, lora, &prefix_row)?;
+        (pre, prefix, Some(saved))
+    } else {
+        let (pre, prefix) = forward_prefix(base, lora, &prefix_row, backward).map_err(failed)?;
+        (pre, prefix, None)
+    };
     let pre_lp = values(&pre.logprobs)?;
     // The branches read the prefix through leaf copies, whose gradients the parts give.
     let leaf = |t: &Tensor| Var::from_tensor(&t.detach()).map_err(failed);
     let kv_leaves: Vec<(Var, Var)> =
         prefix.kv.iter().map(|(k, v)| Ok((leaf(k)?, leaf(v)?))).collect::<Result<_, _>>()?;
     let last_leaf = leaf(&prefix.last)?;
-    let given = Prefix {
-        kv: kv_leaves.iter().map(|(k, v)| (k.as_tensor().clone(), v.as_tensor().clone())).collect(),
-        last: last_leaf.as_tensor().clone(),
+    // Without a backward the branches read the prefix as plain tensors: nothing tracks them.
+    let given = if backward {
+        Prefix {
+            kv: kv_leaves.iter().map(|(k, v)| (k.as_tensor().clone(), v.as_tensor().clone())).collect(),
+            last: last_leaf.as_tensor().clone(),
+        }
+    } else {
+        Prefix { kv: prefix.kv.iter().map(|(k, v)| (k.detach(), v.detach())).collect(), last: prefix.last.detach() }
     };
     let mut g_prefix = vec![0f64; prefix_row.targets.len()];
     let mut d_kv: Vec<(Option<Tensor>, Option<Tensor>)> = vec![(None, None); kv_leaves.len()];
@@ -196,24 +230,38 @@ fn tree<T>(
         out.push(PartResult { logprobs: lp, entropy, tokens, extra });
     }
     if backward {
-        // The prefix's own targets' share and what the branches added to its keys, values and
-        // last hidden state, through the prefix's graph at once.
-        let mut terms = Vec::new();
+        // The prefix's own targets' share and what the branches added to its last hidden
+        // state, through the head; what they added to its keys and values, through the layers.
+        let mut head_terms = Vec::new();
         if !g_prefix.is_empty() {
-            let g: Vec<f32> = g_prefix.iter().map(|x| *x as f32).collect();
-            let g = Tensor::from_vec(g, g_prefix.len(), pre.logprobs.device()).map_err(failed)?;
-            terms.push(pre.logprobs.mul(&g).and_then(|t| t.sum_all()).map_err(failed)?);
+            head_terms.push(weighted_sum(&pre.logprobs, &g_prefix)?);
         }
-        let pairs = prefix.kv.iter().flat_map(|(k, v)| [k, v]).zip(d_kv.iter().flat_map(|(dk, dv)| [dk, dv]));
-        for (x, d) in pairs.chain(std::iter::once((&prefix.last, &d_last))) {
-            if let Some(d) = d {
-                terms.push(x.mul(d).and_then(|t| t.sum_all()).map_err(failed)?);
+        if let Some(d) = &d_last {
+            head_terms.push(dot(&prefix.last, d)?);
+        }
+        let head_loss = sum(head_terms)?;
+        if let Some(saved) = saved {
+            crate::recompute::backward(base, lora, &prefix_row, saved, head_loss, &d_kv, grads)?;
+        } else {
+            // The graph is whole: one backward through all of it at once.
+            let mut terms: Vec<Tensor> = head_loss.into_iter().collect();
+            let pairs = prefix.kv.iter().flat_map(|(k, v)| [k, v]).zip(d_kv.iter().flat_map(|(dk, dv)| [dk, dv]));
+            for (x, d) in pairs {
+                if let Some(d) = d {
+                    terms.push(dot(x, d)?);
+                }
             }
-        }
-        if let Some(first) = terms.pop() {
-            let total = terms.iter().try_fold(first, |sum, t| sum.add(t)).map_err(failed)?;
-            accumulate(grads, &total.backward().map_err(failed)?, vars)?;
+            if let Some(total) = sum(terms)? {
+                accumulate(grads, &total.backward().map_err(failed)?, vars)?;
+            }
         }
     }
     Ok(out)
+}
+
+/// The sum of scalar `terms`, if there are any.
+fn sum(terms: Vec<Tensor>) -> Result<Option<Tensor>, TrainError> {
+    let mut terms = terms.into_iter();
+    let Some(first) = terms.next() else { return Ok(None) };
+    terms.try_fold(first, |acc, t| acc.add(&t)).map(Some).map_err(failed)
 }
