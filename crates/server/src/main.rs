@@ -59,6 +59,7 @@ fn render_template_jailed() -> anyhow::Result<()> {
 /// an operator reads why, a script sees the failure, nobody reads a backtrace.
 fn main() -> std::process::ExitCode {
     tandem_model::allocator::keep_freed_memory();
+    tandem_train::run_candle_ops_inline();
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -4,7 +4,8 @@
 //! defaults (rows of up to 2048 tokens, one optimizer step per row, LoRA r8).
 //! `cargo run --release -p tandem-train --example rl_job` (TANDEM_MODEL, GROUP_COUNT, GROUP, PROMPT,
 //! COMPLETION, ROUNDS, PART; KL=1 adds a KL penalty against the base, which costs a reference
-//! pass; RECOMPUTE=n recomputes cut trees' prefixes longer than n tokens, default half a part).
+//! pass; RECOMPUTE=n recomputes the shared trainer's parts and cut prefixes longer than n tokens,
+//! default half a part; the unshared trainer, the one before issue 34, keeps every graph).
 //! Prints each job's wall time, steps and forward tokens, then one JSON line with the process's
 //! peak RSS.
 use serde_json::{Map, Value};
@@ -53,6 +54,7 @@ impl TrainSink for Steps {
 
 fn main() {
     tandem_model::allocator::keep_freed_memory();
+    tandem_train::run_candle_ops_inline();
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let (groups, group, prompt, completion, rounds) =
         (env("GROUP_COUNT", 1), env("GROUP", 8), env("PROMPT", 300), env("COMPLETION", 40), env("ROUNDS", 3));
@@ -98,7 +100,14 @@ fn main() {
     let base = TrainBase { id: "base".into(), path: path.into(), tokenizer: Arc::new(Ids) };
     let recompute = std::env::var("RECOMPUTE").ok().and_then(|v| v.parse().ok()).unwrap_or(part / 2);
     let trainers = [
-        ("unshared", LoraTrainer::new(vec![clone_base(&base)]).with_prefix_sharing(false).with_part_tokens(part)),
+        // The trainer before issue 34: no prefix trees, every part's graph kept.
+        (
+            "unshared",
+            LoraTrainer::new(vec![clone_base(&base)])
+                .with_prefix_sharing(false)
+                .with_part_tokens(part)
+                .with_recompute_above(usize::MAX),
+        ),
         ("shared", LoraTrainer::new(vec![clone_base(&base)]).with_part_tokens(part).with_recompute_above(recompute)),
     ];
     // ONLY=shared or ONLY=unshared runs one of them (for a profile).

@@ -16,6 +16,7 @@ fn env(key: &str, default: usize) -> usize {
 
 fn main() {
     tandem_model::allocator::keep_freed_memory();
+    tandem_train::run_candle_ops_inline();
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let (rows, len, steps) = (env("ROWS", 4), env("LEN", 256), env("STEPS", 3));
     let t = std::time::Instant::now();

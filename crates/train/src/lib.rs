@@ -49,3 +49,16 @@ pub use tandem_core::sequences::ModelTokenizer;
 /// A chat tokenizer the trainer can share across threads.
 pub trait TrainTokenizer: ChatTokenizer + Send + Sync {}
 impl<T: ChatTokenizer + Send + Sync> TrainTokenizer for T {}
+
+/// candle's CPU backend runs elementwise ops of 64K values or more on a thread pool of its own
+/// (one thread fewer than `RAYON_NUM_THREADS`), whose threads spin ~25,000 times after each op
+/// before they sleep. On two cores that spinning took a fifth of a training job's samples from
+/// the trainer's own threads (perf, session 26: a job of 8 x 340 tokens 4.7 s, 3.4 s with the
+/// ops inline). Those ops (residual adds, casts, concatenations) are a small part of the work,
+/// so they run on the calling thread: `CANDLE_NUM_THREADS=1` unless the environment sets it.
+/// Call first thing in `main`, before any thread starts (candle reads it once, at first use).
+pub fn run_candle_ops_inline() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}
