@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tandem_core::sequences::{fits_model, tokenize_groups, ModelBounds, RlInputs, TrainedModel};
-use tandem_core::train_config::TrainConfig;
+use tandem_core::train_config::{KlSource, TrainConfig};
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
 
 /// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
@@ -334,6 +334,14 @@ fn row_kl_mean(base: &Base, lora: &Lora, parts: &[Row], cfg: &LossConfig) -> Res
     let Some((_, source)) = cfg.kl else { return Ok(None) };
     if parts.len() < 2 {
         return Ok(None);
+    }
+    // The sampler's logprobs are the source where they are known: no learner pass unless one
+    // is missing (it would be a whole forward per step, for nothing).
+    let targets = || parts.iter().flat_map(|p| &p.targets);
+    if matches!(source, KlSource::Sample) && targets().all(|t| t.old_lp.is_finite()) {
+        let all: Vec<TokenInput> =
+            parts.iter().flat_map(|p| token_inputs(p, &vec![f32::NAN; p.targets.len()])).collect();
+        return Ok(Some(kl_mean(&all, source)));
     }
     let mut all = Vec::new();
     for (part, lps) in parts.iter().zip(score_parts(base, lora, parts)?) {
