@@ -69,17 +69,20 @@ impl EngineConfig {
     /// Prompt positions the prefix cache keeps for a model: the configured number, or as many
     /// as [`PREFIX_CACHE_BYTES`] hold at the model's KV bytes a position.
     pub fn prefix_tokens(&self, model: &tandem_model::LlamaConfig) -> usize {
-        let per_position = (model.n_layer * model.kv_dim() * 2 * tandem_model::KV_VALUE_BYTES).max(1) as u64;
-        self.prefix_cache_tokens.unwrap_or((PREFIX_CACHE_BYTES / per_position) as usize)
+        self.prefix_cache_tokens.unwrap_or((PREFIX_CACHE_BYTES / kv_position_bytes(model)) as usize)
     }
 
-    /// KV positions the budget holds for a model: its bytes over what one position costs (keys
-    /// and values of every layer, f32), but never less than one full context, so that any one
-    /// sequence can always run to its end alone.
+    /// KV positions the budget holds for a model: its bytes over what one position costs
+    /// ([`kv_position_bytes`]), but never less than one full context, so that any one sequence
+    /// can always run to its end alone.
     pub fn kv_tokens(&self, model: &tandem_model::LlamaConfig) -> usize {
-        let per_position = (model.n_layer * model.kv_dim() * 2 * tandem_model::KV_VALUE_BYTES).max(1) as u64;
-        ((self.kv_cache_bytes / per_position) as usize).max(model.context_len)
+        ((self.kv_cache_bytes / kv_position_bytes(model)) as usize).max(model.context_len)
     }
+}
+
+/// What one cached position costs: keys and values of every layer, as the cache stores them.
+fn kv_position_bytes(model: &tandem_model::LlamaConfig) -> u64 {
+    (model.n_layer * model.kv_dim() * 2 * tandem_model::KV_VALUE_BYTES).max(1) as u64
 }
 
 /// `MemTotal` of /proc/meminfo, when there is one.

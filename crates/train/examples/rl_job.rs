@@ -75,7 +75,11 @@ fn main() {
         })
         .collect();
     let inputs = RlInputs::Tokenized(TokenizedGroups { format: 2, groups });
-    let kl = (env("KL", 0) == 1).then_some(KlPenalty { coef: 0.1, source: KlSource::Sample, reference: KlReference::Step(0) });
+    let kl = (env("KL", 0) == 1).then_some(KlPenalty {
+        coef: 0.1,
+        source: KlSource::Sample,
+        reference: KlReference::Step(0),
+    });
     let job = TrainJob {
         job_id: uuid::Uuid::now_v7(),
         model: tandem_core::records::ModelRecord {

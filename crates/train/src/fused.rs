@@ -206,8 +206,9 @@ fn as_cached(xs: &[f32]) -> Vec<f32> {
 }
 
 /// Causal attention within each span of a packed row (a branch also over its prefix),
-/// `(q (T, nh hd), k, v (T, nkv hd)) -> (T, nh hd)`, forward and backward in `tandem_model::kernels::causal` (heads read in place
-/// through strides, no (heads, s, s) tensors kept: the backward recomputes the probabilities).
+/// `(q (T, nh hd), k, v (T, nkv hd)) -> (T, nh hd)`, forward and backward in
+/// `tandem_model::kernels::causal` (heads read in place through strides, no (heads, s, s)
+/// tensors kept: the backward recomputes the probabilities).
 /// With `kv_as_cached`, keys and values are rounded to f16 first, as the server caches them.
 #[derive(Clone)]
 pub struct SegmentAttention {

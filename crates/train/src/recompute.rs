@@ -59,7 +59,7 @@ pub fn backward(
 ) -> Result<(), TrainError> {
     let vars = lora.vars();
     let Saved { mut inputs, top } = saved;
-    let mut dx = through(head_loss.into_iter().collect(), &top, grads, &vars)?;
+    let mut dx = through(head_loss, &top, grads, &vars)?;
     drop(top);
     let pass = Pass::new(base, lora, row, true, None).map_err(failed)?;
     for li in (0..base.config.n_layer).rev() {
@@ -75,7 +75,7 @@ pub fn backward(
                 terms.push(dot(t, d)?);
             }
         }
-        dx = through(terms, &input, grads, &vars)?;
+        dx = through(sum(terms)?, &input, grads, &vars)?;
     }
     Ok(())
 }
@@ -85,13 +85,23 @@ pub(crate) fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor, TrainError> {
     a.mul(b).and_then(|t| t.sum_all()).map_err(failed)
 }
 
-/// Backpropagates the sum of `terms`, adding the adapter's gradients into `grads`; the gradient
-/// of `input` (what the layer below gets), if anything reached it.
-fn through(terms: Vec<Tensor>, input: &Var, grads: &mut GradStore, vars: &[Var]) -> Result<Option<Tensor>, TrainError> {
+/// The sum of scalar `terms`, if there are any.
+pub(crate) fn sum(terms: Vec<Tensor>) -> Result<Option<Tensor>, TrainError> {
     let mut terms = terms.into_iter();
     let Some(first) = terms.next() else { return Ok(None) };
-    let total = terms.try_fold(first, |sum, t| sum.add(&t)).map_err(failed)?;
-    let store = total.backward().map_err(failed)?;
+    terms.try_fold(first, |acc, t| acc.add(&t)).map(Some).map_err(failed)
+}
+
+/// Backpropagates `loss` (if anything asks of this layer), adding the adapter's gradients into
+/// `grads`; the gradient of `input` (what the layer below gets), if anything reached it.
+fn through(
+    loss: Option<Tensor>,
+    input: &Var,
+    grads: &mut GradStore,
+    vars: &[Var],
+) -> Result<Option<Tensor>, TrainError> {
+    let Some(loss) = loss else { return Ok(None) };
+    let store = loss.backward().map_err(failed)?;
     accumulate(grads, &store, vars)?;
     Ok(store.get(input.as_tensor()).cloned())
 }

@@ -131,8 +131,9 @@ impl Session {
             }
             Ok((g, each))
         };
-        let results =
-            trainer.on_training_threads(|| run_parts(base, lora, &parts, backward, trainer.recompute_above(), &mut grads, &mut datum_losses))?;
+        let results = trainer.on_training_threads(|| {
+            run_parts(base, lora, &parts, backward, trainer.recompute_above(), &mut grads, &mut datum_losses)
+        })?;
         let (mut logprobs, mut total) = (vec![Vec::new(); datums.len()], 0.0);
         for (d, l, lp) in results.into_iter().flat_map(|r| r.extra) {
             total += l;

@@ -100,8 +100,9 @@ pub(crate) fn train_sft(
             let (loss, grad) = sft_loss_part(&lp, n);
             Ok((grad, loss))
         };
-        let results =
-            trainer.on_training_threads(|| run_parts(&base, lora, parts, true, trainer.recompute_above(), &mut grads, &mut part_loss))?;
+        let results = trainer.on_training_threads(|| {
+            run_parts(&base, lora, parts, true, trainer.recompute_above(), &mut grads, &mut part_loss)
+        })?;
         let loss: f64 = results.iter().map(|r| r.extra).sum();
         let grad_norm = trainer.on_training_threads(|| clip(&mut grads, &vars, SFT_MAX_GRAD_NORM)).map_err(failed)?;
         ensure_finite(step, &[("the loss", loss), ("the gradient norm", grad_norm)])?;

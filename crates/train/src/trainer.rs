@@ -542,8 +542,9 @@ impl LoraTrainer {
                 let loss = policy_loss_part(&inputs, &loss_cfg, row_targets, kl.unwrap_or(0.0));
                 Ok((loss.grad.clone(), PartLoss { loss, kl, behaviour_kl: behaviour_kl(&inputs) }))
             };
-            let results =
-                self.on_training_threads(|| run_parts(&base, lora, parts, true, self.recompute_above(), &mut grads, &mut part_loss))?;
+            let results = self.on_training_threads(|| {
+                run_parts(&base, lora, parts, true, self.recompute_above(), &mut grads, &mut part_loss)
+            })?;
             for r in &results {
                 step.add(r);
             }

@@ -16,7 +16,7 @@
 
 use crate::net::{forward, forward_branches, forward_prefix, score, Base, Lora, Prefix};
 use crate::pack::{Row, Target};
-use crate::recompute::dot;
+use crate::recompute::{dot, sum};
 use crate::trainer::{accumulate, failed};
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
@@ -37,6 +37,7 @@ pub type GradOf<'a, T> = dyn FnMut(usize, &[f32]) -> Result<(Vec<f64>, T), Train
 
 /// Runs `parts` forward (and, with `backward`, backward, adding the adapter's gradients into
 /// `grads`), in order.
+///
 /// A part, or a cut tree's prefix, longer than `recompute_above` tokens keeps only each layer's
 /// input between its forward and its backward ([`crate::recompute`]).
 pub fn run_parts<T>(
@@ -52,23 +53,22 @@ pub fn run_parts<T>(
     let mut out = Vec::with_capacity(parts.len());
     for unit in units(parts) {
         let (i, n) = (unit.start, unit.len());
-        if n == 1 && backward && parts[i].tokens.len() > recompute_above {
+        if n == 1 {
             let part = &parts[i];
-            let (o, _, saved) = crate::recompute::forward(base, lora, part)?;
-            let lp = values(&o.logprobs)?;
-            let (g, extra) = grad_of(i, &lp)?;
-            if !lp.is_empty() {
-                let loss = weighted_sum(&o.logprobs, &g)?;
-                crate::recompute::backward(base, lora, part, saved, Some(loss), &[], grads)?;
-            }
-            out.push(PartResult { logprobs: lp, entropy: o.entropy, tokens: part.tokens.len(), extra });
-        } else if n == 1 {
-            let part = &parts[i];
-            let o = if backward { forward(base, lora, part) } else { score(base, lora, part) }.map_err(failed)?;
+            let (o, saved) = if backward && part.tokens.len() > recompute_above {
+                let (o, _, saved) = crate::recompute::forward(base, lora, part)?;
+                (o, Some(saved))
+            } else {
+                (if backward { forward(base, lora, part) } else { score(base, lora, part) }.map_err(failed)?, None)
+            };
             let lp = values(&o.logprobs)?;
             let (g, extra) = grad_of(i, &lp)?;
             if backward && !lp.is_empty() {
-                accumulate(grads, &surrogate_backward(&o.logprobs, &g)?, &vars)?;
+                let loss = weighted_sum(&o.logprobs, &g)?;
+                match saved {
+                    Some(saved) => crate::recompute::backward(base, lora, part, saved, Some(loss), &[], grads)?,
+                    None => accumulate(grads, &loss.backward().map_err(failed)?, &vars)?,
+                }
             }
             out.push(PartResult { logprobs: lp, entropy: o.entropy, tokens: part.tokens.len(), extra });
         } else {
@@ -115,11 +115,6 @@ fn weighted_sum(lp: &Tensor, g: &[f64]) -> Result<Tensor, TrainError> {
     let g: Vec<f32> = g.iter().map(|x| *x as f32).collect();
     let g = Tensor::from_vec(g, lp.elem_count(), lp.device()).map_err(failed)?;
     dot(lp, &g)
-}
-
-/// The gradients of `sum(g * lp)`.
-fn surrogate_backward(lp: &Tensor, g: &[f64]) -> Result<GradStore, TrainError> {
-    weighted_sum(lp, g)?.backward().map_err(failed)
 }
 
 /// `sum` of `a`'s gradient in `grads` into `into`.
@@ -217,7 +212,7 @@ fn tree<T>(
                 }
             }
             if !g_branch.is_empty() {
-                let part_grads = surrogate_backward(&o.logprobs, &g_branch)?;
+                let part_grads = weighted_sum(&o.logprobs, &g_branch)?.backward().map_err(failed)?;
                 accumulate(grads, &part_grads, vars)?;
                 for ((dk, dv), (k, v)) in d_kv.iter_mut().zip(&kv_leaves) {
                     add_grad(dk, &part_grads, k)?;
@@ -257,11 +252,4 @@ fn tree<T>(
         }
     }
     Ok(out)
-}
-
-/// The sum of scalar `terms`, if there are any.
-fn sum(terms: Vec<Tensor>) -> Result<Option<Tensor>, TrainError> {
-    let mut terms = terms.into_iter();
-    let Some(first) = terms.next() else { return Ok(None) };
-    terms.try_fold(first, |acc, t| acc.add(&t)).map(Some).map_err(failed)
 }
