@@ -7,6 +7,8 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
 
   sft-loop          create a LoRA model, then forward_backward (cross_entropy) + optim_step five
                     times: the loss falls; per-datum logprobs and `loss:sum` come back
+  modules           train_attn=False trains the MLP projections only; the saved state's weights_info
+                    says so and a client from it keeps the choice; both False is refused
   rl-losses         importance_sampling, ppo (with clip thresholds) and cispo each run; `forward`
                     gives the same logprobs as the forward_backward before any step
   sampler-weights   save_weights_for_sampler by name: a tinker:// path, and the adapter is the
@@ -17,6 +19,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     logprobs and stop reasons, a stop token ending a sample (and included in it),
                     compute_logprobs equal to /v1/completions' prompt logprobs for the same step,
                     greedy sampling of the base model equal to /v1/completions' greedy text
+  scores            topk_prompt_logprobs and topk_sample_logprobs (against /v1/completions' prompt
+                    logprobs), target_prompt_logprobs dense and sparse CSR, prompt_alt_tokens_k
+                    (greedy draws are the top token; seeded draws repeat); bad ones refused by name
   saved-state       save_state, then create_training_client_from_state_with_optimizer and
                     create_training_client_from_state: the same weights; with the optimizer the
                     next step's result is identical, with fresh moments it is not; the RestClient
@@ -114,6 +119,33 @@ def sft_loop(ctx):
     assert losses[-1] < losses[0] - 1.0, losses
 
 
+def modules(ctx):
+    """train_attn=False trains the MLP projections only: the loss falls, the saved state says so
+    through weights_info, a client created from it keeps the choice; both False is refused. In a
+    session of its own, which leaving `with` finishes (an entity holds at most 4 models)."""
+    with service(ctx.server) as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=5, train_attn=False).result()
+        d = datum(weights=1.0)
+        losses = []
+        for _ in range(3):
+            losses.append(tc.forward_backward([d], "cross_entropy").result().metrics["loss:sum"])
+            tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        assert losses[-1] < losses[0], losses
+        saved = tc.save_state("mlp-only").result().path
+        info = sc.create_rest_client().get_weights_info_by_tinker_path(saved).result()
+        assert info.train_attn is False and info.train_mlp is True and info.lora_rank == 4, info
+        again = sc.create_training_client_from_state_with_optimizer(saved).result()
+        assert again.forward_backward([d], "cross_entropy").result().metrics["loss:sum"] < losses[-1]
+        again.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        try:
+            sc.create_lora_training_client(base_model=BASE, rank=4, train_attn=False, train_mlp=False).result()
+            raise AssertionError("a model training nothing was created")
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            assert "nothing would train" in str(e), e
+
+
 def rl_losses(ctx):
     tc = ctx.tc
     n = len(TOKENS) - 1
@@ -183,15 +215,6 @@ def sampling(ctx):
     # prompt_logprobs_last_n: only the last N scored (the SDK checks the rest are None).
     last = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS), prompt_logprobs_last_n=2).result()
     assert last[:-2] == [None] * (len(TOKENS) - 2) and last[-2:] == got[-2:], (last, got)
-    # What is not served is an error the caller sees, never an answer without it.
-    try:
-        sampler.sample(prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2),
-                       topk_prompt_logprobs=2).result()
-        raise AssertionError("top-k prompt logprobs were answered without them")
-    except AssertionError:
-        raise
-    except Exception as e:  # noqa: BLE001 (the SDK's error type for a 400 varies by layer)
-        assert "not served yet" in str(e), e
     # save_weights_and_get_sampling_client: the current weights, sampled at once.
     current = tc.save_weights_and_get_sampling_client()
     current = current.result() if hasattr(current, "result") else current
@@ -205,6 +228,87 @@ def sampling(ctx):
     status, out, _ = ctx.server.api("POST", "/v1/completions", {
         "model": BASE, "prompt": TOKENS[:5], "max_tokens": 6, "temperature": 0, "return_token_ids": True})
     assert status == 200 and greedy.tokens == out["choices"][0]["token_ids"][:len(greedy.tokens)], (greedy, out)
+
+
+def scores(ctx):
+    """Top-k prompt and sample logprobs, target prompt logprobs (dense and sparse CSR) and
+    alternative prompt tokens, each checked against what /v1/completions says of the same
+    prompt on the same model."""
+    base = ctx.sc.create_sampling_client(base_model=BASE).result()
+    prompt = types.ModelInput.from_ints(TOKENS)
+    n = len(TOKENS)
+    status, out, _ = ctx.server.api("POST", "/v1/completions", {
+        "model": BASE, "prompt": TOKENS, "max_tokens": 1, "prompt_logprobs": 3, "temperature": 0})
+    assert status == 200, out
+    # vLLM's shape: the prompt token and the top 3, each with its rank.
+    want = [None] + [sorted(((int(t), e["logprob"]) for t, e in p.items() if e["rank"] <= 3),
+                            key=lambda c: -c[1]) for p in out["choices"][0]["prompt_logprobs"][1:]]
+    res = base.sample(prompt=prompt, num_samples=2, include_prompt_logprobs=True, topk_prompt_logprobs=3,
+                      topk_sample_logprobs=2,
+                      sampling_params=types.SamplingParams(max_tokens=5, temperature=1.0, seed=4)).result()
+    top = res.topk_prompt_logprobs
+    assert len(top) == n and top[0] is None, top
+    for got, exp in zip(top[1:], want[1:]):
+        assert [t for t, _ in got] == [t for t, _ in exp][:3], (got, exp)
+        assert max(abs(a - b) for (_, a), (_, b) in zip(got, exp)) < 1e-4, (got, exp)
+    for i in range(1, n):
+        assert res.prompt_logprobs[i] <= top[i][0][1] + 1e-6, (i, res.prompt_logprobs[i], top[i])
+    for seq in res.sequences:
+        rows = seq.topk_logprobs
+        assert len(rows) == len(seq.tokens), (rows, seq.tokens)
+        for tok, lp, row in zip(seq.tokens, seq.logprobs, rows):
+            assert len(row) == 2 and row[0][1] >= row[1][1] and lp <= row[0][1] + 1e-6, (tok, lp, row)
+            if tok in [t for t, _ in row]:
+                assert abs(dict(row)[tok] - lp) < 1e-5, (tok, lp, row)
+    # Targets, dense: column 0 names the prompt token (its prompt logprob comes back), column 1
+    # the most likely token (its top-1 logprob), -1 in the first row's column 1 asks nothing.
+    ids = [[TOKENS[i + 1], top[i + 1][0][0]] for i in range(n - 1)]
+    ids[0][1] = -1
+    dense = types.TensorData(data=[t for row in ids for t in row], dtype="int64", shape=[n - 1, 2])
+    res = base.sample(prompt=prompt, num_samples=1, include_prompt_logprobs=True, target_prompt_logprobs=dense,
+                      sampling_params=types.SamplingParams(max_tokens=1)).result()
+    got = res.target_prompt_logprobs.tolist()
+    assert res.target_prompt_logprobs.shape == [n - 1, 2], res.target_prompt_logprobs
+    for i in range(n - 1):
+        assert abs(got[i][0] - res.prompt_logprobs[i + 1]) < 1e-5, (i, got[i], res.prompt_logprobs)
+        assert got[i][1] == 0.0 if i == 0 else abs(got[i][1] - top[i + 1][0][1]) < 1e-4, (i, got[i], top[i + 1])
+    # Sparse CSR: only the listed cells, answered in the same layout.
+    sparse = types.TensorData(data=[TOKENS[2], TOKENS[-1]], dtype="int64", shape=[n - 1, 1],
+                              sparse_crow_indices=[0, 0, 1] + [1] * (n - 4) + [2], sparse_col_indices=[0, 0])
+    res2 = base.sample(prompt=prompt, num_samples=1, target_prompt_logprobs=sparse,
+                       sampling_params=types.SamplingParams(max_tokens=1)).result()
+    t = res2.target_prompt_logprobs
+    assert t.sparse_crow_indices == sparse.sparse_crow_indices and t.sparse_col_indices == [0, 0], t
+    assert max(abs(a - b) for a, b in zip(t.data, [res.prompt_logprobs[2], res.prompt_logprobs[-1]])) < 1e-5, t
+    # Alternative tokens: greedy draws are the top-1 token at every position; tempered draws come
+    # with their raw logprobs.
+    res = base.sample(prompt=prompt, num_samples=1, prompt_alt_tokens_k=4,
+                      sampling_params=types.SamplingParams(max_tokens=1, temperature=0.0)).result()
+    alt = res.prompt_alt_tokens
+    assert alt.tokens.shape == [n - 1, 4] and alt.logprobs.shape == [n - 1, 4], alt
+    assert alt.tokens.tolist() == [[top[i + 1][0][0]] * 4 for i in range(n - 1)], alt.tokens.tolist()
+    warm = base.sample(prompt=prompt, num_samples=1, prompt_alt_tokens_k=3,
+                       sampling_params=types.SamplingParams(max_tokens=1, temperature=1.0, seed=9)).result()
+    lps = warm.prompt_alt_tokens.logprobs.tolist()
+    assert all(len(r) == 3 and all(lp <= 0 for lp in r) for r in lps), lps
+    again = base.sample(prompt=prompt, num_samples=1, prompt_alt_tokens_k=3,
+                        sampling_params=types.SamplingParams(max_tokens=1, temperature=1.0, seed=9)).result()
+    assert again.prompt_alt_tokens.tokens.tolist() == warm.prompt_alt_tokens.tokens.tolist(), "seeded draws repeat"
+    # Refused with the field's name: an id outside the vocabulary, the wrong number of rows, k > 20.
+    for kwargs, word in [
+        ({"target_prompt_logprobs": types.TensorData(data=[10**6] * (n - 1), dtype="int64", shape=[n - 1, 1])},
+         "out of vocabulary"),
+        ({"target_prompt_logprobs": types.TensorData(data=[1, 2], dtype="int64", shape=[2, 1])}, "rows"),
+        ({"topk_sample_logprobs": 21}, "topk_sample_logprobs"),
+    ]:
+        try:
+            base.sample(prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=1),
+                        **kwargs).result()
+            raise AssertionError(f"{kwargs} was answered")
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the SDK's error type for a 400 varies by layer)
+            assert word in str(e), (kwargs, e)
 
 
 def saved_state(ctx):
@@ -439,7 +543,7 @@ def hub_tokenizer(ctx):
     assert status == 400 and reply["error"]["param"] == "model", (status, reply)
 
 
-CHECKS = [sft_loop, curves, sampler_weights, sampling, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
+CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
           other_entity, tokenizer, hub_tokenizer, session_end]
 
 

@@ -190,9 +190,41 @@ pub struct GenerateRequest {
     pub cache_salt: Option<String>,
     /// Top-k logprobs at every prompt position (non-streaming only); disables prefix-cache reuse.
     pub prompt_logprobs: Option<usize>,
+    /// Scores beyond the prompt logprobs, computed in the same prefill (Tinker's target prompt
+    /// logprobs and alternative prompt tokens); needs `prompt_logprobs` set.
+    pub prompt_scoring: Option<Box<PromptScoring>>,
     /// One step of a beam search: the search was admitted once, as one request, so its per-step
     /// requests take no place in the engine's queue (and are never refused for a full one).
     pub beam_step: bool,
+}
+
+/// What to score at every prompt position after the first besides the prompt token itself.
+/// Row `i` is prompt position `i + 1` (scored from the positions before it).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PromptScoring {
+    /// Token ids whose raw logprobs to return, per row (an empty row asks for nothing); as many
+    /// rows as the prompt has positions after the first.
+    pub targets: Vec<Vec<u32>>,
+    /// Independent draws per row from the next-token distribution at `temperature` (0: the most
+    /// likely token each time), returned with their raw logprobs.
+    pub alt_k: usize,
+    pub temperature: f32,
+}
+
+impl PromptScoring {
+    /// Entries the answer holds for a prompt of `prompt_len` tokens (for the response bound).
+    pub fn cells(&self, prompt_len: usize) -> usize {
+        let targets = self.targets.iter().fold(0usize, |n, r| n.saturating_add(r.len()));
+        targets.saturating_add(self.alt_k.saturating_mul(prompt_len.saturating_sub(1)))
+    }
+}
+
+/// The scores a [`PromptScoring`] asked for, row for row.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PromptScores {
+    pub targets: Vec<Vec<f32>>,
+    /// `alt_k` (token id, raw logprob) draws per row; empty when none were asked for.
+    pub alt: Vec<Vec<(u32, f32)>>,
 }
 
 /// One token's candidate at a prompt position: id, raw logprob, rank (1 = most likely) and text.
@@ -256,6 +288,8 @@ pub enum InferEvent {
     Finished { choice: usize, reason: FinishReason, stop_reason: Option<StopReason>, text: String },
     /// Per prompt position: `None` for the first, else the actual token followed by the top-k.
     PromptLogprobs(Vec<Option<Vec<RankedLogprob>>>),
+    /// The request's [`PromptScoring`], answered once the prompt is in (before `PromptLogprobs`).
+    PromptScores(PromptScores),
     /// The request failed after it was accepted.
     Error(String),
 }
@@ -370,6 +404,7 @@ impl ValidRequest {
             n: 1,
             params: SamplingParams { constraint: None, ..params },
             prompt_logprobs: None,
+            prompt_scoring: None,
             beam_step: true,
             ..self.request.clone()
         };

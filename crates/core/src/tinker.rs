@@ -34,6 +34,37 @@ pub struct SavedSampler {
 pub struct LoraSpec {
     pub rank: usize,
     pub seed: Option<u64>,
+    pub modules: Modules,
+}
+
+/// Which projections an adapter trains (Tinker's `train_attn`, `train_mlp`; the output head is
+/// never adapted). The others keep their fresh pair, whose B is 0, so they add nothing, and get
+/// no gradient and no optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modules {
+    pub attn: bool,
+    pub mlp: bool,
+}
+
+impl Modules {
+    pub const ALL: Modules = Modules { attn: true, mlp: true };
+
+    /// Whether projection `m` trains, in q, k, v, o, gate, up, down order.
+    pub fn trains(&self, m: usize) -> bool {
+        if m < 4 {
+            self.attn
+        } else {
+            self.mlp
+        }
+    }
+}
+
+/// A saved state as `weights_info` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateInfo {
+    pub base_model: String,
+    pub rank: usize,
+    pub modules: Modules,
 }
 
 /// One `optim_step`'s AdamW settings (`grad_clip_norm` 0: no clipping).
@@ -91,8 +122,9 @@ pub trait TinkerTrainer: Send + Sync {
     /// Saves the model's training state (adapter, AdamW moments and step) as `name`, in
     /// `owner`'s space: Tinker's `save_weights`.
     fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError>;
-    /// The base model and rank of a saved state of `owner`'s (`None`: no such state).
-    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<(String, usize)>;
+    /// The base model, rank and trained modules of a saved state of `owner`'s (`None`: no such
+    /// state).
+    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<StateInfo>;
     /// A new model from a saved state, with its optimizer's moments or fresh ones.
     fn load_state(
         &self,

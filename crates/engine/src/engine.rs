@@ -530,6 +530,7 @@ mod tests {
             tenant: "a".into(),
             cache_salt: None,
             prompt_logprobs: None,
+            prompt_scoring: None,
             beam_step: false,
         };
         (Job { req, adapter: None, tx, received: Instant::now(), matcher: None, holds_place: true }, rx)

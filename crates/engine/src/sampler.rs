@@ -205,6 +205,35 @@ pub fn log_normalizer(logits: &[f32]) -> f32 {
     max + sum.ln() as f32
 }
 
+/// `k` independent draws, with replacement, from softmax(logits / temperature) over the whole
+/// vocabulary (no truncation: Tinker's alternative prompt tokens are the model's own
+/// distribution); temperature 0 gives the most likely token `k` times. One cumulative sum, then
+/// a binary search a draw.
+pub fn draws(logits: &[f32], k: usize, temperature: f32, rng: &mut ChaCha8Rng) -> Vec<u32> {
+    if k == 0 || logits.is_empty() {
+        return Vec::new();
+    }
+    if temperature <= 0.0 {
+        return vec![argmax(logits); k];
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut acc = 0.0f64;
+    let cumulative: Vec<f64> = logits
+        .iter()
+        .map(|l| {
+            acc += (((l - max) / temperature) as f64).exp();
+            acc
+        })
+        .collect();
+    (0..k)
+        .map(|_| {
+            let u = rng.random::<f64>() * acc;
+            // The first token whose cumulative mass passes the draw (a zero-mass token never is).
+            cumulative.partition_point(|c| *c <= u).min(logits.len() - 1) as u32
+        })
+        .collect()
+}
+
 /// The `k` largest raw logits' ids, best first (ties by id).
 pub fn top_k_ids(logits: &[f32], k: usize) -> Vec<u32> {
     if k == 0 {
@@ -226,6 +255,23 @@ mod tests {
 
     fn params() -> SamplingParams {
         SamplingParams { max_tokens: 10, ..Default::default() }
+    }
+
+    #[test]
+    fn draws_follow_the_tempered_distribution() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        // ln 1, ln 3, -inf: probabilities 1/4, 3/4, 0 at temperature 1.
+        let logits = [0.0, 3f32.ln(), f32::NEG_INFINITY];
+        let d = draws(&logits, 40_000, 1.0, &mut rng);
+        let ones = d.iter().filter(|t| **t == 1).count() as f64 / d.len() as f64;
+        assert!((ones - 0.75).abs() < 0.01, "{ones}");
+        assert!(d.iter().all(|t| *t < 2), "a token of zero probability is never drawn");
+        // Temperature 2 flattens to sqrt(1):sqrt(3), so 1/(1+sqrt 3) = 0.366 for token 0.
+        let d = draws(&logits, 40_000, 2.0, &mut rng);
+        let zeros = d.iter().filter(|t| **t == 0).count() as f64 / d.len() as f64;
+        assert!((zeros - 0.366).abs() < 0.01, "{zeros}");
+        assert_eq!(draws(&logits, 3, 0.0, &mut rng), vec![1, 1, 1]);
+        assert!(draws(&logits, 0, 1.0, &mut rng).is_empty());
     }
 
     fn no_history() -> History<'static> {

@@ -20,7 +20,8 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use std::time::Instant;
 use tandem_core::inference::{
-    FinishReason, InferEvent, RankedLogprob, SamplingParams, StopReason, TokenLogprob, TopLogprob,
+    FinishReason, InferEvent, PromptScores, PromptScoring, RankedLogprob, SamplingParams, StopReason, TokenLogprob,
+    TopLogprob,
 };
 use tandem_model::kernels::KEY_TILE;
 use tandem_model::{KvCache, LlamaConfig, Logits, LoraAdapter, SeqInput};
@@ -60,6 +61,10 @@ pub(crate) struct Seq {
     /// Requested prompt logprobs and those computed so far (position 0 has none).
     pub prompt_logprobs: Option<usize>,
     prompt_lp: Vec<Option<Vec<RankedLogprob>>>,
+    /// Further prompt scores asked for with the prompt logprobs, and those computed so far.
+    scoring: Option<Box<PromptScoring>>,
+    scores: PromptScores,
+    alt_rng: Option<ChaCha8Rng>,
     rng: ChaCha8Rng,
     decoder: IncrementalDecoder,
     stops: StopStrings,
@@ -101,6 +106,9 @@ impl Seq {
             prefix_hashes: Vec::new(),
             prompt_logprobs: None,
             prompt_lp: Vec::new(),
+            scoring: None,
+            scores: PromptScores::default(),
+            alt_rng: None,
             decoder: IncrementalDecoder::default(),
             last_token_at: None,
             first_token_at: None,
@@ -130,6 +138,7 @@ impl Seq {
             prefix_hashes,
             prompt_logprobs: req.prompt_logprobs,
             prompt_lp: vec![None],
+            scoring: req.prompt_scoring,
             ..Seq::start(SeqId { request, choice: 0 }, Arc::new(parts), cache, matcher)
         }
     }
@@ -222,8 +231,23 @@ impl Seq {
             let mut entries = vec![ranked(actual)];
             entries.extend(sampler::top_k_ids(row, k).into_iter().filter(|id| *id != actual).map(ranked));
             self.prompt_lp.push(Some(entries));
+            if let Some(scoring) = &self.scoring {
+                let raw = |id: u32| row.get(id as usize).map_or(-9999.0, |l| (l - lse).max(-9999.0));
+                let targets = scoring.targets.get(start + j).map_or(&[][..], Vec::as_slice);
+                self.scores.targets.push(targets.iter().map(|id| raw(*id)).collect());
+                if scoring.alt_k > 0 {
+                    // Their own stream, so that asking for them leaves the sampled tokens as
+                    // a seeded request would have them.
+                    let rng = self.alt_rng.get_or_insert_with(|| rng_for(self.req.params.seed.map(|s| !s), 0));
+                    let drawn = sampler::draws(row, scoring.alt_k, scoring.temperature, rng);
+                    self.scores.alt.push(drawn.into_iter().map(|id| (id, raw(id))).collect());
+                }
+            }
         }
         if self.prompt_lp.len() >= self.req.prompt.len() {
+            if self.scoring.take().is_some() {
+                let _ = self.req.tx.send(InferEvent::PromptScores(std::mem::take(&mut self.scores)));
+            }
             let _ = self.req.tx.send(InferEvent::PromptLogprobs(std::mem::take(&mut self.prompt_lp)));
         }
     }

@@ -40,6 +40,7 @@ async fn generate(e: &ModelHandle, prompt: Vec<u32>, params: SamplingParams) -> 
         tenant: "a".into(),
         cache_salt: None,
         prompt_logprobs: None,
+        prompt_scoring: None,
         beam_step: false,
     };
     let mut rx = e.submit(e.prepare(req).unwrap()).unwrap();
@@ -54,7 +55,7 @@ async fn generate(e: &ModelHandle, prompt: Vec<u32>, params: SamplingParams) -> 
                 text.push_str(&t);
                 return (ids, text, reason);
             }
-            InferEvent::Started { .. } | InferEvent::PromptLogprobs(_) => {}
+            InferEvent::Started { .. } | InferEvent::PromptLogprobs(_) | InferEvent::PromptScores(_) => {}
             InferEvent::Error(e) => panic!("{e}"),
         }
     }

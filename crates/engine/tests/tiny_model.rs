@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tandem_core::inference::{
-    AdapterRef, GenerateRequest, InferEvent, InferenceBackend, ModelHandle, SamplingParams, SubmitError,
+    AdapterRef, GenerateRequest, InferEvent, InferenceBackend, ModelHandle, PromptScoring, SamplingParams, SubmitError,
 };
 use tandem_engine::{Engine, EngineConfig};
 
@@ -59,6 +59,7 @@ fn request(prompt: &[u32], max_tokens: usize, adapter: Option<AdapterRef>) -> Ge
         tenant: "a".into(),
         cache_salt: None,
         prompt_logprobs: None,
+        prompt_scoring: None,
         beam_step: false,
     }
 }
@@ -326,4 +327,66 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     two.add_path("other", &gguf, Default::default(), EngineConfig::default()).unwrap();
     let foreign = two.models()[0].prepare(request(&prompt, 4, None)).unwrap();
     assert!(matches!(m.submit(foreign), Err(SubmitError::Invalid(_))));
+}
+
+/// Target logprobs and alternative draws come from the same rows as the prompt logprobs: a
+/// target naming the prompt's own token scores what its prompt logprob says, a greedy draw is
+/// the top-ranked token, and seeded draws repeat; the sampled tokens do not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_scoring_answers_from_the_prefill_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let mut engine = Engine::new();
+    engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
+    let e = &engine.models()[0];
+    let prompt = e.tokenize("score every position", false).unwrap();
+    let rows = prompt.len() - 1;
+    let scored = |alt_k: usize, temperature: f32, seed: Option<u64>| {
+        let mut r = request(&prompt, 4, None);
+        r.params.seed = seed;
+        r.prompt_logprobs = Some(1);
+        // Row i names the prompt token it scores and token 0; the last row names nothing.
+        let mut targets: Vec<Vec<u32>> = (0..rows).map(|i| vec![prompt[i + 1], 0]).collect();
+        targets[rows - 1].clear();
+        r.prompt_scoring = Some(Box::new(PromptScoring { targets, alt_k, temperature }));
+        r
+    };
+    let run = |r: GenerateRequest| async {
+        let mut rx = submit(e, r).unwrap();
+        let (mut scores, mut lps, mut out) = (None, None, Vec::new());
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                InferEvent::PromptScores(s) => {
+                    assert!(lps.is_none(), "scores come before the prompt logprobs");
+                    scores = Some(s)
+                }
+                InferEvent::PromptLogprobs(p) => lps = Some(p),
+                InferEvent::Token { token_id, .. } => out.push(token_id),
+                InferEvent::Finished { .. } => break,
+                InferEvent::Error(m) => panic!("{m}"),
+                _ => {}
+            }
+        }
+        (scores.expect("scores"), lps.expect("prompt logprobs"), out)
+    };
+    let (greedy, lps, out) = run(scored(3, 0.0, None)).await;
+    assert_eq!((greedy.targets.len(), greedy.alt.len()), (rows, rows));
+    for i in 0..rows {
+        let ranked = lps[i + 1].as_ref().unwrap();
+        if i + 1 < rows {
+            assert_eq!(greedy.targets[i].len(), 2);
+            assert!((greedy.targets[i][0] - ranked[0].logprob).abs() < 1e-6, "row {i}");
+            assert!(greedy.targets[i][1] <= 0.0);
+        } else {
+            assert!(greedy.targets[i].is_empty());
+        }
+        let best = ranked.iter().find(|r| r.rank == 1).expect("top-1 listed");
+        assert_eq!(greedy.alt[i], vec![(best.token_id, best.logprob); 3], "row {i}");
+    }
+    assert_eq!(out, tokens(submit(e, request(&prompt, 4, None)).unwrap()).await, "sampling is unchanged");
+    let (a, _, _) = run(scored(4, 1.0, Some(11))).await;
+    let (b, _, _) = run(scored(4, 1.0, Some(11))).await;
+    assert_eq!(a.alt, b.alt, "seeded draws repeat");
+    assert!(a.alt.iter().all(|r| r.len() == 4 && r.iter().all(|(_, lp)| *lp <= 0.0)));
 }

@@ -9,15 +9,16 @@
 
 use crate::adamw::AdamParams;
 use crate::held::{Held, Live};
-use crate::net::Base;
+use crate::net::{Base, Lora};
 use crate::pack::{lay_out, split, Target};
 use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
 use crate::trainer::{accumulate, check_memory, clip, ensure_finite_weights, failed, INIT_SEED};
 use crate::tree::run_parts;
 use crate::{adapter, LoraTrainer};
 use candle_core::backprop::GradStore;
+use candle_core::Var;
 use std::sync::Arc;
-use tandem_core::tinker::Datum;
+use tandem_core::tinker::{Datum, Modules};
 use tandem_jobs::TrainError;
 use tandem_model::peft::AdapterConfig;
 
@@ -46,6 +47,8 @@ pub struct Session {
     held: Held,
     /// Gradients summed since the last `optim_step`.
     grads: Option<GradStore>,
+    /// The projections it trains (the others get no gradient and no step).
+    modules: Modules,
 }
 
 impl Session {
@@ -63,7 +66,23 @@ impl Session {
         let (base, _) = trainer.base(base_id)?;
         let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
         let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
-        Ok(Session { base, base_id: base_id.to_string(), held: Held::new(lora, UNSET).map_err(failed)?, grads: None })
+        let held = Held::new(lora, UNSET).map_err(failed)?;
+        Ok(Session { base, base_id: base_id.to_string(), held, grads: None, modules: Modules::ALL })
+    }
+
+    /// Trains only `modules` (before any step: a fresh session).
+    pub fn training(mut self, modules: Modules) -> Result<Self, TrainError> {
+        if !modules.attn && !modules.mlp {
+            return Err(TrainError::Invalid("train_attn and train_mlp are both false: nothing would train".into()));
+        }
+        self.modules = modules;
+        Ok(self)
+    }
+
+    /// The adapter's vars of the projections `m` trains.
+    fn vars_of(lora: &Lora, m: Modules) -> Vec<Var> {
+        let pairs = lora.pairs.iter().flat_map(|l| l.iter().enumerate().filter(move |(i, _)| m.trains(*i)));
+        pairs.flat_map(|(_, (a, b))| [a.clone(), b.clone()]).collect()
     }
 
     /// No gradient is pending (a session is never parked, but the tests read what a refused
@@ -140,7 +159,7 @@ impl Session {
             logprobs[d] = lp;
         }
         if backward {
-            let vars = lora.vars();
+            let vars = Session::vars_of(lora, self.modules);
             accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
         }
         if !total.is_finite() {
@@ -174,8 +193,9 @@ impl Session {
             )));
         }
         let Some(mut grads) = self.grads.take() else { return Ok(0.0) };
+        let modules = self.modules;
         let Live { lora, opt } = self.held.live()?;
-        let vars = lora.vars();
+        let vars = Session::vars_of(lora, modules);
         let max = if step.grad_clip_norm > 0.0 { step.grad_clip_norm } else { f64::INFINITY };
         let norm = trainer.on_training_threads(|| clip(&mut grads, &vars, max)).map_err(failed)?;
         if !norm.is_finite() {
@@ -190,8 +210,10 @@ impl Session {
     /// it (`path` with `.json`: base model, rank, alpha).
     pub fn save_state(&mut self, path: &std::path::Path) -> Result<(), TrainError> {
         let lora = &self.held.live()?.lora;
-        let about =
-            serde_json::json!({ "base_model": self.base_id, "rank": lora.config.r, "alpha": lora.config.lora_alpha });
+        let about = serde_json::json!({
+            "base_model": self.base_id, "rank": lora.config.r, "alpha": lora.config.lora_alpha,
+            "train_attn": self.modules.attn, "train_mlp": self.modules.mlp,
+        });
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| TrainError::Failed(format!("saving the state: {e}")))?;
         }
@@ -215,7 +237,7 @@ impl Session {
         if held.live()?.lora.pairs.len() != base.config.n_layer {
             return Err(TrainError::Invalid(format!("the saved state does not fit {base_id}")));
         }
-        Ok(Session { base, base_id, held, grads: None })
+        Ok(Session { base, base_id, held, grads: None, modules: state_modules(path) })
     }
 
     /// Replaces this session's adapter (and moments, or fresh ones) with a saved state of the
@@ -289,6 +311,14 @@ impl Session {
 }
 
 /// A saved state's base model, rank and alpha, from the description beside it.
+/// The modules a saved state trains (both for states saved before the choice was kept).
+pub fn state_modules(path: &std::path::Path) -> Modules {
+    let about: Option<serde_json::Value> =
+        std::fs::read(path.with_extension("json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let flag = |k: &str| about.as_ref().and_then(|a| a[k].as_bool()).unwrap_or(true);
+    Modules { attn: flag("train_attn"), mlp: flag("train_mlp") }
+}
+
 pub fn state_info(path: &std::path::Path) -> Option<(String, usize, f64)> {
     let about: serde_json::Value = serde_json::from_slice(&std::fs::read(path.with_extension("json")).ok()?).ok()?;
     Some((about["base_model"].as_str()?.to_string(), about["rank"].as_u64()? as usize, about["alpha"].as_f64()?))
@@ -366,6 +396,50 @@ mod tests {
         assert!(after.loss < before.loss - 0.1, "{} -> {}", before.loss, after.loss);
         // The unweighted first target is trained by nothing but moves with the shared weights.
         assert!(s.optim_step(&t, step()).unwrap() == 0.0, "no gradient pending: nothing moves");
+    }
+
+    /// `train_attn: false` (or `train_mlp: false`): only the other projections move; the frozen
+    /// ones keep their fresh pair (B = 0), and a saved state keeps the choice.
+    #[test]
+    fn only_the_chosen_modules_train() {
+        let (dir, t) = trainer();
+        let pairs = |s: &mut Session| {
+            let lora = &s.held.live().unwrap().lora;
+            let flat = |v: &Var| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            lora.pairs.iter().map(|l| l.iter().map(|(a, b)| (flat(a), flat(b))).collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        let d = datum(&[10, 20, 30, 40], 50, "weights", vec![1.0; 4]);
+        for modules in [Modules { attn: false, mlp: true }, Modules { attn: true, mlp: false }] {
+            let mut s = Session::create(&t, "tiny", 4, 32.0, Some(2)).unwrap().training(modules).unwrap();
+            let before = pairs(&mut s);
+            for _ in 0..2 {
+                s.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, true).unwrap();
+                assert!(s.optim_step(&t, step()).unwrap() > 0.0);
+            }
+            let after = pairs(&mut s);
+            for (layer, (b, a)) in before.iter().zip(&after).enumerate() {
+                for m in 0..7 {
+                    let moved = b[m] != a[m];
+                    assert_eq!(moved, modules.trains(m), "layer {layer} module {m} with {modules:?}");
+                    if !modules.trains(m) {
+                        assert!(a[m].1.iter().all(|x| *x == 0.0), "a frozen B stays 0");
+                    }
+                }
+            }
+            let path = dir.path().join(format!("state-{}.safetensors", modules.attn));
+            s.save_state(&path).unwrap();
+            assert_eq!(state_modules(&path), modules);
+            let mut loaded = Session::load_state(&t, &path, true).unwrap();
+            assert_eq!(loaded.modules, modules);
+            loaded.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, true).unwrap();
+            loaded.optim_step(&t, step()).unwrap();
+            let next = pairs(&mut loaded);
+            for m in (0..7).filter(|m| !modules.trains(*m)) {
+                assert_eq!(next[0][m], before[0][m], "module {m} stays frozen after loading");
+            }
+        }
+        let none = Session::create(&t, "tiny", 4, 32.0, None).unwrap().training(Modules { attn: false, mlp: false });
+        assert!(none.is_err());
     }
 
     /// Gradients summed over two calls equal one call over both datums; and importance sampling

@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tandem_core::tinker::{AdamSettings, Datum, Forwarded, LoraSpec, SavedSampler, TinkerError, TinkerTrainer};
+use tandem_core::tinker::{
+    AdamSettings, Datum, Forwarded, LoraSpec, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
+};
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
 
@@ -168,7 +170,10 @@ impl TinkerTrainer for TinkerModels {
         }
         let session = {
             let _turn = self.turns.enter();
-            Session::create(&self.trainer, base_model, lora.rank, LORA_ALPHA, lora.seed).map_err(error)?
+            Session::create(&self.trainer, base_model, lora.rank, LORA_ALPHA, lora.seed)
+                .map_err(error)?
+                .training(lora.modules)
+                .map_err(error)?
         };
         self.hold(model_id, session)
     }
@@ -227,9 +232,10 @@ impl TinkerTrainer for TinkerModels {
         self.with_session(model_id, |s| s.save_state(&path))
     }
 
-    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<(String, usize)> {
+    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<StateInfo> {
         let path = self.state_path(owner, source_model, name).ok()?;
-        crate::session::state_info(&path).map(|(base, rank, _)| (base, rank))
+        let (base_model, rank, _) = crate::session::state_info(&path)?;
+        Some(StateInfo { base_model, rank, modules: crate::session::state_modules(&path) })
     }
 
     fn load_state(

@@ -66,7 +66,7 @@ pub async fn run(model: &ModelHandle, valid: ValidRequest, job: BeamJob) -> Resu
                     Some(InferEvent::Error(m)) => {
                         return Err(ApiError::new(ErrorKind::Internal, format!("generation failed: {m}")))
                     }
-                    Some(InferEvent::PromptLogprobs(_)) => {}
+                    Some(InferEvent::PromptLogprobs(_) | InferEvent::PromptScores(_)) => {}
                     None => {
                         return Err(ApiError::new(
                             ErrorKind::Internal,

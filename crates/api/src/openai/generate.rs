@@ -10,8 +10,8 @@ use super::resolve::Target;
 use super::tools::{self, ToolMode, ToolPlan};
 use crate::error::{ApiError, ErrorKind};
 use tandem_core::inference::{
-    ChatRender, GenerateRequest, InferEvent, LogitsProcessor, ReasoningParser, SamplingParams, SubmitError,
-    ValidRequest,
+    ChatRender, GenerateRequest, InferEvent, LogitsProcessor, PromptScoring, ReasoningParser, SamplingParams,
+    SubmitError, ValidRequest,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -62,6 +62,8 @@ pub struct Draft {
     pub priority: i64,
     pub cache_salt: Option<String>,
     pub prompt_logprobs: Option<usize>,
+    /// Tinker's further prompt scores (set only by its sampling route; needs `prompt_logprobs`).
+    pub prompt_scoring: Option<Box<PromptScoring>>,
     /// The response is held whole until it is sent (not streamed, or a beam search), so its
     /// logprob entries count against [`MAX_HELD_LOGPROB_ENTRIES`].
     pub held_whole: bool,
@@ -171,12 +173,16 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     }
     params.max_tokens = output_budget(draft.max_tokens, draft.max_tokens_field, prompt.len(), info.context_len)?;
     params.min_tokens = params.min_tokens.min(params.max_tokens);
+    if let Some(scoring) = &draft.prompt_scoring {
+        check_scoring(scoring, prompt.len(), info.vocab_size)?;
+    }
     if draft.held_whole {
         let held = Held {
             n: draft.n,
             prompts: draft.prompts_in_response.max(1),
             prompt_logprobs: draft.prompt_logprobs,
             per_choice: draft.prompt_logprobs_per_choice,
+            scored: draft.prompt_scoring.as_ref().map_or(0, |s| s.cells(prompt.len())),
         };
         held.check(&params, prompt.len())?;
     }
@@ -189,11 +195,26 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
         priority: draft.priority,
         tenant: draft.tenant,
         cache_salt: draft.cache_salt,
-        prompt_logprobs: draft.prompt_logprobs,
+        prompt_logprobs: draft.prompt_logprobs.or(draft.prompt_scoring.as_ref().map(|_| 0)),
+        prompt_scoring: draft.prompt_scoring,
         beam_step: false,
     };
     let request = model.prepare(request).map_err(submit_error)?;
     Ok(Validated { request, tool_mode })
+}
+
+/// Tinker's prompt scoring against the prompt it scores: a row per position after the first,
+/// token ids inside the vocabulary.
+fn check_scoring(s: &PromptScoring, prompt_len: usize, vocab: usize) -> Result<(), ApiError> {
+    let field = "target_prompt_logprobs";
+    if !s.targets.is_empty() && s.targets.len() != prompt_len - 1 {
+        let msg = format!("{} rows for a prompt of {prompt_len} tokens: expected len(prompt) - 1", s.targets.len());
+        return Err(ApiError::bad_param(field, msg));
+    }
+    if let Some(bad) = s.targets.iter().flatten().find(|t| **t as usize >= vocab) {
+        return Err(ApiError::bad_param(field, format!("token id {bad} is out of vocabulary (size {vocab})")));
+    }
+    Ok(())
 }
 
 /// A response held whole (not streamed, or a beam search) may carry at most
@@ -206,6 +227,8 @@ struct Held {
     prompt_logprobs: Option<usize>,
     /// The prompt's logprobs are repeated on every choice.
     per_choice: bool,
+    /// Entries of further prompt scores (targets and alternative draws).
+    scored: usize,
 }
 
 impl Held {
@@ -215,10 +238,13 @@ impl Held {
         let generated = params.logprobs.map_or(0, |k| choices.saturating_mul(params.max_tokens).saturating_mul(k + 1));
         let copies = if self.per_choice { choices } else { prompts };
         let prompt_side = self.prompt_logprobs.map_or(0, |k| copies.saturating_mul(prompt_len).saturating_mul(k + 1));
+        let prompt_side = prompt_side.saturating_add(self.scored);
         if generated.saturating_add(prompt_side) <= MAX_HELD_LOGPROB_ENTRIES {
             return Ok(());
         }
-        let (field, what) = if generated >= prompt_side {
+        let (field, what) = if self.scored > 0 && self.scored >= generated {
+            ("target_prompt_logprobs", format!("{} target and alternative-token cells", self.scored))
+        } else if generated >= prompt_side {
             ("max_tokens", format!("{choices} choices x max_tokens={} x (top logprobs + 1)", params.max_tokens))
         } else {
             ("prompt_logprobs", format!("{copies} copies of {prompt_len} prompt positions x (prompt logprobs + 1)"))

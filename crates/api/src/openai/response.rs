@@ -63,7 +63,8 @@ impl Collected {
                 }
             }
             InferEvent::PromptLogprobs(p) => self.prompt_logprobs = Some(p),
-            InferEvent::Error(_) => {}
+            // Only Tinker's sampling asks for further prompt scores.
+            InferEvent::PromptScores(_) | InferEvent::Error(_) => {}
         }
     }
 }

@@ -9,11 +9,13 @@
 //! - [`runs`]: the RestClient's listings of runs and their checkpoints.
 //! - `samplers`: sampler weights saved by name, found and checked live.
 //! - [`sample`]: sampling sessions and `asample` through the engine.
+//! - `scores`: top-k, target and alternative-token answers of `asample`.
 
 pub mod routes;
 pub mod runs;
 pub mod sample;
 mod samplers;
+mod scores;
 pub mod state;
 pub mod weights;
 pub mod wire;

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tandem_core::tinker::{AdamSettings, LoraSpec, TinkerError, TinkerTrainer};
+use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, TinkerError, TinkerTrainer};
 
 /// How long `retrieve_future` holds a pending request before `try_again` (the SDK re-polls at
 /// once, and its own timeout is 45 s).
@@ -211,10 +211,8 @@ pub async fn create_model(
     if !(1..=256).contains(&lora.rank) {
         return Err(PreviewError(bad(format!("lora_config.rank {}: expected 1 to 256", lora.rank))));
     }
-    if !(lora.train_mlp && lora.train_attn) {
-        return Err(PreviewError(bad(
-            "training only the attention or only the MLP modules is not served: set train_attn and train_mlp",
-        )));
+    if !(lora.train_mlp || lora.train_attn) {
+        return Err(PreviewError(bad("train_attn and train_mlp are both false: nothing would train")));
     }
     if let Some(kind) = body.optimizer_config.as_ref().and_then(|o| o.get("type")).and_then(Value::as_str) {
         if kind != "adamw" {
@@ -225,7 +223,8 @@ pub async fn create_model(
         register_model(&state, &caller.entity, &body.session_id, body.model_seq_id, &body.base_model, lora.rank)
             .await?;
     let (id, base) = (model_id.clone(), body.base_model);
-    let spec = LoraSpec { rank: lora.rank, seed: lora.seed };
+    let modules = Modules { attn: lora.train_attn, mlp: lora.train_mlp };
+    let spec = LoraSpec { rank: lora.rank, seed: lora.seed, modules };
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.create(&id, &base, spec) {
             Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),

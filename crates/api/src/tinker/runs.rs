@@ -49,7 +49,7 @@ async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Opt
         let (owner, run) = (entity.to_string(), run.to_string());
         tokio::task::spawn_blocking(move || {
             let states = trainer.list_states(&owner, &run);
-            let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|(_, r)| r);
+            let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|i| i.rank);
             (states, rank)
         })
         .await

@@ -5,16 +5,18 @@
 
 use super::pb;
 use super::routes::{bad, new_future, submitted_samples, Result};
+use super::scores::{self, Targets, TensorJson};
 use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind};
+use crate::openai::completions::Extras;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use prost::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tandem_core::inference::{FinishReason, InferEvent};
+use tandem_core::inference::{FinishReason, InferEvent, PromptScoring, RankedLogprob};
 
 /// A sampling session: whose it is and the model string it samples (as `/v1/completions`
 /// takes it).
@@ -112,10 +114,10 @@ pub struct Sample {
     sampling_params: Params,
     #[serde(default)]
     prompt_logprobs: bool,
-    /// Only the last N prompt positions' logprobs (the rest NaN, which the SDK checks).
+    /// Only the last N prompt positions' logprobs (the rest NaN, which the SDK checks; the
+    /// top-k rows likewise).
     #[serde(default)]
     prompt_logprobs_last_n: Option<i64>,
-    // Not served yet: refused with a 400 that says so rather than answered without them.
     #[serde(default)]
     topk_prompt_logprobs: i64,
     #[serde(default)]
@@ -123,8 +125,22 @@ pub struct Sample {
     #[serde(default)]
     prompt_alt_tokens_k: i64,
     #[serde(default)]
-    target_prompt_logprobs: Option<Value>,
+    target_prompt_logprobs: Option<TensorJson>,
 }
+
+/// What a sample asked for besides the sampled tokens, checked, as the response needs it.
+#[derive(Default, Debug)]
+struct Asked {
+    prompt_logprobs: bool,
+    last_n: Option<usize>,
+    topk_prompt: usize,
+    topk_sample: usize,
+    targets: Option<Targets>,
+    alt_k: usize,
+}
+
+/// Largest top-k width (vLLM's `max_logprobs`, as `/v1/completions` bounds it).
+const MAX_TOPK: i64 = crate::openai::request::MAX_LOGPROBS;
 
 fn one() -> usize {
     1
@@ -153,17 +169,16 @@ struct Params {
 
 /// The Tinker call as a `/v1/completions` body: the sampled tokens' logprobs always (RL needs
 /// them), `stop: null` stopping at the end of sequence and `[]` never early.
-fn completions_body(model: &str, s: &Sample) -> std::result::Result<Value, String> {
-    if s.topk_prompt_logprobs > 0 || s.topk_sample_logprobs > 0 {
-        return Err("top-k logprobs (topk_prompt_logprobs, topk_sample_logprobs) are not served yet: \
-                    the sampled tokens' logprobs and prompt_logprobs are"
-            .into());
+fn completions_body(model: &str, s: &Sample) -> std::result::Result<(Value, Asked), String> {
+    for (name, k) in
+        [("topk_prompt_logprobs", s.topk_prompt_logprobs), ("topk_sample_logprobs", s.topk_sample_logprobs)]
+    {
+        if !(0..=MAX_TOPK).contains(&k) {
+            return Err(format!("{name} {k}: expected 0 to {MAX_TOPK}"));
+        }
     }
-    if s.prompt_alt_tokens_k > 0 {
-        return Err("prompt_alt_tokens_k is not served yet".into());
-    }
-    if s.target_prompt_logprobs.as_ref().is_some_and(|t| !t.is_null()) {
-        return Err("target_prompt_logprobs is not served yet: prompt_logprobs gives each prompt token's".into());
+    if s.prompt_alt_tokens_k < 0 {
+        return Err(format!("prompt_alt_tokens_k {}: expected 0 or more", s.prompt_alt_tokens_k));
     }
     if let Some(n) = s.prompt_logprobs_last_n.filter(|n| *n < 0) {
         return Err(format!("prompt_logprobs_last_n {n}: expected a count of positions, 0 or more"));
@@ -193,8 +208,20 @@ fn completions_body(model: &str, s: &Sample) -> std::result::Result<Value, Strin
     if let Some(k) = p.top_k.filter(|k| *k > 0) {
         body["top_k"] = json!(k);
     }
-    if s.prompt_logprobs {
-        body["prompt_logprobs"] = json!(0);
+    let targets = match &s.target_prompt_logprobs {
+        Some(t) => Some(Targets::read(t, tokens.len())?),
+        None => None,
+    };
+    let asked = Asked {
+        prompt_logprobs: s.prompt_logprobs,
+        last_n: s.prompt_logprobs_last_n.map(|n| n as usize),
+        topk_prompt: s.topk_prompt_logprobs as usize,
+        topk_sample: s.topk_sample_logprobs as usize,
+        targets,
+        alt_k: s.prompt_alt_tokens_k as usize,
+    };
+    if asked.prompt_logprobs || asked.topk_prompt > 0 {
+        body["prompt_logprobs"] = json!(asked.topk_prompt);
     }
     match &p.stop {
         None | Some(Value::Null) => {}
@@ -204,44 +231,72 @@ fn completions_body(model: &str, s: &Sample) -> std::result::Result<Value, Strin
         Some(Value::Array(a)) if a.iter().all(Value::is_u64) => body["stop_token_ids"] = json!(a),
         Some(other) => return Err(format!("sampling_params.stop {other}: expected strings or token ids")),
     }
-    Ok(body)
+    Ok((body, asked))
+}
+
+/// The engine-side part of what was asked: a sampled token's top k need k + 1 candidates
+/// (the engine lists the sampled token first), and the further prompt scores.
+fn extras(asked: &Asked, temperature: f32) -> Extras {
+    let scoring = (asked.targets.is_some() || asked.alt_k > 0).then(|| {
+        let targets = asked.targets.as_ref().map_or_else(Vec::new, |t| t.ids.clone());
+        Box::new(PromptScoring { targets, alt_k: asked.alt_k, temperature })
+    });
+    Extras { sampled_top: (asked.topk_sample > 0).then_some(asked.topk_sample + 1), prompt_scoring: scoring }
 }
 
 /// The engine's events as the SDK's `SampleResponse`: each sample's tokens (the stop token or
-/// the tokens completing a stop string included) and their logprobs, and the prompt's logprobs
-/// (NaN at position 0, and before the last `last_n` positions when given) when asked.
-fn response(n: usize, events: &[InferEvent], last_n: Option<usize>) -> pb::SampleResponse {
+/// the tokens completing a stop string included) and their logprobs, and what else was asked
+/// (see [`Asked`]): the prompt's logprobs (NaN at position 0, and before the last `last_n`
+/// positions when given), top-k rows, target logprobs, alternative tokens.
+fn response(n: usize, events: &[InferEvent], asked: &Asked) -> pb::SampleResponse {
     let mut seqs = vec![pb::SampledSequence::default(); n];
     let mut lps: Vec<Vec<u8>> = vec![Vec::new(); n];
-    let mut prompt = None;
+    let mut tops: Vec<Vec<Option<Vec<(u32, f32)>>>> = vec![Vec::new(); n];
+    let mut out = pb::SampleResponse::default();
     for ev in events {
         match ev {
             InferEvent::Token { choice, token_id, logprob, .. } if *choice < n => {
                 seqs[*choice].tokens.extend_from_slice(&(*token_id as i32).to_le_bytes());
                 let lp = logprob.as_ref().map_or(f32::NAN, |l| l.token.logprob);
                 lps[*choice].extend_from_slice(&lp.to_le_bytes());
+                tops[*choice].push(logprob.as_ref().map(|l| scores::top(&l.top)));
             }
             InferEvent::Finished { choice, reason, .. } if *choice < n => {
                 let length = matches!(reason, FinishReason::Length);
                 seqs[*choice].stop_reason = if length { pb::StopReason::Length } else { pb::StopReason::Stop } as i32;
             }
             InferEvent::PromptLogprobs(p) => {
-                let first = last_n.map_or(0, |k| p.len().saturating_sub(k));
-                let bytes: Vec<u8> = p
-                    .iter()
-                    .enumerate()
-                    .map(|(i, pos)| if i < first { None } else { pos.as_ref() })
-                    .flat_map(|pos| pos.and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob).to_le_bytes())
-                    .collect();
-                prompt = Some(bytes);
+                let first = asked.last_n.map_or(0, |k| p.len().saturating_sub(k));
+                let kept = |i: usize, pos: &Option<Vec<RankedLogprob>>| if i < first { None } else { pos.clone() };
+                let rows: Vec<Option<Vec<RankedLogprob>>> = p.iter().enumerate().map(|(i, r)| kept(i, r)).collect();
+                if asked.prompt_logprobs {
+                    let lp = |r: &Option<Vec<RankedLogprob>>| {
+                        r.as_ref().and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob)
+                    };
+                    out.prompt_logprobs = Some(rows.iter().flat_map(|r| lp(r).to_le_bytes()).collect());
+                }
+                if asked.topk_prompt > 0 {
+                    let ranked: Vec<_> = rows.iter().map(|r| r.as_deref().map(scores::ranked)).collect();
+                    out.topk_prompt_logprobs = Some(scores::topk(&ranked, asked.topk_prompt));
+                }
+            }
+            InferEvent::PromptScores(p) => {
+                out.target_prompt_logprobs = asked.targets.as_ref().map(|t| t.answer(&p.targets));
+                if asked.alt_k > 0 {
+                    out.prompt_alt_tokens = Some(scores::alt_tokens(p, asked.alt_k));
+                }
             }
             _ => {}
         }
     }
-    for (s, l) in seqs.iter_mut().zip(lps) {
+    for ((s, l), top) in seqs.iter_mut().zip(lps).zip(tops) {
         s.logprobs = Some(l);
+        if asked.topk_sample > 0 {
+            s.topk_sampled_logprobs = Some(scores::topk(&top, asked.topk_sample));
+        }
     }
-    pb::SampleResponse { sequences: seqs, prompt_logprobs: prompt, ..Default::default() }
+    out.sequences = seqs;
+    out
 }
 
 /// `asample`: answered at once with a future and one sequence id per sample.
@@ -256,14 +311,15 @@ pub async fn asample(
     if !(1..=128).contains(&body.num_samples) {
         return Err(bad(format!("num_samples {}: expected 1 to 128", body.num_samples)).into());
     }
-    let request = completions_body(&sampler.model, &body).map_err(bad)?;
+    let (request, asked) = completions_body(&sampler.model, &body).map_err(bad)?;
+    let temperature = body.sampling_params.temperature.unwrap_or(1.0) as f32;
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
-    let last_n = body.prompt_logprobs_last_n.map(|n| n as usize);
     tokio::spawn(async move {
-        let outcome = match crate::openai::completions::run_to_end(&state, &entity, &request).await {
-            Ok((n, events)) => Outcome::Proto(response(n, &events, last_n).encode_to_vec()),
+        let extras = extras(&asked, temperature);
+        let outcome = match crate::openai::completions::run_to_end(&state, &entity, &request, extras).await {
+            Ok((n, events)) => Outcome::Proto(response(n, &events, &asked).encode_to_vec()),
             Err(e) => {
                 let category = if e.status().is_client_error() { "user" } else { "server" };
                 Outcome::Failed { error: e.message, category }
@@ -305,7 +361,8 @@ mod tests {
                 text: String::new(),
             },
         ];
-        let r = response(2, &events, None);
+        let with_prompt = Asked { prompt_logprobs: true, ..Default::default() };
+        let r = response(2, &events, &with_prompt);
         let ints = |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
         let floats =
             |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
@@ -318,9 +375,19 @@ mod tests {
         assert!(prompt[0].is_nan() && prompt[1] == -1.5, "{prompt:?}");
         // prompt_logprobs_last_n: NaN before the last N positions, as the SDK checks.
         let three = vec![InferEvent::PromptLogprobs(vec![None, ranked(-1.5), ranked(-2.5)])];
-        let last = floats(response(1, &three, Some(1)).prompt_logprobs.as_ref().unwrap());
+        let last = floats(
+            response(1, &three, &Asked { last_n: Some(1), prompt_logprobs: true, ..Default::default() })
+                .prompt_logprobs
+                .as_ref()
+                .unwrap(),
+        );
         assert!(last[0].is_nan() && last[1].is_nan() && last[2] == -2.5, "{last:?}");
-        let all = floats(response(1, &three, Some(5)).prompt_logprobs.as_ref().unwrap());
+        let all = floats(
+            response(1, &three, &Asked { last_n: Some(5), prompt_logprobs: true, ..Default::default() })
+                .prompt_logprobs
+                .as_ref()
+                .unwrap(),
+        );
         assert!(all[0].is_nan() && all[1] == -1.5 && all[2] == -2.5, "{all:?}");
     }
 
@@ -333,7 +400,7 @@ mod tests {
             "prompt_logprobs": true,
         }))
         .unwrap();
-        let b = completions_body("m", &s).unwrap();
+        let b = completions_body("m", &s).unwrap().0;
         assert_eq!(b["prompt"], json!([1, 2, 3]));
         assert_eq!((b["n"].clone(), b["max_tokens"].clone(), b["seed"].clone()), (json!(3), json!(5), json!(9)));
         assert_eq!(b["stop_token_ids"], json!([13, 14]));
@@ -341,20 +408,31 @@ mod tests {
         assert_eq!(b["prompt_logprobs"], json!(0));
         let mut never = s;
         never.sampling_params.stop = Some(json!([]));
-        assert_eq!(completions_body("m", &never).unwrap()["ignore_eos"], json!(true));
+        assert_eq!(completions_body("m", &never).unwrap().0["ignore_eos"], json!(true));
         never.prompt.chunks = vec![json!({"type": "image", "data": ""})];
         assert!(completions_body("m", &never).unwrap_err().contains("image"));
-        // What is not served is refused, never answered without it.
+        // Out of bounds is refused with the field's name.
         let with = |extra: Value| {
-            let mut v = json!({"sampling_session_id": "s", "prompt": {"chunks": []}});
+            let mut v = json!({"sampling_session_id": "s", "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}});
             v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             completions_body("m", &serde_json::from_value::<Sample>(v).unwrap())
         };
-        assert!(with(json!({"topk_sample_logprobs": 2})).unwrap_err().contains("not served yet"));
-        assert!(with(json!({"topk_prompt_logprobs": 1})).unwrap_err().contains("not served yet"));
-        assert!(with(json!({"prompt_alt_tokens_k": 3})).unwrap_err().contains("not served yet"));
-        assert!(with(json!({"target_prompt_logprobs": {"data": [1]}})).unwrap_err().contains("not served yet"));
+        assert!(with(json!({"topk_sample_logprobs": 21})).unwrap_err().contains("topk_sample_logprobs 21"));
+        assert!(with(json!({"topk_prompt_logprobs": -1})).unwrap_err().contains("topk_prompt_logprobs"));
+        assert!(with(json!({"prompt_alt_tokens_k": -3})).unwrap_err().contains("prompt_alt_tokens_k"));
+        let rows = json!({"target_prompt_logprobs": {"data": [1], "dtype": "int64", "shape": [1, 1]}});
+        assert!(with(rows).unwrap_err().contains("1 rows for a prompt of 3"));
         assert!(with(json!({"prompt_logprobs_last_n": -1})).is_err());
+        // Top-k prompt rows make the engine rank k candidates per position; the sampled
+        // tokens' top k ask it for k + 1.
+        let (b, asked) = with(json!({"topk_prompt_logprobs": 3, "topk_sample_logprobs": 2, "prompt_alt_tokens_k": 4,
+            "target_prompt_logprobs": {"data": [-1, 7], "dtype": "int64", "shape": [2, 1]}}))
+        .unwrap();
+        assert_eq!(b["prompt_logprobs"], json!(3));
+        let e = extras(&asked, 0.5);
+        assert_eq!(e.sampled_top, Some(3));
+        let scoring = e.prompt_scoring.unwrap();
+        assert_eq!((scoring.targets.clone(), scoring.alt_k, scoring.temperature), (vec![vec![], vec![7]], 4, 0.5));
         // The SDK's defaults pass.
         let defaults = json!({"topk_prompt_logprobs": 0, "topk_sample_logprobs": 0, "prompt_alt_tokens_k": 0,
                               "target_prompt_logprobs": null, "prompt_logprobs_last_n": 2});

@@ -17,7 +17,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tandem_core::tinker::{SavedSampler, TinkerTrainer};
+use tandem_core::tinker::{Modules, SavedSampler, StateInfo, TinkerTrainer};
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
@@ -219,7 +219,7 @@ pub async fn load_weights(
     let (Some(session_id), Some(seq)) = (body.session_id.clone(), body.model_seq_id) else {
         return Err(PreviewError(bad("load_weights needs model_id, or session_id and model_seq_id for a new model")));
     };
-    let (base_model, rank) =
+    let StateInfo { base_model, rank, .. } =
         state_info(&trainer, &caller.entity, &source, &name).await.ok_or_else(|| ApiError::not_found("saved state"))?;
     reap(&state);
     let t = state.tinker().clone();
@@ -295,24 +295,24 @@ pub async fn weights_info(
     let found = if let Some((source, name)) = parse_state_path(&path) {
         state_info(&trainer, &caller.entity, &source, &name).await
     } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
-        samplers::find(&state, &caller.entity, model, name).await?.map(|s| (s.base_model, s.rank))
+        // Sampler weights are PEFT files with every projection (the untrained ones' B is 0).
+        samplers::find(&state, &caller.entity, model, name).await?.map(|s| StateInfo {
+            base_model: s.base_model,
+            rank: s.rank,
+            modules: Modules::ALL,
+        })
     } else {
         return Err(bad(format!("{path:?} is not a tinker:// path of saved weights")).into());
     };
-    let (base_model, rank) = found.ok_or_else(|| ApiError::not_found("weights"))?;
+    let info = found.ok_or_else(|| ApiError::not_found("weights"))?;
     Ok(Json(json!({
-        "base_model": base_model, "is_lora": true, "lora_rank": rank,
-        "train_unembed": false, "train_mlp": true, "train_attn": true,
+        "base_model": info.base_model, "is_lora": true, "lora_rank": info.rank,
+        "train_unembed": false, "train_mlp": info.modules.mlp, "train_attn": info.modules.attn,
     })))
 }
 
-/// The base model and rank of `owner`'s saved state, read off the async threads.
-async fn state_info(
-    trainer: &Arc<dyn TinkerTrainer>,
-    owner: &str,
-    source: &str,
-    name: &str,
-) -> Option<(String, usize)> {
+/// The base model, rank and modules of `owner`'s saved state, read off the async threads.
+async fn state_info(trainer: &Arc<dyn TinkerTrainer>, owner: &str, source: &str, name: &str) -> Option<StateInfo> {
     let (trainer, owner, source, name) = (trainer.clone(), owner.to_string(), source.to_string(), name.to_string());
     tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
 }

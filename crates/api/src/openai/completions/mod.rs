@@ -172,6 +172,15 @@ async fn collect(
     Ok(renderer)
 }
 
+/// What a caller of [`run_to_end`] may ask beyond a completions body (Tinker's sampling).
+#[derive(Default)]
+pub(crate) struct Extras {
+    /// Top logprobs per sampled token, past the body's bound of 20 (Tinker asks k + 1 to rank
+    /// k whether or not the sampled token is among them).
+    pub sampled_top: Option<usize>,
+    pub prompt_scoring: Option<Box<tandem_core::inference::PromptScoring>>,
+}
+
 /// A one-prompt completions request run to its end for another front (Tinker's `asample`): the
 /// body as `/v1/completions` takes it, validated, admitted and scheduled the same way. Returns
 /// the number of choices and every event (the prompt logprobs, each choice's tokens and end).
@@ -179,6 +188,7 @@ pub(crate) async fn run_to_end(
     state: &AppState,
     entity: &str,
     body: &Value,
+    extras: Extras,
 ) -> Result<(usize, Vec<InferEvent>), ApiError> {
     let plan = plan::validate(body, state.priority_scheduling())?;
     let target = resolve(state, entity, plan.sampling.model.as_deref()).await?;
@@ -196,6 +206,10 @@ pub(crate) async fn run_to_end(
         "max_tokens",
     );
     draft.prompt_logprobs_per_choice = false;
+    if let Some(k) = extras.sampled_top {
+        draft.params.logprobs = Some(k);
+    }
+    draft.prompt_scoring = extras.prompt_scoring;
     let Validated { request, .. } = generate::validate_blocking(&target, draft, None).await?;
     let n = plan.sampling.n;
     let mut events = generate::start(&target, request, &plan.sampling).await?;

@@ -81,6 +81,7 @@ impl Sampling {
             priority: self.priority,
             cache_salt: self.cache_salt.clone(),
             prompt_logprobs: self.prompt_logprobs,
+            prompt_scoring: None,
             held_whole: !self.stream || self.beam.is_some(),
             prompts_in_response: 1,
             prompt_logprobs_per_choice: false,
