@@ -22,6 +22,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
   scores            topk_prompt_logprobs and topk_sample_logprobs (against /v1/completions' prompt
                     logprobs), target_prompt_logprobs dense and sparse CSR, prompt_alt_tokens_k
                     (greedy draws are the top token; seeded draws repeat); bad ones refused by name
+  download          save_weights_external: signed URLs fetched without a key give the adapter's PEFT
+                    files; TTL accepted; tampered URL 403, another entity 404, delete; the CLI's
+                    `tinker checkpoint download` of a saved state
   saved-state       save_state, then create_training_client_from_state_with_optimizer and
                     create_training_client_from_state: the same weights; with the optimizer the
                     next step's result is identical, with fresh moments it is not; the RestClient
@@ -144,6 +147,61 @@ def modules(ctx):
             raise
         except Exception as e:  # noqa: BLE001
             assert "nothing would train" in str(e), e
+
+
+def download(ctx):
+    """save_weights_external, its signed URLs fetched without a key (PEFT files of the adapter),
+    the TTL accepted, another entity's 404, a tampered URL refused, the delete; then the CLI's
+    `tinker checkpoint download` of a saved state, which goes through all of these."""
+    import json
+    import subprocess
+    import urllib.error
+    import urllib.request
+    tc, rest = ctx.tc, ctx.sc.create_rest_client()
+    path = tc.save_weights_external("exported").result().path
+    assert path == f"tinker://{tc.model_id}/external_weights/exported", path
+    signed = rest.get_external_weights_urls(path).result()
+    assert sorted(signed.urls) == ["adapter_config.json", "adapter_model.safetensors"], signed.urls
+    files = {name: urllib.request.urlopen(url).read() for name, url in signed.urls.items()}
+    config = json.loads(files["adapter_config.json"])
+    assert config["r"] == 8 and "q_proj" in config["target_modules"], config
+    header = files["adapter_model.safetensors"]
+    names = json.loads(header[8:8 + int.from_bytes(header[:8], "little")])
+    assert any(n.endswith("layers.0.self_attn.q_proj.lora_A.weight") for n in names), list(names)[:4]
+    rest.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
+    url = signed.urls["adapter_config.json"]
+    token = url.split("/external_weights_files/")[1].split("/")[0]
+    tampered = url.replace(token, token[:-1] + ("0" if token[-1] != "0" else "1"))
+    for bad_url, code in ((tampered, 403), (url.replace("adapter_config.json", "other.bin"), 404)):
+        try:
+            urllib.request.urlopen(bad_url)
+            raise AssertionError(f"{bad_url} was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == code, (bad_url, e.code)
+    other = service(ctx.server, key=ctx.server.new_key("downloader-else")).create_rest_client()
+    try:
+        other.get_external_weights_urls(path).result()
+        raise AssertionError("another entity signed URLs of the export")
+    except AssertionError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        assert "404" in str(e) or "not found" in str(e).lower(), e
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    try:
+        urllib.request.urlopen(url)
+        raise AssertionError("a deleted export was served")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404, e.code
+    # The CLI: a saved state exported through a training client of its own, fetched, cleaned up.
+    state = tc.save_state("for-download").result().path
+    out = tempfile.mkdtemp(prefix="tandem-download-")
+    env = dict(os.environ, TINKER_BASE_URL=f"http://{ctx.server.host}:{ctx.server.port}", TINKER_API_KEY=f"tml-{KEY}")
+    cli = os.path.join(os.path.dirname(sys.executable), "tinker")
+    run = subprocess.run([cli, "checkpoint", "download", state, "--output", out], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, (run.stdout, run.stderr)
+    got = os.listdir(os.path.join(out, state.replace("tinker://", "").replace("/", "_")))
+    assert sorted(got) == ["adapter_config.json", "adapter_model.safetensors"], got
 
 
 def rl_losses(ctx):
@@ -543,7 +601,7 @@ def hub_tokenizer(ctx):
     assert status == 400 and reply["error"]["param"] == "model", (status, reply)
 
 
-CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
+CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, download, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
           other_entity, tokenizer, hub_tokenizer, session_end]
 
 

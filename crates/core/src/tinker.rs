@@ -163,6 +163,13 @@ pub trait TinkerTrainer: Send + Sync {
     fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Option<SavedSampler>;
     /// Deletes a saved state; whether it existed.
     fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool;
+    /// Writes the model's adapter as PEFT files under `name` in `owner`'s space (Tinker's
+    /// `save_weights_external`, what `tinker checkpoint download` fetches); the bytes written.
+    fn save_external(&self, owner: &str, model_id: &str, name: &str) -> Result<u64, TinkerError>;
+    /// The files of `owner`'s external weights `name` of `model_id`: (file name, path).
+    fn external_files(&self, owner: &str, model_id: &str, name: &str) -> Option<Vec<(String, std::path::PathBuf)>>;
+    /// Deletes external weights; whether they existed.
+    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> bool;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

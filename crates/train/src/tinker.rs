@@ -16,6 +16,20 @@ use tandem_core::tinker::{
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
 
+/// The directory of a run's external weights (one directory of PEFT files a name).
+const EXTERNAL_DIR: &str = "external";
+
+/// An owner's directory name: not the entity's name, which may hold any character.
+fn owner_hash(owner: &str) -> String {
+    Sha256::digest(owner.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// `dir`, created if missing.
+fn parent_created(dir: &std::path::Path) -> Result<&std::path::Path, TinkerError> {
+    std::fs::create_dir_all(dir).map_err(|e| TinkerError::Server(format!("saving the external weights: {e}")))?;
+    Ok(dir)
+}
+
 /// Saved states one entity may keep (each is an adapter and its moments: ~29 MB at rank 8 on
 /// the bundled model); saving over an existing name does not count.
 pub const MAX_STATES_PER_ENTITY: usize = 64;
@@ -62,8 +76,17 @@ impl TinkerModels {
                 "the model id {model_id:?} may not be empty, `.` or `..`, or hold '/' or '\\'"
             )));
         }
-        let hash: String = Sha256::digest(owner.as_bytes()).iter().take(12).map(|b| format!("{b:02x}")).collect();
-        Ok(self.states.join(hash).join(model_id.replace(':', "_")))
+        Ok(self.states.join(owner_hash(owner)).join(model_id.replace(':', "_")))
+    }
+
+    /// Where `owner`'s external weights `name` of `model_id` live: a directory of PEFT files.
+    fn external_dir(&self, owner: &str, model_id: &str, name: &str) -> Result<PathBuf, TinkerError> {
+        if !safe_name(name) || name.len() > 128 || name.starts_with('.') {
+            return Err(TinkerError::User(format!(
+                "the name {name:?} may not be empty, start with '.', hold '/' or '\\', or exceed 128 bytes"
+            )));
+        }
+        Ok(self.run_dir(owner, model_id)?.join(EXTERNAL_DIR).join(name))
     }
 
     /// Where `owner`'s state `name` of `model_id` lives.
@@ -326,6 +349,56 @@ impl TinkerTrainer for TinkerModels {
         let existed = std::fs::remove_file(&path).is_ok();
         let _ = std::fs::remove_file(path.with_extension("json"));
         existed
+    }
+
+    fn save_external(&self, owner: &str, model_id: &str, name: &str) -> Result<u64, TinkerError> {
+        let dir = self.external_dir(owner, model_id, name)?;
+        if !dir.exists() {
+            let root = self.states.join(owner_hash(owner));
+            let count = std::fs::read_dir(&root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|run| std::fs::read_dir(run.path().join(EXTERNAL_DIR)).ok())
+                .map(|d| d.count())
+                .sum::<usize>();
+            if count >= MAX_STATES_PER_ENTITY {
+                return Err(TinkerError::User(format!(
+                    "an entity may keep {MAX_STATES_PER_ENTITY} external weights; delete some or save over a name"
+                )));
+            }
+        }
+        let files = self.adapter_files(model_id)?;
+        let io = |e: std::io::Error| TinkerError::Server(format!("saving the external weights: {e}"));
+        // Written beside, then swapped in: a reader never sees half a set.
+        let parent = dir.parent().ok_or_else(|| TinkerError::Server("no directory for the weights".into()))?;
+        // (Names never start with '.', so this is nobody's; a model's calls run one at a time.)
+        let fresh = parent_created(parent)?.join(format!(".writing-{name}"));
+        let _ = std::fs::remove_dir_all(&fresh);
+        std::fs::create_dir_all(&fresh).map_err(io)?;
+        let mut bytes = 0u64;
+        for (file, data) in &files {
+            std::fs::write(fresh.join(file), data).map_err(io)?;
+            bytes += data.len() as u64;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&fresh, &dir).map_err(io)?;
+        Ok(bytes)
+    }
+
+    fn external_files(&self, owner: &str, model_id: &str, name: &str) -> Option<Vec<(String, PathBuf)>> {
+        let dir = self.external_dir(owner, model_id, name).ok()?;
+        let mut files: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .filter_map(|f| Some((f.file_name().to_str()?.to_string(), f.path())))
+            .collect();
+        files.sort();
+        Some(files)
+    }
+
+    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> bool {
+        self.external_dir(owner, model_id, name).is_ok_and(|d| std::fs::remove_dir_all(d).is_ok())
     }
 
     fn release(&self, model_id: &str) {

@@ -7,10 +7,12 @@
 //! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
 //! - [`weights`]: saving for the sampler, saving and loading the training state.
 //! - [`runs`]: the RestClient's listings of runs and their checkpoints.
+//! - [`external`]: adapters saved as PEFT files and downloaded by signed URLs.
 //! - `samplers`: sampler weights saved by name, found and checked live.
 //! - [`sample`]: sampling sessions and `asample` through the engine.
 //! - `scores`: top-k, target and alternative-token answers of `asample`.
 
+pub mod external;
 pub mod routes;
 pub mod runs;
 pub mod sample;
@@ -51,10 +53,18 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/training_runs/{run}/checkpoints", axum::routing::get(runs::list_checkpoints))
         .route("/checkpoints", axum::routing::get(runs::list_all_checkpoints))
         .route("/training_runs/{run}/checkpoints/{kind}/{name}", axum::routing::delete(weights::delete_checkpoint))
+        .route("/save_weights_external", post(external::save))
+        .route(
+            "/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls",
+            axum::routing::get(external::urls),
+        )
+        .route("/training_runs/{run}/checkpoints/{kind}/{name}/ttl", axum::routing::put(external::set_ttl))
         .route("/weights_info", post(weights::weights_info))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)
         .layer(from_fn_with_state(state, require_tinker))
+        // Signed URLs carry their permission: a plain HTTP client fetches them without a key.
+        .route("/external_weights_files/{token}/{file}", axum::routing::get(external::download))
 }
 
 /// The SDK's protobuf messages.

@@ -23,7 +23,7 @@ const MAX_RUNS: usize = 2_000;
 const MAX_RUNS_SCANNED: usize = 20;
 
 /// RFC 3339 of milliseconds since the epoch (the SDK parses `time` as a datetime).
-fn rfc3339(ms: i64) -> String {
+pub(super) fn rfc3339(ms: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())

@@ -102,6 +102,8 @@ pub struct TinkerState {
     pub sessions: Mutex<HashMap<String, SessionEntry>>,
     pub models: Mutex<HashMap<String, Arc<ModelEntry>>>,
     pub samplers: Mutex<HashMap<String, Arc<super::sample::Sampler>>>,
+    /// Signs the download URLs of external weights.
+    pub url_key: super::external::UrlKey,
 }
 
 impl TinkerState {

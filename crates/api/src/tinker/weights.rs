@@ -353,6 +353,15 @@ pub async fn delete_checkpoint(
             let saved = held.or(forgotten).ok_or_else(|| ApiError::not_found("checkpoint"))?;
             samplers::drop_checkpoint(&state, &saved).await?;
         }
+        "external_weights" => {
+            let owner = caller.entity.clone();
+            let gone = tokio::task::spawn_blocking(move || trainer.delete_external(&owner, &run, &name))
+                .await
+                .unwrap_or(false);
+            if !gone {
+                return Err(ApiError::not_found("checkpoint").into());
+            }
+        }
         _ => return Err(ApiError::not_found("checkpoint").into()),
     }
     Ok(Json(json!({})))

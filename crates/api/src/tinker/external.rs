@@ -1,0 +1,238 @@
+//! Adapters out as PEFT files, the way the SDK 0.38 downloads them (`tinker checkpoint
+//! download`, `RestClient.get_external_weights_urls`):
+//! - `save_weights_external` writes the model's adapter (`adapter_config.json`,
+//!   `adapter_model.safetensors`) under a name, in the model's `seq_id` order, and answers
+//!   `tinker://{model_id}/external_weights/{name}`;
+//! - `training_runs/{id}/checkpoints/external_weights/{name}/external_weights_urls` answers a
+//!   signed URL per file, good for an hour, which a plain HTTP client fetches without a key (as
+//!   the SDK does): the URL carries the owner, the run, the name and the expiry, with an
+//!   HMAC-SHA256 of them under a key this process drew at start (a restart voids old URLs);
+//! - `.../ttl` is accepted (nothing here expires on its own) and deleting the name removes it.
+
+use super::routes::{bad, failed, ordered, owned_model, trainer, Result};
+use super::state::Outcome;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorKind, PreviewError};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::Sha256;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long a signed URL is good for (the SDK signs again five minutes before).
+const URL_LIFETIME: Duration = Duration::from_secs(3600);
+
+/// The key signed URLs are signed with: drawn at start, never stored.
+pub struct UrlKey([u8; 32]);
+
+impl Default for UrlKey {
+    fn default() -> Self {
+        UrlKey(rand::random())
+    }
+}
+
+impl UrlKey {
+    fn mac(&self, payload: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        mac.update(payload.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// A token naming `owner`'s external weights `name` of `run`, good until `expires` (unix
+    /// seconds): the fields hex-encoded (any bytes may be in an entity's name), then the MAC.
+    fn sign(&self, owner: &str, run: &str, name: &str, expires: u64) -> String {
+        let payload = format!("{}.{}.{}.{expires}", hex::encode(owner), hex::encode(run), hex::encode(name));
+        let mac = self.mac(&payload);
+        format!("{payload}.{mac}")
+    }
+
+    /// The (owner, run, name) of a token this key signed and that has not expired at `now`.
+    fn verify(&self, token: &str, now: u64) -> Option<(String, String, String)> {
+        let (payload, mac) = token.rsplit_once('.')?;
+        // Compared in constant time (the MAC crate's check).
+        let mut check = Hmac::<Sha256>::new_from_slice(&self.0).ok()?;
+        check.update(payload.as_bytes());
+        check.verify_slice(&hex::decode(mac).ok()?).ok()?;
+        let mut parts = payload.split('.');
+        let text = |p: Option<&str>| hex::decode(p?).ok().and_then(|b| String::from_utf8(b).ok());
+        let (owner, run, name) = (text(parts.next())?, text(parts.next())?, text(parts.next())?);
+        let expires: u64 = parts.next()?.parse().ok()?;
+        (parts.next().is_none() && now < expires).then_some((owner, run, name))
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[derive(Deserialize)]
+pub struct SaveExternal {
+    model_id: String,
+    seq_id: i64,
+    path: String,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+    #[serde(default)]
+    age_encryption_recipients: Option<Vec<String>>,
+}
+
+/// `save_weights_external`: the adapter's PEFT files under `path`, in the model's order.
+pub async fn save(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SaveExternal>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    if body.age_encryption_recipients.as_ref().is_some_and(|r| !r.is_empty()) {
+        return Err(
+            bad("age_encryption_recipients: encrypted exports are not served; the files are written plain").into()
+        );
+    }
+    check_ttl(body.ttl_seconds)?;
+    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
+    let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_external(&owner, &id, &name) {
+        Ok(bytes) => Outcome::Json(json!({
+            "path": format!("tinker://{id}/external_weights/{name}"), "size_bytes": bytes,
+            "type": "save_weights_external",
+        })),
+        Err(e) => failed(e),
+    })
+}
+
+/// Tinker's TTL bounds: an hour to ten years, or none.
+fn check_ttl(ttl: Option<i64>) -> Result<()> {
+    match ttl {
+        Some(s) if !(3600..=10 * 365 * 86_400).contains(&s) => {
+            Err(bad(format!("ttl_seconds {s}: expected 3600 (an hour) to 315360000 (ten years), or null")).into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `GET training_runs/{run}/checkpoints/external_weights/{name}/external_weights_urls`.
+pub async fn urls(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Path((run, kind, name)): Path<(String, String, String)>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    if kind != "external_weights" {
+        return Err(bad(format!("{kind}/{name} is not external weights: save them with save_weights_external")).into());
+    }
+    let files = {
+        let (owner, run, name) = (caller.entity.clone(), run.clone(), name.clone());
+        tokio::task::spawn_blocking(move || trainer.external_files(&owner, &run, &name)).await.ok().flatten()
+    };
+    let files = files.filter(|f| !f.is_empty()).ok_or_else(|| ApiError::not_found("external weights"))?;
+    let expires = now_secs() + URL_LIFETIME.as_secs();
+    let token = state.tinker().url_key.sign(&caller.entity, &run, &name, expires);
+    let base = base_url(&headers);
+    let urls: serde_json::Map<String, Value> = files
+        .iter()
+        .map(|(file, _)| (file.clone(), json!(format!("{base}/api/v1/external_weights_files/{token}/{file}"))))
+        .collect();
+    Ok(Json(json!({ "urls": urls, "expires": super::runs::rfc3339(expires as i64 * 1000) })))
+}
+
+/// Where the caller reached this server (its `Host`, and the scheme a proxy in front says).
+fn base_url(headers: &HeaderMap) -> String {
+    let text = |h: header::HeaderName| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let host = text(header::HOST).unwrap_or_else(|| "127.0.0.1".into());
+    let scheme = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|p| *p == "https" || *p == "http")
+        .unwrap_or("http");
+    format!("{scheme}://{host}")
+}
+
+/// `GET external_weights_files/{token}/{file}`: no key, the token is the permission.
+pub async fn download(State(state): State<AppState>, Path((token, file)): Path<(String, String)>) -> Response {
+    let gone = || PreviewError(ApiError::not_found("file")).into_response();
+    let Some((owner, run, name)) = state.tinker().url_key.verify(&token, now_secs()) else {
+        let refused = ApiError::new(ErrorKind::Forbidden, "the URL is not valid or has expired; sign it again");
+        return PreviewError(refused).into_response();
+    };
+    let Some(trainer) = state.tinker_trainer() else { return gone() };
+    let path = tokio::task::spawn_blocking(move || {
+        trainer.external_files(&owner, &run, &name)?.into_iter().find(|(f, _)| *f == file).map(|(_, p)| p)
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(path) = path else { return gone() };
+    match tokio::fs::read(&path).await {
+        Ok(bytes) => {
+            let mut r = bytes.into_response();
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            r
+        }
+        Err(_) => gone(),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct Ttl {
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+}
+
+/// `PUT training_runs/{run}/checkpoints/{kind}/{name}/ttl`: checked and accepted; nothing here
+/// expires on its own (delete what is no longer needed).
+pub async fn set_ttl(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((run, kind, name)): Path<(String, String, String)>,
+    Json(body): Json<Ttl>,
+) -> Result<Json<Value>> {
+    let trainer = trainer(&state)?;
+    check_ttl(body.ttl_seconds)?;
+    let (owner, run2, name2) = (caller.entity.clone(), run.clone(), name.clone());
+    let exists = tokio::task::spawn_blocking(move || match kind.as_str() {
+        "external_weights" => trainer.external_files(&owner, &run2, &name2).is_some(),
+        "weights" => trainer.list_states(&owner, &run2).iter().any(|(n, _, _)| *n == name2),
+        "sampler_weights" => trainer.saved_samplers(&owner, &run2).iter().any(|s| s.name == name2),
+        _ => false,
+    })
+    .await
+    .unwrap_or(false);
+    if !exists {
+        return Err(ApiError::not_found("checkpoint").into());
+    }
+    Ok(Json(json!({})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_tokens_name_what_they_were_signed_for_until_they_expire() {
+        let key = UrlKey::default();
+        let token = key.sign("ent.ity/x", "s:train:0", "final", 1_000);
+        assert_eq!(key.verify(&token, 999), Some(("ent.ity/x".into(), "s:train:0".into(), "final".into())));
+        assert_eq!(key.verify(&token, 1_000), None, "expired");
+        // Another key, a changed field or a changed MAC: refused.
+        assert_eq!(UrlKey::default().verify(&token, 0), None);
+        let (payload, mac) = token.rsplit_once('.').unwrap();
+        let later = payload.replace(".1000", ".9999");
+        assert_eq!(key.verify(&format!("{later}.{mac}"), 0), None);
+        let mut bad_mac = mac.to_string();
+        bad_mac.replace_range(0..1, if mac.starts_with('0') { "1" } else { "0" });
+        assert_eq!(key.verify(&format!("{payload}.{bad_mac}"), 0), None);
+        assert_eq!(key.verify("garbage", 0), None);
+    }
+
+    #[test]
+    fn ttls_are_bounded_as_tinker_bounds_them() {
+        assert!(check_ttl(None).is_ok() && check_ttl(Some(3600)).is_ok());
+        assert!(check_ttl(Some(59)).is_err() && check_ttl(Some(i64::MAX)).is_err());
+    }
+}
