@@ -267,16 +267,15 @@ fn response(n: usize, events: &[InferEvent], asked: &Asked) -> pb::SampleRespons
             }
             InferEvent::PromptLogprobs(p) => {
                 let first = asked.last_n.map_or(0, |k| p.len().saturating_sub(k));
-                let kept = |i: usize, pos: &Option<Vec<RankedLogprob>>| if i < first { None } else { pos.clone() };
-                let rows: Vec<Option<Vec<RankedLogprob>>> = p.iter().enumerate().map(|(i, r)| kept(i, r)).collect();
+                // Positions before the last `last_n` are not reported (borrowed, not copied).
+                let rows: Vec<Option<&[RankedLogprob]>> =
+                    p.iter().enumerate().map(|(i, r)| r.as_deref().filter(|_| i >= first)).collect();
                 if asked.prompt_logprobs {
-                    let lp = |r: &Option<Vec<RankedLogprob>>| {
-                        r.as_ref().and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob)
-                    };
+                    let lp = |r: &Option<&[RankedLogprob]>| r.and_then(|r| r.first()).map_or(f32::NAN, |r| r.logprob);
                     out.prompt_logprobs = Some(rows.iter().flat_map(|r| lp(r).to_le_bytes()).collect());
                 }
                 if asked.topk_prompt > 0 {
-                    let ranked: Vec<_> = rows.iter().map(|r| r.as_deref().map(scores::ranked)).collect();
+                    let ranked: Vec<_> = rows.iter().map(|r| r.map(scores::ranked)).collect();
                     out.topk_prompt_logprobs = Some(scores::topk(&ranked, asked.topk_prompt));
                 }
             }
