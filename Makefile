@@ -108,6 +108,8 @@ $(COOKBOOK_OK):
 		tiktoken tqdm "math-verify>=0.5.0" "pylatexenc>=2.0" "sympy>=1.12.0"
 	touch $@
 ARTTINKERENV := target/arttinkerenv
+# Set before the first rule that names it (make expands a rule's target where it reads it).
+ART23_VERSION := 0.5.23
 ARTTINKER_OK := $(ARTTINKERENV)/.ok-$(ART23_VERSION)
 $(ARTTINKER_OK):
 	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: ART $(ART23_VERSION) needs Python 3.12" >&2; exit 1; fi; \
@@ -142,7 +144,6 @@ $(BROWSER)/.ok-$(AXE_VERSION):
 # pins: its own requirements already keep openai < 3; polars 2 is fine (delete_checkpoints averages
 # only the chosen metric); train() and the SFT path need no wandb package while WANDB_API_KEY is unset.
 ART23ENV := target/art23env
-ART23_VERSION := 0.5.23
 PYTHON312 = $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null || \
 	ls -d $$HOME/.pyenv/versions/3.12*/bin/python3 2>/dev/null | sort -V | tail -n 1)
 
