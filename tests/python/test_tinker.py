@@ -30,9 +30,10 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     next step's result is identical, with fresh moments it is not; the RestClient
                     lists the run's checkpoints and deletes one by its tinker path
   pipelined         calls submitted without waiting for results run in seq_id order
-  bad-input         a NaN advantage, an unknown loss, targets that are not the input shifted by one
-                    and a token id outside the vocabulary fail their own call (a user error, not
-                    retried); the next call still runs
+  bad-input         a NaN advantage, an unknown loss, targets that are not the input shifted by one,
+                    a token id outside the vocabulary, a float target, a 2-D input and a length
+                    mismatch fail their own call (a user error, not retried); a reused seq_id and
+                    one past a gap sent by another client move nothing; the next call still runs
   other-entity      another key's client cannot see the model (404)
   tokenizer         TrainingClient.get_tokenizer() loads the directory get_info names, offline:
                     its ids and chat template equal tandem's /tokenize
@@ -46,6 +47,10 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     the saved ones (a state of another rank is refused by name)
   curves            each optim_step writes train/loss, train/grad_norm, ... to the model record's
                     history, as the dashboard reads it
+  expiry            ttl_seconds on every kind of save and set_checkpoint_ttl: expires_at listed,
+                    bounds checked; after a restart with the times moved into the past, the sweep
+                    deletes what expired (the sampler checkpoint too) and keeps the rest (last:
+                    it restarts the server)
   hub-tokenizer     SamplingClient.get_tokenizer() loads the base model by name from the hub cache
                     the server writes (HF_HUB_CACHE=<data>/hf-hub), and GET /v1/tokenizer gives
                     the same files as a tar archive (a directory, or a hub cache's layout)
@@ -448,6 +453,17 @@ def bad_input(ctx):
          "shifted by one"),
         (lambda: tc.forward_backward([datum(tokens=[1, 2, 10 ** 6], weights=1.0)], "cross_entropy"),
          "outside the vocabulary"),
+        # Wrong dtype, shape and length, as a client's own tensors can be.
+        (lambda: tc.forward_backward([types.Datum(
+            model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+            loss_fn_inputs={"target_tokens": types.TensorData(data=[float(t) for t in TOKENS[1:]], dtype="float32"),
+                            "weights": [1.0] * n})], "cross_entropy"), "not an integer type"),
+        (lambda: tc.forward_backward([types.Datum(
+            model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+            loss_fn_inputs={"target_tokens": TOKENS[1:],
+                            "weights": types.TensorData(data=[1.0] * n, dtype="float32", shape=[1, n])})],
+            "cross_entropy"), "only 1-d tensors"),
+        (lambda: tc.forward_backward([datum(weights=[1.0] * (n - 1))], "cross_entropy"), f"{n - 1} values for {n}"),
     ]
     for call, want in cases:
         try:
@@ -458,7 +474,16 @@ def bad_input(ctx):
         else:
             raise AssertionError(f"accepted a call that should fail with {want!r}")
     # The model goes on.
-    tc.forward([datum(weights=1.0)], "cross_entropy").result()
+    before = tc.forward([datum(weights=1.0)], "cross_entropy").result().metrics["loss:sum"]
+    # Another client sends an optim_step under a seq_id this model already ran (it gets that
+    # call's future; nothing runs again) and one far ahead (it waits for a gap never filled, then
+    # fails alone): neither moves the weights, and the SDK's own calls go on in order.
+    for seq_id in (1, 10 ** 6):
+        status, reply, _ = ctx.server.api("POST", "/api/v1/optim_step", {
+            "model_id": tc.model_id, "seq_id": seq_id, "adam_params": {"learning_rate": 1.0}}, key=KEY)
+        assert status == 200 and reply.get("request_id"), (seq_id, status, reply)
+    after = tc.forward([datum(weights=1.0)], "cross_entropy").result().metrics["loss:sum"]
+    assert after == before, (before, after)
 
 
 def other_entity(ctx):
@@ -601,8 +626,81 @@ def hub_tokenizer(ctx):
     assert status == 400 and reply["error"]["param"] == "model", (status, reply)
 
 
+def expiry(ctx):
+    """ttl_seconds on each kind of save and set_checkpoint_ttl: listed as expires_at, removable, a
+    TTL outside Tinker's bounds refused, another entity's 404; then, with the run's expiry times
+    moved into the past (an hour going by), the restarted server's sweep deletes exactly those,
+    the sampler weights' checkpoint with them, and keeps the state saved without a TTL. It
+    restarts the server, so it runs last."""
+    import datetime
+    import glob
+    import json
+    import time
+    now = datetime.datetime.now(datetime.timezone.utc)
+    with service(ctx.server) as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=9).result()
+        tc.forward_backward([datum(weights=1.0)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        rolling = tc.save_state("rolling", ttl_seconds=7200).result().path
+        kept = tc.save_state("final").result().path
+        periodic = tc.save_weights_for_sampler("periodic", ttl_seconds=604800).result().path
+        export = tc.save_weights_external("export", ttl_seconds=3600).result().path
+        model_id = tc.model_id
+        rest = sc.create_rest_client()
+
+        def listed():
+            return {c.tinker_path: c for c in rest.list_checkpoints(model_id).result().checkpoints}
+
+        cps = listed()
+        for path, ttl in ((rolling, 7200), (periodic, 604800), (export, 3600)):
+            assert cps[path].expires_at is not None, cps[path]
+            assert abs((cps[path].expires_at - now).total_seconds() - ttl) < 120, (path, cps[path].expires_at)
+        assert cps[kept].expires_at is None and cps[export].checkpoint_type == "external", cps
+        rest.set_checkpoint_ttl_from_tinker_path(kept, 3600).result()
+        assert listed()[kept].expires_at is not None
+        rest.set_checkpoint_ttl_from_tinker_path(kept, None).result()
+        assert listed()[kept].expires_at is None
+        ttl_route = f"/api/v1/training_runs/{model_id}/checkpoints/weights/final/ttl"
+        status, reply, _ = ctx.server.api("PUT", ttl_route, {"ttl_seconds": 60}, key=KEY)
+        assert status == 422 and "ttl_seconds 60" in json.dumps(reply), (status, reply)
+        other = f"tml-{ctx.server.new_key('ttl-other')}"
+        status, reply, _ = ctx.server.api("PUT", ttl_route, {"ttl_seconds": 3600}, key=other)
+        assert status == 404, (status, reply)
+    session, _, seq = model_id.split(":")
+    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
+    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")["id"]
+    status, before, _ = ctx.server.api("GET", f"/v1/preview/models/{record}/checkpoints")
+    assert status == 200 and len(before["data"]) == 1, before
+    # An hour goes by: the run's expiry times move into the past while the server is down.
+    ctx.server.kill9()
+    lists = [f for f in glob.glob(os.path.join(ctx.server.data, "tinker-states", "*", "*", ".expiry"))
+             if json.load(open(f))["model_id"] == model_id]
+    assert len(lists) == 1, lists
+    with open(lists[0]) as f:
+        entry = json.load(f)
+    assert sorted(entry["at"]) == ["external_weights/export", "sampler_weights/periodic", "weights/rolling"], entry
+    entry["at"] = {k: int(time.time() * 1000) - 1000 for k in entry["at"]}
+    with open(lists[0], "w") as f:
+        json.dump(entry, f)
+    server = ctx.server.restart()
+    try:
+        rest = service(server).create_rest_client()
+        deadline = time.monotonic() + 60
+        while True:
+            left = {c.tinker_path for c in rest.list_checkpoints(model_id).result().checkpoints}
+            if left == {kept} or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert left == {kept}, left
+        status, after, _ = server.api("GET", f"/v1/preview/models/{record}/checkpoints")
+        assert status == 200 and after["data"] == [], after
+        assert not os.path.exists(lists[0]), "the emptied expiry list stayed"
+    finally:
+        server.stop()
+
+
 CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, download, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
-          other_entity, tokenizer, hub_tokenizer, session_end]
+          other_entity, tokenizer, hub_tokenizer, session_end, expiry]
 
 
 def main():

@@ -100,6 +100,15 @@ impl std::fmt::Display for TinkerError {
     }
 }
 
+/// A checkpoint whose time to live has passed: `checkpoint` as the SDK names it
+/// (`weights/NAME`, `sampler_weights/NAME`, `external_weights/NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    pub owner: String,
+    pub model_id: String,
+    pub checkpoint: String,
+}
+
 /// Training models held between calls. Every method blocks (it computes): call it off the
 /// async workers. Model ids are the api's; ownership is the api's to check.
 pub trait TinkerTrainer: Send + Sync {
@@ -170,6 +179,15 @@ pub trait TinkerTrainer: Send + Sync {
     fn external_files(&self, owner: &str, model_id: &str, name: &str) -> Option<Vec<(String, std::path::PathBuf)>>;
     /// Deletes external weights; whether they existed.
     fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> bool;
+    /// `owner`'s external weights of `model_id`: (name, bytes, written at, ms since the epoch).
+    fn list_external(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
+    /// Sets when `owner`'s checkpoint of `model_id` expires (ms since the epoch), or with
+    /// `None` that it never does.
+    fn set_expiry(&self, owner: &str, model_id: &str, checkpoint: &str, at: Option<i64>) -> Result<(), TinkerError>;
+    /// When `owner`'s checkpoints of `model_id` expire, by checkpoint (those that do).
+    fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64>;
+    /// Every owner's checkpoints whose expiry is at or before `now` (ms since the epoch).
+    fn expired(&self, now: i64) -> Vec<Expired>;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

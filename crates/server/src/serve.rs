@@ -154,6 +154,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         }),
         draining: draining.clone(),
     });
+    // Tinker checkpoints whose TTL has passed go at start and every minute after.
+    tandem_api::tinker::expiry::spawn_sweeper(state.clone());
     let worker_task = role.trains().then(|| tokio::spawn(worker.clone().run()));
     tokio::spawn(crate::cluster::follow_notices(store.clone(), role, worker.waker(), checkpoints));
 

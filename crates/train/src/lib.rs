@@ -19,6 +19,7 @@
 //!   over `forward_backward` calls until `optim_step`.
 //! - [`tinker`]: the sessions the Tinker routes drive (`tandem_core::tinker::TinkerTrainer`),
 //!   each call taking the trainer's turn.
+//! - [`expiry`]: when Tinker checkpoints expire, kept beside each run's saved states.
 //! - [`sft`]: the supervised fine-tuning job (conversations, mean cross-entropy).
 //!
 //! Tokenizing trajectories is in `tandem_core::sequences`, so the api can refuse a job whose
@@ -27,6 +28,7 @@
 pub mod adamw;
 pub mod adapter;
 pub mod advantage;
+pub mod expiry;
 pub mod fused;
 pub mod held;
 pub mod loss;

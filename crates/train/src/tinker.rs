@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tandem_core::tinker::{
-    AdamSettings, Datum, Forwarded, LoraSpec, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
+    AdamSettings, Datum, Expired, Forwarded, LoraSpec, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
 };
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
@@ -49,7 +49,8 @@ pub struct TinkerModels {
     states: PathBuf,
     turns: Arc<Turns>,
     models: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
-    /// Serialises changes to the saved-sampler lists (read, change, write back).
+    /// Serialises changes to the lists kept beside a run's states (saved samplers, expiries:
+    /// read, change, write back).
     samplers: Mutex<()>,
     /// Most models held at once, server-wide (each holds an adapter, its moments and pending
     /// gradients in memory).
@@ -117,18 +118,8 @@ impl TinkerModels {
     }
 
     fn write_samplers(path: &std::path::Path, list: &[SavedSampler]) -> Result<(), TinkerError> {
-        use std::io::Write;
-        let io = |e: std::io::Error| TinkerError::Server(format!("recording the sampler weights: {e}"));
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        // Written whole to a new file, synced, then renamed over the old: a crash leaves one or
-        // the other.
-        let tmp = path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&serde_json::to_vec(list).unwrap_or_default()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        crate::expiry::write_whole(path, &serde_json::to_vec(list).unwrap_or_default())
+            .map_err(|e| TinkerError::Server(format!("recording the sampler weights: {e}")))
     }
 
     fn hold(&self, model_id: &str, session: Session) -> Result<(), TinkerError> {
@@ -401,10 +392,106 @@ impl TinkerTrainer for TinkerModels {
         self.external_dir(owner, model_id, name).is_ok_and(|d| std::fs::remove_dir_all(d).is_ok())
     }
 
+    fn list_external(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)> {
+        let Ok(dir) = self.run_dir(owner, model_id) else { return Vec::new() };
+        let mut out: Vec<(String, u64, i64)> = std::fs::read_dir(dir.join(EXTERNAL_DIR))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|f| {
+                let name = f.file_name().to_str()?.to_string();
+                // A set being written (`.writing-NAME`) is nobody's yet.
+                if name.starts_with('.') {
+                    return None;
+                }
+                let files = std::fs::read_dir(f.path()).ok()?.flatten().filter_map(|x| x.metadata().ok());
+                let bytes = files.map(|m| m.len()).sum();
+                let at = f.metadata().ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+                Some((name, bytes, at as i64))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn set_expiry(&self, owner: &str, model_id: &str, checkpoint: &str, at: Option<i64>) -> Result<(), TinkerError> {
+        let path = self.run_dir(owner, model_id)?.join(crate::expiry::FILE);
+        let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = crate::expiry::read(&path).map_err(TinkerError::Server)?.unwrap_or_else(|| {
+            crate::expiry::Expiries { owner: owner.to_string(), model_id: model_id.to_string(), ..Default::default() }
+        });
+        list.set(checkpoint, at);
+        crate::expiry::write(&path, &list).map_err(TinkerError::Server)
+    }
+
+    fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64> {
+        let Ok(dir) = self.run_dir(owner, model_id) else { return Default::default() };
+        crate::expiry::read(&dir.join(crate::expiry::FILE)).ok().flatten().map(|e| e.at).unwrap_or_default()
+    }
+
+    fn expired(&self, now: i64) -> Vec<Expired> {
+        let mut out = Vec::new();
+        for (path, list) in crate::expiry::all(&self.states) {
+            // A list counts only where it lies: a copied file cannot name another owner's run.
+            if self.run_dir(&list.owner, &list.model_id).map(|d| d.join(crate::expiry::FILE)).ok() != Some(path) {
+                tracing::warn!(owner = %list.owner, run = %list.model_id, "skipping a misplaced expiry list");
+                continue;
+            }
+            for checkpoint in list.due(now) {
+                out.push(Expired { owner: list.owner.clone(), model_id: list.model_id.clone(), checkpoint });
+            }
+        }
+        out
+    }
+
     fn release(&self, model_id: &str) {
         let dropped = self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
         drop(dropped);
         // Its adapter, optimizer state and the last calls' activations go back to the system now.
         self.trainer.release_freed_memory();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models(dir: &std::path::Path) -> TinkerModels {
+        TinkerModels::new(Arc::new(LoraTrainer::new(Vec::new())), Arc::new(Turns::new(1)), 1, dir.to_path_buf())
+    }
+
+    #[test]
+    fn expiries_are_kept_per_run_and_only_where_they_lie_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = models(dir.path());
+        m.set_expiry("alice", "s:train:0", "weights/rolling", Some(1_000)).unwrap();
+        m.set_expiry("alice", "s:train:0", "sampler_weights/periodic", Some(5_000)).unwrap();
+        m.set_expiry("bob", "t:train:1", "external_weights/x", Some(2_000)).unwrap();
+        assert_eq!(m.expiries("alice", "s:train:0").len(), 2);
+        assert!(m.expiries("bob", "s:train:0").is_empty(), "another owner's run of the same id");
+        let due = |now| {
+            let mut d: Vec<(String, String)> = m.expired(now).into_iter().map(|x| (x.owner, x.checkpoint)).collect();
+            d.sort();
+            d
+        };
+        assert_eq!(due(999), vec![]);
+        assert_eq!(
+            due(2_000),
+            vec![("alice".into(), "weights/rolling".into()), ("bob".into(), "external_weights/x".into())]
+        );
+        // Cleared: no longer due; the last one cleared takes the file with it.
+        m.set_expiry("alice", "s:train:0", "weights/rolling", None).unwrap();
+        m.set_expiry("bob", "t:train:1", "external_weights/x", None).unwrap();
+        assert_eq!(due(10_000), vec![("alice".into(), "sampler_weights/periodic".into())]);
+        assert!(!m.run_dir("bob", "t:train:1").unwrap().join(crate::expiry::FILE).exists());
+        // Alice's list copied into Bob's directory names Alice's run: ignored there.
+        let bobs = m.run_dir("bob", "t:train:1").unwrap();
+        std::fs::create_dir_all(&bobs).unwrap();
+        std::fs::copy(
+            m.run_dir("alice", "s:train:0").unwrap().join(crate::expiry::FILE),
+            bobs.join(crate::expiry::FILE),
+        )
+        .unwrap();
+        assert_eq!(due(10_000), vec![("alice".into(), "sampler_weights/periodic".into())]);
     }
 }

@@ -7,8 +7,9 @@
 //!   signed URL per file, good for an hour, which a plain HTTP client fetches without a key (as
 //!   the SDK does): the URL carries the owner, the run, the name and the expiry, with an
 //!   HMAC-SHA256 of them under a key this process drew at start (a restart voids old URLs);
-//! - `.../ttl` is accepted (nothing here expires on its own) and deleting the name removes it.
+//! - `ttl_seconds` makes them expire (`expiry`), and deleting the name removes them.
 
+use super::expiry::expires_at;
 use super::routes::{bad, failed, ordered, owned_model, trainer, Result};
 use super::state::Outcome;
 use crate::auth::Caller;
@@ -93,26 +94,22 @@ pub async fn save(
             bad("age_encryption_recipients: encrypted exports are not served; the files are written plain").into()
         );
     }
-    check_ttl(body.ttl_seconds)?;
+    let expires = expires_at(body.ttl_seconds)?;
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
-    ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_external(&owner, &id, &name) {
-        Ok(bytes) => Outcome::Json(json!({
-            "path": format!("tinker://{id}/external_weights/{name}"), "size_bytes": bytes,
-            "type": "save_weights_external",
-        })),
-        Err(e) => failed(e),
-    })
-}
-
-/// Tinker's TTL bounds: an hour to ten years, or none.
-fn check_ttl(ttl: Option<i64>) -> Result<()> {
-    match ttl {
-        Some(s) if !(3600..=10 * 365 * 86_400).contains(&s) => {
-            Err(bad(format!("ttl_seconds {s}: expected 3600 (an hour) to 315360000 (ten years), or null")).into())
+    ordered(&t, model, &body.model_id, body.seq_id, move || {
+        let saved = trainer.save_external(&owner, &id, &name).and_then(|bytes| {
+            // Saving over a name replaces its expiry too (none without `ttl_seconds`).
+            trainer.set_expiry(&owner, &id, &format!("external_weights/{name}"), expires).map(|()| bytes)
+        });
+        match saved {
+            Ok(bytes) => Outcome::Json(json!({
+                "path": format!("tinker://{id}/external_weights/{name}"), "size_bytes": bytes,
+                "type": "save_weights_external",
+            })),
+            Err(e) => failed(e),
         }
-        _ => Ok(()),
-    }
+    })
 }
 
 /// `GET training_runs/{run}/checkpoints/external_weights/{name}/external_weights_urls`.
@@ -178,37 +175,6 @@ pub async fn download(State(state): State<AppState>, Path((token, file)): Path<(
     }
 }
 
-#[derive(Deserialize)]
-pub struct Ttl {
-    #[serde(default)]
-    ttl_seconds: Option<i64>,
-}
-
-/// `PUT training_runs/{run}/checkpoints/{kind}/{name}/ttl`: checked and accepted; nothing here
-/// expires on its own (delete what is no longer needed).
-pub async fn set_ttl(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((run, kind, name)): Path<(String, String, String)>,
-    Json(body): Json<Ttl>,
-) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
-    check_ttl(body.ttl_seconds)?;
-    let (owner, run2, name2) = (caller.entity.clone(), run.clone(), name.clone());
-    let exists = tokio::task::spawn_blocking(move || match kind.as_str() {
-        "external_weights" => trainer.external_files(&owner, &run2, &name2).is_some(),
-        "weights" => trainer.list_states(&owner, &run2).iter().any(|(n, _, _)| *n == name2),
-        "sampler_weights" => trainer.saved_samplers(&owner, &run2).iter().any(|s| s.name == name2),
-        _ => false,
-    })
-    .await
-    .unwrap_or(false);
-    if !exists {
-        return Err(ApiError::not_found("checkpoint").into());
-    }
-    Ok(Json(json!({})))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,11 +194,5 @@ mod tests {
         bad_mac.replace_range(0..1, if mac.starts_with('0') { "1" } else { "0" });
         assert_eq!(key.verify(&format!("{payload}.{bad_mac}"), 0), None);
         assert_eq!(key.verify("garbage", 0), None);
-    }
-
-    #[test]
-    fn ttls_are_bounded_as_tinker_bounds_them() {
-        assert!(check_ttl(None).is_ok() && check_ttl(Some(3600)).is_ok());
-        assert!(check_ttl(Some(59)).is_err() && check_ttl(Some(i64::MAX)).is_err());
     }
 }

@@ -8,10 +8,12 @@
 //! - [`weights`]: saving for the sampler, saving and loading the training state.
 //! - [`runs`]: the RestClient's listings of runs and their checkpoints.
 //! - [`external`]: adapters saved as PEFT files and downloaded by signed URLs.
+//! - [`expiry`]: checkpoints' TTLs, and the sweep that deletes what has expired.
 //! - `samplers`: sampler weights saved by name, found and checked live.
 //! - [`sample`]: sampling sessions and `asample` through the engine.
 //! - `scores`: top-k, target and alternative-token answers of `asample`.
 
+pub mod expiry;
 pub mod external;
 pub mod routes;
 pub mod runs;
@@ -58,7 +60,7 @@ pub fn router(state: AppState) -> Router<AppState> {
             "/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls",
             axum::routing::get(external::urls),
         )
-        .route("/training_runs/{run}/checkpoints/{kind}/{name}/ttl", axum::routing::put(external::set_ttl))
+        .route("/training_runs/{run}/checkpoints/{kind}/{name}/ttl", axum::routing::put(expiry::set_ttl))
         .route("/weights_info", post(weights::weights_info))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)

@@ -39,24 +39,24 @@ fn run_of(record: &str) -> Option<String> {
 /// A checkpoint as the SDK's `Checkpoint`, with its time in ms for ordering.
 type Listed = (i64, Value);
 
-/// One run's checkpoints (states, then sampler weights by name; only saves whose checkpoint is
-/// still the one they saved), and its LoRA rank where something says it; `None` when the caller
-/// has no such run.
+/// One run's checkpoints (states, sampler weights by name: only saves whose checkpoint is still
+/// the one they saved, then external weights; each with its expiry), and its LoRA rank where
+/// something says it; `None` when the caller has no such run.
 async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Option<(Vec<Listed>, Option<usize>)>> {
     let trainer = trainer(state)?;
     let model = state.tinker().model(entity, run);
-    let (states, state_rank) = {
+    let (states, state_rank, external, expiries) = {
         let (owner, run) = (entity.to_string(), run.to_string());
         tokio::task::spawn_blocking(move || {
             let states = trainer.list_states(&owner, &run);
             let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|i| i.rank);
-            (states, rank)
+            (states, rank, trainer.list_external(&owner, &run), trainer.expiries(&owner, &run))
         })
         .await
         .unwrap_or_default()
     };
     let saved = samplers::all(state, entity, run).await?;
-    if model.is_none() && states.is_empty() && saved.is_empty() {
+    if model.is_none() && states.is_empty() && saved.is_empty() && external.is_empty() {
         // A run whose saves are all deleted is still a run: its tandem record says it existed.
         let record = run.replace(":train:", "-train-");
         match state.store().find_model(entity, "tinker", &record).await {
@@ -66,27 +66,33 @@ async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Opt
         }
     }
     let rank = model.as_ref().map(|m| m.rank).or(saved.first().map(|s| s.rank)).or(state_rank);
-    let mut out: Vec<Listed> = states
-        .into_iter()
-        .map(|(name, size, at)| {
-            (at, json!({ "checkpoint_id": format!("weights/{name}"), "checkpoint_type": "training", "time": rfc3339(at),
-                         "tinker_path": format!("tinker://{run}/weights/{name}"), "size_bytes": size, "public": false }))
-        })
-        .collect();
+    let listed = |kind: &str, name: &str, at: i64, size: Option<u64>| {
+        let (id, path_kind) = match kind {
+            "training" => (format!("weights/{name}"), "weights"),
+            "sampler" => (format!("sampler_weights/{name}"), "sampler_weights"),
+            _ => (format!("external_weights/{name}"), "external_weights"),
+        };
+        let expires_at = expiries.get(&id).map(|ms| rfc3339(*ms));
+        let mut c = json!({ "checkpoint_id": id, "checkpoint_type": kind, "time": rfc3339(at),
+                            "tinker_path": format!("tinker://{run}/{path_kind}/{name}"), "public": false,
+                            "expires_at": expires_at });
+        if let Some(bytes) = size {
+            c["size_bytes"] = json!(bytes);
+        }
+        (at, c)
+    };
+    let mut out: Vec<Listed> =
+        states.iter().map(|(name, size, at)| listed("training", name, *at, Some(*size))).collect();
     for s in samplers::only_live(state, saved).await? {
-        out.push((
-            s.created_at,
-            json!({ "checkpoint_id": format!("sampler_weights/{}", s.name), "checkpoint_type": "sampler",
-                 "time": rfc3339(s.created_at), "tinker_path": format!("tinker://{run}/sampler_weights/{}", s.name),
-                 "public": false }),
-        ));
+        out.push(listed("sampler", &s.name, s.created_at, None));
     }
+    out.extend(external.iter().map(|(name, size, at)| listed("external", name, *at, Some(*size))));
     Ok(Some((out, rank)))
 }
 
 /// `GET training_runs/{model_id}/checkpoints` (`RestClient.list_checkpoints`): the run's saved
-/// training states and its sampler weights saved by name (kept after its session ends, as states
-/// are; the ephemeral kind while its session lives).
+/// training states, its sampler weights saved by name (kept after its session ends, as states
+/// are; the ephemeral kind while its session lives) and its external weights.
 pub async fn list_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

@@ -244,6 +244,9 @@ fn extras(asked: &Asked, temperature: f32) -> Extras {
     Extras { sampled_top: (asked.topk_sample > 0).then_some(asked.topk_sample + 1), prompt_scoring: scoring }
 }
 
+/// A sampled position's top-k candidates (token, logprob); `None` where the engine gave none.
+type TopK = Vec<(u32, f32)>;
+
 /// The engine's events as the SDK's `SampleResponse`: each sample's tokens (the stop token or
 /// the tokens completing a stop string included) and their logprobs, and what else was asked
 /// (see [`Asked`]): the prompt's logprobs (NaN at position 0, and before the last `last_n`
@@ -251,7 +254,7 @@ fn extras(asked: &Asked, temperature: f32) -> Extras {
 fn response(n: usize, events: &[InferEvent], asked: &Asked) -> pb::SampleResponse {
     let mut seqs = vec![pb::SampledSequence::default(); n];
     let mut lps: Vec<Vec<u8>> = vec![Vec::new(); n];
-    let mut tops: Vec<Vec<Option<Vec<(u32, f32)>>>> = vec![Vec::new(); n];
+    let mut tops: Vec<Vec<Option<TopK>>> = vec![Vec::new(); n];
     let mut out = pb::SampleResponse::default();
     for ev in events {
         match ev {

@@ -3,6 +3,7 @@
 //! `load_weights` (a new model from a saved state, or a saved state into a held model),
 //! `weights_info`, and deleting a run's checkpoints (`runs` lists them).
 
+use super::expiry::expires_at;
 use super::routes::{
     bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
 };
@@ -29,6 +30,8 @@ pub struct SaveForSampler {
     /// The ephemeral kind's sampling session number (`save_weights_and_get_sampling_client`).
     #[serde(default)]
     sampling_session_seq_id: Option<i64>,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
 }
 
 /// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
@@ -40,6 +43,7 @@ pub async fn save_weights_for_sampler(
     Json(body): Json<SaveForSampler>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
+    let expires = expires_at(body.ttl_seconds)?;
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let entry = model.clone();
     let id = body.model_id.clone();
@@ -59,10 +63,13 @@ pub async fn save_weights_for_sampler(
                 }
             }
         };
+        // Named weights, and ephemeral ones given a TTL (so the sweep finds them after their
+        // session ends), are kept in the run's list.
+        let kept = !ephemeral || expires.is_some();
         if let Some(problem) = tandem_core::names::name_problem(&name) {
             return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
         }
-        if !ephemeral {
+        if kept {
             // Before anything is written: past the limit a save leaves nothing behind.
             let (owner, id, name, trainer) = (entity.clone(), id.clone(), name.clone(), trainer.clone());
             match tokio::task::spawn_blocking(move || trainer.may_note_sampler(&owner, &id, &name)).await {
@@ -92,11 +99,11 @@ pub async fn save_weights_for_sampler(
             base_model: entry.base_model.clone(),
             rank: entry.rank,
         };
-        if !ephemeral {
+        if kept {
             // Named weights outlive the session (their path samples after the run ends); the
             // checkpoint a name saved before is deleted with the name's move.
-            let (owner, id, kept) = (entity.clone(), id.clone(), saved.clone());
-            let noted = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, kept)).await {
+            let (owner, id, entry, trainer) = (entity.clone(), id.clone(), saved.clone(), trainer.clone());
+            let noted = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, entry)).await {
                 Ok(noted) => noted.map_err(failed),
                 Err(e) => Err(Outcome::Failed { error: format!("saving failed: {e}"), category: "server" }),
             };
@@ -113,6 +120,17 @@ pub async fn save_weights_for_sampler(
                     tracing::warn!(error = %e.message, "could not delete the checkpoint a saved name replaced");
                 }
             }
+        }
+        // Saving over a name replaces its expiry too (none without `ttl_seconds`).
+        let noted = {
+            let (trainer, owner, id, checkpoint) =
+                (trainer.clone(), entity.clone(), id.clone(), format!("sampler_weights/{name}"));
+            tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &id, &checkpoint, expires)).await
+        };
+        match noted {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return failed(e),
+            Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
         }
         let step = saved.step;
         entry.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), saved);
@@ -167,6 +185,8 @@ pub struct SaveState {
     model_id: String,
     seq_id: i64,
     path: String,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
 }
 
 /// `save_weights` (`TrainingClient.save_state`): the adapter, AdamW moments and step, kept in the
@@ -177,11 +197,18 @@ pub async fn save_weights(
     Json(body): Json<SaveState>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
+    let expires = expires_at(body.ttl_seconds)?;
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
-    ordered(&t, model, &body.model_id, body.seq_id, move || match trainer.save_state(&owner, &id, &name) {
-        Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
-        Err(e) => failed(e),
+    ordered(&t, model, &body.model_id, body.seq_id, move || {
+        // Saving over a name replaces its expiry too (none without `ttl_seconds`).
+        let saved = trainer
+            .save_state(&owner, &id, &name)
+            .and_then(|()| trainer.set_expiry(&owner, &id, &format!("weights/{name}"), expires));
+        match saved {
+            Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
+            Err(e) => failed(e),
+        }
     })
 }
 
@@ -324,45 +351,59 @@ fn parse_state_path(path: &str) -> Option<(String, String)> {
     (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
 }
 
-/// `DELETE training_runs/{model_id}/checkpoints/{kind}/{name}`: a saved training state, or
-/// sampler weights saved by name (their checkpoint of the model's tandem record goes too).
+/// `DELETE training_runs/{model_id}/checkpoints/{kind}/{name}`: a saved training state, sampler
+/// weights saved by name (their checkpoint of the model's tandem record goes too) or external
+/// weights.
 pub async fn delete_checkpoint(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     axum::extract::Path((run, kind, name)): axum::extract::Path<(String, String, String)>,
 ) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
-    match kind.as_str() {
+    if !delete(&state, &caller.entity, &run, &kind, &name).await? {
+        return Err(ApiError::not_found("checkpoint").into());
+    }
+    Ok(Json(json!({})))
+}
+
+/// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` and its expiry; whether it existed.
+pub(super) async fn delete(state: &AppState, entity: &str, run: &str, kind: &str, name: &str) -> Result<bool> {
+    let trainer = trainer(state)?;
+    let (owner, run, name) = (entity.to_string(), run.to_string(), name.to_string());
+    let gone = match kind {
         "weights" => {
-            let owner = caller.entity.clone();
-            let gone =
-                tokio::task::spawn_blocking(move || trainer.delete_state(&owner, &run, &name)).await.unwrap_or(false);
-            if !gone {
-                return Err(ApiError::not_found("checkpoint").into());
-            }
+            let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
+            tokio::task::spawn_blocking(move || trainer.delete_state(&owner, &run, &name)).await.unwrap_or(false)
         }
         "sampler_weights" => {
             let held = state
                 .tinker()
-                .model(&caller.entity, &run)
+                .model(&owner, &run)
                 .and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(&name));
             let forgotten = {
-                let (owner, run, name) = (caller.entity.clone(), run.clone(), name.clone());
+                let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
                 tokio::task::spawn_blocking(move || trainer.forget_sampler(&owner, &run, &name)).await.ok().flatten()
             };
-            let saved = held.or(forgotten).ok_or_else(|| ApiError::not_found("checkpoint"))?;
-            samplers::drop_checkpoint(&state, &saved).await?;
-        }
-        "external_weights" => {
-            let owner = caller.entity.clone();
-            let gone = tokio::task::spawn_blocking(move || trainer.delete_external(&owner, &run, &name))
-                .await
-                .unwrap_or(false);
-            if !gone {
-                return Err(ApiError::not_found("checkpoint").into());
+            match held.or(forgotten) {
+                Some(saved) => {
+                    samplers::drop_checkpoint(state, &saved).await?;
+                    true
+                }
+                None => false,
             }
         }
-        _ => return Err(ApiError::not_found("checkpoint").into()),
+        "external_weights" => {
+            let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
+            tokio::task::spawn_blocking(move || trainer.delete_external(&owner, &run, &name)).await.unwrap_or(false)
+        }
+        _ => return Ok(false),
+    };
+    if gone {
+        // A name saved again later starts without the old one's expiry.
+        let checkpoint = format!("{kind}/{name}");
+        let cleared = tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, None)).await;
+        if let Ok(Err(e)) = cleared {
+            tracing::warn!(error = %e, "could not clear a deleted checkpoint's expiry");
+        }
     }
-    Ok(Json(json!({})))
+    Ok(gone)
 }
