@@ -1,5 +1,8 @@
 //! A training session: a LoRA adapter and its optimizer held between calls, gradients summed
 //! over `forward_backward` calls until `optim_step` (the Tinker training model, issue 33).
+//! It is the one way anything trains: the `/v1/preview` RL and SFT jobs are short programs over
+//! a session too (rows laid out and each one [`Session::run`] then [`Session::step`]), so the
+//! forward and backward, gradient accumulation, clipping, AdamW and parking are this module's.
 //!
 //! Each datum is one sequence whose position `i` predicts `targets[i]`; the targets must be the
 //! input shifted by one (the next token at every position, as every SDK recipe builds them),
@@ -10,10 +13,10 @@
 use crate::adamw::AdamParams;
 use crate::held::{Held, Live};
 use crate::net::{Base, Lora};
-use crate::pack::{lay_out, split, Target};
+use crate::pack::{lay_out, split, Row, Target};
 use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
 use crate::trainer::{accumulate, check_memory, clip, ensure_finite_weights, failed, INIT_SEED};
-use crate::tree::run_parts;
+use crate::tree::{run_parts, GradOf, PartResult};
 use crate::{adapter, LoraTrainer};
 use candle_core::backprop::GradStore;
 use candle_core::Var;
@@ -68,6 +71,79 @@ impl Session {
         let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
         let held = Held::new(lora, UNSET).map_err(failed)?;
         Ok(Session { base, base_id: base_id.to_string(), held, grads: None, modules: Modules::ALL })
+    }
+
+    /// A session over an adapter a job loaded or initialised, with AdamW `params` (a job's
+    /// constant settings; each [`Session::step`] may change the learning rate).
+    pub fn over(base: Arc<Base>, base_id: &str, lora: Lora, params: AdamParams) -> Result<Self, TrainError> {
+        let held = Held::new(lora, params).map_err(failed)?;
+        Ok(Session { base, base_id: base_id.to_string(), held, grads: None, modules: Modules::ALL })
+    }
+
+    /// The adapter and optimizer, for a job to park between steps (`TrainSink::boundary`) while
+    /// other entities' work has the trainer's memory. Never with gradients pending.
+    pub fn held_mut(&mut self) -> &mut Held {
+        debug_assert!(self.grads.is_none(), "parked with gradients pending");
+        &mut self.held
+    }
+
+    /// The live adapter (a job's scoring passes and KL terms run it forward).
+    pub fn lora(&mut self) -> Result<&Lora, TrainError> {
+        Ok(&self.held.live()?.lora)
+    }
+
+    /// Runs laid-out `parts` forward and, with `backward`, adds their gradients (of the modules
+    /// it trains) to the pending ones; `grad_of` gives each part's loss gradient per target
+    /// and what the caller keeps of it.
+    pub fn run<T: Send, F>(
+        &mut self,
+        trainer: &LoraTrainer,
+        parts: &[Row],
+        backward: bool,
+        grad_of: &mut F,
+    ) -> Result<Vec<PartResult<T>>, TrainError>
+    where
+        F: FnMut(usize, &[f32]) -> Result<(Vec<f64>, T), TrainError> + Send,
+    {
+        let base = &self.base;
+        let Live { lora, .. } = self.held.live()?;
+        let mut grads = GradStore::default();
+        let results = trainer.on_training_threads(|| {
+            let grad_of: &mut GradOf<'_, T> = grad_of;
+            run_parts(base, lora, parts, backward, trainer.recompute_above(), &mut grads, grad_of)
+        })?;
+        if backward {
+            let vars = Session::vars_of(lora, self.modules);
+            accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
+        }
+        Ok(results)
+    }
+
+    /// Drops the pending gradients (a call whose loss was not finite).
+    pub fn drop_gradients(&mut self) {
+        self.grads = None;
+    }
+
+    /// Clips the pending gradients to a global norm of `max_norm` (infinite: no clipping),
+    /// lets `check` refuse the norm before anything moves, then takes one AdamW step with
+    /// `params` and clears them. The norm before clipping; 0 when nothing is pending (nothing
+    /// moves, as in PyTorch).
+    pub fn step(
+        &mut self,
+        trainer: &LoraTrainer,
+        params: AdamParams,
+        max_norm: f64,
+        check: impl FnOnce(f64) -> Result<(), TrainError>,
+    ) -> Result<f64, TrainError> {
+        let Some(mut grads) = self.grads.take() else { return Ok(0.0) };
+        let modules = self.modules;
+        let Live { lora, opt } = self.held.live()?;
+        let vars = Session::vars_of(lora, modules);
+        let norm = trainer.on_training_threads(|| clip(&mut grads, &vars, max_norm)).map_err(failed)?;
+        check(norm)?;
+        opt.params = params;
+        trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
+        Ok(norm)
     }
 
     /// Trains only `modules` (before any step: a fresh session).
@@ -136,9 +212,6 @@ impl Session {
             }
             owned.push(list);
         }
-        let base = &self.base;
-        let Live { lora, .. } = self.held.live()?;
-        let mut grads = GradStore::default();
         let mut datum_losses = |k: usize, lps: &[f32]| {
             let mut g = vec![0.0; lps.len()];
             let mut each = Vec::with_capacity(owned[k].len());
@@ -150,21 +223,15 @@ impl Session {
             }
             Ok((g, each))
         };
-        let results = trainer.on_training_threads(|| {
-            run_parts(base, lora, &parts, backward, trainer.recompute_above(), &mut grads, &mut datum_losses)
-        })?;
+        let results = self.run(trainer, &parts, backward, &mut datum_losses)?;
         let (mut logprobs, mut total) = (vec![Vec::new(); datums.len()], 0.0);
         for (d, l, lp) in results.into_iter().flat_map(|r| r.extra) {
             total += l;
             logprobs[d] = lp;
         }
-        if backward {
-            let vars = Session::vars_of(lora, self.modules);
-            accumulate(self.grads.get_or_insert_with(GradStore::default), &grads, &vars)?;
-        }
         if !total.is_finite() {
             // Nothing of this call is kept: a NaN gradient would poison every later step.
-            self.grads = None;
+            self.drop_gradients();
             return Err(TrainError::Invalid(format!(
                 "the loss is {total}; this call's and the pending gradients were dropped"
             )));
@@ -192,18 +259,11 @@ impl Session {
                 step.grad_clip_norm
             )));
         }
-        let Some(mut grads) = self.grads.take() else { return Ok(0.0) };
-        let modules = self.modules;
-        let Live { lora, opt } = self.held.live()?;
-        let vars = Session::vars_of(lora, modules);
         let max = if step.grad_clip_norm > 0.0 { step.grad_clip_norm } else { f64::INFINITY };
-        let norm = trainer.on_training_threads(|| clip(&mut grads, &vars, max)).map_err(failed)?;
-        if !norm.is_finite() {
-            return Err(TrainError::Invalid(format!("the gradient norm is {norm}; no step was taken")));
-        }
-        opt.params = p;
-        trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
-        Ok(norm)
+        self.step(trainer, p, max, |norm| match norm.is_finite() {
+            true => Ok(()),
+            false => Err(TrainError::Invalid(format!("the gradient norm is {norm}; no step was taken"))),
+        })
     }
 
     /// Writes the training state (adapter, moments, step) to `path` and its description beside

@@ -4,16 +4,15 @@
 //! context is dropped (counted), a batch with nothing to train is skipped. Each batch is one
 //! optimizer step on the mean cross-entropy of its trained tokens, with the batch's learning
 //! rate (one for all, or the next of the list), AdamW without weight decay and gradients clipped
-//! to norm 1.0 (ART's SFT settings). The job continues from the model's latest checkpoint.
+//! to norm 1.0 (ART's SFT settings). The job continues from the model's latest checkpoint. Like
+//! the RL job, it is a program over a [`Session`]: each batch one `run` and one `step`.
 
 use crate::adamw::AdamParams;
 use crate::adapter;
-use crate::held::{Held, Live};
 use crate::loss::sft_loss_part;
 use crate::pack::{lay_out, split, Row, Target};
-use crate::trainer::{check_memory, clip, ensure_finite, ensure_finite_weights, failed, LoraTrainer, BETAS, INIT_SEED};
-use crate::tree::run_parts;
-use candle_core::backprop::GradStore;
+use crate::session::Session;
+use crate::trainer::{check_memory, ensure_finite, failed, LoraTrainer, BETAS, INIT_SEED};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -82,32 +81,27 @@ pub(crate) fn train_sft(
         eps: 1e-8,
         weight_decay: 0.0,
     };
-    // Between steps the adapter and optimizer may be parked for another entity's job.
-    let mut held = Held::new(lora, params).map_err(failed)?;
+    // A program over a training session; between steps the adapter and optimizer may be
+    // parked for another entity's job.
+    let mut session = Session::over(base.clone(), &job.model.base_model, lora, params)?;
     let mut summary: BTreeMap<String, f64> = BTreeMap::new();
     for (step, ((row, parts), lr)) in batches.iter().zip(&parts).zip(&rates).enumerate() {
-        if let Some(stop) = sink.boundary(&mut held) {
+        if let Some(stop) = sink.boundary(session.held_mut()) {
             return Err(stop);
         }
-        let Live { lora, opt } = held.live()?;
-        let vars = lora.vars();
         let started = Instant::now();
         let n = row.targets.len();
-        let mut grads = GradStore::default();
         // Each part's share of the batch's mean cross-entropy.
         let mut part_loss = |_: usize, lps: &[f32]| {
             let lp: Vec<f64> = lps.iter().map(|x| f64::from(*x)).collect();
             let (loss, grad) = sft_loss_part(&lp, n);
             Ok((grad, loss))
         };
-        let results = trainer.on_training_threads(|| {
-            run_parts(&base, lora, parts, true, trainer.recompute_above(), &mut grads, &mut part_loss)
-        })?;
+        let results = session.run(trainer, parts, true, &mut part_loss)?;
         let loss: f64 = results.iter().map(|r| r.extra).sum();
-        let grad_norm = trainer.on_training_threads(|| clip(&mut grads, &vars, SFT_MAX_GRAD_NORM)).map_err(failed)?;
-        ensure_finite(step, &[("the loss", loss), ("the gradient norm", grad_norm)])?;
-        opt.set_learning_rate(*lr);
-        trainer.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
+        let grad_norm = session.step(trainer, AdamParams { lr: *lr, ..params }, SFT_MAX_GRAD_NORM, |norm| {
+            ensure_finite(step, &[("the loss", loss), ("the gradient norm", norm)])
+        })?;
         let secs = started.elapsed().as_secs_f64();
         let metrics = BTreeMap::from([
             ("loss".to_string(), loss),
@@ -124,9 +118,7 @@ pub(crate) fn train_sft(
         }
         sink.gradient_step(metrics);
     }
-    let lora = &held.live()?.lora;
-    ensure_finite_weights(&lora.vars())?;
-    let files = adapter::save(lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
+    let files = session.adapter_files()?;
     summary.insert("sft/num_gradient_steps".into(), batches.len() as f64);
     Ok(TrainOutput { files, metrics: summary })
 }

@@ -8,11 +8,11 @@
 
 use crate::adamw::AdamParams;
 use crate::advantage::group_advantages;
-use crate::held::{Held, Live};
 use crate::loss::{behaviour_kl, kl_mean, policy_loss_part, LossConfig, LossOutput, TokenInput};
 use crate::net::{Base, Lora};
 use crate::pack::{mem_available, pack, part_memory_bytes, row_length, split, Row, TrajectoryInput};
-use crate::tree::{run_parts, score_parts, units, PartResult};
+use crate::session::Session;
+use crate::tree::{score_parts, units, PartResult};
 use crate::{adapter, TrainTokenizer};
 use candle_core::backprop::GradStore;
 use serde_json::{json, Map, Value};
@@ -482,9 +482,10 @@ impl LoraTrainer {
             eps: 1e-8,
             weight_decay: WEIGHT_DECAY,
         };
-        // The adapter and optimizer live here between steps, or parked in a file while other
-        // entities' jobs have the trainer's memory (`held.rs`).
-        let mut held = Held::new(lora, params).map_err(failed)?;
+        // The job is a program over a training session: the adapter and optimizer live in it
+        // between steps, or parked in a file while other entities' jobs have the trainer's
+        // memory (`held.rs`).
+        let mut session = Session::over(base.clone(), &job.model.base_model, lora, params)?;
         let trainable: usize = rows.iter().map(|r| r.targets.len()).sum();
         extra.insert("num_trainable_tokens".into(), json!(trainable));
         // Rows are processed in parts of whole sequences so that memory is bounded by the part
@@ -498,10 +499,10 @@ impl LoraTrainer {
             for row in parts.iter_mut() {
                 for unit in units(row) {
                     // Long preparations have step boundaries too: another entity's job may run.
-                    if let Some(stop) = sink.boundary(&mut held) {
+                    if let Some(stop) = sink.boundary(session.held_mut()) {
                         return Err(stop);
                     }
-                    let lora = &held.live()?.lora;
+                    let lora = session.lora()?;
                     let unit = &mut row[unit];
                     let lps = self.on_training_threads(|| score_parts(&base, lora, unit))?;
                     for (part, lps) in unit.iter_mut().zip(lps) {
@@ -522,17 +523,14 @@ impl LoraTrainer {
         let mut summary: BTreeMap<String, f64> = BTreeMap::new();
         let n_rows = rows.len();
         for (step_index, (row, parts)) in rows.iter().zip(&parts).enumerate() {
-            if let Some(stop) = sink.boundary(&mut held) {
+            if let Some(stop) = sink.boundary(session.held_mut()) {
                 return Err(stop);
             }
             // Nothing of the state outlives the step: a parked job's memory is free.
-            let Live { lora, opt } = held.live()?;
-            let vars = lora.vars();
             let started = Instant::now();
             let row_targets = row.targets.len();
             let mut step = StepTotals::default();
-            // The row's gradient: the sum of its parts'.
-            let mut grads = GradStore::default();
+            let lora = session.lora()?;
             let row_kl = self.on_training_threads(|| row_kl_mean(&base, lora, parts, &loss_cfg))?;
             // Each part's loss share: a row of one part takes the KL term's mean from its own
             // forward.
@@ -542,18 +540,16 @@ impl LoraTrainer {
                 let loss = policy_loss_part(&inputs, &loss_cfg, row_targets, kl.unwrap_or(0.0));
                 Ok((loss.grad.clone(), PartLoss { loss, kl, behaviour_kl: behaviour_kl(&inputs) }))
             };
-            let results = self.on_training_threads(|| {
-                run_parts(&base, lora, parts, true, self.recompute_above(), &mut grads, &mut part_loss)
-            })?;
+            // The row's gradient: the sum of its parts'.
+            let results = session.run(self, parts, true, &mut part_loss)?;
             for r in &results {
                 step.add(r);
             }
-            let grad_norm = self.on_training_threads(|| clip(&mut grads, &vars, MAX_GRAD_NORM)).map_err(failed)?;
             let lr = config.learning_rate
                 * (row.trajectories.max(1) as f64).powf(config.num_trajectories_learning_rate_multiplier_power);
-            ensure_finite(step_index, &[("the gradient norm", grad_norm), ("the learning rate", lr)])?;
-            opt.set_learning_rate(lr);
-            self.on_training_threads(|| opt.step(&grads)).map_err(failed)?;
+            let grad_norm = session.step(self, AdamParams { lr, ..params }, MAX_GRAD_NORM, |norm| {
+                ensure_finite(step_index, &[("the gradient norm", norm), ("the learning rate", lr)])
+            })?;
             let secs = started.elapsed().as_secs_f64();
             let metrics = step.metrics(row_targets, grad_norm, lr, secs);
             for (k, v) in &metrics {
@@ -561,9 +557,7 @@ impl LoraTrainer {
             }
             sink.gradient_step(metrics);
         }
-        let lora = &held.live()?.lora;
-        ensure_finite_weights(&lora.vars())?;
-        let files = adapter::save(lora, &base, &job.model.base_model).map_err(TrainError::Failed)?;
+        let files = session.adapter_files()?;
         summary.insert("num_gradient_steps".into(), n_rows as f64);
         Ok(TrainOutput { files, metrics: summary })
     }
