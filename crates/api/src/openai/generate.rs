@@ -176,11 +176,15 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
     if let Some(scoring) = &draft.prompt_scoring {
         check_scoring(scoring, prompt.len(), info.vocab_size)?;
     }
+    // Scoring the prompt (Tinker's targets, alternative draws) reports each position's own
+    // logprob too: the engine is asked for k = 0 when nothing more was, and the held response
+    // carries those entries.
+    let prompt_logprobs = draft.prompt_logprobs.or(draft.prompt_scoring.as_ref().map(|_| 0));
     if draft.held_whole {
         let held = Held {
             n: draft.n,
             prompts: draft.prompts_in_response.max(1),
-            prompt_logprobs: draft.prompt_logprobs,
+            prompt_logprobs,
             per_choice: draft.prompt_logprobs_per_choice,
             scored: draft.prompt_scoring.as_ref().map_or(0, |s| s.cells(prompt.len())),
         };
@@ -195,7 +199,7 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
         priority: draft.priority,
         tenant: draft.tenant,
         cache_salt: draft.cache_salt,
-        prompt_logprobs: draft.prompt_logprobs.or(draft.prompt_scoring.as_ref().map(|_| 0)),
+        prompt_logprobs,
         prompt_scoring: draft.prompt_scoring,
         beam_step: false,
     };
@@ -340,5 +344,22 @@ mod tests {
         assert_eq!(output_budget(Some(2048), "max_tokens", 100, 2048).unwrap(), 1948);
         let err = output_budget(Some(2049), "max_completion_tokens", 100, 2048).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("max_completion_tokens"));
+    }
+
+    #[test]
+    fn a_held_response_counts_the_prompt_positions_that_scoring_reports() {
+        let params = SamplingParams { max_tokens: 4, ..SamplingParams::default() };
+        // Scoring cells alone fit; with the k = 0 entry of each of 100 prompt positions they
+        // do not.
+        let held = |prompt_logprobs| Held {
+            n: 1,
+            prompts: 1,
+            prompt_logprobs,
+            per_choice: false,
+            scored: MAX_HELD_LOGPROB_ENTRIES - 50,
+        };
+        assert!(held(None).check(&params, 100).is_ok());
+        let err = held(Some(0)).check(&params, 100).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("target_prompt_logprobs"));
     }
 }
