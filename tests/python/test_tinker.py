@@ -128,9 +128,11 @@ def sft_loop(ctx):
 
 
 def modules(ctx):
-    """train_attn=False trains the MLP projections only: the loss falls, the saved state says so
-    through weights_info, a client created from it keeps the choice; both False is refused. In a
-    session of its own, which leaving `with` finishes (an entity holds at most 4 models)."""
+    """train_attn=False trains the MLP projections (and, the SDK's default, the output head)
+    only: the loss falls, the saved state says so through weights_info, a client created from it
+    keeps the choice. The output head alone (train_unembed) trains too, and its sampler weights
+    serve what the training forward computes. All three False is refused. In a session of its
+    own, which leaving `with` finishes (an entity holds at most 4 models)."""
     with service(ctx.server) as sc:
         tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=5, train_attn=False).result()
         d = datum(weights=1.0)
@@ -140,18 +142,44 @@ def modules(ctx):
             tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         assert losses[-1] < losses[0], losses
         saved = tc.save_state("mlp-only").result().path
-        info = sc.create_rest_client().get_weights_info_by_tinker_path(saved).result()
+        rest = sc.create_rest_client()
+        info = rest.get_weights_info_by_tinker_path(saved).result()
         assert info.train_attn is False and info.train_mlp is True and info.lora_rank == 4, info
+        assert info.train_unembed is True, info
         again = sc.create_training_client_from_state_with_optimizer(saved).result()
         assert again.forward_backward([d], "cross_entropy").result().metrics["loss:sum"] < losses[-1]
         again.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-        try:
-            sc.create_lora_training_client(base_model=BASE, rank=4, train_attn=False, train_mlp=False).result()
-            raise AssertionError("a model training nothing was created")
-        except AssertionError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            assert "nothing would train" in str(e), e
+        head = sc.create_lora_training_client(base_model=BASE, rank=4, seed=6, train_attn=False,
+                                              train_mlp=False, train_unembed=True).result()
+        fresh = logprobs(head.forward([d], "cross_entropy").result())
+        losses = []
+        for _ in range(3):
+            losses.append(head.forward_backward([d], "cross_entropy").result().metrics["loss:sum"])
+            head.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        assert losses[-1] < losses[0], losses
+        path = head.save_weights_for_sampler("head-only").result().path
+        info = rest.get_weights_info_by_tinker_path(path).result()
+        assert info.train_unembed is True, info
+        # Served, the head's pair moves each logprob as the trainer's forward says it does.
+        trained = logprobs(head.forward([d], "cross_entropy").result())
+        prompt = types.ModelInput.from_ints(TOKENS)
+        base = sc.create_sampling_client(base_model=BASE).compute_logprobs(prompt).result()[1:]
+        served = sc.create_sampling_client(model_path=path).compute_logprobs(prompt).result()[1:]
+        moved = [t - f for t, f in zip(trained, fresh)]
+        effect = max(abs(m) for m in moved)
+        assert effect > 0.05, moved
+        gap = max(abs((s - b) - m) for s, b, m in zip(served, base, moved))
+        assert gap < 0.25 * effect, (gap, effect)
+    # Training nothing: the SDK refuses it itself; sent anyway, so does the server.
+    import json
+    status, session, _ = ctx.server.api("POST", "/api/v1/create_session", {}, key=f"tml-{KEY}")
+    assert status == 200, session
+    status, reply, _ = ctx.server.api("POST", "/api/v1/create_model", {
+        "session_id": session["session_id"], "model_seq_id": 0, "base_model": BASE,
+        "lora_config": {"rank": 4, "train_attn": False, "train_mlp": False, "train_unembed": False}},
+        key=f"tml-{KEY}")
+    assert status in (400, 422) and "nothing would train" in json.dumps(reply), (status, reply)
+    ctx.server.api("POST", f"/api/v1/sessions/{session['session_id']}/finish", {}, key=f"tml-{KEY}")
 
 
 def download(ctx):
@@ -170,9 +198,13 @@ def download(ctx):
     files = {name: urllib.request.urlopen(url).read() for name, url in signed.urls.items()}
     config = json.loads(files["adapter_config.json"])
     assert config["r"] == 8 and "q_proj" in config["target_modules"], config
+    # The SDK trains the output head by default: its pair is PEFT's lm_head module.
+    assert "lm_head" in config["target_modules"], config
     header = files["adapter_model.safetensors"]
     names = json.loads(header[8:8 + int.from_bytes(header[:8], "little")])
     assert any(n.endswith("layers.0.self_attn.q_proj.lora_A.weight") for n in names), list(names)[:4]
+    assert names["base_model.model.lm_head.lora_B.weight"]["shape"] == [49152, 8], names.get(
+        "base_model.model.lm_head.lora_B.weight")
     rest.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
     url = signed.urls["adapter_config.json"]
     token = url.split("/external_weights_files/")[1].split("/")[0]
@@ -225,14 +257,20 @@ def rl_losses(ctx):
     tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
 
 
+def record_of(ctx, model_id):
+    """The tandem model record of a Tinker model, found by name (not within one page)."""
+    session, _, seq = model_id.split(":")
+    name = f"{session}-train-{seq}"
+    status, models, _ = ctx.server.api("GET", f"/v1/preview/models?search={name}")
+    assert status == 200, models
+    return next(m for m in models["data"] if m["name"] == name)
+
+
 def sampler_weights(ctx):
     tc = ctx.tc
     saved = tc.save_weights_for_sampler("after-sft").result()
     assert saved.path == f"tinker://{tc.model_id}/sampler_weights/after-sft", saved.path
-    session, _, seq = tc.model_id.split(":")
-    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
-    assert status == 200, models
-    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    record = record_of(ctx, tc.model_id)
     ctx.entity = record["entity"]
     status, cps, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/checkpoints")
     assert status == 200 and [c["step"] for c in cps["data"]] == [1], cps
@@ -527,9 +565,7 @@ def session_end(ctx):
         model_id = tc.model_id
     assert first == path, (first, path)
     # Saving over the name deleted the checkpoint it named: one checkpoint is left.
-    session, _, seq = model_id.split(":")
-    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
-    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    record = record_of(ctx, model_id)
     status, cps, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/checkpoints")
     assert status == 200 and [c["step"] for c in cps["data"]] == [2], cps
     # The session is over and its model released; the named sampler weights stay, the owner's only.
@@ -591,9 +627,7 @@ def load_state(ctx):
 
 
 def curves(ctx):
-    session, _, seq = ctx.tc.model_id.split(":")
-    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
-    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")
+    record = record_of(ctx, ctx.tc.model_id)
     status, history, _ = ctx.server.api("GET", f"/v1/preview/models/{record['id']}/history")
     assert status == 200, history
     series = {s["key"]: s for s in history["series"]}
@@ -647,6 +681,32 @@ def expiry(ctx):
         export = tc.save_weights_external("export", ttl_seconds=3600).result().path
         model_id = tc.model_id
         rest = sc.create_rest_client()
+        # An ephemeral save given a TTL later is kept past its session, so the sweep finds it.
+        tc.save_weights_and_get_sampling_client().result()
+        ephemeral = next(p for p in (c.tinker_path for c in rest.list_checkpoints(model_id).result().checkpoints)
+                         if "/sampler_weights/sampler-" in p)
+        rest.set_checkpoint_ttl_from_tinker_path(ephemeral, 3600).result()
+        # A damaged expiry list fails a save before it overwrites the state it names.
+        [listing] = [f for f in glob.glob(os.path.join(ctx.server.data, "tinker-states", "*", "*", ".expiry"))
+                     if json.load(open(f))["model_id"] == model_id]
+        state_file = os.path.join(os.path.dirname(listing), "rolling.safetensors")
+        with open(listing) as f:
+            intact = f.read()
+        with open(state_file, "rb") as f:
+            saved_bytes = f.read()
+        with open(listing, "w") as f:
+            f.write("{damaged")
+        tc.forward_backward([datum(weights=1.0)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        try:
+            tc.save_state("rolling", ttl_seconds=7200).result()
+            raise AssertionError("a save over a damaged expiry list succeeded")
+        except tinker.TinkerError as e:
+            assert "expiry list" in str(e), e
+        with open(state_file, "rb") as f:
+            assert f.read() == saved_bytes, "the failed save overwrote the state"
+        with open(listing, "w") as f:
+            f.write(intact)
 
         def listed():
             return {c.tinker_path: c for c in rest.list_checkpoints(model_id).result().checkpoints}
@@ -666,11 +726,9 @@ def expiry(ctx):
         other = f"tml-{ctx.server.new_key('ttl-other')}"
         status, reply, _ = ctx.server.api("PUT", ttl_route, {"ttl_seconds": 3600}, key=other)
         assert status == 404, (status, reply)
-    session, _, seq = model_id.split(":")
-    status, models, _ = ctx.server.api("GET", "/v1/preview/models?limit=100")
-    record = next(m for m in models["data"] if m["name"] == f"{session}-train-{seq}")["id"]
+    record = record_of(ctx, model_id)["id"]
     status, before, _ = ctx.server.api("GET", f"/v1/preview/models/{record}/checkpoints")
-    assert status == 200 and len(before["data"]) == 1, before
+    assert status == 200 and len(before["data"]) == 2, before
     # An hour goes by: the run's expiry times move into the past while the server is down.
     ctx.server.kill9()
     lists = [f for f in glob.glob(os.path.join(ctx.server.data, "tinker-states", "*", "*", ".expiry"))
@@ -678,7 +736,9 @@ def expiry(ctx):
     assert len(lists) == 1, lists
     with open(lists[0]) as f:
         entry = json.load(f)
-    assert sorted(entry["at"]) == ["external_weights/export", "sampler_weights/periodic", "weights/rolling"], entry
+    ephemeral_name = "sampler_weights/" + ephemeral.rsplit("/", 1)[1]
+    assert sorted(entry["at"]) == sorted(["external_weights/export", "sampler_weights/periodic", "weights/rolling",
+                                          ephemeral_name]), entry
     entry["at"] = {k: int(time.time() * 1000) - 1000 for k in entry["at"]}
     with open(lists[0], "w") as f:
         json.dump(entry, f)

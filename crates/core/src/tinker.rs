@@ -27,6 +27,9 @@ pub struct SavedSampler {
     pub record_id: uuid::Uuid,
     pub base_model: String,
     pub rank: usize,
+    /// Whether the files carry an output-head pair (`train_unembed`).
+    #[serde(default)]
+    pub unembed: bool,
 }
 
 /// A new model's adapter.
@@ -37,17 +40,20 @@ pub struct LoraSpec {
     pub modules: Modules,
 }
 
-/// Which projections an adapter trains (Tinker's `train_attn`, `train_mlp`; the output head is
-/// never adapted). The others keep their fresh pair, whose B is 0, so they add nothing, and get
-/// no gradient and no optimizer step.
+/// What an adapter trains (Tinker's `train_attn`, `train_mlp`, `train_unembed`): the attention's
+/// projections, the MLP's, and the output head. Projections not trained keep their fresh pair,
+/// whose B is 0, so they add nothing, and get no gradient and no optimizer step; the output head
+/// has a pair only when it trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Modules {
     pub attn: bool,
     pub mlp: bool,
+    pub unembed: bool,
 }
 
 impl Modules {
-    pub const ALL: Modules = Modules { attn: true, mlp: true };
+    /// Every projection of every layer, not the output head: what `/v1/preview` jobs train.
+    pub const ALL: Modules = Modules { attn: true, mlp: true, unembed: false };
 
     /// Whether projection `m` trains, in q, k, v, o, gate, up, down order.
     pub fn trains(&self, m: usize) -> bool {
@@ -56,6 +62,11 @@ impl Modules {
         } else {
             self.mlp
         }
+    }
+
+    /// Whether anything trains.
+    pub fn any(&self) -> bool {
+        self.attn || self.mlp || self.unembed
     }
 }
 
@@ -168,22 +179,30 @@ pub trait TinkerTrainer: Send + Sync {
     ) -> Result<Option<SavedSampler>, TinkerError>;
     /// `owner`'s sampler weights saved by name of `model_id`.
     fn saved_samplers(&self, owner: &str, model_id: &str) -> Vec<SavedSampler>;
-    /// Forgets sampler weights saved by name; the forgotten entry.
-    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Option<SavedSampler>;
-    /// Deletes a saved state; whether it existed.
-    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool;
+    /// Forgets sampler weights saved by name; the forgotten entry (`None`: there was none). An
+    /// error (the list could not be read or written) forgets nothing.
+    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<Option<SavedSampler>, TinkerError>;
+    /// Deletes a saved state; whether it existed. An error (not "not found") deletes nothing
+    /// the caller may count as gone.
+    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError>;
     /// Writes the model's adapter as PEFT files under `name` in `owner`'s space (Tinker's
     /// `save_weights_external`, what `tinker checkpoint download` fetches); the bytes written.
     fn save_external(&self, owner: &str, model_id: &str, name: &str) -> Result<u64, TinkerError>;
     /// The files of `owner`'s external weights `name` of `model_id`: (file name, path).
     fn external_files(&self, owner: &str, model_id: &str, name: &str) -> Option<Vec<(String, std::path::PathBuf)>>;
-    /// Deletes external weights; whether they existed.
-    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> bool;
+    /// Deletes external weights; whether they existed (an error: they may still be there).
+    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError>;
     /// `owner`'s external weights of `model_id`: (name, bytes, written at, ms since the epoch).
     fn list_external(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
     /// Sets when `owner`'s checkpoint of `model_id` expires (ms since the epoch), or with
-    /// `None` that it never does.
-    fn set_expiry(&self, owner: &str, model_id: &str, checkpoint: &str, at: Option<i64>) -> Result<(), TinkerError>;
+    /// `None` that it never does; the expiry it had (so a save that fails can put it back).
+    fn set_expiry(
+        &self,
+        owner: &str,
+        model_id: &str,
+        checkpoint: &str,
+        at: Option<i64>,
+    ) -> Result<Option<i64>, TinkerError>;
     /// When `owner`'s checkpoints of `model_id` expire, by checkpoint (those that do).
     fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64>;
     /// Every owner's checkpoints whose expiry is at or before `now` (ms since the epoch).

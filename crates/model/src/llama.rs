@@ -470,6 +470,16 @@ impl Llama {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0f32; wanted.len() * c.vocab];
         kernels::matmul(head, acts, &mut logits);
+        // An adapter's output-head pair adds to its rows' logits (on the normed f32 rows).
+        if wanted.iter().any(|(s, _)| seqs[*s].adapter.is_some_and(|a| a.head.is_some())) {
+            for_each_chunk_mut(&mut logits, c.vocab, |i, row| {
+                if let Some(adapter) = seqs[wanted[i].0].adapter {
+                    if let Some(pair) = &adapter.head {
+                        pair.apply(&xs[i * h..(i + 1) * h], row, adapter.scale);
+                    }
+                }
+            });
+        }
         for (i, (s, _)) in wanted.iter().enumerate() {
             out[*s].push(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
         }

@@ -65,6 +65,8 @@ pub struct LoraLayer {
 #[derive(Debug, Clone)]
 pub struct LoraAdapter {
     pub layers: Vec<LoraLayer>,
+    /// The output head's pair (Tinker's `train_unembed`): added to the logits.
+    pub head: Option<LoraPair>,
     /// `alpha / r` (or `alpha / sqrt(r)` with rsLoRA).
     pub scale: f32,
 }
@@ -87,7 +89,8 @@ impl LoraAdapter {
                 LoraLayer { q, k, v, o, gate, up, down }
             })
             .collect();
-        Ok(LoraAdapter { layers, scale: peft.config.scale() as f32 })
+        let head = peft.head.map(|p| LoraPair::new(rank, p.a, p.b));
+        Ok(LoraAdapter { layers, head, scale: peft.config.scale() as f32 })
     }
 }
 

@@ -1,7 +1,9 @@
 //! A checkpoint merged into its base model as one GGUF file (`tandem export --merged`), for the
 //! tools that take a plain model (llama.cpp, Ollama): each projection the adapter holds becomes
 //! `W + scale · B · A` (B's q and k rows are already in the GGUF's order, as `peft::read` gives
-//! them); every other tensor and all the metadata are copied as stored.
+//! them); every other tensor and all the metadata are copied as stored. An output-head pair
+//! (Tinker's `train_unembed`) merges into `output.weight`; a base whose head is tied to the
+//! embedding gets its own `output.weight` (the embedding plus the product), the embedding kept.
 
 use crate::peft::{self, Module};
 use crate::{GgufFile, ModelError};
@@ -60,6 +62,10 @@ pub struct MergeReport {
     /// Tensors written otherwise (as stored, or converted to the chosen type).
     pub copied: usize,
 }
+
+/// The output head's tensor, and the embedding a tied head reads.
+const OUTPUT: &str = "output.weight";
+const EMBEDDING: &str = "token_embd.weight";
 
 /// The GGUF name of a layer's projection.
 fn gguf_name(layer: usize, module: Module) -> String {
@@ -144,8 +150,13 @@ pub fn merge_to_gguf(
             }
         }
     }
+    if let Some(p) = &adapter.head {
+        pairs.insert(OUTPUT.to_string(), ((&p.a, p.b.clone()), peft::head_dims(&config)));
+    }
     let mut reader = std::io::BufReader::new(std::fs::File::open(base).map_err(io(base))?);
     let content = gguf_file::Content::read(&mut reader).map_err(err)?;
+    // A tied head takes the embedding's values (and its type) as its base.
+    let untie = adapter.head.is_some() && !content.tensor_infos.contains_key(OUTPUT);
     match content.metadata.get("general.alignment").map(|v| v.to_u32()) {
         None | Some(Ok(32)) => {}
         other => {
@@ -157,12 +168,17 @@ pub fn merge_to_gguf(
     // In the base file's order, so the merged file reads the same way.
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
-    let mut tensors: Vec<(String, QTensor)> = Vec::with_capacity(names.len());
+    let mut tensors: Vec<(String, QTensor)> = Vec::with_capacity(names.len() + 1);
     let mut report = MergeReport { merged: 0, copied: 0 };
-    for name in names {
-        let q = content.tensor(&mut reader, name, &Device::Cpu).map_err(err)?;
+    let mut sources: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), n.as_str())).collect();
+    if untie {
+        sources.push((OUTPUT, EMBEDDING));
+    }
+    for (name, source) in sources {
+        let q = content.tensor(&mut reader, source, &Device::Cpu).map_err(err)?;
         let dtype = if q.shape().rank() >= 2 { format.dtype(q.dtype()) } else { q.dtype() };
-        let written = match pairs.get(name.as_str()) {
+        let merge = pairs.get(name);
+        let written = match merge {
             Some((pair, (in_dim, out_dim))) => {
                 let t = q.dequantize(&Device::Cpu).map_err(err)?;
                 let dims = t.dims().to_vec();
@@ -187,7 +203,7 @@ pub fn merge_to_gguf(
                 QTensor::quantize(&t, dtype).map_err(|e| ModelError::Gguf(format!("{name} as {dtype:?}: {e}")))?
             }
         };
-        tensors.push((name.clone(), written));
+        tensors.push((name.to_string(), written));
     }
     if report.merged != pairs.len() {
         let mut missing: Vec<&String> = pairs.keys().filter(|k| !content.tensor_infos.contains_key(*k)).collect();

@@ -7,6 +7,8 @@
 //! in memory they follow the GGUF's (llama.cpp's converter permutes them), so reading permutes
 //! `lora_B` of q and k one way and writing the other way. A module missing from the file reads as
 //! `None` (PEFT adapters often target only some projections); `use_rslora` sets the scale.
+//! The output head (`lm_head`, Tinker's `train_unembed`) may carry a pair too: (r, hidden) and
+//! (vocab, r), added to the logits.
 
 use crate::lora::{gguf_to_hf_rows, hf_to_gguf_rows};
 use crate::{LlamaConfig, ModelError};
@@ -99,15 +101,27 @@ pub struct PairData {
     pub b: Vec<f32>,
 }
 
-/// An adapter as stored: its config and, per layer, each module's pair if the file has it.
+/// An adapter as stored: its config and, per layer, each module's pair if the file has it, and
+/// the output head's.
 #[derive(Debug, Clone)]
 pub struct PeftAdapter {
     pub config: AdapterConfig,
     pub layers: Vec<[Option<PairData>; 7]>,
+    pub head: Option<PairData>,
 }
 
 fn tensor_name(layer: usize, module: Module, ab: &str) -> String {
     format!("base_model.model.model.layers.{layer}.{}.lora_{ab}.weight", module.path())
+}
+
+/// The output head's tensors, as PEFT names them for a causal LM (`target_modules` `lm_head`).
+fn head_name(ab: &str) -> String {
+    format!("base_model.model.lm_head.lora_{ab}.weight")
+}
+
+/// (in, out) of the output head: the hidden state to the vocabulary.
+pub fn head_dims(c: &LlamaConfig) -> (usize, usize) {
+    (c.hidden, c.vocab)
 }
 
 /// Largest |scale| (`lora_alpha / r`, or `/ sqrt(r)` with rsLoRA) accepted.
@@ -163,13 +177,16 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
             expected.insert(tensor_name(l, module, "B"), [dout, rank]);
         }
     }
+    let (hin, hout) = head_dims(c);
+    expected.insert(head_name("A"), [rank, hin]);
+    expected.insert(head_name("B"), [hout, rank]);
     let mut unknown: Vec<&String> = tensors.keys().filter(|k| !expected.contains_key(*k)).collect();
     if !unknown.is_empty() {
         unknown.sort();
         let shown: Vec<&str> = unknown.iter().take(3).map(|k| k.as_str()).collect();
         return Err(bad(format!(
             "adapter_model.safetensors: {} tensors have no place in this model (such as {}); tandem applies LoRA \
-             to the seven projections of each layer",
+             to the seven projections of each layer and the output head",
             unknown.len(),
             shown.join(", ")
         )));
@@ -220,14 +237,20 @@ pub fn read(dir: &Path, c: &LlamaConfig) -> Result<PeftAdapter, ModelError> {
         }
         layers.push(layer);
     }
-    Ok(PeftAdapter { config, layers })
+    let head = match (get(&head_name("A"))?, get(&head_name("B"))?) {
+        (Some(a), Some(b)) => Some(PairData { a, b }),
+        (None, None) => None,
+        _ => return Err(bad("lm_head has only one of lora_A and lora_B".into())),
+    };
+    Ok(PeftAdapter { config, layers, head })
 }
 
-/// The two files of an adapter whose every layer holds all seven pairs (GGUF row layout), as
-/// `(name, bytes)`: what PEFT and vLLM load.
+/// The two files of an adapter whose every layer holds all seven pairs (GGUF row layout), and
+/// the output head's pair if it has one, as `(name, bytes)`: what PEFT and vLLM load.
 pub fn write(
     config: &AdapterConfig,
     layers: &[[PairData; 7]],
+    head: Option<&PairData>,
     c: &LlamaConfig,
     base_model: &str,
 ) -> Result<Vec<(String, Vec<u8>)>, ModelError> {
@@ -249,6 +272,13 @@ pub fn write(
             tensors.insert(tensor_name(l, module, "B"), Tensor::from_vec(b, (dout, rank), &Device::Cpu).map_err(err)?);
         }
     }
+    let mut targets: Vec<&str> = Module::ALL.map(Module::target).to_vec();
+    if let Some(pair) = head {
+        let (hin, hout) = head_dims(c);
+        tensors.insert(head_name("A"), Tensor::from_vec(pair.a.clone(), (rank, hin), &Device::Cpu).map_err(err)?);
+        tensors.insert(head_name("B"), Tensor::from_vec(pair.b.clone(), (hout, rank), &Device::Cpu).map_err(err)?);
+        targets.push("lm_head");
+    }
     let weights = safetensors::serialize(tensors, None)
         .map_err(|e| ModelError::Adapter(format!("serialising the adapter: {e}")))?;
     let json = serde_json::json!({
@@ -262,7 +292,7 @@ pub fn write(
         "fan_in_fan_out": false,
         "use_rslora": config.use_rslora,
         "inference_mode": true,
-        "target_modules": Module::ALL.map(Module::target),
+        "target_modules": targets,
     });
     let json = serde_json::to_vec_pretty(&json).map_err(|e| ModelError::Adapter(e.to_string()))?;
     Ok(vec![("adapter_config.json".into(), json), ("adapter_model.safetensors".into(), weights)])
@@ -291,10 +321,23 @@ mod tests {
             .collect();
         let cfg = AdapterConfig { r: 4, lora_alpha: Some(16.0), use_rslora: true };
         let dir = tempfile::tempdir().unwrap();
-        for (name, bytes) in write(&cfg, &pairs, &c, "base").unwrap() {
+        let (hin, hout) = head_dims(&c);
+        let head = PairData {
+            a: (0..4 * hin).map(|i| i as f32 * 0.03).collect(),
+            b: (0..hout * 4).map(|i| 1.0 - i as f32 * 0.01).collect(),
+        };
+        for (name, bytes) in write(&cfg, &pairs, None, &c, "base").unwrap() {
             std::fs::write(dir.path().join(name), bytes).unwrap();
         }
+        assert!(read(dir.path(), &c).unwrap().head.is_none());
+        for (name, bytes) in write(&cfg, &pairs, Some(&head), &c, "base").unwrap() {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("adapter_config.json")).unwrap()).unwrap();
+        assert_eq!(config["target_modules"].as_array().unwrap().last().unwrap(), "lm_head");
         let back = read(dir.path(), &c).unwrap();
+        assert_eq!(back.head.as_ref(), Some(&head), "the output head's pair, as written");
         assert_eq!(back.config, cfg);
         assert_eq!(back.config.scale(), 8.0, "rsLoRA: 16 / sqrt(4)");
         for (l, layer) in back.layers.iter().enumerate() {
@@ -352,6 +395,13 @@ mod tests {
         assert!(e.contains("shape [16, 2]"), "{e}");
         let e = try_with(vec![(a(1), zeros(2, din))]).unwrap_err();
         assert!(e.contains("has no lora_B"), "{e}");
+        // The output head: its shape, and both halves.
+        let (hin, hout) = head_dims(&c);
+        assert!(try_with(vec![(head_name("A"), zeros(2, hin)), (head_name("B"), zeros(hout, 2))]).is_ok());
+        let e = try_with(vec![(head_name("A"), zeros(2, hin)), (head_name("B"), zeros(hout + 1, 2))]).unwrap_err();
+        assert!(e.contains("lm_head") && e.contains("shape"), "{e}");
+        let e = try_with(vec![(head_name("A"), zeros(2, hin))]).unwrap_err();
+        assert!(e.contains("lm_head has only one"), "{e}");
         let nan = Tensor::full(f32::NAN, (dout, 2), &Device::Cpu).unwrap();
         let e = try_with(vec![(a(0), zeros(2, din)), (b(0), nan)]).unwrap_err();
         assert!(e.contains("not finite"), "{e}");

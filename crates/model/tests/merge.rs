@@ -39,7 +39,7 @@ fn a_merged_file_holds_w_plus_ba_and_computes_what_base_plus_adapter_computes() 
     let cfg = AdapterConfig { r: rank, lora_alpha: Some(8.0), use_rslora: false };
     let adapter_dir = dir.path().join("adapter");
     std::fs::create_dir(&adapter_dir).unwrap();
-    for (name, bytes) in peft::write(&cfg, &pairs, &c, "tiny").unwrap() {
+    for (name, bytes) in peft::write(&cfg, &pairs, None, &c, "tiny").unwrap() {
         std::fs::write(adapter_dir.join(name), bytes).unwrap();
     }
 
@@ -129,7 +129,7 @@ fn halves_order_architectures_merge_in_the_files_row_order() {
         let cfg = AdapterConfig { r: rank, lora_alpha: Some(8.0), use_rslora: false };
         let adapter_dir = dir.path().join("adapter");
         std::fs::create_dir(&adapter_dir).unwrap();
-        for (name, bytes) in peft::write(&cfg, &pairs, &c, "tiny").unwrap() {
+        for (name, bytes) in peft::write(&cfg, &pairs, None, &c, "tiny").unwrap() {
             std::fs::write(adapter_dir.join(name), bytes).unwrap();
         }
         let merged = dir.path().join("merged.gguf");
@@ -143,4 +143,54 @@ fn halves_order_architectures_merge_in_the_files_row_order() {
         // Correct: int8 requantisation noise (0.05-0.1 here); in Llama's row order: 0.8 (> effect).
         assert!(gap * 4.0 < effect, "{arch:?}: merged differs by {gap}, the adapter's effect is {effect}");
     }
+}
+
+/// An output-head pair (Tinker's `train_unembed`) on a tied base: served, it moves the logits;
+/// merged, the file gets its own `output.weight` (the embedding plus the product, the embedding
+/// kept as it was) and computes what the base with the adapter computes.
+#[test]
+fn an_output_head_pair_serves_and_merges_into_an_untied_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.gguf");
+    testing::write_tiny_gguf(&base);
+    let loaded = load(&base).unwrap();
+    let c = loaded.model.config.clone();
+    assert!(loaded.model.lm_head.is_none(), "the tiny model ties its head");
+    let rank = 2;
+    // Every projection's B is 0: only the head's pair does anything.
+    let pairs: Vec<[PairData; 7]> = (0..c.n_layer)
+        .map(|_| {
+            Module::ALL.map(|m| {
+                let (din, dout) = m.dims(&c);
+                PairData { a: testing::weights(rank * din, 7), b: vec![0.0; dout * rank] }
+            })
+        })
+        .collect();
+    let (hin, hout) = peft::head_dims(&c);
+    let head = PairData { a: testing::weights(rank * hin, 8), b: testing::weights(hout * rank, 9) };
+    let cfg = AdapterConfig { r: rank, lora_alpha: Some(4.0), use_rslora: false };
+    let adapter_dir = dir.path().join("adapter");
+    std::fs::create_dir(&adapter_dir).unwrap();
+    for (name, bytes) in peft::write(&cfg, &pairs, Some(&head), &c, "tiny").unwrap() {
+        std::fs::write(adapter_dir.join(name), bytes).unwrap();
+    }
+    let adapter = LoraAdapter::load(&adapter_dir, &c).unwrap();
+    let with_adapter = last_logits(&loaded.model, Some(&adapter));
+    let base_only = last_logits(&loaded.model, None);
+    let effect = max_diff(&base_only, &with_adapter);
+    assert!(effect > 0.1, "the head's pair moved the logits by {effect}");
+
+    let merged = dir.path().join("merged.gguf");
+    let report = merge_to_gguf(&base, &adapter_dir, &merged, MergeFormat::F32).unwrap();
+    assert_eq!(report.merged, 7 * c.n_layer + 1);
+    let (mut b, mut m) = (GgufFile::open(&base).unwrap(), GgufFile::open(&merged).unwrap());
+    let (embd, _) = b.tensor_f32("token_embd.weight").unwrap();
+    assert_eq!(m.tensor_f32("token_embd.weight").unwrap().0, embd, "the embedding stays");
+    let want = merged_weight(&embd, &head.a, &head.b, rank, 2.0, hout);
+    assert_eq!(m.tensor_f32("output.weight").unwrap().0, want);
+    let merged_model = load(&merged).unwrap();
+    assert!(merged_model.model.lm_head.is_some(), "the merged file has its own head");
+    let from_merged = last_logits(&merged_model.model, None);
+    let gap = max_diff(&from_merged, &with_adapter);
+    assert!(gap * 10.0 < effect, "merged differs by {gap}, the adapter's effect is {effect}");
 }

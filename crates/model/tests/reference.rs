@@ -105,6 +105,7 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
                 down: pair(c.ffn, c.hidden, b),
             })
             .collect(),
+        head: None,
         scale: 2.0,
     };
     let run = |a: Option<&LoraAdapter>| {

@@ -42,7 +42,15 @@ pub fn init_with(base: &Base, config: AdapterConfig, seed: u64) -> candle_core::
         });
         pairs.push(layer_of(layer.collect::<candle_core::Result<_>>()?)?);
     }
-    Ok(Lora { config, pairs })
+    Ok(Lora { config, pairs, head: None })
+}
+
+/// A fresh pair for the output head (Tinker's `train_unembed`), equal to the base model until
+/// trained; seeded apart from the layers' pairs.
+pub fn fresh_head(base: &Base, rank: usize, seed: u64) -> candle_core::Result<(Var, Var)> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x68ea_d5ee_d000_0001);
+    let (din, dout) = peft::head_dims(&base.config);
+    fresh_pair(din, dout, rank, &mut rng)
 }
 
 /// Loads an adapter directory (a checkpoint, or any PEFT adapter) to continue training from it.
@@ -67,7 +75,12 @@ pub fn load(dir: &Path, base: &Base, seed: u64) -> Result<Lora, String> {
         }
         pairs.push(layer_of(out).map_err(|e| e.to_string())?);
     }
-    Ok(Lora { config: adapter.config, pairs })
+    let (din, dout) = peft::head_dims(&base.config);
+    let head = match adapter.head {
+        Some(p) => Some((var(p.a, (rank, din))?, var(p.b, (dout, rank))?)),
+        None => None,
+    };
+    Ok(Lora { config: adapter.config, pairs, head })
 }
 
 /// The adapter's files: `(name, bytes)` for `adapter_config.json` and `adapter_model.safetensors`.
@@ -79,5 +92,9 @@ pub fn save(lora: &Lora, base: &Base, base_model: &str) -> Result<Vec<(String, V
             layer.iter().map(|(a, b)| Ok(PairData { a: values(a)?, b: values(b)? })).collect::<Result<_, String>>()?;
         layers.push(<[PairData; 7]>::try_from(pairs).map_err(|_| "an adapter layer needs seven pairs".to_string())?);
     }
-    peft::write(&lora.config, &layers, &base.config, base_model).map_err(|e| e.to_string())
+    let head = match &lora.head {
+        Some((a, b)) => Some(PairData { a: values(a)?, b: values(b)? }),
+        None => None,
+    };
+    peft::write(&lora.config, &layers, head.as_ref(), &base.config, base_model).map_err(|e| e.to_string())
 }

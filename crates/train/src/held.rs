@@ -53,6 +53,10 @@ impl Held {
                 tensors.insert(format!("lora.{l}.{m}.b"), b.as_tensor().clone());
             }
         }
+        if let Some((a, b)) = &live.lora.head {
+            tensors.insert("lora.head.a".into(), a.as_tensor().clone());
+            tensors.insert("lora.head.b".into(), b.as_tensor().clone());
+        }
         for (i, (m, v)) in live.opt.moments().into_iter().enumerate() {
             tensors.insert(format!("adam.{i}.m"), m);
             tensors.insert(format!("adam.{i}.v"), v);
@@ -91,7 +95,12 @@ impl Held {
                 .collect::<Result<Vec<_>, String>>()?;
             pairs.push(<[(Var, Var); 7]>::try_from(layer).map_err(|_| "an adapter layer needs seven pairs")?);
         }
-        let lora = Lora { config: config.clone(), pairs };
+        let head = match (t.remove("lora.head.a"), t.remove("lora.head.b")) {
+            (Some(a), Some(b)) => Some((var(a)?, var(b)?)),
+            (None, None) => None,
+            _ => return Err("the training state holds half of the output head's pair".into()),
+        };
+        let lora = Lora { config: config.clone(), pairs, head };
         let vars = lora.vars();
         let moments = (0..vars.len())
             .map(|i| Ok((take(&mut t, &format!("adam.{i}.m"))?, take(&mut t, &format!("adam.{i}.v"))?)))
@@ -163,6 +172,8 @@ mod tests {
         let lora = Lora {
             config: AdapterConfig { r: 2, lora_alpha: Some(4.0), use_rslora: false },
             pairs: vec![layer(0.0), layer(10.0)],
+            // The output head's pair parks with the rest.
+            head: Some(pair(20.0, 3, 9)),
         };
         let params = AdamParams { lr: 0.01, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.1 };
         Held::new(lora, params).unwrap()

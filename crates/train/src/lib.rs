@@ -30,6 +30,7 @@ pub mod adapter;
 pub mod advantage;
 pub mod expiry;
 pub mod fused;
+pub mod head_lora;
 pub mod held;
 pub mod loss;
 pub mod net;

@@ -12,6 +12,7 @@
 //! converted to PEFT's layout only when saved.
 
 use crate::fused::{ActMul, RmsNorm, Rope, SegmentAttention};
+use crate::head_lora::HeadLoraLogprob;
 use crate::ops::{Frozen, HeadInt8, HeadLogprob, HeadWeights, LoraLinear};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
@@ -176,6 +177,9 @@ pub struct Lora {
     pub config: AdapterConfig,
     /// [layer][module] -> (A, B), modules in [`Module::ALL`] order.
     pub pairs: Vec<[(Var, Var); 7]>,
+    /// The output head's (A (r, hidden), B (vocab, r)), when it trains (Tinker's
+    /// `train_unembed`).
+    pub head: Option<(Var, Var)>,
 }
 
 impl Lora {
@@ -187,8 +191,11 @@ impl Lora {
         self.config.scale()
     }
 
+    /// Every variable: the layers' pairs in order, then the head's (last, so the optimizer
+    /// moments of states saved without one keep their indices).
     pub fn vars(&self) -> Vec<Var> {
-        self.pairs.iter().flat_map(|l| l.iter().flat_map(|(a, b)| [a.clone(), b.clone()])).collect()
+        let layers = self.pairs.iter().flat_map(|l| l.iter().flat_map(|(a, b)| [a.clone(), b.clone()]));
+        layers.chain(self.head.iter().flat_map(|(a, b)| [a.clone(), b.clone()])).collect()
     }
 }
 
@@ -274,6 +281,8 @@ pub(crate) struct Pass<'a> {
     /// follows, detached copies (same storage) when not, so that no graph is built and each
     /// activation is freed as soon as the next op has read it.
     pairs: Vec<[(Tensor, Tensor); 7]>,
+    /// The output head's pair, the same way.
+    head_pair: Option<(Tensor, Tensor)>,
     scale: f64,
     given: Option<&'a Prefix>,
     /// Rows before `p` are a given prefix's (not computed here).
@@ -304,23 +313,19 @@ impl<'a> Pass<'a> {
             }
             Rope { cos: Arc::new(cos), sin: Arc::new(sin), head_dim: c.head_dim }
         };
-        let pairs = lora
-            .pairs
-            .iter()
-            .map(|layer| {
-                layer.each_ref().map(|(a, b)| {
-                    if grad {
-                        (a.as_tensor().clone(), b.as_tensor().clone())
-                    } else {
-                        (a.as_tensor().detach(), b.as_tensor().detach())
-                    }
-                })
-            })
-            .collect();
+        let take = |(a, b): &(Var, Var)| {
+            if grad {
+                (a.as_tensor().clone(), b.as_tensor().clone())
+            } else {
+                (a.as_tensor().detach(), b.as_tensor().detach())
+            }
+        };
+        let pairs = lora.pairs.iter().map(|layer| layer.each_ref().map(take)).collect();
         Ok(Pass {
             base,
             row,
             pairs,
+            head_pair: lora.head.as_ref().map(take),
             scale: lora.scale(),
             given,
             p,
@@ -444,8 +449,18 @@ impl<'a> Pass<'a> {
         let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
         let entropy = Arc::new(Mutex::new(Vec::new()));
         let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
-        let head = HeadLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
-        let logprobs = rows.contiguous()?.apply_op1(head)?;
+        let logprobs = match &self.head_pair {
+            None => {
+                let head = HeadLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
+                rows.contiguous()?.apply_op1(head)?
+            }
+            Some((a, b)) => {
+                // u = scale · h A^T through autograd, so A's gradient and h's share of it flow.
+                let u = (rows.matmul(&a.t()?)? * self.scale)?.contiguous()?;
+                let head = HeadLoraLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone() };
+                rows.contiguous()?.apply_op3(&u, b, head)?
+            }
+        };
         let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
         Ok((RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy }, last))
     }

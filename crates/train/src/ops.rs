@@ -15,7 +15,7 @@ use tandem_model::kernels::sgemm::{sgemm, Operand};
 use tandem_model::kernels::{self, Q8Acts, Q8Matrix, Weights};
 
 /// Rows of the head processed at once: 64 x 49,152 f32 logits = 12 MB per chunk.
-const HEAD_CHUNK: usize = 64;
+pub(crate) const HEAD_CHUNK: usize = 64;
 
 fn input_tensor(storage: &CpuStorage, layout: &Layout) -> candle_core::Result<Tensor> {
     Tensor::from_slice(crate::fused::slice(storage, layout)?, layout.shape(), &Device::Cpu)
@@ -30,7 +30,7 @@ fn cpu_slice<'a>((storage, layout): &'a (candle_core::StorageRef<'_>, &Layout)) 
 }
 
 /// `f` on the f32 values of `t` in place (a copy only if `t` is not contiguous).
-fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+pub(crate) fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
@@ -226,7 +226,7 @@ impl HeadInt8 {
 
     /// `E[t_i] - p_i E` for `c` rows of probabilities `p` (each V long, consumed), as `c` rows
     /// of H: the loss-independent factor of the head's input gradient.
-    fn target_minus_expected(&self, mut p: Vec<f32>, c: usize, targets: &[u32]) -> Vec<f32> {
+    pub(crate) fn target_minus_expected(&self, mut p: Vec<f32>, c: usize, targets: &[u32]) -> Vec<f32> {
         let (hd, v) = (self.e.cols(), self.e.rows());
         // E^T's columns are the vocabulary padded to whole blocks.
         let vp = self.et.cols();

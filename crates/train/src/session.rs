@@ -146,19 +146,33 @@ impl Session {
         Ok(norm)
     }
 
-    /// Trains only `modules` (before any step: a fresh session).
-    pub fn training(mut self, modules: Modules) -> Result<Self, TrainError> {
-        if !modules.attn && !modules.mlp {
-            return Err(TrainError::Invalid("train_attn and train_mlp are both false: nothing would train".into()));
+    /// Trains only `modules` (before any step: a fresh session); with `unembed`, the output head
+    /// gets a fresh pair (seeded by `seed`) and its AdamW moments.
+    pub fn training(mut self, modules: Modules, seed: Option<u64>) -> Result<Self, TrainError> {
+        if !modules.any() {
+            return Err(TrainError::Invalid(
+                "train_attn, train_mlp and train_unembed are all false: nothing would train".into(),
+            ));
+        }
+        if modules.unembed {
+            let live = self.held.live()?;
+            if live.lora.head.is_none() {
+                let params = live.opt.params;
+                let mut lora = self.held.take_lora().ok_or_else(|| TrainError::Failed("no adapter".into()))?;
+                lora.head =
+                    Some(adapter::fresh_head(&self.base, lora.rank(), seed.unwrap_or(INIT_SEED)).map_err(failed)?);
+                self.held = Held::new(lora, params).map_err(failed)?;
+            }
         }
         self.modules = modules;
         Ok(self)
     }
 
-    /// The adapter's vars of the projections `m` trains.
+    /// The adapter's vars of what `m` trains.
     fn vars_of(lora: &Lora, m: Modules) -> Vec<Var> {
         let pairs = lora.pairs.iter().flat_map(|l| l.iter().enumerate().filter(move |(i, _)| m.trains(*i)));
-        pairs.flat_map(|(_, (a, b))| [a.clone(), b.clone()]).collect()
+        let head = lora.head.iter().filter(|_| m.unembed);
+        pairs.map(|(_, p)| p).chain(head).flat_map(|(a, b)| [a.clone(), b.clone()]).collect()
     }
 
     /// No gradient is pending (a session is never parked, but the tests read what a refused
@@ -273,6 +287,7 @@ impl Session {
         let about = serde_json::json!({
             "base_model": self.base_id, "rank": lora.config.r, "alpha": lora.config.lora_alpha,
             "train_attn": self.modules.attn, "train_mlp": self.modules.mlp,
+            "train_unembed": self.modules.unembed,
         });
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| TrainError::Failed(format!("saving the state: {e}")))?;
@@ -371,12 +386,13 @@ impl Session {
 }
 
 /// A saved state's base model, rank and alpha, from the description beside it.
-/// The modules a saved state trains (both for states saved before the choice was kept).
+/// What a saved state trains (states saved before the choice was kept: every projection, no
+/// head).
 pub fn state_modules(path: &std::path::Path) -> Modules {
     let about: Option<serde_json::Value> =
         std::fs::read(path.with_extension("json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    let flag = |k: &str| about.as_ref().and_then(|a| a[k].as_bool()).unwrap_or(true);
-    Modules { attn: flag("train_attn"), mlp: flag("train_mlp") }
+    let flag = |k: &str, before: bool| about.as_ref().and_then(|a| a[k].as_bool()).unwrap_or(before);
+    Modules { attn: flag("train_attn", true), mlp: flag("train_mlp", true), unembed: flag("train_unembed", false) }
 }
 
 pub fn state_info(path: &std::path::Path) -> Option<(String, usize, f64)> {
@@ -468,15 +484,46 @@ mod tests {
             let flat = |v: &Var| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             lora.pairs.iter().map(|l| l.iter().map(|(a, b)| (flat(a), flat(b))).collect::<Vec<_>>()).collect::<Vec<_>>()
         };
+        let head = |s: &mut Session| {
+            let lora = &s.held.live().unwrap().lora;
+            let flat = |v: &Var| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            lora.head.as_ref().map(|(a, b)| (flat(a), flat(b)))
+        };
         let d = datum(&[10, 20, 30, 40], 50, "weights", vec![1.0; 4]);
-        for modules in [Modules { attn: false, mlp: true }, Modules { attn: true, mlp: false }] {
-            let mut s = Session::create(&t, "tiny", 4, 32.0, Some(2)).unwrap().training(modules).unwrap();
-            let before = pairs(&mut s);
+        let plain = Session::create(&t, "tiny", 4, 32.0, Some(2)).unwrap().forward_backward(
+            &t,
+            std::slice::from_ref(&d),
+            TokenLoss::CrossEntropy,
+            false,
+        );
+        for modules in [
+            Modules { attn: false, mlp: true, unembed: false },
+            Modules { attn: true, mlp: false, unembed: true },
+            Modules { attn: false, mlp: false, unembed: true },
+        ] {
+            let mut s = Session::create(&t, "tiny", 4, 32.0, Some(2)).unwrap().training(modules, Some(2)).unwrap();
+            let (before, head_before) = (pairs(&mut s), head(&mut s));
+            assert_eq!(head_before.is_some(), modules.unembed);
+            // A fresh head pair (B = 0) changes nothing until trained.
+            let fresh = s.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, false).unwrap();
+            // (Up to the rounding of another product's summation order.)
+            let plain = plain.as_ref().unwrap();
+            assert!((fresh.loss - plain.loss).abs() < 1e-4, "{} vs {}", fresh.loss, plain.loss);
             for _ in 0..2 {
                 s.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, true).unwrap();
                 assert!(s.optim_step(&t, step()).unwrap() > 0.0);
             }
             let after = pairs(&mut s);
+            let trained = s.forward_backward(&t, std::slice::from_ref(&d), TokenLoss::CrossEntropy, false).unwrap();
+            assert!(trained.loss < fresh.loss, "{modules:?}: {} -> {}", fresh.loss, trained.loss);
+            let head_after = head(&mut s);
+            if let (Some(b), Some(a)) = (&head_before, &head_after) {
+                assert!(b.0 != a.0 && b.1 != a.1, "the head's pair trains");
+            }
+            // The served files carry the head's pair exactly when it trains.
+            let files = s.adapter_files().unwrap();
+            let config = &files.iter().find(|(n, _)| n == "adapter_config.json").unwrap().1;
+            assert_eq!(String::from_utf8_lossy(config).contains("lm_head"), modules.unembed);
             for (layer, (b, a)) in before.iter().zip(&after).enumerate() {
                 for m in 0..7 {
                     let moved = b[m] != a[m];
@@ -486,7 +533,7 @@ mod tests {
                     }
                 }
             }
-            let path = dir.path().join(format!("state-{}.safetensors", modules.attn));
+            let path = dir.path().join(format!("state-{}-{}.safetensors", modules.attn, modules.mlp));
             s.save_state(&path).unwrap();
             assert_eq!(state_modules(&path), modules);
             let mut loaded = Session::load_state(&t, &path, true).unwrap();
@@ -497,9 +544,10 @@ mod tests {
             for m in (0..7).filter(|m| !modules.trains(*m)) {
                 assert_eq!(next[0][m], before[0][m], "module {m} stays frozen after loading");
             }
+            assert_eq!(head(&mut loaded).is_some(), modules.unembed, "the head's pair is saved with the state");
         }
-        let none = Session::create(&t, "tiny", 4, 32.0, None).unwrap().training(Modules { attn: false, mlp: false });
-        assert!(none.is_err());
+        let nothing = Modules { attn: false, mlp: false, unembed: false };
+        assert!(Session::create(&t, "tiny", 4, 32.0, None).unwrap().training(nothing, None).is_err());
     }
 
     /// Gradients summed over two calls equal one call over both datums; and importance sampling

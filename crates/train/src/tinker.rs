@@ -186,7 +186,7 @@ impl TinkerTrainer for TinkerModels {
             let _turn = self.turns.enter();
             Session::create(&self.trainer, base_model, lora.rank, LORA_ALPHA, lora.seed)
                 .map_err(error)?
-                .training(lora.modules)
+                .training(lora.modules, lora.seed)
                 .map_err(error)?
         };
         self.hold(model_id, session)
@@ -324,22 +324,24 @@ impl TinkerTrainer for TinkerModels {
         self.samplers_path(owner, model_id).and_then(|p| Self::read_samplers(&p)).unwrap_or_default()
     }
 
-    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Option<SavedSampler> {
-        let path = self.samplers_path(owner, model_id).ok()?;
+    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<Option<SavedSampler>, TinkerError> {
+        // A model id no run can have names nothing.
+        let Ok(path) = self.samplers_path(owner, model_id) else { return Ok(None) };
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut list = Self::read_samplers(&path).ok()?;
-        let at = list.iter().position(|s| s.name == name)?;
+        let mut list = Self::read_samplers(&path)?;
+        let Some(at) = list.iter().position(|s| s.name == name) else { return Ok(None) };
         let gone = list.remove(at);
-        // Not forgotten unless written: the caller deletes the checkpoint only for what this returns.
-        Self::write_samplers(&path, &list).ok()?;
-        Some(gone)
+        // Not forgotten unless written.
+        Self::write_samplers(&path, &list)?;
+        Ok(Some(gone))
     }
 
-    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> bool {
-        let Ok(path) = self.state_path(owner, model_id, name) else { return false };
-        let existed = std::fs::remove_file(&path).is_ok();
-        let _ = std::fs::remove_file(path.with_extension("json"));
-        existed
+    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError> {
+        // A name no state can have names nothing.
+        let Ok(path) = self.state_path(owner, model_id, name) else { return Ok(false) };
+        let existed = removed(std::fs::remove_file(&path), "the saved state")?;
+        removed(std::fs::remove_file(path.with_extension("json")), "the saved state's description")?;
+        Ok(existed)
     }
 
     fn save_external(&self, owner: &str, model_id: &str, name: &str) -> Result<u64, TinkerError> {
@@ -388,8 +390,9 @@ impl TinkerTrainer for TinkerModels {
         Some(files)
     }
 
-    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> bool {
-        self.external_dir(owner, model_id, name).is_ok_and(|d| std::fs::remove_dir_all(d).is_ok())
+    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError> {
+        let Ok(dir) = self.external_dir(owner, model_id, name) else { return Ok(false) };
+        removed(std::fs::remove_dir_all(dir), "the external weights")
     }
 
     fn list_external(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)> {
@@ -414,14 +417,25 @@ impl TinkerTrainer for TinkerModels {
         out
     }
 
-    fn set_expiry(&self, owner: &str, model_id: &str, checkpoint: &str, at: Option<i64>) -> Result<(), TinkerError> {
+    fn set_expiry(
+        &self,
+        owner: &str,
+        model_id: &str,
+        checkpoint: &str,
+        at: Option<i64>,
+    ) -> Result<Option<i64>, TinkerError> {
         let path = self.run_dir(owner, model_id)?.join(crate::expiry::FILE);
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
         let mut list = crate::expiry::read(&path).map_err(TinkerError::Server)?.unwrap_or_else(|| {
             crate::expiry::Expiries { owner: owner.to_string(), model_id: model_id.to_string(), ..Default::default() }
         });
+        let before = list.at.get(checkpoint).copied();
+        if before == at {
+            return Ok(before);
+        }
         list.set(checkpoint, at);
-        crate::expiry::write(&path, &list).map_err(TinkerError::Server)
+        crate::expiry::write(&path, &list).map_err(TinkerError::Server)?;
+        Ok(before)
     }
 
     fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64> {
@@ -452,12 +466,48 @@ impl TinkerTrainer for TinkerModels {
     }
 }
 
+/// Whether a removal removed something: "not found" is `false`, any other failure an error
+/// (the caller must not count the thing as gone).
+fn removed(r: std::io::Result<()>, what: &str) -> Result<bool, TinkerError> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(TinkerError::Server(format!("deleting {what}: {e}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn models(dir: &std::path::Path) -> TinkerModels {
         TinkerModels::new(Arc::new(LoraTrainer::new(Vec::new())), Arc::new(Turns::new(1)), 1, dir.to_path_buf())
+    }
+
+    #[test]
+    fn deletes_tell_gone_from_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = models(dir.path());
+        // Nothing there: not found, not an error.
+        assert!(!m.delete_state("alice", "s:train:0", "a").unwrap());
+        assert!(!m.delete_external("alice", "s:train:0", "a").unwrap());
+        assert!(m.forget_sampler("alice", "s:train:0", "a").unwrap().is_none());
+        // Something there that cannot be removed: an error, so nobody counts it gone.
+        let run = m.run_dir("alice", "s:train:0").unwrap();
+        std::fs::create_dir_all(run.join("a.safetensors")).unwrap();
+        assert!(m.delete_state("alice", "s:train:0", "a").is_err());
+        std::fs::create_dir_all(run.join(EXTERNAL_DIR)).unwrap();
+        std::fs::write(run.join(EXTERNAL_DIR).join("a"), b"not a directory").unwrap();
+        assert!(m.delete_external("alice", "s:train:0", "a").is_err());
+        std::fs::write(run.join(SAMPLERS_FILE), b"{damaged").unwrap();
+        assert!(m.forget_sampler("alice", "s:train:0", "a").is_err());
+        // A state that is there goes, and then is not found.
+        std::fs::write(run.join("b.safetensors"), b"x").unwrap();
+        assert!(m.delete_state("alice", "s:train:0", "b").unwrap());
+        assert!(!m.delete_state("alice", "s:train:0", "b").unwrap());
+        // set_expiry answers what it replaced.
+        assert_eq!(m.set_expiry("alice", "s:train:0", "weights/b", Some(7)).unwrap(), None);
+        assert_eq!(m.set_expiry("alice", "s:train:0", "weights/b", None).unwrap(), Some(7));
     }
 
     #[test]

@@ -8,13 +8,14 @@
 
 use super::routes::{bad, trainer, Result};
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tandem_core::tinker::TinkerError;
 
 /// How often the sweep looks for expired checkpoints.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -55,11 +56,35 @@ pub async fn set_ttl(
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let at = expires_at(body.ttl_seconds)?;
+    let _run = state.tinker().runs.lock(&caller.entity, &run).await;
+    let (owner, checkpoint) = (caller.entity.clone(), format!("{kind}/{name}"));
     let exists = match kind.as_str() {
-        "sampler_weights" => super::samplers::find(&state, &caller.entity, &run, &name).await?.is_some(),
+        "sampler_weights" => match super::samplers::find(&state, &caller.entity, &run, &name).await? {
+            Some(saved) => {
+                // An ephemeral save lives in the session's memory only: given a TTL it is kept
+                // in the run's list, as a save with `ttl_seconds` is, so the sweep finds it after
+                // the session ends.
+                let (trainer, owner, run) = (trainer.clone(), owner.clone(), run.clone());
+                let kept = tokio::task::spawn_blocking(move || {
+                    if at.is_some() && !trainer.saved_samplers(&owner, &run).iter().any(|s| s.name == saved.name) {
+                        trainer.may_note_sampler(&owner, &run, &saved.name)?;
+                        trainer.note_sampler(&owner, &run, saved)?;
+                    }
+                    Ok::<_, TinkerError>(())
+                })
+                .await
+                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("setting the ttl failed: {e}")))?;
+                kept.map_err(|e| match e {
+                    TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
+                    TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
+                })?;
+                true
+            }
+            None => false,
+        },
         "weights" | "external_weights" => {
             let (trainer, owner, run, name, kind) =
-                (trainer.clone(), caller.entity.clone(), run.clone(), name.clone(), kind.clone());
+                (trainer.clone(), owner.clone(), run.clone(), name.clone(), kind.clone());
             tokio::task::spawn_blocking(move || match kind.as_str() {
                 "weights" => trainer.list_states(&owner, &run).iter().any(|(n, _, _)| *n == name),
                 _ => trainer.external_files(&owner, &run, &name).is_some(),
@@ -72,34 +97,44 @@ pub async fn set_ttl(
     if !exists {
         return Err(ApiError::not_found("checkpoint").into());
     }
-    let (owner, checkpoint) = (caller.entity.clone(), format!("{kind}/{name}"));
     tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, at))
         .await
-        .map_err(|e| ApiError::new(crate::error::ErrorKind::Internal, format!("setting the ttl failed: {e}")))?
-        .map_err(|e| ApiError::new(crate::error::ErrorKind::Internal, e.to_string()))?;
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("setting the ttl failed: {e}")))?
+        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
     Ok(Json(json!({})))
 }
 
-/// Deletes every checkpoint whose expiry has passed, as `DELETE` would; how many went.
+/// Deletes every checkpoint whose expiry has passed, as `DELETE` would; how many went. Each is
+/// checked again under its run's lock just before it goes: a TTL renewed or removed, or a name
+/// saved again, since the sweep read the lists is kept.
 pub async fn sweep(state: &AppState) -> usize {
     let Some(trainer) = state.tinker_trainer() else { return 0 };
     let now = now_ms();
-    let due = tokio::task::spawn_blocking(move || trainer.expired(now)).await.unwrap_or_default();
+    let due = {
+        let trainer = trainer.clone();
+        tokio::task::spawn_blocking(move || trainer.expired(now)).await.unwrap_or_default()
+    };
     let mut deleted = 0;
     for x in due {
         let Some((kind, name)) = x.checkpoint.split_once('/') else { continue };
-        match super::weights::delete(state, &x.owner, &x.model_id, kind, name).await {
+        let _run = state.tinker().runs.lock(&x.owner, &x.model_id).await;
+        let still_due = {
+            let (trainer, owner, run, checkpoint) =
+                (trainer.clone(), x.owner.clone(), x.model_id.clone(), x.checkpoint.clone());
+            tokio::task::spawn_blocking(move || trainer.expiries(&owner, &run).get(&checkpoint).copied())
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|at| at <= now_ms())
+        };
+        if !still_due {
+            continue;
+        }
+        match super::weights::delete_held(state, &x.owner, &x.model_id, kind, name).await {
             Ok(true) => deleted += 1,
-            // Already gone another way: only its expiry is left to clear.
-            Ok(false) => {
-                if let Some(trainer) = state.tinker_trainer() {
-                    let _ = tokio::task::spawn_blocking(move || {
-                        trainer.set_expiry(&x.owner, &x.model_id, &x.checkpoint, None)
-                    })
-                    .await;
-                }
-            }
-            // Tried again at the next sweep (a store outage must not lose the expiry).
+            // Already gone another way: `delete_held` cleared its expiry.
+            Ok(false) => {}
+            // Kept, with its expiry, for the next sweep (a store outage must not lose it).
             Err(e) => {
                 tracing::warn!(error = %e.0.message, checkpoint = %x.checkpoint, "could not delete an expired checkpoint")
             }

@@ -97,10 +97,13 @@ pub async fn save(
     let expires = expires_at(body.ttl_seconds)?;
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    let tinker = t.clone();
     ordered(&t, model, &body.model_id, body.seq_id, move || {
-        let saved = trainer.save_external(&owner, &id, &name).and_then(|bytes| {
-            // Saving over a name replaces its expiry too (none without `ttl_seconds`).
-            trainer.set_expiry(&owner, &id, &format!("external_weights/{name}"), expires).map(|()| bytes)
+        let _run = tinker.runs.blocking_lock(&owner, &id);
+        // Saving over a name replaces its expiry too (none without `ttl_seconds`).
+        let checkpoint = format!("external_weights/{name}");
+        let saved = super::weights::with_expiry(&*trainer, &owner, &id, &checkpoint, expires, || {
+            trainer.save_external(&owner, &id, &name)
         });
         match saved {
             Ok(bytes) => Outcome::Json(json!({

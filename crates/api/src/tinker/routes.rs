@@ -156,6 +156,9 @@ struct LoraConfig {
     train_mlp: bool,
     #[serde(default = "yes")]
     train_attn: bool,
+    /// An adapter on the output head too (the SDK's default).
+    #[serde(default = "yes")]
+    train_unembed: bool,
 }
 
 fn yes() -> bool {
@@ -211,8 +214,9 @@ pub async fn create_model(
     if !(1..=256).contains(&lora.rank) {
         return Err(PreviewError(bad(format!("lora_config.rank {}: expected 1 to 256", lora.rank))));
     }
-    if !(lora.train_mlp || lora.train_attn) {
-        return Err(PreviewError(bad("train_attn and train_mlp are both false: nothing would train")));
+    let modules = Modules { attn: lora.train_attn, mlp: lora.train_mlp, unembed: lora.train_unembed };
+    if !modules.any() {
+        return Err(PreviewError(bad("train_attn, train_mlp and train_unembed are all false: nothing would train")));
     }
     if let Some(kind) = body.optimizer_config.as_ref().and_then(|o| o.get("type")).and_then(Value::as_str) {
         if kind != "adamw" {
@@ -223,7 +227,6 @@ pub async fn create_model(
         register_model(&state, &caller.entity, &body.session_id, body.model_seq_id, &body.base_model, lora.rank)
             .await?;
     let (id, base) = (model_id.clone(), body.base_model);
-    let modules = Modules { attn: lora.train_attn, mlp: lora.train_mlp };
     let spec = LoraSpec { rank: lora.rank, seed: lora.seed, modules };
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.create(&id, &base, spec) {

@@ -104,6 +104,39 @@ pub struct TinkerState {
     pub samplers: Mutex<HashMap<String, Arc<super::sample::Sampler>>>,
     /// Signs the download URLs of external weights.
     pub url_key: super::external::UrlKey,
+    /// Serialises the changes to one run's checkpoints (saves, deletes, TTLs, the sweep).
+    pub runs: RunLocks,
+}
+
+/// Locks over runs' checkpoints, striped by (entity, run): a save, a delete, a TTL change and the
+/// expiry sweep of one run never interleave, so the sweep deletes only what is still due when it
+/// deletes (a TTL renewed or a name saved again meanwhile is kept). Striping keeps the memory
+/// fixed; two runs sharing a stripe only wait for each other.
+pub struct RunLocks(Vec<tokio::sync::Mutex<()>>);
+
+impl Default for RunLocks {
+    fn default() -> Self {
+        RunLocks((0..64).map(|_| tokio::sync::Mutex::new(())).collect())
+    }
+}
+
+impl RunLocks {
+    fn stripe(&self, entity: &str, run: &str) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (entity, run).hash(&mut h);
+        &self.0[h.finish() as usize % self.0.len()]
+    }
+
+    /// Holds `entity`'s run `run` (async callers).
+    pub async fn lock(&self, entity: &str, run: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        self.stripe(entity, run).lock().await
+    }
+
+    /// Holds `entity`'s run `run` from a blocking thread (never from an async task).
+    pub fn blocking_lock(&self, entity: &str, run: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        self.stripe(entity, run).blocking_lock()
+    }
 }
 
 impl TinkerState {

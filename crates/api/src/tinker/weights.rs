@@ -18,7 +18,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tandem_core::tinker::{Modules, SavedSampler, StateInfo, TinkerTrainer};
+use tandem_core::tinker::{Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer};
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
@@ -50,6 +50,7 @@ pub async fn save_weights_for_sampler(
     let (path, sampler_seq) = (body.path.clone(), body.sampling_session_seq_id);
     let ephemeral = path.is_none();
     let entity = caller.entity.clone();
+    let tinker = t.clone();
     ordered_async(&t, model, &body.model_id, body.seq_id, async move {
         // The ephemeral kind is a checkpoint too (so the engine serves it), named after its
         // sampling session, and answered with that session.
@@ -63,46 +64,86 @@ pub async fn save_weights_for_sampler(
                 }
             }
         };
-        // Named weights, and ephemeral ones given a TTL (so the sweep finds them after their
-        // session ends), are kept in the run's list.
-        let kept = !ephemeral || expires.is_some();
         if let Some(problem) = tandem_core::names::name_problem(&name) {
             return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
         }
+        // Named weights, and ephemeral ones given a TTL (so the sweep finds them after their
+        // session ends), are kept in the run's list.
+        let kept = !ephemeral || expires.is_some();
+        let _run = tinker.runs.lock(&entity, &id).await;
+        let mut before = None;
         if kept {
-            // Before anything is written: past the limit a save leaves nothing behind.
+            // Before anything is written: past the limit, or with a damaged expiry list, a save
+            // leaves nothing behind. Saving over a name replaces its expiry too (none without
+            // `ttl_seconds`).
             let (owner, id, name, trainer) = (entity.clone(), id.clone(), name.clone(), trainer.clone());
-            match tokio::task::spawn_blocking(move || trainer.may_note_sampler(&owner, &id, &name)).await {
-                Ok(Ok(())) => {}
+            let checked = tokio::task::spawn_blocking(move || {
+                trainer.may_note_sampler(&owner, &id, &name)?;
+                trainer.set_expiry(&owner, &id, &format!("sampler_weights/{name}"), expires)
+            })
+            .await;
+            before = match checked {
+                Ok(Ok(before)) => before,
                 Ok(Err(e)) => return failed(e),
                 Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
-            }
+            };
         }
+        let save = SamplerSave { state: &state, entry: &entry, entity: &entity, id: &id, name: &name, kept };
+        let outcome = save.run(&trainer, ephemeral.then_some(sampler_seq).flatten()).await;
+        if kept && matches!(outcome, Outcome::Failed { .. }) {
+            // The name's expiry goes back to what it was.
+            restore_expiry(&trainer, &entity, &id, &format!("sampler_weights/{name}"), before).await;
+        }
+        outcome
+    })
+}
+
+/// One `save_weights_for_sampler` past its checks, under the run's lock.
+struct SamplerSave<'a> {
+    state: &'a AppState,
+    entry: &'a Arc<super::state::ModelEntry>,
+    entity: &'a str,
+    id: &'a str,
+    name: &'a str,
+    kept: bool,
+}
+
+impl SamplerSave<'_> {
+    /// Writes the checkpoint, remembers it (in the run's list when kept) and answers the path,
+    /// or the sampling session of the ephemeral kind (`sampler_seq`).
+    async fn run(&self, trainer: &Arc<dyn TinkerTrainer>, sampler_seq: Option<i64>) -> Outcome {
+        let (state, entry, entity, id, name) = (self.state, self.entry, self.entity, self.id, self.name);
         let files = {
-            let (id, trainer) = (id.clone(), trainer.clone());
+            let (id, trainer) = (id.to_string(), trainer.clone());
             match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
                 Ok(Ok(files)) => files,
                 Ok(Err(e)) => return failed(e),
                 Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
             }
         };
-        let cp = match publish(&state, entry.record_id, files).await {
+        let unembed = files
+            .iter()
+            .filter(|(n, _)| n == "adapter_config.json")
+            .filter_map(|(_, b)| serde_json::from_slice::<Value>(b).ok())
+            .any(|c| c["target_modules"].as_array().is_some_and(|t| t.iter().any(|m| m == "lm_head")));
+        let cp = match publish(state, entry.record_id, files).await {
             Ok(cp) => cp,
             Err(e) => return Outcome::Failed { error: e.message, category: "server" },
         };
         let saved = SavedSampler {
-            name: name.clone(),
+            name: name.to_string(),
             step: cp.step,
             checkpoint_id: cp.id,
             created_at: cp.created_at,
             record_id: entry.record_id,
             base_model: entry.base_model.clone(),
             rank: entry.rank,
+            unembed,
         };
-        if kept {
+        if self.kept {
             // Named weights outlive the session (their path samples after the run ends); the
             // checkpoint a name saved before is deleted with the name's move.
-            let (owner, id, entry, trainer) = (entity.clone(), id.clone(), saved.clone(), trainer.clone());
+            let (owner, id, entry, trainer) = (entity.to_string(), id.to_string(), saved.clone(), trainer.clone());
             let noted = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, entry)).await {
                 Ok(noted) => noted.map_err(failed),
                 Err(e) => Err(Outcome::Failed { error: format!("saving failed: {e}"), category: "server" }),
@@ -111,34 +152,23 @@ pub async fn save_weights_for_sampler(
                 Ok(replaced) => replaced,
                 Err(outcome) => {
                     // Not remembered, so not kept: the checkpoint just written goes again.
-                    let _ = samplers::drop_checkpoint(&state, &saved).await;
+                    let _ = samplers::drop_checkpoint(state, &saved).await;
                     return outcome;
                 }
             };
             if let Some(old) = replaced.filter(|old| old.checkpoint_id != saved.checkpoint_id) {
-                if let Err(e) = samplers::drop_checkpoint(&state, &old).await {
+                if let Err(e) = samplers::drop_checkpoint(state, &old).await {
                     tracing::warn!(error = %e.message, "could not delete the checkpoint a saved name replaced");
                 }
             }
         }
-        // Saving over a name replaces its expiry too (none without `ttl_seconds`).
-        let noted = {
-            let (trainer, owner, id, checkpoint) =
-                (trainer.clone(), entity.clone(), id.clone(), format!("sampler_weights/{name}"));
-            tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &id, &checkpoint, expires)).await
-        };
-        match noted {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return failed(e),
-            Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
-        }
         let step = saved.step;
-        entry.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), saved);
+        entry.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), saved);
         let path = format!("tinker://{id}/sampler_weights/{name}");
         match sampler_seq {
-            Some(seq) if ephemeral => {
+            Some(seq) => {
                 let sampler_id = format!("{}:sample:{seq}", entry.session_id);
-                let sampler = Sampler::of_checkpoint(&entity, &id, &entry.base_model, step, path);
+                let sampler = Sampler::of_checkpoint(entity, id, &entry.base_model, step, path);
                 if !state.tinker().add_sampler(sampler_id.clone(), sampler) {
                     return Outcome::Failed {
                         error: format!(
@@ -149,7 +179,35 @@ pub async fn save_weights_for_sampler(
                 }
                 Outcome::Json(json!({ "sampling_session_id": sampler_id, "type": "save_weights_for_sampler" }))
             }
-            _ => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
+            None => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
+        }
+    }
+}
+
+/// Puts a checkpoint's expiry back after a save that set it failed.
+async fn restore_expiry(trainer: &Arc<dyn TinkerTrainer>, owner: &str, run: &str, checkpoint: &str, at: Option<i64>) {
+    let (trainer, owner, run, checkpoint) =
+        (trainer.clone(), owner.to_string(), run.to_string(), checkpoint.to_string());
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, at)).await {
+        tracing::warn!(error = %e, "could not restore a checkpoint's expiry after a failed save");
+    }
+}
+
+/// Runs a save of `checkpoint` (a blocking thread, the run's lock held) with its new expiry set
+/// first: a damaged expiry list fails the save before it overwrites anything, and a save that
+/// fails puts the expiry back.
+pub(super) fn with_expiry<T>(
+    trainer: &dyn TinkerTrainer,
+    owner: &str,
+    run: &str,
+    checkpoint: &str,
+    at: Option<i64>,
+    save: impl FnOnce() -> std::result::Result<T, TinkerError>,
+) -> std::result::Result<T, TinkerError> {
+    let before = trainer.set_expiry(owner, run, checkpoint, at)?;
+    save().inspect_err(|_| {
+        if let Err(e) = trainer.set_expiry(owner, run, checkpoint, before) {
+            tracing::warn!(error = %e, "could not restore a checkpoint's expiry after a failed save");
         }
     })
 }
@@ -200,11 +258,13 @@ pub async fn save_weights(
     let expires = expires_at(body.ttl_seconds)?;
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    let tinker = t.clone();
     ordered(&t, model, &body.model_id, body.seq_id, move || {
+        let _run = tinker.runs.blocking_lock(&owner, &id);
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
-        let saved = trainer
-            .save_state(&owner, &id, &name)
-            .and_then(|()| trainer.set_expiry(&owner, &id, &format!("weights/{name}"), expires));
+        let checkpoint = format!("weights/{name}");
+        let saved =
+            with_expiry(&*trainer, &owner, &id, &checkpoint, expires, || trainer.save_state(&owner, &id, &name));
         match saved {
             Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
             Err(e) => failed(e),
@@ -322,11 +382,12 @@ pub async fn weights_info(
     let found = if let Some((source, name)) = parse_state_path(&path) {
         state_info(&trainer, &caller.entity, &source, &name).await
     } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
-        // Sampler weights are PEFT files with every projection (the untrained ones' B is 0).
+        // Sampler weights are PEFT files with every projection (the untrained ones' B is 0),
+        // and the output head's pair if it trained.
         samplers::find(&state, &caller.entity, model, name).await?.map(|s| StateInfo {
             base_model: s.base_model,
             rank: s.rank,
-            modules: Modules::ALL,
+            modules: Modules { unembed: s.unembed, ..Modules::ALL },
         })
     } else {
         return Err(bad(format!("{path:?} is not a tinker:// path of saved weights")).into());
@@ -334,7 +395,7 @@ pub async fn weights_info(
     let info = found.ok_or_else(|| ApiError::not_found("weights"))?;
     Ok(Json(json!({
         "base_model": info.base_model, "is_lora": true, "lora_rank": info.rank,
-        "train_unembed": false, "train_mlp": info.modules.mlp, "train_attn": info.modules.attn,
+        "train_unembed": info.modules.unembed, "train_mlp": info.modules.mlp, "train_attn": info.modules.attn,
     })))
 }
 
@@ -359,51 +420,77 @@ pub async fn delete_checkpoint(
     Extension(caller): Extension<Caller>,
     axum::extract::Path((run, kind, name)): axum::extract::Path<(String, String, String)>,
 ) -> Result<Json<Value>> {
-    if !delete(&state, &caller.entity, &run, &kind, &name).await? {
+    let _run = state.tinker().runs.lock(&caller.entity, &run).await;
+    if !delete_held(&state, &caller.entity, &run, &kind, &name).await? {
         return Err(ApiError::not_found("checkpoint").into());
     }
     Ok(Json(json!({})))
 }
 
 /// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` and its expiry; whether it existed.
-pub(super) async fn delete(state: &AppState, entity: &str, run: &str, kind: &str, name: &str) -> Result<bool> {
+/// The caller holds the run's lock ([`super::state::RunLocks`]). An error (the store or the disk
+/// did not answer) leaves the checkpoint listed and its expiry kept, so a sweep tries again.
+pub(super) async fn delete_held(state: &AppState, entity: &str, run: &str, kind: &str, name: &str) -> Result<bool> {
     let trainer = trainer(state)?;
     let (owner, run, name) = (entity.to_string(), run.to_string(), name.to_string());
+    let blocking =
+        |what: tokio::task::JoinError| ApiError::new(ErrorKind::Internal, format!("deleting failed: {what}"));
     let gone = match kind {
         "weights" => {
             let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
-            tokio::task::spawn_blocking(move || trainer.delete_state(&owner, &run, &name)).await.unwrap_or(false)
+            tokio::task::spawn_blocking(move || trainer.delete_state(&owner, &run, &name))
+                .await
+                .map_err(blocking)?
+                .map_err(tinker_error)?
         }
         "sampler_weights" => {
-            let held = state
-                .tinker()
-                .model(&owner, &run)
-                .and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(&name));
-            let forgotten = {
-                let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
-                tokio::task::spawn_blocking(move || trainer.forget_sampler(&owner, &run, &name)).await.ok().flatten()
+            let held = state.tinker().model(&owner, &run);
+            let in_memory =
+                held.as_ref().and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(&name).cloned());
+            let listed = {
+                let (trainer, owner, run) = (trainer.clone(), owner.clone(), run.clone());
+                tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &run)).await.map_err(blocking)?
             };
-            match held.or(forgotten) {
-                Some(saved) => {
-                    samplers::drop_checkpoint(state, &saved).await?;
-                    true
-                }
-                None => false,
+            let listed = listed.into_iter().find(|s| s.name == name);
+            let Some(saved) = in_memory.or(listed.clone()) else { return Ok(false) };
+            // The checkpoint first: if the store does not answer, the name stays listed and the
+            // sweep finds it again (forgotten first, a served checkpoint would be left unlisted).
+            samplers::drop_checkpoint(state, &saved).await?;
+            if let Some(m) = held {
+                m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
             }
+            if listed.is_some() {
+                let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
+                tokio::task::spawn_blocking(move || trainer.forget_sampler(&owner, &run, &name))
+                    .await
+                    .map_err(blocking)?
+                    .map_err(tinker_error)?;
+            }
+            true
         }
         "external_weights" => {
             let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
-            tokio::task::spawn_blocking(move || trainer.delete_external(&owner, &run, &name)).await.unwrap_or(false)
+            tokio::task::spawn_blocking(move || trainer.delete_external(&owner, &run, &name))
+                .await
+                .map_err(blocking)?
+                .map_err(tinker_error)?
         }
         _ => return Ok(false),
     };
-    if gone {
-        // A name saved again later starts without the old one's expiry.
-        let checkpoint = format!("{kind}/{name}");
-        let cleared = tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, None)).await;
-        if let Ok(Err(e)) = cleared {
-            tracing::warn!(error = %e, "could not clear a deleted checkpoint's expiry");
-        }
-    }
+    // A name saved again later starts without the old one's expiry (also cleared when the
+    // checkpoint had gone another way: an expiry of nothing is only noise for the sweep).
+    let checkpoint = format!("{kind}/{name}");
+    tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, None))
+        .await
+        .map_err(blocking)?
+        .map_err(tinker_error)?;
     Ok(gone)
+}
+
+/// A trainer's error as the API's: the caller's mistake a 400, the rest a 500.
+fn tinker_error(e: TinkerError) -> ApiError {
+    match e {
+        TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
+        TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
+    }
 }

@@ -1,0 +1,274 @@
+//! The output head with an adapter on it (Tinker's `train_unembed`): `lp_i = log softmax(h_i E^T
+//! + u_i B^T)[t_i]` with `u = scale · h A^T` computed before the op by autograd (so A's gradient
+//! and the rest of h's flow through it), `B (V, r)` the adapter's vocabulary-wide half.
+//!
+//! As [`crate::ops::HeadLogprob`], the (tokens x V) logits are never kept: each chunk of rows is
+//! computed, reduced to its logprobs and entropies, and dropped; the backward recomputes each
+//! chunk's softmax `p` and, with `G_i = g_i (onehot(t_i) - p_i)`, gives
+//! `dh = G E`, `du = G B` and `dB = G^T u`, the last summed over the chunks (V x r).
+
+use crate::ops::{with_values, HeadWeights, HEAD_CHUNK};
+use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
+use tandem_model::kernels::sgemm::{sgemm, Operand};
+use tandem_model::kernels::{self, Q8Acts};
+
+type Res<T> = candle_core::Result<T>;
+
+/// A row's (entropy, logprob of its target).
+type RowStats = (f32, f32);
+
+/// `(h (N, H), u (N, r), B (V, r)) -> lp (N)`: the log-probability of `targets[i]` under the head
+/// `E` plus the adapter's `u B^T`.
+pub struct HeadLoraLogprob {
+    pub head: HeadWeights,
+    pub targets: Vec<u32>,
+    /// Filled by the forward pass: the entropy of each row's distribution (nats).
+    pub entropy: Arc<Mutex<Vec<f32>>>,
+}
+
+/// The operands' shapes: rows, hidden width, rank, vocabulary.
+#[derive(Clone, Copy)]
+struct Dims {
+    n: usize,
+    hd: usize,
+    r: usize,
+    v: usize,
+}
+
+impl HeadLoraLogprob {
+    /// Rows `start..start + c`: their softmax (c x V) and, per row, (entropy, logprob of the
+    /// target).
+    fn softmax(
+        &self,
+        h: &[f32],
+        u: &[f32],
+        b: &[f32],
+        d: Dims,
+        start: usize,
+        c: usize,
+    ) -> Res<(Vec<f32>, Vec<RowStats>)> {
+        let mut logits = base_logits(&self.head, &h[start * d.hd..(start + c) * d.hd], c, d)?;
+        sgemm(
+            &mut logits,
+            true,
+            1.0,
+            Operand::new(&u[start * d.r..(start + c) * d.r], c, d.r),
+            Operand::transposed(b, d.v, d.r),
+        );
+        let targets = &self.targets[start..start + c];
+        let stats = logits
+            .par_chunks_exact_mut(d.v)
+            .zip(targets.par_iter())
+            .map(|(row, &t)| {
+                let picked = row[t as usize];
+                let (max, sum, weighted) = kernels::exp_normalize(row, 1.0);
+                let lse = max + sum.ln();
+                (lse - weighted / sum, picked - lse)
+            })
+            .collect();
+        Ok((logits, stats))
+    }
+
+    fn dims(&self, l1: &Layout, l2: &Layout, l3: &Layout) -> Res<Dims> {
+        let ((n, hd), (nu, r), (v, rb)) = (l1.shape().dims2()?, l2.shape().dims2()?, l3.shape().dims2()?);
+        if nu != n || rb != r || self.targets.len() != n {
+            return Err(candle_core::Error::Msg(format!(
+                "head adapter shapes: h {n}x{hd}, u {nu}x{r}, B {v}x{rb}, {} targets",
+                self.targets.len()
+            )));
+        }
+        Ok(Dims { n, hd, r, v })
+    }
+}
+
+/// `h (c, H) E^T` as (c, V) f32: the exact product, or the served int8 one.
+fn base_logits(head: &HeadWeights, h: &[f32], c: usize, d: Dims) -> Res<Vec<f32>> {
+    let mut out = vec![0f32; c * d.v];
+    match head {
+        HeadWeights::F32(e) => with_values(e, |e| {
+            sgemm(&mut out, false, 1.0, Operand::new(h, c, d.hd), Operand::transposed(e, d.v, d.hd))
+        })?,
+        HeadWeights::Int8(int8) => {
+            let mut acts = Q8Acts::default();
+            acts.quantize(h, c, d.hd);
+            kernels::matmul(&int8.e, &acts, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+/// `E[t_i] - p_i E` for `c` rows of probabilities `p` (consumed), as `c` rows of H.
+fn target_minus_expected(head: &HeadWeights, p: Vec<f32>, c: usize, targets: &[u32], d: Dims) -> Res<Vec<f32>> {
+    match head {
+        HeadWeights::F32(e) => with_values(e, |e| {
+            let mut out = vec![0f32; c * d.hd];
+            sgemm(&mut out, false, 1.0, Operand::new(&p, c, d.v), Operand::new(e, d.v, d.hd));
+            for (row, &t) in out.chunks_exact_mut(d.hd).zip(targets) {
+                for (o, w) in row.iter_mut().zip(&e[t as usize * d.hd..(t as usize + 1) * d.hd]) {
+                    *o = w - *o;
+                }
+            }
+            out
+        }),
+        HeadWeights::Int8(int8) => Ok(int8.target_minus_expected(p, c, targets)),
+    }
+}
+
+fn values(t: &Tensor) -> Res<Vec<f32>> {
+    t.contiguous()?.flatten_all()?.to_vec1::<f32>()
+}
+
+impl CustomOp3 for HeadLoraLogprob {
+    fn name(&self) -> &'static str {
+        "head-lora-logprob"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Res<(CpuStorage, Shape)> {
+        let d = self.dims(l1, l2, l3)?;
+        let (h, u, b) = (crate::fused::slice(s1, l1)?, crate::fused::slice(s2, l2)?, crate::fused::slice(s3, l3)?);
+        let (mut lps, mut entropy) = (Vec::with_capacity(d.n), Vec::with_capacity(d.n));
+        for start in (0..d.n).step_by(HEAD_CHUNK) {
+            let c = HEAD_CHUNK.min(d.n - start);
+            let (_, stats) = self.softmax(h, u, b, d, start, c)?;
+            entropy.extend(stats.iter().map(|s| s.0));
+            lps.extend(stats.iter().map(|s| s.1));
+        }
+        if let Ok(mut slot) = self.entropy.lock() {
+            *slot = entropy;
+        }
+        Ok((CpuStorage::F32(lps), Shape::from(d.n)))
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        u: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Res<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let ((n, hd), (_, r), (v, _)) = (h.dims2()?, u.dims2()?, b.dims2()?);
+        let d = Dims { n, hd, r, v };
+        let (hv, uv, bv) = (values(h)?, values(u)?, values(b)?);
+        let g = values(&grad_res.to_dtype(candle_core::DType::F32)?)?;
+        let (mut dh, mut du, mut db) = (vec![0f32; n * hd], vec![0f32; n * r], vec![0f32; v * r]);
+        for start in (0..n).step_by(HEAD_CHUNK) {
+            let c = HEAD_CHUNK.min(n - start);
+            let targets = &self.targets[start..start + c];
+            let gs = &g[start..start + c];
+            let (mut p, _) = self.softmax(&hv, &uv, &bv, d, start, c)?;
+            // du_i = g_i (B[t_i] - p_i B)
+            let mut pb = vec![0f32; c * r];
+            sgemm(&mut pb, false, 1.0, Operand::new(&p, c, v), Operand::new(&bv, v, r));
+            for (i, (&t, &gi)) in targets.iter().zip(gs).enumerate() {
+                let row = &mut du[(start + i) * r..(start + i + 1) * r];
+                for ((o, bt), e) in row.iter_mut().zip(&bv[t as usize * r..(t as usize + 1) * r]).zip(&pb[i * r..]) {
+                    *o = gi * (bt - e);
+                }
+            }
+            // dh_i = g_i (E[t_i] - p_i E)
+            let rows = target_minus_expected(&self.head, p.clone(), c, targets, d)?;
+            for (i, gi) in gs.iter().enumerate() {
+                for (o, x) in dh[(start + i) * hd..(start + i + 1) * hd].iter_mut().zip(&rows[i * hd..(i + 1) * hd]) {
+                    *o = gi * x;
+                }
+            }
+            // dB = sum_i g_i (onehot(t_i) - p_i)^T u_i: the softmax part as one product of the
+            // rows scaled by -g_i, then each target's row.
+            p.par_chunks_exact_mut(v).zip(gs.par_iter()).for_each(|(row, gi)| row.iter_mut().for_each(|x| *x *= -gi));
+            let uc = &uv[start * r..(start + c) * r];
+            sgemm(&mut db, true, 1.0, Operand::transposed(&p, c, v), Operand::new(uc, c, r));
+            for (i, (&t, &gi)) in targets.iter().zip(gs).enumerate() {
+                for (o, x) in db[t as usize * r..(t as usize + 1) * r].iter_mut().zip(&uc[i * r..(i + 1) * r]) {
+                    *o += gi * x;
+                }
+            }
+        }
+        let dev = Device::Cpu;
+        Ok((
+            Some(Tensor::from_vec(dh, (n, hd), &dev)?),
+            Some(Tensor::from_vec(du, (n, r), &dev)?),
+            Some(Tensor::from_vec(db, (v, r), &dev)?),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::HeadInt8;
+    use candle_core::Var;
+    use tandem_model::kernels::{Q8Matrix, Weights};
+
+    fn randn(shape: (usize, usize), seed: u64) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0..1.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn diff(a: &Tensor, b: &Tensor) -> f32 {
+        a.sub(b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// The op's logprobs, entropies and gradients for x, A and B against the same computation in
+    /// stock candle ops (whose backward is trusted), with an exact head and the int8 one.
+    #[test]
+    fn head_with_an_adapter_matches_stock_autograd() {
+        let (n, hd, v, r, scale) = (67, 64, 70, 3, 2.0);
+        let head = randn((v, hd), 1);
+        let head_values = head.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let x = Var::from_tensor(&randn((n, hd), 2)).unwrap();
+        let a = Var::from_tensor(&(randn((r, hd), 3) * 0.2).unwrap()).unwrap();
+        let b = Var::from_tensor(&randn((v, r), 4)).unwrap();
+        let targets: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
+        let coef = randn((n, 1), 5).flatten_all().unwrap();
+
+        let logits = x
+            .matmul(&head.t().unwrap())
+            .unwrap()
+            .add(&(x.matmul(&a.t().unwrap()).unwrap().matmul(&b.t().unwrap()).unwrap() * scale).unwrap())
+            .unwrap();
+        let logp = candle_nn::ops::log_softmax(&logits, 1).unwrap();
+        let ids = Tensor::from_slice(&targets, (n, 1), &Device::Cpu).unwrap();
+        let lp_ref = logp.gather(&ids, 1).unwrap().flatten_all().unwrap();
+        let g_ref = lp_ref.mul(&coef).unwrap().sum_all().unwrap().backward().unwrap();
+        let ent_ref = logp.exp().unwrap().mul(&logp).unwrap().sum(1).unwrap().neg().unwrap();
+
+        let int8 = HeadInt8 {
+            e: Arc::new(Weights::Q8(Q8Matrix::from_f32(&head_values, v, hd))),
+            et: Arc::new(Weights::Q8(HeadInt8::transposed(&head_values, v, hd))),
+        };
+        // Exact: float rounding only. Int8: the served head's rounding (a few percent).
+        for (weights, tol) in [(HeadWeights::F32(head.clone()), 1e-3), (HeadWeights::Int8(int8), 0.05)] {
+            let entropy = Arc::new(Mutex::new(Vec::new()));
+            let u = (x.matmul(&a.t().unwrap()).unwrap() * scale).unwrap();
+            let op = HeadLoraLogprob { head: weights, targets: targets.clone(), entropy: entropy.clone() };
+            let lp = x.as_tensor().apply_op3(&u, b.as_tensor(), op).unwrap();
+            let g = lp.mul(&coef).unwrap().sum_all().unwrap().backward().unwrap();
+            let largest = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff(&lp, &lp_ref) < tol * largest(&lp_ref), "logprobs differ by {}", diff(&lp, &lp_ref));
+            for (name, var) in [("x", x.as_tensor()), ("A", a.as_tensor()), ("B", b.as_tensor())] {
+                let (got, want) = (g.get(var).unwrap(), g_ref.get(var).unwrap());
+                assert!(
+                    diff(got, want) < tol * largest(want),
+                    "d{name} differs by {} (largest {})",
+                    diff(got, want),
+                    largest(want)
+                );
+            }
+            let ent = Tensor::new(entropy.lock().unwrap().as_slice(), &Device::Cpu).unwrap();
+            assert!(diff(&ent, &ent_ref) < tol * largest(&ent_ref));
+        }
+    }
+}
