@@ -660,6 +660,34 @@ def hub_tokenizer(ctx):
     assert status == 400 and reply["error"]["param"] == "model", (status, reply)
 
 
+def inflight(ctx):
+    """kind="inflight" (the SDK's SamplingClientKind): an inflight sampling client follows the
+    model's newest inflight save, a snapshot client keeps the weights it was made with, and an
+    unknown kind is refused."""
+    with service(ctx.server) as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=11).result()
+        prompt = types.ModelInput.from_ints(TOKENS)
+
+        def scores(client):
+            return client.compute_logprobs(prompt).result()[1:]
+
+        follower = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+        snapshot = tc.save_weights_and_get_sampling_client().result()
+        first = scores(follower)
+        assert first == scores(snapshot), "both sample the same weights at first"
+        tc.forward_backward([datum(weights=1.0)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        newer = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+        moved = scores(follower)
+        assert moved == scores(newer), "the earlier inflight client follows the newest inflight save"
+        assert moved != first, "training moved the weights"
+        assert scores(snapshot) == first, "a snapshot client keeps its weights"
+        status, reply, _ = ctx.server.api("POST", "/api/v1/save_weights_for_sampler", {
+            "model_id": tc.model_id, "seq_id": 99, "sampling_session_seq_id": 99, "kind": "rolling"},
+            key=f"tml-{KEY}")
+        assert status in (400, 422) and "inflight" in str(reply), (status, reply)
+
+
 def expiry(ctx):
     """ttl_seconds on each kind of save and set_checkpoint_ttl: listed as expires_at, removable, a
     TTL outside Tinker's bounds refused, another entity's 404; then, with the run's expiry times
@@ -760,7 +788,7 @@ def expiry(ctx):
 
 
 CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, download, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
-          other_entity, tokenizer, hub_tokenizer, session_end, expiry]
+          other_entity, tokenizer, hub_tokenizer, session_end, inflight, expiry]
 
 
 def main():

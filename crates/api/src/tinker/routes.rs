@@ -533,6 +533,7 @@ pub(super) async fn register_model(
         record_id: record.id,
         samplers: Mutex::new(HashMap::new()),
         pending: Mutex::default(),
+        inflight: Arc::default(),
     });
     t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
     if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(session_id) {

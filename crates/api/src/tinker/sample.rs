@@ -16,6 +16,7 @@ use axum::{Extension, Json};
 use prost::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::{Arc, RwLock};
 use tandem_core::inference::{FinishReason, InferEvent, PromptScoring, RankedLogprob};
 
 /// A sampling session: whose it is and the model string it samples (as `/v1/completions`
@@ -25,6 +26,9 @@ pub struct Sampler {
     pub model: String,
     pub base_model: String,
     pub model_path: Option<String>,
+    /// An inflight sampler's target (`kind: "inflight"`): shared by the training model's
+    /// inflight samplers and moved to the newest weights by each later inflight save.
+    pub follows: Option<Arc<RwLock<String>>>,
 }
 
 impl Sampler {
@@ -37,6 +41,15 @@ impl Sampler {
             model: format!("{entity}/tinker/{record}:step{step}"),
             base_model: base_model.to_string(),
             model_path: Some(path),
+            follows: None,
+        }
+    }
+
+    /// The model address it samples now: its checkpoint, or an inflight target's newest.
+    pub fn current(&self) -> String {
+        match &self.follows {
+            Some(target) => target.read().unwrap_or_else(|e| e.into_inner()).clone(),
+            None => self.model.clone(),
         }
     }
 }
@@ -79,7 +92,13 @@ pub async fn create(
             if state.model(base).is_none() {
                 return Err(bad(format!("base_model {base:?} is not served here")).into());
             }
-            Sampler { entity: caller.entity.clone(), model: base.clone(), base_model: base.clone(), model_path: None }
+            Sampler {
+                entity: caller.entity.clone(),
+                model: base.clone(),
+                base_model: base.clone(),
+                model_path: None,
+                follows: None,
+            }
         }
         (None, None) => return Err(bad("base_model or model_path is required").into()),
     };
@@ -313,7 +332,7 @@ pub async fn asample(
     if !(1..=128).contains(&body.num_samples) {
         return Err(bad(format!("num_samples {}: expected 1 to 128", body.num_samples)).into());
     }
-    let (request, asked) = completions_body(&sampler.model, &body).map_err(bad)?;
+    let (request, asked) = completions_body(&sampler.current(), &body).map_err(bad)?;
     let temperature = body.sampling_params.temperature.unwrap_or(1.0) as f32;
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();

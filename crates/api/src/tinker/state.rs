@@ -74,6 +74,9 @@ pub struct ModelEntry {
     /// What `forward_backward` calls added since the last `optim_step` (loss summed, tokens):
     /// the step's point on the dashboard's curves.
     pub pending: Mutex<Pending>,
+    /// The target its inflight samplers follow: the model address of the newest weights saved
+    /// with `kind: "inflight"` (empty until the first).
+    pub inflight: Arc<std::sync::RwLock<String>>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]

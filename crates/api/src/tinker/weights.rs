@@ -32,6 +32,10 @@ pub struct SaveForSampler {
     sampling_session_seq_id: Option<i64>,
     #[serde(default)]
     ttl_seconds: Option<i64>,
+    /// The ephemeral kind's sampler: `snapshot` (the default) samples these weights for good;
+    /// `inflight` follows the model's newest inflight save (the SDK's `SamplingClientKind`).
+    #[serde(default)]
+    kind: Option<String>,
 }
 
 /// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
@@ -44,6 +48,11 @@ pub async fn save_weights_for_sampler(
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let expires = expires_at(body.ttl_seconds)?;
+    let inflight = match body.kind.as_deref() {
+        None | Some("snapshot") => false,
+        Some("inflight") => true,
+        Some(other) => return Err(bad(format!("kind {other:?}: expected \"snapshot\" or \"inflight\"")).into()),
+    };
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let entry = model.clone();
     let id = body.model_id.clone();
@@ -88,7 +97,7 @@ pub async fn save_weights_for_sampler(
                 Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
             };
         }
-        let save = SamplerSave { state: &state, entry: &entry, entity: &entity, id: &id, name: &name, kept };
+        let save = SamplerSave { state: &state, entry: &entry, entity: &entity, id: &id, name: &name, kept, inflight };
         let outcome = save.run(&trainer, ephemeral.then_some(sampler_seq).flatten()).await;
         if kept && matches!(outcome, Outcome::Failed { .. }) {
             // The name's expiry goes back to what it was.
@@ -106,6 +115,8 @@ struct SamplerSave<'a> {
     id: &'a str,
     name: &'a str,
     kept: bool,
+    /// The sampler follows the model's inflight target, which this save moves.
+    inflight: bool,
 }
 
 impl SamplerSave<'_> {
@@ -168,7 +179,13 @@ impl SamplerSave<'_> {
         match sampler_seq {
             Some(seq) => {
                 let sampler_id = format!("{}:sample:{seq}", entry.session_id);
-                let sampler = Sampler::of_checkpoint(entity, id, &entry.base_model, step, path);
+                let mut sampler = Sampler::of_checkpoint(entity, id, &entry.base_model, step, path);
+                if self.inflight {
+                    // Saved, then the shared target moves: every inflight sampler of this model
+                    // samples these weights from its next request on.
+                    *entry.inflight.write().unwrap_or_else(|e| e.into_inner()) = sampler.model.clone();
+                    sampler.follows = Some(entry.inflight.clone());
+                }
                 if !state.tinker().add_sampler(sampler_id.clone(), sampler) {
                     return Outcome::Failed {
                         error: format!(
