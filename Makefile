@@ -76,15 +76,17 @@ $(PYENV_OK):
 	touch $@
 
 # The tinker SDK, unchanged, for tests/python/test_tinker.py (a virtualenv of its own: it pins
-# its own httpx and pydantic ranges), with transformers and jinja2 for its get_tokenizer().
+# its own httpx and pydantic ranges), with transformers and jinja2 for its get_tokenizer() and
+# pyrage (age for Python) to decrypt encrypted exports.
 TINKERENV := target/tinkerenv
 TINKER_VERSION := 0.38.0
 TRANSFORMERS_VERSION := 5.24.0
-TINKER_OK := $(TINKERENV)/.ok-$(TINKER_VERSION)-$(TRANSFORMERS_VERSION)-$(JINJA2_VERSION)
+PYRAGE_VERSION := 1.4.0
+TINKER_OK := $(TINKERENV)/.ok-$(TINKER_VERSION)-$(TRANSFORMERS_VERSION)-$(JINJA2_VERSION)-$(PYRAGE_VERSION)
 $(TINKER_OK):
 	python3 -m venv $(TINKERENV)
 	$(TINKERENV)/bin/python -m pip install --quiet --disable-pip-version-check tinker==$(TINKER_VERSION) \
-		transformers==$(TRANSFORMERS_VERSION) jinja2==$(JINJA2_VERSION)
+		transformers==$(TRANSFORMERS_VERSION) jinja2==$(JINJA2_VERSION) pyrage==$(PYRAGE_VERSION)
 	touch $@
 
 # tinker-cookbook 0.6.1 and ART 0.5.23's TinkerNativeBackend for `make test-cookbook`, each in a

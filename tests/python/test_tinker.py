@@ -205,6 +205,26 @@ def download(ctx):
     assert any(n.endswith("layers.0.self_attn.q_proj.lora_A.weight") for n in names), list(names)[:4]
     assert names["base_model.model.lm_head.lora_B.weight"]["shape"] == [49152, 8], names.get(
         "base_model.model.lm_head.lora_B.weight")
+    # Encrypted to two age recipients: each file `.age`, and either identity decrypts the same
+    # PEFT files; a recipient that is not one is the caller's error.
+    import pyrage
+    alice, bob = pyrage.x25519.Identity.generate(), pyrage.x25519.Identity.generate()
+    sealed = tc.save_weights_external("sealed", age_encryption_recipients=[
+        str(alice.to_public()), str(bob.to_public())]).result().path
+    urls = rest.get_external_weights_urls(sealed).result().urls
+    assert sorted(urls) == ["adapter_config.json.age", "adapter_model.safetensors.age"], urls
+    secret = {name: urllib.request.urlopen(url).read() for name, url in urls.items()}
+    assert b"lora" not in secret["adapter_config.json.age"]
+    opened = json.loads(pyrage.decrypt(secret["adapter_config.json.age"], [bob]))
+    assert opened["target_modules"] == config["target_modules"], opened
+    weights = pyrage.decrypt(secret["adapter_model.safetensors.age"], [alice])
+    assert weights[:8] == header[:8] and len(weights) == len(header), "the encrypted file holds the adapter"
+    try:
+        tc.save_weights_external("sealed-bad", age_encryption_recipients=["age1notarecipient"]).result()
+        raise AssertionError("a bad recipient was accepted")
+    except tinker.RequestFailedError as e:
+        assert "not an age recipient" in str(e), e
+    rest.delete_checkpoint_from_tinker_path(sealed).result()
     rest.set_checkpoint_ttl_from_tinker_path(path, 7200).result()
     url = signed.urls["adapter_config.json"]
     token = url.split("/external_weights_files/")[1].split("/")[0]

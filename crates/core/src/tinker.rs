@@ -187,7 +187,9 @@ pub trait TinkerTrainer: Send + Sync {
     fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError>;
     /// Writes the model's adapter as PEFT files under `name` in `owner`'s space (Tinker's
     /// `save_weights_external`, what `tinker checkpoint download` fetches); the bytes written.
-    fn save_external(&self, owner: &str, model_id: &str, name: &str) -> Result<u64, TinkerError>;
+    /// With `recipients` (age recipients), every file is encrypted to them and named `*.age`.
+    fn save_external(&self, owner: &str, model_id: &str, name: &str, recipients: &[String])
+        -> Result<u64, TinkerError>;
     /// The files of `owner`'s external weights `name` of `model_id`: (file name, path).
     fn external_files(&self, owner: &str, model_id: &str, name: &str) -> Option<Vec<(String, std::path::PathBuf)>>;
     /// Deletes external weights; whether they existed (an error: they may still be there).

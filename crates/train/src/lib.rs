@@ -28,6 +28,7 @@
 pub mod adamw;
 pub mod adapter;
 pub mod advantage;
+pub mod encrypt;
 pub mod expiry;
 pub mod fused;
 pub mod head_lora;

@@ -344,8 +344,18 @@ impl TinkerTrainer for TinkerModels {
         Ok(existed)
     }
 
-    fn save_external(&self, owner: &str, model_id: &str, name: &str) -> Result<u64, TinkerError> {
+    fn save_external(
+        &self,
+        owner: &str,
+        model_id: &str,
+        name: &str,
+        recipients: &[String],
+    ) -> Result<u64, TinkerError> {
         let dir = self.external_dir(owner, model_id, name)?;
+        let sealed = match recipients.is_empty() {
+            true => None,
+            false => Some(crate::encrypt::Recipients::parse(recipients).map_err(TinkerError::User)?),
+        };
         if !dir.exists() {
             let root = self.states.join(owner_hash(owner));
             let count = std::fs::read_dir(&root)
@@ -371,7 +381,11 @@ impl TinkerTrainer for TinkerModels {
         std::fs::create_dir_all(&fresh).map_err(io)?;
         let mut bytes = 0u64;
         for (file, data) in &files {
-            std::fs::write(fresh.join(file), data).map_err(io)?;
+            let (file, data) = match &sealed {
+                Some(r) => (format!("{file}.age"), r.encrypt(data).map_err(TinkerError::Server)?),
+                None => (file.clone(), data.clone()),
+            };
+            std::fs::write(fresh.join(&file), &data).map_err(io)?;
             bytes += data.len() as u64;
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -89,10 +89,11 @@ pub async fn save(
     Json(body): Json<SaveExternal>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    if body.age_encryption_recipients.as_ref().is_some_and(|r| !r.is_empty()) {
-        return Err(
-            bad("age_encryption_recipients: encrypted exports are not served; the files are written plain").into()
-        );
+    // Parsed by the trainer (a recipient that is not one fails the call as the user's); bounded
+    // here before anything is queued.
+    let recipients = body.age_encryption_recipients.clone().unwrap_or_default();
+    if recipients.len() > 10 || recipients.iter().any(|r| r.is_empty() || r.len() > 16 * 1024) {
+        return Err(bad("age_encryption_recipients: at most 10, each a non-empty age or SSH public key").into());
     }
     let expires = expires_at(body.ttl_seconds)?;
     let (t, model) = owned_model(&state, &caller, &body.model_id)?;
@@ -103,7 +104,7 @@ pub async fn save(
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
         let checkpoint = format!("external_weights/{name}");
         let saved = super::weights::with_expiry(&*trainer, &owner, &id, &checkpoint, expires, || {
-            trainer.save_external(&owner, &id, &name)
+            trainer.save_external(&owner, &id, &name, &recipients)
         });
         match saved {
             Ok(bytes) => Outcome::Json(json!({
