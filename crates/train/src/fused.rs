@@ -30,7 +30,7 @@ pub(crate) fn slice<'a>(storage: &'a CpuStorage, layout: &Layout) -> Res<&'a [f3
     Ok(&data[start..end])
 }
 
-fn values(t: &Tensor) -> Res<Vec<f32>> {
+pub(crate) fn values(t: &Tensor) -> Res<Vec<f32>> {
     t.contiguous()?.flatten_all()?.to_vec1::<f32>()
 }
 

@@ -7,6 +7,7 @@
 //! chunk's softmax `p` and, with `G_i = g_i (onehot(t_i) - p_i)`, gives
 //! `dh = G E`, `du = G B` and `dB = G^T u`, the last summed over the chunks (V x r).
 
+use crate::fused::values;
 use crate::ops::{with_values, HeadWeights, HEAD_CHUNK};
 use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -116,10 +117,6 @@ fn target_minus_expected(head: &HeadWeights, p: Vec<f32>, c: usize, targets: &[u
     }
 }
 
-fn values(t: &Tensor) -> Res<Vec<f32>> {
-    t.contiguous()?.flatten_all()?.to_vec1::<f32>()
-}
-
 impl CustomOp3 for HeadLoraLogprob {
     fn name(&self) -> &'static str {
         "head-lora-logprob"
@@ -206,16 +203,10 @@ impl CustomOp3 for HeadLoraLogprob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::tests::randn;
     use crate::ops::HeadInt8;
     use candle_core::Var;
     use tandem_model::kernels::{Q8Matrix, Weights};
-
-    fn randn(shape: (usize, usize), seed: u64) -> Tensor {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0..1.0)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {
         a.sub(b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()

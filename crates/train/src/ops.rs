@@ -364,11 +364,11 @@ impl CustomOp1 for HeadLogprob {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use candle_core::Var;
 
-    fn randn(shape: (usize, usize), seed: u64) -> Tensor {
+    pub(crate) fn randn(shape: (usize, usize), seed: u64) -> Tensor {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let v: Vec<f32> = (0..shape.0 * shape.1).map(|_| rng.random_range(-1.0..1.0)).collect();

@@ -74,10 +74,7 @@ pub async fn set_ttl(
                 })
                 .await
                 .map_err(|e| ApiError::new(ErrorKind::Internal, format!("setting the ttl failed: {e}")))?;
-                kept.map_err(|e| match e {
-                    TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
-                    TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
-                })?;
+                kept.map_err(super::weights::tinker_error)?;
                 true
             }
             None => false,

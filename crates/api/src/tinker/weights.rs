@@ -505,7 +505,7 @@ pub(super) async fn delete_held(state: &AppState, entity: &str, run: &str, kind:
 }
 
 /// A trainer's error as the API's: the caller's mistake a 400, the rest a 500.
-fn tinker_error(e: TinkerError) -> ApiError {
+pub(super) fn tinker_error(e: TinkerError) -> ApiError {
     match e {
         TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
         TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
