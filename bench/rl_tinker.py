@@ -3,7 +3,7 @@ ART 0.5.23's ServerlessBackend (the `/v1/preview` job path), both on one tandem 
 the other: per-step time (rollouts, training) and wall time to the same held-out gain.
 
     target/cookbookenv/bin/python bench/rl_tinker.py tinker URL KEY --json OUT [--steps N] [--runs R]
-    python3 bench/rl_tinker.py compare ART.json TINKER.json
+    python3 bench/rl_tinker.py compare ART.json TINKER.json [TRL.json]
 
 The ART side is `bench/rl_trl.py tandem` unchanged. The Tinker side is the loop a tinker-cookbook
 user writes, with the SDK 0.38.0: the same prompts x rollouts a step, MAX_TOKENS, temperature 1,
@@ -13,7 +13,8 @@ deviation; groups of equal rewards left out), the sampler's logprobs sent with e
 (`importance_sampling`: no old logprobs recomputed), one `forward_backward` + `optim_step` a step.
 The prompt is rendered with the chat template of the tokenizer tandem writes (HF_HUB_CACHE).
 Held-out reward: greedy completions of the held-out problems after each step, left out of the wall
-clock, as on the ART side.
+clock, as on the ART side. With TRL's run (`bench/rl_trl.py trl`, run after the server stopped),
+both sides' time to TRL's held-out gain is compared with TRL's.
 """
 import argparse
 import asyncio
@@ -109,7 +110,7 @@ async def tinker_side(args):
     return {"side": "tinker", "runs": runs}
 
 
-def compare(art_run, tinker_run):
+def compare(art_run, tinker_run, trl_run=None):
     def median(xs):
         return sorted(xs)[len(xs) // 2]
 
@@ -134,6 +135,29 @@ def compare(art_run, tinker_run):
         m = median(reached)
         print(f"the job path's median gain {target:+.3f}: Tinker's median time to reach it "
               + (f"{m:.1f} s against the job path's {a[3]:.1f} s" if m != float("inf") else "not reached"))
+    if trl_run is not None:
+        against_trl(sides, trl_run)
+
+
+def against_trl(sides, trl_run):
+    """Each side's median wall time to TRL's held-out gain (the rule of bench/rl_trl.py: the first
+    evaluation at or above it), as a ratio of TRL's time to its own gain."""
+    steps, trl_wall, final = trl_run["curve"][-1]
+    gain = final - trl_run["curve"][0][2]
+    print(f"TRL GRPOTrainer: held-out gain {gain:+.3f} after {steps} steps in {trl_wall:.1f} s "
+          f"({trl_run['config']}), peak RSS {trl_run['peak_rss_mb']:.0f} MB")
+    if gain <= 0:
+        print("TRL gained nothing on the held-out problems: no equal-gain time to compare")
+        return
+    for name, side in sides:
+        times = []
+        for run in side["runs"]:
+            first, _ = rl_trl.reach(run["curve"], gain)
+            times.append(first[1] if first else float("inf"))
+        m = sorted(times)[len(times) // 2]
+        reached = sum(t != float("inf") for t in times)
+        print(f"{name:13s} reaches TRL's gain in {reached} of {len(times)} runs; median "
+              + (f"{m:.1f} s: {trl_wall / m:.2f}x faster than TRL" if m != float("inf") else "not reached"))
 
 
 def main():
@@ -150,13 +174,18 @@ def main():
     c = sub.add_parser("compare")
     c.add_argument("art_json")
     c.add_argument("tinker_json")
+    c.add_argument("trl_json", nargs="?", help="TRL's run of bench/rl_trl.py trl, to compare both sides with")
     args = ap.parse_args()
     if args.side == "tinker":
         with open(args.json, "w") as f:
             json.dump(asyncio.run(tinker_side(args)), f)
     else:
+        trl_run = None
+        if args.trl_json:
+            with open(args.trl_json) as f:
+                trl_run = json.load(f)
         with open(args.art_json) as a, open(args.tinker_json) as b:
-            compare(json.load(a), json.load(b))
+            compare(json.load(a), json.load(b), trl_run)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     the saved ones (a state of another rank is refused by name)
   curves            each optim_step writes train/loss, train/grad_norm, ... to the model record's
                     history, as the dashboard reads it
+  publish           a published state and sampler weights load and sample for another entity (the
+                    owner's weights and scores), nothing else of the run; unpublished or saved over,
+                    they are a 404 to others again (a sampling client made before too)
   expiry            ttl_seconds on every kind of save and set_checkpoint_ttl: expires_at listed,
                     bounds checked; after a restart with the times moved into the past, the sweep
                     deletes what expired (the sampler checkpoint too) and keeps the rest (last:
@@ -159,7 +162,7 @@ def modules(ctx):
         assert losses[-1] < losses[0], losses
         path = head.save_weights_for_sampler("head-only").result().path
         info = rest.get_weights_info_by_tinker_path(path).result()
-        assert info.train_unembed is True, info
+        assert (info.train_attn, info.train_mlp, info.train_unembed) == (False, False, True), info
         # Served, the head's pair moves each logprob as the trainer's forward says it does.
         trained = logprobs(head.forward([d], "cross_entropy").result())
         prompt = types.ModelInput.from_ints(TOKENS)
@@ -807,8 +810,66 @@ def expiry(ctx):
         server.stop()
 
 
+def publish(ctx):
+    """publish_checkpoint_from_tinker_path: another entity reaches a published state (weights_info,
+    create_training_client_from_state: the same weights) and published sampler weights (a sampling
+    client with the owner's scores), never the run's listing or deletes; publishing again is no
+    error; after unpublish (also for a client made while public) and after saving over a published
+    name, the paths are a 404 to others again; external weights are not published."""
+    prompt = types.ModelInput.from_ints(TOKENS)
+    d = datum(weights=1.0)
+
+    def refused(call, what):
+        try:
+            call()
+        except Exception as e:  # the SDK raises the 404 as it gets it
+            assert "not found" in str(e).lower() or "404" in str(e), (what, e)
+        else:
+            raise AssertionError(what)
+
+    with service(ctx.server) as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+        tc.forward_backward([d], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        state = tc.save_state("shared").result().path
+        sampled = tc.save_weights_for_sampler("shared").result().path
+        want = logprobs(tc.forward([d], "cross_entropy").result())
+        want_scores = sc.create_sampling_client(model_path=sampled).result().compute_logprobs(prompt).result()
+        rest = sc.create_rest_client()
+        other = service(ctx.server, ctx.server.new_key("publish-other"))
+        theirs = other.create_rest_client()
+        for path in (state, sampled):
+            refused(lambda: theirs.get_weights_info_by_tinker_path(path).result(), f"{path} read before publishing")
+            refused(lambda: theirs.publish_checkpoint_from_tinker_path(path).result(), "another entity published")
+        for path in (state, sampled):
+            rest.publish_checkpoint_from_tinker_path(path).result()
+        rest.publish_checkpoint_from_tinker_path(state).result()  # already public: no error
+        listed = {c.tinker_path: c.public for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+        assert listed[state] is True and listed[sampled] is True, listed
+        assert theirs.get_weights_info_by_tinker_path(state).result().lora_rank == 4
+        assert theirs.get_weights_info_by_tinker_path(sampled).result().base_model == BASE
+        client = other.create_sampling_client(model_path=sampled).result()
+        assert client.compute_logprobs(prompt).result() == want_scores
+        copy = other.create_training_client_from_state(state).result()
+        assert logprobs(copy.forward([d], "cross_entropy").result()) == want
+        refused(lambda: theirs.list_checkpoints(tc.model_id).result(), "another entity listed the run")
+        refused(lambda: theirs.delete_checkpoint_from_tinker_path(state).result(), "another entity deleted")
+        rest.unpublish_checkpoint_from_tinker_path(sampled).result()
+        rest.unpublish_checkpoint_from_tinker_path(sampled).result()  # already private: no error
+        refused(lambda: client.compute_logprobs(prompt).result(), "a client kept sampling unpublished weights")
+        refused(lambda: other.create_sampling_client(model_path=sampled).result(), "unpublished weights sampled")
+        # New weights under a published name are not what was published.
+        tc.save_state("shared").result()
+        refused(lambda: theirs.get_weights_info_by_tinker_path(state).result(), "a state saved over stayed public")
+        listed = {c.tinker_path: c.public for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+        assert listed[state] is False and listed[sampled] is False, listed
+        route = f"/api/v1/training_runs/{tc.model_id}/checkpoints/external_weights/any/publish"
+        status, reply, _ = ctx.server.api("POST", route, {}, key=f"tml-{KEY}")
+        assert status in (400, 422) and "external" in str(reply), (status, reply)
+
+
 CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, download, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
-          other_entity, tokenizer, hub_tokenizer, session_end, inflight, expiry]
+          other_entity, tokenizer, hub_tokenizer, session_end, inflight, publish, expiry]
 
 
 def main():

@@ -30,6 +30,16 @@ pub struct SavedSampler {
     /// Whether the files carry an output-head pair (`train_unembed`).
     #[serde(default)]
     pub unembed: bool,
+    /// Whether the attention's and the MLP's projections trained (saves before these were
+    /// recorded trained both).
+    #[serde(default = "trained")]
+    pub attn: bool,
+    #[serde(default = "trained")]
+    pub mlp: bool,
+}
+
+fn trained() -> bool {
+    true
 }
 
 /// A new model's adapter.
@@ -139,6 +149,8 @@ pub trait TinkerTrainer: Send + Sync {
     /// The model's adapter as PEFT files (`adapter_config.json`, `adapter_model.safetensors`),
     /// to publish as a checkpoint that the engine serves.
     fn adapter_files(&self, model_id: &str) -> Result<Vec<(String, Vec<u8>)>, TinkerError>;
+    /// What the model trains.
+    fn modules(&self, model_id: &str) -> Result<Modules, TinkerError>;
     /// Saves the model's training state (adapter, AdamW moments and step) as `name`, in
     /// `owner`'s space: Tinker's `save_weights`.
     fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError>;
@@ -207,6 +219,13 @@ pub trait TinkerTrainer: Send + Sync {
     ) -> Result<Option<i64>, TinkerError>;
     /// When `owner`'s checkpoints of `model_id` expire, by checkpoint (those that do).
     fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64>;
+    /// Marks `owner`'s checkpoint of `model_id` public (other entities may load it by its path)
+    /// or private; whether that changed anything (false: it already was).
+    fn set_public(&self, owner: &str, model_id: &str, checkpoint: &str, public: bool) -> Result<bool, TinkerError>;
+    /// `owner`'s public checkpoints of `model_id`.
+    fn public(&self, owner: &str, model_id: &str) -> std::collections::BTreeSet<String>;
+    /// Whose public checkpoint `checkpoint` of `model_id` is (`None`: it is not public).
+    fn publisher(&self, model_id: &str, checkpoint: &str) -> Option<String>;
     /// Every owner's checkpoints whose expiry is at or before `now` (ms since the epoch).
     fn expired(&self, now: i64) -> Vec<Expired>;
     /// Forgets a model (its session ended).

@@ -38,12 +38,18 @@ impl Expiries {
 /// The run's expiries (`None` when it has none); a file that cannot be read or parsed is an
 /// error, never an empty list that the next write would put in its place.
 pub fn read(path: &Path) -> Result<Option<Expiries>, String> {
+    read_json(path, "expiry list")
+}
+
+/// A list kept beside a run's states as JSON (`None` when there is no file); `what` names it in
+/// errors.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Option<T>, String> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| format!("the expiry list {} is damaged: {e}", path.display())),
+            .map_err(|e| format!("the {what} {} is damaged: {e}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("reading the expiry list: {e}")),
+        Err(e) => Err(format!("reading the {what}: {e}")),
     }
 }
 
@@ -80,7 +86,8 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub fn all(root: &Path) -> Vec<(std::path::PathBuf, Expiries)> {
     let dirs = |p: &Path| std::fs::read_dir(p).into_iter().flatten().flatten().map(|e| e.path());
     let mut out = Vec::new();
-    for owner in dirs(root) {
+    // (`.published`, the publication index, is no owner's.)
+    for owner in dirs(root).filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))) {
         for run in dirs(&owner) {
             let path = run.join(FILE);
             match read(&path) {

@@ -37,6 +37,7 @@ pub mod loss;
 pub mod net;
 pub mod ops;
 pub mod pack;
+pub mod publish;
 pub mod recompute;
 pub mod session;
 pub mod sft;

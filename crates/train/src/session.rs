@@ -146,6 +146,11 @@ impl Session {
         Ok(norm)
     }
 
+    /// What it trains.
+    pub fn modules(&self) -> Modules {
+        self.modules
+    }
+
     /// Trains only `modules` (before any step: a fresh session); with `unembed`, the output head
     /// gets a fresh pair (seeded by `seed`) and its AdamW moments.
     pub fn training(mut self, modules: Modules, seed: Option<u64>) -> Result<Self, TrainError> {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tandem_core::tinker::{
-    AdamSettings, Datum, Expired, Forwarded, LoraSpec, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
+    AdamSettings, Datum, Expired, Forwarded, LoraSpec, Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
 };
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
@@ -103,6 +103,15 @@ impl TinkerModels {
     /// `owner`'s list of sampler weights saved by name of `model_id`, beside its saved states.
     fn samplers_path(&self, owner: &str, model_id: &str) -> Result<PathBuf, TinkerError> {
         Ok(self.run_dir(owner, model_id)?.join(SAMPLERS_FILE))
+    }
+
+    /// Makes `owner`'s checkpoint of `model_id` private (new weights under a published name, or a
+    /// deletion: publishing named what was there then). The caller holds `self.samplers`.
+    fn unpublish_held(&self, owner: &str, model_id: &str, checkpoint: &str) -> Result<(), TinkerError> {
+        let dir = self.run_dir(owner, model_id)?;
+        crate::publish::set(&self.states, &dir, owner, model_id, checkpoint, false)
+            .map(|_| ())
+            .map_err(TinkerError::Server)
     }
 
     /// The list (empty when there is none yet); a file that cannot be read is an error, never an
@@ -225,6 +234,11 @@ impl TinkerTrainer for TinkerModels {
         self.with_session(model_id, |s| s.adapter_files())
     }
 
+    fn modules(&self, model_id: &str) -> Result<Modules, TinkerError> {
+        // No turn: nothing is computed.
+        Ok(self.model(model_id)?.lock().unwrap_or_else(|e| e.into_inner()).modules())
+    }
+
     fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError> {
         let path = self.state_path(owner, model_id, name)?;
         if !path.exists() {
@@ -242,6 +256,10 @@ impl TinkerTrainer for TinkerModels {
                     "an entity may keep {MAX_STATES_PER_ENTITY} saved states; save over an existing name"
                 )));
             }
+        }
+        {
+            let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+            self.unpublish_held(owner, model_id, &format!("weights/{name}"))?;
         }
         self.with_session(model_id, |s| s.save_state(&path))
     }
@@ -313,6 +331,7 @@ impl TinkerTrainer for TinkerModels {
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
         let mut list = Self::read_samplers(&path)?;
         room_for(&list, &saved.name)?;
+        self.unpublish_held(owner, model_id, &format!("sampler_weights/{}", saved.name))?;
         let replaced = list.iter().position(|s| s.name == saved.name).map(|at| list.remove(at));
         list.push(saved);
         Self::write_samplers(&path, &list)?;
@@ -330,6 +349,7 @@ impl TinkerTrainer for TinkerModels {
         let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
         let mut list = Self::read_samplers(&path)?;
         let Some(at) = list.iter().position(|s| s.name == name) else { return Ok(None) };
+        self.unpublish_held(owner, model_id, &format!("sampler_weights/{name}"))?;
         let gone = list.remove(at);
         // Not forgotten unless written.
         Self::write_samplers(&path, &list)?;
@@ -339,6 +359,10 @@ impl TinkerTrainer for TinkerModels {
     fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError> {
         // A name no state can have names nothing.
         let Ok(path) = self.state_path(owner, model_id, name) else { return Ok(false) };
+        {
+            let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+            self.unpublish_held(owner, model_id, &format!("weights/{name}"))?;
+        }
         let existed = removed(std::fs::remove_file(&path), "the saved state")?;
         removed(std::fs::remove_file(path.with_extension("json")), "the saved state's description")?;
         Ok(existed)
@@ -455,6 +479,22 @@ impl TinkerTrainer for TinkerModels {
     fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64> {
         let Ok(dir) = self.run_dir(owner, model_id) else { return Default::default() };
         crate::expiry::read(&dir.join(crate::expiry::FILE)).ok().flatten().map(|e| e.at).unwrap_or_default()
+    }
+
+    fn set_public(&self, owner: &str, model_id: &str, checkpoint: &str, public: bool) -> Result<bool, TinkerError> {
+        let dir = self.run_dir(owner, model_id)?;
+        let _guard = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        crate::publish::set(&self.states, &dir, owner, model_id, checkpoint, public).map_err(TinkerError::Server)
+    }
+
+    fn public(&self, owner: &str, model_id: &str) -> std::collections::BTreeSet<String> {
+        let Ok(dir) = self.run_dir(owner, model_id) else { return Default::default() };
+        crate::publish::read(&dir.join(crate::publish::FILE)).ok().flatten().map(|p| p.checkpoints).unwrap_or_default()
+    }
+
+    fn publisher(&self, model_id: &str, checkpoint: &str) -> Option<String> {
+        self.run_dir("", model_id).ok()?; // an id that could leave its directory names nothing
+        crate::publish::owner_of(&self.states, model_id, checkpoint, |owner| self.run_dir(owner, model_id).ok())
     }
 
     fn expired(&self, now: i64) -> Vec<Expired> {

@@ -9,12 +9,14 @@
 //! - [`runs`]: the RestClient's listings of runs and their checkpoints.
 //! - [`external`]: adapters saved as PEFT files and downloaded by signed URLs.
 //! - [`expiry`]: checkpoints' TTLs, and the sweep that deletes what has expired.
+//! - [`publish`]: checkpoints published to every entity that knows their path.
 //! - `samplers`: sampler weights saved by name, found and checked live.
 //! - [`sample`]: sampling sessions and `asample` through the engine.
 //! - `scores`: top-k, target and alternative-token answers of `asample`.
 
 pub mod expiry;
 pub mod external;
+pub mod publish;
 pub mod routes;
 pub mod runs;
 pub mod sample;
@@ -61,6 +63,10 @@ pub fn router(state: AppState) -> Router<AppState> {
             axum::routing::get(external::urls),
         )
         .route("/training_runs/{run}/checkpoints/{kind}/{name}/ttl", axum::routing::put(expiry::set_ttl))
+        .route(
+            "/training_runs/{run}/checkpoints/{kind}/{name}/publish",
+            post(publish::publish).delete(publish::unpublish),
+        )
         .route("/weights_info", post(weights::weights_info))
         .route("/retrieve_future", post(routes::retrieve_future))
         .fallback(routes::not_served)

@@ -42,15 +42,20 @@ type Listed = (i64, Value);
 /// One run's checkpoints (states, sampler weights by name: only saves whose checkpoint is still
 /// the one they saved, then external weights; each with its expiry), and its LoRA rank where
 /// something says it; `None` when the caller has no such run.
-async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Option<(Vec<Listed>, Option<usize>)>> {
+pub(super) async fn checkpoints_of(
+    state: &AppState,
+    entity: &str,
+    run: &str,
+) -> Result<Option<(Vec<Listed>, Option<usize>)>> {
     let trainer = trainer(state)?;
     let model = state.tinker().model(entity, run);
-    let (states, state_rank, external, expiries) = {
+    let (states, state_rank, external, expiries, public) = {
         let (owner, run) = (entity.to_string(), run.to_string());
         tokio::task::spawn_blocking(move || {
             let states = trainer.list_states(&owner, &run);
             let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|i| i.rank);
-            (states, rank, trainer.list_external(&owner, &run), trainer.expiries(&owner, &run))
+            let listed = (trainer.list_external(&owner, &run), trainer.expiries(&owner, &run));
+            (states, rank, listed.0, listed.1, trainer.public(&owner, &run))
         })
         .await
         .unwrap_or_default()
@@ -74,7 +79,7 @@ async fn checkpoints_of(state: &AppState, entity: &str, run: &str) -> Result<Opt
         };
         let expires_at = expiries.get(&id).map(|ms| rfc3339(*ms));
         let mut c = json!({ "checkpoint_id": id, "checkpoint_type": kind, "time": rfc3339(at),
-                            "tinker_path": format!("tinker://{run}/{path_kind}/{name}"), "public": false,
+                            "tinker_path": format!("tinker://{run}/{path_kind}/{name}"), "public": public.contains(&id),
                             "expires_at": expires_at });
         if let Some(bytes) = size {
             c["size_bytes"] = json!(bytes);

@@ -29,6 +29,9 @@ pub struct Sampler {
     /// An inflight sampler's target (`kind: "inflight"`): shared by the training model's
     /// inflight samplers and moved to the newest weights by each later inflight save.
     pub follows: Option<Arc<RwLock<String>>>,
+    /// Sampler weights another entity published: (owner, run, checkpoint), checked at each
+    /// sample (unpublished, they are a 404 again).
+    pub published: Option<(String, String, String)>,
 }
 
 impl Sampler {
@@ -42,6 +45,7 @@ impl Sampler {
             base_model: base_model.to_string(),
             model_path: Some(path),
             follows: None,
+            published: None,
         }
     }
 
@@ -81,12 +85,17 @@ pub async fn create(
                     bad(format!("model_path {path:?}: expected tinker://<model_id>/sampler_weights/<name>"))
                 })?;
             // This session's saves, or named ones of an earlier session (they outlive their run),
-            // while their checkpoint is still the one they saved.
-            let saved = super::samplers::find(&state, &caller.entity, model_id, name)
+            // while their checkpoint is still the one they saved; or another entity's published.
+            let (owner, saved) = super::samplers::readable(&state, &caller.entity, model_id, name)
                 .await?
                 .ok_or_else(|| ApiError::not_found("sampler weights"))?;
             let (base_model, step) = (saved.base_model, saved.step);
-            Sampler::of_checkpoint(&caller.entity, model_id, &base_model, step, path.clone())
+            let mut sampler = Sampler::of_checkpoint(&owner, model_id, &base_model, step, path.clone());
+            if owner != caller.entity {
+                sampler.entity = caller.entity.clone();
+                sampler.published = Some((owner, model_id.to_string(), format!("sampler_weights/{name}")));
+            }
+            sampler
         }
         (None, Some(base)) => {
             if state.model(base).is_none() {
@@ -98,6 +107,7 @@ pub async fn create(
                 base_model: base.clone(),
                 model_path: None,
                 follows: None,
+                published: None,
             }
         }
         (None, None) => return Err(bad("base_model or model_path is required").into()),
@@ -260,7 +270,11 @@ fn extras(asked: &Asked, temperature: f32) -> Extras {
         let targets = asked.targets.as_ref().map_or_else(Vec::new, |t| t.ids.clone());
         Box::new(PromptScoring { targets, alt_k: asked.alt_k, temperature })
     });
-    Extras { sampled_top: (asked.topk_sample > 0).then_some(asked.topk_sample + 1), prompt_scoring: scoring }
+    Extras {
+        sampled_top: (asked.topk_sample > 0).then_some(asked.topk_sample + 1),
+        prompt_scoring: scoring,
+        owner: None,
+    }
 }
 
 /// A sampled position's top-k candidates (token, logprob); `None` where the engine gave none.
@@ -332,13 +346,20 @@ pub async fn asample(
     if !(1..=128).contains(&body.num_samples) {
         return Err(bad(format!("num_samples {}: expected 1 to 128", body.num_samples)).into());
     }
+    let mut owner = None;
+    if let Some((publisher, run, checkpoint)) = &sampler.published {
+        if super::publish::publisher(&state, &caller.entity, run, checkpoint).await.as_ref() != Some(publisher) {
+            return Err(ApiError::not_found("sampler weights").into());
+        }
+        owner = Some(publisher.clone());
+    }
     let (request, asked) = completions_body(&sampler.current(), &body).map_err(bad)?;
     let temperature = body.sampling_params.temperature.unwrap_or(1.0) as f32;
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
     tokio::spawn(async move {
-        let extras = extras(&asked, temperature);
+        let extras = Extras { owner, ..extras(&asked, temperature) };
         let outcome = match crate::openai::completions::run_to_end(&state, &entity, &request, extras).await {
             Ok((n, events)) => Outcome::Proto(response(n, &events, &asked).encode_to_vec()),
             Err(e) => {

@@ -34,6 +34,23 @@ pub(super) async fn all(state: &AppState, entity: &str, run: &str) -> Result<Vec
     Ok(by_name.into_values().collect())
 }
 
+/// The live save `name` of `run` that `entity` may sample: its own, else one another entity
+/// published ([`super::publish`]); with its owner.
+pub(super) async fn readable(
+    state: &AppState,
+    entity: &str,
+    run: &str,
+    name: &str,
+) -> Result<Option<(String, SavedSampler)>, ApiError> {
+    if let Some(s) = find(state, entity, run, name).await? {
+        return Ok(Some((entity.to_string(), s)));
+    }
+    let Some(owner) = super::publish::publisher(state, entity, run, &format!("sampler_weights/{name}")).await else {
+        return Ok(None);
+    };
+    Ok(find(state, &owner, run, name).await?.map(|s| (owner, s)))
+}
+
 /// The live save `name` of `run` by `entity`.
 pub(super) async fn find(
     state: &AppState,

@@ -124,19 +124,15 @@ impl SamplerSave<'_> {
     /// or the sampling session of the ephemeral kind (`sampler_seq`).
     async fn run(&self, trainer: &Arc<dyn TinkerTrainer>, sampler_seq: Option<i64>) -> Outcome {
         let (state, entry, entity, id, name) = (self.state, self.entry, self.entity, self.id, self.name);
-        let files = {
+        let (files, modules) = {
             let (id, trainer) = (id.to_string(), trainer.clone());
-            match tokio::task::spawn_blocking(move || trainer.adapter_files(&id)).await {
-                Ok(Ok(files)) => files,
+            let read = move || Ok::<_, TinkerError>((trainer.adapter_files(&id)?, trainer.modules(&id)?));
+            match tokio::task::spawn_blocking(read).await {
+                Ok(Ok(read)) => read,
                 Ok(Err(e)) => return failed(e),
                 Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
             }
         };
-        let unembed = files
-            .iter()
-            .filter(|(n, _)| n == "adapter_config.json")
-            .filter_map(|(_, b)| serde_json::from_slice::<Value>(b).ok())
-            .any(|c| c["target_modules"].as_array().is_some_and(|t| t.iter().any(|m| m == "lm_head")));
         let cp = match publish(state, entry.record_id, files).await {
             Ok(cp) => cp,
             Err(e) => return Outcome::Failed { error: e.message, category: "server" },
@@ -149,7 +145,9 @@ impl SamplerSave<'_> {
             record_id: entry.record_id,
             base_model: entry.base_model.clone(),
             rank: entry.rank,
-            unembed,
+            unembed: modules.unembed,
+            attn: modules.attn,
+            mlp: modules.mlp,
         };
         if self.kept {
             // Named weights outlive the session (their path samples after the run ends); the
@@ -323,8 +321,9 @@ pub async fn load_weights(
     let (Some(session_id), Some(seq)) = (body.session_id.clone(), body.model_seq_id) else {
         return Err(PreviewError(bad("load_weights needs model_id, or session_id and model_seq_id for a new model")));
     };
-    let StateInfo { base_model, rank, .. } =
-        state_info(&trainer, &caller.entity, &source, &name).await.ok_or_else(|| ApiError::not_found("saved state"))?;
+    let (from, StateInfo { base_model, rank, .. }) = readable_state(&state, &trainer, &caller.entity, &source, &name)
+        .await
+        .ok_or_else(|| ApiError::not_found("saved state"))?;
     reap(&state);
     let t = state.tinker().clone();
     if !t.touch_session(&caller.entity, &session_id) {
@@ -335,9 +334,9 @@ pub async fn load_weights(
         return Ok(submitted(&m.create_request, &model_id));
     }
     let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
-    let (id, owner, with_optimizer) = (model_id.clone(), caller.entity.clone(), body.optimizer);
+    let (id, with_optimizer) = (model_id.clone(), body.optimizer);
     tokio::task::spawn_blocking(move || {
-        let outcome = match trainer.load_state(&owner, &id, &source, &name, with_optimizer) {
+        let outcome = match trainer.load_state(&from, &id, &source, &name, with_optimizer) {
             Ok(()) => Outcome::Json(
                 json!({ "model_id": id, "path": format!("tinker://{source}/weights/{name}"), "type": "load_weights" }),
             ),
@@ -365,13 +364,13 @@ async fn load_into(
     let trainer = trainer(&state)?;
     let seq = body.seq_id.ok_or_else(|| bad("load_weights into a model needs its seq_id"))?;
     let (t, model) = owned_model(&state, &caller, &model_id)?;
-    if state_info(&trainer, &caller.entity, &source, &name).await.is_none() {
+    let Some((from, _)) = readable_state(&state, &trainer, &caller.entity, &source, &name).await else {
         return Err(ApiError::not_found("saved state").into());
-    }
-    let (id, owner, with_optimizer, path) = (model_id.clone(), caller.entity.clone(), body.optimizer, body.path);
+    };
+    let (id, with_optimizer, path) = (model_id.clone(), body.optimizer, body.path);
     let entry = model.clone();
     ordered(&t, model, &model_id, seq, move || {
-        match trainer.load_state_into(&owner, &id, &source, &name, with_optimizer) {
+        match trainer.load_state_into(&from, &id, &source, &name, with_optimizer) {
             Ok(()) => {
                 // The losses summed so far were of gradients the load dropped.
                 *entry.pending.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
@@ -397,14 +396,14 @@ pub async fn weights_info(
     let trainer = trainer(&state)?;
     let path = body.tinker_path;
     let found = if let Some((source, name)) = parse_state_path(&path) {
-        state_info(&trainer, &caller.entity, &source, &name).await
+        readable_state(&state, &trainer, &caller.entity, &source, &name).await.map(|(_, info)| info)
     } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
         // Sampler weights are PEFT files with every projection (the untrained ones' B is 0),
-        // and the output head's pair if it trained.
-        samplers::find(&state, &caller.entity, model, name).await?.map(|s| StateInfo {
+        // and the output head's pair if it trained; the save noted which trained.
+        samplers::readable(&state, &caller.entity, model, name).await?.map(|(_, s)| StateInfo {
             base_model: s.base_model,
             rank: s.rank,
-            modules: Modules { unembed: s.unembed, ..Modules::ALL },
+            modules: Modules { attn: s.attn, mlp: s.mlp, unembed: s.unembed },
         })
     } else {
         return Err(bad(format!("{path:?} is not a tinker:// path of saved weights")).into());
@@ -420,6 +419,23 @@ pub async fn weights_info(
 async fn state_info(trainer: &Arc<dyn TinkerTrainer>, owner: &str, source: &str, name: &str) -> Option<StateInfo> {
     let (trainer, owner, source, name) = (trainer.clone(), owner.to_string(), source.to_string(), name.to_string());
     tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
+}
+
+/// Whose saved state `name` of `source` the caller may load, and what it is: the caller's own,
+/// else one another entity published ([`super::publish`]).
+async fn readable_state(
+    state: &AppState,
+    trainer: &Arc<dyn TinkerTrainer>,
+    entity: &str,
+    source: &str,
+    name: &str,
+) -> Option<(String, StateInfo)> {
+    if let Some(info) = state_info(trainer, entity, source, name).await {
+        return Some((entity.to_string(), info));
+    }
+    let owner = super::publish::publisher(state, entity, source, &format!("weights/{name}")).await?;
+    let info = state_info(trainer, &owner, source, name).await?;
+    Some((owner, info))
 }
 
 /// `tinker://{model_id}/weights/{name}` -> (model id, name).

@@ -179,6 +179,10 @@ pub(crate) struct Extras {
     /// k whether or not the sampled token is among them).
     pub sampled_top: Option<usize>,
     pub prompt_scoring: Option<Box<tandem_core::inference::PromptScoring>>,
+    /// The entity whose trained model the body names, when not the caller's (sampler weights
+    /// another entity published): the name resolves as theirs, the request is the caller's
+    /// (its admission, fair share and limits).
+    pub owner: Option<String>,
 }
 
 /// A one-prompt completions request run to its end for another front (Tinker's `asample`): the
@@ -191,7 +195,7 @@ pub(crate) async fn run_to_end(
     extras: Extras,
 ) -> Result<(usize, Vec<InferEvent>), ApiError> {
     let plan = plan::validate(body, state.priority_scheduling())?;
-    let target = resolve(state, entity, plan.sampling.model.as_deref()).await?;
+    let target = resolve(state, extras.owner.as_deref().unwrap_or(entity), plan.sampling.model.as_deref()).await?;
     let permit = super::admit(state, entity)?;
     if !target.model.has_capacity() {
         return Err(super::at_capacity());

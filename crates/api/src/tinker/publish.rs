@@ -1,0 +1,80 @@
+//! Publishing (`RestClient.publish_checkpoint_from_tinker_path` and its `unpublish`): the owner
+//! of a run makes a saved state or sampler weights loadable by every entity that knows its
+//! `tinker://` path (`weights_info`, `create_sampling_client(model_path=...)` and
+//! `create_training_client_from_state[_with_optimizer]`), and private again. Each use checks the
+//! mark anew: once unpublished (or deleted, or saved over), a path is a 404 to others, also for
+//! a sampling client made while it was public. Listings, deletes, TTLs and downloads stay the
+//! owner's.
+
+use super::routes::{bad, trainer, Result};
+use super::weights::tinker_error;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorKind};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use serde_json::{json, Value};
+
+/// `POST training_runs/{run}/checkpoints/{kind}/{name}/publish`.
+pub async fn publish(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((run, kind, name)): Path<(String, String, String)>,
+) -> Result<Json<Value>> {
+    mark(&state, &caller, &run, &kind, &name, true).await
+}
+
+/// `DELETE training_runs/{run}/checkpoints/{kind}/{name}/publish`.
+pub async fn unpublish(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((run, kind, name)): Path<(String, String, String)>,
+) -> Result<Json<Value>> {
+    mark(&state, &caller, &run, &kind, &name, false).await
+}
+
+/// Sets the mark on a checkpoint the caller's run lists: 404 when it lists none such (another
+/// entity's run included).
+async fn mark(
+    state: &AppState,
+    caller: &Caller,
+    run: &str,
+    kind: &str,
+    name: &str,
+    public: bool,
+) -> Result<Json<Value>> {
+    if !matches!(kind, "weights" | "sampler_weights") {
+        return Err(bad(format!(
+            "{kind}/{name}: only saved states (weights/...) and sampler weights (sampler_weights/...) are \
+             published; external weights are downloaded by their owner"
+        ))
+        .into());
+    }
+    let trainer = trainer(state)?;
+    let _run = state.tinker().runs.lock(&caller.entity, run).await;
+    let checkpoint = format!("{kind}/{name}");
+    let (listed, _) = super::runs::checkpoints_of(state, &caller.entity, run)
+        .await?
+        .ok_or_else(|| ApiError::not_found("training run"))?;
+    if !listed.iter().any(|(_, c)| c["checkpoint_id"] == checkpoint.as_str()) {
+        return Err(ApiError::not_found("checkpoint").into());
+    }
+    let (owner, id) = (caller.entity.clone(), run.to_string());
+    // Already so is a success: the SDK retries a 409 (which Tinker documents for it) for five
+    // minutes before it raises, and the checkpoint is as asked either way.
+    tokio::task::spawn_blocking(move || trainer.set_public(&owner, &id, &checkpoint, public))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("publishing failed: {e}")))?
+        .map_err(tinker_error)?;
+    Ok(Json(json!({})))
+}
+
+/// The owner of run `run` when its checkpoint (`weights/NAME`, `sampler_weights/NAME`) is
+/// published and `entity` is someone else (`None`: not public, or the caller's own, which the
+/// caller looks up as its own).
+pub(super) async fn publisher(state: &AppState, entity: &str, run: &str, checkpoint: &str) -> Option<String> {
+    let trainer = state.tinker_trainer()?;
+    let (run, checkpoint) = (run.to_string(), checkpoint.to_string());
+    let owner = tokio::task::spawn_blocking(move || trainer.publisher(&run, &checkpoint)).await.ok().flatten()?;
+    (owner != entity).then_some(owner)
+}
