@@ -493,7 +493,9 @@ impl TinkerTrainer for TinkerModels {
     }
 
     fn publisher(&self, model_id: &str, checkpoint: &str) -> Option<String> {
-        self.run_dir("", model_id).ok()?; // an id that could leave its directory names nothing
+        if !safe_name(model_id) {
+            return None; // an id that could leave its directory names nothing
+        }
         crate::publish::owner_of(&self.states, model_id, checkpoint, |owner| self.run_dir(owner, model_id).ok())
     }
 
