@@ -29,11 +29,14 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     create_training_client_from_state: the same weights; with the optimizer the
                     next step's result is identical, with fresh moments it is not; the RestClient
                     lists the run's checkpoints and deletes one by its tinker path
-  pipelined         calls submitted without waiting for results run in seq_id order
+  pipelined         calls submitted without waiting for results run in seq_id order; one waiting
+                    behind running work longer than the gap wait (GAP_SECONDS) still runs
   bad-input         a NaN advantage, an unknown loss, targets that are not the input shifted by one,
                     a token id outside the vocabulary, a float target, a 2-D input and a length
-                    mismatch fail their own call (a user error, not retried); a reused seq_id and
-                    one past a gap sent by another client move nothing; the next call still runs
+                    mismatch and a batch over --max-job-tokens fail their own call (a user error,
+                    not retried); a reused seq_id and one past a gap sent by another client move
+                    nothing; the next call still runs, and the one past the gap fails alone after
+                    the gap wait, naming the seq_id
   other-entity      another key's client cannot see the model (404)
   tokenizer         TrainingClient.get_tokenizer() loads the directory get_info names, offline:
                     its ids and chat template equal tandem's /tokenize
@@ -66,6 +69,7 @@ import math
 import os
 import sys
 import tarfile
+import time
 import tempfile
 
 # The data directory is chosen before anything imports huggingface_hub (it reads HF_HUB_CACHE once):
@@ -500,6 +504,16 @@ def pipelined(ctx):
                tc.forward([d], "cross_entropy")]
     first, _, after = (f.result() for f in futures)
     assert after.metrics["loss:sum"] < first.metrics["loss:sum"], (first.metrics, after.metrics)
+    # A call waiting its turn behind running work longer than the server's gap wait is not timed
+    # out (only a seq_id never received is): a batch of distinct 400-token datums, then its
+    # optim_step submitted at once behind it.
+    started = time.monotonic()
+    big = [datum(tokens=[100 + (i * 7 + k * 131) % 20000 for i in range(400)], weights=1.0) for k in range(8)]
+    slow, behind = tc.forward_backward(big, "cross_entropy"), tc.optim_step(types.AdamParams(learning_rate=1e-4))
+    slow.result()
+    behind.result()
+    waited = time.monotonic() - started
+    assert waited > GAP_SECONDS, f"the batch took {waited:.1f} s: make it longer than the gap wait"
 
 
 def bad_input(ctx):
@@ -525,6 +539,10 @@ def bad_input(ctx):
                             "weights": types.TensorData(data=[1.0] * n, dtype="float32", shape=[1, n])})],
             "cross_entropy"), "only 1-d tensors"),
         (lambda: tc.forward_backward([datum(weights=[1.0] * (n - 1))], "cross_entropy"), f"{n - 1} values for {n}"),
+        # A batch over the tokens one call may train (--max-job-tokens, MAX_CALL_TOKENS here).
+        (lambda: tc.forward_backward([datum(tokens=[100 + (i * 7 + k * 131) % 20000 for i in range(400)], weights=1.0)
+                                      for k in range(MAX_CALL_TOKENS // 400 + 1)], "cross_entropy"),
+         "more than one call may train"),
     ]
     for call, want in cases:
         try:
@@ -539,12 +557,26 @@ def bad_input(ctx):
     # Another client sends an optim_step under a seq_id this model already ran (it gets that
     # call's future; nothing runs again) and one far ahead (it waits for a gap never filled, then
     # fails alone): neither moves the weights, and the SDK's own calls go on in order.
+    futures = []
     for seq_id in (1, 10 ** 6):
         status, reply, _ = ctx.server.api("POST", "/api/v1/optim_step", {
             "model_id": tc.model_id, "seq_id": seq_id, "adam_params": {"learning_rate": 1.0}}, key=KEY)
         assert status == 200 and reply.get("request_id"), (seq_id, status, reply)
+        futures.append(reply["request_id"])
     after = tc.forward([datum(weights=1.0)], "cross_entropy").result().metrics["loss:sum"]
     assert after == before, (before, after)
+    # The far one fails once the server's gap wait (--tinker-seq-gap-seconds, GAP_SECONDS here)
+    # is over, as a user error naming the seq_id it waited for; the SDK's calls that waited
+    # their turn behind running work meanwhile were never timed out.
+    started = time.monotonic()
+    while True:
+        status, reply, _ = ctx.server.api("POST", "/api/v1/retrieve_future", {"request_id": futures[1]}, key=KEY)
+        if reply.get("type") != "try_again":
+            break
+        assert time.monotonic() - started < GAP_SECONDS + 60, reply
+    assert status == 200 and reply.get("category") == "user", (status, reply)
+    assert f"seq_id {10 ** 6} waited" in reply["error"] and "never came" in reply["error"], reply
+    assert tc.forward([datum(weights=1.0)], "cross_entropy").result().metrics["loss:sum"] == before
 
 
 def other_entity(ctx):
@@ -868,13 +900,22 @@ def publish(ctx):
         assert status in (400, 422) and "external" in str(reply), (status, reply)
 
 
+# The server's wait for a seq_id gap to fill (10 minutes by default): short here, so that the
+# bad-input check sees a gap never filled fail, and `pipelined` a call that waits longer than it
+# behind running work still run.
+GAP_SECONDS = 3
+# Tokens one forward_backward may hold (--max-job-tokens; 1,048,576 by default): small here, so
+# that bad-input's huge batch is cheap to build.
+MAX_CALL_TOKENS = 4096
+
 CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, download, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
           other_entity, tokenizer, hub_tokenizer, session_end, inflight, publish, expiry]
 
 
 def main():
     binary, model = sys.argv[1], sys.argv[2]
-    return run_checks("tinker", CHECKS, binary, model, KEY, Ctx, data=DATA)
+    return run_checks("tinker", CHECKS, binary, model, KEY, Ctx, data=DATA,
+                      extra=("--tinker-seq-gap-seconds", str(GAP_SECONDS), "--max-job-tokens", str(MAX_CALL_TOKENS)))
 
 
 if __name__ == "__main__":

@@ -123,6 +123,14 @@ pub struct ServeArgs {
     /// Tinker training models this server holds at once, every entity's together (default 8).
     #[arg(long, env = "TANDEM_MAX_TINKER_MODELS")]
     pub max_tinker_models: Option<usize>,
+    /// Seconds a Tinker session lives without a heartbeat or a call before it is ended and its
+    /// models released (default 600; the SDK beats every 10 s).
+    #[arg(long, env = "TANDEM_TINKER_IDLE_SECONDS")]
+    pub tinker_idle_seconds: Option<f64>,
+    /// Seconds a Tinker call waits for the calls before it in `seq_id` order before it fails
+    /// (default 600).
+    #[arg(long, env = "TANDEM_TINKER_SEQ_GAP_SECONDS")]
+    pub tinker_seq_gap_seconds: Option<f64>,
     /// Most tokens one training job may train on (RL trajectories' or SFT conversations'
     /// tokens); a larger job is a 422 at creation (default 1048576).
     #[arg(long, env = "TANDEM_MAX_JOB_TOKENS")]
@@ -229,6 +237,8 @@ pub struct ServeConfig {
     /// None: the trainer's default (half a part).
     pub train_recompute_tokens: Option<usize>,
     pub max_tinker_models: usize,
+    pub tinker_idle: std::time::Duration,
+    pub tinker_seq_gap: std::time::Duration,
     pub max_job_tokens: u64,
     /// The database pool's size and acquire timeout (None: the backend's defaults).
     pub db_pool: tandem_store::PoolSettings,
@@ -314,6 +324,14 @@ impl ServeConfig {
                 n => n.unwrap_or(12),
             },
             max_tinker_models: args.max_tinker_models.or(file.max_tinker_models).unwrap_or(8).max(1),
+            tinker_idle: match args.tinker_idle_seconds.or(file.tinker_idle_seconds).unwrap_or(600.0) {
+                s if (1.0..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
+                s => bail!("--tinker-idle-seconds {s}: expected 1 to 86400"),
+            },
+            tinker_seq_gap: match args.tinker_seq_gap_seconds.or(file.tinker_seq_gap_seconds).unwrap_or(600.0) {
+                s if (0.1..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
+                s => bail!("--tinker-seq-gap-seconds {s}: expected 0.1 to 86400"),
+            },
             max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
             db_pool: tandem_store::PoolSettings {
                 size: match args.db_pool_size.or(file.db_pool_size) {

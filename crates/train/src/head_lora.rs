@@ -8,7 +8,7 @@
 //! `dh = G E`, `du = G B` and `dB = G^T u`, the last summed over the chunks (V x r).
 
 use crate::fused::values;
-use crate::ops::{with_values, HeadWeights, HEAD_CHUNK};
+use crate::ops::{nonzero_rows, with_values, HeadWeights, HEAD_CHUNK};
 use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -151,19 +151,40 @@ impl CustomOp3 for HeadLoraLogprob {
         h: &Tensor,
         u: &Tensor,
         b: &Tensor,
-        _res: &Tensor,
+        res: &Tensor,
         grad_res: &Tensor,
     ) -> Res<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let ((n, hd), (_, r), (v, _)) = (h.dims2()?, u.dims2()?, b.dims2()?);
+        let g = values(&grad_res.to_dtype(candle_core::DType::F32)?)?;
+        if let Some(keep) = nonzero_rows(&g) {
+            // Rows without a gradient skip their pass over the vocabulary: the same op over the
+            // other rows, their gradients put back in place (zeros elsewhere; B's is a sum).
+            let dev = Device::Cpu;
+            if keep.is_empty() {
+                let zeros = |shape: (usize, usize)| Tensor::zeros(shape, candle_core::DType::F32, &dev);
+                return Ok((Some(zeros((n, hd))?), Some(zeros((n, r))?), Some(zeros((v, r))?)));
+            }
+            let idx = Tensor::from_slice(&keep, keep.len(), &dev)?;
+            let sub = HeadLoraLogprob {
+                head: self.head.clone(),
+                targets: keep.iter().map(|&i| self.targets[i as usize]).collect(),
+                entropy: Arc::new(Mutex::new(Vec::new())),
+            };
+            let grad = Tensor::from_vec(keep.iter().map(|&i| g[i as usize]).collect::<Vec<_>>(), keep.len(), &dev)?;
+            let (dh, du, db) = sub.bwd(&h.index_select(&idx, 0)?, &u.index_select(&idx, 0)?, b, res, &grad)?;
+            let put = |d: Option<Tensor>, width: usize| -> Res<Option<Tensor>> {
+                d.map(|d| Tensor::zeros((n, width), candle_core::DType::F32, &dev)?.index_add(&idx, &d, 0)).transpose()
+            };
+            return Ok((put(dh, hd)?, put(du, r)?, db));
+        }
         let d = Dims { n, hd, r, v };
         let (hv, uv, bv) = (values(h)?, values(u)?, values(b)?);
-        let g = values(&grad_res.to_dtype(candle_core::DType::F32)?)?;
         let (mut dh, mut du, mut db) = (vec![0f32; n * hd], vec![0f32; n * r], vec![0f32; v * r]);
         for start in (0..n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(n - start);
             let targets = &self.targets[start..start + c];
             let gs = &g[start..start + c];
-            let (mut p, _) = self.softmax(&hv, &uv, &bv, d, start, c)?;
+            let (p, _) = self.softmax(&hv, &uv, &bv, d, start, c)?;
             // du_i = g_i (B[t_i] - p_i B)
             let mut pb = vec![0f32; c * r];
             sgemm(&mut pb, false, 1.0, Operand::new(&p, c, v), Operand::new(&bv, v, r));
@@ -173,21 +194,22 @@ impl CustomOp3 for HeadLoraLogprob {
                     *o = gi * (bt - e);
                 }
             }
-            // dh_i = g_i (E[t_i] - p_i E)
-            let rows = target_minus_expected(&self.head, p.clone(), c, targets, d)?;
-            for (i, gi) in gs.iter().enumerate() {
-                for (o, x) in dh[(start + i) * hd..(start + i + 1) * hd].iter_mut().zip(&rows[i * hd..(i + 1) * hd]) {
-                    *o = gi * x;
-                }
-            }
-            // dB = sum_i g_i (onehot(t_i) - p_i)^T u_i: the softmax part as one product of the
-            // rows scaled by -g_i, then each target's row.
-            p.par_chunks_exact_mut(v).zip(gs.par_iter()).for_each(|(row, gi)| row.iter_mut().for_each(|x| *x *= -gi));
+            // dB = sum_i g_i (onehot(t_i) - p_i)^T u_i: the softmax part as one product with the
+            // rows of u scaled by -g_i (c x r, not the c x V softmax), then each target's row.
             let uc = &uv[start * r..(start + c) * r];
-            sgemm(&mut db, true, 1.0, Operand::transposed(&p, c, v), Operand::new(uc, c, r));
+            let scaled: Vec<f32> =
+                uc.chunks_exact(r).zip(gs).flat_map(|(row, gi)| row.iter().map(move |x| -gi * x)).collect();
+            sgemm(&mut db, true, 1.0, Operand::transposed(&p, c, v), Operand::new(&scaled, c, r));
             for (i, (&t, &gi)) in targets.iter().zip(gs).enumerate() {
                 for (o, x) in db[t as usize * r..(t as usize + 1) * r].iter_mut().zip(&uc[i * r..(i + 1) * r]) {
                     *o += gi * x;
+                }
+            }
+            // dh_i = g_i (E[t_i] - p_i E), last: it consumes the softmax.
+            let rows = target_minus_expected(&self.head, p, c, targets, d)?;
+            for (i, gi) in gs.iter().enumerate() {
+                for (o, x) in dh[(start + i) * hd..(start + i + 1) * hd].iter_mut().zip(&rows[i * hd..(i + 1) * hd]) {
+                    *o = gi * x;
                 }
             }
         }
@@ -223,7 +245,9 @@ mod tests {
         let a = Var::from_tensor(&(randn((r, hd), 3) * 0.2).unwrap()).unwrap();
         let b = Var::from_tensor(&randn((v, r), 4)).unwrap();
         let targets: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
-        let coef = randn((n, 1), 5).flatten_all().unwrap();
+        // Every third row without a gradient (a prompt position's): the backward skips them.
+        let mask: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { 0.0 } else { 1.0 }).collect();
+        let coef = randn((n, 1), 5).flatten_all().unwrap().mul(&Tensor::new(mask.as_slice(), &Device::Cpu).unwrap()).unwrap();
 
         let logits = x
             .matmul(&head.t().unwrap())

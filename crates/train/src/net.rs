@@ -446,12 +446,24 @@ impl<'a> Pass<'a> {
         }
         let from: Vec<u32> = row.targets.iter().map(|t| (row.source(t) - first) as u32).collect();
         let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
+        // Targets that read the same row and name the same token (the prompt positions of a
+        // Tinker group's datums, which share the prompt's rows) are one logprob: computed once
+        // and handed to each (index_select's backward sums their gradients).
+        let (firsts, inverse) = distinct_pairs(&from, &targets);
+        let (from, targets): (Vec<u32>, Vec<u32>) = firsts.iter().map(|&i| (from[i], targets[i])).unzip();
+        // A row is untrained when each target it stands for has weight 0 (no gradient).
+        let mut untrained = vec![true; firsts.len()];
+        for (k, t) in row.targets.iter().enumerate() {
+            let at = inverse.as_ref().map_or(k, |inv| inv[k] as usize);
+            untrained[at] &= t.weight == 0.0;
+        }
         let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
         let entropy = Arc::new(Mutex::new(Vec::new()));
         let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
         let logprobs = match &self.head_pair {
             None => {
-                let head = HeadLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone(), grad_rows };
+                let head =
+                    HeadLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone(), grad_rows, untrained };
                 rows.contiguous()?.apply_op1(head)?
             }
             Some((a, b)) => {
@@ -461,7 +473,47 @@ impl<'a> Pass<'a> {
                 rows.contiguous()?.apply_op3(&u, b, head)?
             }
         };
-        let entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
-        Ok((RowOutput { logprobs: logprobs.to_dtype(DType::F32)?, entropy }, last))
+        let mut entropy = entropy.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut logprobs = logprobs.to_dtype(DType::F32)?;
+        if let Some(inverse) = inverse {
+            entropy = inverse.iter().map(|&k| entropy.get(k as usize).copied().unwrap_or(f32::NAN)).collect();
+            logprobs = logprobs.index_select(&Tensor::from_slice(&inverse, inverse.len(), &dev)?, 0)?;
+        }
+        Ok((RowOutput { logprobs, entropy }, last))
+    }
+}
+
+/// The first index of each distinct `(row, token)` pair, in order, and, when some pair repeats,
+/// each index's position among those firsts (`None`: every pair is distinct).
+fn distinct_pairs(rows: &[u32], tokens: &[u32]) -> (Vec<usize>, Option<Vec<u32>>) {
+    let mut seen = std::collections::HashMap::with_capacity(rows.len());
+    let mut firsts = Vec::with_capacity(rows.len());
+    let inverse: Vec<u32> = rows
+        .iter()
+        .zip(tokens)
+        .enumerate()
+        .map(|(i, pair)| {
+            *seen.entry(pair).or_insert_with(|| {
+                firsts.push(i);
+                (firsts.len() - 1) as u32
+            })
+        })
+        .collect();
+    let repeats = firsts.len() < rows.len();
+    (firsts, repeats.then_some(inverse))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::distinct_pairs;
+
+    #[test]
+    fn repeated_row_token_pairs_are_computed_once() {
+        // Rows 0 and 1 read by two datums with the same tokens, row 1 once with another token.
+        let (firsts, inverse) = distinct_pairs(&[0, 1, 2, 0, 1, 1], &[5, 6, 7, 5, 6, 9]);
+        assert_eq!(firsts, vec![0, 1, 2, 5]);
+        assert_eq!(inverse, Some(vec![0, 1, 2, 0, 1, 3]));
+        let (firsts, inverse) = distinct_pairs(&[0, 1, 1], &[5, 6, 7]);
+        assert_eq!((firsts, inverse), (vec![0, 1, 2], None));
     }
 }

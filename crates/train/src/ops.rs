@@ -169,6 +169,10 @@ pub struct HeadLogprob {
     /// vocabulary (the head is a third of a Qwen2.5 0.5B step's products). `None` for scoring
     /// passes, which would pay for the product and never use it.
     pub grad_rows: Option<Arc<Mutex<Vec<f32>>>>,
+    /// Rows whose loss gradient is zero by construction (a zero weight or advantage; empty:
+    /// none known): the forward keeps no factor for them (zeros). Should one get a gradient
+    /// after all, the backward recomputes instead of trusting the kept factor.
+    pub untrained: Vec<bool>,
 }
 
 /// The output head `E (V, H)`: f32 (exact), or the inference kernels' formats for the two big
@@ -249,6 +253,15 @@ impl HeadInt8 {
     }
 }
 
+/// The indices of the rows whose loss gradient is not zero, when some are zero (`None` when
+/// every row has one). Such a row's input gradient is zero and it adds nothing to an adapter's,
+/// so the head's backward skips its pass over the vocabulary: a Tinker datum has a target at
+/// every position, and its prompt's carry advantage (or weight) 0.
+pub(crate) fn nonzero_rows(g: &[f32]) -> Option<Vec<u32>> {
+    let keep: Vec<u32> = (0..g.len() as u32).filter(|&i| g[i as usize] != 0.0).collect();
+    (keep.len() < g.len()).then_some(keep)
+}
+
 impl HeadLogprob {
     /// (logits (c, V), their softmax, their logsumexp (c, 1)) for rows `start..start + c` of `h`.
     fn chunk(&self, h: &Tensor, start: usize, c: usize) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
@@ -292,7 +305,25 @@ impl CustomOp1 for HeadLogprob {
                 lps.extend(stats.iter().map(|s| s.2));
                 entropy.extend(stats.iter().map(|s| s.1));
                 if self.grad_rows.is_some() {
-                    grad_rows.extend(int8.target_minus_expected(p, c, targets));
+                    let untrained = |i: usize| self.untrained.get(start + i).copied().unwrap_or(false);
+                    let keep: Vec<usize> = (0..c).filter(|&i| !untrained(i)).collect();
+                    if keep.len() == c {
+                        grad_rows.extend(int8.target_minus_expected(p, c, targets));
+                    } else {
+                        let v = int8.e.rows();
+                        let p: Vec<f32> = keep.iter().flat_map(|&i| p[i * v..(i + 1) * v].iter().copied()).collect();
+                        let kept_targets: Vec<u32> = keep.iter().map(|&i| targets[i]).collect();
+                        let rows = if keep.is_empty() {
+                            Vec::new()
+                        } else {
+                            int8.target_minus_expected(p, keep.len(), &kept_targets)
+                        };
+                        let at = grad_rows.len();
+                        grad_rows.resize(at + c * hd, 0.0);
+                        for (k, &i) in keep.iter().enumerate() {
+                            grad_rows[at + i * hd..at + (i + 1) * hd].copy_from_slice(&rows[k * hd..(k + 1) * hd]);
+                        }
+                    }
                 }
             }
             if let Ok(mut slot) = self.entropy.lock() {
@@ -323,15 +354,44 @@ impl CustomOp1 for HeadLogprob {
         Ok((CpuStorage::F32(lps), Shape::from(n)))
     }
 
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let h = arg.detach();
         let n = h.dim(0)?;
         let g = grad_res.to_dtype(DType::F32)?;
+        let gv = g.flatten_all()?.to_vec1::<f32>()?;
+        let mut kept_factor = self.grad_rows.as_ref().is_some_and(|s| s.lock().is_ok_and(|s| !s.is_empty()));
+        if kept_factor && self.untrained.iter().zip(&gv).any(|(u, g)| *u && *g != 0.0) {
+            // A row kept without its factor has a gradient: recompute rather than trust it.
+            if let Some(Ok(mut slot)) = self.grad_rows.as_ref().map(|s| s.lock()) {
+                slot.clear();
+            }
+            kept_factor = false;
+        }
+        if !kept_factor {
+            // Rows without a gradient skip their pass over the vocabulary: the same op over the
+            // other rows, its gradient put back in place (zeros elsewhere).
+            if let Some(keep) = nonzero_rows(&gv) {
+                let hd = h.dim(1)?;
+                let zeros = Tensor::zeros((n, hd), DType::F32, &Device::Cpu)?;
+                if keep.is_empty() {
+                    return Ok(Some(zeros));
+                }
+                let idx = Tensor::from_slice(&keep, keep.len(), &Device::Cpu)?;
+                let sub = HeadLogprob {
+                    head: self.head.clone(),
+                    targets: keep.iter().map(|&i| self.targets[i as usize]).collect(),
+                    entropy: Arc::new(Mutex::new(Vec::new())),
+                    grad_rows: None,
+                    untrained: Vec::new(),
+                };
+                let dh = sub.bwd(&h.index_select(&idx, 0)?, res, &g.index_select(&idx, 0)?)?;
+                return Ok(dh.map(|dh| zeros.index_add(&idx, &dh, 0)).transpose()?);
+            }
+        }
         if let HeadWeights::Int8(int8) = &self.head {
             // dh_i = g_i (E[t_i] - softmax_i E): the factor kept by the forward, or the softmax
             // recomputed (cheap in int8) rather than kept (N x V floats).
             let hd = int8.e.cols();
-            let gv = g.flatten_all()?.to_vec1::<f32>()?;
             let kept = self.grad_rows.as_ref().and_then(|s| s.lock().ok().map(|mut s| std::mem::take(&mut *s)));
             let rows = match kept {
                 Some(rows) if rows.len() == n * hd => rows,
@@ -375,6 +435,12 @@ pub(crate) mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
+    /// 0 at every third row, 1 elsewhere: loss coefficients with rows that get no gradient.
+    fn skip_every_third(n: usize) -> Tensor {
+        let mask: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { 0.0 } else { 1.0 }).collect();
+        Tensor::from_vec(mask, n, &Device::Cpu).unwrap()
+    }
+
     /// Both ops against the same computation in stock candle ops (whose backward is trusted).
     #[test]
     fn custom_ops_match_stock_autograd() {
@@ -383,7 +449,8 @@ pub(crate) mod tests {
         // 67 rows: more than one HEAD_CHUNK.
         let x = Var::from_tensor(&randn((67, 3), 3)).unwrap();
         let targets: Vec<u32> = (0..67).map(|i| (i * 7 % 70) as u32).collect();
-        let coef = randn((67, 1), 4).flatten_all().unwrap();
+        // Every third row without a gradient (a prompt position's): the backward skips them.
+        let coef = randn((67, 1), 4).flatten_all().unwrap().mul(&skip_every_third(67)).unwrap();
 
         let entropy = Arc::new(Mutex::new(Vec::new()));
         let h = x.matmul(&w.t().unwrap()).unwrap();
@@ -393,6 +460,7 @@ pub(crate) mod tests {
                 targets: targets.clone(),
                 entropy: entropy.clone(),
                 grad_rows: None,
+                untrained: Vec::new(),
             })
             .unwrap();
         let ours = lp.mul(&coef).unwrap().sum_all().unwrap();
@@ -449,24 +517,33 @@ pub(crate) mod tests {
         };
         let x = Var::from_tensor(&randn((n, hd), 9)).unwrap();
         let targets: Vec<u32> = (0..n).map(|i| (i * 11 % v) as u32).collect();
-        let coef = randn((n, 1), 10).flatten_all().unwrap();
-        let run = |grad_rows: Option<Arc<Mutex<Vec<f32>>>>| {
+        // The recomputing backward skips the rows without a gradient; the kept factor has them all.
+        let coef = randn((n, 1), 10).flatten_all().unwrap().mul(&skip_every_third(n)).unwrap();
+        let run = |grad_rows: Option<Arc<Mutex<Vec<f32>>>>, untrained: Vec<bool>, coef: &Tensor| {
             let op = HeadLogprob {
                 head: HeadWeights::Int8(int8.clone()),
                 targets: targets.clone(),
                 entropy: Arc::new(Mutex::new(Vec::new())),
                 grad_rows,
+                untrained,
             };
             let lp = x.apply_op1(op).unwrap();
-            let g = lp.mul(&coef).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = lp.mul(coef).unwrap().sum_all().unwrap().backward().unwrap();
             (lp.to_vec1::<f32>().unwrap(), g.get(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap())
         };
         let slot = Arc::new(Mutex::new(Vec::new()));
-        let (lp_kept, g_kept) = run(Some(slot.clone()));
-        let (lp_again, g_again) = run(None);
+        let (lp_kept, g_kept) = run(Some(slot.clone()), Vec::new(), &coef);
+        let (lp_again, g_again) = run(None, Vec::new(), &coef);
         assert_eq!(lp_kept, lp_again);
         assert_eq!(g_kept, g_again);
         assert!(slot.lock().unwrap().is_empty(), "the backward took the kept factor");
+        // Rows marked untrained (those with coefficient 0) keep no factor: the same gradient.
+        let untrained: Vec<bool> = (0..n).map(|i| i % 3 == 0).collect();
+        let (_, g_marked) = run(Some(slot.clone()), untrained.clone(), &coef);
+        assert_eq!(g_marked, g_again);
+        // Marked wrongly (a marked row has a gradient): recomputed, still the same gradient.
+        let all = randn((n, 1), 11).flatten_all().unwrap();
+        assert_eq!(run(Some(slot.clone()), untrained, &all).1, run(None, Vec::new(), &all).1);
         // And both are the head's gradient, up to int8 rounding.
         let h = Tensor::from_vec(head.clone(), (v, hd), &Device::Cpu).unwrap();
         let logp = candle_nn::ops::log_softmax(&x.matmul(&h.t().unwrap()).unwrap(), 1).unwrap();

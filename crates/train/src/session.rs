@@ -14,7 +14,7 @@ use crate::adamw::AdamParams;
 use crate::held::{Held, Live};
 use crate::net::{Base, Lora};
 use crate::pack::{lay_out, split, Row, Target};
-use crate::token_loss::{check_inputs, datum_loss, DatumInputs, TokenLoss};
+use crate::token_loss::{check_inputs, datum_loss, trains, DatumInputs, TokenLoss};
 use crate::trainer::{accumulate, check_memory, clip, ensure_finite_weights, failed, INIT_SEED};
 use crate::tree::{run_parts, GradOf, PartResult};
 use crate::{adapter, LoraTrainer};
@@ -206,15 +206,17 @@ impl Session {
         let mut row = rows.into_iter().next().unwrap_or_default();
         // Each datum's targets, one per position after the first, its own segment: parts keep
         // a segment's targets together and in order, so a part's targets are whole datums.
-        for p in &placements {
-            row.targets.extend(p.index[1..].iter().map(|&pos| Target {
+        // A target whose inputs make its gradient zero has weight 0: the head computes its
+        // logprob and skips its backward.
+        for (p, (_, inputs)) in placements.iter().zip(&datums) {
+            row.targets.extend(p.index[1..].iter().enumerate().map(|(i, &pos)| Target {
                 pos,
                 segment: p.segment,
                 old_lp: f64::NAN,
                 original_lp: f64::NAN,
                 ref_lp: f64::NAN,
                 advantage: 0.0,
-                weight: 1.0,
+                weight: if trains(loss, inputs, i) { 1.0 } else { 0.0 },
             }));
         }
         let parts = split(&row, trainer.part_tokens);

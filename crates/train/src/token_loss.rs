@@ -125,6 +125,17 @@ pub fn datum_loss(kind: TokenLoss, new_lp: &[f64], inputs: &DatumInputs) -> Datu
     DatumLoss { loss, grad }
 }
 
+/// Whether target `i`'s gradient can be other than zero: a zero weight (cross entropy) or a zero
+/// advantage (every RL loss) makes it zero whatever its logprob. The head's backward skips such
+/// targets (a Tinker datum's prompt positions).
+pub fn trains(kind: TokenLoss, inputs: &DatumInputs, i: usize) -> bool {
+    let v = match kind {
+        TokenLoss::CrossEntropy => &inputs.weights,
+        _ => &inputs.advantages,
+    };
+    v.get(i).is_some_and(|x| *x != 0.0)
+}
+
 /// `exp(lp - q)`, the log-ratio bounded so that a wild sampler logprob cannot overflow.
 fn ratio(lp: f64, q: f64) -> f64 {
     (lp - q).clamp(-20.0, 20.0).exp()

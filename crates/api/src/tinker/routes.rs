@@ -26,8 +26,6 @@ use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, TinkerError, TinkerTr
 /// How long `retrieve_future` holds a pending request before `try_again` (the SDK re-polls at
 /// once, and its own timeout is 45 s).
 const HOLD: Duration = Duration::from_secs(20);
-/// How long a call waits for an earlier `seq_id` of its model before it fails.
-const GAP_WAIT: Duration = Duration::from_secs(600);
 
 /// Errors in FastAPI's `{"detail": ...}` shape, as the SDK reads them.
 pub(super) type Result<T> = std::result::Result<T, PreviewError>;
@@ -311,22 +309,22 @@ pub(super) fn ordered_async(
             ))));
         }
         let (id, promise) = new_future(t, &model.entity)?;
-        seen.insert(seq_id, id.clone());
+        model.receive(&mut seen, seq_id, id.clone());
         // Keep the retries of recent calls only.
         let floor = *model.next.borrow() as i64 - 4096;
         seen.retain(|s, _| *s >= floor);
         (id, promise)
     };
+    model.arrived.notify_waiters();
     let seq = seq_id as u64;
+    let limit = t.waits.seq_gap;
     tokio::spawn(async move {
-        let mut next = model.next.subscribe();
-        // The watch guard is not Send: read the value out before any other await.
-        let reached =
-            tokio::time::timeout(GAP_WAIT, next.wait_for(|n| *n >= seq)).await.ok().and_then(|r| r.ok().map(|n| *n));
-        if reached != Some(seq) {
-            let at = *model.next.borrow();
+        if let Err(at) = model.wait_turn(seq, limit).await {
             promise.set(Outcome::Failed {
-                error: format!("seq_id {seq} waited {GAP_WAIT:?} for seq_id {at}, which never came"),
+                error: format!(
+                    "seq_id {seq} waited {} s for seq_id {at} of its model, which never came",
+                    limit.as_secs_f64()
+                ),
                 category: "user",
             });
             return;
@@ -336,6 +334,7 @@ pub(super) fn ordered_async(
     });
     Ok(submitted(&request_id, model_id))
 }
+
 
 /// `forward_backward` and `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`.
 pub async fn forward_backward(
@@ -530,6 +529,8 @@ pub(super) async fn register_model(
         create_request: request_id.clone(),
         next: tokio::sync::watch::channel(1).0,
         seen: Mutex::new(HashMap::new()),
+        arrived: Default::default(),
+        through: Default::default(),
         record_id: record.id,
         samplers: Mutex::new(HashMap::new()),
         pending: Mutex::default(),

@@ -66,6 +66,10 @@ pub struct ModelEntry {
     pub next: watch::Sender<u64>,
     /// `seq_id` -> request id of every call accepted, for retries of the same call.
     pub seen: Mutex<HashMap<i64, String>>,
+    /// Notified when a call is accepted: a call waiting at a gap checks whether it is filled.
+    pub arrived: tokio::sync::Notify,
+    /// Every `seq_id` up to this one has been received (advanced under `seen`'s lock).
+    pub through: std::sync::atomic::AtomicU64,
     /// The tandem model record its sampler weights are checkpoints of (project `tinker`).
     pub record_id: uuid::Uuid,
     /// Sampler weights saved this session, by name (the ephemeral kind too): the checkpoint
@@ -92,15 +96,83 @@ pub const MAX_FUTURES_PER_ENTITY: usize = 10_000;
 pub const MAX_SESSIONS_PER_ENTITY: usize = 64;
 /// Sampling sessions one entity may hold (they end with their session).
 pub const MAX_SAMPLERS_PER_ENTITY: usize = 1024;
+impl ModelEntry {
+    /// Records call `seq_id` as received (its request id kept for retries); `seen` is its lock.
+    pub fn receive(&self, seen: &mut HashMap<i64, String>, seq_id: i64, request_id: String) {
+        use std::sync::atomic::Ordering::Relaxed;
+        seen.insert(seq_id, request_id);
+        let mut through = self.through.load(Relaxed);
+        while seen.contains_key(&(through as i64 + 1)) {
+            through += 1;
+        }
+        self.through.store(through, Relaxed);
+    }
+
+    /// The first `seq_id` in `next..seq` not received: a gap, which a call waits to be filled
+    /// for [`Waits::seq_gap`] at most. Calls whose predecessors have all arrived only wait their
+    /// turn behind running work, which has no time limit.
+    pub fn gap(&self, next: u64, seq: u64) -> Option<u64> {
+        let first_missing = self.through.load(std::sync::atomic::Ordering::Relaxed) + 1;
+        (first_missing < seq).then_some(first_missing.max(next))
+    }
+
+    /// Waits until every call before `seq` has run. Only a gap (a `seq_id` before it not received)
+    /// is timed: after `limit` of one, `Err` with the missing `seq_id`; calls that arrived
+    /// and wait behind running work wait as long as it takes.
+    pub async fn wait_turn(&self, seq: u64, limit: Duration) -> Result<(), u64> {
+        let mut next = self.next.subscribe();
+        let mut gap_since: Option<Instant> = None;
+        loop {
+            // Registered before the checks, so that an arrival between them is not missed.
+            let arrived = self.arrived.notified();
+            let at = *next.borrow_and_update();
+            if at >= seq {
+                return Ok(());
+            }
+            if let Some(missing) = self.gap(at, seq) {
+                let since = *gap_since.get_or_insert_with(Instant::now);
+                let left = limit.saturating_sub(since.elapsed());
+                if left.is_zero() {
+                    return Err(missing);
+                }
+                tokio::select! {
+                    _ = next.changed() => {}
+                    _ = arrived => {}
+                    _ = tokio::time::sleep(left) => {}
+                }
+            } else {
+                gap_since = None;
+                if next.changed().await.is_err() {
+                    return Err(at);
+                }
+            }
+        }
+    }
+}
+
 /// Training models one entity may hold at once (the server holds `--max-tinker-models` in all),
 /// so no entity takes every place.
 pub const MAX_MODELS_PER_ENTITY: usize = 4;
-/// A session without a heartbeat (the SDK beats every 10 s) or a call this long is ended and
-/// its models released.
-pub const SESSION_IDLE: Duration = Duration::from_secs(600);
+/// How long sessions and calls wait (the server's settings; ten minutes each by default).
+#[derive(Debug, Clone, Copy)]
+pub struct Waits {
+    /// `--tinker-idle-seconds`: a session without a heartbeat (the SDK beats every 10 s) or a
+    /// call this long is ended and its models released.
+    pub idle: Duration,
+    /// `--tinker-seq-gap-seconds`: how long a call waits for the calls before it in `seq_id`
+    /// order before it fails alone.
+    pub seq_gap: Duration,
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Waits { idle: Duration::from_secs(600), seq_gap: Duration::from_secs(600) }
+    }
+}
 
 #[derive(Default)]
 pub struct TinkerState {
+    pub waits: Waits,
     futures: Mutex<HashMap<String, FutureEntry>>,
     pub sessions: Mutex<HashMap<String, SessionEntry>>,
     pub models: Mutex<HashMap<String, Arc<ModelEntry>>>,
@@ -143,6 +215,10 @@ impl RunLocks {
 }
 
 impl TinkerState {
+    pub fn new(waits: Waits) -> Self {
+        TinkerState { waits, ..Default::default() }
+    }
+
     /// A new pending future of `entity`: its id and the promise that completes it. `None` when
     /// the entity holds too many.
     pub fn future(&self, entity: &str) -> Option<(String, Promise)> {
@@ -174,6 +250,7 @@ impl TinkerState {
 
     /// `entity`'s model `id`, or `None` (absent, or another entity's: the same answer).
     pub fn model(&self, entity: &str, id: &str) -> Option<Arc<ModelEntry>> {
+        // (See ModelEntry::gap for how calls wait for each other.)
         let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         models.get(id).filter(|m| m.entity == entity).cloned()
     }
@@ -200,9 +277,9 @@ impl TinkerState {
         (count, models)
     }
 
-    /// Ends the sessions idle past [`SESSION_IDLE`]: the ids of the models to release.
+    /// Ends the sessions idle past [`Waits::idle`]: the ids of the models to release.
     pub fn reap_idle(&self) -> Vec<String> {
-        self.end_sessions(|_, s| s.last_seen.elapsed() > SESSION_IDLE).1
+        self.end_sessions(|_, s| s.last_seen.elapsed() > self.waits.idle).1
     }
 
     /// Ends `entity`'s session `id`: the ids of the models to release, `None` when it has no
@@ -250,6 +327,78 @@ impl TinkerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry() -> Arc<ModelEntry> {
+        Arc::new(ModelEntry {
+            entity: "a".into(),
+            session_id: "s".into(),
+            base_model: "m".into(),
+            rank: 8,
+            create_request: "r".into(),
+            next: watch::channel(1).0,
+            seen: Mutex::default(),
+            arrived: Default::default(),
+            through: Default::default(),
+            record_id: uuid::Uuid::nil(),
+            samplers: Mutex::default(),
+            pending: Mutex::default(),
+            inflight: Arc::default(),
+        })
+    }
+
+    fn receive(m: &ModelEntry, seq: i64) {
+        m.receive(&mut m.seen.lock().unwrap(), seq, format!("req-{seq}"));
+        m.arrived.notify_waiters();
+    }
+
+    #[test]
+    fn the_first_seq_id_not_received_is_the_gap() {
+        let m = entry();
+        for s in [1, 2, 4] {
+            receive(&m, s);
+        }
+        assert_eq!(m.gap(1, 3), None, "1 and 2 arrived");
+        assert_eq!(m.gap(1, 5), Some(3));
+        receive(&m, 3);
+        assert_eq!(m.gap(1, 5), None, "3 filled it; 4 had come");
+        assert_eq!(m.gap(2, 9), Some(5));
+    }
+
+    /// Only a gap is timed: a call whose predecessors all arrived waits for them as long as they
+    /// run; one past a gap fails after the limit, naming the missing seq_id, unless it fills.
+    #[tokio::test]
+    async fn calls_wait_their_turn_and_only_gaps_time_out() {
+        let limit = Duration::from_millis(100);
+        let m = entry();
+        for s in [1, 2, 3] {
+            receive(&m, s);
+        }
+        let behind = tokio::spawn({
+            let m = m.clone();
+            async move { m.wait_turn(3, limit).await }
+        });
+        tokio::time::sleep(limit * 3).await;
+        assert!(!behind.is_finished(), "it waits for 1 and 2 to run, untimed");
+        m.next.send_replace(3);
+        assert_eq!(behind.await.unwrap(), Ok(()));
+
+        receive(&m, 9);
+        let started = Instant::now();
+        assert_eq!(m.wait_turn(9, limit).await, Err(4), "4 never came");
+        assert!(started.elapsed() >= limit);
+
+        let filled = tokio::spawn({
+            let m = m.clone();
+            async move { m.wait_turn(6, Duration::from_secs(30)).await }
+        });
+        receive(&m, 6);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for s in [4, 5] {
+            receive(&m, s);
+        }
+        m.next.send_replace(6);
+        assert_eq!(filled.await.unwrap(), Ok(()));
+    }
 
     #[tokio::test]
     async fn futures_are_per_entity_and_complete_once() {
