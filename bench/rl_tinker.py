@@ -44,7 +44,8 @@ async def tinker_side(args):
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     async def run(index):
-        tc = await service.create_lora_training_client(base_model=args.base_model, rank=8)
+        tc = await service.create_lora_training_client(base_model=args.base_model, rank=8,
+                                                       train_unembed=args.train_unembed)
         sampler = await tc.save_weights_and_get_sampling_client()
 
         async def evaluate(sampler):
@@ -171,6 +172,8 @@ def main():
     t.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
     t.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     t.add_argument("--json", required=True)
+    t.add_argument("--no-train-unembed", dest="train_unembed", action="store_false",
+                   help="train no LoRA on the output head (the SDK trains one by default; ART's jobs do not)")
     c = sub.add_parser("compare")
     c.add_argument("art_json")
     c.add_argument("tinker_json")

@@ -68,7 +68,9 @@ fn main() {
     let seqs: Vec<Vec<(Vec<u32>, f64)>> = (0..groups)
         .map(|g| {
             (0..group)
-                .map(|k| (ids(prompt, g).chain(ids(completion, 1000 + g * group + k)).collect(), k as f64 / group as f64))
+                .map(|k| {
+                    (ids(prompt, g).chain(ids(completion, 1000 + g * group + k)).collect(), k as f64 / group as f64)
+                })
                 .collect()
         })
         .collect();

@@ -151,7 +151,7 @@ impl CustomOp3 for HeadLoraLogprob {
         h: &Tensor,
         u: &Tensor,
         b: &Tensor,
-        res: &Tensor,
+        _res: &Tensor,
         grad_res: &Tensor,
     ) -> Res<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let ((n, hd), (_, r), (v, _)) = (h.dims2()?, u.dims2()?, b.dims2()?);
@@ -171,7 +171,7 @@ impl CustomOp3 for HeadLoraLogprob {
                 entropy: Arc::new(Mutex::new(Vec::new())),
             };
             let grad = Tensor::from_vec(keep.iter().map(|&i| g[i as usize]).collect::<Vec<_>>(), keep.len(), &dev)?;
-            let (dh, du, db) = sub.bwd(&h.index_select(&idx, 0)?, &u.index_select(&idx, 0)?, b, res, &grad)?;
+            let (dh, du, db) = sub.bwd(&h.index_select(&idx, 0)?, &u.index_select(&idx, 0)?, b, _res, &grad)?;
             let put = |d: Option<Tensor>, width: usize| -> Res<Option<Tensor>> {
                 d.map(|d| Tensor::zeros((n, width), candle_core::DType::F32, &dev)?.index_add(&idx, &d, 0)).transpose()
             };
@@ -247,7 +247,8 @@ mod tests {
         let targets: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
         // Every third row without a gradient (a prompt position's): the backward skips them.
         let mask: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { 0.0 } else { 1.0 }).collect();
-        let coef = randn((n, 1), 5).flatten_all().unwrap().mul(&Tensor::new(mask.as_slice(), &Device::Cpu).unwrap()).unwrap();
+        let coef =
+            randn((n, 1), 5).flatten_all().unwrap().mul(&Tensor::new(mask.as_slice(), &Device::Cpu).unwrap()).unwrap();
 
         let logits = x
             .matmul(&head.t().unwrap())

@@ -462,8 +462,13 @@ impl<'a> Pass<'a> {
         let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
         let logprobs = match &self.head_pair {
             None => {
-                let head =
-                    HeadLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone(), grad_rows, untrained };
+                let head = HeadLogprob {
+                    head: self.base.head.clone(),
+                    targets,
+                    entropy: entropy.clone(),
+                    grad_rows,
+                    untrained,
+                };
                 rows.contiguous()?.apply_op1(head)?
             }
             Some((a, b)) => {

@@ -354,7 +354,7 @@ impl CustomOp1 for HeadLogprob {
         Ok((CpuStorage::F32(lps), Shape::from(n)))
     }
 
-    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let h = arg.detach();
         let n = h.dim(0)?;
         let g = grad_res.to_dtype(DType::F32)?;
@@ -384,8 +384,8 @@ impl CustomOp1 for HeadLogprob {
                     grad_rows: None,
                     untrained: Vec::new(),
                 };
-                let dh = sub.bwd(&h.index_select(&idx, 0)?, res, &g.index_select(&idx, 0)?)?;
-                return Ok(dh.map(|dh| zeros.index_add(&idx, &dh, 0)).transpose()?);
+                let dh = sub.bwd(&h.index_select(&idx, 0)?, _res, &g.index_select(&idx, 0)?)?;
+                return dh.map(|dh| zeros.index_add(&idx, &dh, 0)).transpose();
             }
         }
         if let HeadWeights::Int8(int8) = &self.head {

@@ -335,7 +335,6 @@ pub(super) fn ordered_async(
     Ok(submitted(&request_id, model_id))
 }
 
-
 /// `forward_backward` and `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`.
 pub async fn forward_backward(
     State(state): State<AppState>,
