@@ -451,7 +451,9 @@ impl<'a> Pass<'a> {
         // and handed to each (index_select's backward sums their gradients).
         let (firsts, inverse) = distinct_pairs(&from, &targets);
         let (from, targets): (Vec<u32>, Vec<u32>) = firsts.iter().map(|&i| (from[i], targets[i])).unzip();
-        // A row is untrained when each target it stands for has weight 0 (no gradient).
+        // A row is untrained when each target it stands for has weight 0: a Tinker target whose
+        // weight or advantage is 0, which gets no gradient. (A job's sequence-level ratio can
+        // give a weight-0 token one: the head's backward checks and recomputes then.)
         let mut untrained = vec![true; firsts.len()];
         for (k, t) in row.targets.iter().enumerate() {
             let at = inverse.as_ref().map_or(k, |inv| inv[k] as usize);

@@ -266,6 +266,19 @@ mod tests {
     }
 
     #[test]
+    fn zero_weights_and_advantages_train_nothing() {
+        let inputs = DatumInputs { weights: vec![0.0, 0.5], advantages: vec![1.0, 0.0], ..Default::default() };
+        let ce: Vec<bool> = (0..3).map(|i| trains(TokenLoss::CrossEntropy, &inputs, i)).collect();
+        assert_eq!(ce, [false, true, false]);
+        let rl: Vec<bool> = (0..2).map(|i| trains(TokenLoss::ImportanceSampling, &inputs, i)).collect();
+        assert_eq!(rl, [true, false]);
+        // And datum_loss agrees: those targets' gradients are 0 whatever their logprobs.
+        let inputs = DatumInputs { sampling_lp: vec![-1.0; 2], ..inputs };
+        assert_eq!(datum_loss(TokenLoss::ImportanceSampling, &[-0.5, -0.5], &inputs).grad[1], 0.0);
+        assert_eq!(datum_loss(TokenLoss::CrossEntropy, &[-0.5, -0.5], &inputs).grad[0], 0.0);
+    }
+
+    #[test]
     fn names_configs_and_inputs_are_checked() {
         assert_eq!(TokenLoss::parse("cross_entropy", &[]), Ok(TokenLoss::CrossEntropy));
         assert_eq!(TokenLoss::parse("ppo", &[]), Ok(TokenLoss::Ppo { low: CLIP_LOW, high: CLIP_HIGH }));
