@@ -58,10 +58,8 @@ pub struct Limits {
     /// creation. With the trainer time-sliced between entities this bounds a job's length, not
     /// another entity's wait.
     pub max_job_tokens: u64,
-    /// A Tinker session without a heartbeat or a call this long is ended, its models released.
-    pub tinker_idle: std::time::Duration,
-    /// How long a Tinker call waits for the calls before it in `seq_id` order, then fails.
-    pub tinker_seq_gap: std::time::Duration,
+    /// How long Tinker sessions live idle and calls wait at a `seq_id` gap.
+    pub tinker_waits: tinker::state::Waits,
 }
 
 impl Default for Limits {
@@ -72,8 +70,7 @@ impl Default for Limits {
             max_delete_steps: 10_000,
             max_pending_jobs: 16,
             max_job_tokens: 1 << 20,
-            tinker_idle: std::time::Duration::from_secs(600),
-            tinker_seq_gap: std::time::Duration::from_secs(600),
+            tinker_waits: tinker::state::Waits::default(),
         }
     }
 }
@@ -132,10 +129,7 @@ impl AppState {
         let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
         let telemetry =
             Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
-        let tinker = tinker::state::TinkerState::new(tinker::state::Waits {
-            idle: config.limits.tinker_idle,
-            seq_gap: config.limits.tinker_seq_gap,
-        });
+        let tinker = tinker::state::TinkerState::new(config.limits.tinker_waits);
         AppState(
             Arc::new(config),
             limiter,

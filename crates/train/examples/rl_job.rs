@@ -8,97 +8,36 @@
 //! default half a part; the unshared trainer, the one before issue 34, keeps every graph).
 //! Prints each job's wall time, steps and forward tokens, then one JSON line with the process's
 //! peak RSS.
-use serde_json::{Map, Value};
+mod common;
+
+use common::{env, groups, rl_job, Ids, Steps};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tandem_core::chat::ChatMessage;
-use tandem_core::inference::InputError;
-use tandem_core::sequences::{ChatTokenizer, RlInputs, Sequence, TokenizedGroup, TokenizedGroups, TokenizedTrajectory};
 use tandem_core::train_config::{KlPenalty, KlReference, KlSource, TrainConfig};
-use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainSink, TrainTask, Trainer};
+use tandem_jobs::{ReferencePolicy, Trainer};
 use tandem_train::{LoraTrainer, TrainBase};
 
 // The allocator the server runs the trainer with.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn env(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// The job comes tokenized: nothing is rendered.
-struct Ids;
-impl ChatTokenizer for Ids {
-    fn render(&self, _: &[ChatMessage], _: Option<&Value>, _: bool) -> Result<Vec<u32>, InputError> {
-        Err(InputError::Template("tokenized job".into()))
-    }
-    fn tokenize(&self, _: &str) -> Result<Vec<u32>, InputError> {
-        Err(InputError::Template("tokenized job".into()))
-    }
-    fn token_id(&self, _: &[u8]) -> Option<u32> {
-        None
-    }
-}
-
-#[derive(Default)]
-struct Steps(Vec<BTreeMap<String, f64>>);
-impl TrainSink for Steps {
-    fn started(&mut self, _: u64, _: Map<String, Value>) {}
-    fn gradient_step(&mut self, m: BTreeMap<String, f64>) {
-        self.0.push(m);
-    }
-    fn should_stop(&mut self) -> Option<TrainError> {
-        None
-    }
-}
-
 fn main() {
     tandem_model::allocator::keep_freed_memory();
     tandem_train::run_candle_ops_inline();
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
-    let (groups, group, prompt, completion, rounds) =
+    let (count, group, prompt, completion, rounds) =
         (env("GROUP_COUNT", 1), env("GROUP", 8), env("PROMPT", 300), env("COMPLETION", 40), env("ROUNDS", 3));
-    let groups = (0..groups)
-        .map(|g| TokenizedGroup {
-            trajectories: (0..group)
-                .map(|k| {
-                    let ids = |n: usize, salt: usize| (0..n).map(move |i| (100 + (i * 7 + salt * 131) % 20000) as u32);
-                    let tokens: Vec<u32> = ids(prompt, g).chain(ids(completion, 1000 + g * group + k)).collect();
-                    let trained: Vec<bool> = (0..tokens.len()).map(|i| i >= prompt).collect();
-                    let old_lp = trained.iter().map(|t| if *t { -2.0 } else { f64::NAN }).collect();
-                    TokenizedTrajectory {
-                        reward: k as f64 / group as f64,
-                        sequences: vec![Sequence { tokens, trained, old_lp }],
-                    }
-                })
-                .collect(),
-        })
-        .collect();
-    let inputs = RlInputs::Tokenized(TokenizedGroups { format: 2, groups });
+    let groups = groups(count, group, prompt, completion);
     let kl = (env("KL", 0) == 1).then_some(KlPenalty {
         coef: 0.1,
         source: KlSource::Sample,
         reference: KlReference::Step(0),
     });
-    let job = TrainJob {
-        job_id: uuid::Uuid::now_v7(),
-        model: tandem_core::records::ModelRecord {
-            id: uuid::Uuid::nil(),
-            entity: "bench".into(),
-            project: "bench".into(),
-            name: "rl-job".into(),
-            base_model: "base".into(),
-            run_id: "r".into(),
-            created_at: 0,
-        },
-        base_step: 0,
-        base_checkpoint: None,
-        task: TrainTask::Rl {
-            config: TrainConfig { learning_rate: 1e-5, kl_penalty: kl.clone(), ..TrainConfig::default() },
-            inputs,
-            kl_reference: kl.as_ref().map(|_| ReferencePolicy::Base),
-        },
-    };
+    let job = rl_job(
+        groups,
+        TrainConfig { learning_rate: 1e-5, kl_penalty: kl.clone(), ..TrainConfig::default() },
+        kl.as_ref().map(|_| ReferencePolicy::Base),
+    );
     // The trainer's part size (tokens through forward and backward at once).
     let part = env("PART", 512);
     let base = TrainBase { id: "base".into(), path: path.into(), tokenizer: Arc::new(Ids) };

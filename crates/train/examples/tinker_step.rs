@@ -6,15 +6,14 @@
 //! with UNEMBED=1 (the SDK's default `train_unembed`) the output head's pair trains too.
 //! `cargo run --release -p tandem-train --example tinker_step` (TANDEM_MODEL, GROUP_COUNT, GROUP,
 //! PROMPT, COMPLETION, ROUNDS, UNEMBED). Prints each step's seconds, then one JSON line.
-use serde_json::{Map, Value};
+mod common;
+
+use common::{env, groups, rl_job, Ids, Steps};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tandem_core::chat::ChatMessage;
-use tandem_core::inference::InputError;
-use tandem_core::sequences::{ChatTokenizer, RlInputs, Sequence, TokenizedGroup, TokenizedGroups, TokenizedTrajectory};
 use tandem_core::tinker::{Datum, Modules};
 use tandem_core::train_config::TrainConfig;
-use tandem_jobs::{TrainError, TrainJob, TrainSink, TrainTask, Trainer};
+use tandem_jobs::Trainer;
 use tandem_train::adamw::AdamParams;
 use tandem_train::session::{AdamStep, Session};
 use tandem_train::token_loss::TokenLoss;
@@ -23,33 +22,6 @@ use tandem_train::{LoraTrainer, TrainBase};
 // The allocator the server runs the trainer with.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn env(key: &str, default: usize) -> usize {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Everything comes as token ids: nothing is rendered.
-struct Ids;
-impl ChatTokenizer for Ids {
-    fn render(&self, _: &[ChatMessage], _: Option<&Value>, _: bool) -> Result<Vec<u32>, InputError> {
-        Err(InputError::Template("token ids only".into()))
-    }
-    fn tokenize(&self, _: &str) -> Result<Vec<u32>, InputError> {
-        Err(InputError::Template("token ids only".into()))
-    }
-    fn token_id(&self, _: &[u8]) -> Option<u32> {
-        None
-    }
-}
-
-struct Quiet;
-impl TrainSink for Quiet {
-    fn started(&mut self, _: u64, _: Map<String, Value>) {}
-    fn gradient_step(&mut self, _: BTreeMap<String, f64>) {}
-    fn should_stop(&mut self) -> Option<TrainError> {
-        None
-    }
-}
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
@@ -60,65 +32,20 @@ fn main() {
     tandem_model::allocator::keep_freed_memory();
     tandem_train::run_candle_ops_inline();
     let path = std::env::var("TANDEM_MODEL").unwrap_or_else(|_| "models/SmolLM2-135M-Instruct.Q4_1.gguf".into());
-    let (groups, group, prompt, completion, rounds) =
+    let (count, group, prompt, completion, rounds) =
         (env("GROUP_COUNT", 4), env("GROUP", 8), env("PROMPT", 45), env("COMPLETION", 16), env("ROUNDS", 3));
     let unembed = env("UNEMBED", 1) == 1;
-    // Sequences as the bench's: a prompt per group, then each rollout's own reply.
-    let ids = |n: usize, salt: usize| (0..n).map(move |i| (100 + (i * 7 + salt * 131) % 20000) as u32);
-    let seqs: Vec<Vec<(Vec<u32>, f64)>> = (0..groups)
-        .map(|g| {
-            (0..group)
-                .map(|k| {
-                    (ids(prompt, g).chain(ids(completion, 1000 + g * group + k)).collect(), k as f64 / group as f64)
-                })
-                .collect()
-        })
-        .collect();
-
-    let job_groups = seqs
-        .iter()
-        .map(|g| TokenizedGroup {
-            trajectories: g
-                .iter()
-                .map(|(tokens, reward)| {
-                    let trained: Vec<bool> = (0..tokens.len()).map(|i| i >= prompt).collect();
-                    let old_lp = trained.iter().map(|t| if *t { -2.0 } else { f64::NAN }).collect();
-                    TokenizedTrajectory {
-                        reward: *reward,
-                        sequences: vec![Sequence { tokens: tokens.clone(), trained, old_lp }],
-                    }
-                })
-                .collect(),
-        })
-        .collect();
-    let job = TrainJob {
-        job_id: uuid::Uuid::now_v7(),
-        model: tandem_core::records::ModelRecord {
-            id: uuid::Uuid::nil(),
-            entity: "bench".into(),
-            project: "bench".into(),
-            name: "tinker-step".into(),
-            base_model: "base".into(),
-            run_id: "r".into(),
-            created_at: 0,
-        },
-        base_step: 0,
-        base_checkpoint: None,
-        task: TrainTask::Rl {
-            config: TrainConfig { learning_rate: 1e-5, ..TrainConfig::default() },
-            inputs: RlInputs::Tokenized(TokenizedGroups { format: 2, groups: job_groups }),
-            kl_reference: None,
-        },
-    };
-
+    let groups = groups(count, group, prompt, completion);
     // The Tinker datums: ART's advantages (reward minus the group's mean over its deviation) on
     // the sampled tokens, 0 on the prompt's; the sampler's logprobs alongside.
-    let data: Vec<Datum> = seqs
+    let data: Vec<Datum> = groups
         .iter()
         .flat_map(|g| {
-            let mean = g.iter().map(|s| s.1).sum::<f64>() / g.len() as f64;
-            let sd = (g.iter().map(|s| (s.1 - mean).powi(2)).sum::<f64>() / g.len() as f64).sqrt();
-            g.iter().map(move |(tokens, r)| {
+            let g = &g.trajectories;
+            let mean = g.iter().map(|t| t.reward).sum::<f64>() / g.len() as f64;
+            let sd = (g.iter().map(|t| (t.reward - mean).powi(2)).sum::<f64>() / g.len() as f64).sqrt();
+            g.iter().map(move |t| {
+                let (tokens, r) = (&t.sequences[0].tokens, t.reward);
                 let n = tokens.len() - 1;
                 let adv = (0..n).map(|i| if i + 1 >= prompt { (r - mean) / sd } else { 0.0 }).collect();
                 let lp = (0..n).map(|i| if i + 1 >= prompt { -2.0 } else { 0.0 }).collect();
@@ -140,12 +67,14 @@ fn main() {
         params: AdamParams { lr: 1e-5, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0.0 },
         grad_clip_norm: 0.0,
     };
+    // The job path trains the sampled tokens only (its trajectories mark them).
+    let job = rl_job(groups, TrainConfig { learning_rate: 1e-5, ..TrainConfig::default() }, None);
     // Untimed: the base's load and the first allocations.
-    trainer.train(&job, &mut Quiet).unwrap();
+    trainer.train(&job, &mut Steps::default()).unwrap();
     let (mut job_secs, mut tinker_secs, mut fb_secs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let t = std::time::Instant::now();
-        trainer.train(&job, &mut Quiet).unwrap();
+        trainer.train(&job, &mut Steps::default()).unwrap();
         job_secs.push(t.elapsed().as_secs_f64());
         let t = std::time::Instant::now();
         trainer

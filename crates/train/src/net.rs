@@ -451,19 +451,18 @@ impl<'a> Pass<'a> {
         // and handed to each (index_select's backward sums their gradients).
         let (firsts, inverse) = distinct_pairs(&from, &targets);
         let (from, targets): (Vec<u32>, Vec<u32>) = firsts.iter().map(|&i| (from[i], targets[i])).unzip();
-        // A row is untrained when each target it stands for has weight 0: a Tinker target whose
-        // weight or advantage is 0, which gets no gradient. (A job's sequence-level ratio can
-        // give a weight-0 token one: the head's backward checks and recomputes then.)
-        let mut untrained = vec![true; firsts.len()];
-        for (k, t) in row.targets.iter().enumerate() {
-            let at = inverse.as_ref().map_or(k, |inv| inv[k] as usize);
-            untrained[at] &= t.weight == 0.0;
-        }
         let rows = h.index_select(&Tensor::from_slice(&from, from.len(), &dev)?, 0)?;
         let entropy = Arc::new(Mutex::new(Vec::new()));
         let grad_rows = grad.then(|| Arc::new(Mutex::new(Vec::new())));
         let logprobs = match &self.head_pair {
             None => {
+                // A row is untrained when each target it stands for has weight 0: a Tinker
+                // target whose weight or advantage is 0, which gets no gradient. (A job's
+                // sequence-level ratio can give a weight-0 token one: the backward checks.)
+                let mut untrained = vec![true; targets.len()];
+                for (k, t) in row.targets.iter().enumerate() {
+                    untrained[inverse.as_ref().map_or(k, |inv| inv[k] as usize)] &= t.weight == 0.0;
+                }
                 let head = HeadLogprob {
                     head: self.base.head.clone(),
                     targets,

@@ -228,6 +228,27 @@ impl HeadInt8 {
         (logits, stats)
     }
 
+    /// [`HeadInt8::target_minus_expected`] for the rows `keep` of the softmax rows `p` (one per
+    /// target), zeros for the others: untrained rows skip the product.
+    fn factor_of_rows(&self, p: Vec<f32>, targets: &[u32], keep: &[usize]) -> Vec<f32> {
+        let (c, hd, v) = (targets.len(), self.e.cols(), self.e.rows());
+        if keep.len() == c {
+            return self.target_minus_expected(p, c, targets);
+        }
+        let mut out = vec![0f32; c * hd];
+        if keep.is_empty() {
+            return out;
+        }
+        let kept: Vec<f32> = keep.iter().flat_map(|&i| p[i * v..(i + 1) * v].iter().copied()).collect();
+        drop(p);
+        let kept_targets: Vec<u32> = keep.iter().map(|&i| targets[i]).collect();
+        let rows = self.target_minus_expected(kept, keep.len(), &kept_targets);
+        for (row, &i) in rows.chunks_exact(hd).zip(keep) {
+            out[i * hd..(i + 1) * hd].copy_from_slice(row);
+        }
+        out
+    }
+
     /// `E[t_i] - p_i E` for `c` rows of probabilities `p` (each V long, consumed), as `c` rows
     /// of H: the loss-independent factor of the head's input gradient.
     pub(crate) fn target_minus_expected(&self, mut p: Vec<f32>, c: usize, targets: &[u32]) -> Vec<f32> {
@@ -305,25 +326,9 @@ impl CustomOp1 for HeadLogprob {
                 lps.extend(stats.iter().map(|s| s.2));
                 entropy.extend(stats.iter().map(|s| s.1));
                 if self.grad_rows.is_some() {
-                    let untrained = |i: usize| self.untrained.get(start + i).copied().unwrap_or(false);
-                    let keep: Vec<usize> = (0..c).filter(|&i| !untrained(i)).collect();
-                    if keep.len() == c {
-                        grad_rows.extend(int8.target_minus_expected(p, c, targets));
-                    } else {
-                        let v = int8.e.rows();
-                        let p: Vec<f32> = keep.iter().flat_map(|&i| p[i * v..(i + 1) * v].iter().copied()).collect();
-                        let kept_targets: Vec<u32> = keep.iter().map(|&i| targets[i]).collect();
-                        let rows = if keep.is_empty() {
-                            Vec::new()
-                        } else {
-                            int8.target_minus_expected(p, keep.len(), &kept_targets)
-                        };
-                        let at = grad_rows.len();
-                        grad_rows.resize(at + c * hd, 0.0);
-                        for (k, &i) in keep.iter().enumerate() {
-                            grad_rows[at + i * hd..at + (i + 1) * hd].copy_from_slice(&rows[k * hd..(k + 1) * hd]);
-                        }
-                    }
+                    let keep: Vec<usize> =
+                        (0..c).filter(|&i| !self.untrained.get(start + i).copied().unwrap_or(false)).collect();
+                    grad_rows.extend(int8.factor_of_rows(p, targets, &keep));
                 }
             }
             if let Ok(mut slot) = self.entropy.lock() {
