@@ -92,17 +92,21 @@ def the_reward_curve_shows_the_apis_numbers(browser, server):
     # Arrow keys walk the points from the newest back; the readout says "step S: V".
     figure.focus()
     seen = []
-    for _ in expected:
+    for i in range(len(expected) + 1):
         readout = figure.query_selector(".readout").text_content()
         if readout.startswith("step "):
             where, value = readout.split(":")[:2]
             seen.append((float(where.split()[1]), float(value.split("(")[0])))
-        page.keyboard.press("ArrowLeft")
-    readout = figure.query_selector(".readout").text_content()
-    seen.append((float(readout.split(":")[0].split()[1]), float(readout.split(":")[1].split("(")[0])))
+        if i < len(expected):
+            page.keyboard.press("ArrowLeft")
     got = sorted(set(seen))
     want = sorted({(s, round(v, 5)) for s, v in expected})
     assert [(s, round(v, 5)) for s, v in got] == want, (got, want)
+    # The page polls every 5 s; a poll that brings nothing new leaves the chart as it is.
+    before = figure.query_selector(".readout").text_content()
+    page.wait_for_timeout(6000)
+    assert figure.query_selector(".readout").text_content() == before, "a poll reset the point being read"
+    assert figure.evaluate("f => f.isConnected && document.activeElement === f"), "a poll redrew the chart"
     assert page.query_selector_all("svg.chart .ckpt"), "checkpoints are marked on the step axis"
     page.screenshot(path=os.path.join(SHOTS, "model.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})

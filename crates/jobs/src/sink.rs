@@ -35,6 +35,10 @@ pub(crate) struct StoreSink {
     pub(crate) turn: Option<Turn>,
     /// Where this job's state goes while it is parked.
     pub(crate) park_path: std::path::PathBuf,
+    /// Events the store could not take yet (it was unavailable), in order: written before the
+    /// next event and, at the latest, before the job's outcome, so a database outage in the
+    /// middle of a job costs none of its events and does not hold the trainer's turn.
+    pub(crate) unwritten: Vec<(EventKind, Value)>,
 }
 
 impl StoreSink {
@@ -43,15 +47,44 @@ impl StoreSink {
         (self.stopping.load(Ordering::SeqCst) || self.lease.lost()).then_some(TrainError::Interrupted)
     }
 
-    fn append(&self, kind: EventKind, data: Value) {
+    fn append(&mut self, kind: EventKind, data: Value) {
         self.heartbeat.beat(now_ms(), true);
-        match self.handle.block_on(self.store.append_event(self.job_id, &self.owner, kind, &data)) {
-            Ok(_) => {}
+        self.unwritten.push((kind, data));
+        let (store, handle) = (self.store.clone(), self.handle.clone());
+        match handle.block_on(write_events(&*store, self.job_id, &self.owner, &mut self.unwritten)) {
+            Ok(()) => {}
             // The trainer stops at its next `should_stop`.
             Err(StoreError::LeaseLost) => self.lease.mark_lost(),
-            Err(e) => tracing::error!(job_id = %self.job_id, error = %e, "could not append training event"),
+            // Kept: the next event or the job's end writes it.
+            Err(e @ StoreError::Unavailable(_)) => {
+                tracing::warn!(job_id = %self.job_id, error = %e, waiting = self.unwritten.len(), "training events wait for the store")
+            }
+            Err(e) => {
+                tracing::error!(job_id = %self.job_id, error = %e, "could not append training event");
+                self.unwritten.clear();
+            }
         }
     }
+}
+
+/// Writes `events` in order, removing each one the store took; stops at the first error.
+pub(crate) async fn write_events(
+    store: &dyn Store,
+    job_id: Uuid,
+    owner: &str,
+    events: &mut Vec<(EventKind, Value)>,
+) -> Result<(), StoreError> {
+    let mut written = 0;
+    let result = async {
+        for (kind, data) in events.iter() {
+            store.append_event(job_id, owner, *kind, data).await?;
+            written += 1;
+        }
+        Ok(())
+    }
+    .await;
+    events.drain(..written);
+    result
 }
 
 impl TrainSink for StoreSink {

@@ -311,14 +311,16 @@ impl Worker {
     /// cancelled, `None` when shutdown interrupted it (it runs again at the next start).
     async fn run_claimed(&self, claimed: ClaimedJob) -> Result<Option<&'static str>, StoreError> {
         let job_id = claimed.job.id;
-        let base_step = self.store.latest_step(claimed.model.id).await?;
+        // A database that is down for a moment as the job starts should not cost the job.
+        let model_id = claimed.model.id;
+        let base_step = self.while_unavailable(|| self.store.latest_step(model_id)).await?;
         let base_checkpoint = if base_step > 0 {
-            let cp = self.store.get_checkpoint(claimed.model.id, base_step).await?;
+            let cp = self.while_unavailable(|| self.store.get_checkpoint(model_id, base_step)).await?;
             self.checkpoints.local_dir(&cp.path).await?
         } else {
             None
         };
-        let task = match self.task(&claimed, base_step).await? {
+        let task = match self.while_unavailable(|| self.task(&claimed, base_step)).await? {
             Ok(task) => task,
             Err(why) => return self.fail(job_id, false, why).await.map(|()| Some("failed")),
         };
@@ -340,6 +342,7 @@ impl Worker {
             stopping: self.stopping.clone(),
             last_cancel_check: None,
             turn: None,
+            unwritten: Vec::new(),
             park_path: self
                 .config
                 .park_dir
@@ -365,6 +368,10 @@ impl Worker {
             // Whatever the run produced, the job is another trainer's now.
             return Err(StoreError::LeaseLost);
         }
+        if !matches!(result, Err(TrainError::Interrupted)) {
+            // Events the store could not take during the run come before the outcome.
+            self.write_unwritten(job_id, sink.unwritten).await?;
+        }
         let outcome = match &result {
             Ok(_) => Some("succeeded"),
             Err(TrainError::Interrupted) => None,
@@ -386,9 +393,8 @@ impl Worker {
                 Ok(())
             }
             Err(TrainError::Cancelled) => {
-                self.ensure_started(job_id, sink.started).await?;
                 let outcome = JobOutcome::Cancelled { error_message: "training job cancelled".into() };
-                ignore_gone(self.store.finish_job(job_id, &self.config.owner, &outcome).await).map(|_| ())
+                self.finish(job_id, sink.started, &outcome).await
             }
             Err(e) => self.fail(job_id, sink.started, e.to_string()).await,
         }
@@ -530,16 +536,34 @@ impl Worker {
 
     async fn fail(&self, job_id: Uuid, started: bool, error_message: String) -> Result<(), StoreError> {
         tracing::warn!(%job_id, %error_message, "training job failed");
+        self.finish(job_id, started, &JobOutcome::Failed { error_message }).await
+    }
+
+    /// Records a failed or cancelled job's outcome, through a short database outage.
+    async fn finish(&self, job_id: Uuid, started: bool, outcome: &JobOutcome) -> Result<(), StoreError> {
         self.ensure_started(job_id, started).await?;
-        let outcome = JobOutcome::Failed { error_message };
-        ignore_gone(self.store.finish_job(job_id, &self.config.owner, &outcome).await).map(|_| ())
+        let owner = &self.config.owner;
+        ignore_gone(self.while_unavailable(|| self.store.finish_job(job_id, owner, outcome)).await).map(|_| ())
     }
 
     /// Every job's events begin with `training_started` (ART requires it before anything else).
     async fn ensure_started(&self, job_id: Uuid, started: bool) -> Result<(), StoreError> {
         if !started {
             let data = json!({ "num_sequences": 0 });
-            self.store.append_event(job_id, &self.config.owner, EventKind::TrainingStarted, &data).await?;
+            self.write_unwritten(job_id, vec![(EventKind::TrainingStarted, data)]).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the events a run could not write while the store was unavailable, in order.
+    async fn write_unwritten(
+        &self,
+        job_id: Uuid,
+        events: Vec<(EventKind, serde_json::Value)>,
+    ) -> Result<(), StoreError> {
+        let owner = &self.config.owner;
+        for (kind, data) in &events {
+            self.while_unavailable(|| self.store.append_event(job_id, owner, *kind, data)).await?;
         }
         Ok(())
     }

@@ -281,14 +281,11 @@ export async function model(id, gen) {
   const playgroundSlot = el("div");
   let playgroundSteps = null;
   const updated = el("span", { class: "readout" });
-  const drawOnce = async () => {
-    const q = new URLSearchParams({ max_points: "400" });
-    if (zoom) {
-      q.set("min_step", zoom[0]);
-      q.set("max_step", zoom[1]);
-    }
-    const h = await api(`/v1/preview/models/${id}/history?${q}`);
-    if (gen !== nav.generation) return;
+  let drawnCharts = null;
+  const drawCharts = (h) => {
+    // A chart that had the focus has it again once redrawn (its caption names it).
+    const had = document.activeElement && document.activeElement.closest("figure");
+    const focused = had ? had.querySelector("figcaption").textContent : null;
     const primary = [];
     const rest = [];
     for (const s of ordered(h.series)) {
@@ -300,6 +297,27 @@ export async function model(id, gen) {
     }
     charts.replaceChildren(...(primary.length ? primary : [el("p", {}, "Nothing logged yet.")]));
     more.replaceChildren(...rest);
+    if (focused !== null) {
+      const again = [...charts.querySelectorAll("figure"), ...more.querySelectorAll("figure")]
+        .find((f) => f.querySelector("figcaption").textContent === focused);
+      if (again) again.focus();
+    }
+  };
+  const drawOnce = async () => {
+    const q = new URLSearchParams({ max_points: "400" });
+    if (zoom) {
+      q.set("min_step", zoom[0]);
+      q.set("max_step", zoom[1]);
+    }
+    const h = await api(`/v1/preview/models/${id}/history?${q}`);
+    if (gen !== nav.generation) return;
+    // The charts are rebuilt only when what they show changed, so the poll never takes away a
+    // chart's focus (and the point its arrow keys are reading) for nothing.
+    const shows = JSON.stringify([h.series, h.checkpoints, xMode]);
+    if (shows !== drawnCharts) {
+      drawnCharts = shows;
+      drawCharts(h);
+    }
     // The newest 100 with their metrics (the training summary and the logs made at that step).
     const cps = await api(`/v1/preview/models/${id}/checkpoints?order=desc&limit=100`);
     if (gen !== nav.generation) return;
