@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--key", default="bench")
     ap.add_argument("--gguf", help="the model file: prints decode against the memory-bandwidth limit")
+    ap.add_argument("--read-gbs", type=float,
+                    help="the read bandwidth decode is bounded by (matmul_bench read); without it, a copy's")
     ap.add_argument("--constrained", action="store_true",
                     help="also measure decode with a JSON-schema constraint (first server only)")
     args = ap.parse_args()
@@ -142,9 +144,10 @@ def main():
         # Decode reads every weight once per token: the file's size is what a token costs in memory
         # traffic (the tied embedding is read as the output head), whatever the in-memory layout.
         import os
-        bw, size = copy_bandwidth_gbs(), os.path.getsize(args.gguf)
+        size = os.path.getsize(args.gguf)
+        bw, how = (args.read_gbs, "read") if args.read_gbs else (copy_bandwidth_gbs(), "copy")
         limit = bw * 1e9 / size
-        print(f"\nmemory: copy bandwidth {bw:.1f} GB/s, weights {size / 1e6:.0f} MB per token -> decode limit "
+        print(f"\nmemory: {how} bandwidth {bw:.1f} GB/s, weights {size / 1e6:.0f} MB per token -> decode limit "
               f"{limit:.0f} tok/s; " + ", ".join(
                   f"{n} decode_1 at {statistics.median(samples[n]['decode_1']) / limit:.0%} of it" for n, _, _ in servers))
 

@@ -5,7 +5,8 @@
 #     corpus, greedy tokens and top-20 log-probabilities of a few prompts) into
 #     tests/data/llamacpp_qwen.json, the fixture the parity tests in `make test` compare against
 #     (commit it when it changes: it is what llama.cpp said, not what tandem says);
-#  2. runs bench/inference.py (prefill, decode, 16 streams, peak RSS) against both servers.
+#  2. runs bench/inference.py (prefill, decode, 16 streams, peak RSS) against both servers, with
+#     decode's bound from the read bandwidth (`matmul_bench read`).
 # QWEN_FILES=... picks the files (default both); RECORD=0 skips step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,9 @@ make -s model-qwen
 source bench/setup.sh
 server=$(llama_server)
 cargo build --release --bin tandem -q
+# The read bandwidth decode is bounded by: two threads streaming through a buffer the size of the
+# file, loads only (a copy understates it: one core, and writes).
+cargo build --release -p tandem-model --example matmul_bench -q
 
 for MODEL in $QWEN_FILES; do
   echo "== $(basename "$MODEL")"
@@ -29,7 +33,8 @@ for MODEL in $QWEN_FILES; do
   if [ "$RECORD" = 1 ]; then
     python3 bench/record_llamacpp.py http://127.0.0.1:8102 "$(basename "$MODEL")" tests/data/llamacpp_qwen.json
   fi
-  python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" \
+  read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
+  python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
     "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
   kill $tandem_pid $llama_pid 2>/dev/null; wait $tandem_pid $llama_pid 2>/dev/null || true
   rm -rf "$data"

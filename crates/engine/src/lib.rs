@@ -79,9 +79,12 @@ impl Engine {
         // allocation (~200 MB of temporaries for a 151,936-token vocabulary), so it is built
         // once, and its temporaries go back to the system before the weights come in rather
         // than adding to the peak (issue 31: peak RSS at or below llama.cpp's).
+        // Every temporary of loading goes back to the system as it is freed, not a second later.
+        let purging = tandem_model::allocator::PurgeAtOnce::begin();
         let tok = inspect::preflight(path)?.tokenizer;
         tandem_model::allocator::release_freed_memory();
         let loaded = tandem_model::load_model(path, quantize)?;
+        drop(purging);
         self.add_model_with(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, tok, config)
     }
 

@@ -48,7 +48,45 @@ fn stream(threads: usize) {
     });
 }
 
+/// `matmul_bench read [THREADS] [MB]`: the read bandwidth decode is bounded by, measured the way
+/// decode reads: THREADS threads (2) each stream once through their contiguous part of MB
+/// megabytes (the size of the weights, far beyond the L3), loading every byte and doing nothing
+/// else, best of 8. No writes: a copy's bandwidth counts write-allocate traffic, and on one core.
+/// (On the session-32 VM the result moved between ~35 and ~61 GB/s from one minute to the next:
+/// the host's, so compare it only with what was measured beside it.)
+fn read(threads: usize, mb: usize) {
+    let data: Vec<u64> = (0..(mb << 20) / 8).map(|i| i as u64).collect();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let part = data.len().div_ceil(threads);
+    let mut best = f64::MAX;
+    for _ in 0..8 {
+        let start = std::time::Instant::now();
+        let sums: Vec<u64> = pool.install(|| {
+            use rayon::prelude::*;
+            data.par_chunks(part)
+                .map(|mine| {
+                    // Eight independent accumulators: the loads, not an add chain, set the pace.
+                    let mut acc = [0u64; 8];
+                    for line in mine.chunks_exact(8) {
+                        for k in 0..8 {
+                            acc[k] = acc[k].wrapping_add(line[k]);
+                        }
+                    }
+                    acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                })
+                .collect()
+        });
+        std::hint::black_box(sums);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    println!("read {mb} MB, {threads} threads: {:.1} GB/s", (data.len() * 8) as f64 / best / 1e9);
+}
+
 fn main() {
+    let arg = |i: usize, default: usize| std::env::args().nth(i).and_then(|t| t.parse().ok()).unwrap_or(default);
+    if std::env::args().nth(1).as_deref() == Some("read") {
+        return read(arg(2, 2), arg(3, 1024));
+    }
     if std::env::args().nth(1).as_deref() == Some("stream") {
         return stream(std::env::args().nth(2).and_then(|t| t.parse().ok()).unwrap_or(2));
     }

@@ -13,8 +13,9 @@ use tracing_subscriber::EnvFilter;
 
 // Training allocates and frees gigabytes of activations per step. glibc's malloc raises its mmap
 // threshold after such frees and keeps the memory in its arenas: a server that had trained sat at
-// 11 GB resident. mimalloc hands freed pages back to the system, a minute after they are freed
-// (tandem_model::allocator: sooner costs training steps ~20% in page faults).
+// 11 GB resident. mimalloc hands freed pages back to the system: soon while the server only
+// serves, a minute after they are freed while something trains (tandem_model::allocator: sooner
+// costs training steps ~20% in page faults).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -58,7 +59,6 @@ fn render_template_jailed() -> anyhow::Result<()> {
 /// Errors end the process with one line on stderr (the causes joined by colons) and exit code 1:
 /// an operator reads why, a script sees the failure, nobody reads a backtrace.
 fn main() -> std::process::ExitCode {
-    tandem_model::allocator::keep_freed_memory();
     tandem_train::run_candle_ops_inline();
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,

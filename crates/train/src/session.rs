@@ -23,6 +23,7 @@ use candle_core::Var;
 use std::sync::Arc;
 use tandem_core::tinker::{Datum, Modules};
 use tandem_jobs::TrainError;
+use tandem_model::allocator::KeepFreed;
 use tandem_model::peft::AdapterConfig;
 
 /// The optimizer's settings before the first `optim_step`, which brings the call's own (these
@@ -52,6 +53,9 @@ pub struct Session {
     grads: Option<GradStore>,
     /// The projections it trains (the others get no gradient and no step).
     modules: Modules,
+    /// Freed activations stay with the allocator for a minute while a session lives: each step
+    /// would fault its gigabytes in afresh otherwise (`tandem_model::allocator`).
+    _keep: KeepFreed,
 }
 
 impl Session {
@@ -70,14 +74,28 @@ impl Session {
         let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
         let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
         let held = Held::new(lora, UNSET).map_err(failed)?;
-        Ok(Session { base, base_id: base_id.to_string(), held, grads: None, modules: Modules::ALL })
+        Ok(Session {
+            base,
+            base_id: base_id.to_string(),
+            held,
+            grads: None,
+            modules: Modules::ALL,
+            _keep: KeepFreed::begin(),
+        })
     }
 
     /// A session over an adapter a job loaded or initialised, with AdamW `params` (a job's
     /// constant settings; each [`Session::step`] may change the learning rate).
     pub fn over(base: Arc<Base>, base_id: &str, lora: Lora, params: AdamParams) -> Result<Self, TrainError> {
         let held = Held::new(lora, params).map_err(failed)?;
-        Ok(Session { base, base_id: base_id.to_string(), held, grads: None, modules: Modules::ALL })
+        Ok(Session {
+            base,
+            base_id: base_id.to_string(),
+            held,
+            grads: None,
+            modules: Modules::ALL,
+            _keep: KeepFreed::begin(),
+        })
     }
 
     /// The adapter and optimizer, for a job to park between steps (`TrainSink::boundary`) while
@@ -319,7 +337,7 @@ impl Session {
         if held.live()?.lora.pairs.len() != base.config.n_layer {
             return Err(TrainError::Invalid(format!("the saved state does not fit {base_id}")));
         }
-        Ok(Session { base, base_id, held, grads: None, modules: state_modules(path) })
+        Ok(Session { base, base_id, held, grads: None, modules: state_modules(path), _keep: KeepFreed::begin() })
     }
 
     /// Replaces this session's adapter (and moments, or fresh ones) with a saved state of the
