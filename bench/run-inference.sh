@@ -13,6 +13,8 @@ make -s model MODEL="$MODEL"
 source bench/setup.sh
 server=$(llama_server)
 cargo build --release --bin tandem -q
+# Decode's bound: two threads reading a buffer the size of the file, loads only.
+cargo build --release -p tandem-model --example matmul_bench -q
 
 data=$(mktemp -d)
 RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8101 --data-dir "$data" --model "$MODEL" \
@@ -22,7 +24,8 @@ tandem_pid=$!
 llama_pid=$!
 trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8101 && wait_healthy 8102
-python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" \
+read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
+python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
 # The first greedy tokens of a few prompts, side by side (docs/benchmarks.md: where they part).
 python3 bench/greedy_match.py http://127.0.0.1:8101 http://127.0.0.1:8102 --key bench
