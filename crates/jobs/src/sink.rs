@@ -68,7 +68,7 @@ impl StoreSink {
 }
 
 /// Writes `events` in order, removing each one the store took; stops at the first error.
-pub(crate) async fn write_events(
+async fn write_events(
     store: &dyn Store,
     job_id: Uuid,
     owner: &str,

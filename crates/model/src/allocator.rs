@@ -43,7 +43,7 @@ struct Guards {
 
 static GUARDS: std::sync::Mutex<Guards> = std::sync::Mutex::new(Guards { keepers: 0, purgers: 0, before: None });
 
-/// Counts a guard in or out (`change` +1 or -1 on keepers or purgers) and sets the delay they
+/// Counts a guard in or out (+1 or -1 on `keep` or `purge`) and sets the delay they
 /// call for: a minute while anything trains, else 0 while something loads, else the delay from
 /// before. The environment's `MIMALLOC_PURGE_DELAY`, when set, is never overridden.
 fn update(keep: isize, purge: isize) {

@@ -73,15 +73,7 @@ impl Session {
         let (base, _) = trainer.base(base_id)?;
         let config = AdapterConfig { r: rank, lora_alpha: Some(alpha), use_rslora: false };
         let lora = adapter::init_with(&base, config, seed.unwrap_or(INIT_SEED)).map_err(failed)?;
-        let held = Held::new(lora, UNSET).map_err(failed)?;
-        Ok(Session {
-            base,
-            base_id: base_id.to_string(),
-            held,
-            grads: None,
-            modules: Modules::ALL,
-            _keep: KeepFreed::begin(),
-        })
+        Session::over(base, base_id, lora, UNSET)
     }
 
     /// A session over an adapter a job loaded or initialised, with AdamW `params` (a job's
