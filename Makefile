@@ -91,32 +91,50 @@ $(TINKER_OK):
 
 # tinker-cookbook 0.6.1 and ART 0.5.23's TinkerNativeBackend for `make test-cookbook`, each in a
 # Python 3.12 virtualenv of its own (they pin different tinker SDKs: 0.38 and 0.34), both with
-# PyTorch 2.11.0 (the cookbook and ART's Tinker path build tensors with it; PyPI's CUDA build, ~5 GB
-# each, runs on the CPU; the second install comes from pip's cache). The cookbook names
-# tml-renderers >= 0.4.1, which the registry does not carry (0.2.1 is its newest): the cookbook is
-# installed without its own dependency list, then with that list minus tml-renderers, which only the
-# Inkling/Kimi renderers import (never these tests); its math_rl recipe's extras as it names them.
+# PyTorch 2.11.0 (the cookbook and ART's Tinker path build tensors with it). PyPI's torch for Linux
+# is the CUDA build (4.6 GB with its NVIDIA libraries; it runs on the CPU), so it is installed once,
+# without pip's cache, into target/torchlib, and each of the two virtualenvs reads it through a .pth
+# file: pip counts it as installed there. Two copies and the cached wheels had been ~12 GB, and a
+# full disk is how CI once failed. The cookbook names tml-renderers >= 0.4.1, which the registry
+# does not carry (0.2.1 is its newest): the cookbook is installed without its own dependency list,
+# then with that list minus tml-renderers, which only the Inkling/Kimi renderers import (never these
+# tests); its math_rl recipe's extras as it names them.
+TORCHLIB := target/torchlib
+TORCH_VERSION := 2.11.0
+TORCHLIB_OK := $(TORCHLIB)/.ok-$(TORCH_VERSION)
+$(TORCHLIB_OK):
+	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: PyTorch for the Tinker clients needs Python 3.12" >&2; exit 1; fi; \
+	"$$py" -m venv $(TORCHLIB)
+	$(TORCHLIB)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir torch==$(TORCH_VERSION)
+	touch $@
+# share_torch ENV: the virtualenv ENV finds target/torchlib's packages after its own.
+share_torch = $(TORCHLIB)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])' \
+	> "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/tandem-torchlib.pth"
+
 COOKBOOKENV := target/cookbookenv
 COOKBOOK_VERSION := 0.6.1
-TORCH_VERSION := 2.11.0
 COOKBOOK_OK := $(COOKBOOKENV)/.ok-$(COOKBOOK_VERSION)-$(TINKER_VERSION)-$(TORCH_VERSION)
-$(COOKBOOK_OK):
+$(COOKBOOK_OK): $(TORCHLIB_OK)
 	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: the cookbook tests need Python 3.12" >&2; exit 1; fi; \
 	"$$py" -m venv $(COOKBOOKENV)
+	$(call share_torch,$(COOKBOOKENV))
 	$(COOKBOOKENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps tinker-cookbook==$(COOKBOOK_VERSION)
 	$(COOKBOOKENV)/bin/python -m pip install --quiet --disable-pip-version-check tinker==$(TINKER_VERSION) \
 		torch==$(TORCH_VERSION) transformers==$(TRANSFORMERS_VERSION) jinja2==$(JINJA2_VERSION) aiohttp anyio \
 		blobfile chz cloudpickle datasets huggingface-hub numpy pillow pydantic pyrage rich safetensors termcolor \
 		tiktoken tqdm "math-verify>=0.5.0" "pylatexenc>=2.0" "sympy>=1.12.0"
+	$(COOKBOOKENV)/bin/python -c 'import torch; assert torch.__file__.startswith("$(abspath $(TORCHLIB))"), torch.__file__'
 	touch $@
 ARTTINKERENV := target/arttinkerenv
 # Set before the first rule that names it (make expands a rule's target where it reads it).
 ART23_VERSION := 0.5.23
-ARTTINKER_OK := $(ARTTINKERENV)/.ok-$(ART23_VERSION)
-$(ARTTINKER_OK):
+ARTTINKER_OK := $(ARTTINKERENV)/.ok-$(ART23_VERSION)-$(TORCH_VERSION)
+$(ARTTINKER_OK): $(TORCHLIB_OK)
 	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: ART $(ART23_VERSION) needs Python 3.12" >&2; exit 1; fi; \
 	"$$py" -m venv $(ARTTINKERENV)
+	$(call share_torch,$(ARTTINKERENV))
 	$(ARTTINKERENV)/bin/python -m pip install --quiet --disable-pip-version-check "openpipe-art[tinker]==$(ART23_VERSION)"
+	$(ARTTINKERENV)/bin/python -c 'import torch; assert torch.__file__.startswith("$(abspath $(TORCHLIB))"), torch.__file__'
 	touch $@
 
 # moto in server mode: a local S3-compatible server for the cluster test's `s3://` blob store, in a
