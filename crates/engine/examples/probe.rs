@@ -17,7 +17,7 @@ fn main() {
         .forward(&mut [SeqInput { tokens: &ids, cache: &mut cache, adapter: None, logits: Logits::Last }])
         .unwrap();
     println!("prefill {:?}", t.elapsed());
-    let logits = &out[0][0];
+    let logits = &out[(0, 0)];
     let lse = tandem_engine::sampler::log_normalizer(logits);
     for id in tandem_engine::sampler::top_k_ids(logits, 8) {
         println!("{:>6} {:>8.3} {:?}", id, logits[id as usize] - lse, tok.token_text(id));

@@ -359,7 +359,7 @@ impl EngineLoop {
             let seq = &mut self.running[*i];
             let n = work[&seq.id].min(seq.prefill_left.max(1));
             if seq.prefill_left > 0 {
-                seq.record_prompt_logprobs(seq.cache.len() - n, &logits[slot], &self.tok);
+                seq.record_prompt_logprobs(seq.cache.len() - n, logits.rows(slot), &self.tok);
                 seq.prefill_left -= n;
                 self.metrics.prompt_tokens(n);
                 if seq.prefill_left > 0 {
@@ -374,7 +374,7 @@ impl EngineLoop {
                 slot_of.extend(new.iter().map(|f| (f.id, slot)));
                 forks.extend(new);
             }
-            if !logits[slot].is_empty() {
+            if logits.rows(slot).len() > 0 {
                 slot_of.insert(seq.id, slot);
             }
         }
@@ -384,7 +384,7 @@ impl EngineLoop {
             self.running.iter_mut().chain(forks.iter_mut()).map(|s| (s, false)).collect();
         team::for_each_chunk_mut(&mut seqs, 1, |_, one| {
             let (seq, finished) = &mut one[0];
-            if let Some(row) = slot_of.get(&seq.id).and_then(|s| logits[*s].last()) {
+            if let Some(row) = slot_of.get(&seq.id).and_then(|s| logits.last(*s)) {
                 *finished = seq.sample_and_emit(row, tok, cfg, metrics);
             }
         });

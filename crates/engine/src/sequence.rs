@@ -214,9 +214,14 @@ impl Seq {
 
     /// Records prompt logprobs from a prefill chunk's rows (row j follows position `start + j`),
     /// and sends them all once the prompt is complete.
-    pub fn record_prompt_logprobs(&mut self, start: usize, rows: &[Vec<f32>], tok: &TextTokenizer) {
+    pub fn record_prompt_logprobs<'r>(
+        &mut self,
+        start: usize,
+        rows: impl Iterator<Item = &'r [f32]>,
+        tok: &TextTokenizer,
+    ) {
         let Some(k) = self.prompt_logprobs else { return };
-        for (j, row) in rows.iter().enumerate() {
+        for (j, row) in rows.enumerate() {
             let Some(&actual) = self.req.prompt.get(start + j + 1) else { break };
             let lse = sampler::log_normalizer(row);
             let ranked = |id: u32| {

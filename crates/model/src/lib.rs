@@ -22,7 +22,7 @@ pub mod testing;
 pub use arch::{Activation, Arch, SlidingWindow};
 pub use gguf::{GgufFile, TokenizerMeta};
 pub use kv::{KvCache, KV_VALUE_BYTES};
-pub use llama::{Layer, LayerExtra, Llama, LlamaConfig, Logits, SeqInput};
+pub use llama::{Layer, LayerExtra, Llama, LlamaConfig, Logits, SeqInput, StepLogits};
 pub use lora::LoraAdapter;
 pub use source::WeightSource;
 

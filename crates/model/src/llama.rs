@@ -187,6 +187,40 @@ pub enum Logits {
     All,
 }
 
+/// The logit rows one step returns: one (rows, vocab) matrix in which each sequence's rows are
+/// consecutive, in input order. One allocation, handed out as row views: 16 decode rows over
+/// Qwen's 151,936 tokens are 9.7 MB, which a copy per row had held twice at the step's peak.
+#[derive(Debug)]
+pub struct StepLogits {
+    data: Vec<f32>,
+    vocab: usize,
+    /// Per sequence: its first row and how many it has.
+    spans: Vec<(usize, usize)>,
+}
+
+impl StepLogits {
+    /// Sequence `seq`'s rows, in token order.
+    pub fn rows(&self, seq: usize) -> std::slice::ChunksExact<'_, f32> {
+        let (first, n) = self.spans[seq];
+        self.data[first * self.vocab..(first + n) * self.vocab].chunks_exact(self.vocab.max(1))
+    }
+
+    /// Sequence `seq`'s last row (after its last new token), if it asked for any.
+    pub fn last(&self, seq: usize) -> Option<&[f32]> {
+        self.rows(seq).next_back()
+    }
+}
+
+/// `logits[(seq, i)]`: row `i` of sequence `seq`.
+impl std::ops::Index<(usize, usize)> for StepLogits {
+    type Output = [f32];
+    fn index(&self, (seq, i): (usize, usize)) -> &[f32] {
+        let (first, n) = self.spans[seq];
+        assert!(i < n, "sequence {seq} has {n} logit rows, not {}", i + 1);
+        &self.data[(first + i) * self.vocab..(first + i + 1) * self.vocab]
+    }
+}
+
 /// One sequence's part of a batch.
 pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
@@ -243,7 +277,7 @@ impl Llama {
     }
 
     /// Runs one step. Returns, per sequence, its requested logits rows (vocab floats each).
-    pub fn forward(&self, seqs: &mut [SeqInput<'_>]) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+    pub fn forward(&self, seqs: &mut [SeqInput<'_>]) -> Result<StepLogits, ModelError> {
         let c = &self.config;
         let mut rows = Vec::new();
         for (s, seq) in seqs.iter().enumerate() {
@@ -446,20 +480,26 @@ impl Llama {
         });
     }
 
-    fn logits(&self, seqs: &[SeqInput<'_>], rows: &[RowInfo], x: &[f32], acts: &mut Q8Acts) -> Vec<Vec<Vec<f32>>> {
+    fn logits(&self, seqs: &[SeqInput<'_>], rows: &[RowInfo], x: &[f32], acts: &mut Q8Acts) -> StepLogits {
         let c = &self.config;
         let h = c.hidden;
         let mut wanted = Vec::new(); // (seq, packed row)
+        let mut spans = vec![(0, 0); seqs.len()];
         for (t, info) in rows.iter().enumerate() {
             let seq = &seqs[info.seq];
             let last = rows.get(t + 1).is_none_or(|n| n.seq != info.seq);
             if seq.logits == Logits::All || (seq.logits == Logits::Last && last) {
+                // Rows come sequence by sequence, so each one's wanted rows are consecutive.
+                let span = &mut spans[info.seq];
+                if span.1 == 0 {
+                    span.0 = wanted.len();
+                }
+                span.1 += 1;
                 wanted.push((info.seq, t));
             }
         }
-        let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
         if wanted.is_empty() {
-            return out;
+            return StepLogits { data: Vec::new(), vocab: c.vocab, spans };
         }
         let mut xs = Vec::with_capacity(wanted.len() * h);
         for (_, t) in &wanted {
@@ -480,9 +520,31 @@ impl Llama {
                 }
             });
         }
-        for (i, (s, _)) in wanted.iter().enumerate() {
-            out[*s].push(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
-        }
-        out
+        StepLogits { data: logits, vocab: c.vocab, spans }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StepLogits;
+
+    #[test]
+    fn step_logits_hand_each_sequence_its_own_rows() {
+        // Three sequences over a vocabulary of 2: the first wants two rows, the second none, the
+        // third one.
+        let data = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let l = StepLogits { data, vocab: 2, spans: vec![(0, 2), (0, 0), (2, 1)] };
+        assert_eq!(l.rows(0).collect::<Vec<_>>(), [[1.0, 2.0], [3.0, 4.0]]);
+        assert_eq!(l.rows(1).len(), 0);
+        assert_eq!(l.last(1), None);
+        assert_eq!(l.last(0), Some(&[3.0, 4.0][..]));
+        assert_eq!(&l[(2, 0)], [5.0, 6.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "has 0 logit rows")]
+    fn a_row_a_sequence_did_not_ask_for_is_refused() {
+        let l = StepLogits { data: vec![1.0, 2.0], vocab: 2, spans: vec![(0, 1), (0, 0)] };
+        let _ = &l[(1, 0)];
     }
 }

@@ -32,7 +32,7 @@ fn every_architecture_matches_its_naive_forward_and_batches_exactly() {
         };
         step(&tokens[..7], &mut cache, Logits::None);
         step(&tokens[7..12], &mut cache, Logits::None);
-        let ours = step(&tokens[12..], &mut cache, Logits::Last)[0][0].clone();
+        let ours = step(&tokens[12..], &mut cache, Logits::Last)[(0, 0)].to_vec();
 
         let max_ref = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
         let max_diff = reference.iter().zip(&ours).fold(0f32, |m, (r, o)| m.max((r - o).abs()));
@@ -51,7 +51,7 @@ fn every_architecture_matches_its_naive_forward_and_batches_exactly() {
                 SeqInput { tokens: &tokens, cache: &mut c1, adapter: None, logits: Logits::Last },
             ])
             .unwrap();
-        assert_eq!(out[1][0], ours, "{arch:?}: batched output must equal unbatched output");
+        assert_eq!(out[(1, 0)], ours, "{arch:?}: batched output must equal unbatched output");
     }
 }
 
@@ -125,8 +125,8 @@ fn gemma3_270m_matches_its_naive_forward() {
         let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
         let ours = m
             .forward(&mut [SeqInput { tokens, cache: &mut cache, adapter: None, logits: Logits::Last }])
-            .unwrap()[0][0]
-            .clone();
+            .unwrap()[(0, 0)]
+            .to_vec();
         let (lr, lo) = (lse(&reference), lse(&ours));
         let kl: f64 = reference
             .iter()
@@ -176,8 +176,8 @@ fn rope_frequency_factors_of_a_gguf_are_applied() {
         let m = tandem_model::load(path).unwrap().model;
         let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
         m.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: None, logits: Logits::Last }]).unwrap()
-            [0][0]
-            .clone()
+            [(0, 0)]
+            .to_vec()
     };
     let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     let (ours, reference) = (last(&scaled), naive_logits(&scaled, &tokens));

@@ -152,7 +152,8 @@ fn write_hf(gguf: &Path, dir: &Path, arch: Arch) {
 
 fn logits(m: &tandem_model::Llama, tokens: &[u32]) -> Vec<f32> {
     let mut cache = KvCache::new(m.config.n_layer, m.config.kv_dim());
-    m.forward(&mut [SeqInput { tokens, cache: &mut cache, adapter: None, logits: Logits::Last }]).unwrap()[0][0].clone()
+    m.forward(&mut [SeqInput { tokens, cache: &mut cache, adapter: None, logits: Logits::Last }]).unwrap()[(0, 0)]
+        .to_vec()
 }
 
 #[test]
@@ -201,7 +202,7 @@ fn a_checkpoint_directory_computes_what_its_gguf_computes() {
                 SeqInput { tokens: &tokens, cache: &mut c2, adapter: None, logits: Logits::Last },
             ])
             .unwrap();
-        assert_eq!(batched[1][0], f32_logits, "{arch:?}: batched f32 output must equal unbatched");
+        assert_eq!(batched[(1, 0)], f32_logits, "{arch:?}: batched f32 output must equal unbatched");
 
         let meta = &from_dir.tokenizer;
         assert_eq!((meta.eos_id, meta.bos_id, meta.add_bos), (Some(257), Some(256), Some(false)));

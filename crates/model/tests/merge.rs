@@ -8,8 +8,9 @@ fn last_logits(model: &tandem_model::Llama, adapter: Option<&LoraAdapter>) -> Ve
     let c = &model.config;
     let tokens: Vec<u32> = vec![256, 72, 105, 33, 10, 257, 256];
     let mut cache = KvCache::new(c.n_layer, c.kv_dim());
-    model.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter, logits: Logits::Last }]).unwrap()[0][0]
-        .clone()
+    model.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter, logits: Logits::Last }]).unwrap()
+        [(0, 0)]
+        .to_vec()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {

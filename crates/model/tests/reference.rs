@@ -39,7 +39,7 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
     m.forward(&mut [SeqInput { tokens: &a[2..4], cache: &mut ca, adapter: None, logits: Logits::None }]).unwrap();
     let alone =
         m.forward(&mut [SeqInput { tokens: &a[4..], cache: &mut ca, adapter: None, logits: Logits::Last }]).unwrap();
-    let alone = &alone[0][0];
+    let alone = &alone[(0, 0)];
 
     let max_ref = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     let max_diff = reference.iter().zip(alone).fold(0f32, |m, (r, o)| m.max((r - o).abs()));
@@ -64,14 +64,14 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
             SeqInput { tokens: &a[..4], cache: &mut ca2, adapter: None, logits: Logits::None },
         ])
         .unwrap();
-    assert_eq!(mixed[1].len(), 0);
+    assert_eq!(mixed.rows(1).len(), 0);
     let batched = m
         .forward(&mut [
             SeqInput { tokens: &a[4..], cache: &mut ca2, adapter: None, logits: Logits::Last },
             SeqInput { tokens: &[2], cache: &mut cb, adapter: None, logits: Logits::Last },
         ])
         .unwrap();
-    assert_eq!(&batched[0][0], alone, "batched output must equal unbatched output");
+    assert_eq!(&batched[(0, 0)], alone, "batched output must equal unbatched output");
 
     // On a thread team (as the engine runs it) rather than rayon: the same tasks, so the same
     // bits, for a prefill and a decode step.
@@ -81,7 +81,7 @@ fn optimised_forward_matches_naive_f32_and_batching_changes_nothing() {
         m.forward(&mut [SeqInput { tokens: &a[..4], cache: &mut ct, adapter: None, logits: Logits::None }]).unwrap();
         m.forward(&mut [SeqInput { tokens: &a[4..], cache: &mut ct, adapter: None, logits: Logits::Last }]).unwrap()
     });
-    assert_eq!(&on_team[0][0], alone, "a thread team must give the bits rayon gives");
+    assert_eq!(&on_team[(0, 0)], alone, "a thread team must give the bits rayon gives");
 }
 
 #[test]
@@ -110,9 +110,9 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
     };
     let run = |a: Option<&LoraAdapter>| {
         let mut cache = KvCache::new(c.n_layer, c.kv_dim());
-        m.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: a, logits: Logits::Last }]).unwrap()[0]
-            [0]
-        .clone()
+        m.forward(&mut [SeqInput { tokens: &tokens, cache: &mut cache, adapter: a, logits: Logits::Last }]).unwrap()
+            [(0, 0)]
+            .to_vec()
     };
     let base = run(None);
     let zero = adapter(0.0);
@@ -127,8 +127,8 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
             SeqInput { tokens: &tokens, cache: &mut c2, adapter: None, logits: Logits::Last },
         ])
         .unwrap();
-    assert_eq!(out[0][0], run(Some(&trained)));
-    assert_eq!(out[1][0], base);
+    assert_eq!(out[(0, 0)], run(Some(&trained)));
+    assert_eq!(out[(1, 0)], base);
 }
 
 /// Every projection of the real model, through whatever kernel this CPU selects, against the

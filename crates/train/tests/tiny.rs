@@ -96,7 +96,7 @@ fn training_forward_agrees_for(arch: Arch) {
             .forward(&mut [SeqInput { tokens: seq, cache: &mut cache, adapter: None, logits: Logits::All }])
             .unwrap();
         for i in 1..seq.len() {
-            let lp = log_softmax(&logits[0][i - 1])[seq[i] as usize];
+            let lp = log_softmax(&logits[(0, i - 1)])[seq[i] as usize];
             diffs.push((lp - ours[k]).abs());
             // The inference kernels quantise activations to int8: a few hundredths at most.
             assert!((lp - ours[k]).abs() < 0.08, "{arch:?} token {i}: inference {lp}, training {}", ours[k]);
