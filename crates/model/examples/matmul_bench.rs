@@ -82,26 +82,87 @@ fn read(threads: usize, mb: usize) {
     println!("read {mb} MB, {threads} threads: {:.1} GB/s", (data.len() * 8) as f64 / best / 1e9);
 }
 
+/// `matmul_bench layers [T] [THREADS] [REPEAT]`: every projection of Qwen2.5-1.5B's 28 layers at
+/// their real shapes and formats (Q4_K, with `ffn_down` in Q6_K in every other layer, as in the
+/// Q4_K_M file; `gate`/`up` fused as the model runs them), T activation rows (16), THREADS
+/// threads (2): 1.3 GB of weights, so each pass streams them from memory as a 16-stream decode
+/// step does. REPEAT=1 instead runs one layer's matrices over and over (their weights stay in
+/// the caches): the gap between the two is what memory costs the tiles.
+fn layers(t: usize, threads: usize, repeat: bool) {
+    let layer = |i: usize| {
+        let down = if i % 2 == 0 { BlockFormat::Q6K } else { BlockFormat::Q4K };
+        vec![
+            block(BlockFormat::Q4K, 2048, 1536).lanes_only(),
+            block(BlockFormat::Q4K, 1536, 1536).lanes_only(),
+            block(BlockFormat::Q4K, 2 * 8960, 1536).lanes_only(),
+            block(down, 1536, 8960).lanes_only(),
+        ]
+    };
+    let mats: Vec<Weights> = (0..if repeat { 2 } else { 28 }).flat_map(layer).collect();
+    let passes = if repeat { 14 } else { 1 };
+    let macs: usize = mats.iter().map(|w| w.rows() * w.cols() * t).sum::<usize>() * passes;
+    let bytes: usize = mats.iter().map(Weights::bytes).sum::<usize>() * passes;
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
+        let acts = |k: usize| {
+            let mut a = Q8Acts::default();
+            a.quantize(&pseudo(t * k, 7), t, k);
+            a
+        };
+        let (narrow, wide) = (acts(1536), acts(8960));
+        let mut out = vec![0f32; t * 2 * 8960];
+        let mut best = f64::MAX;
+        for _ in 0..6 {
+            let start = std::time::Instant::now();
+            for _ in 0..passes {
+                for w in &mats {
+                    let a = if w.cols() == 8960 { &wide } else { &narrow };
+                    matmul(w, a, &mut out[..t * w.rows()]);
+                }
+            }
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let what = if repeat { "two layers repeated (in cache)" } else { "28 layers streamed" };
+        println!(
+            "layers T={t} {threads} threads, {what}: {:.1} ms a pass, {:.1} GMAC/s a thread, weights read at {:.1} GB/s",
+            best / passes as f64 * 1e3,
+            macs as f64 / best / 1e9 / threads as f64,
+            bytes as f64 / best / 1e9
+        );
+    });
+}
+
 fn main() {
     let arg = |i: usize, default: usize| std::env::args().nth(i).and_then(|t| t.parse().ok()).unwrap_or(default);
     if std::env::args().nth(1).as_deref() == Some("read") {
         return read(arg(2, 2), arg(3, 1024));
     }
+    if std::env::args().nth(1).as_deref() == Some("layers") {
+        return layers(arg(2, 16), arg(3, 2), arg(4, 0) == 1);
+    }
     if std::env::args().nth(1).as_deref() == Some("stream") {
         return stream(std::env::args().nth(2).and_then(|t| t.parse().ok()).unwrap_or(2));
     }
-    // `matmul_bench blocks` times only the block formats at Qwen2.5-1.5B's FFN shape.
+    // `matmul_bench blocks` times only the block formats at a 1024x1536 shape whose weights fit
+    // the L2; `matmul_bench shapes` Qwen2.5-1.5B's real projections (most do not).
     let only_blocks = std::env::args().nth(1).as_deref() == Some("blocks");
+    let shapes = std::env::args().nth(1).as_deref() == Some("shapes");
     rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
         let mut cases: Vec<(&str, Weights)> = Vec::new();
-        if !only_blocks {
+        if shapes {
+            cases.push(("q4_k 2048x1536", block(BlockFormat::Q4K, 2048, 1536)));
+            cases.push(("q4_k 17920x1536", block(BlockFormat::Q4K, 17920, 1536)));
+            cases.push(("q4_k 1536x8960", block(BlockFormat::Q4K, 1536, 8960)));
+            cases.push(("q6_k 1536x8960", block(BlockFormat::Q6K, 1536, 8960)));
+        } else if !only_blocks {
             cases.push(("q4 1536x576", q4(1536, 576)));
             cases.push(("q4 576x1536", q4(576, 1536)));
             cases.push(("q8 4096x576", Weights::Q8(Q8Matrix::from_f32(&pseudo(4096 * 576, 5), 4096, 576))));
         }
-        cases.push(("q5_0 1024x1536", block(BlockFormat::Q5_0, 1024, 1536)));
-        cases.push(("q4_k 1024x1536", block(BlockFormat::Q4K, 1024, 1536)));
-        cases.push(("q6_k 1024x1536", block(BlockFormat::Q6K, 1024, 1536)));
+        if !shapes {
+            cases.push(("q5_0 1024x1536", block(BlockFormat::Q5_0, 1024, 1536)));
+            cases.push(("q4_k 1024x1536", block(BlockFormat::Q4K, 1024, 1536)));
+            cases.push(("q6_k 1024x1536", block(BlockFormat::Q6K, 1024, 1536)));
+        }
         for (name, w) in &cases {
             for t in [1usize, 16, 128] {
                 let mut a = Q8Acts::default();
