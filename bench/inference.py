@@ -7,7 +7,9 @@ For each server (OpenAI-compatible `/v1/chat/completions`, non-streaming): prefi
 generated tokens/s with 1, 4 and 16 concurrent streams of 64 tokens. Rounds alternate between
 servers and medians are reported; prompts start with a fresh random prefix so no prefix cache
 helps. With two servers, the ratios first/second are printed. Peak RSS is read from
-/proc/<pid>/status when a PID is given as NAME=URL@PID.
+/proc/<pid>/status when a PID is given as NAME=URL@PID, after the workload every server runs;
+`--constrained` then runs the JSON-schema phases on the first server alone and prints its peak
+after them too.
 """
 import argparse
 import json
@@ -122,10 +124,17 @@ def main():
             s["decode_1"].append(decode_rate(url, args.key, rng))
             for n in (1, 4, 16):
                 s[f"aggregate_{n}"].append(aggregate_rate(url, args.key, rng, n))
-            if args.constrained and name == servers[0][0]:
-                s["decode_1_json"].append(decode_rate(url, args.key, rng, True))
-                for n in (1, 16):
-                    s[f"aggregate_{n}_json"].append(aggregate_rate(url, args.key, rng, n, True))
+    # The peak over the workload every server ran, before the constrained one only the first runs
+    # (its grammar state is memory the others were never asked to hold).
+    rss = [peak_rss_mb(pid) if pid else None for _, _, pid in servers]
+    if args.constrained:
+        name, url, pid = servers[0]
+        s = samples[name]
+        for _ in range(args.rounds):
+            s["decode_1_json"].append(decode_rate(url, args.key, rng, True))
+            for n in (1, 16):
+                s[f"aggregate_{n}_json"].append(aggregate_rate(url, args.key, rng, n, True))
+        rss_constrained = peak_rss_mb(pid) if pid else None
     print(f"{'metric (tok/s, median)':<24}" + "".join(f"{n:>14}" for n, _, _ in servers) + ("     ratio" if len(servers) == 2 else ""))
     for m in metrics:
         vals = [statistics.median(samples[n][m]) for n, _, _ in servers]
@@ -138,8 +147,10 @@ def main():
             base = m.removesuffix("_json")
             v, u = statistics.median(samples[first][m]), statistics.median(samples[first][base])
             print(f"{m:<24}{v:>14.1f}{v / u:>10.2f}")
-    rss = [peak_rss_mb(pid) if pid else None for _, _, pid in servers]
-    print(f"{'peak RSS (MB)':<24}" + "".join(f"{(r or float('nan')):>14.0f}" for r in rss))
+        if rss_constrained:
+            print(f"{'peak RSS after (MB)':<24}{rss_constrained:>14.0f}")
+    print(f"{'peak RSS (MB)':<24}" + "".join(f"{(r or float('nan')):>14.0f}" for r in rss)
+          + (f"{rss[0] / rss[1]:>10.2f}" if len(rss) == 2 and all(rss) else ""))
     if args.gguf:
         # Decode reads every weight once per token: the file's size is what a token costs in memory
         # traffic (the tied embedding is read as the output head), whatever the in-memory layout.
