@@ -90,7 +90,7 @@ fn read(threads: usize, mb: usize) {
 /// the caches): the gap between the two is what memory costs the tiles.
 fn layers(t: usize, threads: usize, repeat: bool) {
     let layer = |i: usize| {
-        let down = if i % 2 == 0 { BlockFormat::Q6K } else { BlockFormat::Q4K };
+        let down = if i.is_multiple_of(2) { BlockFormat::Q6K } else { BlockFormat::Q4K };
         vec![
             block(BlockFormat::Q4K, 2048, 1536).lanes_only(),
             block(BlockFormat::Q4K, 1536, 1536).lanes_only(),
