@@ -133,36 +133,41 @@ fn layers(t: usize, threads: usize, repeat: bool) {
 
 fn main() {
     let arg = |i: usize, default: usize| std::env::args().nth(i).and_then(|t| t.parse().ok()).unwrap_or(default);
-    if std::env::args().nth(1).as_deref() == Some("read") {
-        return read(arg(2, 2), arg(3, 1024));
+    let mode = std::env::args().nth(1);
+    match mode.as_deref() {
+        Some("read") => return read(arg(2, 2), arg(3, 1024)),
+        Some("layers") => return layers(arg(2, 16), arg(3, 2), arg(4, 0) == 1),
+        Some("stream") => return stream(arg(2, 2)),
+        _ => {}
     }
-    if std::env::args().nth(1).as_deref() == Some("layers") {
-        return layers(arg(2, 16), arg(3, 2), arg(4, 0) == 1);
-    }
-    if std::env::args().nth(1).as_deref() == Some("stream") {
-        return stream(std::env::args().nth(2).and_then(|t| t.parse().ok()).unwrap_or(2));
-    }
-    // `matmul_bench blocks` times only the block formats at a 1024x1536 shape whose weights fit
-    // the L2; `matmul_bench shapes` Qwen2.5-1.5B's real projections (most do not).
-    let only_blocks = std::env::args().nth(1).as_deref() == Some("blocks");
-    let shapes = std::env::args().nth(1).as_deref() == Some("shapes");
     rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
-        let mut cases: Vec<(&str, Weights)> = Vec::new();
-        if shapes {
-            cases.push(("q4_k 2048x1536", block(BlockFormat::Q4K, 2048, 1536)));
-            cases.push(("q4_k 17920x1536", block(BlockFormat::Q4K, 17920, 1536)));
-            cases.push(("q4_k 1536x8960", block(BlockFormat::Q4K, 1536, 8960)));
-            cases.push(("q6_k 1536x8960", block(BlockFormat::Q6K, 1536, 8960)));
-        } else if !only_blocks {
-            cases.push(("q4 1536x576", q4(1536, 576)));
-            cases.push(("q4 576x1536", q4(576, 1536)));
-            cases.push(("q8 4096x576", Weights::Q8(Q8Matrix::from_f32(&pseudo(4096 * 576, 5), 4096, 576))));
-        }
-        if !shapes {
-            cases.push(("q5_0 1024x1536", block(BlockFormat::Q5_0, 1024, 1536)));
-            cases.push(("q4_k 1024x1536", block(BlockFormat::Q4K, 1024, 1536)));
-            cases.push(("q6_k 1024x1536", block(BlockFormat::Q6K, 1024, 1536)));
-        }
+        // `matmul_bench blocks` times only the block formats at a 1024x1536 shape whose weights
+        // fit the L2; `matmul_bench shapes` Qwen2.5-1.5B's real projections (most do not).
+        let small_blocks = || {
+            vec![
+                ("q5_0 1024x1536", block(BlockFormat::Q5_0, 1024, 1536)),
+                ("q4_k 1024x1536", block(BlockFormat::Q4K, 1024, 1536)),
+                ("q6_k 1024x1536", block(BlockFormat::Q6K, 1024, 1536)),
+            ]
+        };
+        let cases: Vec<(&str, Weights)> = match mode.as_deref() {
+            Some("shapes") => vec![
+                ("q4_k 2048x1536", block(BlockFormat::Q4K, 2048, 1536)),
+                ("q4_k 17920x1536", block(BlockFormat::Q4K, 17920, 1536)),
+                ("q4_k 1536x8960", block(BlockFormat::Q4K, 1536, 8960)),
+                ("q6_k 1536x8960", block(BlockFormat::Q6K, 1536, 8960)),
+            ],
+            Some("blocks") => small_blocks(),
+            _ => {
+                let mut all = vec![
+                    ("q4 1536x576", q4(1536, 576)),
+                    ("q4 576x1536", q4(576, 1536)),
+                    ("q8 4096x576", Weights::Q8(Q8Matrix::from_f32(&pseudo(4096 * 576, 5), 4096, 576))),
+                ];
+                all.extend(small_blocks());
+                all
+            }
+        };
         for (name, w) in &cases {
             for t in [1usize, 16, 128] {
                 let mut a = Q8Acts::default();

@@ -215,9 +215,8 @@ impl StepLogits {
 impl std::ops::Index<(usize, usize)> for StepLogits {
     type Output = [f32];
     fn index(&self, (seq, i): (usize, usize)) -> &[f32] {
-        let (first, n) = self.spans[seq];
-        assert!(i < n, "sequence {seq} has {n} logit rows, not {}", i + 1);
-        &self.data[(first + i) * self.vocab..(first + i + 1) * self.vocab]
+        let n = self.spans[seq].1;
+        self.rows(seq).nth(i).unwrap_or_else(|| panic!("sequence {seq} has {n} logit rows, not {}", i + 1))
     }
 }
 
