@@ -34,6 +34,7 @@ fn stream(threads: usize) {
     let bytes: usize = mats.iter().map(Weights::bytes).sum();
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
         let mut a = Q8Acts::default();
+        a.k_quants = std::env::var_os("PER32").is_none();
         a.quantize(&pseudo(1536, 7), 1, 1536);
         let mut out = vec![0f32; 8960];
         let mut best = f64::MAX;
@@ -105,6 +106,7 @@ fn layers(t: usize, threads: usize, repeat: bool) {
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
         let acts = |k: usize| {
             let mut a = Q8Acts::default();
+        a.k_quants = std::env::var_os("PER32").is_none();
             a.quantize(&pseudo(t * k, 7), t, k);
             a
         };
@@ -171,6 +173,7 @@ fn main() {
         for (name, w) in &cases {
             for t in [1usize, 16, 128] {
                 let mut a = Q8Acts::default();
+                a.k_quants = std::env::var_os("PER32").is_none();
                 a.quantize(&pseudo(t * w.cols(), 7), t, w.cols());
                 let mut out = vec![0f32; t * w.rows()];
                 let reps = (2_000_000_000 / (w.rows() * w.cols() * t)).clamp(3, 2000);

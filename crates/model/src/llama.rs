@@ -139,6 +139,8 @@ pub struct Llama {
     rope_swa: Option<RopeTable>,
     /// Some matrix is f32 (`--quantize none`): matmuls need the activations in f32 too.
     f32_acts: bool,
+    /// Whether any weight takes activations quantised per 256 values too (`Q8Acts::k_quants`).
+    k_acts: bool,
 }
 
 /// cos / sin of position p and pair i at `[p * head_dim / 2 + i]`.
@@ -259,7 +261,10 @@ impl Llama {
         let f32_acts = lm_head.as_ref().is_some_and(Weights::needs_f32_acts)
             || embed.needs_f32_acts()
             || layers.iter().any(|l| [&l.qkv, &l.o, &l.gate_up, &l.down].into_iter().any(Weights::needs_f32_acts));
-        Llama { config, embed, layers, out_norm, lm_head, rope, rope_swa, f32_acts }
+        let k_acts = lm_head.as_ref().is_some_and(Weights::wants_k_acts)
+            || embed.wants_k_acts()
+            || layers.iter().any(|l| [&l.qkv, &l.o, &l.gate_up, &l.down].into_iter().any(Weights::wants_k_acts));
+        Llama { config, embed, layers, out_norm, lm_head, rope, rope_swa, f32_acts, k_acts }
     }
 
     fn rope_of(&self, layer: usize) -> &RopeTable {
@@ -301,6 +306,7 @@ impl Llama {
         }
         let mut s = Scratch::default();
         s.acts.keep_f32 = self.f32_acts;
+        s.acts.k_quants = self.k_acts;
         for (li, layer) in self.layers.iter().enumerate() {
             self.attention_block(li, layer, seqs, &rows, &mut x, &mut s);
             self.ffn_block(li, layer, seqs, &rows, &mut x, &mut s);

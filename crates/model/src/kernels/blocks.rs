@@ -384,7 +384,7 @@ pub fn matmul_blocks(w: &BlockMatrix, a: &super::Q8Acts, out: &mut [f32], tier: 
     assert_eq!(out.len(), n_out * t_rows);
     #[cfg(target_arch = "x86_64")]
     if let (Tier::Vnni(vnni), Some(packed)) = (tier, w.lanes.as_deref()) {
-        return super::blocks_lanes::matmul(vnni, packed, a, out);
+        return super::blocks_tile::matmul(vnni, packed, a, out);
     }
     super::tiled(n_out, t_rows, out, |cols| super::tiles_of(cols, BlockTile(tier, w, a)));
 }

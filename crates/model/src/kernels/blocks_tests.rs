@@ -112,7 +112,7 @@ fn every_tier_equals_the_dequantised_product_and_batches_exactly() {
             matmul_blocks(m, &a, &mut out, tier);
             for (i, (got, want)) in out.iter().zip(&exact).enumerate() {
                 let err = (*got as f64 - want).abs();
-                assert!(err <= 1e-5 * bound[i] + 1e-6, "{format:?} {tier:?} output {i}: {got} vs {want}");
+                assert!(err <= 1e-5 * bound[i] + 1e-6, "{format:?} {tier:?} {kind} output {i}: {got} vs {want}");
             }
             // Each row alone gives the same bits as in the batch.
             for t in [0, 5, 12] {
@@ -249,4 +249,64 @@ fn q8_0_blocks_are_taken_as_they_are() {
     m.dequantize_row(0, &mut row);
     let d = half::f16::from_le_bytes([raw[0], raw[1]]).to_f32();
     assert_eq!(row[0], -127.0 * d);
+}
+
+/// The K-quants' lane kernel with activations per 256 values (`Q8Acts::k_quants`): the plain
+/// product of candle's f32 weights and those activations, each row alone bit for bit as in the
+/// batch, and the formats' extreme values without overflow.
+#[test]
+fn k_quants_with_activations_per_super_block() {
+    if !has_avx512_vnni() {
+        return;
+    }
+    let (rows, t_rows, cols) = (37, 13, 768);
+    for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K] {
+        let (m, w) = quantised(format, rows, cols, 4);
+        let m = m.lanes_only();
+        let mut x = weights(t_rows, cols, 5);
+        // One row of extremes: every activation at +-127 of its scale.
+        for (i, v) in x[..cols].iter_mut().enumerate() {
+            *v = if i % 3 == 0 { -9.0 } else { 9.0 };
+        }
+        let mut a = Q8Acts::default();
+        a.k_quants = true;
+        a.quantize(&x, t_rows, cols);
+        let k = a.k().expect("per-256 activations");
+        let mut out = vec![0f32; t_rows * rows];
+        matmul_blocks(&m, &a, &mut out, Tier::best());
+        for t in 0..t_rows {
+            let (kq, kd) = k.row(t);
+            for n in 0..rows {
+                let terms = (0..cols).map(|c| w[n * cols + c] as f64 * kq[c] as f64 * kd[c / 256] as f64);
+                let (want, bound) = terms.fold((0f64, 0f64), |(s, b), v| (s + v, b + v.abs()));
+                let got = out[t * rows + n] as f64;
+                assert!((got - want).abs() <= 1e-5 * bound + 1e-6, "{format:?} ({t}, {n}): {got} vs {want}");
+            }
+            let mut one = Q8Acts::default();
+            one.k_quants = true;
+            one.quantize(&x[t * cols..(t + 1) * cols], 1, cols);
+            let mut single = vec![0f32; rows];
+            matmul_blocks(&m, &one, &mut single, Tier::best());
+            assert_eq!(&out[t * rows..(t + 1) * rows], &single[..], "{format:?} row {t}");
+        }
+    }
+    // Weights at the top of their range against activations at +-127: the largest integer sums.
+    for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K] {
+        let cols = 512;
+        let data: Vec<f32> = (0..cols).map(|i| if i % 3 == 0 { -1000.0 } else { 1000.0 }).collect();
+        let t = Tensor::from_vec(data, (1, cols), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, format.dtype()).unwrap();
+        let w = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let m = BlockMatrix::from_raw(format, q.data().unwrap().into_owned(), 1, cols).unwrap().lanes_only();
+        let x: Vec<f32> = w.iter().map(|v| 127.0 * v.signum()).collect();
+        let mut a = Q8Acts::default();
+        a.k_quants = true;
+        a.quantize(&x, 1, cols);
+        let (kq, kd) = a.k().unwrap().row(0);
+        let terms = (0..cols).map(|c| w[c] as f64 * kq[c] as f64 * kd[c / 256] as f64);
+        let (want, bound) = terms.fold((0f64, 0f64), |(s, b), v| (s + v, b + v.abs()));
+        let mut out = [0f32];
+        matmul_blocks(&m, &a, &mut out, Tier::best());
+        assert!((out[0] as f64 - want).abs() <= 1e-5 * bound, "{format:?}: {} vs {want}", out[0]);
+    }
 }

@@ -21,6 +21,8 @@ pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod blocks_lanes;
 #[cfg(target_arch = "x86_64")]
+mod blocks_tile;
+#[cfg(target_arch = "x86_64")]
 mod blocks_simd;
 pub mod causal;
 pub mod cpu;
@@ -29,6 +31,7 @@ mod dense;
 mod lanes;
 mod q4;
 mod q8;
+mod q8k;
 pub mod sgemm;
 mod simd;
 pub mod team;
@@ -39,6 +42,7 @@ use cpu::{cpu, Avx2Fma, SharedOut};
 pub use dense::F32Matrix;
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
+pub use q8k::KActs;
 
 /// A weight matrix in one of the kernels' formats.
 #[derive(Debug, Clone)]
@@ -141,6 +145,13 @@ impl Weights {
     /// Whether multiplying needs the activations' f32 copy (`Q8Acts::keep_f32`).
     pub fn needs_f32_acts(&self) -> bool {
         matches!(self, Weights::F32(_))
+    }
+
+    /// Whether multiplying is faster with the activations also quantised per 256 values
+    /// (`Q8Acts::k_quants`): K-quant weights lane-packed for the VNNI kernel.
+    pub fn wants_k_acts(&self) -> bool {
+        matches!(self, Weights::Block(b) if b.lanes.is_some()
+            && matches!(b.format(), BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K))
     }
 }
 

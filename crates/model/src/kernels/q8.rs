@@ -192,6 +192,10 @@ pub struct Q8Acts {
     /// Whether `quantize` also keeps the f32 input (for f32 weights, `--quantize none`).
     pub keep_f32: bool,
     values: Vec<f32>,
+    /// Whether `quantize` also quantises per 256 values (`KActs`), for K-quant weights' lane
+    /// kernel; rows whose length is not a multiple of 256 are not (no K-quant weight takes them).
+    pub k_quants: bool,
+    k: super::KActs,
 }
 
 impl Q8Acts {
@@ -212,6 +216,11 @@ impl Q8Acts {
         self.values.clear();
         if self.keep_f32 {
             self.values.extend_from_slice(data);
+        }
+        if self.k_quants && cols.is_multiple_of(super::blocks::QK_K) {
+            self.k.quantize(data, rows, cols);
+        } else {
+            self.k.quantize(&[], 0, 0);
         }
         #[cfg(target_arch = "x86_64")]
         let simd = super::has_avx512_vnni();
@@ -293,6 +302,12 @@ impl Q8Acts {
 
     pub(crate) fn all_scaled_sums(&self) -> &[f32] {
         &self.scaled_sums
+    }
+
+    /// The per-256 quantisation of the last `quantize`, when `k_quants` was set and the rows
+    /// are whole super-blocks.
+    pub fn k(&self) -> Option<&super::KActs> {
+        (self.k.rows() == self.rows && self.k.cols() == self.cols && self.rows > 0).then_some(&self.k)
     }
 
     /// The f32 input of the last `quantize`, when `keep_f32` was set.
