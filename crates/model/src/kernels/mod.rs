@@ -21,9 +21,9 @@ pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod blocks_lanes;
 #[cfg(target_arch = "x86_64")]
-mod blocks_tile;
-#[cfg(target_arch = "x86_64")]
 mod blocks_simd;
+#[cfg(target_arch = "x86_64")]
+mod blocks_tile;
 pub mod causal;
 pub mod cpu;
 mod dense;
