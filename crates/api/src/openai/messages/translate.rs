@@ -124,6 +124,10 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Value, ApiError> {
                 "response_format".into(),
                 json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
             );
+            // Compact JSON: Anthropic's API has no whitespace option, and free whitespace lets a
+            // sampled model spend max_tokens on blank lines before the JSON closes. A caller's own
+            // `structured_outputs` (vLLM's extra) still decides.
+            chat.entry("structured_outputs").or_insert_with(|| json!({"disable_any_whitespace": true}));
         }
     }
     Ok(Value::Object(chat))
@@ -321,6 +325,7 @@ mod tests {
                              "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}},
                              "thinking": {"type": "adaptive"}}));
         assert_eq!(c["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
+        assert_eq!(c["structured_outputs"], json!({"disable_any_whitespace": true}));
         assert_eq!((c["reasoning_effort"].clone(), c["include_reasoning"].clone()), (json!("low"), json!(true)));
         assert!(c.get("speed").is_none() && c.get("output_config").is_none());
         // A last assistant turn is continued, not answered; an error result says so.
