@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
-from tandem_server import Server  # noqa: E402
+from tandem_server import Server, finish  # noqa: E402
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -384,4 +384,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main() or 0)
+    finish(main() or 0)

@@ -5,14 +5,35 @@ Used by test_art.py and the reliability suite (tests/reliability/). Standard lib
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+
+# Temporary directories a suite made (`scratch`): removed by `finish` when the suite passes, kept
+# after a failure for its logs. Without it every run left ~2 GB of servers' data under /tmp.
+_SCRATCH = []
+
+
+def scratch(prefix="tandem-"):
+    """A new temporary directory that `finish(0)` removes."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    _SCRATCH.append(path)
+    return path
+
+
+def finish(code):
+    """Exits with `code`, first removing the suite's scratch directories when it is 0."""
+    if not code:
+        for path in _SCRATCH:
+            shutil.rmtree(path, ignore_errors=True)
+    sys.exit(code)
 
 
 class Server:
@@ -22,7 +43,7 @@ class Server:
 
     def __init__(self, binary, model_path, key, extra=(), data=None, prefix="tandem-", log_dir=None):
         self.binary, self.model_path, self.key, self.extra = binary, model_path, key, list(extra)
-        self.data = data or tempfile.mkdtemp(prefix=prefix)
+        self.data = data or scratch(prefix)
         self.log_dir = log_dir
         self.log_path = os.path.join(log_dir or self.data, "server.log")
         self.log = open(self.log_path, "a")

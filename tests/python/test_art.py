@@ -56,7 +56,7 @@ import art  # noqa: E402
 EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES_DIR))
 import tandem_sft  # noqa: E402
-from tandem_server import Server  # noqa: E402
+from tandem_server import Server, finish  # noqa: E402
 
 KEY = "art-test-key"
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -539,4 +539,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

@@ -26,12 +26,13 @@ Prints 'art-tinker: N passed, M failed' and exits non-zero on any failure.
 import asyncio
 import os
 import sys
-import tempfile
 import time
 
 KEY = "art-tinker-test-key"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-DATA = tempfile.mkdtemp(prefix="tandem-art-tinker-")
+from tandem_server import finish, run_checks, scratch  # noqa: E402  (standard library only)
+
+DATA = scratch("tandem-art-tinker-")
 os.environ["HF_HUB_CACHE"] = os.path.join(DATA, "hf-hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TINKER_API_KEY"] = f"tml-{KEY}"
@@ -41,7 +42,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import art  # noqa: E402
 from art.tinker_native import TinkerNativeBackend  # noqa: E402
 
-from tandem_server import run_checks  # noqa: E402
 
 QUESTIONS = ["Is the sky blue?", "Is water wet?", "Is fire cold?"]
 CONFIG = {"tinker_native_args": {"renderer_name": "qwen3_instruct", "training_client_args": {"rank": 8}}}
@@ -148,4 +148,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

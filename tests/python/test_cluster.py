@@ -34,13 +34,12 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_art  # noqa: E402  (sets ART's environment before importing it)
-from tandem_server import Server, start_moto  # noqa: E402
+from tandem_server import Server, finish, scratch, start_moto  # noqa: E402
 
 KEY = test_art.KEY
 BASE = test_art.BASE_MODEL
@@ -277,7 +276,7 @@ def main():
     psql(admin, f"CREATE DATABASE {DB}")
     db_url = admin.rsplit("/", 1)[0] + "/" + DB
     moto = None
-    scratch = tempfile.mkdtemp(prefix="tandem-cluster-")
+    scratch_dir = scratch("tandem-cluster-")
     if kind == "s3":
         moto, moto_port = start_moto(sys.argv[5], "tandem-test")
         endpoint = f"http://127.0.0.1:{moto_port}"
@@ -285,7 +284,7 @@ def main():
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"})
         blob_store = "s3://tandem-test/cluster"
     else:
-        blob_store = f"file://{scratch}/blobs"
+        blob_store = f"file://{scratch_dir}/blobs"
     print(f"cluster: 1 api + 2 inference + 2 trainer nodes, PostgreSQL {DB}, blob store {blob_store}")
     passed = failed = 0
     cluster = None
@@ -320,4 +319,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

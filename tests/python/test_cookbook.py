@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 
 KEY = "cookbook-test-key"
@@ -34,7 +33,9 @@ RENDERER = "qwen3_instruct"
 FULL = "--full" in sys.argv
 
 # The data directory is chosen before anything imports huggingface_hub: it reads HF_HUB_CACHE once.
-DATA = tempfile.mkdtemp(prefix="tandem-cookbook-")
+from tandem_server import finish, run_checks, scratch  # noqa: E402  (standard library only)
+
+DATA = scratch("tandem-cookbook-")
 os.environ["HF_HUB_CACHE"] = os.path.join(DATA, "hf-hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TINKER_API_KEY"] = f"tml-{KEY}"
@@ -42,8 +43,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import tinker  # noqa: E402
 from tinker import types  # noqa: E402
-
-from tandem_server import run_checks  # noqa: E402
 
 
 def metrics(log_path):
@@ -170,4 +169,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

@@ -14,7 +14,7 @@ import time
 
 from playwright.sync_api import sync_playwright
 
-from tandem_server import rl_step, run_checks, trained_step
+from tandem_server import finish, rl_step, run_checks, trained_step
 
 KEY = "dashboard-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -400,4 +400,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

@@ -34,7 +34,7 @@ import time  # noqa: E402
 import art  # noqa: E402
 
 from real_model import ask, check, client, finished_json, greedy_chat, run, stream_matches  # noqa: E402
-from tandem_server import Server  # noqa: E402
+from tandem_server import Server, finish  # noqa: E402
 
 KEY = "gemma-test-key"
 MODEL = "google/gemma-3-270m"
@@ -145,7 +145,7 @@ def main():
     finally:
         server.stop()
     print(f"gemma: {counts['passed']} passed, {counts['failed']} failed")
-    sys.exit(1 if counts["failed"] else 0)
+    finish(1 if counts["failed"] else 0)
 
 
 if __name__ == "__main__":

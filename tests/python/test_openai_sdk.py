@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 
 import gguf
 import numpy
@@ -19,12 +18,12 @@ import safetensors.numpy
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.parser import text_string_to_metric_families as classic_families
 
-from tandem_server import Server, rl_step, run_checks, trained_step
+from tandem_server import Server, finish, rl_step, run_checks, scratch, trained_step
 
 KEY = "sdk-test-key"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The server's --lora-root (runtime_lora_adapter unpacks an exported checkpoint under it).
-LORA_ROOT = tempfile.mkdtemp(prefix="tandem-loras-")
+LORA_ROOT = scratch("tandem-loras-")
 checks = []
 
 
@@ -465,4 +464,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

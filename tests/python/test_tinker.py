@@ -70,18 +70,18 @@ import os
 import sys
 import tarfile
 import time
-import tempfile
 
 # The data directory is chosen before anything imports huggingface_hub (it reads HF_HUB_CACHE once):
 # the server writes its hub cache there.
-DATA = tempfile.mkdtemp(prefix="tandem-tinker-")
+from tandem_server import finish, run_checks, scratch  # noqa: E402  (standard library only)
+
+DATA = scratch("tandem-tinker-")
 os.environ["HF_HUB_CACHE"] = os.path.join(DATA, "hf-hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
-from tandem_server import run_checks  # noqa: E402
 
 KEY = "tinker-test-key"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -258,7 +258,7 @@ def download(ctx):
         assert e.code == 404, e.code
     # The CLI: a saved state exported through a training client of its own, fetched, cleaned up.
     state = tc.save_state("for-download").result().path
-    out = tempfile.mkdtemp(prefix="tandem-download-")
+    out = scratch("tandem-download-")
     env = dict(os.environ, TINKER_BASE_URL=f"http://{ctx.server.host}:{ctx.server.port}", TINKER_API_KEY=f"tml-{KEY}")
     cli = os.path.join(os.path.dirname(sys.executable), "tinker")
     run = subprocess.run([cli, "checkpoint", "download", state, "--output", out], env=env, capture_output=True,
@@ -919,4 +919,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

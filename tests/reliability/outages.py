@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 
-from tandem_server import free_port, start_moto
+from tandem_server import free_port, scratch, start_moto
 
 # A 503 from an unavailable store comes within the pool's acquire timeout (2 s) and a request's
 # own work; from an unreachable blob store within its client's retries (5 s) and connect timeout.
@@ -39,7 +39,7 @@ class PrivatePostgres:
         if not found:
             raise NotImplementedError("no PostgreSQL server binaries (pg_ctl) on this machine")
         self.bin = os.path.dirname(found)
-        self.root = tempfile.mkdtemp(prefix="tandem-pg-")
+        self.root = scratch("tandem-pg-")
         self.data, self.port = os.path.join(self.root, "data"), free_port()
         # PostgreSQL refuses to run as root: then it runs as the postgres user.
         self.prefix = []
@@ -426,7 +426,7 @@ def r17(ctx, rel, size_mb=64):
 def _r17(ctx, rel, mount):
     data = os.path.join(mount, "data")
     os.makedirs(data, mode=0o700)
-    logs = tempfile.mkdtemp(prefix="tandem-rel-log-")
+    logs = scratch("tandem-rel-log-")
     extra = ["--blob-retry-seconds", "5"]
     server = rel.Server(ctx.args.binary, ctx.args.model, rel.KEY, extra, data=data, log_dir=logs)
     ctx.servers.append(server)

@@ -27,7 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from tandem_server import Server  # noqa: E402
+from tandem_server import Server, finish  # noqa: E402
 import fair_shares  # noqa: E402
 import outages  # noqa: E402
 
@@ -772,4 +772,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())
