@@ -85,6 +85,7 @@ impl Frozen {
 /// `x (T, k) -> x M^T (T, n)` for an (n, k) matrix in the inference kernels' formats.
 fn quantized_product(m: &Weights, x: &[f32], t: usize) -> Vec<f32> {
     let mut acts = Q8Acts::default();
+    acts.k_quants = m.wants_k_acts();
     acts.quantize(&x[..t * m.cols()], t, m.cols());
     let mut out = vec![0f32; t * m.rows()];
     kernels::matmul(m, &acts, &mut out);
