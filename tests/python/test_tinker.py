@@ -31,7 +31,7 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     lists the run's checkpoints and deletes one by its tinker path
   pipelined         calls submitted without waiting for results run in seq_id order; one waiting
                     behind running work longer than the gap wait (GAP_SECONDS) still runs
-  bad-input         a NaN advantage, an unknown loss, targets that are not the input shifted by one,
+  bad-input         a NaN advantage, an unknown loss (and `custom`, Tinker's uploaded losses),
                     a token id outside the vocabulary, a float target, a 2-D input and a length
                     mismatch and a batch over --max-job-tokens fail their own call (a user error,
                     not retried); a reused seq_id and one past a gap sent by another client move
@@ -57,6 +57,10 @@ server, points `tinker.ServiceClient` at it with a `tml-` key, and checks:
                     bounds checked; after a restart with the times moved into the past, the sweep
                     deletes what expired (the sampler checkpoint too) and keeps the rest (last:
                     it restarts the server)
+  (issue 50)        tinker_probes.py's checks: seq_ids consumed by refusals and gaps, crossed clip
+                    thresholds, a reused step behind a published sampler, the model cap under
+                    concurrency, bounded results and bodies, the cookbook's losses and targets,
+                    sampling bursts, sessions ended by missed heartbeats
   hub-tokenizer     SamplingClient.get_tokenizer() loads the base model by name from the hub cache
                     the server writes (HF_HUB_CACHE=<data>/hf-hub), and GET /v1/tokenizer gives
                     the same files as a tar archive (a directory, or a hub cache's layout)
@@ -83,27 +87,8 @@ import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 
-KEY = "tinker-test-key"
-BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# A short sentence's token ids in SmolLM2's vocabulary (any ids below its 49,152 would do).
-TOKENS = [504, 3458, 282, 4649, 314, 7042, 30, 378, 3458, 282, 6129, 314, 4141, 30]
-
-
-def service(server, key=KEY):
-    return tinker.ServiceClient(base_url=f"http://{server.host}:{server.port}", api_key=f"tml-{key}")
-
-
-def datum(tokens=TOKENS, **inputs):
-    """Position i of the input predicts token i + 1."""
-    n = len(tokens) - 1
-    loss_inputs = {"target_tokens": tokens[1:]}
-    for k, v in inputs.items():
-        loss_inputs[k] = v if isinstance(v, list) else [v] * n
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=loss_inputs)
-
-
-def logprobs(out, i=0):
-    return out.loss_fn_outputs[i]["logprobs"].tolist()
+from tinker_common import BASE, KEY, TOKENS, datum, logprobs, service  # noqa: E402
+import tinker_probes  # noqa: E402
 
 
 class Ctx:
@@ -521,11 +506,8 @@ def bad_input(ctx):
     n = len(TOKENS) - 1
     cases = [
         (lambda: tc.forward_backward([datum(logprobs=0.0, advantages=[float("nan")] * n)], "ppo"), "nan"),
-        (lambda: tc.forward_backward([datum(weights=1.0)], "dro"), "not served"),
-        (lambda: tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]),
-                                                  loss_fn_inputs={"target_tokens": TOKENS[:-1],
-                                                                  "weights": [1.0] * n})], "cross_entropy"),
-         "shifted by one"),
+        (lambda: tc.forward_backward([datum(weights=1.0)], "kto"), "not served"),
+        (lambda: tc.forward_backward([datum(weights=1.0)], "custom"), "forward_backward_custom"),
         (lambda: tc.forward_backward([datum(tokens=[1, 2, 10 ** 6], weights=1.0)], "cross_entropy"),
          "outside the vocabulary"),
         # Wrong dtype, shape and length, as a client's own tensors can be.
@@ -908,14 +890,26 @@ GAP_SECONDS = 3
 # that bad-input's huge batch is cheap to build.
 MAX_CALL_TOKENS = 4096
 
+# Sessions whose client stopped beating end this long after (the SDK beats every 10 s).
+HEARTBEAT_SECONDS = 25
+# Requests one entity may have in flight on the engine (--per-entity-limit): small here, so that
+# sample_burst's compute_logprobs go past it.
+PER_ENTITY = 16
+tinker_probes.GAP_SECONDS = GAP_SECONDS
+tinker_probes.HEARTBEAT_SECONDS = HEARTBEAT_SECONDS
+
 CHECKS = [sft_loop, modules, curves, sampler_weights, sampling, scores, download, saved_state, rest_runs, load_state, rl_losses, pipelined, bad_input,
-          other_entity, tokenizer, hub_tokenizer, session_end, inflight, publish, expiry]
+          other_entity, tokenizer, hub_tokenizer, session_end, inflight, publish, *tinker_probes.CHECKS, expiry]
 
 
 def main():
     binary, model = sys.argv[1], sys.argv[2]
     return run_checks("tinker", CHECKS, binary, model, KEY, Ctx, data=DATA,
-                      extra=("--tinker-seq-gap-seconds", str(GAP_SECONDS), "--max-job-tokens", str(MAX_CALL_TOKENS)))
+                      extra=("--tinker-seq-gap-seconds", str(GAP_SECONDS), "--max-job-tokens", str(MAX_CALL_TOKENS),
+                             "--tinker-heartbeat-seconds", str(HEARTBEAT_SECONDS),
+                             "--per-entity-limit", str(PER_ENTITY),
+                             # The probes' models beside the suite's (the default is 8).
+                             "--max-tinker-models", "12"))
 
 
 if __name__ == "__main__":

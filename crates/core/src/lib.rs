@@ -11,6 +11,7 @@
 //! - [`chat`]: chat messages (role and content typed, the rest as sent).
 //! - [`inference`]: the port between the api and the inference engine.
 //! - [`tinker`]: the port between the Tinker routes and the training sessions.
+//! - [`seq_order`]: the `seq_id` order of a Tinker model's calls (a pure ledger).
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 //! - [`health`]: the training worker's heartbeat.
 //! - [`history`]: a model's curves over steps, downsampled.
@@ -26,6 +27,7 @@ pub mod inference;
 pub mod metrics;
 pub mod names;
 pub mod records;
+pub mod seq_order;
 pub mod sequences;
 pub mod sft;
 pub mod telemetry;

@@ -131,6 +131,11 @@ pub struct ServeArgs {
     /// (default 600).
     #[arg(long, env = "TANDEM_TINKER_SEQ_GAP_SECONDS")]
     pub tinker_seq_gap_seconds: Option<f64>,
+    /// Seconds a Tinker session that has sent heartbeats lives after its last heartbeat or call
+    /// (default 60: six missed beats of the SDK's 10 s; a client that exits without closing its
+    /// session gives its models back this soon).
+    #[arg(long, env = "TANDEM_TINKER_HEARTBEAT_SECONDS")]
+    pub tinker_heartbeat_seconds: Option<f64>,
     /// Most tokens one training job may train on (RL trajectories' or SFT conversations'
     /// tokens); a larger job is a 422 at creation (default 1048576).
     #[arg(long, env = "TANDEM_MAX_JOB_TOKENS")]
@@ -239,6 +244,7 @@ pub struct ServeConfig {
     pub max_tinker_models: usize,
     pub tinker_idle: std::time::Duration,
     pub tinker_seq_gap: std::time::Duration,
+    pub tinker_heartbeat: std::time::Duration,
     pub max_job_tokens: u64,
     /// The database pool's size and acquire timeout (None: the backend's defaults).
     pub db_pool: tandem_store::PoolSettings,
@@ -331,6 +337,10 @@ impl ServeConfig {
             tinker_seq_gap: match args.tinker_seq_gap_seconds.or(file.tinker_seq_gap_seconds).unwrap_or(600.0) {
                 s if (0.1..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
                 s => bail!("--tinker-seq-gap-seconds {s}: expected 0.1 to 86400"),
+            },
+            tinker_heartbeat: match args.tinker_heartbeat_seconds.or(file.tinker_heartbeat_seconds).unwrap_or(60.0) {
+                s if (1.0..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
+                s => bail!("--tinker-heartbeat-seconds {s}: expected 1 to 86400"),
             },
             max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
             db_pool: tandem_store::PoolSettings {

@@ -37,6 +37,7 @@ fn main() {
                 ref_lp: f64::NAN,
                 advantage: 1.0,
                 weight: 1.0,
+                token: None,
             });
         }
     }

@@ -222,7 +222,9 @@ pub fn policy_loss_part(tokens: &[TokenInput], cfg: &LossConfig, row_tokens: usi
 /// and its derivative in `r`: the gradient flows through `r` where the unclipped term is the
 /// minimum, or where clipping does not bite (both terms then agree).
 pub fn ppo_term(r: f64, a: f64, lo: f64, hi: f64) -> (f64, f64) {
-    let (unclipped, clipped) = (r * a, r.clamp(lo, hi) * a);
+    // max/min, not clamp: bounds from a client (even crossed or NaN ones, refused earlier) can
+    // never panic here.
+    let (unclipped, clipped) = (r * a, r.max(lo).min(hi) * a);
     let dl_dr = if unclipped <= clipped || (lo..=hi).contains(&r) { -a } else { 0.0 };
     (-unclipped.min(clipped), dl_dr)
 }
@@ -230,7 +232,7 @@ pub fn ppo_term(r: f64, a: f64, lo: f64, hi: f64) -> (f64, f64) {
 /// CISPO's term of one token, `-sg(clip(r, lo, hi)) a lp`, and its derivative in `lp` (the
 /// clipped ratio is a constant to the gradient).
 pub fn cispo_term(r: f64, a: f64, lp: f64, lo: f64, hi: f64) -> (f64, f64) {
-    let c = r.clamp(lo, hi);
+    let c = r.max(lo).min(hi);
     (-c * a * lp, -c * a)
 }
 

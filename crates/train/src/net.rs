@@ -445,7 +445,7 @@ impl<'a> Pass<'a> {
             return Ok((RowOutput { logprobs: none, entropy: Vec::new() }, last));
         }
         let from: Vec<u32> = row.targets.iter().map(|t| (row.source(t) - first) as u32).collect();
-        let targets: Vec<u32> = row.targets.iter().map(|t| row.tokens[t.pos]).collect();
+        let targets: Vec<u32> = row.targets.iter().map(|t| t.token_in(row)).collect();
         // Targets that read the same row and name the same token (the prompt positions of a
         // Tinker group's datums, which share the prompt's rows) are one logprob: computed once
         // and handed to each (index_select's backward sums their gradients).

@@ -41,6 +41,16 @@ pub struct Target {
     pub ref_lp: f64,
     pub advantage: f64,
     pub weight: f64,
+    /// The token scored here when it is not the row's token at `pos`: a Tinker datum may name
+    /// any target at a position (a recipe puts token 0 with advantage 0 at prompt positions).
+    pub token: Option<u32>,
+}
+
+impl Target {
+    /// The token whose logprob this target is.
+    pub fn token_in(&self, row: &Row) -> u32 {
+        self.token.unwrap_or(row.tokens[self.pos])
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -256,6 +266,7 @@ pub fn pack(trajs: &[TrajectoryInput], row_len: usize, balance: f64, share: bool
                 ref_lp: f64::NAN,
                 advantage: trajs[*ti].advantage,
                 weight: *weight,
+                token: None,
             });
         }
         // A trajectory's sequences are consecutive: count it once per row it reaches.
@@ -442,7 +453,16 @@ mod tests {
     }
 
     fn target(pos: usize, segment: usize) -> Target {
-        Target { pos, segment, old_lp: 0.0, original_lp: f64::NAN, ref_lp: f64::NAN, advantage: 1.0, weight: 1.0 }
+        Target {
+            pos,
+            segment,
+            old_lp: 0.0,
+            original_lp: f64::NAN,
+            ref_lp: f64::NAN,
+            advantage: 1.0,
+            weight: 1.0,
+            token: None,
+        }
     }
 
     #[test]

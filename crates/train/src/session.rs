@@ -208,9 +208,26 @@ impl Session {
         loss: TokenLoss,
         backward: bool,
     ) -> Result<Forwarded, TrainError> {
+        self.forward_backward_sliced(trainer, data, loss, backward, &mut || {})
+    }
+
+    /// [`Self::forward_backward`] in slices at part boundaries (a part is a micro-batch; the
+    /// parts of one cut tree stay together), calling `between` after each slice but the last:
+    /// the trainer's turn passes there, so another entity's call waits one slice, not this whole
+    /// call. Gradients join the pending ones only once every slice has run.
+    pub fn forward_backward_sliced(
+        &mut self,
+        trainer: &LoraTrainer,
+        data: &[Datum],
+        loss: TokenLoss,
+        backward: bool,
+        between: &mut dyn FnMut(),
+    ) -> Result<Forwarded, TrainError> {
         let datums: Vec<(Vec<u32>, DatumInputs)> =
             data.iter().enumerate().map(|(i, d)| self.datum(i, d, loss)).collect::<Result<_, _>>()?;
         let seqs: Vec<&[u32]> = datums.iter().map(|(t, _)| t.as_slice()).collect();
+        // Position i of datum d scores `targets[i]`; where that is not the next input token, the
+        // target names its token (the row holds the inputs and the last target).
         let (rows, placements) = lay_out(&seqs, usize::MAX, trainer.share_prefixes)
             .map_err(|i| TrainError::Failed(format!("datum {i} does not fit a row")))?;
         let mut row = rows.into_iter().next().unwrap_or_default();
@@ -218,8 +235,9 @@ impl Session {
         // a segment's targets together and in order, so a part's targets are whole datums.
         // A target whose inputs make its gradient zero has weight 0: the head computes its
         // logprob and skips its backward.
-        for (p, (_, inputs)) in placements.iter().zip(&datums) {
+        for ((p, (tokens, inputs)), d) in placements.iter().zip(&datums).zip(data) {
             row.targets.extend(p.index[1..].iter().enumerate().map(|(i, &pos)| Target {
+                token: (d.targets[i] != tokens[i + 1]).then_some(d.targets[i]),
                 pos,
                 segment: p.segment,
                 old_lp: f64::NAN,
@@ -243,7 +261,7 @@ impl Session {
             }
             owned.push(list);
         }
-        let mut datum_losses = |k: usize, lps: &[f32]| {
+        let datum_losses = |k: usize, lps: &[f32]| {
             let mut g = vec![0.0; lps.len()];
             let mut each = Vec::with_capacity(owned[k].len());
             for (d, range) in &owned[k] {
@@ -254,7 +272,31 @@ impl Session {
             }
             Ok((g, each))
         };
-        let results = self.run(trainer, &parts, backward, &mut datum_losses)?;
+        // The call's gradients gather apart from the pending ones and join them once every slice
+        // has run: a call that fails part way leaves nothing.
+        let before = self.grads.take();
+        let mut results = Vec::with_capacity(parts.len());
+        for (i, slice) in slices(&parts).into_iter().enumerate() {
+            if i > 0 {
+                between();
+            }
+            let offset = slice.start;
+            let mut of_slice = |k: usize, lps: &[f32]| datum_losses(offset + k, lps);
+            match self.run(trainer, &parts[slice], backward, &mut of_slice) {
+                Ok(r) => results.extend(r),
+                Err(e) => {
+                    self.grads = before;
+                    return Err(e);
+                }
+            }
+        }
+        if let Some(mut pending) = before {
+            if let Some(call) = self.grads.take() {
+                let vars = Session::vars_of(&self.held.live()?.lora, self.modules);
+                accumulate(&mut pending, &call, &vars)?;
+            }
+            self.grads = Some(pending);
+        }
         let (mut logprobs, mut total) = (vec![Vec::new(); datums.len()], 0.0);
         for (d, l, lp) in results.into_iter().flat_map(|r| r.extra) {
             total += l;
@@ -369,13 +411,6 @@ impl Session {
         if n == 0 || d.targets.len() != n {
             return Err(bad(format!("{} targets for {n} input tokens", d.targets.len())));
         }
-        if let Some(i) = (0..n - 1).find(|&i| d.targets[i] != d.tokens[i + 1]) {
-            return Err(bad(format!(
-                "target_tokens[{i}] is {}, not the next input token {}: only targets that are the input shifted by one are served",
-                d.targets[i],
-                d.tokens[i + 1]
-            )));
-        }
         let c = &self.base.config;
         if let Some(t) = d.tokens.iter().chain(&d.targets).find(|t| **t as usize >= c.vocab) {
             return Err(bad(format!("token id {t} is outside the vocabulary of {}", c.vocab)));
@@ -394,12 +429,28 @@ impl Session {
             advantages: take("advantages"),
             clip_low: take("clip_low_threshold"),
             clip_high: take("clip_high_threshold"),
+            ratio_mask: take("sequence_ratio_mask"),
         };
         check_inputs(loss, n, &inputs).map_err(bad)?;
         let mut tokens = d.tokens.clone();
         tokens.push(d.targets[n - 1]);
         Ok((tokens, inputs))
     }
+}
+
+/// The ranges of `parts` that run as one slice: each part alone, the parts cut from one tree
+/// (they share its prefix's pass) together.
+fn slices(parts: &[Row]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if p.shared_prefix.is_some() && parts[last.end - 1].shared_prefix == p.shared_prefix => {
+                last.end = i + 1
+            }
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
 }
 
 /// A saved state's base model, rank and alpha, from the description beside it.
@@ -653,10 +704,7 @@ mod tests {
         let (_dir, t) = trainer();
         let mut s = Session::create(&t, "tiny", 4, 32.0, None).unwrap();
         let ce = TokenLoss::CrossEntropy;
-        let mut shifted = datum(&[1, 2, 3], 4, "weights", vec![1.0; 3]);
-        shifted.targets[0] = 9;
         let cases = [
-            (shifted, "not the next input token"),
             (datum(&[1, 2], 100_000, "weights", vec![1.0; 2]), "outside the vocabulary"),
             (datum(&[1, 2], 3, "weights", vec![1.0]), "1 values for 2"),
             (datum(&[1, 2], 3, "advantages", vec![1.0; 2]), "weights"),
@@ -671,5 +719,78 @@ mod tests {
         assert!(s.optim_step(&t, bad).is_err());
         assert!(Session::create(&t, "tiny", 0, 32.0, None).is_err());
         assert!(Session::create(&t, "other", 4, 32.0, None).is_err());
+    }
+
+    /// A call cut into slices at part boundaries (the trainer's turn passes between them) gives
+    /// the logprobs, loss and gradients of the same call run at once; a call that fails part
+    /// way leaves the pending gradients as they were.
+    #[test]
+    fn a_sliced_call_is_the_call() {
+        let data: Vec<Datum> =
+            (0..4u32).map(|k| datum(&[3 + k, 4 + k, 5 + k, 6 + k], 7, "weights", vec![1.0, 0.5, -0.25, 1.0])).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        tandem_model::testing::write_tiny_arch_gguf(&path, tandem_model::Arch::Llama);
+        let with_parts = |part: usize| {
+            LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path: path.clone(), tokenizer: Arc::new(IdsOnly) }])
+                .with_part_tokens(part)
+                .with_exact_base(true)
+        };
+        let run = |t: &LoraTrainer| {
+            let mut s = Session::create(t, "tiny", 4, 32.0, Some(7)).unwrap();
+            // Something pending before the call, which a sliced call must keep and add to.
+            s.forward_backward(t, &data[..1], TokenLoss::CrossEntropy, true).unwrap();
+            let mut slices = 0;
+            let f = s.forward_backward_sliced(t, &data, TokenLoss::CrossEntropy, true, &mut || slices += 1).unwrap();
+            let norm = s.optim_step(t, step()).unwrap();
+            (f, norm, weights(&mut s), slices)
+        };
+        let (whole, n1, w1, one) = run(&with_parts(512));
+        let t = with_parts(5);
+        let (cut, n2, w2, slices) = run(&t);
+        assert_eq!((one, slices), (0, 3), "one part; four datums of 5 tokens, a part each");
+        assert!((whole.loss - cut.loss).abs() < 1e-5, "{} vs {}", whole.loss, cut.loss);
+        for (a, b) in whole.logprobs.iter().flatten().zip(cut.logprobs.iter().flatten()) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        assert!((n1 - n2).abs() < 1e-5 * n1, "{n1} vs {n2}");
+        let d = w1.iter().zip(&w2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-5, "weights differ by {d}");
+
+        // A refused call (a target past the vocabulary, found before any slice runs) leaves what
+        // was pending.
+        let mut s = Session::create(&t, "tiny", 4, 32.0, Some(7)).unwrap();
+        s.forward_backward(&t, &data[..1], TokenLoss::CrossEntropy, true).unwrap();
+        let mut bad = data.clone();
+        bad[3].targets[3] = 1_000_000;
+        assert!(s.forward_backward_sliced(&t, &bad, TokenLoss::CrossEntropy, true, &mut || {}).is_err());
+        let kept = s.optim_step(&t, step()).unwrap();
+        let mut fresh = Session::create(&t, "tiny", 4, 32.0, Some(7)).unwrap();
+        fresh.forward_backward(&t, &data[..1], TokenLoss::CrossEntropy, true).unwrap();
+        assert_eq!(kept, fresh.optim_step(&t, step()).unwrap());
+    }
+
+    /// Position i scores whatever `target_tokens[i]` names, as Tinker does, not only the next
+    /// input token (issue 50: tinker-cookbook's rl_loop puts token 0 at prompt positions).
+    #[test]
+    fn any_target_token_is_scored_at_its_position() {
+        let (_dir, t) = trainer();
+        let mut s = Session::create(&t, "tiny", 4, 32.0, Some(3)).unwrap();
+        let ce = TokenLoss::CrossEntropy;
+        let mut named = datum(&[1, 2, 3], 4, "weights", vec![1.0; 3]);
+        named.targets[0] = 9;
+        let shifted = datum(&[1, 2, 3], 4, "weights", vec![1.0; 3]);
+        let nine_next = datum(&[1, 9], 5, "weights", vec![1.0; 2]);
+        let got = s.forward_backward(&t, &[named, shifted, nine_next], ce, false).unwrap().logprobs;
+        assert_eq!(got[0][0], got[2][0], "position 0 scores token 9 after token 1");
+        assert_ne!(got[0][0], got[1][0]);
+        assert_eq!(got[0][1..], got[1][1..], "the later positions are the shifted inputs'");
+        // And it trains: the named target's logprob rises with a step on it alone.
+        let mut only = datum(&[1, 2, 3], 4, "weights", vec![1.0, 0.0, 0.0]);
+        only.targets[0] = 9;
+        let before = s.forward_backward(&t, std::slice::from_ref(&only), ce, true).unwrap().logprobs[0][0];
+        s.optim_step(&t, step()).unwrap();
+        let after = s.forward_backward(&t, &[only], ce, false).unwrap().logprobs[0][0];
+        assert!(after > before, "{before} -> {after}");
     }
 }

@@ -40,6 +40,7 @@ fn batch_row(seqs: &[Sequence], conversations: usize, share: bool) -> Row {
                 ref_lp: f64::NAN,
                 advantage: 1.0,
                 weight: 1.0,
+                token: None,
             });
         }
     }

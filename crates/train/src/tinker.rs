@@ -151,10 +151,19 @@ impl TinkerModels {
         id: &str,
         f: impl FnOnce(&mut Session) -> Result<R, TrainError>,
     ) -> Result<R, TinkerError> {
+        self.with_turn(id, |s, _| f(s))
+    }
+
+    /// [`Self::with_session`] for work that offers the trainer's turn back at its boundaries.
+    fn with_turn<R>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Session, &mut tandem_jobs::turns::Turn) -> Result<R, TrainError>,
+    ) -> Result<R, TinkerError> {
         let session = self.model(id)?;
-        let _turn = self.turns.enter();
+        let mut turn = self.turns.enter();
         let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut s).map_err(error)
+        f(&mut s, &mut turn).map_err(error)
     }
 }
 
@@ -211,8 +220,12 @@ impl TinkerTrainer for TinkerModels {
     ) -> Result<Forwarded, TinkerError> {
         let loss = TokenLoss::parse(loss_fn, config).map_err(TinkerError::User)?;
         let trainer = &self.trainer;
-        self.with_session(model_id, |s| s.forward_backward(trainer, data, loss, backward))
-            .map(|f| Forwarded { logprobs: f.logprobs, loss: f.loss })
+        // The turn passes at each slice (a micro-batch): another entity's call waits one slice,
+        // not this whole call (issue 50).
+        self.with_turn(model_id, |s, turn| {
+            s.forward_backward_sliced(trainer, data, loss, backward, &mut || turn.boundary())
+        })
+        .map(|f| Forwarded { logprobs: f.logprobs, loss: f.loss })
     }
 
     fn optim_step(&self, model_id: &str, adam: AdamSettings) -> Result<f64, TinkerError> {

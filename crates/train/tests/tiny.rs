@@ -46,6 +46,7 @@ fn row(a: &[u32], b: &[u32]) -> Row {
                 ref_lp: f64::NAN,
                 advantage: adv,
                 weight: 1.0,
+                token: None,
             });
         }
     }
@@ -320,6 +321,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
                 ref_lp: f64::NAN,
                 advantage: 0.0,
                 weight: 0.0,
+                token: None,
             });
         }
         for pos in [23, 24, 25] {
@@ -331,6 +333,7 @@ fn a_job_moves_probability_towards_the_rewarded_completion() {
                 ref_lp: f64::NAN,
                 advantage: 0.0,
                 weight: 0.0,
+                token: None,
             });
         }
         let lp = forward(&base, lora, &r).unwrap().logprobs.to_vec1::<f32>().unwrap();

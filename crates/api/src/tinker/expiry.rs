@@ -31,12 +31,15 @@ pub(super) fn now_ms() -> i64 {
 /// When a checkpoint saved now with `ttl_seconds` expires (ms since the epoch; `None`: never),
 /// or a 422 outside Tinker's bounds.
 pub(super) fn expires_at(ttl_seconds: Option<i64>) -> Result<Option<i64>> {
+    ttl_expiry(ttl_seconds).map_err(|e| bad(e).into())
+}
+
+/// [`expires_at`]'s rule, its refusal as text (a training call fails its future with it).
+pub(super) fn ttl_expiry(ttl_seconds: Option<i64>) -> std::result::Result<Option<i64>, String> {
     match ttl_seconds {
         None => Ok(None),
         Some(s) if TTL_SECONDS.contains(&s) => Ok(Some(now_ms() + s * 1000)),
-        Some(s) => {
-            Err(bad(format!("ttl_seconds {s}: expected 3600 (an hour) to 315360000 (ten years), or null")).into())
-        }
+        Some(s) => Err(format!("ttl_seconds {s}: expected 3600 (an hour) to 315360000 (ten years), or null")),
     }
 }
 
@@ -143,20 +146,30 @@ pub async fn sweep(state: &AppState) -> usize {
     deleted
 }
 
-/// Sweeps at start and every [`SWEEP_EVERY`] while the process serves Tinker.
+/// Sweeps at start and every [`SWEEP_EVERY`] while the process serves Tinker; ends the sessions
+/// whose client stopped (idle, or past its missed heartbeats) every [`REAP_EVERY`], so their
+/// models' memory and places go back without waiting for another entity's next session.
 pub fn spawn_sweeper(state: AppState) {
     if state.tinker_trainer().is_none() {
         return;
     }
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(SWEEP_EVERY);
+        let mut every = tokio::time::interval(REAP_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sweep: Option<tokio::time::Instant> = None;
         loop {
             every.tick().await;
-            sweep(&state).await;
+            super::routes::reap(&state);
+            if last_sweep.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
+                last_sweep = Some(tokio::time::Instant::now());
+                sweep(&state).await;
+            }
         }
     });
 }
+
+/// How often sessions whose client stopped are ended.
+const REAP_EVERY: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -9,8 +9,8 @@
 //!   HMAC-SHA256 of them under a key this process drew at start (a restart voids old URLs);
 //! - `ttl_seconds` makes them expire (`expiry`), and deleting the name removes them.
 
-use super::expiry::expires_at;
-use super::routes::{bad, failed, ordered, owned_model, trainer, Result};
+use super::expiry::ttl_expiry;
+use super::routes::{bad, failed, ordered, owned_model, refused_in_order, trainer, Result, Sequenced};
 use super::state::Outcome;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
@@ -73,8 +73,6 @@ fn now_secs() -> u64 {
 
 #[derive(Deserialize)]
 pub struct SaveExternal {
-    model_id: String,
-    seq_id: i64,
     path: String,
     #[serde(default)]
     ttl_seconds: Option<i64>,
@@ -86,20 +84,27 @@ pub struct SaveExternal {
 pub async fn save(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<SaveExternal>,
+    Json(raw): Json<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    // Parsed by the trainer (a recipient that is not one fails the call as the user's); bounded
-    // here before anything is queued.
-    let recipients = body.age_encryption_recipients.clone().unwrap_or_default();
-    if recipients.len() > 10 || recipients.iter().any(|r| r.is_empty() || r.len() > 16 * 1024) {
-        return Err(bad("age_encryption_recipients: at most 10, each a non-empty age or SSH public key").into());
-    }
-    let expires = expires_at(body.ttl_seconds)?;
-    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
-    let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    let call = Sequenced::<SaveExternal>::read(raw)?;
+    let (t, model) = owned_model(&state, &caller, &call.model_id)?;
+    // Recipients are parsed by the trainer (one that is not one fails the call as the user's);
+    // bounded here before anything is queued.
+    let checked = call.body.and_then(|body| {
+        let recipients = body.age_encryption_recipients.clone().unwrap_or_default();
+        if recipients.len() > 10 || recipients.iter().any(|r| r.is_empty() || r.len() > 16 * 1024) {
+            return Err("age_encryption_recipients: at most 10, each a non-empty age or SSH public key".to_string());
+        }
+        Ok((recipients, ttl_expiry(body.ttl_seconds)?, body.path))
+    });
+    let (recipients, expires, name) = match checked {
+        Ok(c) => c,
+        Err(e) => return refused_in_order(&t, model, &call.model_id, call.seq_id, e),
+    };
+    let (id, owner) = (call.model_id.clone(), caller.entity.clone());
     let tinker = t.clone();
-    ordered(&t, model, &body.model_id, body.seq_id, move || {
+    ordered(&t, model, &call.model_id, call.seq_id, move || {
         let _run = tinker.runs.blocking_lock(&owner, &id);
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
         let checkpoint = format!("external_weights/{name}");

@@ -4,7 +4,8 @@
 //! model's `seq_id` order on a blocking thread (docs/tinker.md).
 
 use super::state::{
-    ModelEntry, Outcome, Pending, Promise, SessionEntry, TinkerState, MAX_MODELS_PER_ENTITY, MAX_SESSIONS_PER_ENTITY,
+    ModelEntry, Outcome, Pending, Promise, SessionEntry, TinkerState, Waited, MAX_MODELS_PER_ENTITY,
+    MAX_SESSIONS_PER_ENTITY,
 };
 use super::{pb, wire};
 use crate::auth::Caller;
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_core::seq_order::Arrival;
 use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, TinkerError, TinkerTrainer};
 
 /// How long `retrieve_future` holds a pending request before `try_again` (the SDK re-polls at
@@ -103,7 +105,10 @@ pub async fn create_session(
         )));
     }
     let id = format!("tandem-{}", uuid::Uuid::new_v4().simple());
-    sessions.insert(id.clone(), SessionEntry { entity: caller.entity, models: Vec::new(), last_seen: Instant::now() });
+    sessions.insert(
+        id.clone(),
+        SessionEntry { entity: caller.entity, models: Vec::new(), last_seen: Instant::now(), beats: false },
+    );
     Ok(Json(json!({ "session_id": id, "type": "create_session" })))
 }
 
@@ -117,7 +122,7 @@ pub async fn heartbeat(
     Extension(caller): Extension<Caller>,
     Json(body): Json<SessionRef>,
 ) -> Result<Json<Value>> {
-    match state.tinker().touch_session(&caller.entity, &body.session_id) {
+    match state.tinker().heartbeat(&caller.entity, &body.session_id) {
         true => Ok(Json(json!({ "type": "session_heartbeat" }))),
         false => Err(ApiError::not_found("session").into()),
     }
@@ -291,6 +296,10 @@ pub(super) fn ordered(
 }
 
 /// [`ordered`] for work that awaits (the store, the blob store).
+///
+/// Whatever answer a call gets consumes its `seq_id` (`tandem_core::seq_order`): a call refused
+/// for its input is [`refused_in_order`], a call that waited its time at a gap fails, and either
+/// way the calls after it run.
 pub(super) fn ordered_async(
     t: &Arc<TinkerState>,
     model: Arc<ModelEntry>,
@@ -299,40 +308,104 @@ pub(super) fn ordered_async(
     work: impl std::future::Future<Output = Outcome> + Send + 'static,
 ) -> Result<Json<Value>> {
     let (request_id, promise) = {
-        let mut seen = model.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(id) = seen.get(&seq_id) {
-            return Ok(submitted(id, model_id));
-        }
-        if seq_id < *model.next.borrow() as i64 || seq_id < 1 {
-            return Err(PreviewError(bad(format!(
-                "seq_id {seq_id} of model {model_id} was already run or is out of range"
-            ))));
+        let mut order = model.order();
+        match order.peek(seq_id) {
+            Arrival::Retry(id) => return Ok(submitted(&id, model_id)),
+            Arrival::OutOfRange => {
+                return Err(PreviewError(bad(format!(
+                    "seq_id {seq_id} of model {model_id} was already run or is out of range"
+                ))))
+            }
+            Arrival::GivenUp => {
+                // Answered at once: a later call gave up waiting for it, and the order has moved on.
+                let (id, promise) = new_future(t, &model.entity)?;
+                promise.set(Outcome::Failed {
+                    error: format!(
+                        "seq_id {seq_id} of model {model_id} came after a later call had waited {} s for it; it was not run",
+                        t.waits.seq_gap.as_secs_f64()
+                    ),
+                    category: "user",
+                });
+                return Ok(submitted(&id, model_id));
+            }
+            Arrival::New => {}
         }
         let (id, promise) = new_future(t, &model.entity)?;
-        model.receive(&mut seen, seq_id, id.clone());
-        // Keep the retries of recent calls only.
-        let floor = *model.next.borrow() as i64 - 4096;
-        seen.retain(|s, _| *s >= floor);
+        order.arrive(seq_id, &id);
         (id, promise)
     };
-    model.arrived.notify_waiters();
+    model.bump();
     let seq = seq_id as u64;
     let limit = t.waits.seq_gap;
     tokio::spawn(async move {
-        if let Err(at) = model.wait_turn(seq, limit).await {
-            promise.set(Outcome::Failed {
-                error: format!(
-                    "seq_id {seq} waited {} s for seq_id {at} of its model, which never came",
-                    limit.as_secs_f64()
-                ),
-                category: "user",
-            });
-            return;
+        match model.wait_turn(seq, limit).await {
+            Waited::Run => {}
+            Waited::GaveUp(at) => {
+                promise.set(Outcome::Failed {
+                    error: format!(
+                        "seq_id {seq} waited {} s for seq_id {at} of its model, which never came; the calls after it run",
+                        limit.as_secs_f64()
+                    ),
+                    category: "user",
+                });
+                return;
+            }
+            Waited::Answered => return,
+            Waited::Released => {
+                promise.set(Outcome::Failed {
+                    error: "the model was released (its session ended) before this call's turn".into(),
+                    category: "user",
+                });
+                return;
+            }
         }
+        // The order moves on whatever happens to the work, a panic included.
+        let _finish = Finish(model, seq);
         promise.set(work.await);
-        model.next.send_modify(|n| *n = seq + 1);
     });
     Ok(submitted(&request_id, model_id))
+}
+
+/// Finishes a call's turn when dropped.
+struct Finish(Arc<ModelEntry>, u64);
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.0.finish(self.1);
+    }
+}
+
+/// A training call's JSON body: its model and `seq_id` read first, then the rest, so that a body
+/// whose rest does not decode is refused in order ([`refused_in_order`]) and not before its
+/// `seq_id` is known (the SDK has spent it).
+pub(super) struct Sequenced<T> {
+    pub model_id: String,
+    pub seq_id: i64,
+    pub body: std::result::Result<T, String>,
+}
+
+impl<T: serde::de::DeserializeOwned> Sequenced<T> {
+    pub(super) fn read(raw: Value) -> Result<Self> {
+        let model_id = raw.get("model_id").and_then(Value::as_str).map(str::to_string);
+        let seq_id = raw.get("seq_id").and_then(Value::as_i64);
+        let (Some(model_id), Some(seq_id)) = (model_id, seq_id) else {
+            return Err(PreviewError(bad("a training call needs model_id (a string) and seq_id (an integer)")));
+        };
+        let body = serde_json::from_value(raw).map_err(|e| format!("the body does not decode: {e}"));
+        Ok(Sequenced { model_id, seq_id, body })
+    }
+}
+
+/// Takes call `seq_id` into its model's order only to fail it there, with the caller's mistake:
+/// a refused call still consumes its `seq_id`, so the calls after it run (issue 50).
+pub(super) fn refused_in_order(
+    t: &Arc<TinkerState>,
+    model: Arc<ModelEntry>,
+    model_id: &str,
+    seq_id: i64,
+    error: String,
+) -> Result<Json<Value>> {
+    ordered_async(t, model, model_id, seq_id, async move { Outcome::Failed { error, category: "user" } })
 }
 
 /// `forward_backward` and `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`.
@@ -342,23 +415,42 @@ pub async fn forward_backward(
     body: Bytes,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let req = pb::ForwardBackwardRequest::decode(body.as_ref())
-        .map_err(|e| bad(format!("the body is not a ForwardBackwardRequest protobuf: {e}")))?;
-    let (t, model) = owned_model(&state, &caller, &req.model_id)?;
-    // What the request itself gets wrong fails its future, in order, so later calls still run.
+    // Bounded before decoding, and decoded and read off the async workers: a body's decoded
+    // form can be ~100x its size.
+    wire::check_shape(&body).map_err(bad)?;
     let budget = state.limits().max_job_tokens;
-    let read = read_call(&req).and_then(|call| {
-        let tokens: u64 = call.0.iter().map(|d| d.tokens.len() as u64).sum();
-        if tokens > budget {
-            return Err(format!(
-                "the call holds {tokens} tokens, more than one call may train (--max-job-tokens {budget})"
-            ));
+    let decoded = tokio::task::spawn_blocking(move || {
+        let req = pb::ForwardBackwardRequest::decode(body.as_ref())
+            .map_err(|e| format!("the body is not a ForwardBackwardRequest protobuf: {e}"))?;
+        let read = read_call(&req).and_then(|call| {
+            let tokens: u64 = call.0.iter().map(|d| d.tokens.len() as u64).sum();
+            if tokens > budget {
+                return Err(format!(
+                    "the call holds {tokens} tokens, more than one call may train (--max-job-tokens {budget})"
+                ));
+            }
+            Ok(call)
+        });
+        let head = pb::ForwardBackwardRequest { data: Vec::new(), ..req };
+        Ok::<_, String>((head, read))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("reading the call failed: {e}")))?;
+    let (req, read) = decoded.map_err(bad)?;
+    let (t, model) = owned_model(&state, &caller, &req.model_id)?;
+    // The decoded datums wait in the queue: they count against the entity's queued bytes.
+    let queued = match &read {
+        Ok((data, _)) => {
+            let bytes = data.iter().map(datum_bytes).sum::<u64>();
+            Some(t.queue_bytes(&caller.entity, bytes).ok_or_else(queue_full)?)
         }
-        Ok(call)
-    });
+        Err(_) => None,
+    };
+    // What the request itself gets wrong fails its future, in order, so later calls still run.
     let id = req.model_id.clone();
     let entry = model.clone();
     ordered(&t, model, &req.model_id, i64::from(req.seq_id), move || {
+        let _queued = queued;
         let (data, config) = match read {
             Ok(r) => r,
             Err(error) => return Outcome::Failed { error, category: "user" },
@@ -378,6 +470,26 @@ pub async fn forward_backward(
 }
 
 type Call = (Vec<wire::Datum>, Vec<(String, f64)>);
+
+/// What a decoded datum holds in memory, roughly: its ids and its loss inputs' values.
+fn datum_bytes(d: &wire::Datum) -> u64 {
+    let values: usize = d.inputs.values().map(Vec::len).sum();
+    (64 + 4 * (d.tokens.len() + d.targets.len()) + 8 * values + 48 * d.inputs.len()) as u64
+}
+
+/// The 429 of an entity whose accepted calls already hold its queued bytes (the SDK retries it).
+pub(super) fn queue_full() -> PreviewError {
+    PreviewError(
+        ApiError::new(
+            ErrorKind::TooManyRequests,
+            format!(
+                "this entity's accepted Tinker calls already hold {} MiB waiting to run; retry when they have run",
+                super::state::MAX_QUEUED_BYTES_PER_ENTITY >> 20
+            ),
+        )
+        .with_retry_after(1),
+    )
+}
 
 fn read_call(req: &pb::ForwardBackwardRequest) -> std::result::Result<Call, String> {
     let data =
@@ -399,8 +511,6 @@ fn read_call(req: &pb::ForwardBackwardRequest) -> std::result::Result<Call, Stri
 
 #[derive(Deserialize)]
 pub struct OptimStep {
-    model_id: String,
-    seq_id: i64,
     #[serde(default)]
     adam_params: Option<AdamParamsBody>,
 }
@@ -433,17 +543,19 @@ fn eps() -> f64 {
 pub async fn optim_step(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<OptimStep>,
+    Json(raw): Json<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
-    let id = body.model_id.clone();
-    let adam = body.adam_params;
+    let call = Sequenced::<OptimStep>::read(raw)?;
+    let (t, model) = owned_model(&state, &caller, &call.model_id)?;
+    let (id, seq) = (call.model_id.clone(), call.seq_id);
+    let adam = call.body.and_then(|b| b.adam_params.ok_or_else(|| "only adam_params (AdamW) steps are served".into()));
+    let p = match adam {
+        Ok(p) => p,
+        Err(e) => return refused_in_order(&t, model, &id, seq, e),
+    };
     let entry = model.clone();
-    ordered_async(&t, model, &body.model_id, body.seq_id, async move {
-        let Some(p) = adam else {
-            return Outcome::Failed { error: "only adam_params (AdamW) steps are served".into(), category: "user" };
-        };
+    ordered_async(&t, model, &call.model_id, seq, async move {
         let settings = AdamSettings {
             learning_rate: p.learning_rate,
             beta1: p.beta1,
@@ -503,12 +615,14 @@ pub(super) async fn register_model(
     rank: usize,
 ) -> Result<(String, Promise)> {
     let t = state.tinker();
-    if t.models_of(entity) >= MAX_MODELS_PER_ENTITY {
-        return Err(PreviewError(ApiError::new(
+    // Checked and taken in one step: concurrent creations each hold a place until they are
+    // entered or fail (issue 50: 16 at once had left an entity with 8 models).
+    let _place = t.reserve_model(entity).ok_or_else(|| {
+        PreviewError(ApiError::new(
             ErrorKind::TooManyRequests,
             format!("an entity may hold {MAX_MODELS_PER_ENTITY} training models at once; finish a session first"),
-        )));
-    }
+        ))
+    })?;
     // The model is a tandem model of the entity too: its sampler weights are its checkpoints,
     // served by every inference route and shown on the dashboard.
     let new = tandem_store::NewModel {
@@ -526,10 +640,9 @@ pub(super) async fn register_model(
         base_model: base_model.to_string(),
         rank,
         create_request: request_id.clone(),
-        next: tokio::sync::watch::channel(1).0,
-        seen: Mutex::new(HashMap::new()),
-        arrived: Default::default(),
-        through: Default::default(),
+        order: Mutex::default(),
+        moved: tokio::sync::watch::channel(0).0,
+        released: Default::default(),
         record_id: record.id,
         samplers: Mutex::new(HashMap::new()),
         pending: Mutex::default(),

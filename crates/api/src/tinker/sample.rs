@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::{Arc, RwLock};
 use tandem_core::inference::{FinishReason, InferEvent, PromptScoring, RankedLogprob};
+use tandem_core::tinker::SavedSampler;
 
 /// A sampling session: whose it is and the model string it samples (as `/v1/completions`
 /// takes it).
@@ -32,20 +33,25 @@ pub struct Sampler {
     /// Sampler weights another entity published: (owner, run, checkpoint), checked at each
     /// sample (unpublished, they are a 404 again).
     pub published: Option<(String, String, String)>,
+    /// The save it samples: checked live at each sample, so that a deleted checkpoint whose
+    /// step number a later save reuses is never served under this sampler (issue 50: another
+    /// entity's sampler of a published `pub` had returned the private `secret`'s logprobs).
+    pub saved: Option<SavedSampler>,
 }
 
 impl Sampler {
     /// A sampler of the sampler weights saved as checkpoint `step` of model `model_id`'s
     /// tandem record (`{entity}/tinker/{session}-train-{n}`), known to Tinker as `path`.
-    pub fn of_checkpoint(entity: &str, model_id: &str, base_model: &str, step: i64, path: String) -> Self {
+    pub fn of_checkpoint(entity: &str, model_id: &str, saved: &SavedSampler, path: String) -> Self {
         let record = model_id.replace(":train:", "-train-");
         Sampler {
             entity: entity.to_string(),
-            model: format!("{entity}/tinker/{record}:step{step}"),
-            base_model: base_model.to_string(),
+            model: format!("{entity}/tinker/{record}:step{}", saved.step),
+            base_model: saved.base_model.clone(),
             model_path: Some(path),
             follows: None,
             published: None,
+            saved: Some(saved.clone()),
         }
     }
 
@@ -89,8 +95,7 @@ pub async fn create(
             let (owner, saved) = super::samplers::readable(&state, &caller.entity, model_id, name)
                 .await?
                 .ok_or_else(|| ApiError::not_found("sampler weights"))?;
-            let (base_model, step) = (saved.base_model, saved.step);
-            let mut sampler = Sampler::of_checkpoint(&owner, model_id, &base_model, step, path.clone());
+            let mut sampler = Sampler::of_checkpoint(&owner, model_id, &saved, path.clone());
             if owner != caller.entity {
                 sampler.entity = caller.entity.clone();
                 sampler.published = Some((owner, model_id.to_string(), format!("sampler_weights/{name}")));
@@ -108,6 +113,7 @@ pub async fn create(
                 model_path: None,
                 follows: None,
                 published: None,
+                saved: None,
             }
         }
         (None, None) => return Err(bad("base_model or model_path is required").into()),
@@ -353,14 +359,29 @@ pub async fn asample(
         }
         owner = Some(publisher.clone());
     }
+    // The very weights it was made for, or nothing (an inflight sampler follows on purpose).
+    if let (Some(saved), None) = (&sampler.saved, &sampler.follows) {
+        if !super::samplers::live(&state, saved).await? {
+            return Err(ApiError::not_found("sampler weights").into());
+        }
+    }
     let (request, asked) = completions_body(&sampler.current(), &body).map_err(bad)?;
     let temperature = body.sampling_params.temperature.unwrap_or(1.0) as f32;
+    // The prompt waits in memory until the engine takes it: counted as the entity's queued bytes.
+    let bytes = 1024 + 24 * request["prompt"].as_array().map_or(0, Vec::len) as u64;
+    let queued = t.queue_bytes(&caller.entity, bytes).ok_or_else(super::routes::queue_full)?;
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
+    let patience = t.waits.idle;
     tokio::spawn(async move {
-        let extras = Extras { owner, ..extras(&asked, temperature) };
-        let outcome = match crate::openai::completions::run_to_end(&state, &entity, &request, extras).await {
+        let _queued = queued;
+        let outcome = match run_queued(&state, &entity, &request, patience, || Extras {
+            owner: owner.clone(),
+            ..extras(&asked, temperature)
+        })
+        .await
+        {
             Ok((n, events)) => Outcome::Proto(response(n, &events, &asked).encode_to_vec()),
             Err(e) => {
                 let category = if e.status().is_client_error() { "user" } else { "server" };
@@ -370,6 +391,37 @@ pub async fn asample(
         promise.set(outcome);
     });
     Ok(submitted_samples(&request_id, &ids))
+}
+
+/// Runs a sample through the engine, waiting while the entity's concurrency limit or the
+/// engine's queue is full (a 429 or a 503 from admission) for up to `patience`: the cookbook's
+/// evaluators send hundreds of `compute_logprobs` at once, and the SDK raises a failed future
+/// without retrying it (issue 50), so work past a limit waits here, its future pending, instead.
+/// The entity's other requests and other entities are unaffected: each attempt is admitted by
+/// the same per-entity limit and fair scheduler as any completion.
+async fn run_queued(
+    state: &AppState,
+    entity: &str,
+    request: &Value,
+    patience: std::time::Duration,
+    extras: impl Fn() -> Extras,
+) -> std::result::Result<(usize, Vec<InferEvent>), ApiError> {
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(20);
+    loop {
+        match crate::openai::completions::run_to_end(state, entity, request, extras()).await {
+            Err(e) if busy(&e) && started.elapsed() + pause < patience => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether `e` is admission's "not now" (the entity's limit or a full engine queue).
+fn busy(e: &ApiError) -> bool {
+    matches!(e.status().as_u16(), 429 | 503)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tandem_core::seq_order::{SeqOrder, Turn};
 use tokio::sync::watch;
 
 /// A finished request.
@@ -25,6 +26,29 @@ struct FutureEntry {
     entity: String,
     done: watch::Receiver<Option<Arc<Outcome>>>,
     created: Instant,
+    /// When its result was first fetched: from then on it no longer counts against the
+    /// entity's cap, and it stays fetchable (a retried poll) for [`FETCHED_TTL`] only.
+    fetched: Option<Instant>,
+}
+
+/// How long a fetched result stays fetchable again (the SDK re-polls only after a lost answer).
+const FETCHED_TTL: Duration = Duration::from_secs(60);
+
+/// The longest error a result keeps: failures quote their input (a name, a key), and a result
+/// lives an hour, so what a client sent is kept only as a bounded excerpt.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary, saying so.
+pub fn excerpt(mut error: String) -> String {
+    if error.len() > MAX_ERROR_BYTES {
+        let mut cut = MAX_ERROR_BYTES;
+        while !error.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        error.truncate(cut);
+        error.push_str("... (cut)");
+    }
+    error
 }
 
 /// A request's outcome once set; dropping it unset fails the future (its task ended early).
@@ -32,6 +56,10 @@ pub struct Promise(Option<watch::Sender<Option<Arc<Outcome>>>>);
 
 impl Promise {
     pub fn set(mut self, outcome: Outcome) {
+        let outcome = match outcome {
+            Outcome::Failed { error, category } => Outcome::Failed { error: excerpt(error), category },
+            done => done,
+        };
         if let Some(tx) = self.0.take() {
             let _ = tx.send(Some(Arc::new(outcome)));
         }
@@ -52,6 +80,8 @@ pub struct SessionEntry {
     pub entity: String,
     pub models: Vec<String>,
     pub last_seen: Instant,
+    /// Whether its client has sent a heartbeat (then missed beats end it: [`Waits::heartbeat`]).
+    pub beats: bool,
 }
 
 /// A training model: whose it is, what it trains, and where its calls are in `seq_id` order.
@@ -62,14 +92,12 @@ pub struct ModelEntry {
     pub rank: usize,
     /// The request that created it (a retried `create_model` gets the same one).
     pub create_request: String,
-    /// The next `seq_id` to run (training calls start at 1: the creation is 0).
-    pub next: watch::Sender<u64>,
-    /// `seq_id` -> request id of every call accepted, for retries of the same call.
-    pub seen: Mutex<HashMap<i64, String>>,
-    /// Notified when a call is accepted: a call waiting at a gap checks whether it is filled.
-    pub arrived: tokio::sync::Notify,
-    /// Every `seq_id` up to this one has been received (advanced under `seen`'s lock).
-    pub through: std::sync::atomic::AtomicU64,
+    /// Its calls' `seq_id` order (training calls start at 1: the creation is 0).
+    pub order: Mutex<SeqOrder>,
+    /// Bumped at every change of `order`: waiting calls look at their turn again.
+    pub moved: watch::Sender<u64>,
+    /// Set when its session ends: calls still waiting fail at once and drop their data.
+    pub released: std::sync::atomic::AtomicBool,
     /// The tandem model record its sampler weights are checkpoints of (project `tinker`).
     pub record_id: uuid::Uuid,
     /// Sampler weights saved this session, by name (the ephemeral kind too): the checkpoint
@@ -96,54 +124,74 @@ pub const MAX_FUTURES_PER_ENTITY: usize = 10_000;
 pub const MAX_SESSIONS_PER_ENTITY: usize = 64;
 /// Sampling sessions one entity may hold (they end with their session).
 pub const MAX_SAMPLERS_PER_ENTITY: usize = 1024;
+/// How a call's wait for its turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// Every earlier call has its answer: run it.
+    Run,
+    /// It waited its time at a gap: `seq_id` `.0` (the first missing) never came. It is
+    /// answered (failed) already in the order; its promise is the caller's to fail.
+    GaveUp(u64),
+    /// It was answered while it waited (it cannot be, but it must not run twice).
+    Answered,
+    /// Its model was released (its session ended) while it waited.
+    Released,
+}
+
 impl ModelEntry {
-    /// Records call `seq_id` as received (its request id kept for retries); `seen` is its lock.
-    pub fn receive(&self, seen: &mut HashMap<i64, String>, seq_id: i64, request_id: String) {
-        use std::sync::atomic::Ordering::Relaxed;
-        seen.insert(seq_id, request_id);
-        let mut through = self.through.load(Relaxed);
-        while seen.contains_key(&(through as i64 + 1)) {
-            through += 1;
-        }
-        self.through.store(through, Relaxed);
+    /// The order, locked (a poisoned lock still holds a consistent ledger: every change is one
+    /// call).
+    pub fn order(&self) -> std::sync::MutexGuard<'_, SeqOrder> {
+        self.order.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The first `seq_id` in `next..seq` not received: a gap, which a call waits to be filled
-    /// for [`Waits::seq_gap`] at most. Calls whose predecessors have all arrived only wait their
-    /// turn behind running work, which has no time limit.
-    pub fn gap(&self, next: u64, seq: u64) -> Option<u64> {
-        let first_missing = self.through.load(std::sync::atomic::Ordering::Relaxed) + 1;
-        (first_missing < seq).then_some(first_missing.max(next))
+    /// Wakes the calls waiting for their turn.
+    pub fn bump(&self) {
+        self.moved.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    /// Waits until every call before `seq` has run. Only a gap (a `seq_id` before it not received)
-    /// is timed: after `limit` of one, `Err` with the missing `seq_id`; calls that arrived
-    /// and wait behind running work wait as long as it takes.
-    pub async fn wait_turn(&self, seq: u64, limit: Duration) -> Result<(), u64> {
-        let mut next = self.next.subscribe();
+    /// Call `seq` has its answer: the order moves on.
+    pub fn finish(&self, seq: u64) {
+        self.order().finish(seq);
+        self.bump();
+    }
+
+    /// Waits until every call before `seq` has its answer. Only a gap (a `seq_id` before it not
+    /// received) is timed: after `limit` of one the missing calls are given up and this one
+    /// fails; calls behind received work wait as long as that work runs (bounded by its size).
+    pub async fn wait_turn(&self, seq: u64, limit: Duration) -> Waited {
+        let mut moved = self.moved.subscribe();
         let mut gap_since: Option<Instant> = None;
         loop {
-            // Registered before the checks, so that an arrival between them is not missed.
-            let arrived = self.arrived.notified();
-            let at = *next.borrow_and_update();
-            if at >= seq {
-                return Ok(());
+            // Marked seen before the look, so that a change after it is not missed.
+            moved.borrow_and_update();
+            if self.released.load(std::sync::atomic::Ordering::Acquire) {
+                return Waited::Released;
             }
-            if let Some(missing) = self.gap(at, seq) {
-                let since = *gap_since.get_or_insert_with(Instant::now);
-                let left = limit.saturating_sub(since.elapsed());
-                if left.is_zero() {
-                    return Err(missing);
+            let turn = self.order().turn(seq);
+            match turn {
+                Turn::Now => return Waited::Run,
+                Turn::Answered => return Waited::Answered,
+                Turn::Behind => {
+                    gap_since = None;
+                    // The sender lives in `self`: this only ends with a change.
+                    let _ = moved.changed().await;
                 }
-                tokio::select! {
-                    _ = next.changed() => {}
-                    _ = arrived => {}
-                    _ = tokio::time::sleep(left) => {}
-                }
-            } else {
-                gap_since = None;
-                if next.changed().await.is_err() {
-                    return Err(at);
+                Turn::Gap(_) => {
+                    let since = *gap_since.get_or_insert_with(Instant::now);
+                    let left = limit.saturating_sub(since.elapsed());
+                    if left.is_zero() {
+                        let given = self.order().give_up(seq);
+                        if let Some(first) = given {
+                            self.bump();
+                            return Waited::GaveUp(first);
+                        }
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = moved.changed() => {}
+                        _ = tokio::time::sleep(left) => {}
+                    }
                 }
             }
         }
@@ -160,13 +208,17 @@ pub struct Waits {
     /// call this long is ended and its models released.
     pub idle: Duration,
     /// `--tinker-seq-gap-seconds`: how long a call waits for the calls before it in `seq_id`
-    /// order before it fails alone.
+    /// order before it fails (and the missing calls are given up).
     pub seq_gap: Duration,
+    /// `--tinker-heartbeat-seconds`: a session that has sent heartbeats is ended this long after
+    /// its last heartbeat or call (its client has stopped: a recipe that exits without closing
+    /// it). Sessions that never beat keep `idle`.
+    pub heartbeat: Duration,
 }
 
 impl Default for Waits {
     fn default() -> Self {
-        Waits { idle: Duration::from_secs(600), seq_gap: Duration::from_secs(600) }
+        Waits { idle: Duration::from_secs(600), seq_gap: Duration::from_secs(600), heartbeat: Duration::from_secs(60) }
     }
 }
 
@@ -181,6 +233,53 @@ pub struct TinkerState {
     pub url_key: super::external::UrlKey,
     /// Serialises the changes to one run's checkpoints (saves, deletes, TTLs, the sweep).
     pub runs: RunLocks,
+    /// Places taken by model creations under way, per entity ([`TinkerState::reserve_model`]).
+    places: Mutex<HashMap<String, usize>>,
+    /// Bytes of the calls each entity has accepted and not yet run ([`TinkerState::queue_bytes`]).
+    queued: Mutex<HashMap<String, u64>>,
+}
+
+/// Bytes of accepted, not yet finished calls (their decoded datums, sampling prompts) one
+/// entity may hold: beyond it a call is answered 429, which the SDK retries (issue 50: 12 queued
+/// calls had held 729 MB).
+pub const MAX_QUEUED_BYTES_PER_ENTITY: u64 = 256 << 20;
+
+/// A call's bytes under its entity's [`MAX_QUEUED_BYTES_PER_ENTITY`], given back when dropped
+/// (when the call has run, failed, or its model was released).
+pub struct QueuedBytes {
+    state: Arc<TinkerState>,
+    entity: String,
+    bytes: u64,
+}
+
+impl Drop for QueuedBytes {
+    fn drop(&mut self) {
+        let mut queued = self.state.queued.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = queued.get_mut(&self.entity) {
+            *n = n.saturating_sub(self.bytes);
+            if *n == 0 {
+                queued.remove(&self.entity);
+            }
+        }
+    }
+}
+
+/// A model creation's place under its entity's cap, given back when dropped.
+pub struct ModelPlace {
+    state: Arc<TinkerState>,
+    entity: String,
+}
+
+impl Drop for ModelPlace {
+    fn drop(&mut self) {
+        let mut places = self.state.places.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = places.get_mut(&self.entity) {
+            *n -= 1;
+            if *n == 0 {
+                places.remove(&self.entity);
+            }
+        }
+    }
 }
 
 /// Locks over runs' checkpoints, striped by (entity, run): a save, a delete, a TTL change and the
@@ -223,13 +322,16 @@ impl TinkerState {
     /// the entity holds too many.
     pub fn future(&self, entity: &str) -> Option<(String, Promise)> {
         let mut futures = self.futures.lock().unwrap_or_else(|e| e.into_inner());
-        futures.retain(|_, f| f.created.elapsed() < FUTURE_TTL);
-        if futures.values().filter(|f| f.entity == entity).count() >= MAX_FUTURES_PER_ENTITY {
+        futures
+            .retain(|_, f| f.created.elapsed() < FUTURE_TTL && f.fetched.is_none_or(|at| at.elapsed() < FETCHED_TTL));
+        let held = futures.values().filter(|f| f.entity == entity && f.fetched.is_none()).count();
+        if held >= MAX_FUTURES_PER_ENTITY {
             return None;
         }
         let id = format!("req-{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = watch::channel(None);
-        futures.insert(id.clone(), FutureEntry { entity: entity.to_string(), done: rx, created: Instant::now() });
+        let entry = FutureEntry { entity: entity.to_string(), done: rx, created: Instant::now(), fetched: None };
+        futures.insert(id.clone(), entry);
         Some((id, Promise(Some(tx))))
     }
 
@@ -245,7 +347,15 @@ impl TinkerState {
         };
         let ready =
             tokio::time::timeout(hold, rx.wait_for(|o| o.is_some())).await.ok().and_then(|r| r.ok().map(|o| o.clone()));
-        Ok(ready.flatten().or_else(|| rx.borrow().clone()))
+        let outcome = ready.flatten().or_else(|| rx.borrow().clone());
+        if outcome.is_some() {
+            // Fetched: it leaves the cap (a client that fetches everything is never refused).
+            let mut futures = self.futures.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(f) = futures.get_mut(id) {
+                f.fetched.get_or_insert_with(Instant::now);
+            }
+        }
+        Ok(outcome)
     }
 
     /// `entity`'s model `id`, or `None` (absent, or another entity's: the same answer).
@@ -272,14 +382,17 @@ impl TinkerState {
         let models: Vec<String> = ended.into_iter().flat_map(|(_, s)| s.models).collect();
         let mut held = self.models.lock().unwrap_or_else(|e| e.into_inner());
         for m in &models {
-            held.remove(m);
+            if let Some(entry) = held.remove(m) {
+                entry.released.store(true, std::sync::atomic::Ordering::Release);
+                entry.bump();
+            }
         }
         (count, models)
     }
 
     /// Ends the sessions idle past [`Waits::idle`]: the ids of the models to release.
     pub fn reap_idle(&self) -> Vec<String> {
-        self.end_sessions(|_, s| s.last_seen.elapsed() > self.waits.idle).1
+        self.end_sessions(|_, s| s.last_seen.elapsed() > if s.beats { self.waits.heartbeat } else { self.waits.idle }).1
     }
 
     /// Ends `entity`'s session `id`: the ids of the models to release, `None` when it has no
@@ -305,6 +418,34 @@ impl TinkerState {
         self.models.lock().unwrap_or_else(|e| e.into_inner()).values().filter(|m| m.entity == entity).count()
     }
 
+    /// Takes `bytes` under `entity`'s queued budget; `None` when they do not fit (a call larger
+    /// than the whole budget fits only when the entity has nothing else queued).
+    pub fn queue_bytes(self: &Arc<Self>, entity: &str, bytes: u64) -> Option<QueuedBytes> {
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        let held = queued.get(entity).copied().unwrap_or(0);
+        if held > 0 && held.saturating_add(bytes) > MAX_QUEUED_BYTES_PER_ENTITY {
+            return None;
+        }
+        *queued.entry(entity.to_string()).or_default() += bytes;
+        Some(QueuedBytes { state: self.clone(), entity: entity.to_string(), bytes })
+    }
+
+    /// A place for one more model of `entity`, counted with the models it holds and the places
+    /// other creations hold, checked and taken under the models' lock; `None` past
+    /// [`MAX_MODELS_PER_ENTITY`]. The place is given back when dropped, after the model is
+    /// entered (or its creation failed).
+    pub fn reserve_model(self: &Arc<Self>, entity: &str) -> Option<ModelPlace> {
+        let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        let held = models.values().filter(|m| m.entity == entity).count();
+        let taken = places.get(entity).copied().unwrap_or(0);
+        if held + taken >= MAX_MODELS_PER_ENTITY {
+            return None;
+        }
+        *places.entry(entity.to_string()).or_default() += 1;
+        Some(ModelPlace { state: self.clone(), entity: entity.to_string() })
+    }
+
     /// `entity`'s sampling session `id`.
     pub fn sampler(&self, entity: &str, id: &str) -> Option<Arc<super::sample::Sampler>> {
         let samplers = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
@@ -313,10 +454,20 @@ impl TinkerState {
 
     /// Whether `entity` owns session `id` (and marks it seen).
     pub fn touch_session(&self, entity: &str, id: &str) -> bool {
+        self.seen(entity, id, false)
+    }
+
+    /// [`Self::touch_session`] for a heartbeat: from now on missed beats end the session.
+    pub fn heartbeat(&self, entity: &str, id: &str) -> bool {
+        self.seen(entity, id, true)
+    }
+
+    fn seen(&self, entity: &str, id: &str, beat: bool) -> bool {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         match sessions.get_mut(id) {
             Some(s) if s.entity == entity => {
                 s.last_seen = Instant::now();
+                s.beats |= beat;
                 true
             }
             _ => false,
@@ -335,10 +486,9 @@ mod tests {
             base_model: "m".into(),
             rank: 8,
             create_request: "r".into(),
-            next: watch::channel(1).0,
-            seen: Mutex::default(),
-            arrived: Default::default(),
-            through: Default::default(),
+            order: Mutex::default(),
+            moved: watch::channel(0).0,
+            released: Default::default(),
             record_id: uuid::Uuid::nil(),
             samplers: Mutex::default(),
             pending: Mutex::default(),
@@ -347,25 +497,13 @@ mod tests {
     }
 
     fn receive(m: &ModelEntry, seq: i64) {
-        m.receive(&mut m.seen.lock().unwrap(), seq, format!("req-{seq}"));
-        m.arrived.notify_waiters();
-    }
-
-    #[test]
-    fn the_first_seq_id_not_received_is_the_gap() {
-        let m = entry();
-        for s in [1, 2, 4] {
-            receive(&m, s);
-        }
-        assert_eq!(m.gap(1, 3), None, "1 and 2 arrived");
-        assert_eq!(m.gap(1, 5), Some(3));
-        receive(&m, 3);
-        assert_eq!(m.gap(1, 5), None, "3 filled it; 4 had come");
-        assert_eq!(m.gap(2, 9), Some(5));
+        m.order().arrive(seq, &format!("req-{seq}"));
+        m.bump();
     }
 
     /// Only a gap is timed: a call whose predecessors all arrived waits for them as long as they
-    /// run; one past a gap fails after the limit, naming the missing seq_id, unless it fills.
+    /// run; one past a gap gives up after the limit, naming the missing seq_id, and the order
+    /// moves past both, so the next call runs (issue 50: it had waited forever).
     #[tokio::test]
     async fn calls_wait_their_turn_and_only_gaps_time_out() {
         let limit = Duration::from_millis(100);
@@ -379,25 +517,77 @@ mod tests {
         });
         tokio::time::sleep(limit * 3).await;
         assert!(!behind.is_finished(), "it waits for 1 and 2 to run, untimed");
-        m.next.send_replace(3);
-        assert_eq!(behind.await.unwrap(), Ok(()));
+        m.finish(1);
+        m.finish(2);
+        assert_eq!(behind.await.unwrap(), Waited::Run);
+        m.finish(3);
 
         receive(&m, 9);
         let started = Instant::now();
-        assert_eq!(m.wait_turn(9, limit).await, Err(4), "4 never came");
+        assert_eq!(m.wait_turn(9, limit).await, Waited::GaveUp(4), "4 never came");
         assert!(started.elapsed() >= limit);
+        receive(&m, 10);
+        assert_eq!(m.wait_turn(10, limit).await, Waited::Run, "the order moved past 4..=9");
 
         let filled = tokio::spawn({
             let m = m.clone();
-            async move { m.wait_turn(6, Duration::from_secs(30)).await }
+            async move { m.wait_turn(12, Duration::from_secs(30)).await }
         });
-        receive(&m, 6);
+        receive(&m, 12);
         tokio::time::sleep(Duration::from_millis(20)).await;
-        for s in [4, 5] {
-            receive(&m, s);
+        receive(&m, 11);
+        m.finish(10);
+        m.finish(11);
+        assert_eq!(filled.await.unwrap(), Waited::Run);
+    }
+
+    /// Fetched results leave the cap (issue 50: a client that fetched everything got 429 at
+    /// call 9,999); a failed result keeps only an excerpt of what the client sent.
+    #[tokio::test]
+    async fn fetched_results_leave_the_cap_and_errors_are_excerpts() {
+        let state = TinkerState::default();
+        for _ in 0..MAX_FUTURES_PER_ENTITY {
+            let (id, promise) = state.future("a").unwrap();
+            promise.set(Outcome::Json(serde_json::json!({})));
+            assert!(state.wait("a", &id, Duration::ZERO).await.unwrap().is_some());
         }
-        m.next.send_replace(6);
-        assert_eq!(filled.await.unwrap(), Ok(()));
+        let mut pending = Vec::new();
+        for _ in 0..MAX_FUTURES_PER_ENTITY {
+            pending.push(state.future("a").expect("fetched results do not count"));
+        }
+        assert!(state.future("a").is_none(), "unfetched ones do");
+        assert!(state.future("b").is_some(), "per entity");
+        let (id, promise) = pending.pop().unwrap();
+        drop(pending);
+        promise.set(Outcome::Failed { error: format!("loss_fn_config {:?}", "k".repeat(10 << 20)), category: "user" });
+        let got = state.wait("a", &id, Duration::ZERO).await.unwrap().unwrap();
+        let Outcome::Failed { error, .. } = &*got else { panic!("{got:?}") };
+        assert!(error.len() < MAX_ERROR_BYTES + 32 && error.ends_with("(cut)"), "{}", error.len());
+    }
+
+    /// The per-entity model cap is checked and taken in one step.
+    #[test]
+    fn model_places_are_taken_atomically() {
+        let state = Arc::new(TinkerState::default());
+        let places: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16).map(|_| s.spawn(|| state.reserve_model("a"))).collect();
+            handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(places.len(), MAX_MODELS_PER_ENTITY);
+        assert!(state.reserve_model("b").is_some());
+        drop(places);
+        assert!(state.reserve_model("a").is_some(), "given back when dropped");
+    }
+
+    #[test]
+    fn queued_bytes_are_bounded_per_entity() {
+        let state = Arc::new(TinkerState::default());
+        let first = state.queue_bytes("a", MAX_QUEUED_BYTES_PER_ENTITY - 10).unwrap();
+        assert!(state.queue_bytes("a", 11).is_none());
+        let small = state.queue_bytes("a", 10).unwrap();
+        assert!(state.queue_bytes("b", MAX_QUEUED_BYTES_PER_ENTITY * 2).is_some(), "a lone call always fits");
+        drop((first, small));
+        assert!(state.queue_bytes("a", MAX_QUEUED_BYTES_PER_ENTITY).is_some());
     }
 
     #[tokio::test]

@@ -3,9 +3,10 @@
 //! `load_weights` (a new model from a saved state, or a saved state into a held model),
 //! `weights_info`, and deleting a run's checkpoints (`runs` lists them).
 
-use super::expiry::expires_at;
+use super::expiry::ttl_expiry;
 use super::routes::{
-    bad, failed, ordered, ordered_async, owned_model, reap, register_model, submitted, trainer, Result,
+    bad, failed, ordered, ordered_async, owned_model, reap, refused_in_order, register_model, submitted, trainer,
+    Result, Sequenced,
 };
 use super::sample::Sampler;
 use super::samplers;
@@ -22,8 +23,6 @@ use tandem_core::tinker::{Modules, SavedSampler, StateInfo, TinkerError, TinkerT
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
-    model_id: String,
-    seq_id: i64,
     /// The name of named sampler weights; absent for the ephemeral kind.
     #[serde(default)]
     path: Option<String>,
@@ -44,23 +43,31 @@ pub struct SaveForSampler {
 pub async fn save_weights_for_sampler(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<SaveForSampler>,
+    Json(raw): Json<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let expires = expires_at(body.ttl_seconds)?;
-    let inflight = match body.kind.as_deref() {
-        None | Some("snapshot") => false,
-        Some("inflight") => true,
-        Some(other) => return Err(bad(format!("kind {other:?}: expected \"snapshot\" or \"inflight\"")).into()),
+    let call = Sequenced::<SaveForSampler>::read(raw)?;
+    let (t, model) = owned_model(&state, &caller, &call.model_id)?;
+    let checked = call.body.and_then(|body| {
+        let expires = ttl_expiry(body.ttl_seconds)?;
+        let inflight = match body.kind.as_deref() {
+            None | Some("snapshot") => false,
+            Some("inflight") => true,
+            Some(other) => return Err(format!("kind {other:?}: expected \"snapshot\" or \"inflight\"")),
+        };
+        Ok((body, expires, inflight))
+    });
+    let (body, expires, inflight) = match checked {
+        Ok(c) => c,
+        Err(e) => return refused_in_order(&t, model, &call.model_id, call.seq_id, e),
     };
-    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
     let entry = model.clone();
-    let id = body.model_id.clone();
+    let id = call.model_id.clone();
     let (path, sampler_seq) = (body.path.clone(), body.sampling_session_seq_id);
     let ephemeral = path.is_none();
     let entity = caller.entity.clone();
     let tinker = t.clone();
-    ordered_async(&t, model, &body.model_id, body.seq_id, async move {
+    ordered_async(&t, model, &call.model_id, call.seq_id, async move {
         // The ephemeral kind is a checkpoint too (so the engine serves it), named after its
         // sampling session, and answered with that session.
         let name = match (path, sampler_seq) {
@@ -171,13 +178,12 @@ impl SamplerSave<'_> {
                 }
             }
         }
-        let step = saved.step;
-        entry.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), saved);
+        entry.samplers.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), saved.clone());
         let path = format!("tinker://{id}/sampler_weights/{name}");
         match sampler_seq {
             Some(seq) => {
                 let sampler_id = format!("{}:sample:{seq}", entry.session_id);
-                let mut sampler = Sampler::of_checkpoint(entity, id, &entry.base_model, step, path);
+                let mut sampler = Sampler::of_checkpoint(entity, id, &saved, path);
                 if self.inflight {
                     // Saved, then the shared target moves: every inflight sampler of this model
                     // samples these weights from its next request on.
@@ -255,8 +261,6 @@ async fn publish(
 
 #[derive(Deserialize)]
 pub struct SaveState {
-    model_id: String,
-    seq_id: i64,
     path: String,
     #[serde(default)]
     ttl_seconds: Option<i64>,
@@ -267,14 +271,19 @@ pub struct SaveState {
 pub async fn save_weights(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<SaveState>,
+    Json(raw): Json<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let expires = expires_at(body.ttl_seconds)?;
-    let (t, model) = owned_model(&state, &caller, &body.model_id)?;
-    let (id, name, owner) = (body.model_id.clone(), body.path.clone(), caller.entity.clone());
+    let call = Sequenced::<SaveState>::read(raw)?;
+    let (t, model) = owned_model(&state, &caller, &call.model_id)?;
+    let checked = call.body.and_then(|body| Ok((ttl_expiry(body.ttl_seconds)?, body.path)));
+    let (expires, name) = match checked {
+        Ok(c) => c,
+        Err(e) => return refused_in_order(&t, model, &call.model_id, call.seq_id, e),
+    };
+    let (id, owner) = (call.model_id.clone(), caller.entity.clone());
     let tinker = t.clone();
-    ordered(&t, model, &body.model_id, body.seq_id, move || {
+    ordered(&t, model, &call.model_id, call.seq_id, move || {
         let _run = tinker.runs.blocking_lock(&owner, &id);
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
         let checkpoint = format!("weights/{name}");
@@ -365,7 +374,8 @@ async fn load_into(
     let seq = body.seq_id.ok_or_else(|| bad("load_weights into a model needs its seq_id"))?;
     let (t, model) = owned_model(&state, &caller, &model_id)?;
     let Some((from, _)) = readable_state(&state, &trainer, &caller.entity, &source, &name).await else {
-        return Err(ApiError::not_found("saved state").into());
+        // In order: the SDK has spent the seq_id.
+        return refused_in_order(&t, model, &model_id, seq, format!("no saved state {:?} is readable", body.path));
     };
     let (id, with_optimizer, path) = (model_id.clone(), body.optimizer, body.path);
     let entry = model.clone();

@@ -18,6 +18,96 @@ const MAX_ELEMENTS: usize = 1 << 22;
 pub const INPUT_KEYS: [&str; 6] =
     ["weights", "advantages", "logprobs", "clip_low_threshold", "clip_high_threshold", "sequence_ratio_mask"];
 
+/// Most datums one `forward_backward` call may hold (the SDK sends at most 1,024 a call: it
+/// cuts larger batches into chunks).
+pub const MAX_DATUMS: usize = 4096;
+/// Most messages (datums, chunks, loss inputs, spans, config entries) one call may hold. Each
+/// decodes to a struct of ~100-200 bytes from as little as two bytes on the wire, so this bound,
+/// checked before decoding, is what keeps an 8 MiB body from becoming gigabytes.
+pub const MAX_MESSAGES: usize = 1 << 16;
+
+/// Counts a `ForwardBackwardRequest`'s datums and inner messages by walking the wire format,
+/// without decoding anything: a body past [`MAX_DATUMS`] or [`MAX_MESSAGES`] is refused before
+/// it costs memory. Malformed wire data is left for the decoder to name.
+pub fn check_shape(body: &[u8]) -> Result<(), String> {
+    let (mut datums, mut messages) = (0usize, 0usize);
+    for field in Fields(body) {
+        let Ok((number, value)) = field else { return Ok(()) };
+        match (number, value) {
+            (3, Some(datum)) => {
+                datums += 1;
+                messages += 1 + Fields(datum).filter(|f| matches!(f, Ok((1..=4, Some(_))))).count();
+            }
+            (5 | 7, Some(_)) => messages += 1,
+            _ => {}
+        }
+        if datums > MAX_DATUMS {
+            return Err(format!("the call holds more than {MAX_DATUMS} datums; send them in several calls"));
+        }
+        if messages > MAX_MESSAGES {
+            return Err(format!(
+                "the call holds more than {MAX_MESSAGES} messages (datums, chunks, loss inputs); send them in several calls"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The top-level fields of a protobuf message: (field number, its bytes when length-delimited).
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u64, Option<&'a [u8]>), ()>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let field = (|| {
+            let key = varint(&mut self.0)?;
+            let value = match key & 7 {
+                0 => varint(&mut self.0).map(|_| None)?,
+                1 => self.skip(8).map(|_| None)?,
+                2 => {
+                    let len = usize::try_from(varint(&mut self.0)?).map_err(|_| ())?;
+                    Some(self.skip(len)?)
+                }
+                5 => self.skip(4).map(|_| None)?,
+                _ => return Err(()),
+            };
+            Ok((key >> 3, value))
+        })();
+        if field.is_err() {
+            self.0 = &[];
+        }
+        Some(field)
+    }
+}
+
+impl<'a> Fields<'a> {
+    fn skip(&mut self, n: usize) -> Result<&'a [u8], ()> {
+        if n > self.0.len() {
+            return Err(());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+}
+
+fn varint(buf: &mut &[u8]) -> Result<u64, ()> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let (&b, rest) = buf.split_first().ok_or(())?;
+        *buf = rest;
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            return Ok(v);
+        }
+    }
+    Err(())
+}
+
 /// The model input's tokens: its text chunks' int32 little-endian ids, concatenated. Image and
 /// audio chunks are refused (no served model reads them).
 pub fn model_tokens(chunks: &[pb::Chunk]) -> Result<Vec<u32>, String> {
@@ -266,5 +356,32 @@ mod tests {
         assert_eq!(f32::from_le_bytes(f.data[12..16].try_into().unwrap()), -0.5);
         assert_eq!(out.metrics["loss:sum"], 6.75);
         assert_eq!(out.loss_fn_output_type, "ArrayRecord");
+    }
+
+    /// Issue 50: 4M empty datums in an 8 MiB body decoded to +768 MB; the walk refuses them
+    /// before decoding, and passes what the SDK sends.
+    #[test]
+    fn the_shape_is_bounded_before_decoding() {
+        let datum = pb::Datum {
+            model_input: vec![text(&[1, 2, 3])],
+            loss_fn_inputs: [("target_tokens".to_string(), i64s(&[2, 3, 4])), ("weights".into(), f32s(&[1.0; 3]))]
+                .into(),
+            ..Default::default()
+        };
+        let ok = pb::ForwardBackwardRequest {
+            model_id: "m".into(),
+            seq_id: 1,
+            data: vec![datum.clone(); 1024],
+            loss_fn: "cross_entropy".into(),
+            ..Default::default()
+        };
+        assert_eq!(check_shape(&ok.encode_to_vec()), Ok(()));
+        let many = pb::ForwardBackwardRequest { data: vec![pb::Datum::default(); MAX_DATUMS + 1], ..ok.clone() };
+        assert!(check_shape(&many.encode_to_vec()).unwrap_err().contains("datums"));
+        let chunks = pb::Datum { model_input: vec![text(&[]); MAX_MESSAGES], ..datum };
+        let wide = pb::ForwardBackwardRequest { data: vec![chunks], ..ok };
+        assert!(check_shape(&wide.encode_to_vec()).unwrap_err().contains("messages"));
+        // Malformed bytes are the decoder's to name.
+        assert_eq!(check_shape(&[0xff, 0xff]), Ok(()));
     }
 }
