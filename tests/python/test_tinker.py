@@ -719,10 +719,14 @@ def inflight(ctx):
         assert moved == scores(newer), "the earlier inflight client follows the newest inflight save"
         assert moved != first, "training moved the weights"
         assert scores(snapshot) == first, "a snapshot client keeps its weights"
+        # Refused as the caller's mistake in its own future (its seq_id is spent either way).
         status, reply, _ = ctx.server.api("POST", "/api/v1/save_weights_for_sampler", {
             "model_id": tc.model_id, "seq_id": 99, "sampling_session_seq_id": 99, "kind": "rolling"},
             key=f"tml-{KEY}")
-        assert status in (400, 422) and "inflight" in str(reply), (status, reply)
+        assert status == 200, (status, reply)
+        status, reply, _ = ctx.server.api("POST", "/api/v1/retrieve_future", {"request_id": reply["request_id"]},
+                                          key=f"tml-{KEY}")
+        assert reply.get("category") == "user" and "inflight" in reply["error"], (status, reply)
 
 
 def expiry(ctx):

@@ -221,7 +221,7 @@ def cookbook_losses(ctx):
 
 
 def sample_burst(ctx):
-    sampler = ctx.sc.create_sampling_client(base_model=BASE)
+    sampler = ctx.sc.create_sampling_client(base_model=BASE).result()
     prompts = [types.ModelInput.from_ints(TOKENS[: 4 + i % 9]) for i in range(160)]
     futures = [sampler.compute_logprobs(p) for p in prompts]
     got = [f.result() for f in futures]

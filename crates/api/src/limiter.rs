@@ -31,6 +31,11 @@ impl EntityLimiter {
         Some(Permit { limiter: self.clone(), entity: entity.to_string() })
     }
 
+    /// Requests one entity may have in flight (`--per-entity-limit`).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     pub fn in_flight(&self, entity: &str) -> usize {
         self.active.lock().unwrap_or_else(|e| e.into_inner()).get(entity).copied().unwrap_or(0)
     }

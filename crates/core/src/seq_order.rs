@@ -4,8 +4,9 @@
 //! The SDK numbers a model's training calls 1, 2, 3, ... and may send them in parallel; they run
 //! in that order. The rules, each of which keeps a model from wedging (issue 50):
 //! - every `seq_id` received is consumed by whatever answer it gets: a call refused for its own
-//!   input still takes its place and fails its future in order ([`SeqOrder::arrive`] then
-//!   [`SeqOrder::finish`]), so the calls after it run;
+//!   input still takes its place, answered at once ([`SeqOrder::arrive`] then
+//!   [`SeqOrder::finish`], which may come before its turn: the order then skips it), so the
+//!   calls after it run;
 //! - a retry of a received `seq_id` gets the first call's request id (its future);
 //! - a call waits untimed only behind calls that were all received (running work, bounded by its
 //!   own size); at a gap (an earlier `seq_id` never received) its wait is timed by the caller, and
@@ -169,17 +170,22 @@ mod tests {
         assert_eq!(o.arrive(0, "zero"), Arrival::OutOfRange);
     }
 
-    /// Issue 50's first probe: a refused call still consumes its seq_id.
+    /// Issue 50's first probe: a refused call still consumes its seq_id, answered before its
+    /// turn or in it.
     #[test]
     fn a_refused_call_consumes_its_seq_id() {
         let mut o = SeqOrder::default();
-        o.arrive(1, "refused");
-        o.arrive(2, "next");
-        assert_eq!(o.turn(2), Turn::Behind);
-        // Its turn comes; it answers its refusal and the order moves on.
-        assert_eq!(o.turn(1), Turn::Now);
+        o.arrive(1, "r1");
+        o.arrive(3, "refused");
+        o.finish(3);
+        assert_eq!(o.turn(3), Turn::Answered);
+        assert_eq!(o.next(), 1, "1 still runs first");
+        o.arrive(2, "r2");
         o.finish(1);
         assert_eq!(o.turn(2), Turn::Now);
+        o.finish(2);
+        assert_eq!(o.next(), 4, "past the refused 3");
+        assert_eq!(o.arrive(3, "again"), Arrival::Retry("refused".into()));
     }
 
     /// Issue 50's second probe: call 2 fails at the gap of 1; 1 arriving late is given up, not

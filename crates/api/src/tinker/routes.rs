@@ -396,8 +396,9 @@ impl<T: serde::de::DeserializeOwned> Sequenced<T> {
     }
 }
 
-/// Takes call `seq_id` into its model's order only to fail it there, with the caller's mistake:
-/// a refused call still consumes its `seq_id`, so the calls after it run (issue 50).
+/// Answers call `seq_id` with the caller's mistake at once (a future that fails) and takes it
+/// into its model's order as answered: a refused call still consumes its `seq_id`, so the calls
+/// after it run (issue 50), and it waits for nothing, since nothing of it runs.
 pub(super) fn refused_in_order(
     t: &Arc<TinkerState>,
     model: Arc<ModelEntry>,
@@ -405,7 +406,28 @@ pub(super) fn refused_in_order(
     seq_id: i64,
     error: String,
 ) -> Result<Json<Value>> {
-    ordered_async(t, model, model_id, seq_id, async move { Outcome::Failed { error, category: "user" } })
+    let request_id = {
+        let mut order = model.order();
+        let arrival = order.peek(seq_id);
+        match &arrival {
+            Arrival::Retry(id) => return Ok(submitted(id, model_id)),
+            Arrival::OutOfRange => {
+                return Err(PreviewError(bad(format!(
+                    "seq_id {seq_id} of model {model_id} was already run or is out of range"
+                ))))
+            }
+            Arrival::GivenUp | Arrival::New => {}
+        }
+        let (id, promise) = new_future(t, &model.entity)?;
+        promise.set(Outcome::Failed { error, category: "user" });
+        if arrival == Arrival::New {
+            order.arrive(seq_id, &id);
+            order.finish(seq_id as u64);
+        }
+        id
+    };
+    model.bump();
+    Ok(submitted(&request_id, model_id))
 }
 
 /// `forward_backward` and `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`.

@@ -374,9 +374,10 @@ pub async fn asample(
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
     let patience = t.waits.idle;
+    let gate = t.sample_gate(&entity, state.limiter().limit());
     tokio::spawn(async move {
         let _queued = queued;
-        let outcome = match run_queued(&state, &entity, &request, patience, || Extras {
+        let outcome = match run_queued(&state, &entity, &request, &gate, patience, || Extras {
             owner: owner.clone(),
             ..extras(&asked, temperature)
         })
@@ -394,19 +395,28 @@ pub async fn asample(
 }
 
 /// Runs a sample through the engine, waiting while the entity's concurrency limit or the
-/// engine's queue is full (a 429 or a 503 from admission) for up to `patience`: the cookbook's
-/// evaluators send hundreds of `compute_logprobs` at once, and the SDK raises a failed future
-/// without retrying it (issue 50), so work past a limit waits here, its future pending, instead.
-/// The entity's other requests and other entities are unaffected: each attempt is admitted by
-/// the same per-entity limit and fair scheduler as any completion.
+/// engine's queue is full for up to `patience`: the cookbook's evaluators send hundreds of
+/// `compute_logprobs` at once, and the SDK raises a failed future without retrying it (issue 50),
+/// so work past a limit waits here, its future pending, instead. Samples pass the entity's
+/// `gate` in arrival order; a sample past it that admission still turns away (a 429 or 503: the
+/// entity's chats hold its limit, or the engine's queue is full) tries again with backoff. The
+/// entity's other requests and other entities are unaffected: each attempt is admitted by the
+/// same per-entity limit and fair scheduler as any completion.
 async fn run_queued(
     state: &AppState,
     entity: &str,
     request: &Value,
+    gate: &tokio::sync::Semaphore,
     patience: std::time::Duration,
     extras: impl Fn() -> Extras,
 ) -> std::result::Result<(usize, Vec<InferEvent>), ApiError> {
     let started = std::time::Instant::now();
+    let Ok(Ok(_permit)) = tokio::time::timeout(patience, gate.acquire()).await else {
+        return Err(ApiError::new(
+            ErrorKind::TooManyRequests,
+            format!("the sample waited {} s behind this entity's others", patience.as_secs()),
+        ));
+    };
     let mut pause = std::time::Duration::from_millis(20);
     loop {
         match crate::openai::completions::run_to_end(state, entity, request, extras()).await {

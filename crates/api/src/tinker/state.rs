@@ -237,6 +237,8 @@ pub struct TinkerState {
     places: Mutex<HashMap<String, usize>>,
     /// Bytes of the calls each entity has accepted and not yet run ([`TinkerState::queue_bytes`]).
     queued: Mutex<HashMap<String, u64>>,
+    /// Each entity's samples in flight on the engine ([`TinkerState::sample_gate`]).
+    sample_gates: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Bytes of accepted, not yet finished calls (their decoded datums, sampling prompts) one
@@ -428,6 +430,14 @@ impl TinkerState {
         }
         *queued.entry(entity.to_string()).or_default() += bytes;
         Some(QueuedBytes { state: self.clone(), entity: entity.to_string(), bytes })
+    }
+
+    /// The gate `entity`'s samples pass, in arrival order, to reach the engine: `permits` of them
+    /// (its `--per-entity-limit`) at once, the rest waiting without polling, so a burst of
+    /// thousands costs one waiting task each and never more than `permits` admission attempts.
+    pub fn sample_gate(&self, entity: &str, permits: usize) -> Arc<tokio::sync::Semaphore> {
+        let mut gates = self.sample_gates.lock().unwrap_or_else(|e| e.into_inner());
+        gates.entry(entity.to_string()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(permits.max(1)))).clone()
     }
 
     /// A place for one more model of `entity`, counted with the models it holds and the places
