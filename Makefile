@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -320,6 +320,12 @@ bench-rl-trl: model $(ART23ENV)/.ok-$(ART23_VERSION)
 bench-rl-tinker: model $(ART23ENV)/.ok-$(ART23_VERSION) $(COOKBOOK_OK)
 	bash bench/run-rl-tinker.sh $(ART23ENV)/bin/python $(COOKBOOKENV)/bin/python
 
+## bench-tinker-victim: another entity's small Tinker forward_backward behind an attacker's largest
+## calls, and a victim's chat during an attacker's flood of asample calls (bench/tinker_victim.py)
+bench-tinker-victim: model $(TINKER_OK)
+	cargo build --release -q --bin tandem
+	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python bench/tinker_victim.py target/release/tandem $(MODEL) --flood 2000
+
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
 ## bench-cluster: aggregate throughput of api nodes sharing PostgreSQL and a blob store, 1 node vs 2
 ## (docs/deploy.md: on one machine the cores bound it, so it reports per-node efficiency)
@@ -327,7 +333,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

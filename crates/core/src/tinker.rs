@@ -133,8 +133,9 @@ pub struct Expired {
 /// Training models held between calls. Every method blocks (it computes): call it off the
 /// async workers. Model ids are the api's; ownership is the api's to check.
 pub trait TinkerTrainer: Send + Sync {
-    /// A fresh adapter on a served base model.
-    fn create(&self, model_id: &str, base_model: &str, lora: LoraSpec) -> Result<(), TinkerError>;
+    /// A fresh adapter on a served base model, held for `entity` (whose account the trainer
+    /// time of its calls is charged to).
+    fn create(&self, entity: &str, model_id: &str, base_model: &str, lora: LoraSpec) -> Result<(), TinkerError>;
     /// Runs `data` forward and, with `backward`, adds its gradients to the model's pending ones.
     fn forward_backward(
         &self,
@@ -157,9 +158,11 @@ pub trait TinkerTrainer: Send + Sync {
     /// The base model, rank and trained modules of a saved state of `owner`'s (`None`: no such
     /// state).
     fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<StateInfo>;
-    /// A new model from a saved state, with its optimizer's moments or fresh ones.
+    /// A new model of `entity` from `owner`'s saved state (its own, or one published), with its
+    /// optimizer's moments or fresh ones.
     fn load_state(
         &self,
+        entity: &str,
         owner: &str,
         model_id: &str,
         source_model: &str,

@@ -7,8 +7,21 @@
 //! as VTC lifts a new client's counter, so it can neither bank credit nor be starved). A small
 //! job of another entity therefore starts within one gradient step of a long one, and entities
 //! with work share the trainer's time equally, in steps' granularity.
+//!
+//! Time is charged to an account: a run entered for an entity ([`Turns::enter_for`]: its jobs,
+//! its Tinker calls) shares that entity's, so an entity's many short Tinker calls add up as one
+//! long job's steps do, and its next call starts behind entities that used less (issue 50: each
+//! call had started level with the least served, its time forgotten when it ended). An entity's
+//! time is kept while the trainer has any work and forgotten when it is idle.
 
 use std::collections::{HashMap, HashSet};
+
+/// Whose time a run's work is: an entity's (shared by all its runs) or the run's own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Account {
+    Entity(String),
+    Run(u64),
+}
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -31,8 +44,11 @@ pub struct Ledger {
     holder: Option<u64>,
     /// Waiting runs in arrival order (ties in time go to the earliest).
     waiting: Vec<u64>,
-    /// Seconds each present run (holder or waiting) has held the turn, lifted on arrival.
-    used: HashMap<u64, f64>,
+    /// Each present run's (holder or waiting) account.
+    runs: HashMap<u64, Account>,
+    /// Seconds each account's runs have held the turn, lifted on arrival to the least of the
+    /// accounts present; kept while the trainer has work, cleared when it has none.
+    used: HashMap<Account, f64>,
     /// Runs whose adapter and optimizer are in memory; a run that has not started or that
     /// parked is not among them.
     held: HashSet<u64>,
@@ -51,16 +67,32 @@ impl Ledger {
         Ledger {
             holder: None,
             waiting: Vec::new(),
+            runs: HashMap::new(),
             used: HashMap::new(),
             held: HashSet::new(),
             capacity: capacity.max(1),
         }
     }
 
-    /// A run arrives; `true` when it holds the turn at once (nobody did).
+    /// A run arrives with its own account; `true` when it holds the turn at once (nobody did).
     pub fn arrive(&mut self, id: u64) -> bool {
-        let floor = self.used.values().copied().fold(f64::INFINITY, f64::min);
-        self.used.insert(id, if floor.is_finite() { floor } else { 0.0 });
+        self.arrive_as(id, Account::Run(id))
+    }
+
+    /// A run arrives, charged to `account`; `true` when it holds the turn at once. The account
+    /// is lifted to the least time of the accounts present, so it banks no credit; one that has
+    /// used more keeps its time (its runs wait behind the less served).
+    pub fn arrive_as(&mut self, id: u64, account: Account) -> bool {
+        if self.runs.is_empty() {
+            // An idle trainer: nobody is owed anything.
+            self.used.clear();
+        }
+        let present: HashSet<&Account> = self.runs.values().collect();
+        let floor = present.iter().map(|a| self.used.get(*a).copied().unwrap_or(0.0)).fold(f64::INFINITY, f64::min);
+        let floor = if floor.is_finite() { floor } else { 0.0 };
+        let t = self.used.entry(account.clone()).or_insert(floor);
+        *t = t.max(floor);
+        self.runs.insert(id, account);
         if self.holder.is_none() {
             self.give(id);
             true
@@ -75,7 +107,9 @@ impl Ledger {
     /// to a new one when there is room).
     pub fn boundary(&mut self, id: u64, secs: f64, can_park: bool) -> Next {
         debug_assert_eq!(self.holder, Some(id));
-        *self.used.entry(id).or_default() += secs.max(0.0);
+        if let Some(account) = self.runs.get(&id) {
+            *self.used.entry(account.clone()).or_default() += secs.max(0.0);
+        }
         if self.waiting.is_empty() {
             return Next::Keep;
         }
@@ -116,7 +150,10 @@ impl Ledger {
 
     /// The holder ends (or a waiter leaves): the run that holds the turn afterwards, if any.
     pub fn leave(&mut self, id: u64) -> Option<u64> {
-        self.used.remove(&id);
+        // A run's own account goes with it; an entity's stays for its next run.
+        if let Some(Account::Run(own)) = self.runs.remove(&id) {
+            self.used.remove(&Account::Run(own));
+        }
         self.held.remove(&id);
         self.waiting.retain(|w| *w != id);
         if self.holder == Some(id) {
@@ -143,9 +180,14 @@ impl Ledger {
         self.held.insert(id);
     }
 
+    /// Seconds run `id`'s account has used.
+    fn used_by(&self, id: &u64) -> f64 {
+        self.runs.get(id).and_then(|a| self.used.get(a)).copied().unwrap_or(0.0)
+    }
+
     /// The place in `waiting` of the least-served waiter that `fits` (ties: the earliest).
     fn least_served(&self, fits: impl Fn(&Self, u64) -> bool) -> Option<usize> {
-        let used = |id: &u64| self.used.get(id).copied().unwrap_or(0.0);
+        let used = |id: &u64| self.used_by(id);
         let mut best: Option<(usize, f64)> = None;
         for (i, id) in self.waiting.iter().enumerate() {
             if fits(self, *id) && best.is_none_or(|(_, b)| used(id) < b) {
@@ -182,12 +224,23 @@ impl Turns {
         Turns { ledger: Mutex::new((Ledger::new(capacity), 0)), changed: Condvar::new() }
     }
 
-    /// Waits until this run holds the turn.
+    /// Waits until this run holds the turn (its time its own).
     pub fn enter(self: &Arc<Self>) -> Turn {
+        self.enter_as(None)
+    }
+
+    /// Waits until this run holds the turn, its time charged to `entity` with that entity's
+    /// other runs.
+    pub fn enter_for(self: &Arc<Self>, entity: &str) -> Turn {
+        self.enter_as(Some(entity))
+    }
+
+    fn enter_as(self: &Arc<Self>, entity: Option<&str>) -> Turn {
         let mut g = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         g.1 += 1;
         let id = g.1;
-        if !g.0.arrive(id) {
+        let account = entity.map_or(Account::Run(id), |e| Account::Entity(e.to_string()));
+        if !g.0.arrive_as(id, account) {
             while g.0.holder() != Some(id) {
                 g = self.changed.wait(g).unwrap_or_else(|e| e.into_inner());
             }
@@ -197,7 +250,7 @@ impl Turns {
 
     /// Runs present: holding or waiting for the turn.
     pub fn runs(&self) -> usize {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).0.used.len()
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).0.runs.len()
     }
 
     /// Runs whose state is in memory.
@@ -292,6 +345,32 @@ mod tests {
         assert_eq!(l.leave(2), Some(1));
         assert_eq!(l.leave(1), None);
         assert_eq!(l.holder(), None);
+    }
+
+    /// An entity's runs share its time (issue 50): its second short call starts behind another
+    /// entity that used less, not level with it; the time is forgotten once the trainer idles.
+    #[test]
+    fn an_entitys_calls_share_its_time() {
+        let a = || Account::Entity("a".into());
+        let mut l = Ledger::default();
+        assert!(l.arrive_as(1, Account::Entity("b".into())));
+        assert!(!l.arrive_as(2, a()));
+        assert_eq!(b(&mut l, 1, 1.0), 2); // b: 1 s; a: 0
+        assert_eq!(b(&mut l, 2, 5.0), 1); // a: 5 s
+                                          // a's call ends and its next one arrives: it keeps a's 5 s (the floor is b's 1 s).
+        assert_eq!(l.leave(2), Some(1));
+        assert!(!l.arrive_as(3, a()));
+        assert_eq!(b(&mut l, 1, 1.0), 1, "b (2 s) is still behind a (5 s)");
+        assert_eq!(b(&mut l, 1, 3.5), 3, "b (5.5 s) has now used more");
+        // With a run's own account (Turns::enter), each call starts at the floor, as before.
+        assert_eq!(l.leave(3), Some(1));
+        assert!(!l.arrive(4));
+        assert_eq!(b(&mut l, 1, 0.1), 4);
+        // Idle: the entities' times are forgotten.
+        l.leave(4);
+        l.leave(1);
+        assert!(l.arrive_as(5, a()));
+        assert_eq!(l.used_by(&5), 0.0);
     }
 
     #[test]

@@ -351,10 +351,12 @@ impl Worker {
                 .join(format!("tandem-parked-{job_id}.safetensors")),
         };
         let (trainer, turns) = (self.trainer.clone(), self.turns.clone());
+        // The job's trainer time is its entity's, shared with the entity's Tinker calls.
+        let entity = claimed.model.entity.clone();
         let (result, sink) = tokio::task::spawn_blocking(move || {
             // The job computes only while it holds the turn; between its steps another
             // entity's job may run (its state stays here, on this thread).
-            sink.turn = Some(turns.enter());
+            sink.turn = Some(turns.enter_for(&entity));
             let result = match sink.interrupted() {
                 Some(stop) => Err(stop),
                 None => trainer.train(&train_job, &mut sink),

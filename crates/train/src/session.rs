@@ -422,15 +422,7 @@ impl Session {
                 c.context_len
             )));
         }
-        let take = |key: &str| d.inputs.get(key).cloned().unwrap_or_default();
-        let inputs = DatumInputs {
-            weights: take("weights"),
-            sampling_lp: take("logprobs"),
-            advantages: take("advantages"),
-            clip_low: take("clip_low_threshold"),
-            clip_high: take("clip_high_threshold"),
-            ratio_mask: take("sequence_ratio_mask"),
-        };
+        let inputs = DatumInputs::from_map(&d.inputs);
         check_inputs(loss, n, &inputs).map_err(bad)?;
         let mut tokens = d.tokens.clone();
         tokens.push(d.targets[n - 1]);

@@ -48,7 +48,9 @@ pub struct TinkerModels {
     /// Saved states: `<dir>/<owner hash>/<model id>/<name>.safetensors` (and `.json`).
     states: PathBuf,
     turns: Arc<Turns>,
-    models: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    /// Held models: their entity (whose account their calls' trainer time is charged to) and
+    /// session.
+    models: Mutex<HashMap<String, (String, Arc<Mutex<Session>>)>>,
     /// Serialises changes to the lists kept beside a run's states (saved samplers, expiries:
     /// read, change, write back).
     samplers: Mutex<()>,
@@ -131,16 +133,17 @@ impl TinkerModels {
             .map_err(|e| TinkerError::Server(format!("recording the sampler weights: {e}")))
     }
 
-    fn hold(&self, model_id: &str, session: Session) -> Result<(), TinkerError> {
+    fn hold(&self, entity: &str, model_id: &str, session: Session) -> Result<(), TinkerError> {
         let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         if models.len() >= self.max_models {
             return Err(TinkerError::User("this server's training models are all taken (--max-tinker-models)".into()));
         }
-        models.insert(model_id.to_string(), Arc::new(Mutex::new(session)));
+        models.insert(model_id.to_string(), (entity.to_string(), Arc::new(Mutex::new(session))));
         Ok(())
     }
 
-    fn model(&self, id: &str) -> Result<Arc<Mutex<Session>>, TinkerError> {
+    /// A held model's entity and session.
+    fn model(&self, id: &str) -> Result<(String, Arc<Mutex<Session>>), TinkerError> {
         let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         models.get(id).cloned().ok_or_else(|| TinkerError::User(format!("model {id:?} is not held by this server")))
     }
@@ -160,8 +163,9 @@ impl TinkerModels {
         id: &str,
         f: impl FnOnce(&mut Session, &mut tandem_jobs::turns::Turn) -> Result<R, TrainError>,
     ) -> Result<R, TinkerError> {
-        let session = self.model(id)?;
-        let mut turn = self.turns.enter();
+        let (entity, session) = self.model(id)?;
+        // Charged to the model's entity, with its other models' calls and its jobs.
+        let mut turn = self.turns.enter_for(&entity);
         let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut s, &mut turn).map_err(error)
     }
@@ -190,7 +194,7 @@ fn error(e: TrainError) -> TinkerError {
 }
 
 impl TinkerTrainer for TinkerModels {
-    fn create(&self, model_id: &str, base_model: &str, lora: LoraSpec) -> Result<(), TinkerError> {
+    fn create(&self, entity: &str, model_id: &str, base_model: &str, lora: LoraSpec) -> Result<(), TinkerError> {
         {
             let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
             if models.len() >= self.max_models {
@@ -201,13 +205,13 @@ impl TinkerTrainer for TinkerModels {
             }
         }
         let session = {
-            let _turn = self.turns.enter();
+            let _turn = self.turns.enter_for(entity);
             Session::create(&self.trainer, base_model, lora.rank, LORA_ALPHA, lora.seed)
                 .map_err(error)?
                 .training(lora.modules, lora.seed)
                 .map_err(error)?
         };
-        self.hold(model_id, session)
+        self.hold(entity, model_id, session)
     }
 
     fn forward_backward(
@@ -249,7 +253,7 @@ impl TinkerTrainer for TinkerModels {
 
     fn modules(&self, model_id: &str) -> Result<Modules, TinkerError> {
         // No turn: nothing is computed.
-        Ok(self.model(model_id)?.lock().unwrap_or_else(|e| e.into_inner()).modules())
+        Ok(self.model(model_id)?.1.lock().unwrap_or_else(|e| e.into_inner()).modules())
     }
 
     fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError> {
@@ -285,6 +289,7 @@ impl TinkerTrainer for TinkerModels {
 
     fn load_state(
         &self,
+        entity: &str,
         owner: &str,
         model_id: &str,
         source_model: &str,
@@ -293,10 +298,10 @@ impl TinkerTrainer for TinkerModels {
     ) -> Result<(), TinkerError> {
         let path = self.state_path(owner, source_model, name)?;
         let session = {
-            let _turn = self.turns.enter();
+            let _turn = self.turns.enter_for(entity);
             Session::load_state(&self.trainer, &path, with_optimizer).map_err(error)?
         };
-        self.hold(model_id, session)
+        self.hold(entity, model_id, session)
     }
 
     fn load_state_into(

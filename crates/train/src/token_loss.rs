@@ -116,6 +116,22 @@ pub struct DatumInputs {
     pub ratio_mask: Vec<f64>,
 }
 
+impl DatumInputs {
+    /// A datum's inputs from its `loss_fn_inputs` by key (the keys Tinker names; absent ones
+    /// empty).
+    pub fn from_map(inputs: &std::collections::BTreeMap<String, Vec<f64>>) -> Self {
+        let take = |key: &str| inputs.get(key).cloned().unwrap_or_default();
+        DatumInputs {
+            weights: take("weights"),
+            sampling_lp: take("logprobs"),
+            advantages: take("advantages"),
+            clip_low: take("clip_low_threshold"),
+            clip_high: take("clip_high_threshold"),
+            ratio_mask: take("sequence_ratio_mask"),
+        }
+    }
+}
+
 /// A datum's loss and `dL / d new_lp` per token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DatumLoss {

@@ -7,7 +7,7 @@ use super::state::{
     ModelEntry, Outcome, Pending, Promise, SessionEntry, TinkerState, Waited, MAX_MODELS_PER_ENTITY,
     MAX_SESSIONS_PER_ENTITY,
 };
-use super::{pb, wire};
+use super::wire;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
 use crate::AppState;
@@ -229,10 +229,10 @@ pub async fn create_model(
     let (request_id, promise) =
         register_model(&state, &caller.entity, &body.session_id, body.model_seq_id, &body.base_model, lora.rank)
             .await?;
-    let (id, base) = (model_id.clone(), body.base_model);
+    let (id, base, entity) = (model_id.clone(), body.base_model, caller.entity.clone());
     let spec = LoraSpec { rank: lora.rank, seed: lora.seed, modules };
     tokio::task::spawn_blocking(move || {
-        let outcome = match trainer.create(&id, &base, spec) {
+        let outcome = match trainer.create(&entity, &id, &base, spec) {
             Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),
             Err(e) => {
                 t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -437,27 +437,12 @@ pub async fn forward_backward(
     body: Bytes,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    // Bounded before decoding, and decoded and read off the async workers: a body's decoded
-    // form can be ~100x its size.
-    wire::check_shape(&body).map_err(bad)?;
+    // Bounded before decoding (wire::check_shape), decoded and read off the async workers: a
+    // body's decoded form can be ~100x its size.
     let budget = state.limits().max_job_tokens;
-    let decoded = tokio::task::spawn_blocking(move || {
-        let req = pb::ForwardBackwardRequest::decode(body.as_ref())
-            .map_err(|e| format!("the body is not a ForwardBackwardRequest protobuf: {e}"))?;
-        let read = read_call(&req).and_then(|call| {
-            let tokens: u64 = call.0.iter().map(|d| d.tokens.len() as u64).sum();
-            if tokens > budget {
-                return Err(format!(
-                    "the call holds {tokens} tokens, more than one call may train (--max-job-tokens {budget})"
-                ));
-            }
-            Ok(call)
-        });
-        let head = pb::ForwardBackwardRequest { data: Vec::new(), ..req };
-        Ok::<_, String>((head, read))
-    })
-    .await
-    .map_err(|e| ApiError::new(ErrorKind::Internal, format!("reading the call failed: {e}")))?;
+    let decoded = tokio::task::spawn_blocking(move || wire::read_request(&body, budget))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("reading the call failed: {e}")))?;
     let (req, read) = decoded.map_err(bad)?;
     let (t, model) = owned_model(&state, &caller, &req.model_id)?;
     // The decoded datums wait in the queue: they count against the entity's queued bytes.
@@ -491,8 +476,6 @@ pub async fn forward_backward(
     })
 }
 
-type Call = (Vec<wire::Datum>, Vec<(String, f64)>);
-
 /// What a decoded datum holds in memory, roughly: its ids and its loss inputs' values.
 fn datum_bytes(d: &wire::Datum) -> u64 {
     let values: usize = d.inputs.values().map(Vec::len).sum();
@@ -511,24 +494,6 @@ pub(super) fn queue_full() -> PreviewError {
         )
         .with_retry_after(1),
     )
-}
-
-fn read_call(req: &pb::ForwardBackwardRequest) -> std::result::Result<Call, String> {
-    let data =
-        req.data.iter().enumerate().map(|(i, d)| wire::datum(d, i)).collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut config: Vec<(String, f64)> = req.loss_fn_config.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    for (k, v) in &req.loss_fn_config_v2 {
-        match &v.value {
-            Some(pb::loss_config_value::Value::Number(n)) if !config.iter().any(|(c, _)| c == k) => {
-                config.push((k.clone(), *n))
-            }
-            Some(pb::loss_config_value::Value::Text(_)) => {
-                return Err(format!("loss_fn_config {k:?} is text; the served losses take numbers"))
-            }
-            _ => {}
-        }
-    }
-    Ok((data, config))
 }
 
 #[derive(Deserialize)]

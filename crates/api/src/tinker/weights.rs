@@ -343,9 +343,9 @@ pub async fn load_weights(
         return Ok(submitted(&m.create_request, &model_id));
     }
     let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
-    let (id, with_optimizer) = (model_id.clone(), body.optimizer);
+    let (id, with_optimizer, entity) = (model_id.clone(), body.optimizer, caller.entity.clone());
     tokio::task::spawn_blocking(move || {
-        let outcome = match trainer.load_state(&from, &id, &source, &name, with_optimizer) {
+        let outcome = match trainer.load_state(&entity, &from, &id, &source, &name, with_optimizer) {
             Ok(()) => Outcome::Json(
                 json!({ "model_id": id, "path": format!("tinker://{source}/weights/{name}"), "type": "load_weights" }),
             ),
