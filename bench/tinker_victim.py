@@ -98,7 +98,8 @@ def flood(server, n, rounds):
     while pending:
         peak = max(peak, rss_mb(server))
         s, r, _ = raw("/api/v1/retrieve_future", {"request_id": pending[-1]})
-        if r.get("type") != "try_again":
+        # A result is protobuf (read as text here); a pending one is JSON `try_again`.
+        if not (isinstance(r, dict) and r.get("type") == "try_again"):
             pending.pop()
     drained = time.monotonic() - t0
     refused = {s for s, _, _ in answers if s != 200}
@@ -118,9 +119,13 @@ def main():
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--flood", type=int, default=0)
+    p.add_argument("--no-train", action="store_true", help="only the flood phase")
     a = p.parse_args()
     server = Server(a.binary, a.model, "victim-key", data=DATA)
     try:
+        if a.no_train:
+            flood(server, a.flood, a.rounds)
+            return 0
         _, victim = client(server, "victim-key")
         _, attacker = client(server, server.new_key("attacker"))
         small = [datum([100 + i for i in range(17)])]

@@ -43,6 +43,9 @@ const SAMPLERS_FILE: &str = ".sampler_weights";
 /// so the learning rate that suits one rank suits the others.
 pub const LORA_ALPHA: f64 = 32.0;
 
+/// A held model: its entity and its session.
+type HeldModel = (String, Arc<Mutex<Session>>);
+
 pub struct TinkerModels {
     trainer: Arc<LoraTrainer>,
     /// Saved states: `<dir>/<owner hash>/<model id>/<name>.safetensors` (and `.json`).
@@ -50,7 +53,7 @@ pub struct TinkerModels {
     turns: Arc<Turns>,
     /// Held models: their entity (whose account their calls' trainer time is charged to) and
     /// session.
-    models: Mutex<HashMap<String, (String, Arc<Mutex<Session>>)>>,
+    models: Mutex<HashMap<String, HeldModel>>,
     /// Serialises changes to the lists kept beside a run's states (saved samplers, expiries:
     /// read, change, write back).
     samplers: Mutex<()>,
@@ -143,7 +146,7 @@ impl TinkerModels {
     }
 
     /// A held model's entity and session.
-    fn model(&self, id: &str) -> Result<(String, Arc<Mutex<Session>>), TinkerError> {
+    fn model(&self, id: &str) -> Result<HeldModel, TinkerError> {
         let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         models.get(id).cloned().ok_or_else(|| TinkerError::User(format!("model {id:?} is not held by this server")))
     }

@@ -433,7 +433,8 @@ mod tests {
         let inputs = DatumInputs { sampling_lp: q, advantages: vec![1.0, -1.0, 0.0], ..Default::default() };
         let out = datum_loss(sr, &lp, &inputs);
         let k3 = |r: f64| (r - 1.0) - r.ln();
-        let want = -(1.0 * 1.0 * lp[0]) - (2.0 * -1.0 * lp[1]) + 0.1 * (k3(1.0) + k3(3.0));
+        // Weights 1 and 2 (truncated), advantages 1 and -1.
+        let want = -lp[0] + 2.0 * lp[1] + 0.1 * (k3(1.0) + k3(3.0));
         assert!(close(out.loss, want), "{out:?} vs {want}");
         assert!(close(out.grad[0], -1.0) && close(out.grad[1], 2.0 + 0.1 * 2.0) && out.grad[2] == 0.0, "{out:?}");
     }

@@ -10,7 +10,8 @@
 //! - `ttl_seconds` makes them expire (`expiry`), and deleting the name removes them.
 
 use super::expiry::ttl_expiry;
-use super::routes::{bad, failed, ordered, owned_model, refused_in_order, trainer, Result, Sequenced};
+use super::order::{ordered, refused_in_order, Sequenced};
+use super::routes::{bad, failed, owned_model, trainer, Result};
 use super::state::Outcome;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};

@@ -5,6 +5,7 @@
 //!   checked; its output (per-datum logprobs, `name:reduction` metrics) encoded.
 //! - [`state`]: sessions, models in `seq_id` order, futures.
 //! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
+//! - `order`: training calls run in their model's `seq_id` order, each consuming its `seq_id`.
 //! - [`weights`]: saving for the sampler, saving and loading the training state.
 //! - [`runs`]: the RestClient's listings of runs and their checkpoints.
 //! - [`external`]: adapters saved as PEFT files and downloaded by signed URLs.
@@ -16,6 +17,7 @@
 
 pub mod expiry;
 pub mod external;
+mod order;
 pub mod publish;
 pub mod routes;
 pub mod runs;

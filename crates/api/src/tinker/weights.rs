@@ -4,10 +4,8 @@
 //! `weights_info`, and deleting a run's checkpoints (`runs` lists them).
 
 use super::expiry::ttl_expiry;
-use super::routes::{
-    bad, failed, ordered, ordered_async, owned_model, reap, refused_in_order, register_model, submitted, trainer,
-    Result, Sequenced,
-};
+use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
+use super::routes::{bad, failed, owned_model, reap, register_model, submitted, trainer, Result};
 use super::sample::Sampler;
 use super::samplers;
 use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
