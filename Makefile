@@ -211,7 +211,7 @@ reliability-postgres: model
 ## fuzz-smoke: each cargo-fuzz target (fuzz/fuzz_targets) for FUZZ_SECONDS seconds (R12). Needs
 ## `cargo install cargo-fuzz`; RUSTC_BOOTSTRAP lets it pass libFuzzer's flags to the stable toolchain.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := chat_request trajectory_groups chat_template gguf_header
+FUZZ_TARGETS := chat_request trajectory_groups chat_template gguf_header tinker_body
 fuzz-smoke:
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 		RUSTC_BOOTSTRAP=1 cargo fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 \
