@@ -234,7 +234,7 @@ pub struct TinkerState {
     /// Serialises the changes to one run's checkpoints (saves, deletes, TTLs, the sweep).
     pub runs: RunLocks,
     /// Places taken by model creations under way, per entity ([`TinkerState::reserve_model`]).
-    places: Mutex<HashMap<String, usize>>,
+    places: Mutex<HashMap<String, u64>>,
     /// Bytes of the calls each entity has accepted and not yet run ([`TinkerState::queue_bytes`]).
     queued: Mutex<HashMap<String, u64>>,
     /// Each entity's samples in flight on the engine ([`TinkerState::sample_gate`]).
@@ -246,39 +246,33 @@ pub struct TinkerState {
 /// calls had held 729 MB).
 pub const MAX_QUEUED_BYTES_PER_ENTITY: u64 = 256 << 20;
 
-/// A call's bytes under its entity's [`MAX_QUEUED_BYTES_PER_ENTITY`], given back when dropped
-/// (when the call has run, failed, or its model was released).
-pub struct QueuedBytes {
+/// What a [`Taken`] counts: model creations' places or queued bytes.
+#[derive(Clone, Copy)]
+enum Tally {
+    Places,
+    Queued,
+}
+
+/// An amount taken under one of an entity's tallies (a model creation's place under its cap, a
+/// call's bytes under [`MAX_QUEUED_BYTES_PER_ENTITY`]), given back when dropped (the model is
+/// entered or failed; the call has run, failed, or its model was released).
+pub struct Taken {
     state: Arc<TinkerState>,
+    tally: Tally,
     entity: String,
-    bytes: u64,
+    amount: u64,
 }
 
-impl Drop for QueuedBytes {
+pub type QueuedBytes = Taken;
+pub type ModelPlace = Taken;
+
+impl Drop for Taken {
     fn drop(&mut self) {
-        let mut queued = self.state.queued.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = queued.get_mut(&self.entity) {
-            *n = n.saturating_sub(self.bytes);
+        let mut counts = self.state.tally(self.tally).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&self.entity) {
+            *n = n.saturating_sub(self.amount);
             if *n == 0 {
-                queued.remove(&self.entity);
-            }
-        }
-    }
-}
-
-/// A model creation's place under its entity's cap, given back when dropped.
-pub struct ModelPlace {
-    state: Arc<TinkerState>,
-    entity: String,
-}
-
-impl Drop for ModelPlace {
-    fn drop(&mut self) {
-        let mut places = self.state.places.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = places.get_mut(&self.entity) {
-            *n -= 1;
-            if *n == 0 {
-                places.remove(&self.entity);
+                counts.remove(&self.entity);
             }
         }
     }
@@ -420,6 +414,13 @@ impl TinkerState {
         self.models.lock().unwrap_or_else(|e| e.into_inner()).values().filter(|m| m.entity == entity).count()
     }
 
+    fn tally(&self, tally: Tally) -> &Mutex<HashMap<String, u64>> {
+        match tally {
+            Tally::Places => &self.places,
+            Tally::Queued => &self.queued,
+        }
+    }
+
     /// Takes `bytes` under `entity`'s queued budget; `None` when they do not fit (a call larger
     /// than the whole budget fits only when the entity has nothing else queued).
     pub fn queue_bytes(self: &Arc<Self>, entity: &str, bytes: u64) -> Option<QueuedBytes> {
@@ -429,7 +430,7 @@ impl TinkerState {
             return None;
         }
         *queued.entry(entity.to_string()).or_default() += bytes;
-        Some(QueuedBytes { state: self.clone(), entity: entity.to_string(), bytes })
+        Some(Taken { state: self.clone(), tally: Tally::Queued, entity: entity.to_string(), amount: bytes })
     }
 
     /// The gate `entity`'s samples pass, in arrival order, to reach the engine: `permits` of them
@@ -447,13 +448,13 @@ impl TinkerState {
     pub fn reserve_model(self: &Arc<Self>, entity: &str) -> Option<ModelPlace> {
         let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
-        let held = models.values().filter(|m| m.entity == entity).count();
+        let held = models.values().filter(|m| m.entity == entity).count() as u64;
         let taken = places.get(entity).copied().unwrap_or(0);
-        if held + taken >= MAX_MODELS_PER_ENTITY {
+        if held + taken >= MAX_MODELS_PER_ENTITY as u64 {
             return None;
         }
         *places.entry(entity.to_string()).or_default() += 1;
-        Some(ModelPlace { state: self.clone(), entity: entity.to_string() })
+        Some(Taken { state: self.clone(), tally: Tally::Places, entity: entity.to_string(), amount: 1 })
     }
 
     /// `entity`'s sampling session `id`.
