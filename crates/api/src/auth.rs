@@ -32,6 +32,11 @@ impl StaticKeys {
         self.keys.push((hash_key(key), entity.to_string()));
     }
 
+    /// The entities the keys belong to.
+    pub fn entities(&self) -> impl Iterator<Item = String> + '_ {
+        self.keys.iter().map(|(_, e)| e.clone())
+    }
+
     fn find(&self, hash: &[u8; 32]) -> Option<&str> {
         // Compare against every key, in constant time, whatever matches.
         let mut found = None;

@@ -121,6 +121,7 @@ pub struct AppState(
     Arc<tinker::state::TinkerState>,
     Arc<openai::tokenizer_files::TarCache>,
     Arc<openai::resolve::LastKnown>,
+    Arc<tandem_tinker::Catalog>,
 );
 
 impl AppState {
@@ -130,6 +131,7 @@ impl AppState {
         let telemetry =
             Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
         let tinker = tinker::state::TinkerState::new(config.limits.tinker_waits);
+        let catalog = tandem_tinker::Catalog::new(config.store.clone(), config.checkpoints.clone());
         AppState(
             Arc::new(config),
             limiter,
@@ -140,7 +142,13 @@ impl AppState {
             Arc::new(tinker),
             Arc::default(),
             Arc::default(),
+            Arc::new(catalog),
         )
+    }
+
+    /// What Tinker runs keep beyond their sessions, in the store (any node reads it).
+    pub(crate) fn catalog(&self) -> &tandem_tinker::Catalog {
+        &self.9
     }
 
     /// The Tinker routes' sessions, models and futures.

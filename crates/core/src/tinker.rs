@@ -3,6 +3,74 @@
 
 use std::collections::BTreeMap;
 
+/// What a Tinker checkpoint path names after its run (`tinker://RUN/KIND/NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CheckpointKind {
+    /// `weights/NAME`: a training state (adapter, AdamW moments and step), `save_weights`.
+    Weights,
+    /// `sampler_weights/NAME`: a checkpoint of the model's tandem record, served for sampling.
+    SamplerWeights,
+    /// `external_weights/NAME`: PEFT files to download (`save_weights_external`).
+    ExternalWeights,
+}
+
+impl CheckpointKind {
+    pub const ALL: [CheckpointKind; 3] =
+        [CheckpointKind::Weights, CheckpointKind::SamplerWeights, CheckpointKind::ExternalWeights];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointKind::Weights => "weights",
+            CheckpointKind::SamplerWeights => "sampler_weights",
+            CheckpointKind::ExternalWeights => "external_weights",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// One checkpoint of a Tinker run as the catalog keys it: run ids are the server's (a session's
+/// fresh id and a number), so a run and everything under it is one owner's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckpointKey {
+    pub model_id: String,
+    pub kind: CheckpointKind,
+    pub name: String,
+}
+
+impl CheckpointKey {
+    pub fn new(model_id: &str, kind: CheckpointKind, name: &str) -> Self {
+        CheckpointKey { model_id: model_id.to_string(), kind, name: name.to_string() }
+    }
+
+    /// `model_id` and `KIND/NAME` as the RestClient names a checkpoint of a run.
+    pub fn of_run(model_id: &str, checkpoint: &str) -> Option<Self> {
+        let (kind, name) = checkpoint.split_once('/')?;
+        Some(CheckpointKey::new(model_id, CheckpointKind::parse(kind)?, name))
+    }
+
+    /// A `tinker://RUN/KIND/NAME` path.
+    pub fn parse_path(path: &str) -> Option<Self> {
+        let rest = path.strip_prefix("tinker://")?;
+        let (run, checkpoint) = rest.split_once('/')?;
+        (!run.is_empty()).then_some(())?;
+        let key = CheckpointKey::of_run(run, checkpoint)?;
+        (!key.name.is_empty()).then_some(key)
+    }
+
+    /// `KIND/NAME`.
+    pub fn checkpoint(&self) -> String {
+        format!("{}/{}", self.kind.as_str(), self.name)
+    }
+
+    /// `tinker://RUN/KIND/NAME`.
+    pub fn path(&self) -> String {
+        format!("tinker://{}/{}", self.model_id, self.checkpoint())
+    }
+}
+
 /// One datum of a `forward_backward` call: input tokens, one target per token (position `i`
 /// predicts `targets[i]`), and the loss inputs by key, each as long as the targets.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,29 +174,35 @@ pub struct Forwarded {
     pub loss: f64,
 }
 
-/// Why a call failed: the caller's input (`user`, never retried by the SDK) or the server.
+/// Why a call failed, by kind: the API maps each to one status (and a future's category) once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TinkerError {
+    /// The caller's input (a 400; `user`, never retried by the SDK).
     User(String),
+    /// What the call names is not the caller's or not there (a 404, as another entity's is).
+    NotFound(String),
+    /// The store or the blob store did not answer: nothing was written, the same call may
+    /// succeed shortly (a 503 with `Retry-After`).
+    Unavailable(String),
+    /// The server's fault (a 500).
     Server(String),
 }
 
 impl std::fmt::Display for TinkerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TinkerError::User(m) | TinkerError::Server(m) => f.write_str(m),
+            TinkerError::User(m) | TinkerError::NotFound(m) | TinkerError::Unavailable(m) | TinkerError::Server(m) => {
+                f.write_str(m)
+            }
         }
     }
 }
 
-/// A checkpoint whose time to live has passed: `checkpoint` as the SDK names it
-/// (`weights/NAME`, `sampler_weights/NAME`, `external_weights/NAME`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expired {
-    pub owner: String,
-    pub model_id: String,
-    pub checkpoint: String,
-}
+/// Files by name, as a checkpoint directory holds them.
+pub type Files = Vec<(String, Vec<u8>)>;
+
+/// A saved state's weights file in its directory (beside it, `state.json` says what it is).
+pub const STATE_FILE: &str = "state.safetensors";
 
 /// Training models held between calls. Every method blocks (it computes): call it off the
 /// async workers. Model ids are the api's; ownership is the api's to check.
@@ -152,85 +226,24 @@ pub trait TinkerTrainer: Send + Sync {
     fn adapter_files(&self, model_id: &str) -> Result<Vec<(String, Vec<u8>)>, TinkerError>;
     /// What the model trains.
     fn modules(&self, model_id: &str) -> Result<Modules, TinkerError>;
-    /// Saves the model's training state (adapter, AdamW moments and step) as `name`, in
-    /// `owner`'s space: Tinker's `save_weights`.
-    fn save_state(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError>;
-    /// The base model, rank and trained modules of a saved state of `owner`'s (`None`: no such
-    /// state).
-    fn state_info(&self, owner: &str, source_model: &str, name: &str) -> Option<StateInfo>;
-    /// A new model of `entity` from `owner`'s saved state (its own, or one published), with its
-    /// optimizer's moments or fresh ones.
+    /// The model's training state (adapter, AdamW moments and step) as files and what it is: the
+    /// catalog keeps them (Tinker's `save_weights`). The state file is [`STATE_FILE`].
+    fn state_files(&self, model_id: &str) -> Result<(Files, StateInfo), TinkerError>;
+    /// A new model of `entity` from saved state files in `dir` (the catalog's, its own or a
+    /// published one), with its optimizer's moments or fresh ones.
     fn load_state(
         &self,
         entity: &str,
-        owner: &str,
         model_id: &str,
-        source_model: &str,
-        name: &str,
+        dir: &std::path::Path,
         with_optimizer: bool,
     ) -> Result<(), TinkerError>;
-    /// Replaces the held model's adapter with a saved state of the same base model and rank,
+    /// Replaces the held model's adapter with saved state files of the same base model and rank,
     /// with its optimizer's moments or fresh ones (the deprecated `TrainingClient.load_state`).
-    fn load_state_into(
-        &self,
-        owner: &str,
-        model_id: &str,
-        source_model: &str,
-        name: &str,
-        with_optimizer: bool,
-    ) -> Result<(), TinkerError>;
-    /// `owner`'s saved states of `model_id`: (name, bytes, written at, ms since the epoch).
-    fn list_states(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
-    /// Whether `owner` may save sampler weights `name` of `model_id` (a new name counts against
-    /// the limit; saving over a name does not).
-    fn may_note_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<(), TinkerError>;
-    /// Remembers sampler weights `owner` saved by name of `model_id`; the entry it replaces (a
-    /// name saved again), whose checkpoint the caller deletes.
-    fn note_sampler(
-        &self,
-        owner: &str,
-        model_id: &str,
-        saved: SavedSampler,
-    ) -> Result<Option<SavedSampler>, TinkerError>;
-    /// `owner`'s sampler weights saved by name of `model_id`.
-    fn saved_samplers(&self, owner: &str, model_id: &str) -> Vec<SavedSampler>;
-    /// Forgets sampler weights saved by name; the forgotten entry (`None`: there was none). An
-    /// error (the list could not be read or written) forgets nothing.
-    fn forget_sampler(&self, owner: &str, model_id: &str, name: &str) -> Result<Option<SavedSampler>, TinkerError>;
-    /// Deletes a saved state; whether it existed. An error (not "not found") deletes nothing
-    /// the caller may count as gone.
-    fn delete_state(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError>;
-    /// Writes the model's adapter as PEFT files under `name` in `owner`'s space (Tinker's
-    /// `save_weights_external`, what `tinker checkpoint download` fetches); the bytes written.
-    /// With `recipients` (age recipients), every file is encrypted to them and named `*.age`.
-    fn save_external(&self, owner: &str, model_id: &str, name: &str, recipients: &[String])
-        -> Result<u64, TinkerError>;
-    /// The files of `owner`'s external weights `name` of `model_id`: (file name, path).
-    fn external_files(&self, owner: &str, model_id: &str, name: &str) -> Option<Vec<(String, std::path::PathBuf)>>;
-    /// Deletes external weights; whether they existed (an error: they may still be there).
-    fn delete_external(&self, owner: &str, model_id: &str, name: &str) -> Result<bool, TinkerError>;
-    /// `owner`'s external weights of `model_id`: (name, bytes, written at, ms since the epoch).
-    fn list_external(&self, owner: &str, model_id: &str) -> Vec<(String, u64, i64)>;
-    /// Sets when `owner`'s checkpoint of `model_id` expires (ms since the epoch), or with
-    /// `None` that it never does; the expiry it had (so a save that fails can put it back).
-    fn set_expiry(
-        &self,
-        owner: &str,
-        model_id: &str,
-        checkpoint: &str,
-        at: Option<i64>,
-    ) -> Result<Option<i64>, TinkerError>;
-    /// When `owner`'s checkpoints of `model_id` expire, by checkpoint (those that do).
-    fn expiries(&self, owner: &str, model_id: &str) -> std::collections::BTreeMap<String, i64>;
-    /// Marks `owner`'s checkpoint of `model_id` public (other entities may load it by its path)
-    /// or private; whether that changed anything (false: it already was).
-    fn set_public(&self, owner: &str, model_id: &str, checkpoint: &str, public: bool) -> Result<bool, TinkerError>;
-    /// `owner`'s public checkpoints of `model_id`.
-    fn public(&self, owner: &str, model_id: &str) -> std::collections::BTreeSet<String>;
-    /// Whose public checkpoint `checkpoint` of `model_id` is (`None`: it is not public).
-    fn publisher(&self, model_id: &str, checkpoint: &str) -> Option<String>;
-    /// Every owner's checkpoints whose expiry is at or before `now` (ms since the epoch).
-    fn expired(&self, now: i64) -> Vec<Expired>;
+    fn load_state_into(&self, model_id: &str, dir: &std::path::Path, with_optimizer: bool) -> Result<(), TinkerError>;
+    /// The model's adapter as PEFT files for download (`save_weights_external`); with
+    /// `recipients` (age recipients) every file is encrypted to them and named `*.age`.
+    fn external_files(&self, model_id: &str, recipients: &[String]) -> Result<Vec<(String, Vec<u8>)>, TinkerError>;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

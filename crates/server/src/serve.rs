@@ -128,6 +128,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         // trainers' to sweep.
         checkpoints.sweep_local(&store.live_checkpoint_paths().await?).await?;
     }
+    import_old_tinker_catalog(&config.data_dir, &store, &checkpoints, &static_keys).await?;
     let state = AppState::new(AppConfig {
         store: store.clone(),
         checkpoints: checkpoints.clone(),
@@ -153,8 +154,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         training_metrics: role.trains().then(|| worker.metrics()),
         lora_root,
         tinker: role.trains().then(|| {
-            let states = config.data_dir.join("tinker-states");
-            Arc::new(TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models, states))
+            Arc::new(TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models))
                 as Arc<dyn tandem_core::tinker::TinkerTrainer>
         }),
         draining: draining.clone(),
@@ -307,4 +307,34 @@ fn hostname() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// The Tinker catalog an older version kept as files in `<data-dir>/tinker-states`, moved into
+/// the store once (docs/tinker.md).
+async fn import_old_tinker_catalog(
+    data_dir: &std::path::Path,
+    store: &Arc<dyn Store>,
+    checkpoints: &Checkpoints,
+    static_keys: &StaticKeys,
+) -> anyhow::Result<()> {
+    let old = data_dir.join("tinker-states");
+    if !old.is_dir() {
+        return Ok(());
+    }
+    let mut entities: Vec<String> = store.list_keys().await?.into_iter().map(|k| k.entity).collect();
+    entities.extend(static_keys.entities());
+    entities.sort();
+    entities.dedup();
+    let catalog = tandem_tinker::Catalog::new(store.clone(), checkpoints.clone());
+    let done = tandem_tinker::legacy::import(&old, &catalog, &entities)
+        .await
+        .map_err(|e| anyhow::anyhow!("importing the old Tinker catalog in {}: {e}", old.display()))?;
+    if let Some(done) = done {
+        tracing::info!(
+            entries = done.entries,
+            unknown_owners = done.unknown_owners.len(),
+            "imported the old Tinker catalog"
+        );
+    }
+    Ok(())
 }

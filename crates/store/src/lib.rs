@@ -16,12 +16,14 @@ mod dataset_blobs;
 mod errors;
 mod postgres;
 mod sqlite;
+mod tinker;
 
 pub use blobs::{create_private_dir_all, CheckpointDir};
 pub use checkpoints::{BlobStore, Checkpoints, SWEEP_GRACE};
 pub use errors::PoolSettings;
 pub use postgres::{PostgresStore, MAX_CONNECTIONS as POSTGRES_POOL_SIZE};
 pub use sqlite::{SqliteStore, POOL_SIZE as SQLITE_POOL_SIZE};
+pub use tinker::{blob_path as tinker_blob_path, TinkerCap, TinkerCatalog, TinkerChange, TinkerEntry};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -320,7 +322,7 @@ pub struct Recovery {
 }
 
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: TinkerCatalog + Send + Sync + 'static {
     /// Cheap round trip, for health checks.
     async fn ping(&self) -> Result<()>;
     /// Whether one process at a time uses this store (SQLite's file), so what the previous
@@ -374,7 +376,8 @@ pub trait Store: Send + Sync + 'static {
     /// latest live step + 1), as one write. A Conflict while a job of the model is queued or
     /// running: it trains from the latest step when it starts and writes the next one.
     async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint>;
-    /// Every live checkpoint's path, to sweep files no checkpoint owns.
+    /// Every live checkpoint's path (the Tinker catalog's files included), to sweep files no
+    /// checkpoint owns.
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>>;
 
     // --- trajectory logs ---

@@ -6,29 +6,15 @@
 
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use tandem_core::records::{EventKind, JobKind, JobStatus, ModelRecord, Order, Page, PageRequest};
 use tandem_store::{
-    ApiKeyRecord, DatasetData, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, SqliteStore,
-    Store, StoreError, StoredResponse,
+    ApiKeyRecord, DatasetData, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Rollout, Store,
+    StoreError, StoredResponse,
 };
 use uuid::Uuid;
 
 mod common;
-use common::{postgres, Scratch};
-
-async fn backends() -> Vec<(String, Arc<dyn Store>, Option<Scratch>)> {
-    let dir = tempfile::tempdir().unwrap();
-    let file = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
-    let mut all: Vec<(String, Arc<dyn Store>, Option<Scratch>)> = vec![
-        ("sqlite-memory".into(), Arc::new(SqliteStore::in_memory().await.unwrap()), None),
-        ("sqlite-file".into(), Arc::new(file), Some(Scratch::Dir(dir))),
-    ];
-    if let Some((store, scratch)) = postgres().await {
-        all.push(("postgres".into(), Arc::new(store), Some(scratch)));
-    }
-    all
-}
+use common::backends;
 
 fn new_model(entity: &str, name: &str) -> NewModel {
     NewModel { entity: entity.into(), project: "p".into(), name: name.into(), base_model: "base".into() }

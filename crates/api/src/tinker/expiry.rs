@@ -2,20 +2,20 @@
 //! `save_weights_external`, and `PUT training_runs/{run}/checkpoints/{kind}/{name}/ttl` (the SDK's
 //! `set_checkpoint_ttl_from_tinker_path`, `tinker checkpoint set-ttl`). The cookbook saves its
 //! periodic checkpoints with a week's TTL and its rolling ones with two hours', counting on the
-//! service to clean up after it. The trainer keeps each checkpoint's expiry beside the run's
-//! states; listings show it as `expires_at`; a sweep at start and every minute deletes what has
+//! service to clean up after it. The catalog (`tandem-tinker`, rows of the store) keeps each
+//! checkpoint's expiry; listings show it as `expires_at`; a sweep at start and every minute deletes what has
 //! expired exactly as a `DELETE` of it would (sampler weights' checkpoints included).
 
-use super::routes::{bad, trainer, Result};
+use super::routes::{bad, tinker_error, Result};
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::ApiError;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tandem_core::tinker::TinkerError;
+use tandem_core::tinker::{CheckpointKey, CheckpointKind};
 
 /// How often the sweep looks for expired checkpoints.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -57,86 +57,77 @@ pub async fn set_ttl(
     Path((run, kind, name)): Path<(String, String, String)>,
     Json(body): Json<Ttl>,
 ) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
     let at = expires_at(body.ttl_seconds)?;
     let _run = state.tinker().runs.lock(&caller.entity, &run).await;
-    let (owner, checkpoint) = (caller.entity.clone(), format!("{kind}/{name}"));
-    let exists = match kind.as_str() {
-        "sampler_weights" => match super::samplers::find(&state, &caller.entity, &run, &name).await? {
-            Some(saved) => {
-                // An ephemeral save lives in the session's memory only: given a TTL it is kept
-                // in the run's list, as a save with `ttl_seconds` is, so the sweep finds it after
-                // the session ends.
-                let (trainer, owner, run) = (trainer.clone(), owner.clone(), run.clone());
-                let kept = tokio::task::spawn_blocking(move || {
-                    if at.is_some() && !trainer.saved_samplers(&owner, &run).iter().any(|s| s.name == saved.name) {
-                        trainer.may_note_sampler(&owner, &run, &saved.name)?;
-                        trainer.note_sampler(&owner, &run, saved)?;
-                    }
-                    Ok::<_, TinkerError>(())
-                })
-                .await
-                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("setting the ttl failed: {e}")))?;
-                kept.map_err(super::weights::tinker_error)?;
-                true
-            }
-            None => false,
-        },
-        "weights" | "external_weights" => {
-            let (trainer, owner, run, name, kind) =
-                (trainer.clone(), owner.clone(), run.clone(), name.clone(), kind.clone());
-            tokio::task::spawn_blocking(move || match kind.as_str() {
-                "weights" => trainer.list_states(&owner, &run).iter().any(|(n, _, _)| *n == name),
-                _ => trainer.external_files(&owner, &run, &name).is_some(),
-            })
-            .await
-            .unwrap_or(false)
+    let key =
+        CheckpointKey::of_run(&run, &format!("{kind}/{name}")).ok_or_else(|| ApiError::not_found("checkpoint"))?;
+    if key.kind == CheckpointKind::SamplerWeights {
+        if super::samplers::find(&state, &caller.entity, &run, &name).await?.is_none() {
+            return Err(ApiError::not_found("checkpoint").into());
         }
-        _ => false,
-    };
-    if !exists {
+        if state.catalog().readable(&caller.entity, &key, false).await.map_err(tinker_error)?.is_none() {
+            // An ephemeral save lives in the session's memory only: given a TTL it is kept in
+            // the catalog, as a save with `ttl_seconds` is, so the sweep finds it after the
+            // session ends; without one it lives with its session, as it did.
+            if at.is_some() {
+                keep_ephemeral(&state, &caller.entity, &run, &name, at).await?;
+            }
+            return Ok(Json(json!({})));
+        }
+    }
+    if !state.catalog().set_expiry(&caller.entity, &key, at).await.map_err(tinker_error)? {
         return Err(ApiError::not_found("checkpoint").into());
     }
-    tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, at))
-        .await
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("setting the ttl failed: {e}")))?
-        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
     Ok(Json(json!({})))
+}
+
+/// Keeps an ephemeral save (in the session's memory only) in the catalog with `expires`; a
+/// no-op for a save the catalog has already. The caller holds the run's lock.
+pub(super) async fn keep_ephemeral(
+    state: &AppState,
+    entity: &str,
+    run: &str,
+    name: &str,
+    expires: Option<i64>,
+) -> Result<()> {
+    let key = CheckpointKey::new(run, CheckpointKind::SamplerWeights, name);
+    if state.catalog().readable(entity, &key, false).await.map_err(tinker_error)?.is_some() {
+        return Ok(());
+    }
+    let held = state.tinker().model(entity, run);
+    let saved = held.and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
+    let Some(saved) = saved else { return Ok(()) };
+    state.catalog().sampler_room(entity, run, name).await.map_err(tinker_error)?;
+    state.catalog().note_sampler(entity, run, &saved, expires).await.map_err(tinker_error)?;
+    Ok(())
 }
 
 /// Deletes every checkpoint whose expiry has passed, as `DELETE` would; how many went. Each is
 /// checked again under its run's lock just before it goes: a TTL renewed or removed, or a name
-/// saved again, since the sweep read the lists is kept.
+/// saved again, since the sweep read the catalog is kept.
 pub async fn sweep(state: &AppState) -> usize {
-    let Some(trainer) = state.tinker_trainer() else { return 0 };
-    let now = now_ms();
-    let due = {
-        let trainer = trainer.clone();
-        tokio::task::spawn_blocking(move || trainer.expired(now)).await.unwrap_or_default()
+    let due = match state.catalog().expired(now_ms()).await {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the expired Tinker checkpoints; the next sweep will");
+            return 0;
+        }
     };
     let mut deleted = 0;
     for x in due {
-        let Some((kind, name)) = x.checkpoint.split_once('/') else { continue };
-        let _run = state.tinker().runs.lock(&x.owner, &x.model_id).await;
-        let still_due = {
-            let (trainer, owner, run, checkpoint) =
-                (trainer.clone(), x.owner.clone(), x.model_id.clone(), x.checkpoint.clone());
-            tokio::task::spawn_blocking(move || trainer.expiries(&owner, &run).get(&checkpoint).copied())
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|at| at <= now_ms())
-        };
-        if !still_due {
+        let (owner, run) = (&x.owner, &x.key.model_id);
+        let _run = state.tinker().runs.lock(owner, run).await;
+        let now = state.catalog().readable(owner, &x.key, false).await.ok().flatten();
+        if now.and_then(|e| e.expires_at).is_none_or(|at| at > now_ms()) {
             continue;
         }
-        match super::weights::delete_held(state, &x.owner, &x.model_id, kind, name).await {
+        match super::weights::delete_held(state, owner, run, x.key.kind.as_str(), &x.key.name).await {
             Ok(true) => deleted += 1,
-            // Already gone another way: `delete_held` cleared its expiry.
             Ok(false) => {}
             // Kept, with its expiry, for the next sweep (a store outage must not lose it).
             Err(e) => {
-                tracing::warn!(error = %e.0.message, checkpoint = %x.checkpoint, "could not delete an expired checkpoint")
+                let checkpoint = x.key.checkpoint();
+                tracing::warn!(error = %e.0.message, checkpoint, "could not delete an expired checkpoint")
             }
         }
     }

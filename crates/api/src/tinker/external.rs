@@ -10,8 +10,8 @@
 //! - `ttl_seconds` makes them expire (`expiry`), and deleting the name removes them.
 
 use super::expiry::ttl_expiry;
-use super::order::{ordered, refused_in_order, Sequenced};
-use super::routes::{bad, failed, owned_model, trainer, Result};
+use super::order::{ordered_async, refused_in_order, Sequenced};
+use super::routes::{bad, failed, owned_model, tinker_error, trainer, Result};
 use super::state::Outcome;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::Sha256;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tandem_tinker::catalog::name_problem;
 
 /// How long a signed URL is good for (the SDK signs again five minutes before).
 const URL_LIFETIME: Duration = Duration::from_secs(3600);
@@ -97,6 +98,9 @@ pub async fn save(
         if recipients.len() > 10 || recipients.iter().any(|r| r.is_empty() || r.len() > 16 * 1024) {
             return Err("age_encryption_recipients: at most 10, each a non-empty age or SSH public key".to_string());
         }
+        if let Some(problem) = name_problem(&body.path) {
+            return Err(problem);
+        }
         Ok((recipients, ttl_expiry(body.ttl_seconds)?, body.path))
     });
     let (recipients, expires, name) = match checked {
@@ -105,14 +109,19 @@ pub async fn save(
     };
     let (id, owner) = (call.model_id.clone(), caller.entity.clone());
     let tinker = t.clone();
-    ordered(&t, model, &call.model_id, call.seq_id, move || {
-        let _run = tinker.runs.blocking_lock(&owner, &id);
+    ordered_async(&t, model, &call.model_id, call.seq_id, async move {
+        let _run = tinker.runs.lock(&owner, &id).await;
+        let read = {
+            let (trainer, id) = (trainer.clone(), id.clone());
+            tokio::task::spawn_blocking(move || trainer.external_files(&id, &recipients)).await
+        };
+        let files = match read {
+            Ok(Ok(files)) => files,
+            Ok(Err(e)) => return failed(e),
+            Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+        };
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
-        let checkpoint = format!("external_weights/{name}");
-        let saved = super::weights::with_expiry(&*trainer, &owner, &id, &checkpoint, expires, || {
-            trainer.save_external(&owner, &id, &name, &recipients)
-        });
-        match saved {
+        match state.catalog().save_external(&owner, &id, &name, files, expires).await {
             Ok(bytes) => Outcome::Json(json!({
                 "path": format!("tinker://{id}/external_weights/{name}"), "size_bytes": bytes,
                 "type": "save_weights_external",
@@ -129,14 +138,10 @@ pub async fn urls(
     headers: HeaderMap,
     Path((run, kind, name)): Path<(String, String, String)>,
 ) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
     if kind != "external_weights" {
         return Err(bad(format!("{kind}/{name} is not external weights: save them with save_weights_external")).into());
     }
-    let files = {
-        let (owner, run, name) = (caller.entity.clone(), run.clone(), name.clone());
-        tokio::task::spawn_blocking(move || trainer.external_files(&owner, &run, &name)).await.ok().flatten()
-    };
+    let files = state.catalog().external_files(&caller.entity, &run, &name).await.map_err(tinker_error)?;
     let files = files.filter(|f| !f.is_empty()).ok_or_else(|| ApiError::not_found("external weights"))?;
     let expires = now_secs() + URL_LIFETIME.as_secs();
     let token = state.tinker().url_key.sign(&caller.entity, &run, &name, expires);
@@ -167,13 +172,8 @@ pub async fn download(State(state): State<AppState>, Path((token, file)): Path<(
         let refused = ApiError::new(ErrorKind::Forbidden, "the URL is not valid or has expired; sign it again");
         return PreviewError(refused).into_response();
     };
-    let Some(trainer) = state.tinker_trainer() else { return gone() };
-    let path = tokio::task::spawn_blocking(move || {
-        trainer.external_files(&owner, &run, &name)?.into_iter().find(|(f, _)| *f == file).map(|(_, p)| p)
-    })
-    .await
-    .ok()
-    .flatten();
+    let files = state.catalog().external_files(&owner, &run, &name).await.ok().flatten();
+    let path = files.into_iter().flatten().find(|(f, _)| *f == file).map(|(_, p)| p);
     let Some(path) = path else { return gone() };
     match tokio::fs::read(&path).await {
         Ok(bytes) => {

@@ -6,14 +6,14 @@
 //! a sampling client made while it was public. Listings, deletes, TTLs and downloads stay the
 //! owner's.
 
-use super::routes::{bad, trainer, Result};
-use super::weights::tinker_error;
+use super::routes::{bad, tinker_error, Result};
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::ApiError;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
+use tandem_core::tinker::{CheckpointKey, CheckpointKind};
 
 /// `POST training_runs/{run}/checkpoints/{kind}/{name}/publish`.
 pub async fn publish(
@@ -50,7 +50,6 @@ async fn mark(
         ))
         .into());
     }
-    let trainer = trainer(state)?;
     let _run = state.tinker().runs.lock(&caller.entity, run).await;
     let checkpoint = format!("{kind}/{name}");
     let (listed, _) = super::runs::checkpoints_of(state, &caller.entity, run)
@@ -59,13 +58,18 @@ async fn mark(
     if !listed.iter().any(|(_, c)| c["checkpoint_id"] == checkpoint.as_str()) {
         return Err(ApiError::not_found("checkpoint").into());
     }
-    let (owner, id) = (caller.entity.clone(), run.to_string());
+    let key = CheckpointKey::of_run(run, &checkpoint).ok_or_else(|| ApiError::not_found("checkpoint"))?;
+    if public && key.kind == CheckpointKind::SamplerWeights {
+        // An ephemeral save lives in the session's memory only: published, it is kept in the
+        // catalog (where other entities and nodes find the mark), as a save by name is.
+        super::expiry::keep_ephemeral(state, &caller.entity, run, name, None).await?;
+    }
     // Already so is a success: the SDK retries a 409 (which Tinker documents for it) for five
     // minutes before it raises, and the checkpoint is as asked either way.
-    tokio::task::spawn_blocking(move || trainer.set_public(&owner, &id, &checkpoint, public))
-        .await
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("publishing failed: {e}")))?
-        .map_err(tinker_error)?;
+    let marked = state.catalog().set_public(&caller.entity, &key, public).await.map_err(tinker_error)?;
+    if marked.is_none() && public {
+        return Err(ApiError::not_found("checkpoint").into());
+    }
     Ok(Json(json!({})))
 }
 
@@ -73,8 +77,7 @@ async fn mark(
 /// published and `entity` is someone else (`None`: not public, or the caller's own, which the
 /// caller looks up as its own).
 pub(super) async fn publisher(state: &AppState, entity: &str, run: &str, checkpoint: &str) -> Option<String> {
-    let trainer = state.tinker_trainer()?;
-    let (run, checkpoint) = (run.to_string(), checkpoint.to_string());
-    let owner = tokio::task::spawn_blocking(move || trainer.publisher(&run, &checkpoint)).await.ok().flatten()?;
+    let key = CheckpointKey::of_run(run, checkpoint)?;
+    let owner = state.catalog().published(&key).await.ok().flatten()?.owner;
     (owner != entity).then_some(owner)
 }

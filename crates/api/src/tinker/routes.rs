@@ -243,10 +243,23 @@ pub async fn create_model(
     Ok(submitted(&request_id, &model_id))
 }
 
+/// A failed call's future: the caller's mistakes (a bad input, a missing checkpoint) are
+/// `user`, never retried by the SDK; the rest `server`.
 pub(super) fn failed(e: TinkerError) -> Outcome {
     match e {
-        TinkerError::User(error) => Outcome::Failed { error, category: "user" },
-        TinkerError::Server(error) => Outcome::Failed { error, category: "server" },
+        TinkerError::User(error) | TinkerError::NotFound(error) => Outcome::Failed { error, category: "user" },
+        TinkerError::Unavailable(error) | TinkerError::Server(error) => Outcome::Failed { error, category: "server" },
+    }
+}
+
+/// A Tinker error as the API's, the one status map: the caller's mistake a 400, what is not
+/// the caller's or not there a 404, a store that did not answer a 503, the rest a 500.
+pub(super) fn tinker_error(e: TinkerError) -> ApiError {
+    match e {
+        TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
+        TinkerError::NotFound(m) => ApiError::new(ErrorKind::NotFound, m),
+        TinkerError::Unavailable(m) => ApiError::new(ErrorKind::Unavailable, m).with_retry_after(2),
+        TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
     }
 }
 

@@ -3,7 +3,7 @@
 //! states and sampler weights saved by name. `training_runs`, `training_runs/{id}`,
 //! `training_runs/{id}/checkpoints` and `checkpoints` (every run's, across runs).
 
-use super::routes::{trainer, Result};
+use super::routes::{tinker_error, Result};
 use super::samplers;
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -11,8 +11,9 @@ use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tandem_core::records::{ModelRecord, Order, PageRequest};
+use tandem_core::tinker::CheckpointKind;
 use tandem_core::validate::Validator;
 use tandem_store::StoreError;
 
@@ -47,19 +48,15 @@ pub(super) async fn checkpoints_of(
     entity: &str,
     run: &str,
 ) -> Result<Option<(Vec<Listed>, Option<usize>)>> {
-    let trainer = trainer(state)?;
     let model = state.tinker().model(entity, run);
-    let (states, state_rank, external, expiries, public) = {
-        let (owner, run) = (entity.to_string(), run.to_string());
-        tokio::task::spawn_blocking(move || {
-            let states = trainer.list_states(&owner, &run);
-            let rank = states.first().and_then(|(name, _, _)| trainer.state_info(&owner, &run, name)).map(|i| i.rank);
-            let listed = (trainer.list_external(&owner, &run), trainer.expiries(&owner, &run));
-            (states, rank, listed.0, listed.1, trainer.public(&owner, &run))
-        })
-        .await
-        .unwrap_or_default()
-    };
+    let entries = state.catalog().list(entity, Some(run)).await.map_err(tinker_error)?;
+    let of = |kind: CheckpointKind| entries.iter().filter(move |e| e.key.kind == kind);
+    let states: Vec<_> = of(CheckpointKind::Weights).collect();
+    let external: Vec<_> = of(CheckpointKind::ExternalWeights).collect();
+    let state_rank = states.first().and_then(|e| tandem_tinker::catalog::state_info(&e.meta)).map(|i| i.rank);
+    let expiries: HashMap<String, i64> =
+        entries.iter().filter_map(|e| Some((e.key.checkpoint(), e.expires_at?))).collect();
+    let public: HashSet<String> = entries.iter().filter(|e| e.public).map(|e| e.key.checkpoint()).collect();
     let saved = samplers::all(state, entity, run).await?;
     if model.is_none() && states.is_empty() && saved.is_empty() && external.is_empty() {
         // A run whose saves are all deleted is still a run: its tandem record says it existed.
@@ -87,11 +84,11 @@ pub(super) async fn checkpoints_of(
         (at, c)
     };
     let mut out: Vec<Listed> =
-        states.iter().map(|(name, size, at)| listed("training", name, *at, Some(*size))).collect();
+        states.iter().map(|e| listed("training", &e.key.name, e.created_at, Some(e.size_bytes as u64))).collect();
     for s in samplers::only_live(state, saved).await? {
         out.push(listed("sampler", &s.name, s.created_at, None));
     }
-    out.extend(external.iter().map(|(name, size, at)| listed("external", name, *at, Some(*size))));
+    out.extend(external.iter().map(|e| listed("external", &e.key.name, e.created_at, Some(e.size_bytes as u64))));
     Ok(Some((out, rank)))
 }
 

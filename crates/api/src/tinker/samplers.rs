@@ -1,14 +1,14 @@
 //! Sampler weights saved by name (and this session's ephemeral ones): found in the held model's
-//! memory or in the list the trainer keeps beside the run's states, and live only while the
+//! memory or in the catalog (`tandem-tinker`, rows of the store), and live only while the
 //! checkpoint at their step is still the one they saved (a step number is reused once the
 //! latest checkpoint is deleted, e.g. through `/v1/preview`).
 
-use super::routes::trainer;
+use super::routes::tinker_error;
 use crate::error::ApiError;
 use crate::AppState;
 use std::collections::HashSet;
 use tandem_core::records::PageRequest;
-use tandem_core::tinker::SavedSampler;
+use tandem_core::tinker::{CheckpointKey, CheckpointKind, SavedSampler};
 use tandem_store::StoreError;
 
 /// Whether the checkpoint `s` names is still the one it saved.
@@ -22,9 +22,7 @@ pub(super) async fn live(state: &AppState, s: &SavedSampler) -> Result<bool, Api
 
 /// Every save of `run` by `entity` (memory first, then the kept list), by name.
 pub(super) async fn all(state: &AppState, entity: &str, run: &str) -> Result<Vec<SavedSampler>, ApiError> {
-    let trainer = trainer(state).map_err(|e| e.0)?;
-    let (owner, model) = (entity.to_string(), run.to_string());
-    let kept = tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model)).await.unwrap_or_default();
+    let kept = state.catalog().samplers(entity, run).await.map_err(tinker_error)?;
     let mut by_name: std::collections::BTreeMap<String, SavedSampler> =
         kept.into_iter().map(|s| (s.name.clone(), s)).collect();
     if let Some(m) = state.tinker().model(entity, run) {
@@ -65,13 +63,9 @@ pub(super) async fn find(
     let found = match held {
         Some(s) => Some(s),
         None => {
-            let trainer = trainer(state).map_err(|e| e.0)?;
-            let (owner, model, name) = (entity.to_string(), run.to_string(), name.to_string());
-            tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &model))
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .find(|s| s.name == name)
+            let key = CheckpointKey::new(run, CheckpointKind::SamplerWeights, name);
+            let kept = state.catalog().readable(entity, &key, false).await.map_err(tinker_error)?;
+            kept.as_ref().and_then(tandem_tinker::catalog::sampler_of)
         }
     };
     match found {

@@ -5,7 +5,7 @@
 
 use super::expiry::ttl_expiry;
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
-use super::routes::{bad, failed, owned_model, reap, register_model, submitted, trainer, Result};
+use super::routes::{bad, failed, owned_model, reap, register_model, submitted, tinker_error, trainer, Result};
 use super::sample::Sampler;
 use super::samplers;
 use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
@@ -17,7 +17,10 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use tandem_core::tinker::{Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer};
+use tandem_core::tinker::{
+    CheckpointKey, CheckpointKind, Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
+};
+use tandem_tinker::catalog::name_problem;
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
@@ -85,30 +88,16 @@ pub async fn save_weights_for_sampler(
         // session ends), are kept in the run's list.
         let kept = !ephemeral || expires.is_some();
         let _run = tinker.runs.lock(&entity, &id).await;
-        let mut before = None;
         if kept {
-            // Before anything is written: past the limit, or with a damaged expiry list, a save
-            // leaves nothing behind. Saving over a name replaces its expiry too (none without
-            // `ttl_seconds`).
-            let (owner, id, name, trainer) = (entity.clone(), id.clone(), name.clone(), trainer.clone());
-            let checked = tokio::task::spawn_blocking(move || {
-                trainer.may_note_sampler(&owner, &id, &name)?;
-                trainer.set_expiry(&owner, &id, &format!("sampler_weights/{name}"), expires)
-            })
-            .await;
-            before = match checked {
-                Ok(Ok(before)) => before,
-                Ok(Err(e)) => return failed(e),
-                Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
-            };
+            // Before anything is written: past the limit a save leaves nothing behind. (The
+            // catalog checks again when it records the name, in one step with the write.)
+            if let Err(e) = state.catalog().sampler_room(&entity, &id, &name).await {
+                return failed(e);
+            }
         }
+        let kept = kept.then_some(expires);
         let save = SamplerSave { state: &state, entry: &entry, entity: &entity, id: &id, name: &name, kept, inflight };
-        let outcome = save.run(&trainer, ephemeral.then_some(sampler_seq).flatten()).await;
-        if kept && matches!(outcome, Outcome::Failed { .. }) {
-            // The name's expiry goes back to what it was.
-            restore_expiry(&trainer, &entity, &id, &format!("sampler_weights/{name}"), before).await;
-        }
-        outcome
+        save.run(&trainer, ephemeral.then_some(sampler_seq).flatten()).await
     })
 }
 
@@ -119,7 +108,9 @@ struct SamplerSave<'a> {
     entity: &'a str,
     id: &'a str,
     name: &'a str,
-    kept: bool,
+    /// Kept in the catalog (named, or given a TTL), with its expiry (saving over a name
+    /// replaces its expiry too: none without `ttl_seconds`).
+    kept: Option<Option<i64>>,
     /// The sampler follows the model's inflight target, which this save moves.
     inflight: bool,
 }
@@ -154,14 +145,10 @@ impl SamplerSave<'_> {
             attn: modules.attn,
             mlp: modules.mlp,
         };
-        if self.kept {
+        if let Some(expires) = self.kept {
             // Named weights outlive the session (their path samples after the run ends); the
             // checkpoint a name saved before is deleted with the name's move.
-            let (owner, id, entry, trainer) = (entity.to_string(), id.to_string(), saved.clone(), trainer.clone());
-            let noted = match tokio::task::spawn_blocking(move || trainer.note_sampler(&owner, &id, entry)).await {
-                Ok(noted) => noted.map_err(failed),
-                Err(e) => Err(Outcome::Failed { error: format!("saving failed: {e}"), category: "server" }),
-            };
+            let noted = state.catalog().note_sampler(entity, id, &saved, expires).await.map_err(failed);
             let replaced = match noted {
                 Ok(replaced) => replaced,
                 Err(outcome) => {
@@ -201,34 +188,6 @@ impl SamplerSave<'_> {
             None => Outcome::Json(json!({ "path": path, "type": "save_weights_for_sampler" })),
         }
     }
-}
-
-/// Puts a checkpoint's expiry back after a save that set it failed.
-async fn restore_expiry(trainer: &Arc<dyn TinkerTrainer>, owner: &str, run: &str, checkpoint: &str, at: Option<i64>) {
-    let (trainer, owner, run, checkpoint) =
-        (trainer.clone(), owner.to_string(), run.to_string(), checkpoint.to_string());
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, at)).await {
-        tracing::warn!(error = %e, "could not restore a checkpoint's expiry after a failed save");
-    }
-}
-
-/// Runs a save of `checkpoint` (a blocking thread, the run's lock held) with its new expiry set
-/// first: a damaged expiry list fails the save before it overwrites anything, and a save that
-/// fails puts the expiry back.
-pub(super) fn with_expiry<T>(
-    trainer: &dyn TinkerTrainer,
-    owner: &str,
-    run: &str,
-    checkpoint: &str,
-    at: Option<i64>,
-    save: impl FnOnce() -> std::result::Result<T, TinkerError>,
-) -> std::result::Result<T, TinkerError> {
-    let before = trainer.set_expiry(owner, run, checkpoint, at)?;
-    save().inspect_err(|_| {
-        if let Err(e) = trainer.set_expiry(owner, run, checkpoint, before) {
-            tracing::warn!(error = %e, "could not restore a checkpoint's expiry after a failed save");
-        }
-    })
 }
 
 /// Writes adapter files as the next checkpoint of `record`: durably, then to the blob store,
@@ -274,20 +233,29 @@ pub async fn save_weights(
     let trainer = trainer(&state)?;
     let call = Sequenced::<SaveState>::read(raw)?;
     let (t, model) = owned_model(&state, &caller, &call.model_id)?;
-    let checked = call.body.and_then(|body| Ok((ttl_expiry(body.ttl_seconds)?, body.path)));
+    let checked = call.body.and_then(|body| match name_problem(&body.path) {
+        Some(problem) => Err(problem),
+        None => Ok((ttl_expiry(body.ttl_seconds)?, body.path)),
+    });
     let (expires, name) = match checked {
         Ok(c) => c,
         Err(e) => return refused_in_order(&t, model, &call.model_id, call.seq_id, e),
     };
     let (id, owner) = (call.model_id.clone(), caller.entity.clone());
     let tinker = t.clone();
-    ordered(&t, model, &call.model_id, call.seq_id, move || {
-        let _run = tinker.runs.blocking_lock(&owner, &id);
+    ordered_async(&t, model, &call.model_id, call.seq_id, async move {
+        let _run = tinker.runs.lock(&owner, &id).await;
+        let read = {
+            let (trainer, id) = (trainer.clone(), id.clone());
+            tokio::task::spawn_blocking(move || trainer.state_files(&id)).await
+        };
+        let (files, info) = match read {
+            Ok(Ok(read)) => read,
+            Ok(Err(e)) => return failed(e),
+            Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+        };
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
-        let checkpoint = format!("weights/{name}");
-        let saved =
-            with_expiry(&*trainer, &owner, &id, &checkpoint, expires, || trainer.save_state(&owner, &id, &name));
-        match saved {
+        match state.catalog().save_state(&owner, &id, &name, files, &info, expires).await {
             Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
             Err(e) => failed(e),
         }
@@ -319,18 +287,22 @@ pub async fn load_weights(
     Json(body): Json<LoadState>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
-    let (source, name) = parse_state_path(&body.path).ok_or_else(|| {
+    let key = state_key(&body.path).ok_or_else(|| {
         bad(format!("path {:?} is not a saved state: expected tinker://<model_id>/weights/<name>", body.path))
     })?;
     if let Some(model_id) = body.model_id.clone() {
-        return load_into(state, caller, model_id, body, source, name).await;
+        return load_into(state, caller, model_id, body, key).await;
     }
     let (Some(session_id), Some(seq)) = (body.session_id.clone(), body.model_seq_id) else {
         return Err(PreviewError(bad("load_weights needs model_id, or session_id and model_seq_id for a new model")));
     };
-    let (from, StateInfo { base_model, rank, .. }) = readable_state(&state, &trainer, &caller.entity, &source, &name)
+    let saved = state
+        .catalog()
+        .state(&caller.entity, &key, true)
         .await
+        .map_err(tinker_error)?
         .ok_or_else(|| ApiError::not_found("saved state"))?;
+    let StateInfo { base_model, rank, .. } = saved.info.clone();
     reap(&state);
     let t = state.tinker().clone();
     if !t.touch_session(&caller.entity, &session_id) {
@@ -343,10 +315,8 @@ pub async fn load_weights(
     let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
     let (id, with_optimizer, entity) = (model_id.clone(), body.optimizer, caller.entity.clone());
     tokio::task::spawn_blocking(move || {
-        let outcome = match trainer.load_state(&entity, &from, &id, &source, &name, with_optimizer) {
-            Ok(()) => Outcome::Json(
-                json!({ "model_id": id, "path": format!("tinker://{source}/weights/{name}"), "type": "load_weights" }),
-            ),
+        let outcome = match trainer.load_state(&entity, &id, &saved.dir, with_optimizer) {
+            Ok(()) => Outcome::Json(json!({ "model_id": id, "path": key.path(), "type": "load_weights" })),
             Err(e) => {
                 t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                 failed(e)
@@ -365,20 +335,23 @@ async fn load_into(
     caller: Caller,
     model_id: String,
     body: LoadState,
-    source: String,
-    name: String,
+    key: CheckpointKey,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let seq = body.seq_id.ok_or_else(|| bad("load_weights into a model needs its seq_id"))?;
     let (t, model) = owned_model(&state, &caller, &model_id)?;
-    let Some((from, _)) = readable_state(&state, &trainer, &caller.entity, &source, &name).await else {
+    let saved = match state.catalog().state(&caller.entity, &key, true).await {
+        Ok(Some(saved)) => saved,
         // In order: the SDK has spent the seq_id.
-        return refused_in_order(&t, model, &model_id, seq, format!("no saved state {:?} is readable", body.path));
+        Ok(None) => {
+            return refused_in_order(&t, model, &model_id, seq, format!("no saved state {:?} is readable", body.path))
+        }
+        Err(e) => return refused_in_order(&t, model, &model_id, seq, e.to_string()),
     };
     let (id, with_optimizer, path) = (model_id.clone(), body.optimizer, body.path);
     let entry = model.clone();
     ordered(&t, model, &model_id, seq, move || {
-        match trainer.load_state_into(&from, &id, &source, &name, with_optimizer) {
+        match trainer.load_state_into(&id, &saved.dir, with_optimizer) {
             Ok(()) => {
                 // The losses summed so far were of gradients the load dropped.
                 *entry.pending.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
@@ -401,14 +374,15 @@ pub async fn weights_info(
     Extension(caller): Extension<Caller>,
     Json(body): Json<WeightsInfo>,
 ) -> Result<Json<Value>> {
-    let trainer = trainer(&state)?;
     let path = body.tinker_path;
-    let found = if let Some((source, name)) = parse_state_path(&path) {
-        readable_state(&state, &trainer, &caller.entity, &source, &name).await.map(|(_, info)| info)
-    } else if let Some((model, name)) = path.strip_prefix("tinker://").and_then(|r| r.split_once("/sampler_weights/")) {
+    let key = CheckpointKey::parse_path(&path).filter(|k| !k.name.contains('/'));
+    let found = if let Some(key) = key.as_ref().filter(|k| k.kind == CheckpointKind::Weights) {
+        let entry = state.catalog().readable(&caller.entity, key, true).await.map_err(tinker_error)?;
+        entry.and_then(|e| tandem_tinker::catalog::state_info(&e.meta))
+    } else if let Some(key) = key.as_ref().filter(|k| k.kind == CheckpointKind::SamplerWeights) {
         // Sampler weights are PEFT files with every projection (the untrained ones' B is 0),
         // and the output head's pair if it trained; the save noted which trained.
-        samplers::readable(&state, &caller.entity, model, name).await?.map(|(_, s)| StateInfo {
+        samplers::readable(&state, &caller.entity, &key.model_id, &key.name).await?.map(|(_, s)| StateInfo {
             base_model: s.base_model,
             rank: s.rank,
             modules: Modules { attn: s.attn, mlp: s.mlp, unembed: s.unembed },
@@ -423,34 +397,9 @@ pub async fn weights_info(
     })))
 }
 
-/// The base model, rank and modules of `owner`'s saved state, read off the async threads.
-async fn state_info(trainer: &Arc<dyn TinkerTrainer>, owner: &str, source: &str, name: &str) -> Option<StateInfo> {
-    let (trainer, owner, source, name) = (trainer.clone(), owner.to_string(), source.to_string(), name.to_string());
-    tokio::task::spawn_blocking(move || trainer.state_info(&owner, &source, &name)).await.ok().flatten()
-}
-
-/// Whose saved state `name` of `source` the caller may load, and what it is: the caller's own,
-/// else one another entity published ([`super::publish`]).
-async fn readable_state(
-    state: &AppState,
-    trainer: &Arc<dyn TinkerTrainer>,
-    entity: &str,
-    source: &str,
-    name: &str,
-) -> Option<(String, StateInfo)> {
-    if let Some(info) = state_info(trainer, entity, source, name).await {
-        return Some((entity.to_string(), info));
-    }
-    let owner = super::publish::publisher(state, entity, source, &format!("weights/{name}")).await?;
-    let info = state_info(trainer, &owner, source, name).await?;
-    Some((owner, info))
-}
-
-/// `tinker://{model_id}/weights/{name}` -> (model id, name).
-fn parse_state_path(path: &str) -> Option<(String, String)> {
-    let rest = path.strip_prefix("tinker://")?;
-    let (model, name) = rest.split_once("/weights/")?;
-    (!model.is_empty() && !name.is_empty() && !name.contains('/')).then(|| (model.to_string(), name.to_string()))
+/// A `tinker://{model_id}/weights/{name}` path's key.
+fn state_key(path: &str) -> Option<CheckpointKey> {
+    CheckpointKey::parse_path(path).filter(|k| k.kind == CheckpointKind::Weights && !k.name.contains('/'))
 }
 
 /// `DELETE training_runs/{model_id}/checkpoints/{kind}/{name}`: a saved training state, sampler
@@ -468,70 +417,29 @@ pub async fn delete_checkpoint(
     Ok(Json(json!({})))
 }
 
-/// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` and its expiry; whether it existed.
-/// The caller holds the run's lock ([`super::state::RunLocks`]). An error (the store or the disk
-/// did not answer) leaves the checkpoint listed and its expiry kept, so a sweep tries again.
+/// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` with its files; whether it existed.
+/// The caller holds the run's lock ([`super::state::RunLocks`]). An error (the store or the blob
+/// store did not answer) leaves the checkpoint listed and its expiry kept, so a sweep tries
+/// again. Any node can: the catalog is the store's.
 pub(super) async fn delete_held(state: &AppState, entity: &str, run: &str, kind: &str, name: &str) -> Result<bool> {
-    let trainer = trainer(state)?;
-    let (owner, run, name) = (entity.to_string(), run.to_string(), name.to_string());
-    let blocking =
-        |what: tokio::task::JoinError| ApiError::new(ErrorKind::Internal, format!("deleting failed: {what}"));
-    let gone = match kind {
-        "weights" => {
-            let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
-            tokio::task::spawn_blocking(move || trainer.delete_state(&owner, &run, &name))
-                .await
-                .map_err(blocking)?
-                .map_err(tinker_error)?
-        }
-        "sampler_weights" => {
-            let held = state.tinker().model(&owner, &run);
-            let in_memory =
-                held.as_ref().and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(&name).cloned());
-            let listed = {
-                let (trainer, owner, run) = (trainer.clone(), owner.clone(), run.clone());
-                tokio::task::spawn_blocking(move || trainer.saved_samplers(&owner, &run)).await.map_err(blocking)?
-            };
-            let listed = listed.into_iter().find(|s| s.name == name);
-            let Some(saved) = in_memory.or(listed.clone()) else { return Ok(false) };
-            // The checkpoint first: if the store does not answer, the name stays listed and the
-            // sweep finds it again (forgotten first, a served checkpoint would be left unlisted).
-            samplers::drop_checkpoint(state, &saved).await?;
-            if let Some(m) = held {
-                m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
-            }
-            if listed.is_some() {
-                let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
-                tokio::task::spawn_blocking(move || trainer.forget_sampler(&owner, &run, &name))
-                    .await
-                    .map_err(blocking)?
-                    .map_err(tinker_error)?;
-            }
-            true
-        }
-        "external_weights" => {
-            let (trainer, owner, run, name) = (trainer.clone(), owner.clone(), run.clone(), name.clone());
-            tokio::task::spawn_blocking(move || trainer.delete_external(&owner, &run, &name))
-                .await
-                .map_err(blocking)?
-                .map_err(tinker_error)?
-        }
-        _ => return Ok(false),
-    };
-    // A name saved again later starts without the old one's expiry (also cleared when the
-    // checkpoint had gone another way: an expiry of nothing is only noise for the sweep).
-    let checkpoint = format!("{kind}/{name}");
-    tokio::task::spawn_blocking(move || trainer.set_expiry(&owner, &run, &checkpoint, None))
-        .await
-        .map_err(blocking)?
-        .map_err(tinker_error)?;
-    Ok(gone)
-}
-
-/// A trainer's error as the API's: the caller's mistake a 400, the rest a 500.
-pub(super) fn tinker_error(e: TinkerError) -> ApiError {
-    match e {
-        TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
-        TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
+    let Some(kind) = CheckpointKind::parse(kind) else { return Ok(false) };
+    let key = CheckpointKey::new(run, kind, name);
+    if kind != CheckpointKind::SamplerWeights {
+        return Ok(state.catalog().delete(entity, &key).await.map_err(tinker_error)?.is_some());
     }
+    let held = state.tinker().model(entity, run);
+    let in_memory = held.as_ref().and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
+    let listed = state.catalog().readable(entity, &key, false).await.map_err(tinker_error)?;
+    let listed = listed.as_ref().and_then(tandem_tinker::catalog::sampler_of);
+    let Some(saved) = in_memory.or(listed.clone()) else { return Ok(false) };
+    // The checkpoint first: if the store does not answer, the name stays listed and the sweep
+    // finds it again (forgotten first, a served checkpoint would be left unlisted).
+    samplers::drop_checkpoint(state, &saved).await?;
+    if let Some(m) = held {
+        m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
+    }
+    if listed.is_some() {
+        state.catalog().delete(entity, &key).await.map_err(tinker_error)?;
+    }
+    Ok(true)
 }

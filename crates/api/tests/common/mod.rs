@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fake;
+pub mod tinker_fake;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use tandem_api::auth::StaticKeys;
 use tandem_api::{AppConfig, AppState, Limits};
 use tandem_core::health::Heartbeat;
+use tandem_core::tinker::TinkerTrainer;
 use tandem_store::{CheckpointDir, SqliteStore, Store};
 use tower::ServiceExt;
 
@@ -44,33 +46,80 @@ pub async fn test_app_configured(
     backend: Option<tandem_core::inference::SharedBackend>,
     lora_root: Option<std::path::PathBuf>,
 ) -> TestApp {
+    test_app_training(limits, backend, lora_root, None).await
+}
+
+/// A test app whose Tinker routes train on `tinker` (the fake port in `tinker_fake.rs`).
+pub async fn test_app_training(
+    limits: Limits,
+    backend: Option<tandem_core::inference::SharedBackend>,
+    lora_root: Option<std::path::PathBuf>,
+    tinker: Option<Arc<dyn TinkerTrainer>>,
+) -> TestApp {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
     let checkpoints = CheckpointDir::open(dir.path().join("checkpoints")).unwrap();
-    let mut keys = StaticKeys::default();
-    keys.add(KEY_A, "a");
-    keys.add(KEY_B, "b");
     let waker = Arc::new(tokio::sync::Notify::new());
     let heartbeat = Arc::new(Heartbeat::default());
-    let state = AppState::new(AppConfig {
-        store: store.clone() as Arc<dyn Store>,
-        checkpoints: tandem_store::Checkpoints::local(checkpoints.clone()),
-        draining: Default::default(),
-        static_keys: keys,
-        served_models: vec![BASE.to_string()],
-        limits,
-        jobs_waker: waker.clone(),
-        backend,
-        per_entity_limit: 64,
-        priority_scheduling: true,
-        reasoning_parser: None,
-        training_heartbeat: Some(heartbeat.clone()),
-        training_metrics: Some(Arc::default()),
-        lora_root,
-        tinker: None,
-        tokenizer_dirs: Default::default(),
-    });
+    let node = Node { limits, backend, lora_root, tinker };
+    let state = node.state(store.clone(), &checkpoints, &waker, &heartbeat);
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, heartbeat, _dir: dir }
+}
+
+/// What one server of a test is given beside its store and files.
+pub struct Node {
+    pub limits: Limits,
+    pub backend: Option<tandem_core::inference::SharedBackend>,
+    pub lora_root: Option<std::path::PathBuf>,
+    pub tinker: Option<Arc<dyn TinkerTrainer>>,
+}
+
+impl Node {
+    fn state(
+        self,
+        store: Arc<SqliteStore>,
+        checkpoints: &CheckpointDir,
+        waker: &Arc<tokio::sync::Notify>,
+        heartbeat: &Arc<Heartbeat>,
+    ) -> AppState {
+        let mut keys = StaticKeys::default();
+        keys.add(KEY_A, "a");
+        keys.add(KEY_B, "b");
+        AppState::new(AppConfig {
+            store: store as Arc<dyn Store>,
+            checkpoints: tandem_store::Checkpoints::local(checkpoints.clone()),
+            draining: Default::default(),
+            static_keys: keys,
+            served_models: vec![BASE.to_string()],
+            limits: self.limits,
+            jobs_waker: waker.clone(),
+            backend: self.backend,
+            per_entity_limit: 64,
+            priority_scheduling: true,
+            reasoning_parser: None,
+            training_heartbeat: Some(heartbeat.clone()),
+            training_metrics: Some(Arc::default()),
+            lora_root: self.lora_root,
+            tinker: self.tinker,
+            tokenizer_dirs: Default::default(),
+        })
+    }
+}
+
+impl TestApp {
+    /// A second server on this one's store and checkpoint files, as another node of a cluster
+    /// (with the same keys).
+    pub fn node(&self, node: Node) -> TestApp {
+        let state = node.state(self.store.clone(), &self.checkpoints, &self.waker, &self.heartbeat);
+        TestApp {
+            router: tandem_api::app(state),
+            store: self.store.clone(),
+            checkpoints: self.checkpoints.clone(),
+            waker: self.waker.clone(),
+            heartbeat: self.heartbeat.clone(),
+            _dir: tempfile::tempdir().unwrap(),
+        }
+    }
 }
 
 pub async fn test_app() -> TestApp {

@@ -31,6 +31,7 @@ mod nodes;
 mod notify;
 mod responses;
 mod rows;
+mod tinker;
 
 use crate::errors::POSTGRES_ACQUIRE_TIMEOUT;
 use crate::{ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, PoolSettings, Result, StoreError};
@@ -364,7 +365,9 @@ impl crate::Store for PostgresStore {
 
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>> {
         let rows = sqlx::query("SELECT path FROM checkpoints WHERE deleted_at IS NULL").fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+        let mut live: Vec<String> = rows.iter().map(|r| r.get::<String, _>(0)).collect();
+        live.extend(tinker::live_blobs(&self.pool).await?);
+        Ok(live)
     }
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {

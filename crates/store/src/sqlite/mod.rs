@@ -11,6 +11,7 @@ mod logs;
 mod nodes;
 mod responses;
 mod rows;
+mod tinker;
 
 use crate::errors::SQLITE_ACQUIRE_TIMEOUT;
 use crate::{
@@ -449,7 +450,9 @@ impl crate::Store for SqliteStore {
 
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>> {
         let rows = sqlx::query("SELECT path FROM checkpoints WHERE deleted_at IS NULL").fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+        let mut live: Vec<String> = rows.iter().map(|r| r.get::<String, _>(0)).collect();
+        live.extend(tinker::live_blobs(&self.pool).await?);
+        Ok(live)
     }
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {

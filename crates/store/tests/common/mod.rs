@@ -2,7 +2,8 @@
 // Each test crate uses part of this.
 #![allow(dead_code)]
 
-use tandem_store::PostgresStore;
+use std::sync::Arc;
+use tandem_store::{PostgresStore, SqliteStore, Store};
 use uuid::Uuid;
 
 /// What a backend leaves behind, removed when the test's loop iteration ends.
@@ -58,4 +59,19 @@ pub async fn postgres() -> Option<(PostgresStore, Scratch)> {
     let schema = format!("tandem_test_{}", Uuid::new_v4().simple());
     let store = PostgresStore::connect_in_schema(&url, &schema).await.unwrap();
     Some((store, Scratch::Schema { url, schema }))
+}
+
+/// Every backend the behaviour suites run on: SQLite in memory and on disk, and PostgreSQL when a
+/// server answers; each with what it leaves behind.
+pub async fn backends() -> Vec<(String, Arc<dyn Store>, Option<Scratch>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
+    let mut all: Vec<(String, Arc<dyn Store>, Option<Scratch>)> = vec![
+        ("sqlite-memory".into(), Arc::new(SqliteStore::in_memory().await.unwrap()), None),
+        ("sqlite-file".into(), Arc::new(file), Some(Scratch::Dir(dir))),
+    ];
+    if let Some((store, scratch)) = postgres().await {
+        all.push(("postgres".into(), Arc::new(store), Some(scratch)));
+    }
+    all
 }
