@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-memory bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -326,6 +326,12 @@ bench-tinker-victim: model $(TINKER_OK)
 	cargo build --release -q --bin tandem
 	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python bench/tinker_victim.py target/release/tandem $(MODEL) --flood 2000
 
+## bench-tinker-memory: what a held Tinker model takes at ranks 8/32/256, with and without the
+## trained output head (bench/tinker_memory.py)
+bench-tinker-memory: model $(TINKER_OK)
+	cargo build --release -q --bin tandem
+	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python bench/tinker_memory.py target/release/tandem $(MODEL)
+
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
 ## bench-cluster: aggregate throughput of api nodes sharing PostgreSQL and a blob store, 1 node vs 2
 ## (docs/deploy.md: on one machine the cores bound it, so it reports per-node efficiency)
@@ -333,7 +339,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

@@ -71,6 +71,7 @@ Prints 'tinker: N passed, M failed' and exits non-zero on any failure.
 import io
 import math
 import os
+import sqlite3
 import sys
 import tarfile
 import time
@@ -729,6 +730,19 @@ def inflight(ctx):
         assert reply.get("category") == "user" and "inflight" in reply["error"], (status, reply)
 
 
+def catalog(server, model_id):
+    """The Tinker catalog's rows of a run, read from the server's SQLite database: KIND/NAME -> row."""
+    with sqlite3.connect(os.path.join(server.data, "tandem.db")) as db:
+        db.row_factory = sqlite3.Row
+        rows = db.execute("SELECT * FROM tinker_checkpoints WHERE model_id = ?", (model_id,)).fetchall()
+    return {f"{r['kind']}/{r['name']}": dict(r) for r in rows}
+
+
+def blob_dir(server, blob):
+    """A catalog entry's files' directory in the server's checkpoint store."""
+    return os.path.join(server.data, "checkpoints", blob)
+
+
 def expiry(ctx):
     """ttl_seconds on each kind of save and set_checkpoint_ttl: listed as expires_at, removable, a
     TTL outside Tinker's bounds refused, another entity's 404; then, with the run's expiry times
@@ -736,7 +750,6 @@ def expiry(ctx):
     the sampler weights' checkpoint with them, and keeps the state saved without a TTL. It
     restarts the server, so it runs last."""
     import datetime
-    import glob
     import json
     import time
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -755,27 +768,16 @@ def expiry(ctx):
         ephemeral = next(p for p in (c.tinker_path for c in rest.list_checkpoints(model_id).result().checkpoints)
                          if "/sampler_weights/sampler-" in p)
         rest.set_checkpoint_ttl_from_tinker_path(ephemeral, 3600).result()
-        # A damaged expiry list fails a save before it overwrites the state it names.
-        [listing] = [f for f in glob.glob(os.path.join(ctx.server.data, "tinker-states", "*", "*", ".expiry"))
-                     if json.load(open(f))["model_id"] == model_id]
-        state_file = os.path.join(os.path.dirname(listing), "rolling.safetensors")
-        with open(listing) as f:
-            intact = f.read()
-        with open(state_file, "rb") as f:
-            saved_bytes = f.read()
-        with open(listing, "w") as f:
-            f.write("{damaged")
+        # Saving over a name writes fresh files and then drops the old ones: the catalog's row
+        # names the new directory, the old one is gone.
+        before = catalog(ctx.server, model_id)
         tc.forward_backward([datum(weights=1.0)], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-        try:
-            tc.save_state("rolling", ttl_seconds=7200).result()
-            raise AssertionError("a save over a damaged expiry list succeeded")
-        except tinker.TinkerError as e:
-            assert "expiry list" in str(e), e
-        with open(state_file, "rb") as f:
-            assert f.read() == saved_bytes, "the failed save overwrote the state"
-        with open(listing, "w") as f:
-            f.write(intact)
+        tc.save_state("rolling", ttl_seconds=7200).result()
+        after = catalog(ctx.server, model_id)
+        old_dir, new_dir = before["weights/rolling"]["blob"], after["weights/rolling"]["blob"]
+        assert old_dir != new_dir and not os.path.exists(blob_dir(ctx.server, old_dir)), (old_dir, new_dir)
+        assert os.path.exists(os.path.join(blob_dir(ctx.server, new_dir), "state.safetensors"))
 
         def listed():
             return {c.tinker_path: c for c in rest.list_checkpoints(model_id).result().checkpoints}
@@ -800,17 +802,14 @@ def expiry(ctx):
     assert status == 200 and len(before["data"]) == 2, before
     # An hour goes by: the run's expiry times move into the past while the server is down.
     ctx.server.kill9()
-    lists = [f for f in glob.glob(os.path.join(ctx.server.data, "tinker-states", "*", "*", ".expiry"))
-             if json.load(open(f))["model_id"] == model_id]
-    assert len(lists) == 1, lists
-    with open(lists[0]) as f:
-        entry = json.load(f)
+    rows = catalog(ctx.server, model_id)
     ephemeral_name = "sampler_weights/" + ephemeral.rsplit("/", 1)[1]
-    assert sorted(entry["at"]) == sorted(["external_weights/export", "sampler_weights/periodic", "weights/rolling",
-                                          ephemeral_name]), entry
-    entry["at"] = {k: int(time.time() * 1000) - 1000 for k in entry["at"]}
-    with open(lists[0], "w") as f:
-        json.dump(entry, f)
+    expiring = sorted(c for c, r in rows.items() if r["expires_at"] is not None)
+    assert expiring == sorted(["external_weights/export", "sampler_weights/periodic", "weights/rolling",
+                               ephemeral_name]), rows
+    with sqlite3.connect(os.path.join(ctx.server.data, "tandem.db")) as db:
+        db.execute("UPDATE tinker_checkpoints SET expires_at = ? WHERE model_id = ? AND expires_at IS NOT NULL",
+                   (int(time.time() * 1000) - 1000, model_id))
     server = ctx.server.restart()
     try:
         rest = service(server).create_rest_client()
@@ -823,7 +822,9 @@ def expiry(ctx):
         assert left == {kept}, left
         status, after, _ = server.api("GET", f"/v1/preview/models/{record}/checkpoints")
         assert status == 200 and after["data"] == [], after
-        assert not os.path.exists(lists[0]), "the emptied expiry list stayed"
+        assert list(catalog(server, model_id)) == ["weights/final"], catalog(server, model_id)
+        for c in ("weights/rolling", "external_weights/export"):
+            assert not os.path.exists(blob_dir(server, rows[c]["blob"])), f"{c}'s files stayed"
     finally:
         server.stop()
 

@@ -99,6 +99,14 @@ pub struct Telemetry {
     requests: Family<RequestLabels, Counter>,
     durations: Family<RouteLabels, Histogram, fn() -> Histogram>,
     jobs: Family<JobLabels, Gauge>,
+    /// Tinker models held, live or parked, and the live ones' bytes.
+    tinker_models: Family<StateLabel, Gauge>,
+    tinker_bytes: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
 }
 
 impl Telemetry {
@@ -129,7 +137,19 @@ impl Telemetry {
             "Latency of HTTP requests until the response head (a stream's body runs on)",
             durations.clone(),
         );
-        Telemetry { registry, requests, durations, jobs }
+        let tinker_models = Family::<StateLabel, Gauge>::default();
+        let tinker_bytes = Gauge::default();
+        registry.register(
+            "tandem:tinker_models",
+            "Tinker training models this node holds, live or parked to files",
+            tinker_models.clone(),
+        );
+        registry.register(
+            "tandem:tinker_live_bytes",
+            "Bytes the live Tinker models' adapters, optimizer moments and pending gradients hold",
+            tinker_bytes.clone(),
+        );
+        Telemetry { registry, requests, durations, jobs, tinker_models, tinker_bytes }
     }
 }
 
@@ -194,6 +214,12 @@ pub(crate) async fn render(state: &AppState) -> Result<String, crate::error::Api
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics: job counts not refreshed"),
         Err(_) => tracing::warn!("metrics: job counts not refreshed (the store timed out)"),
+    }
+    if let Some(trainer) = state.tinker_trainer() {
+        let held = trainer.memory();
+        t.tinker_models.get_or_create(&StateLabel { state: "live" }).set(held.live as i64);
+        t.tinker_models.get_or_create(&StateLabel { state: "parked" }).set(held.parked as i64);
+        t.tinker_bytes.set(held.live_bytes.min(i64::MAX as u64) as i64);
     }
     let mut text = String::new();
     encode(&mut text, &t.registry).map_err(|_| {

@@ -153,4 +153,9 @@ async fn a_refused_save_fails_its_own_call_and_the_next_runs() {
     run.step(&app, KEY_A, 1.0).await;
     assert_eq!(fake.weight(&run.model), Some(1.0), "the model is not wedged");
     assert!(ids(&listing(&app, KEY_A, &run.model).await.json()).is_empty(), "nothing was kept");
+    // What the held models take is on `/metrics`.
+    let metrics = String::from_utf8(app.call("GET", "/metrics", KEY_A, None).await.bytes).unwrap();
+    assert!(metrics.contains("tandem:tinker_models{state=\"live\"} 1\n"), "{metrics}");
+    assert!(metrics.contains("tandem:tinker_models{state=\"parked\"} 0\n"));
+    assert!(metrics.contains("tandem:tinker_live_bytes 8\n"));
 }

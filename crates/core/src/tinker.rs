@@ -198,6 +198,16 @@ impl std::fmt::Display for TinkerError {
     }
 }
 
+/// What the held models take of the trainer's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldMemory {
+    /// Bytes the live models' adapters, moments and pending gradients hold.
+    pub live_bytes: u64,
+    pub live: usize,
+    /// Models parked to files, read back at their next call.
+    pub parked: usize,
+}
+
 /// Files by name, as a checkpoint directory holds them.
 pub type Files = Vec<(String, Vec<u8>)>;
 
@@ -244,6 +254,8 @@ pub trait TinkerTrainer: Send + Sync {
     /// The model's adapter as PEFT files for download (`save_weights_external`); with
     /// `recipients` (age recipients) every file is encrypted to them and named `*.age`.
     fn external_files(&self, model_id: &str, recipients: &[String]) -> Result<Vec<(String, Vec<u8>)>, TinkerError>;
+    /// What the held models take of memory, for `/metrics`.
+    fn memory(&self) -> HeldMemory;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
 }

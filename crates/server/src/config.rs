@@ -123,6 +123,10 @@ pub struct ServeArgs {
     /// Tinker training models this server holds at once, every entity's together (default 8).
     #[arg(long, env = "TANDEM_MAX_TINKER_MODELS")]
     pub max_tinker_models: Option<usize>,
+    /// MiB the live Tinker models' adapters, optimizer moments and pending gradients may hold
+    /// together; beyond it the least recently used are parked to files (default 2048).
+    #[arg(long, env = "TANDEM_TINKER_MEMORY_MIB")]
+    pub tinker_memory_mib: Option<u64>,
     /// Seconds a Tinker session lives without a heartbeat or a call before it is ended and its
     /// models released (default 600; the SDK beats every 10 s).
     #[arg(long, env = "TANDEM_TINKER_IDLE_SECONDS")]
@@ -242,6 +246,8 @@ pub struct ServeConfig {
     /// None: the trainer's default (half a part).
     pub train_recompute_tokens: Option<usize>,
     pub max_tinker_models: usize,
+    /// Bytes.
+    pub tinker_memory: u64,
     pub tinker_idle: std::time::Duration,
     pub tinker_seq_gap: std::time::Duration,
     pub tinker_heartbeat: std::time::Duration,
@@ -330,6 +336,10 @@ impl ServeConfig {
                 n => n.unwrap_or(12),
             },
             max_tinker_models: args.max_tinker_models.or(file.max_tinker_models).unwrap_or(8).max(1),
+            tinker_memory: match args.tinker_memory_mib.or(file.tinker_memory_mib).unwrap_or(2048) {
+                m if (1..=1 << 24).contains(&m) => m << 20,
+                m => bail!("--tinker-memory-mib {m}: expected 1 to 16777216"),
+            },
             tinker_idle: match args.tinker_idle_seconds.or(file.tinker_idle_seconds).unwrap_or(600.0) {
                 s if (1.0..=86_400.0).contains(&s) => std::time::Duration::from_secs_f64(s),
                 s => bail!("--tinker-idle-seconds {s}: expected 1 to 86400"),

@@ -102,6 +102,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     // This process in the node registry and as a lease holder; operators (and the cluster
     // test) find the process by its pid.
     let worker_owner = format!("{} pid {} ({})", hostname(), std::process::id(), tandem_core::new_id());
+    let parked = park_dir(&config.data_dir, store.single_process())?;
     let worker = Worker::new(
         store.clone(),
         checkpoints.clone(),
@@ -111,7 +112,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             lease_ttl: config.job_lease,
             max_runs: config.max_training_runs,
             max_parked: config.max_parked_training_runs,
-            park_dir: Some(park_dir(&config.data_dir, store.single_process())?),
+            park_dir: Some(parked.clone()),
             // Alone on its store, this process's previous run left every running job; sharing
             // it, only jobs whose lease ran out are orphans.
             reclaim_at_start: if store.single_process() { Reclaim::All } else { Reclaim::Expired },
@@ -154,8 +155,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         training_metrics: role.trains().then(|| worker.metrics()),
         lora_root,
         tinker: role.trains().then(|| {
-            Arc::new(TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models))
-                as Arc<dyn tandem_core::tinker::TinkerTrainer>
+            Arc::new(
+                TinkerModels::new(trainer.clone(), worker.turns(), config.max_tinker_models)
+                    .with_memory(config.tinker_memory, parked.clone()),
+            ) as Arc<dyn tandem_core::tinker::TinkerTrainer>
         }),
         draining: draining.clone(),
     });

@@ -97,6 +97,34 @@ impl Session {
         &mut self.held
     }
 
+    /// Bytes the adapter, its AdamW moments and the pending gradients hold in memory (0 while
+    /// parked): what a held Tinker model costs the trainer's memory budget.
+    pub fn live_bytes(&mut self) -> u64 {
+        let Ok(live) = self.held.live() else { return 0 };
+        let params: usize = live.lora.vars().iter().map(|v| v.elem_count()).sum();
+        // f32 weights and two f32 moments, and a gradient of each while one is pending.
+        params as u64 * 4 * (3 + u64::from(self.grads.is_some()))
+    }
+
+    /// Parks the adapter and moments in a file at `path` (a Tinker model another's call needs the
+    /// memory of); false, nothing done, while gradients are pending (a step in progress).
+    pub fn park(&mut self, path: &std::path::Path) -> Result<bool, TrainError> {
+        if self.grads.is_some() || self.held.is_parked() {
+            return Ok(false);
+        }
+        tandem_jobs::Park::park(&mut self.held, path).map_err(TrainError::Failed)?;
+        Ok(true)
+    }
+
+    /// Reads a parked adapter and moments back (nothing to do when live).
+    pub fn unpark(&mut self) -> Result<(), TrainError> {
+        tandem_jobs::Park::unpark(&mut self.held).map_err(TrainError::Failed)
+    }
+
+    pub fn is_parked(&self) -> bool {
+        self.held.is_parked()
+    }
+
     /// The live adapter (a job's scoring passes and KL terms run it forward).
     pub fn lora(&mut self) -> Result<&Lora, TrainError> {
         Ok(&self.held.live()?.lora)

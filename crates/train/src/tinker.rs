@@ -9,9 +9,12 @@ use crate::session::{AdamStep, Session};
 use crate::token_loss::TokenLoss;
 use crate::LoraTrainer;
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tandem_core::tinker::{
-    AdamSettings, Datum, Files, Forwarded, LoraSpec, Modules, StateInfo, TinkerError, TinkerTrainer, STATE_FILE,
+    AdamSettings, Datum, Files, Forwarded, HeldMemory, LoraSpec, Modules, StateInfo, TinkerError, TinkerTrainer,
+    STATE_FILE,
 };
 use tandem_jobs::turns::Turns;
 use tandem_jobs::TrainError;
@@ -20,38 +23,123 @@ use tandem_jobs::TrainError;
 /// so the learning rate that suits one rank suits the others.
 pub const LORA_ALPHA: f64 = 32.0;
 
-/// A held model: its entity and its session.
-type HeldModel = (String, Arc<Mutex<Session>>);
+/// A held model.
+struct Slot {
+    /// Whose account its calls' trainer time is charged to.
+    entity: String,
+    session: Mutex<Session>,
+    /// When it last ran, as a tick of [`TinkerModels::clock`]: the least recent parks first.
+    used: AtomicU64,
+    /// What its adapter, moments and pending gradients hold in memory when live (measured after
+    /// each call; kept while parked, as what unparking will cost).
+    bytes: AtomicU64,
+    parked: AtomicBool,
+}
+
+type HeldModel = Arc<Slot>;
+
+/// The memory held models may take together, and where the rest wait.
+struct Memory {
+    budget: u64,
+    park_dir: Option<PathBuf>,
+}
 
 pub struct TinkerModels {
     trainer: Arc<LoraTrainer>,
     turns: Arc<Turns>,
-    /// Held models: their entity (whose account their calls' trainer time is charged to) and
-    /// session.
     models: Mutex<HashMap<String, HeldModel>>,
-    /// Most models held at once, server-wide (each holds an adapter, its moments and pending
-    /// gradients in memory).
+    /// Most models held at once, server-wide, live or parked.
     max_models: usize,
+    memory: Memory,
+    clock: AtomicU64,
 }
 
 impl TinkerModels {
+    /// Models held without a memory budget (none is ever parked).
     pub fn new(trainer: Arc<LoraTrainer>, turns: Arc<Turns>, max_models: usize) -> Self {
-        TinkerModels { trainer, turns, models: Mutex::default(), max_models: max_models.max(1) }
+        let memory = Memory { budget: u64::MAX, park_dir: None };
+        TinkerModels {
+            trainer,
+            turns,
+            models: Mutex::default(),
+            max_models: max_models.max(1),
+            memory,
+            clock: AtomicU64::new(0),
+        }
     }
 
-    fn hold(&self, entity: &str, model_id: &str, session: Session) -> Result<(), TinkerError> {
+    /// Live models' adapters, moments and pending gradients held to `budget` bytes together:
+    /// before a model runs, the least recently used others without pending gradients are parked
+    /// to files in `park_dir` (as jobs are), and read back at their next call.
+    pub fn with_memory(mut self, budget: u64, park_dir: PathBuf) -> Self {
+        self.memory = Memory { budget, park_dir: Some(park_dir) };
+        self
+    }
+
+    fn hold(&self, entity: &str, model_id: &str, mut session: Session) -> Result<(), TinkerError> {
+        let bytes = session.live_bytes();
         let mut models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         if models.len() >= self.max_models {
             return Err(TinkerError::User("this server's training models are all taken (--max-tinker-models)".into()));
         }
-        models.insert(model_id.to_string(), (entity.to_string(), Arc::new(Mutex::new(session))));
+        let slot = Slot {
+            entity: entity.to_string(),
+            session: Mutex::new(session),
+            used: AtomicU64::new(self.tick()),
+            bytes: AtomicU64::new(bytes),
+            parked: AtomicBool::new(false),
+        };
+        models.insert(model_id.to_string(), Arc::new(slot));
+        drop(models);
+        self.make_room(0, model_id);
         Ok(())
     }
 
-    /// A held model's entity and session.
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A held model.
     fn model(&self, id: &str) -> Result<HeldModel, TinkerError> {
         let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
         models.get(id).cloned().ok_or_else(|| TinkerError::User(format!("model {id:?} is not held by this server")))
+    }
+
+    /// Parks the least recently used live models other than `keep` until the live ones and
+    /// `need` more bytes fit the budget. A model that runs or waits for its lock, or has
+    /// gradients pending, is passed over; when nothing more can be parked the call runs over
+    /// budget (a model never waits for memory another model will not give back).
+    fn make_room(&self, need: u64, keep: &str) {
+        let Some(dir) = &self.memory.park_dir else { return };
+        let mut others: Vec<(String, HeldModel)> = {
+            let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+            models.iter().map(|(id, m)| (id.clone(), m.clone())).collect()
+        };
+        let live = |ms: &[(String, HeldModel)]| -> u64 {
+            ms.iter()
+                .filter(|(_, m)| !m.parked.load(Ordering::Relaxed))
+                .map(|(_, m)| m.bytes.load(Ordering::Relaxed))
+                .sum()
+        };
+        let mut total = live(&others);
+        others.retain(|(id, m)| id != keep && !m.parked.load(Ordering::Relaxed));
+        others.sort_by_key(|(_, m)| m.used.load(Ordering::Relaxed));
+        for (id, m) in others {
+            if total.saturating_add(need) <= self.memory.budget {
+                return;
+            }
+            let Ok(mut s) = m.session.try_lock() else { continue };
+            let path = dir.join(format!("tinker-{}.safetensors", tandem_core::new_id()));
+            match s.park(&path) {
+                Ok(true) => {
+                    m.parked.store(true, Ordering::Relaxed);
+                    total = total.saturating_sub(m.bytes.load(Ordering::Relaxed));
+                    tracing::debug!(model = %id, "parked a Tinker model for another's memory");
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(model = %id, error = %e, "could not park a Tinker model"),
+            }
+        }
     }
 
     /// Runs `f` on the model's session while holding the trainer's turn.
@@ -69,11 +157,22 @@ impl TinkerModels {
         id: &str,
         f: impl FnOnce(&mut Session, &mut tandem_jobs::turns::Turn) -> Result<R, TrainError>,
     ) -> Result<R, TinkerError> {
-        let (entity, session) = self.model(id)?;
+        let slot = self.model(id)?;
         // Charged to the model's entity, with its other models' calls and its jobs.
-        let mut turn = self.turns.enter_for(&entity);
-        let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut s, &mut turn).map_err(error)
+        let mut turn = self.turns.enter_for(&slot.entity);
+        if slot.parked.load(Ordering::Relaxed) {
+            self.make_room(slot.bytes.load(Ordering::Relaxed), id);
+        }
+        let mut s = slot.session.lock().unwrap_or_else(|e| e.into_inner());
+        s.unpark().map_err(error)?;
+        slot.parked.store(false, Ordering::Relaxed);
+        slot.used.store(self.tick(), Ordering::Relaxed);
+        let done = f(&mut s, &mut turn).map_err(error);
+        // Pending gradients, a loaded state of another rank: what it holds now.
+        slot.bytes.store(s.live_bytes(), Ordering::Relaxed);
+        drop(s);
+        self.make_room(0, id);
+        done
     }
 }
 
@@ -153,7 +252,7 @@ impl TinkerTrainer for TinkerModels {
 
     fn modules(&self, model_id: &str) -> Result<Modules, TinkerError> {
         // No turn: nothing is computed.
-        Ok(self.model(model_id)?.1.lock().unwrap_or_else(|e| e.into_inner()).modules())
+        Ok(self.model(model_id)?.session.lock().unwrap_or_else(|e| e.into_inner()).modules())
     }
 
     fn state_files(&self, model_id: &str) -> Result<(Files, StateInfo), TinkerError> {
@@ -215,6 +314,17 @@ impl TinkerTrainer for TinkerModels {
             .collect()
     }
 
+    fn memory(&self) -> HeldMemory {
+        let models = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        let (parked, live): (Vec<&HeldModel>, Vec<&HeldModel>) =
+            models.values().partition(|m| m.parked.load(Ordering::Relaxed));
+        HeldMemory {
+            live_bytes: live.iter().map(|m| m.bytes.load(Ordering::Relaxed)).sum(),
+            live: live.len(),
+            parked: parked.len(),
+        }
+    }
+
     fn release(&self, model_id: &str) {
         let dropped = self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(model_id);
         drop(dropped);
@@ -222,3 +332,6 @@ impl TinkerTrainer for TinkerModels {
         self.trainer.release_freed_memory();
     }
 }
+
+#[cfg(test)]
+mod tests;

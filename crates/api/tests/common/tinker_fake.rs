@@ -127,6 +127,11 @@ impl TinkerTrainer for FakeTrainer {
         self.adapter_files(model_id)
     }
 
+    fn memory(&self) -> tandem_core::tinker::HeldMemory {
+        let live = self.models.lock().unwrap().len();
+        tandem_core::tinker::HeldMemory { live_bytes: 8 * live as u64, live, parked: 0 }
+    }
+
     fn release(&self, model_id: &str) {
         self.models.lock().unwrap().remove(model_id);
     }
