@@ -489,4 +489,4 @@ pub fn state_info(path: &std::path::Path) -> Option<(String, usize, f64)> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -6,7 +6,7 @@ use tandem_core::inference::InputError;
 use tandem_core::sequences::ChatTokenizer;
 
 /// Sessions take token ids: no text is ever tokenized here.
-struct IdsOnly;
+pub(crate) struct IdsOnly;
 impl ChatTokenizer for IdsOnly {
     fn render(&self, _: &[ChatMessage], _: Option<&serde_json::Value>, _: bool) -> Result<Vec<u32>, InputError> {
         Err(InputError::Template("sessions take token ids".into()))

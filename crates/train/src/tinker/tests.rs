@@ -1,23 +1,7 @@
 use super::*;
+use crate::session::tests::IdsOnly;
 use crate::TrainBase;
 use std::collections::BTreeMap;
-use tandem_core::chat::ChatMessage;
-use tandem_core::inference::InputError;
-use tandem_core::sequences::ChatTokenizer;
-
-/// Models take token ids: no text is ever tokenized here.
-struct IdsOnly;
-impl ChatTokenizer for IdsOnly {
-    fn render(&self, _: &[ChatMessage], _: Option<&serde_json::Value>, _: bool) -> Result<Vec<u32>, InputError> {
-        Err(InputError::Template("ids only".into()))
-    }
-    fn tokenize(&self, _: &str) -> Result<Vec<u32>, InputError> {
-        Err(InputError::Template("ids only".into()))
-    }
-    fn token_id(&self, _: &[u8]) -> Option<u32> {
-        None
-    }
-}
 
 fn trainer(dir: &std::path::Path) -> Arc<LoraTrainer> {
     let path = dir.join("tiny.gguf");
