@@ -94,10 +94,6 @@ impl Catalog {
         Catalog { store, files }
     }
 
-    pub fn store(&self) -> &dyn Store {
-        &*self.store
-    }
-
     /// Writes `files` to a fresh directory, then records `entry` naming it (past `cap`, or on any
     /// failure, the files go again); the entry it replaced loses its files.
     async fn put_files(

@@ -9,13 +9,12 @@
 //! directories are the first 12 bytes of the entity's SHA-256 in hex, so an owner is found by
 //! hashing the entities the store knows.
 
-use crate::catalog::{state_info, store_error, Catalog, Result};
+use crate::catalog::{state_info, Catalog, Result};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use tandem_core::tinker::{CheckpointKey, CheckpointKind, SavedSampler, TinkerError, STATE_FILE};
-use tandem_store::TinkerChange;
 
 /// What an import did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -135,8 +134,7 @@ async fn import_run(dir: &Path, owner: &str, catalog: &Catalog) -> Result<usize>
     // Published marks last: every save above starts private.
     for key in &keys {
         if public.as_ref().is_some_and(|p| p.checkpoints.contains(&key.checkpoint())) {
-            let change = TinkerChange::Public(true);
-            catalog.store().tinker_change(owner, key, change).await.map_err(|e| store_error(e, "publishing"))?;
+            catalog.set_public(owner, key, true).await?;
         }
     }
     tracing::info!(run = %model_id, entries = keys.len(), "imported an old Tinker run's catalog");
