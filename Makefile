@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-memory bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-memory bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -222,8 +222,27 @@ PG_ADMIN_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 
 ## test: the whole test suite (unit, api, store, engine, end-to-end over HTTP, OpenAI SDK, OpenPipe ART)
-test: model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) $(ART18ENV)/.ok-$(ART18_VERSION) \
-		$(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKER_OK)
+# What the suites need from the registries (the model files, the clients' virtualenvs): fetched by a
+# second make in the background while cargo builds the tests, because a clean clone spends ~30
+# minutes compiling (CPU) and ~15 installing (network); one after the other had CI over its time.
+# `make test WITH_COOKBOOK=1` (what .ci/run does) installs `make test-cookbook`'s PyTorch
+# virtualenvs in the same background run.
+TEST_DEPS = model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) \
+	$(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKER_OK) \
+	$(if $(WITH_COOKBOOK),$(COOKBOOK_OK) $(ARTTINKER_OK))
+test-deps: $(TEST_DEPS)
+
+# The build, with the prerequisites installing beside it (their log is printed after). cargo runs
+# outside make's jobserver (it would otherwise get one job) with its own default, the core count.
+test-build:
+	@mkdir -p target; echo "installing the test prerequisites in the background (log: target/test-deps.log)"
+	@$(MAKE) --no-print-directory test-deps WITH_COOKBOOK=$(WITH_COOKBOOK) > target/test-deps.log 2>&1 & deps=$$!; \
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(CARGO) test --workspace --all-targets --no-run; built=$$?; \
+	wait $$deps; fetched=$$?; cat target/test-deps.log; \
+	if [ $$fetched != 0 ]; then echo "error: installing the test prerequisites failed (log above)" >&2; fi; \
+	[ $$built = 0 ] && [ $$fetched = 0 ]
+
+test: test-build
 	@# Hugging Face's ids and jinja2's renders, which crates/engine/tests/real_tokenizers.rs compares with.
 	$(PYENV)/bin/python tests/python/tokenizer_reference.py $(TOKENIZERS) target/tokenizer-reference.json $(QWEN_MODEL)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets

@@ -59,7 +59,7 @@ pub struct Limits {
     /// another entity's wait.
     pub max_job_tokens: u64,
     /// How long Tinker sessions live idle and calls wait at a `seq_id` gap.
-    pub tinker_waits: tinker::state::Waits,
+    pub tinker_waits: tandem_tinker::Waits,
 }
 
 impl Default for Limits {
@@ -70,7 +70,7 @@ impl Default for Limits {
             max_delete_steps: 10_000,
             max_pending_jobs: 16,
             max_job_tokens: 1 << 20,
-            tinker_waits: tinker::state::Waits::default(),
+            tinker_waits: tandem_tinker::Waits::default(),
         }
     }
 }
@@ -118,10 +118,11 @@ pub struct AppState(
     Arc<telemetry::Telemetry>,
     Arc<openai::lora::LoraRegistry>,
     Arc<health::StoreProbe>,
-    Arc<tinker::state::TinkerState>,
+    Arc<tinker::TinkerState>,
     Arc<openai::tokenizer_files::TarCache>,
     Arc<openai::resolve::LastKnown>,
     Arc<tandem_tinker::Catalog>,
+    Arc<tandem_tinker::urls::UrlKey>,
 );
 
 impl AppState {
@@ -130,7 +131,7 @@ impl AppState {
         let models = config.backend.as_ref().map(|b| b.models()).unwrap_or_default().into();
         let telemetry =
             Arc::new(telemetry::Telemetry::new(config.backend.as_ref(), config.training_metrics.as_deref()));
-        let tinker = tinker::state::TinkerState::new(config.limits.tinker_waits);
+        let tinker = tinker::TinkerState::new(config.limits.tinker_waits);
         let catalog = tandem_tinker::Catalog::new(config.store.clone(), config.checkpoints.clone());
         AppState(
             Arc::new(config),
@@ -143,6 +144,7 @@ impl AppState {
             Arc::default(),
             Arc::default(),
             Arc::new(catalog),
+            Arc::default(),
         )
     }
 
@@ -152,8 +154,13 @@ impl AppState {
     }
 
     /// The Tinker routes' sessions, models and futures.
-    pub(crate) fn tinker(&self) -> &Arc<tinker::state::TinkerState> {
+    pub(crate) fn tinker(&self) -> &Arc<tinker::TinkerState> {
         &self.6
+    }
+
+    /// The key this process signs external weights' download URLs with.
+    pub(crate) fn url_key(&self) -> &tandem_tinker::urls::UrlKey {
+        &self.10
     }
 
     /// What trained models' names last resolved to, for serving through a database outage.
@@ -259,6 +266,7 @@ pub fn app(state: AppState) -> Router {
         .merge(health::router())
         .nest("/v1/preview", preview::router(state.clone()))
         .merge(openai::router(state.clone()))
+        .nest("/api/v1", tinker::router(state.clone()))
         .split_for_parts();
     // Rendered once: the document is fixed for the process's life.
     let document: Arc<str> = openapi::render(&document, state.served_models()).into();
@@ -271,7 +279,6 @@ pub fn app(state: AppState) -> Router {
             }),
         )
         .merge(dashboard::router())
-        .nest("/api/v1", tinker::router(state.clone()))
         .fallback(|| async { error::PreviewError(error::ApiError::new(error::ErrorKind::NotFound, "Not Found")) })
         .with_state(state.clone())
         .layer(DefaultBodyLimit::max(max_body))

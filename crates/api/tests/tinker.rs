@@ -159,3 +159,53 @@ async fn a_refused_save_fails_its_own_call_and_the_next_runs() {
     assert!(metrics.contains("tandem:tinker_models{state=\"parked\"} 0\n"));
     assert!(metrics.contains("tandem:tinker_live_bytes 8\n"));
 }
+
+/// Bad input at the edge in FastAPI's shape (never axum's plain-text rejection), caps as 429s the
+/// SDK retries, strict run ids, and another entity's objects as 404s.
+#[tokio::test]
+async fn bodies_caps_and_ids_are_refused_in_the_sdks_shape() {
+    let fake = Arc::new(FakeTrainer::default());
+    let app = test_app_training(Limits::default(), None, None, Some(fake)).await;
+    for (path, body) in [
+        ("session_heartbeat", json!({})),
+        ("session_heartbeat", json!({ "session_id": 7 })),
+        ("create_model", json!({ "session_id": "s", "model_seq_id": "zero", "base_model": BASE })),
+        ("retrieve_future", json!("req-1")),
+    ] {
+        let r = post(&app, KEY_A, path, body.clone()).await;
+        assert_eq!(r.status, 422, "{path} {body}");
+        let detail = &r.json()["detail"];
+        let msg = detail[0]["msg"].as_str().unwrap_or_else(|| panic!("{path}: {detail}"));
+        assert!(msg.contains("does not decode"), "{msg}");
+    }
+    let raw = app.raw("POST", "/api/v1/get_info", Some(KEY_A), Some(b"{not json".to_vec())).await;
+    assert_eq!(raw.status, 422);
+    assert!(raw.json()["detail"].is_array());
+
+    let run = Run::new(&app, KEY_A).await;
+    let session = run.session.clone();
+    // A negative model number is no run.
+    let body = json!({ "session_id": session, "model_seq_id": -1, "base_model": BASE, "lora_config": { "rank": 8 } });
+    assert_eq!(post(&app, KEY_A, "create_model", body).await.status, 422);
+    // Runs are named one way: the record's name, or a padded number, is not the run.
+    let record = run.model.replace(":train:", "-train-");
+    for other in [record, run.model.replace(":train:0", ":train:00")] {
+        assert_eq!(app.call("GET", &format!("/api/v1/training_runs/{other}"), KEY_A, None).await.status, 404);
+    }
+    assert_eq!(app.call("GET", &format!("/api/v1/training_runs/{}", run.model), KEY_A, None).await.status, 200);
+    // Another entity's run, model and session are 404s.
+    assert_eq!(app.call("GET", &format!("/api/v1/training_runs/{}", run.model), KEY_B, None).await.status, 404);
+    assert_eq!(post(&app, KEY_B, "get_info", json!({ "model_id": run.model })).await.status, 404);
+    assert_eq!(post(&app, KEY_B, "session_heartbeat", json!({ "session_id": session })).await.status, 404);
+    // The model cap (4 an entity) is a 429 with Retry-After, which the SDK retries.
+    for seq in 1..4 {
+        let body =
+            json!({ "session_id": session, "model_seq_id": seq, "base_model": BASE, "lora_config": { "rank": 8 } });
+        answer(&app, KEY_A, &post(&app, KEY_A, "create_model", body).await).await;
+    }
+    let body = json!({ "session_id": session, "model_seq_id": 9, "base_model": BASE, "lora_config": { "rank": 8 } });
+    let capped = post(&app, KEY_A, "create_model", body).await;
+    assert_eq!(capped.status, 429, "{}", String::from_utf8_lossy(&capped.bytes));
+    assert_eq!(capped.headers.get("retry-after").map(|v| v.to_str().unwrap()), Some("1"));
+    assert!(capped.json()["detail"].as_str().unwrap().contains("training models at once"));
+}

@@ -1,5 +1,5 @@
 //! The `seq_id` order of one Tinker training model's calls: a pure ledger (no clock, no locks),
-//! driven by the api's thin async wrapper (`api::tinker::state::ModelEntry`).
+//! driven by the Tinker service (`tandem_tinker::registry`, its `ModelEntry`).
 //!
 //! The SDK numbers a model's training calls 1, 2, 3, ... and may send them in parallel; they run
 //! in that order. The rules, each of which keeps a model from wedging (issue 50):

@@ -3,6 +3,64 @@
 
 use std::collections::BTreeMap;
 
+/// A Tinker training run: a model a session created, `{session}:train:{seq}` to the SDK (its
+/// `model_id`, the `RUN` of `tinker://RUN/...`), and the name of its tandem model record
+/// (`{session}-train-{seq}`, project `tinker`). Sessions are the server's fresh ids, so a run is
+/// one owner's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId {
+    session: String,
+    seq: u64,
+}
+
+impl RunId {
+    /// Model `seq` of session `session` (`None` for an empty session id).
+    pub fn new(session: &str, seq: u64) -> Option<Self> {
+        (!session.is_empty()).then(|| RunId { session: session.to_string(), seq })
+    }
+
+    /// A run id as the SDK sends it; `None` for anything else (a record's name included), so
+    /// a string is one run or none.
+    pub fn parse(id: &str) -> Option<Self> {
+        let (session, seq) = id.rsplit_once(":train:")?;
+        RunId::new(session, Self::number(seq)?)
+    }
+
+    /// The run a tandem record name `{session}-train-{seq}` is (`None` for records not made
+    /// by Tinker).
+    pub fn of_record(name: &str) -> Option<Self> {
+        let (session, seq) = name.rsplit_once("-train-")?;
+        RunId::new(session, Self::number(seq)?)
+    }
+
+    /// Digits only, no sign or padding: one number, one spelling.
+    fn number(digits: &str) -> Option<u64> {
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        canonical.then(|| digits.parse().ok()).flatten()
+    }
+
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The name of its tandem model record.
+    pub fn record_name(&self) -> String {
+        format!("{}-train-{}", self.session, self.seq)
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:train:{}", self.session, self.seq)
+    }
+}
+
 /// What a Tinker checkpoint path names after its run (`tinker://RUN/KIND/NAME`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CheckpointKind {
@@ -184,6 +242,9 @@ pub enum TinkerError {
     /// The store or the blob store did not answer: nothing was written, the same call may
     /// succeed shortly (a 503 with `Retry-After`).
     Unavailable(String),
+    /// The caller holds its share already (sessions, models, pending results, queued bytes):
+    /// a 429 with `Retry-After`, which the SDK retries, once some of it is done.
+    Busy(String),
     /// The server's fault (a 500).
     Server(String),
 }
@@ -191,9 +252,11 @@ pub enum TinkerError {
 impl std::fmt::Display for TinkerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TinkerError::User(m) | TinkerError::NotFound(m) | TinkerError::Unavailable(m) | TinkerError::Server(m) => {
-                f.write_str(m)
-            }
+            TinkerError::User(m)
+            | TinkerError::NotFound(m)
+            | TinkerError::Unavailable(m)
+            | TinkerError::Busy(m)
+            | TinkerError::Server(m) => f.write_str(m),
         }
     }
 }
@@ -258,4 +321,29 @@ pub trait TinkerTrainer: Send + Sync {
     fn memory(&self) -> HeldMemory;
     /// Forgets a model (its session ended).
     fn release(&self, model_id: &str);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_have_one_spelling() {
+        let run = RunId::parse("tandem-ab:train:12").unwrap();
+        assert_eq!((run.session(), run.seq()), ("tandem-ab", 12));
+        assert_eq!(run.to_string(), "tandem-ab:train:12");
+        assert_eq!(run.record_name(), "tandem-ab-train-12");
+        assert_eq!(RunId::of_record("tandem-ab-train-12"), Some(run));
+        // The last marker splits: a session id may hold the marker's text.
+        assert_eq!(RunId::parse("a:train:b:train:0").unwrap().session(), "a:train:b");
+        assert_eq!(RunId::of_record("a-train-b-train-3").unwrap().to_string(), "a-train-b:train:3");
+        // A record's name is not a run id, nor is anything without one number.
+        for bad in
+            ["tandem-ab-train-12", ":train:1", "s:train:", "s:train:-1", "s:train:+1", "s:train:01", "s:train:1x"]
+        {
+            assert_eq!(RunId::parse(bad), None, "{bad}");
+        }
+        assert_eq!(RunId::parse("s:train:0").unwrap().seq(), 0);
+        assert_eq!(RunId::of_record("s:train:1"), None);
+    }
 }

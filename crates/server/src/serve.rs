@@ -138,7 +138,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         limits: Limits {
             max_body_bytes: config.max_body_bytes,
             max_job_tokens: config.max_job_tokens,
-            tinker_waits: tandem_api::tinker::state::Waits {
+            tinker_waits: tandem_tinker::Waits {
                 idle: config.tinker_idle,
                 seq_gap: config.tinker_seq_gap,
                 heartbeat: config.tinker_heartbeat,

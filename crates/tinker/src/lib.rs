@@ -1,13 +1,21 @@
-//! The Tinker service below HTTP. Today: its catalog ([`Catalog`]: saved states, sampler weights
-//! saved by name, external weights, their expiries and publish marks) as store rows and
-//! checkpoint-store files, so any node of a cluster reads the same catalog, and the import of
-//! catalogs older versions kept as files ([`legacy`]). The session queue, futures and caps still
-//! live in `tandem-api`'s `tinker` module (docs/status.md says what is left to move).
+//! The Tinker service below HTTP: what the routes of `tandem-api`'s `tinker` module call.
 //!
-//! The compute port (`tandem_core::tinker::TinkerTrainer`) trains; this crate keeps what the
-//! training leaves.
+//! - [`registry`]: sessions, training models with their calls in `seq_id` order, futures,
+//!   sampling sessions, and each entity's shares (checked and taken in one step), in memory on
+//!   the node serving them.
+//! - [`catalog`]: saved states, sampler weights saved by name, external weights, their expiries
+//!   and publish marks, as store rows and checkpoint-store files, so any node of a cluster reads
+//!   the same catalog; [`legacy`] imports the file catalogs older versions kept.
+//! - [`urls`]: the signed download URLs of external weights.
+//!
+//! The compute port (`tandem_core::tinker::TinkerTrainer`) trains; this crate orders the calls
+//! and keeps what the training leaves. Errors are `tandem_core::tinker::TinkerError` kinds, which
+//! the front maps to statuses once.
 
 pub mod catalog;
 pub mod legacy;
+pub mod registry;
+pub mod urls;
 
 pub use catalog::{Catalog, SavedState};
+pub use registry::{Accepted, ModelEntry, Outcome, Registry, Waits};

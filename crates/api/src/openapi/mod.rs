@@ -4,6 +4,7 @@
 //! reliability suite's R8 runs schemathesis against it.
 
 pub mod bodies;
+pub mod tinker;
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -19,6 +20,7 @@ use utoipa::{Modify, OpenApi};
     tags(
         (name = "inference", description = "OpenAI/vLLM-compatible routes; errors are `{\"error\": {...}}`, validation a 400."),
         (name = "training", description = "The /v1/preview area ART's ServerlessBackend uses; errors are `{\"detail\": ...}`, validation a 422."),
+        (name = "tinker", description = "The Tinker training API under /api/v1 (the `tinker` SDK's wire): training calls answer at once with a future that `retrieve_future` fetches; keys as `X-API-Key: tml-<key>`; errors are `{\"detail\": ...}`."),
         (name = "health", description = "Unauthenticated probes.")
     )
 )]

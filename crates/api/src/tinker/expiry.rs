@@ -6,7 +6,7 @@
 //! checkpoint's expiry; listings show it as `expires_at`; a sweep at start and every minute deletes what has
 //! expired exactly as a `DELETE` of it would (sampler weights' checkpoints included).
 
-use super::routes::{bad, tinker_error, Result};
+use super::routes::{bad, tinker_error, Result, TinkerJson};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::AppState;
@@ -51,11 +51,25 @@ pub struct Ttl {
 
 /// `PUT training_runs/{run}/checkpoints/{kind}/{name}/ttl`: the checkpoint now expires
 /// `ttl_seconds` from now, or with `null` never.
+#[utoipa::path(
+    put,
+    operation_id = "tinker_set_checkpoint_ttl",
+    path = "/training_runs/{run}/checkpoints/{kind}/{name}/ttl",
+    tag = "tinker",
+    summary = "Sets or clears a checkpoint's TTL",
+    request_body = crate::openapi::tinker::TinkerTtl,
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn set_ttl(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((run, kind, name)): Path<(String, String, String)>,
-    Json(body): Json<Ttl>,
+    TinkerJson(body): TinkerJson<Ttl>,
 ) -> Result<Json<Value>> {
     let at = expires_at(body.ttl_seconds)?;
     let _run = state.tinker().runs.lock(&caller.entity, &run).await;
@@ -94,7 +108,7 @@ pub(super) async fn keep_ephemeral(
     if state.catalog().readable(entity, &key, false).await.map_err(tinker_error)?.is_some() {
         return Ok(());
     }
-    let held = state.tinker().model(entity, run);
+    let held = state.tinker().model_named(entity, run);
     let saved = held.and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
     let Some(saved) = saved else { return Ok(()) };
     state.catalog().sampler_room(entity, run, name).await.map_err(tinker_error)?;

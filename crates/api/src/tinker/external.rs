@@ -11,8 +11,7 @@
 
 use super::expiry::ttl_expiry;
 use super::order::{ordered_async, refused_in_order, Sequenced};
-use super::routes::{bad, failed, owned_model, tinker_error, trainer, Result};
-use super::state::Outcome;
+use super::routes::{bad, failed, owned_model, tinker_error, trainer, Result, TinkerJson};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
 use crate::AppState;
@@ -20,54 +19,14 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sha2::Sha256;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tandem_tinker::catalog::name_problem;
+use tandem_tinker::registry::Outcome;
 
 /// How long a signed URL is good for (the SDK signs again five minutes before).
 const URL_LIFETIME: Duration = Duration::from_secs(3600);
-
-/// The key signed URLs are signed with: drawn at start, never stored.
-pub struct UrlKey([u8; 32]);
-
-impl Default for UrlKey {
-    fn default() -> Self {
-        UrlKey(rand::random())
-    }
-}
-
-impl UrlKey {
-    fn mac(&self, payload: &str) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        mac.update(payload.as_bytes());
-        hex::encode(mac.finalize().into_bytes())
-    }
-
-    /// A token naming `owner`'s external weights `name` of `run`, good until `expires` (unix
-    /// seconds): the fields hex-encoded (any bytes may be in an entity's name), then the MAC.
-    fn sign(&self, owner: &str, run: &str, name: &str, expires: u64) -> String {
-        let payload = format!("{}.{}.{}.{expires}", hex::encode(owner), hex::encode(run), hex::encode(name));
-        let mac = self.mac(&payload);
-        format!("{payload}.{mac}")
-    }
-
-    /// The (owner, run, name) of a token this key signed and that has not expired at `now`.
-    fn verify(&self, token: &str, now: u64) -> Option<(String, String, String)> {
-        let (payload, mac) = token.rsplit_once('.')?;
-        // Compared in constant time (the MAC crate's check).
-        let mut check = Hmac::<Sha256>::new_from_slice(&self.0).ok()?;
-        check.update(payload.as_bytes());
-        check.verify_slice(&hex::decode(mac).ok()?).ok()?;
-        let mut parts = payload.split('.');
-        let text = |p: Option<&str>| hex::decode(p?).ok().and_then(|b| String::from_utf8(b).ok());
-        let (owner, run, name) = (text(parts.next())?, text(parts.next())?, text(parts.next())?);
-        let expires: u64 = parts.next()?.parse().ok()?;
-        (parts.next().is_none() && now < expires).then_some((owner, run, name))
-    }
-}
 
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -83,10 +42,23 @@ pub struct SaveExternal {
 }
 
 /// `save_weights_external`: the adapter's PEFT files under `path`, in the model's order.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_save_weights_external",
+    path = "/save_weights_external",
+    tag = "tinker",
+    summary = "The adapter as PEFT files under a name, optionally age-encrypted (a future)",
+    request_body = crate::openapi::tinker::TinkerSaveState,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn save(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(raw): Json<Value>,
+    TinkerJson(raw): TinkerJson<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let call = Sequenced::<SaveExternal>::read(raw)?;
@@ -118,7 +90,7 @@ pub async fn save(
         let files = match read {
             Ok(Ok(files)) => files,
             Ok(Err(e)) => return failed(e),
-            Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+            Err(e) => return Outcome::server(format!("saving failed: {e}")),
         };
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
         match state.catalog().save_external(&owner, &id, &name, files, expires).await {
@@ -132,6 +104,19 @@ pub async fn save(
 }
 
 /// `GET training_runs/{run}/checkpoints/external_weights/{name}/external_weights_urls`.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_external_weights_urls",
+    path = "/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls",
+    tag = "tinker",
+    summary = "Signed download URLs of external weights, good for an hour",
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn urls(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -144,7 +129,7 @@ pub async fn urls(
     let files = state.catalog().external_files(&caller.entity, &run, &name).await.map_err(tinker_error)?;
     let files = files.filter(|f| !f.is_empty()).ok_or_else(|| ApiError::not_found("external weights"))?;
     let expires = now_secs() + URL_LIFETIME.as_secs();
-    let token = state.tinker().url_key.sign(&caller.entity, &run, &name, expires);
+    let token = state.url_key().sign(&caller.entity, &run, &name, expires);
     let base = base_url(&headers);
     let urls: serde_json::Map<String, Value> = files
         .iter()
@@ -166,9 +151,22 @@ fn base_url(headers: &HeaderMap) -> String {
 }
 
 /// `GET external_weights_files/{token}/{file}`: no key, the token is the permission.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_download_external_file",
+    path = "/external_weights_files/{token}/{file}",
+    tag = "tinker",
+    summary = "A file of external weights by a signed URL (no key: the URL is the permission)",
+    params(("token" = String, Path, description = "The signed token"), ("file" = String, Path, description = "`adapter_config.json` or `adapter_model.safetensors` (`.age` when encrypted)")),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 403, description = "Not a valid or an expired URL", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 404, description = "The weights are gone", body = crate::openapi::bodies::PreviewErrorBody)
+    ),
+)]
 pub async fn download(State(state): State<AppState>, Path((token, file)): Path<(String, String)>) -> Response {
     let gone = || PreviewError(ApiError::not_found("file")).into_response();
-    let Some((owner, run, name)) = state.tinker().url_key.verify(&token, now_secs()) else {
+    let Some((owner, run, name)) = state.url_key().verify(&token, now_secs()) else {
         let refused = ApiError::new(ErrorKind::Forbidden, "the URL is not valid or has expired; sign it again");
         return PreviewError(refused).into_response();
     };
@@ -182,27 +180,5 @@ pub async fn download(State(state): State<AppState>, Path((token, file)): Path<(
             r
         }
         Err(_) => gone(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signed_tokens_name_what_they_were_signed_for_until_they_expire() {
-        let key = UrlKey::default();
-        let token = key.sign("ent.ity/x", "s:train:0", "final", 1_000);
-        assert_eq!(key.verify(&token, 999), Some(("ent.ity/x".into(), "s:train:0".into(), "final".into())));
-        assert_eq!(key.verify(&token, 1_000), None, "expired");
-        // Another key, a changed field or a changed MAC: refused.
-        assert_eq!(UrlKey::default().verify(&token, 0), None);
-        let (payload, mac) = token.rsplit_once('.').unwrap();
-        let later = payload.replace(".1000", ".9999");
-        assert_eq!(key.verify(&format!("{later}.{mac}"), 0), None);
-        let mut bad_mac = mac.to_string();
-        bad_mac.replace_range(0..1, if mac.starts_with('0') { "1" } else { "0" });
-        assert_eq!(key.verify(&format!("{payload}.{bad_mac}"), 0), None);
-        assert_eq!(key.verify("garbage", 0), None);
     }
 }

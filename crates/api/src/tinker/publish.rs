@@ -16,6 +16,19 @@ use serde_json::{json, Value};
 use tandem_core::tinker::{CheckpointKey, CheckpointKind};
 
 /// `POST training_runs/{run}/checkpoints/{kind}/{name}/publish`.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_publish_checkpoint",
+    path = "/training_runs/{run}/checkpoints/{kind}/{name}/publish",
+    tag = "tinker",
+    summary = "Publishes a checkpoint to every entity that knows its path",
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn publish(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -25,6 +38,19 @@ pub async fn publish(
 }
 
 /// `DELETE training_runs/{run}/checkpoints/{kind}/{name}/publish`.
+#[utoipa::path(
+    delete,
+    operation_id = "tinker_unpublish_checkpoint",
+    path = "/training_runs/{run}/checkpoints/{kind}/{name}/publish",
+    tag = "tinker",
+    summary = "Makes a published checkpoint private again",
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn unpublish(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

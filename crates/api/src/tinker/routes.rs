@@ -4,10 +4,8 @@
 //! model's `seq_id` order on a blocking thread (docs/tinker.md).
 
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
-use super::state::{
-    ModelEntry, Outcome, Pending, Promise, SessionEntry, TinkerState, MAX_MODELS_PER_ENTITY, MAX_SESSIONS_PER_ENTITY,
-};
 use super::wire;
+use super::TinkerState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
 use crate::AppState;
@@ -19,10 +17,10 @@ use axum::{Extension, Json};
 use prost::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, TinkerError, TinkerTrainer};
+use std::sync::Arc;
+use std::time::Duration;
+use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, RunId, TinkerError, TinkerTrainer};
+use tandem_tinker::registry::{ModelEntry, Outcome, Pending, Promise};
 
 /// How long `retrieve_future` holds a pending request before `try_again` (the SDK re-polls at
 /// once, and its own timeout is 45 s).
@@ -47,10 +45,10 @@ pub(super) fn reap(state: &AppState) {
 }
 
 /// Frees the trainer's sessions of ended models.
-fn release(state: &AppState, models: &[String]) {
+fn release(state: &AppState, models: &[RunId]) {
     if let Some(trainer) = state.tinker_trainer() {
         for m in models {
-            trainer.release(m);
+            trainer.release(&m.to_string());
         }
     }
 }
@@ -62,6 +60,33 @@ pub(super) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::field(vec![tandem_core::validate::Loc::from("body")], "value_error", msg, Value::Null)
 }
 
+/// A Tinker route's JSON body decoded into `T`: a body that is not JSON (a validation error at
+/// its offset) or does not decode (FastAPI's 422 naming the problem) is refused in the SDK's
+/// error shape, never axum's plain-text rejection.
+pub struct TinkerJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for TinkerJson<T> {
+    type Rejection = PreviewError;
+
+    async fn from_request(req: axum::extract::Request, _state: &S) -> Result<Self> {
+        let value = crate::body::read_json(req).await?;
+        let body = serde_json::from_value(value).map_err(|e| bad(format!("the body does not decode: {e}")))?;
+        Ok(TinkerJson(body))
+    }
+}
+
+#[utoipa::path(
+    post,
+    operation_id = "tinker_client_config",
+    path = "/client/config",
+    tag = "tinker",
+    summary = "The client settings the SDK asks for at start",
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn client_config() -> Json<Value> {
     // Uncompressed protobuf bodies; a training client from a saved state in one `load_weights`
     // (the SDK before 0.38 asks `weights_info`, `create_model` then `load_weights` without this;
@@ -69,11 +94,35 @@ pub async fn client_config() -> Json<Value> {
     Json(json!({ "pjwt_auth_enabled": false, "proto_compress_fwdbwd": false, "create_model_via_load_weights": true }))
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_dynamic_config",
+    path = "/client/dynamic_config",
+    tag = "tinker",
+    summary = "Dynamic client settings (none)",
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn dynamic_config() -> Json<Value> {
     Json(json!({}))
 }
 
 /// The served base models: every one is trainable and sampleable.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_get_server_capabilities",
+    path = "/get_server_capabilities",
+    tag = "tinker",
+    summary = "The served base models, trainable and sampleable",
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn capabilities(State(state): State<AppState>) -> Json<Value> {
     let models: Vec<Value> = state
         .models()
@@ -86,28 +135,40 @@ pub async fn capabilities(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "supported_models": models }))
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_telemetry",
+    path = "/telemetry",
+    tag = "tinker",
+    summary = "The SDK's telemetry, accepted and dropped",
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn telemetry() -> Json<Value> {
     Json(json!({ "status": "accepted" }))
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_create_session",
+    path = "/create_session",
+    tag = "tinker",
+    summary = "A new session (its models and samplers end with it)",
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn create_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Value>> {
     reap(&state);
-    let t = state.tinker();
-    let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
-    if sessions.values().filter(|s| s.entity == caller.entity).count() >= MAX_SESSIONS_PER_ENTITY {
-        return Err(PreviewError(ApiError::new(
-            ErrorKind::TooManyRequests,
-            format!("an entity may hold {MAX_SESSIONS_PER_ENTITY} sessions; finish one first"),
-        )));
-    }
-    let id = format!("tandem-{}", uuid::Uuid::new_v4().simple());
-    sessions.insert(
-        id.clone(),
-        SessionEntry { entity: caller.entity, models: Vec::new(), last_seen: Instant::now(), beats: false },
-    );
+    let id = state.tinker().create_session(&caller.entity).map_err(tinker_error)?;
     Ok(Json(json!({ "session_id": id, "type": "create_session" })))
 }
 
@@ -116,10 +177,23 @@ pub struct SessionRef {
     session_id: String,
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_session_heartbeat",
+    path = "/session_heartbeat",
+    tag = "tinker",
+    summary = "Keeps a session alive",
+    request_body = crate::openapi::tinker::TinkerSessionRef,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn heartbeat(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<SessionRef>,
+    TinkerJson(body): TinkerJson<SessionRef>,
 ) -> Result<Json<Value>> {
     match state.tinker().heartbeat(&caller.entity, &body.session_id) {
         true => Ok(Json(json!({ "type": "session_heartbeat" }))),
@@ -128,12 +202,25 @@ pub async fn heartbeat(
 }
 
 /// Ends a session: its samplers go and its models are released.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_finish_session",
+    path = "/sessions/{id}/finish",
+    tag = "tinker",
+    summary = "Ends a session: its models are released, its samplers go",
+    params(("id" = String, Path, description = "The session id")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn finish(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>> {
-    let models = state.tinker().finish(&caller.entity, &id).ok_or_else(|| ApiError::not_found("session"))?;
+    let models = state.tinker().finish(&caller.entity, &id).map_err(tinker_error)?;
     release(&state, &models);
     Ok(Json(json!({})))
 }
@@ -170,8 +257,8 @@ fn yes() -> bool {
 /// The caller's model `id` (another entity's is the same 404 as none), its session marked seen.
 pub(super) fn owned_model(state: &AppState, caller: &Caller, id: &str) -> Result<(Arc<TinkerState>, Arc<ModelEntry>)> {
     let t = state.tinker().clone();
-    let model = t.model(&caller.entity, id).ok_or_else(|| ApiError::not_found("model"))?;
-    t.touch_session(&caller.entity, &model.session_id);
+    let model = t.model_named(&caller.entity, id).ok_or_else(|| ApiError::not_found("model"))?;
+    t.touch_session(&caller.entity, model.id.session());
     Ok((t, model))
 }
 
@@ -185,15 +272,26 @@ pub(super) fn submitted_samples(request_id: &str, ids: &[String]) -> Json<Value>
 }
 
 pub(super) fn new_future(t: &TinkerState, entity: &str) -> Result<(String, Promise)> {
-    t.future(entity).ok_or_else(|| {
-        PreviewError(ApiError::new(ErrorKind::TooManyRequests, "too many pending results; fetch them first"))
-    })
+    Ok(t.future(entity).map_err(tinker_error)?)
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_create_model",
+    path = "/create_model",
+    tag = "tinker",
+    summary = "A LoRA training model on a served base model (a future)",
+    request_body = crate::openapi::tinker::TinkerCreateModel,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn create_model(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<CreateModel>,
+    TinkerJson(body): TinkerJson<CreateModel>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     reap(&state);
@@ -201,8 +299,9 @@ pub async fn create_model(
     if !t.touch_session(&caller.entity, &body.session_id) {
         return Err(ApiError::not_found("session").into());
     }
-    let model_id = format!("{}:train:{}", body.session_id, body.model_seq_id);
-    if let Some(m) = t.model(&caller.entity, &model_id) {
+    let run = run_id(&body.session_id, body.model_seq_id)?;
+    let model_id = run.to_string();
+    if let Some(m) = t.model(&caller.entity, &run) {
         return Ok(submitted(&m.create_request, &model_id));
     }
     if state.model(&body.base_model).is_none() && !state.served_models().contains(&body.base_model) {
@@ -225,16 +324,14 @@ pub async fn create_model(
             return Err(PreviewError(bad(format!("optimizer {kind:?} is not served: only adamw"))));
         }
     }
-    let (request_id, promise) =
-        register_model(&state, &caller.entity, &body.session_id, body.model_seq_id, &body.base_model, lora.rank)
-            .await?;
+    let (request_id, promise) = register_model(&state, &caller.entity, &run, &body.base_model, lora.rank).await?;
     let (id, base, entity) = (model_id.clone(), body.base_model, caller.entity.clone());
     let spec = LoraSpec { rank: lora.rank, seed: lora.seed, modules };
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.create(&entity, &id, &base, spec) {
             Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),
             Err(e) => {
-                t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                t.remove_model(&run);
                 failed(e)
             }
         };
@@ -244,23 +341,32 @@ pub async fn create_model(
 }
 
 /// A failed call's future: the caller's mistakes (a bad input, a missing checkpoint) are
-/// `user`, never retried by the SDK; the rest `server`.
+/// `user`, never retried by the SDK; the rest `server` ([`Outcome::failed`]).
 pub(super) fn failed(e: TinkerError) -> Outcome {
-    match e {
-        TinkerError::User(error) | TinkerError::NotFound(error) => Outcome::Failed { error, category: "user" },
-        TinkerError::Unavailable(error) | TinkerError::Server(error) => Outcome::Failed { error, category: "server" },
-    }
+    Outcome::failed(e)
 }
 
-/// A Tinker error as the API's, the one status map: the caller's mistake a 400, what is not
-/// the caller's or not there a 404, a store that did not answer a 503, the rest a 500.
+/// A Tinker error as the API's, the one status map: the caller's mistake a 422 (FastAPI's
+/// validation shape), what is not the caller's or not there a 404, a share already held a 429
+/// and a store that did not answer a 503 (both with `Retry-After`, which the SDK honours), the
+/// rest a 500.
 pub(super) fn tinker_error(e: TinkerError) -> ApiError {
     match e {
-        TinkerError::User(m) => ApiError::new(ErrorKind::Validation, m),
+        TinkerError::User(m) => bad(m),
         TinkerError::NotFound(m) => ApiError::new(ErrorKind::NotFound, m),
+        TinkerError::Busy(m) => ApiError::new(ErrorKind::TooManyRequests, m).with_retry_after(1),
         TinkerError::Unavailable(m) => ApiError::new(ErrorKind::Unavailable, m).with_retry_after(2),
         TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
     }
+}
+
+/// `{session}:train:{seq}` of a `create_model` or `load_weights` body.
+pub(super) fn run_id(session_id: &str, seq: i64) -> Result<RunId> {
+    u64::try_from(seq).ok().and_then(|seq| RunId::new(session_id, seq)).ok_or_else(|| {
+        PreviewError(bad(format!(
+            "model_seq_id {seq} of session {session_id:?}: expected a session and a number from 0"
+        )))
+    })
 }
 
 #[derive(Deserialize)]
@@ -268,12 +374,25 @@ pub struct ModelRef {
     model_id: String,
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_get_info",
+    path = "/get_info",
+    tag = "tinker",
+    summary = "A training model's base model, rank and tokenizer",
+    request_body = crate::openapi::tinker::TinkerModelRef,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn get_info(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<ModelRef>,
+    TinkerJson(body): TinkerJson<ModelRef>,
 ) -> Result<Json<Value>> {
-    let m = state.tinker().model(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
+    let m = state.tinker().model_named(&caller.entity, &body.model_id).ok_or_else(|| ApiError::not_found("model"))?;
     Ok(Json(json!({
         "model_id": body.model_id,
         "model_data": {
@@ -291,6 +410,19 @@ pub async fn get_info(
 }
 
 /// `forward_backward` and `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_forward_backward",
+    path = "/forward_backward",
+    tag = "tinker",
+    summary = "`forward_backward` or `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`, in `seq_id` order (a future)",
+    request_body(content = crate::openapi::tinker::TinkerProtobuf, content_type = "application/x-protobuf"),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn forward_backward(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -309,7 +441,7 @@ pub async fn forward_backward(
     let queued = match &read {
         Ok((data, _)) => {
             let bytes = data.iter().map(datum_bytes).sum::<u64>();
-            Some(t.queue_bytes(&caller.entity, bytes).ok_or_else(queue_full)?)
+            Some(t.queue_bytes(&caller.entity, bytes).map_err(tinker_error)?)
         }
         Err(_) => None,
     };
@@ -320,7 +452,7 @@ pub async fn forward_backward(
         let _queued = queued;
         let (data, config) = match read {
             Ok(r) => r,
-            Err(error) => return Outcome::Failed { error, category: "user" },
+            Err(error) => return Outcome::user(error),
         };
         match trainer.forward_backward(&id, &data, &req.loss_fn, &config, !req.forward_only) {
             Ok(f) => {
@@ -340,20 +472,6 @@ pub async fn forward_backward(
 fn datum_bytes(d: &wire::Datum) -> u64 {
     let values: usize = d.inputs.values().map(Vec::len).sum();
     (64 + 4 * (d.tokens.len() + d.targets.len()) + 8 * values + 48 * d.inputs.len()) as u64
-}
-
-/// The 429 of an entity whose accepted calls already hold its queued bytes (the SDK retries it).
-pub(super) fn queue_full() -> PreviewError {
-    PreviewError(
-        ApiError::new(
-            ErrorKind::TooManyRequests,
-            format!(
-                "this entity's accepted Tinker calls already hold {} MiB waiting to run; retry when they have run",
-                super::state::MAX_QUEUED_BYTES_PER_ENTITY >> 20
-            ),
-        )
-        .with_retry_after(1),
-    )
 }
 
 #[derive(Deserialize)]
@@ -387,10 +505,23 @@ fn eps() -> f64 {
     1e-12
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_optim_step",
+    path = "/optim_step",
+    tag = "tinker",
+    summary = "An AdamW step of the summed gradients, in `seq_id` order (a future)",
+    request_body = crate::openapi::tinker::TinkerOptimStep,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn optim_step(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(raw): Json<Value>,
+    TinkerJson(raw): TinkerJson<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let call = Sequenced::<OptimStep>::read(raw)?;
@@ -422,7 +553,7 @@ pub async fn optim_step(
                 Outcome::Json(json!({ "metrics": { "grad_norm:mean": norm } }))
             }
             Ok(Err(e)) => failed(e),
-            Err(e) => Outcome::Failed { error: format!("the call failed: {e}"), category: "server" },
+            Err(e) => Outcome::server(format!("the call failed: {e}")),
         }
     })
 }
@@ -451,53 +582,32 @@ async fn log_step(state: &AppState, record: uuid::Uuid, taken: Pending, grad_nor
     }
 }
 
-/// Registers model `{session_id}:train:{seq}` of `entity` (and its tandem record, project
-/// `tinker`) before its creation runs: its future, and the promise that completes it.
+/// Registers model `run` of `entity` (and its tandem record, project `tinker`) before its
+/// creation runs: its future, and the promise that completes it.
 pub(super) async fn register_model(
     state: &AppState,
     entity: &str,
-    session_id: &str,
-    seq: i64,
+    run: &RunId,
     base_model: &str,
     rank: usize,
 ) -> Result<(String, Promise)> {
     let t = state.tinker();
     // Checked and taken in one step: concurrent creations each hold a place until they are
     // entered or fail (issue 50: 16 at once had left an entity with 8 models).
-    let _place = t.reserve_model(entity).ok_or_else(|| {
-        PreviewError(ApiError::new(
-            ErrorKind::TooManyRequests,
-            format!("an entity may hold {MAX_MODELS_PER_ENTITY} training models at once; finish a session first"),
-        ))
-    })?;
+    let _place = t.reserve_model(entity).map_err(tinker_error)?;
     // The model is a tandem model of the entity too: its sampler weights are its checkpoints,
     // served by every inference route and shown on the dashboard.
     let new = tandem_store::NewModel {
         entity: entity.to_string(),
         project: "tinker".into(),
-        name: format!("{session_id}-train-{seq}"),
+        name: run.record_name(),
         base_model: base_model.to_string(),
     };
     let (record, _) = state.store().create_model(&new, true).await.map_err(ApiError::from)?;
     let (request_id, promise) = new_future(t, entity)?;
-    let model_id = format!("{session_id}:train:{seq}");
-    let entry = Arc::new(ModelEntry {
-        entity: entity.to_string(),
-        session_id: session_id.to_string(),
-        base_model: base_model.to_string(),
-        rank,
-        create_request: request_id.clone(),
-        order: Mutex::default(),
-        moved: tokio::sync::watch::channel(0).0,
-        released: Default::default(),
-        record_id: record.id,
-        samplers: Mutex::new(HashMap::new()),
-        pending: Mutex::default(),
-        inflight: Arc::default(),
-    });
-    t.models.lock().unwrap_or_else(|e| e.into_inner()).insert(model_id.clone(), entry);
-    if let Some(s) = t.sessions.lock().unwrap_or_else(|e| e.into_inner()).get_mut(session_id) {
-        s.models.push(model_id);
+    let entry = ModelEntry::new(run.clone(), entity, base_model, rank, &request_id, record.id);
+    if !t.enter_model(Arc::new(entry)) {
+        return Err(ApiError::not_found("session").into());
     }
     Ok((request_id, promise))
 }
@@ -507,13 +617,26 @@ pub struct Retrieve {
     request_id: String,
 }
 
+#[utoipa::path(
+    post,
+    operation_id = "tinker_retrieve_future",
+    path = "/retrieve_future",
+    tag = "tinker",
+    summary = "A call's result: JSON, a protobuf body, `{\"type\": \"try_again\"}` while pending (held up to 20 s), or `{\"error\", \"category\"}`",
+    request_body = crate::openapi::tinker::TinkerRetrieve,
+    responses(
+        (status = 200, description = "The result, or `try_again`", content((crate::openapi::tinker::TinkerObject = "application/json"), (crate::openapi::tinker::TinkerProtobuf = "application/x-protobuf"))),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn retrieve_future(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<Retrieve>,
+    TinkerJson(body): TinkerJson<Retrieve>,
 ) -> Result<Response> {
     let t = state.tinker().clone();
-    let outcome = t.wait(&caller.entity, &body.request_id, HOLD).await.map_err(|()| ApiError::not_found("request"))?;
+    let outcome = t.wait(&caller.entity, &body.request_id, HOLD).await.map_err(tinker_error)?;
     Ok(match outcome.as_deref() {
         None => {
             Json(json!({ "type": "try_again", "request_id": body.request_id, "queue_state": "active" })).into_response()
@@ -523,7 +646,7 @@ pub async fn retrieve_future(
             ([(header::CONTENT_TYPE, "application/x-protobuf")], bytes.clone()).into_response()
         }
         Some(Outcome::Failed { error, category }) => {
-            Json(json!({ "error": error, "category": category })).into_response()
+            Json(json!({ "error": error, "category": category.as_str() })).into_response()
         }
     })
 }

@@ -13,7 +13,7 @@ use axum::{Extension, Json};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use tandem_core::records::{ModelRecord, Order, PageRequest};
-use tandem_core::tinker::CheckpointKind;
+use tandem_core::tinker::{CheckpointKind, RunId};
 use tandem_core::validate::Validator;
 use tandem_store::StoreError;
 
@@ -33,8 +33,7 @@ pub(super) fn rfc3339(ms: i64) -> String {
 
 /// The run id of a tandem record of project `tinker` (`None` for records not made by Tinker).
 fn run_of(record: &str) -> Option<String> {
-    let (session, seq) = record.rsplit_once("-train-")?;
-    (!session.is_empty() && seq.parse::<u64>().is_ok()).then(|| format!("{session}:train:{seq}"))
+    RunId::of_record(record).map(|r| r.to_string())
 }
 
 /// A checkpoint as the SDK's `Checkpoint`, with its time in ms for ordering.
@@ -48,7 +47,7 @@ pub(super) async fn checkpoints_of(
     entity: &str,
     run: &str,
 ) -> Result<Option<(Vec<Listed>, Option<usize>)>> {
-    let model = state.tinker().model(entity, run);
+    let model = state.tinker().model_named(entity, run);
     let entries = state.catalog().list(entity, Some(run)).await.map_err(tinker_error)?;
     let of = |kind: CheckpointKind| entries.iter().filter(move |e| e.key.kind == kind);
     let states: Vec<_> = of(CheckpointKind::Weights).collect();
@@ -60,7 +59,7 @@ pub(super) async fn checkpoints_of(
     let saved = samplers::all(state, entity, run).await?;
     if model.is_none() && states.is_empty() && saved.is_empty() && external.is_empty() {
         // A run whose saves are all deleted is still a run: its tandem record says it existed.
-        let record = run.replace(":train:", "-train-");
+        let Some(record) = RunId::parse(run).map(|r| r.record_name()) else { return Ok(None) };
         match state.store().find_model(entity, "tinker", &record).await {
             Ok(_) => {}
             Err(StoreError::NotFound) => return Ok(None),
@@ -95,6 +94,19 @@ pub(super) async fn checkpoints_of(
 /// `GET training_runs/{model_id}/checkpoints` (`RestClient.list_checkpoints`): the run's saved
 /// training states, its sampler weights saved by name (kept after its session ends, as states
 /// are; the ephemeral kind while its session lives) and its external weights.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_list_checkpoints",
+    path = "/training_runs/{run}/checkpoints",
+    tag = "tinker",
+    summary = "A run's checkpoints with their expiries and publish marks",
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn list_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -163,6 +175,19 @@ fn window(query: &HashMap<String, String>, default: usize) -> Result<(usize, usi
 
 /// `GET training_runs` (`RestClient.list_training_runs`): the caller's runs, newest first, by
 /// offset.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_list_training_runs",
+    path = "/training_runs",
+    tag = "tinker",
+    summary = "The entity's runs, newest first",
+    params(("limit" = Option<i64>, Query, description = "Page size (1 to 100)"), ("offset" = Option<i64>, Query, description = "Items to skip")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn list_runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -180,12 +205,26 @@ pub async fn list_runs(
 }
 
 /// `GET training_runs/{id}` (`RestClient.get_training_run[_by_tinker_path]`).
+#[utoipa::path(
+    get,
+    operation_id = "tinker_get_training_run",
+    path = "/training_runs/{run}",
+    tag = "tinker",
+    summary = "A run",
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn get_run(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(run): Path<String>,
 ) -> Result<Json<Value>> {
-    let record = match state.store().find_model(&caller.entity, "tinker", &run.replace(":train:", "-train-")).await {
+    let name = RunId::parse(&run).ok_or_else(|| ApiError::not_found("training run"))?.record_name();
+    let record = match state.store().find_model(&caller.entity, "tinker", &name).await {
         Ok(r) => r,
         Err(StoreError::NotFound) => return Err(ApiError::not_found("training run").into()),
         Err(e) => return Err(ApiError::from(e).into()),
@@ -196,6 +235,19 @@ pub async fn get_run(
 
 /// `GET checkpoints` (`RestClient.list_user_checkpoints`): the checkpoints of the entity's
 /// newest [`MAX_RUNS_SCANNED`] runs, newest first.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_list_all_checkpoints",
+    path = "/checkpoints",
+    tag = "tinker",
+    summary = "The entity's checkpoints across runs",
+    params(("limit" = Option<i64>, Query, description = "Page size (1 to 100)"), ("offset" = Option<i64>, Query, description = "Items to skip")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn list_all_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -213,18 +265,4 @@ pub async fn list_all_checkpoints(
     let total = all.len();
     let page: Vec<Value> = all.into_iter().skip(offset).take(limit).map(|(_, c)| c).collect();
     Ok(Json(json!({ "checkpoints": page, "cursor": { "offset": offset, "limit": limit, "total_count": total } })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn records_map_to_runs() {
-        assert_eq!(run_of("tandem-abc-train-0").as_deref(), Some("tandem-abc:train:0"));
-        assert_eq!(run_of("a-train-b-train-12").as_deref(), Some("a-train-b:train:12"));
-        assert_eq!(run_of("my-model"), None);
-        assert_eq!(run_of("-train-1"), None);
-        assert_eq!(run_of("x-train-"), None);
-    }
 }

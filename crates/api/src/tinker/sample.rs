@@ -4,9 +4,8 @@
 //! SDK's protobuf `SampleResponse`.
 
 use super::pb;
-use super::routes::{bad, new_future, submitted_samples, Result};
+use super::routes::{bad, new_future, submitted_samples, tinker_error, Result, TinkerJson};
 use super::scores::{self, Targets, TensorJson};
-use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::completions::Extras;
@@ -18,7 +17,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::{Arc, RwLock};
 use tandem_core::inference::{FinishReason, InferEvent, PromptScoring, RankedLogprob};
-use tandem_core::tinker::SavedSampler;
+use tandem_core::tinker::{RunId, SavedSampler};
+use tandem_tinker::registry::Outcome;
 
 /// A sampling session: whose it is and the model string it samples (as `/v1/completions`
 /// takes it).
@@ -39,11 +39,18 @@ pub struct Sampler {
     pub saved: Option<SavedSampler>,
 }
 
+impl tandem_tinker::registry::Owned for Sampler {
+    fn entity(&self) -> &str {
+        &self.entity
+    }
+}
+
 impl Sampler {
     /// A sampler of the sampler weights saved as checkpoint `step` of model `model_id`'s
     /// tandem record (`{entity}/tinker/{session}-train-{n}`), known to Tinker as `path`.
     pub fn of_checkpoint(entity: &str, model_id: &str, saved: &SavedSampler, path: String) -> Self {
-        let record = model_id.replace(":train:", "-train-");
+        // Catalog keys name runs by their ids; anything else names its record itself.
+        let record = RunId::parse(model_id).map_or_else(|| model_id.to_string(), |r| r.record_name());
         Sampler {
             entity: entity.to_string(),
             model: format!("{entity}/tinker/{record}:step{}", saved.step),
@@ -75,10 +82,23 @@ pub struct CreateSampler {
 }
 
 /// `create_sampling_session`: a base model, or `tinker://{model_id}/sampler_weights/{name}`.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_create_sampling_session",
+    path = "/create_sampling_session",
+    tag = "tinker",
+    summary = "A sampling session of a base model or of sampler weights",
+    request_body = crate::openapi::tinker::TinkerCreateSampler,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<CreateSampler>,
+    TinkerJson(body): TinkerJson<CreateSampler>,
 ) -> Result<Json<Value>> {
     let t = state.tinker().clone();
     if !t.touch_session(&caller.entity, &body.session_id) {
@@ -119,17 +139,24 @@ pub async fn create(
         (None, None) => return Err(bad("base_model or model_path is required").into()),
     };
     let id = format!("{}:sample:{}", body.session_id, body.sampling_session_seq_id);
-    if !t.add_sampler(id.clone(), sampler) {
-        return Err(ApiError::new(
-            ErrorKind::TooManyRequests,
-            format!("an entity may hold {MAX_SAMPLERS_PER_ENTITY} sampling sessions; finish a session first"),
-        )
-        .into());
-    }
+    t.add_sampler(id.clone(), sampler).map_err(tinker_error)?;
     Ok(Json(json!({ "sampling_session_id": id, "type": "create_sampling_session" })))
 }
 
 /// `GET samplers/{id}`.
+#[utoipa::path(
+    get,
+    operation_id = "tinker_get_sampler",
+    path = "/samplers/{id}",
+    tag = "tinker",
+    summary = "A sampling session's base model and weights",
+    params(("id" = String, Path, description = "The sampling session id")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -341,10 +368,23 @@ fn response(n: usize, events: &[InferEvent], asked: &Asked) -> pb::SampleRespons
 }
 
 /// `asample`: answered at once with a future and one sequence id per sample.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_asample",
+    path = "/asample",
+    tag = "tinker",
+    summary = "Samples with logprobs (a future answering a protobuf `SampleResponse`)",
+    request_body = crate::openapi::tinker::TinkerSample,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmittedSamples),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn asample(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<Sample>,
+    TinkerJson(body): TinkerJson<Sample>,
 ) -> Result<Json<Value>> {
     let t = state.tinker().clone();
     let sampler =
@@ -369,7 +409,7 @@ pub async fn asample(
     let temperature = body.sampling_params.temperature.unwrap_or(1.0) as f32;
     // The prompt waits in memory until the engine takes it: counted as the entity's queued bytes.
     let bytes = 1024 + 24 * request["prompt"].as_array().map_or(0, Vec::len) as u64;
-    let queued = t.queue_bytes(&caller.entity, bytes).ok_or_else(super::routes::queue_full)?;
+    let queued = t.queue_bytes(&caller.entity, bytes).map_err(tinker_error)?;
     let (request_id, promise) = new_future(&t, &caller.entity)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
@@ -385,8 +425,11 @@ pub async fn asample(
         {
             Ok((n, events)) => Outcome::Proto(response(n, &events, &asked).encode_to_vec()),
             Err(e) => {
-                let category = if e.status().is_client_error() { "user" } else { "server" };
-                Outcome::Failed { error: e.message, category }
+                if e.status().is_client_error() {
+                    Outcome::user(e.message)
+                } else {
+                    Outcome::server(e.message)
+                }
             }
         };
         promise.set(outcome);

@@ -25,7 +25,7 @@ pub(super) async fn all(state: &AppState, entity: &str, run: &str) -> Result<Vec
     let kept = state.catalog().samplers(entity, run).await.map_err(tinker_error)?;
     let mut by_name: std::collections::BTreeMap<String, SavedSampler> =
         kept.into_iter().map(|s| (s.name.clone(), s)).collect();
-    if let Some(m) = state.tinker().model(entity, run) {
+    if let Some(m) = state.tinker().model_named(entity, run) {
         let held = m.samplers.lock().unwrap_or_else(|e| e.into_inner());
         by_name.extend(held.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
@@ -58,7 +58,7 @@ pub(super) async fn find(
 ) -> Result<Option<SavedSampler>, ApiError> {
     let held = state
         .tinker()
-        .model(entity, run)
+        .model_named(entity, run)
         .and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
     let found = match held {
         Some(s) => Some(s),

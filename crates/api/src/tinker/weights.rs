@@ -5,10 +5,11 @@
 
 use super::expiry::ttl_expiry;
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
-use super::routes::{bad, failed, owned_model, reap, register_model, submitted, tinker_error, trainer, Result};
+use super::routes::{
+    bad, failed, owned_model, reap, register_model, run_id, submitted, tinker_error, trainer, Result, TinkerJson,
+};
 use super::sample::Sampler;
 use super::samplers;
-use super::state::{Outcome, MAX_SAMPLERS_PER_ENTITY};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
 use crate::AppState;
@@ -21,6 +22,7 @@ use tandem_core::tinker::{
     CheckpointKey, CheckpointKind, Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
 };
 use tandem_tinker::catalog::name_problem;
+use tandem_tinker::registry::Outcome;
 
 #[derive(Deserialize)]
 pub struct SaveForSampler {
@@ -41,10 +43,23 @@ pub struct SaveForSampler {
 /// `save_weights_for_sampler`, named: the adapter becomes the next checkpoint of the model's
 /// tandem record (served at once by every inference route as `{entity}/tinker/{name}:stepN`),
 /// and its Tinker path `tinker://{model_id}/sampler_weights/{name}`.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_save_weights_for_sampler",
+    path = "/save_weights_for_sampler",
+    tag = "tinker",
+    summary = "Sampler weights by name or ephemeral, served at once (a future)",
+    request_body = crate::openapi::tinker::TinkerSaveForSampler,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn save_weights_for_sampler(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(raw): Json<Value>,
+    TinkerJson(raw): TinkerJson<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let call = Sequenced::<SaveForSampler>::read(raw)?;
@@ -74,15 +89,10 @@ pub async fn save_weights_for_sampler(
         let name = match (path, sampler_seq) {
             (Some(name), _) => name,
             (None, Some(seq)) => format!("sampler-{seq}"),
-            (None, None) => {
-                return Outcome::Failed {
-                    error: "path or sampling_session_seq_id is required".into(),
-                    category: "user",
-                }
-            }
+            (None, None) => return Outcome::user("path or sampling_session_seq_id is required"),
         };
         if let Some(problem) = tandem_core::names::name_problem(&name) {
-            return Outcome::Failed { error: format!("the name {name:?} {problem}"), category: "user" };
+            return Outcome::user(format!("the name {name:?} {problem}"));
         }
         // Named weights, and ephemeral ones given a TTL (so the sweep finds them after their
         // session ends), are kept in the run's list.
@@ -104,7 +114,7 @@ pub async fn save_weights_for_sampler(
 /// One `save_weights_for_sampler` past its checks, under the run's lock.
 struct SamplerSave<'a> {
     state: &'a AppState,
-    entry: &'a Arc<super::state::ModelEntry>,
+    entry: &'a Arc<tandem_tinker::ModelEntry>,
     entity: &'a str,
     id: &'a str,
     name: &'a str,
@@ -126,12 +136,12 @@ impl SamplerSave<'_> {
             match tokio::task::spawn_blocking(read).await {
                 Ok(Ok(read)) => read,
                 Ok(Err(e)) => return failed(e),
-                Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+                Err(e) => return Outcome::server(format!("saving failed: {e}")),
             }
         };
         let cp = match publish(state, entry.record_id, files).await {
             Ok(cp) => cp,
-            Err(e) => return Outcome::Failed { error: e.message, category: "server" },
+            Err(e) => return Outcome::server(e.message),
         };
         let saved = SavedSampler {
             name: name.to_string(),
@@ -167,7 +177,7 @@ impl SamplerSave<'_> {
         let path = format!("tinker://{id}/sampler_weights/{name}");
         match sampler_seq {
             Some(seq) => {
-                let sampler_id = format!("{}:sample:{seq}", entry.session_id);
+                let sampler_id = format!("{}:sample:{seq}", entry.id.session());
                 let mut sampler = Sampler::of_checkpoint(entity, id, &saved, path);
                 if self.inflight {
                     // Saved, then the shared target moves: every inflight sampler of this model
@@ -175,13 +185,8 @@ impl SamplerSave<'_> {
                     *entry.inflight.write().unwrap_or_else(|e| e.into_inner()) = sampler.model.clone();
                     sampler.follows = Some(entry.inflight.clone());
                 }
-                if !state.tinker().add_sampler(sampler_id.clone(), sampler) {
-                    return Outcome::Failed {
-                        error: format!(
-                            "an entity may hold {MAX_SAMPLERS_PER_ENTITY} sampling sessions; finish a session first"
-                        ),
-                        category: "user",
-                    };
+                if let Err(e) = state.tinker().add_sampler(sampler_id.clone(), sampler) {
+                    return Outcome::user(e.to_string());
                 }
                 Outcome::Json(json!({ "sampling_session_id": sampler_id, "type": "save_weights_for_sampler" }))
             }
@@ -225,10 +230,23 @@ pub struct SaveState {
 
 /// `save_weights` (`TrainingClient.save_state`): the adapter, AdamW moments and step, kept in the
 /// data directory under the caller's entity; answers `tinker://{model_id}/weights/{name}`.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_save_weights",
+    path = "/save_weights",
+    tag = "tinker",
+    summary = "The training state (adapter, AdamW moments, step) under a name (a future)",
+    request_body = crate::openapi::tinker::TinkerSaveState,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn save_weights(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(raw): Json<Value>,
+    TinkerJson(raw): TinkerJson<Value>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let call = Sequenced::<SaveState>::read(raw)?;
@@ -252,7 +270,7 @@ pub async fn save_weights(
         let (files, info) = match read {
             Ok(Ok(read)) => read,
             Ok(Err(e)) => return failed(e),
-            Err(e) => return Outcome::Failed { error: format!("saving failed: {e}"), category: "server" },
+            Err(e) => return Outcome::server(format!("saving failed: {e}")),
         };
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
         match state.catalog().save_state(&owner, &id, &name, files, &info, expires).await {
@@ -281,10 +299,23 @@ pub struct LoadState {
 
 /// `load_weights` as `create_training_client_from_state[_with_optimizer]` sends it: a new model
 /// `{session_id}:train:{model_seq_id}` from a state the caller's entity saved.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_load_weights",
+    path = "/load_weights",
+    tag = "tinker",
+    summary = "A new model from a saved state, or a state into a held model (a future)",
+    request_body = crate::openapi::tinker::TinkerLoadState,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn load_weights(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<LoadState>,
+    TinkerJson(body): TinkerJson<LoadState>,
 ) -> Result<Json<Value>> {
     let trainer = trainer(&state)?;
     let key = state_key(&body.path).ok_or_else(|| {
@@ -308,17 +339,18 @@ pub async fn load_weights(
     if !t.touch_session(&caller.entity, &session_id) {
         return Err(ApiError::not_found("session").into());
     }
-    let model_id = format!("{session_id}:train:{seq}");
-    if let Some(m) = t.model(&caller.entity, &model_id) {
+    let run = run_id(&session_id, seq)?;
+    let model_id = run.to_string();
+    if let Some(m) = t.model(&caller.entity, &run) {
         return Ok(submitted(&m.create_request, &model_id));
     }
-    let (request_id, promise) = register_model(&state, &caller.entity, &session_id, seq, &base_model, rank).await?;
+    let (request_id, promise) = register_model(&state, &caller.entity, &run, &base_model, rank).await?;
     let (id, with_optimizer, entity) = (model_id.clone(), body.optimizer, caller.entity.clone());
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.load_state(&entity, &id, &saved.dir, with_optimizer) {
             Ok(()) => Outcome::Json(json!({ "model_id": id, "path": key.path(), "type": "load_weights" })),
             Err(e) => {
-                t.models.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                t.remove_model(&run);
                 failed(e)
             }
         };
@@ -369,10 +401,23 @@ pub struct WeightsInfo {
 
 /// `weights_info` (`RestClient.get_weights_info_by_tinker_path`): the base model and LoRA rank of
 /// a saved state or of sampler weights saved by name, of the caller's entity.
+#[utoipa::path(
+    post,
+    operation_id = "tinker_weights_info",
+    path = "/weights_info",
+    tag = "tinker",
+    summary = "What a `tinker://` path names (the caller's or published)",
+    request_body = crate::openapi::tinker::TinkerWeightsInfo,
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn weights_info(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Json(body): Json<WeightsInfo>,
+    TinkerJson(body): TinkerJson<WeightsInfo>,
 ) -> Result<Json<Value>> {
     let path = body.tinker_path;
     let key = CheckpointKey::parse_path(&path).filter(|k| !k.name.contains('/'));
@@ -405,6 +450,19 @@ fn state_key(path: &str) -> Option<CheckpointKey> {
 /// `DELETE training_runs/{model_id}/checkpoints/{kind}/{name}`: a saved training state, sampler
 /// weights saved by name (their checkpoint of the model's tandem record goes too) or external
 /// weights.
+#[utoipa::path(
+    delete,
+    operation_id = "tinker_delete_checkpoint",
+    path = "/training_runs/{run}/checkpoints/{kind}/{name}",
+    tag = "tinker",
+    summary = "Deletes a checkpoint (its files, its name)",
+    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    responses(
+        (status = 200, body = crate::openapi::tinker::TinkerObject),
+        crate::openapi::tinker::TinkerErrors
+    ),
+    security(("x-api-key" = []), ("bearer" = []))
+)]
 pub async fn delete_checkpoint(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -418,7 +476,7 @@ pub async fn delete_checkpoint(
 }
 
 /// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` with its files; whether it existed.
-/// The caller holds the run's lock ([`super::state::RunLocks`]). An error (the store or the blob
+/// The caller holds the run's lock ([`tandem_tinker::registry::RunLocks`]). An error (the store or the blob
 /// store did not answer) leaves the checkpoint listed and its expiry kept, so a sweep tries
 /// again. Any node can: the catalog is the store's.
 pub(super) async fn delete_held(state: &AppState, entity: &str, run: &str, kind: &str, name: &str) -> Result<bool> {
@@ -427,7 +485,7 @@ pub(super) async fn delete_held(state: &AppState, entity: &str, run: &str, kind:
     if kind != CheckpointKind::SamplerWeights {
         return Ok(state.catalog().delete(entity, &key).await.map_err(tinker_error)?.is_some());
     }
-    let held = state.tinker().model(entity, run);
+    let held = state.tinker().model_named(entity, run);
     let in_memory = held.as_ref().and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
     let listed = state.catalog().readable(entity, &key, false).await.map_err(tinker_error)?;
     let listed = listed.as_ref().and_then(tandem_tinker::catalog::sampler_of);
