@@ -122,7 +122,6 @@ pub struct AppState(
     Arc<openai::tokenizer_files::TarCache>,
     Arc<openai::resolve::LastKnown>,
     Arc<tandem_tinker::Catalog>,
-    Arc<tandem_tinker::urls::UrlKey>,
 );
 
 impl AppState {
@@ -144,7 +143,6 @@ impl AppState {
             Arc::default(),
             Arc::default(),
             Arc::new(catalog),
-            Arc::default(),
         )
     }
 
@@ -156,11 +154,6 @@ impl AppState {
     /// The Tinker routes' sessions, models and futures.
     pub(crate) fn tinker(&self) -> &Arc<tinker::TinkerState> {
         &self.6
-    }
-
-    /// The key this process signs external weights' download URLs with.
-    pub(crate) fn url_key(&self) -> &tandem_tinker::urls::UrlKey {
-        &self.10
     }
 
     /// What trained models' names last resolved to, for serving through a database outage.

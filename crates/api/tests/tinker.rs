@@ -125,6 +125,9 @@ async fn a_runs_catalog_is_the_stores_and_every_node_reads_it() {
     let file = url.split_once("/api/v1/").unwrap().1;
     let got = other.raw("GET", &format!("/api/v1/{file}"), None, None).await;
     assert_eq!((got.status.as_u16(), got.bytes), (200, 0.25f64.to_le_bytes().to_vec()));
+    // Signed on one node, served by the other: the key is the cluster's, kept in the store.
+    let got = app.raw("GET", &format!("/api/v1/{file}"), None, None).await;
+    assert_eq!((got.status.as_u16(), got.bytes), (200, 0.25f64.to_le_bytes().to_vec()));
     assert_eq!(app.call("GET", &urls, KEY_B, None).await.status, 404, "another entity's");
     let delete = format!("/api/v1/training_runs/{}/checkpoints/external_weights/ext", run.model);
     assert_eq!(app.call("DELETE", &delete, KEY_B, None).await.status, 404);

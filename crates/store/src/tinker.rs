@@ -41,6 +41,9 @@ pub trait TinkerCatalog: Send + Sync {
     ) -> crate::Result<Option<TinkerEntry>>;
     /// Up to `limit` entries whose expiry is at or before `now`, soonest first.
     async fn tinker_expired(&self, now: i64, limit: i64) -> crate::Result<Vec<TinkerEntry>>;
+    /// The cluster's secret `name`: the stored one, or `fresh`, stored, when there is none yet, so
+    /// every node on one store gets the same (the first writer wins a race).
+    async fn tinker_secret(&self, name: &str, fresh: &str) -> crate::Result<String>;
 }
 
 /// One catalog row.
@@ -109,6 +112,9 @@ pub(crate) const LIST: &str = "SELECT owner, model_id, kind, name, size_bytes, c
     meta FROM tinker_checkpoints WHERE owner = $1 AND ($2 = '' OR model_id = $2) ORDER BY model_id, kind, name";
 pub(crate) const EXPIRED: &str = "SELECT owner, model_id, kind, name, size_bytes, created_at, expires_at, public, blob,
     meta FROM tinker_checkpoints WHERE expires_at IS NOT NULL AND expires_at <= $1 ORDER BY expires_at LIMIT $2";
+pub(crate) const SECRET_INSERT: &str =
+    "INSERT INTO tinker_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+pub(crate) const SECRET_GET: &str = "SELECT value FROM tinker_secrets WHERE name = $1";
 pub(crate) const LIVE_BLOBS: &str = "SELECT blob FROM tinker_checkpoints WHERE blob IS NOT NULL";
 
 /// A kind as stored, or a row that names none (written by something else: an error, not a
@@ -328,6 +334,11 @@ macro_rules! catalog_backend {
 
             async fn tinker_expired(&self, now: i64, limit: i64) -> Result<Vec<TinkerEntry>> {
                 expired(&self.pool, now, limit).await
+            }
+
+            async fn tinker_secret(&self, name: &str, fresh: &str) -> Result<String> {
+                sqlx::query(&$sql(t::SECRET_INSERT)).bind(name).bind(fresh).execute(&self.pool).await?;
+                Ok(sqlx::query_scalar(&$sql(t::SECRET_GET)).bind(name).fetch_one(&self.pool).await?)
             }
         }
     };

@@ -136,3 +136,24 @@ async fn caps_hold_under_concurrency_per_owner_and_per_run() {
         store.tinker_put(&s("c:train:1", "b"), Some(per_run)).await.unwrap();
     }
 }
+
+/// A secret is the first one stored, whoever asks after (every node of a cluster signs with the
+/// same key), also when nodes ask at once.
+#[tokio::test]
+async fn secrets_are_the_first_stored() {
+    for (name, store, _scratch) in backends().await {
+        let asked: Vec<_> = (0..8)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { store.tinker_secret("urls", &format!("{i:064x}")).await.unwrap() })
+            })
+            .collect();
+        let mut got = Vec::new();
+        for a in asked {
+            got.push(a.await.unwrap());
+        }
+        assert!(got.iter().all(|g| g == &got[0]), "{name}: {got:?}");
+        assert_eq!(store.tinker_secret("urls", "other").await.unwrap(), got[0], "{name}");
+        assert_eq!(store.tinker_secret("else", "fresh").await.unwrap(), "fresh", "{name}: per name");
+    }
+}

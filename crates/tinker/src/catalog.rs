@@ -87,11 +87,29 @@ pub fn sampler_of(e: &TinkerEntry) -> Option<SavedSampler> {
 pub struct Catalog {
     store: Arc<dyn Store>,
     files: Checkpoints,
+    url_key: tokio::sync::OnceCell<crate::urls::UrlKey>,
 }
+
+/// The name of the secret download URLs are signed with.
+const URL_SECRET: &str = "external_weights_urls";
 
 impl Catalog {
     pub fn new(store: Arc<dyn Store>, files: Checkpoints) -> Self {
-        Catalog { store, files }
+        Catalog { store, files, url_key: tokio::sync::OnceCell::new() }
+    }
+
+    /// The key download URLs are signed with: the cluster's (read from the store once, stored
+    /// there by the first node that asks), so a URL any node signed downloads from every node.
+    pub async fn url_key(&self) -> Result<&crate::urls::UrlKey> {
+        self.url_key
+            .get_or_try_init(|| async {
+                let fresh = crate::urls::UrlKey::fresh_hex();
+                let secret =
+                    self.store.tinker_secret(URL_SECRET, &fresh).await.map_err(|e| store_error(e, "signing"))?;
+                crate::urls::UrlKey::from_hex(&secret)
+                    .ok_or_else(|| TinkerError::Server("the stored URL secret is not 32 bytes of hex".into()))
+            })
+            .await
     }
 
     /// Writes `files` to a fresh directory, then records `entry` naming it (past `cap`, or on any

@@ -5,16 +5,29 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// The key signed URLs are signed with: drawn at start, never stored.
+/// The key signed URLs are signed with: the cluster's, drawn by the first node that signs and
+/// kept in the store ([`crate::Catalog::url_key`]), so a URL one node signs downloads from any.
 pub struct UrlKey([u8; 32]);
 
 impl Default for UrlKey {
+    /// A random key (tests; a process of its own).
     fn default() -> Self {
         UrlKey(rand::random())
     }
 }
 
 impl UrlKey {
+    /// A key from its 64 hex digits.
+    pub fn from_hex(secret: &str) -> Option<Self> {
+        let bytes = hex::decode(secret).ok()?;
+        Some(UrlKey(bytes.try_into().ok()?))
+    }
+
+    /// A fresh random key's hex digits.
+    pub fn fresh_hex() -> String {
+        hex::encode(rand::random::<[u8; 32]>())
+    }
+
     fn mac(&self, payload: &str) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         mac.update(payload.as_bytes());
@@ -63,5 +76,10 @@ mod tests {
         bad_mac.replace_range(0..1, if mac.starts_with('0') { "1" } else { "0" });
         assert_eq!(key.verify(&format!("{payload}.{bad_mac}"), 0), None);
         assert_eq!(key.verify("garbage", 0), None);
+        // The same secret is the same key (two nodes of a cluster).
+        let secret = UrlKey::fresh_hex();
+        let (a, b) = (UrlKey::from_hex(&secret).unwrap(), UrlKey::from_hex(&secret).unwrap());
+        assert!(b.verify(&a.sign("o", "r", "n", 10), 0).is_some());
+        assert!(UrlKey::from_hex("abcd").is_none() && UrlKey::from_hex("zz").is_none());
     }
 }

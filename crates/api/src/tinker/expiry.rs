@@ -151,13 +151,14 @@ pub async fn sweep(state: &AppState) -> usize {
     deleted
 }
 
-/// Sweeps at start and every [`SWEEP_EVERY`] while the process serves Tinker; ends the sessions
+/// Sweeps at start and every [`SWEEP_EVERY`]; ends the sessions
 /// whose client stopped (idle, or past its missed heartbeats) every [`REAP_EVERY`], so their
 /// models' memory and places go back without waiting for another entity's next session.
+///
+/// Every node runs it (the catalog is the store's, so a cluster without trainers still sweeps);
+/// nodes sweeping at once delete each checkpoint once: the catalog's delete and the checkpoint's
+/// are both no-ops for what another node removed first.
 pub fn spawn_sweeper(state: AppState) {
-    if state.tinker_trainer().is_none() {
-        return;
-    }
     tokio::spawn(async move {
         let mut every = tokio::time::interval(REAP_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -6,7 +6,8 @@
 //! - `training_runs/{id}/checkpoints/external_weights/{name}/external_weights_urls` answers a
 //!   signed URL per file, good for an hour, which a plain HTTP client fetches without a key (as
 //!   the SDK does): the URL carries the owner, the run, the name and the expiry, with an
-//!   HMAC-SHA256 of them under a key this process drew at start (a restart voids old URLs);
+//!   HMAC-SHA256 of them under the cluster's key (`tandem_tinker::urls`, kept in the store), so
+//!   any node of a cluster serves a URL another signed, and a restart keeps them good;
 //! - `ttl_seconds` makes them expire (`expiry`), and deleting the name removes them.
 
 use super::expiry::ttl_expiry;
@@ -129,7 +130,7 @@ pub async fn urls(
     let files = state.catalog().external_files(&caller.entity, &run, &name).await.map_err(tinker_error)?;
     let files = files.filter(|f| !f.is_empty()).ok_or_else(|| ApiError::not_found("external weights"))?;
     let expires = now_secs() + URL_LIFETIME.as_secs();
-    let token = state.url_key().sign(&caller.entity, &run, &name, expires);
+    let token = state.catalog().url_key().await.map_err(tinker_error)?.sign(&caller.entity, &run, &name, expires);
     let base = base_url(&headers);
     let urls: serde_json::Map<String, Value> = files
         .iter()
@@ -161,16 +162,26 @@ fn base_url(headers: &HeaderMap) -> String {
     responses(
         (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
         (status = 403, description = "Not a valid or an expired URL", body = crate::openapi::bodies::PreviewErrorBody),
-        (status = 404, description = "The weights are gone", body = crate::openapi::bodies::PreviewErrorBody)
+        (status = 404, description = "The weights are gone", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 503, description = "The store did not answer; Retry-After", body = crate::openapi::bodies::PreviewErrorBody)
     ),
 )]
 pub async fn download(State(state): State<AppState>, Path((token, file)): Path<(String, String)>) -> Response {
     let gone = || PreviewError(ApiError::not_found("file")).into_response();
-    let Some((owner, run, name)) = state.url_key().verify(&token, now_secs()) else {
+    let failed = |e| PreviewError(tinker_error(e)).into_response();
+    let key = match state.catalog().url_key().await {
+        Ok(key) => key,
+        Err(e) => return failed(e),
+    };
+    let Some((owner, run, name)) = key.verify(&token, now_secs()) else {
         let refused = ApiError::new(ErrorKind::Forbidden, "the URL is not valid or has expired; sign it again");
         return PreviewError(refused).into_response();
     };
-    let files = state.catalog().external_files(&owner, &run, &name).await.ok().flatten();
+    // A store that does not answer is a 503 (retry), not a 404 (gone).
+    let files = match state.catalog().external_files(&owner, &run, &name).await {
+        Ok(files) => files,
+        Err(e) => return failed(e),
+    };
     let path = files.into_iter().flatten().find(|(f, _)| *f == file).map(|(_, p)| p);
     let Some(path) = path else { return gone() };
     match tokio::fs::read(&path).await {
