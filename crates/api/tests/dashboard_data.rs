@@ -187,6 +187,14 @@ async fn models_are_searched_and_summarised() {
     // Without `summary=true` the listing is as ART reads it.
     let plain = app.ok("GET", "/v1/preview/models?search=alpha", KEY_A, None).await;
     assert!(plain["data"][0].get("summary").is_none());
+    // `summary` is a boolean as FastAPI reads one: `1` is true, `off` false, `null` a 422.
+    let one = app.ok("GET", "/v1/preview/models?search=alpha&summary=1", KEY_A, None).await;
+    assert!(one["data"][0]["summary"].is_object());
+    let off = app.ok("GET", "/v1/preview/models?search=alpha&summary=off", KEY_A, None).await;
+    assert!(off["data"][0].get("summary").is_none());
+    let bad = app.call("GET", "/v1/preview/models?summary=null", KEY_A, None).await;
+    assert_eq!(bad.status, 422);
+    assert_eq!(bad.json()["detail"][0]["loc"], json!(["query", "summary"]));
     assert_eq!(app.ok("GET", "/v1/preview/models?search=%25", KEY_A, None).await["data"], json!([]));
     // A running job's rollouts are newer than the log: its reward is the last one.
     let body = json!({"model_id": id, "trajectory_groups": [group(&[0.0, 0.5])]});

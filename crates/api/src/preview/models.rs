@@ -127,7 +127,7 @@ pub async fn get(
         crate::openapi::bodies::PageParams,
         crate::openapi::bodies::ProjectFilter,
         ("search" = Option<String>, Query, description = "Only models whose `project/name` contains this text (ASCII case-insensitive, literal), at most 256 characters"),
-        ("summary" = Option<bool>, Query, description = "Exactly `true`: add each model's progress (latest step, last activity, last reward); anything else leaves it out")
+        ("summary" = Option<bool>, Query, description = "`true`: add each model's progress (latest step, last activity, last reward). Read as FastAPI reads a boolean (`1`/`true`/`yes`/`on`, `0`/`false`/`no`/`off`); anything else is a 422")
     ),
     responses(
         (status = 200, body = crate::views::ListView<crate::views::ModelView>),
@@ -149,15 +149,33 @@ pub async fn list(
         v.at("search", |v| v.value_error(&serde_json::json!(search), "search must be at most 256 characters"));
         return Err(ApiError::validation(v.into_errors()).into());
     }
+    let summary = match query.get("summary").map(|s| query_bool(s)) {
+        None => false,
+        Some(Some(b)) => b,
+        Some(None) => {
+            let mut v = Validator::new("query");
+            v.at("summary", |v| v.value_error(&serde_json::json!(query["summary"]), "summary must be a boolean"));
+            return Err(ApiError::validation(v.into_errors()).into());
+        }
+    };
     let models = state.store().list_models(&caller.entity, project, search, page).await?;
     let mut list = views::list(&models, |m| m.id, views::model);
-    if query.get("summary").is_some_and(|s| s == "true") {
+    if summary {
         // A page is at most 100 models; each summary is a few indexed reads.
         for view in &mut list.data {
             view.summary = Some(views::model_summary(&state.store().model_summary(view.id).await?));
         }
     }
     Ok(Json(list))
+}
+
+/// A query parameter as a boolean, the spellings FastAPI (pydantic) takes; `None` for any other.
+fn query_bool(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "1" | "true" | "t" | "yes" | "y" | "on" => Some(true),
+        "0" | "false" | "f" | "no" | "n" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 #[utoipa::path(

@@ -416,7 +416,13 @@ pub async fn get_info(
     path = "/forward_backward",
     tag = "tinker",
     summary = "`forward_backward` or `forward` (`forward_only`): a protobuf `ForwardBackwardRequest`, in `seq_id` order (a future)",
-    request_body(content = crate::openapi::tinker::TinkerProtobuf, content_type = "application/x-protobuf"),
+    request_body(
+        description = "A protobuf `ForwardBackwardRequest` (the SDK sends `application/x-protobuf`; the bytes are read whatever the type)",
+        content(
+            (crate::openapi::tinker::TinkerProtobuf = "application/x-protobuf"),
+            (crate::openapi::tinker::TinkerProtobuf = "application/octet-stream")
+        )
+    ),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerSubmitted),
         crate::openapi::tinker::TinkerErrors
