@@ -3,6 +3,7 @@
 //! - [`pb`]: prost types of `proto/tinker_public.proto` (field numbers are the SDK's).
 //! - [`wire`]: a `forward_backward` request's data read into token ids, targets and loss inputs,
 //!   checked; its output (per-datum logprobs, `name:reduction` metrics) encoded.
+//! - `answer`: FastAPI's error shapes, the one map of `TinkerError` kinds, the typed JSON body.
 //! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
 //! - `order`: training calls into their model's `seq_id` order through the service
 //!   (`tandem_tinker::registry`: sessions, models, futures, caps), answered as the SDK reads them.
@@ -15,6 +16,7 @@
 //! - [`sample`]: sampling sessions and `asample` through the engine.
 //! - `scores`: top-k, target and alternative-token answers of `asample`.
 
+mod answer;
 pub mod expiry;
 pub mod external;
 mod order;

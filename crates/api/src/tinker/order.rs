@@ -1,7 +1,7 @@
 //! Training calls into their model's `seq_id` order (`tandem_tinker::registry`): the service
 //! accepts, refuses or runs each; these wrappers answer its future as the SDK reads it.
 
-use super::routes::{bad, submitted, tinker_error, Result};
+use super::answer::{bad, submitted, tinker_error, Result};
 use super::TinkerState;
 use crate::error::PreviewError;
 use axum::Json;

@@ -3,6 +3,7 @@
 //! `retrieve_future`. Each training call answers at once with a future and runs in its
 //! model's `seq_id` order on a blocking thread (docs/tinker.md).
 
+pub(super) use super::answer::{bad, failed, run_id, submitted, submitted_samples, tinker_error, Result, TinkerJson};
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
 use super::wire;
 use super::TinkerState;
@@ -19,15 +20,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, RunId, TinkerError, TinkerTrainer};
+use tandem_core::tinker::{AdamSettings, LoraSpec, Modules, RunId, TinkerTrainer};
 use tandem_tinker::registry::{ModelEntry, Outcome, Pending, Promise};
 
 /// How long `retrieve_future` holds a pending request before `try_again` (the SDK re-polls at
 /// once, and its own timeout is 45 s).
 const HOLD: Duration = Duration::from_secs(20);
-
-/// Errors in FastAPI's `{"detail": ...}` shape, as the SDK reads them.
-pub(super) type Result<T> = std::result::Result<T, PreviewError>;
 
 pub(super) fn trainer(state: &AppState) -> Result<Arc<dyn TinkerTrainer>> {
     state.tinker_trainer().ok_or_else(|| {
@@ -50,28 +48,6 @@ fn release(state: &AppState, models: &[RunId]) {
         for m in models {
             trainer.release(&m.to_string());
         }
-    }
-}
-
-/// A 422 in FastAPI's shape, `{"detail": [{"loc": ["body"], "msg": ..., ...}]}` (a
-/// validation error with no field would render an empty `detail`).
-pub(super) fn bad(message: impl Into<String>) -> ApiError {
-    let msg = format!("Value error, {}", message.into());
-    ApiError::field(vec![tandem_core::validate::Loc::from("body")], "value_error", msg, Value::Null)
-}
-
-/// A Tinker route's JSON body decoded into `T`: a body that is not JSON (a validation error at
-/// its offset) or does not decode (FastAPI's 422 naming the problem) is refused in the SDK's
-/// error shape, never axum's plain-text rejection.
-pub struct TinkerJson<T>(pub T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for TinkerJson<T> {
-    type Rejection = PreviewError;
-
-    async fn from_request(req: axum::extract::Request, _state: &S) -> Result<Self> {
-        let value = crate::body::read_json(req).await?;
-        let body = serde_json::from_value(value).map_err(|e| bad(format!("the body does not decode: {e}")))?;
-        Ok(TinkerJson(body))
     }
 }
 
@@ -262,15 +238,6 @@ pub(super) fn owned_model(state: &AppState, caller: &Caller, id: &str) -> Result
     Ok((t, model))
 }
 
-pub(super) fn submitted(request_id: &str, model_id: &str) -> Json<Value> {
-    Json(json!({ "request_id": request_id, "model_id": model_id }))
-}
-
-/// `asample`'s immediate answer: the future and one sequence id per sample.
-pub(super) fn submitted_samples(request_id: &str, ids: &[String]) -> Json<Value> {
-    Json(json!({ "request_id": request_id, "sample_sequence_ids": ids }))
-}
-
 pub(super) fn new_future(t: &TinkerState, entity: &str) -> Result<(String, Promise)> {
     Ok(t.future(entity).map_err(tinker_error)?)
 }
@@ -338,35 +305,6 @@ pub async fn create_model(
         promise.set(outcome);
     });
     Ok(submitted(&request_id, &model_id))
-}
-
-/// A failed call's future: the caller's mistakes (a bad input, a missing checkpoint) are
-/// `user`, never retried by the SDK; the rest `server` ([`Outcome::failed`]).
-pub(super) fn failed(e: TinkerError) -> Outcome {
-    Outcome::failed(e)
-}
-
-/// A Tinker error as the API's, the one status map: the caller's mistake a 422 (FastAPI's
-/// validation shape), what is not the caller's or not there a 404, a share already held a 429
-/// and a store that did not answer a 503 (both with `Retry-After`, which the SDK honours), the
-/// rest a 500.
-pub(super) fn tinker_error(e: TinkerError) -> ApiError {
-    match e {
-        TinkerError::User(m) => bad(m),
-        TinkerError::NotFound(m) => ApiError::new(ErrorKind::NotFound, m),
-        TinkerError::Busy(m) => ApiError::new(ErrorKind::TooManyRequests, m).with_retry_after(1),
-        TinkerError::Unavailable(m) => ApiError::new(ErrorKind::Unavailable, m).with_retry_after(2),
-        TinkerError::Server(m) => ApiError::new(ErrorKind::Internal, m),
-    }
-}
-
-/// `{session}:train:{seq}` of a `create_model` or `load_weights` body.
-pub(super) fn run_id(session_id: &str, seq: i64) -> Result<RunId> {
-    u64::try_from(seq).ok().and_then(|seq| RunId::new(session_id, seq)).ok_or_else(|| {
-        PreviewError(bad(format!(
-            "model_seq_id {seq} of session {session_id:?}: expected a session and a number from 0"
-        )))
-    })
 }
 
 #[derive(Deserialize)]
