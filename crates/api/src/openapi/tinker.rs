@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use utoipa::{IntoResponses, ToSchema};
+use utoipa::{IntoParams, IntoResponses, ToSchema};
 
 use super::bodies::{PreviewErrorBody, ValidationErrorBody};
 
@@ -27,6 +27,28 @@ pub enum TinkerErrors {
     Busy(PreviewErrorBody),
     #[response(status = 503, description = "This node does not train, or the store did not answer; Retry-After")]
     Unavailable(PreviewErrorBody),
+}
+
+/// A checkpoint of a run, as the RestClient's paths name it.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TinkerCheckpointPath {
+    /// A run id, `{session}:train:{n}`.
+    pub run: String,
+    /// `weights`, `sampler_weights` or `external_weights`.
+    pub kind: String,
+    /// The checkpoint's name.
+    pub name: String,
+}
+
+/// An offset page of a listing.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TinkerPage {
+    /// Page size (1 to 100).
+    pub limit: Option<i64>,
+    /// Items to skip.
+    pub offset: Option<i64>,
 }
 
 /// A JSON object the SDK reads (its fields are the SDK's types of the same name).

@@ -6,7 +6,6 @@ use crate::error::{ApiError, ErrorKind, PreviewError};
 use axum::Json;
 use serde_json::{json, Value};
 use tandem_core::tinker::{RunId, TinkerError};
-use tandem_tinker::registry::Outcome;
 
 /// Errors in FastAPI's `{"detail": ...}` shape, as the SDK reads them.
 pub(super) type Result<T> = std::result::Result<T, PreviewError>;
@@ -40,12 +39,6 @@ pub(super) fn submitted(request_id: &str, model_id: &str) -> Json<Value> {
 /// `asample`'s immediate answer: the future and one sequence id per sample.
 pub(super) fn submitted_samples(request_id: &str, ids: &[String]) -> Json<Value> {
     Json(json!({ "request_id": request_id, "sample_sequence_ids": ids }))
-}
-
-/// A failed call's future: the caller's mistakes (a bad input, a missing checkpoint) are
-/// `user`, never retried by the SDK; the rest `server` ([`Outcome::failed`]).
-pub(super) fn failed(e: TinkerError) -> Outcome {
-    Outcome::failed(e)
 }
 
 /// A Tinker error as the API's, the one status map: the caller's mistake a 422 (FastAPI's

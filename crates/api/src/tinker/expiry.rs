@@ -58,7 +58,7 @@ pub struct Ttl {
     tag = "tinker",
     summary = "Sets or clears a checkpoint's TTL",
     request_body = crate::openapi::tinker::TinkerTtl,
-    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    params(crate::openapi::tinker::TinkerCheckpointPath),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors

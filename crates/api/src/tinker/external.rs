@@ -12,7 +12,7 @@
 
 use super::expiry::ttl_expiry;
 use super::order::{ordered_async, refused_in_order, Sequenced};
-use super::routes::{bad, failed, owned_model, tinker_error, trainer, Result, TinkerJson};
+use super::routes::{bad, owned_model, tinker_error, trainer, Result, TinkerJson};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorKind, PreviewError};
 use crate::AppState;
@@ -90,7 +90,7 @@ pub async fn save(
         };
         let files = match read {
             Ok(Ok(files)) => files,
-            Ok(Err(e)) => return failed(e),
+            Ok(Err(e)) => return Outcome::failed(e),
             Err(e) => return Outcome::server(format!("saving failed: {e}")),
         };
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
@@ -99,7 +99,7 @@ pub async fn save(
                 "path": format!("tinker://{id}/external_weights/{name}"), "size_bytes": bytes,
                 "type": "save_weights_external",
             })),
-            Err(e) => failed(e),
+            Err(e) => Outcome::failed(e),
         }
     })
 }
@@ -111,7 +111,7 @@ pub async fn save(
     path = "/training_runs/{run}/checkpoints/{kind}/{name}/external_weights_urls",
     tag = "tinker",
     summary = "Signed download URLs of external weights, good for an hour",
-    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    params(crate::openapi::tinker::TinkerCheckpointPath),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors

@@ -22,7 +22,7 @@ use tandem_core::tinker::{CheckpointKey, CheckpointKind};
     path = "/training_runs/{run}/checkpoints/{kind}/{name}/publish",
     tag = "tinker",
     summary = "Publishes a checkpoint to every entity that knows its path",
-    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    params(crate::openapi::tinker::TinkerCheckpointPath),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors
@@ -44,7 +44,7 @@ pub async fn publish(
     path = "/training_runs/{run}/checkpoints/{kind}/{name}/publish",
     tag = "tinker",
     summary = "Makes a published checkpoint private again",
-    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    params(crate::openapi::tinker::TinkerCheckpointPath),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors

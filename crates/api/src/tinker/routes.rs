@@ -3,7 +3,7 @@
 //! `retrieve_future`. Each training call answers at once with a future and runs in its
 //! model's `seq_id` order on a blocking thread (docs/tinker.md).
 
-pub(super) use super::answer::{bad, failed, run_id, submitted, submitted_samples, tinker_error, Result, TinkerJson};
+pub(super) use super::answer::{bad, run_id, submitted, submitted_samples, tinker_error, Result, TinkerJson};
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
 use super::wire;
 use super::TinkerState;
@@ -299,7 +299,7 @@ pub async fn create_model(
             Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),
             Err(e) => {
                 t.remove_model(&run);
-                failed(e)
+                Outcome::failed(e)
             }
         };
         promise.set(outcome);
@@ -407,7 +407,7 @@ pub async fn forward_backward(
                 }
                 Outcome::Proto(wire::output(&f.logprobs, &[("loss:sum", f.loss)]).encode_to_vec())
             }
-            Err(e) => failed(e),
+            Err(e) => Outcome::failed(e),
         }
     })
 }
@@ -496,7 +496,7 @@ pub async fn optim_step(
                 }
                 Outcome::Json(json!({ "metrics": { "grad_norm:mean": norm } }))
             }
-            Ok(Err(e)) => failed(e),
+            Ok(Err(e)) => Outcome::failed(e),
             Err(e) => Outcome::server(format!("the call failed: {e}")),
         }
     })

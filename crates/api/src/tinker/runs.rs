@@ -181,7 +181,7 @@ fn window(query: &HashMap<String, String>, default: usize) -> Result<(usize, usi
     path = "/training_runs",
     tag = "tinker",
     summary = "The entity's runs, newest first",
-    params(("limit" = Option<i64>, Query, description = "Page size (1 to 100)"), ("offset" = Option<i64>, Query, description = "Items to skip")),
+    params(crate::openapi::tinker::TinkerPage),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors
@@ -241,7 +241,7 @@ pub async fn get_run(
     path = "/checkpoints",
     tag = "tinker",
     summary = "The entity's checkpoints across runs",
-    params(("limit" = Option<i64>, Query, description = "Page size (1 to 100)"), ("offset" = Option<i64>, Query, description = "Items to skip")),
+    params(crate::openapi::tinker::TinkerPage),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors

@@ -6,7 +6,7 @@
 use super::expiry::ttl_expiry;
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
 use super::routes::{
-    bad, failed, owned_model, reap, register_model, run_id, submitted, tinker_error, trainer, Result, TinkerJson,
+    bad, owned_model, reap, register_model, run_id, submitted, tinker_error, trainer, Result, TinkerJson,
 };
 use super::sample::Sampler;
 use super::samplers;
@@ -102,7 +102,7 @@ pub async fn save_weights_for_sampler(
             // Before anything is written: past the limit a save leaves nothing behind. (The
             // catalog checks again when it records the name, in one step with the write.)
             if let Err(e) = state.catalog().sampler_room(&entity, &id, &name).await {
-                return failed(e);
+                return Outcome::failed(e);
             }
         }
         let kept = kept.then_some(expires);
@@ -135,7 +135,7 @@ impl SamplerSave<'_> {
             let read = move || Ok::<_, TinkerError>((trainer.adapter_files(&id)?, trainer.modules(&id)?));
             match tokio::task::spawn_blocking(read).await {
                 Ok(Ok(read)) => read,
-                Ok(Err(e)) => return failed(e),
+                Ok(Err(e)) => return Outcome::failed(e),
                 Err(e) => return Outcome::server(format!("saving failed: {e}")),
             }
         };
@@ -158,7 +158,7 @@ impl SamplerSave<'_> {
         if let Some(expires) = self.kept {
             // Named weights outlive the session (their path samples after the run ends); the
             // checkpoint a name saved before is deleted with the name's move.
-            let noted = state.catalog().note_sampler(entity, id, &saved, expires).await.map_err(failed);
+            let noted = state.catalog().note_sampler(entity, id, &saved, expires).await.map_err(Outcome::failed);
             let replaced = match noted {
                 Ok(replaced) => replaced,
                 Err(outcome) => {
@@ -269,13 +269,13 @@ pub async fn save_weights(
         };
         let (files, info) = match read {
             Ok(Ok(read)) => read,
-            Ok(Err(e)) => return failed(e),
+            Ok(Err(e)) => return Outcome::failed(e),
             Err(e) => return Outcome::server(format!("saving failed: {e}")),
         };
         // Saving over a name replaces its expiry too (none without `ttl_seconds`).
         match state.catalog().save_state(&owner, &id, &name, files, &info, expires).await {
             Ok(()) => Outcome::Json(json!({ "path": format!("tinker://{id}/weights/{name}"), "type": "save_weights" })),
-            Err(e) => failed(e),
+            Err(e) => Outcome::failed(e),
         }
     })
 }
@@ -351,7 +351,7 @@ pub async fn load_weights(
             Ok(()) => Outcome::Json(json!({ "model_id": id, "path": key.path(), "type": "load_weights" })),
             Err(e) => {
                 t.remove_model(&run);
-                failed(e)
+                Outcome::failed(e)
             }
         };
         promise.set(outcome);
@@ -389,7 +389,7 @@ async fn load_into(
                 *entry.pending.lock().unwrap_or_else(|e| e.into_inner()) = Default::default();
                 Outcome::Json(json!({ "path": path, "type": "load_weights" }))
             }
-            Err(e) => failed(e),
+            Err(e) => Outcome::failed(e),
         }
     })
 }
@@ -456,7 +456,7 @@ fn state_key(path: &str) -> Option<CheckpointKey> {
     path = "/training_runs/{run}/checkpoints/{kind}/{name}",
     tag = "tinker",
     summary = "Deletes a checkpoint (its files, its name)",
-    params(("run" = String, Path, description = "A run id, `{session}:train:{n}`"), ("kind" = String, Path, description = "`weights`, `sampler_weights` or `external_weights`"), ("name" = String, Path, description = "The checkpoint's name")),
+    params(crate::openapi::tinker::TinkerCheckpointPath),
     responses(
         (status = 200, body = crate::openapi::tinker::TinkerObject),
         crate::openapi::tinker::TinkerErrors
