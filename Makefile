@@ -258,13 +258,16 @@ test: test-build
 	@# Offline, as a user without the hub: the tokenizer comes from the directory get_info names.
 	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python tests/python/test_tinker.py target/debug/tandem $(MODEL)
 	@# The same RL loop with every record in PostgreSQL (a fresh database each run), and the cluster
-	@# of api and trainer nodes on a file:// and an s3:// (moto) blob store, when a server answers.
+	@# of api and trainer nodes on a file:// and an s3:// (moto) blob store, and the Tinker SDK through
+	@# an api node in front of two trainers (one killed mid-run), when a server answers.
 	@if psql "$(PG_ADMIN_URL)" -qc 'SELECT 1' >/dev/null 2>&1; then \
 		psql "$(PG_ADMIN_URL)" -qc 'DROP DATABASE IF EXISTS tandem_make_test' -c 'CREATE DATABASE tandem_make_test' && \
 		$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL) $(PG_TEST_URL) && \
 		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) file && \
 		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) s3 \
-			$(MOTOENV)/bin/python; \
+			$(MOTOENV)/bin/python && \
+		HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python tests/python/test_tinker_cluster.py target/debug/tandem $(MODEL) \
+			$(PG_ADMIN_URL); \
 	else echo "SKIPPED PostgreSQL: no server answers at $(PG_ADMIN_URL)" >&2; \
 		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)

@@ -107,6 +107,10 @@ pub struct AppConfig {
     /// Set while an operator drains this node: `/health` answers 503 so that load balancers
     /// send it nothing new (it still answers what reaches it).
     pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// This node's id in the node registry when it shares its store with other nodes (a
+    /// cluster): Tinker sessions are then held by one node each and their calls forwarded there
+    /// (`tinker::front`). `None` alone on a store.
+    pub node_id: Option<String>,
 }
 
 /// Shared, cheap-to-clone handler state.
@@ -122,6 +126,7 @@ pub struct AppState(
     Arc<openai::tokenizer_files::TarCache>,
     Arc<openai::resolve::LastKnown>,
     Arc<tandem_tinker::Catalog>,
+    Arc<tinker::front::Front>,
 );
 
 impl AppState {
@@ -143,7 +148,18 @@ impl AppState {
             Arc::default(),
             Arc::default(),
             Arc::new(catalog),
+            Arc::default(),
         )
+    }
+
+    /// This node's registry id, in a cluster.
+    pub(crate) fn node_id(&self) -> Option<&str> {
+        self.0.node_id.as_deref()
+    }
+
+    /// The client that forwards Tinker calls to the node holding their session.
+    pub(crate) fn front(&self) -> &tinker::front::Front {
+        &self.10
     }
 
     /// What Tinker runs keep beyond their sessions, in the store (any node reads it).

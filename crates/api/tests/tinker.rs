@@ -74,7 +74,8 @@ async fn a_runs_catalog_is_the_stores_and_every_node_reads_it() {
     let fake = Arc::new(FakeTrainer::default());
     let app = test_app_training(Limits::default(), None, None, Some(fake.clone())).await;
     // A node that does not train, on the same store and files.
-    let other = app.node(Node { limits: Limits::default(), backend: None, lora_root: None, tinker: None });
+    let other =
+        app.node(Node { limits: Limits::default(), backend: None, lora_root: None, tinker: None, node_id: None });
     let mut run = Run::new(&app, KEY_A).await;
     run.step(&app, KEY_A, 0.25).await;
     let saved = run.call(&app, KEY_A, "save_weights", json!({ "path": "s1", "ttl_seconds": 3600 })).await;

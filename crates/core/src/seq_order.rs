@@ -64,15 +64,24 @@ pub struct SeqOrder {
     /// The next `seq_id` to run; every id below it is answered or lost.
     next: u64,
     slots: BTreeMap<u64, Slot>,
+    /// Resumed and no call received yet: the first to arrive sets `next`.
+    floating: bool,
 }
 
 impl Default for SeqOrder {
     fn default() -> Self {
-        SeqOrder { next: 1, slots: BTreeMap::new() }
+        SeqOrder { next: 1, slots: BTreeMap::new(), floating: false }
     }
 }
 
 impl SeqOrder {
+    /// The order of a model rebuilt on another node after the node holding it stopped: which
+    /// calls that node had taken is unknown (they are lost), so the first call to arrive starts
+    /// the order, and later calls wait only for the ids after it.
+    pub fn resumed() -> Self {
+        SeqOrder { floating: true, ..SeqOrder::default() }
+    }
+
     /// The next `seq_id` to run.
     pub fn next(&self) -> u64 {
         self.next
@@ -95,6 +104,9 @@ impl SeqOrder {
     pub fn arrive(&mut self, seq: i64, request: &str) -> Arrival {
         let arrival = self.peek(seq);
         if arrival == Arrival::New {
+            if std::mem::take(&mut self.floating) {
+                self.next = seq as u64;
+            }
             self.slots.insert(seq as u64, Slot::Waiting(request.to_string()));
         }
         arrival
@@ -240,6 +252,21 @@ mod tests {
         o.arrive(1, "r1");
         assert_eq!(o.give_up(2), None);
         assert_eq!(o.turn(2), Turn::Behind);
+    }
+
+    #[test]
+    fn a_resumed_order_starts_at_its_first_call() {
+        let mut o = SeqOrder::resumed();
+        assert_eq!(o.arrive(0, "r0"), Arrival::OutOfRange);
+        assert_eq!(o.arrive(41, "r41"), Arrival::New);
+        assert_eq!((o.next(), o.turn(41)), (41, Turn::Now), "no gap behind the first call");
+        assert_eq!(o.arrive(43, "r43"), Arrival::New);
+        assert_eq!(o.turn(43), Turn::Gap(42), "after it, the order is the usual one");
+        assert_eq!(o.arrive(40, "r40"), Arrival::OutOfRange, "calls before it were the stopped node's");
+        o.finish(41);
+        assert_eq!(o.arrive(42, "r42"), Arrival::New);
+        o.finish(42);
+        assert_eq!(o.turn(43), Turn::Now);
     }
 
     #[test]

@@ -55,6 +55,20 @@ impl RunId {
     }
 }
 
+/// The session a Tinker id belongs to: a session id itself (`tandem-...`), or a model
+/// (`{session}:train:{n}`), sampling session (`{session}:sample:{n}`) or request
+/// (`{session}:req:{id}`) id. In a cluster it is what finds the node holding the call's state.
+pub fn session_of(id: &str) -> Option<&str> {
+    let session = match id.split_once(':') {
+        Some((session, rest)) => {
+            let known = ["train:", "sample:", "req:"].iter().any(|p| rest.starts_with(p));
+            known.then_some(session)?
+        }
+        None => id,
+    };
+    (!session.is_empty()).then_some(session)
+}
+
 impl std::fmt::Display for RunId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:train:{}", self.session, self.seq)
@@ -180,7 +194,7 @@ pub struct LoraSpec {
 /// projections, the MLP's, and the output head. Projections not trained keep their fresh pair,
 /// whose B is 0, so they add nothing, and get no gradient and no optimizer step; the output head
 /// has a pair only when it trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Modules {
     pub attn: bool,
     pub mlp: bool,
@@ -326,6 +340,17 @@ pub trait TinkerTrainer: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_id_names_its_session() {
+        assert_eq!(session_of("tandem-ab"), Some("tandem-ab"));
+        assert_eq!(session_of("tandem-ab:train:3"), Some("tandem-ab"));
+        assert_eq!(session_of("tandem-ab:sample:0"), Some("tandem-ab"));
+        assert_eq!(session_of("tandem-ab:req:ff"), Some("tandem-ab"));
+        assert_eq!(session_of("tandem-ab:other:1"), None);
+        assert_eq!(session_of(":train:1"), None);
+        assert_eq!(session_of(""), None);
+    }
 
     #[test]
     fn run_ids_have_one_spelling() {

@@ -15,9 +15,11 @@ use tokio::sync::Notify;
 const TRAINER_PATHS: [&str; 4] = ["/health", "/v1/health", "/v1/system-check", "/metrics"];
 
 /// Middleware for `--role trainer`: every other path is a 404 in the API's error shape, saying
-/// where the API is.
+/// where the API is. The Tinker routes are the exception: a trainer holds the Tinker sessions
+/// placed on it, and api nodes forward their calls to it.
 pub async fn trainer_only(request: Request, next: Next) -> Response {
-    if TRAINER_PATHS.contains(&request.uri().path()) {
+    let path = request.uri().path();
+    if TRAINER_PATHS.contains(&path) || path.starts_with("/api/v1/") {
         return next.run(request).await;
     }
     let body = serde_json::json!({

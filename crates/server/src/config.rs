@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// What the node registry (`tandem nodes`) calls this process (default: host:port).
     #[arg(long, env = "TANDEM_NODE_NAME")]
     pub node_name: Option<String>,
+    /// The base URL the other nodes of a cluster reach this process at (`http://10.0.0.5:8000`):
+    /// a Tinker session's calls are forwarded there by whichever node receives them (default:
+    /// `http://<--host>:<port>`, or this machine's host name when --host is every address).
+    #[arg(long, env = "TANDEM_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
     /// Base model to serve, a GGUF file or a Hugging Face checkpoint directory; repeat for several.
     #[arg(long = "model", env = "TANDEM_MODEL", value_delimiter = ',')]
     pub models: Vec<PathBuf>,
@@ -223,6 +228,7 @@ pub struct ServeConfig {
     pub blob_store: Option<String>,
     pub role: Role,
     pub node_name: Option<String>,
+    pub advertise_url: Option<String>,
     pub models: Vec<BaseModel>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
@@ -300,6 +306,7 @@ impl ServeConfig {
                     .ok_or_else(|| anyhow::anyhow!("--role {r:?}: expected all, api, inference or trainer"))?,
             },
             node_name: args.node_name.or(file.node_name).filter(|n| !n.trim().is_empty()),
+            advertise_url: args.advertise_url.or(file.advertise_url).filter(|u| !u.trim().is_empty()),
             models,
             api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(64 << 20),

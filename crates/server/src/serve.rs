@@ -161,6 +161,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             ) as Arc<dyn tandem_core::tinker::TinkerTrainer>
         }),
         draining: draining.clone(),
+        // Alone on its store a process holds every Tinker session itself.
+        node_id: (!store.single_process()).then(|| worker_owner.clone()),
     });
     // Tinker checkpoints whose TTL has passed go at start and every minute after.
     tandem_api::tinker::expiry::spawn_sweeper(state.clone());
@@ -183,6 +185,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         role: role.as_str().to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         busy: false,
+        address: config.advertise_url.clone().unwrap_or_else(|| match addr.ip().is_unspecified() {
+            true => format!("http://{}:{}", hostname(), addr.port()),
+            false => format!("http://{addr}"),
+        }),
     };
     let beats =
         tokio::spawn(crate::cluster::beat(store.clone(), node, role.trains().then(|| worker.clone()), draining));

@@ -175,10 +175,10 @@ pub(crate) fn restart_reason(scope: crate::Reclaim) -> &'static str {
 }
 
 /// The registry's columns, in [`NodeRow`]'s order.
-pub(crate) const NODE_COLUMNS: &str = "id, name, role, version, started_at, heartbeat_at, busy, draining";
+pub(crate) const NODE_COLUMNS: &str = "id, name, role, version, started_at, heartbeat_at, busy, draining, address";
 
-/// (id, name, role, version, started_at, heartbeat_at, busy, draining)
-pub(crate) type NodeRow = (String, String, String, String, i64, i64, bool, bool);
+/// (id, name, role, version, started_at, heartbeat_at, busy, draining, address)
+pub(crate) type NodeRow = (String, String, String, String, i64, i64, bool, bool, String);
 
 /// Registry rows as records. A row is alive when it beat within [`crate::NODE_ALIVE_MS`] of `now`
 /// and no node of the same name started after its last beat: a restarted node (same name, or the
@@ -188,10 +188,10 @@ pub(crate) type NodeRow = (String, String, String, String, i64, i64, bool, bool)
 pub(crate) fn node_records(rows: Vec<NodeRow>, now: i64) -> Vec<crate::NodeRecord> {
     let starts: Vec<(String, i64)> = rows.iter().map(|r| (r.1.clone(), r.4)).collect();
     rows.into_iter()
-        .map(|(id, name, role, version, started_at, heartbeat_at, busy, draining)| {
+        .map(|(id, name, role, version, started_at, heartbeat_at, busy, draining, address)| {
             let replaced = starts.iter().any(|(n, s)| *n == name && *s > started_at && *s > heartbeat_at);
             let alive = heartbeat_at >= now - crate::NODE_ALIVE_MS && !replaced;
-            crate::NodeRecord { id, name, role, version, started_at, heartbeat_at, busy, draining, alive }
+            crate::NodeRecord { id, name, role, version, started_at, heartbeat_at, busy, draining, alive, address }
         })
         .collect()
 }
@@ -224,7 +224,7 @@ mod tests {
     use super::*;
 
     fn row(id: &str, name: &str, started_at: i64, heartbeat_at: i64) -> NodeRow {
-        (id.into(), name.into(), "trainer".into(), "0".into(), started_at, heartbeat_at, false, false)
+        (id.into(), name.into(), "trainer".into(), "0".into(), started_at, heartbeat_at, false, false, String::new())
     }
 
     fn alive(rows: Vec<NodeRow>, now: i64) -> Vec<(String, bool)> {

@@ -23,7 +23,7 @@ pub use checkpoints::{BlobStore, Checkpoints, SWEEP_GRACE};
 pub use errors::PoolSettings;
 pub use postgres::{PostgresStore, MAX_CONNECTIONS as POSTGRES_POOL_SIZE};
 pub use sqlite::{SqliteStore, POOL_SIZE as SQLITE_POOL_SIZE};
-pub use tinker::{blob_path as tinker_blob_path, TinkerCap, TinkerCatalog, TinkerChange, TinkerEntry};
+pub use tinker::{blob_path as tinker_blob_path, TinkerCap, TinkerCatalog, TinkerChange, TinkerEntry, TinkerSession};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -290,6 +290,8 @@ pub struct NodeBeat {
     pub version: String,
     /// It holds a training job.
     pub busy: bool,
+    /// The base URL other nodes reach it at (`--advertise-url`), empty where none is known.
+    pub address: String,
 }
 
 /// A node as the registry knows it.
@@ -305,6 +307,8 @@ pub struct NodeRecord {
     pub draining: bool,
     /// It beat within [`NODE_ALIVE_MS`] (by the database's clock where there is a server).
     pub alive: bool,
+    /// The base URL other nodes reach it at; empty where none is known.
+    pub address: String,
 }
 
 /// How often a node beats.

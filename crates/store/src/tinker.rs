@@ -44,6 +44,32 @@ pub trait TinkerCatalog: Send + Sync {
     /// The cluster's secret `name`: the stored one, or `fresh`, stored, when there is none yet, so
     /// every node on one store gets the same (the first writer wins a race).
     async fn tinker_secret(&self, name: &str, fresh: &str) -> crate::Result<String>;
+    /// Records a session's host (and its models), or rewrites the row of the same id.
+    async fn tinker_session_put(&self, session: &TinkerSession) -> crate::Result<()>;
+    /// The session `id`'s row (whoever's: the caller compares the entity).
+    async fn tinker_session(&self, id: &str) -> crate::Result<Option<TinkerSession>>;
+    /// Moves session `id` from node `from` to node `to`; false when its host was no longer `from`
+    /// (another node moved it first) or there is no such session.
+    async fn tinker_session_move(&self, id: &str, from: &str, to: &str) -> crate::Result<bool>;
+    /// Forgets session `id` if node `node` still hosts it (a node that lost it never removes the
+    /// row of the node that took it over).
+    async fn tinker_session_drop(&self, id: &str, node: &str) -> crate::Result<()>;
+    /// How many sessions each node hosts (nodes hosting none are absent).
+    async fn tinker_session_counts(&self) -> crate::Result<Vec<(String, i64)>>;
+    /// Forgets the sessions last written before `before` (Unix ms) whose node has left the
+    /// registry (a stopped node's sessions that no client came back for): how many.
+    async fn tinker_session_sweep(&self, before: i64) -> crate::Result<u64>;
+}
+
+/// A Tinker session of a cluster: the node hosting it, and what rebuilds its models elsewhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinkerSession {
+    pub id: String,
+    pub entity: String,
+    /// The hosting node's registry id.
+    pub node: String,
+    /// Its models as the host described them (a JSON array).
+    pub models: Value,
 }
 
 /// One catalog row.
@@ -115,6 +141,16 @@ pub(crate) const EXPIRED: &str = "SELECT owner, model_id, kind, name, size_bytes
 pub(crate) const SECRET_INSERT: &str =
     "INSERT INTO tinker_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
 pub(crate) const SECRET_GET: &str = "SELECT value FROM tinker_secrets WHERE name = $1";
+pub(crate) const SESSION_PUT: &str = "INSERT INTO tinker_sessions (id, entity, node, models, updated_at)
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET entity = excluded.entity, node = excluded.node,
+    models = excluded.models, updated_at = excluded.updated_at";
+pub(crate) const SESSION_GET: &str = "SELECT id, entity, node, models FROM tinker_sessions WHERE id = $1";
+pub(crate) const SESSION_MOVE: &str =
+    "UPDATE tinker_sessions SET node = $3, updated_at = $4 WHERE id = $1 AND node = $2";
+pub(crate) const SESSION_DROP: &str = "DELETE FROM tinker_sessions WHERE id = $1 AND node = $2";
+pub(crate) const SESSION_SWEEP: &str =
+    "DELETE FROM tinker_sessions WHERE updated_at < $1 AND node NOT IN (SELECT id FROM nodes)";
+pub(crate) const SESSION_COUNTS: &str = "SELECT node, COUNT(*) FROM tinker_sessions GROUP BY node";
 pub(crate) const LIVE_BLOBS: &str = "SELECT blob FROM tinker_checkpoints WHERE blob IS NOT NULL";
 
 /// A kind as stored, or a row that names none (written by something else: an error, not a
@@ -339,6 +375,50 @@ macro_rules! catalog_backend {
             async fn tinker_secret(&self, name: &str, fresh: &str) -> Result<String> {
                 sqlx::query(&$sql(t::SECRET_INSERT)).bind(name).bind(fresh).execute(&self.pool).await?;
                 Ok(sqlx::query_scalar(&$sql(t::SECRET_GET)).bind(name).fetch_one(&self.pool).await?)
+            }
+
+            async fn tinker_session_put(&self, s: &t::TinkerSession) -> Result<()> {
+                sqlx::query(&$sql(t::SESSION_PUT))
+                    .bind(&s.id)
+                    .bind(&s.entity)
+                    .bind(&s.node)
+                    .bind(s.models.to_string())
+                    .bind($crate::now_ms())
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+
+            async fn tinker_session(&self, id: &str) -> Result<Option<t::TinkerSession>> {
+                let row = sqlx::query(&$sql(t::SESSION_GET)).bind(id).fetch_optional(&self.pool).await?;
+                let Some(row) = row else { return Ok(None) };
+                let models: String = row.try_get("models")?;
+                Ok(Some(t::TinkerSession {
+                    id: row.try_get("id")?,
+                    entity: row.try_get("entity")?,
+                    node: row.try_get("node")?,
+                    models: $crate::codec::parse_json(&models, "models")?,
+                }))
+            }
+
+            async fn tinker_session_move(&self, id: &str, from: &str, to: &str) -> Result<bool> {
+                let sql = $sql(t::SESSION_MOVE);
+                let q = sqlx::query(&sql).bind(id).bind(from).bind(to).bind($crate::now_ms());
+                Ok(q.execute(&self.pool).await?.rows_affected() == 1)
+            }
+
+            async fn tinker_session_drop(&self, id: &str, node: &str) -> Result<()> {
+                sqlx::query(&$sql(t::SESSION_DROP)).bind(id).bind(node).execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn tinker_session_counts(&self) -> Result<Vec<(String, i64)>> {
+                Ok(sqlx::query_as(&$sql(t::SESSION_COUNTS)).fetch_all(&self.pool).await?)
+            }
+
+            async fn tinker_session_sweep(&self, before: i64) -> Result<u64> {
+                let done = sqlx::query(&$sql(t::SESSION_SWEEP)).bind(before).execute(&self.pool).await?;
+                Ok(done.rows_affected())
             }
         }
     };

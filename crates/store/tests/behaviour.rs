@@ -726,6 +726,7 @@ async fn the_node_registry_tracks_beats_and_drains() {
             role: role.into(),
             version: "0.1.0".into(),
             busy: false,
+            address: format!("http://{node}:8000"),
         };
         assert!(!store.node_heartbeat(&beat("n1", "api-1", "api")).await.unwrap(), "{name}");
         assert!(!store.node_heartbeat(&beat("t1", "trainer-1", "trainer")).await.unwrap());
@@ -736,6 +737,7 @@ async fn the_node_registry_tracks_beats_and_drains() {
             nodes.iter().map(|n| (n.name.as_str(), n.role.as_str(), n.alive, n.busy, n.draining)).collect();
         assert_eq!(seen, [("api-1", "api", true, false, false), ("trainer-1", "trainer", true, true, false)], "{name}");
         assert!(nodes.iter().all(|n| n.heartbeat_at >= n.started_at));
+        assert_eq!(nodes[1].address, "http://trainer-1:8000", "{name}: where other nodes reach it");
 
         let drained = store.set_node_draining("trainer-1", true).await.unwrap();
         assert_eq!((drained.len(), drained[0].id.as_str(), drained[0].draining), (1, "t1", true), "{name}");

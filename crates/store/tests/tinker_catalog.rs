@@ -157,3 +157,62 @@ async fn secrets_are_the_first_stored() {
         assert_eq!(store.tinker_secret("else", "fresh").await.unwrap(), "fresh", "{name}: per name");
     }
 }
+
+/// A session's host moves only from the node that holds it (one of several nodes racing to take a
+/// dead host's session over wins), and only its host forgets it.
+#[tokio::test]
+async fn session_hosts_move_once_and_only_the_host_drops_them() {
+    use tandem_store::TinkerSession;
+    for (name, store, _scratch) in backends().await {
+        let s = TinkerSession { id: "tandem-a".into(), entity: "alice".into(), node: "n1".into(), models: json!([]) };
+        store.tinker_session_put(&s).await.unwrap();
+        let models = json!([{ "seq": 0, "base_model": "base", "rank": 8 }]);
+        store.tinker_session_put(&TinkerSession { models: models.clone(), ..s.clone() }).await.unwrap();
+        let other = TinkerSession { id: "tandem-b".into(), ..s.clone() };
+        store.tinker_session_put(&other).await.unwrap();
+        assert_eq!(store.tinker_session("tandem-a").await.unwrap().unwrap().models, models, "{name}");
+        assert_eq!(store.tinker_session("tandem-z").await.unwrap(), None, "{name}");
+
+        let racing: Vec<_> = (0..6)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(
+                    async move { store.tinker_session_move("tandem-a", "n1", &format!("m{i}")).await.unwrap() },
+                )
+            })
+            .collect();
+        let mut won = 0;
+        for r in racing {
+            won += r.await.unwrap() as usize;
+        }
+        assert_eq!(won, 1, "{name}: one node takes the session over");
+        let host = store.tinker_session("tandem-a").await.unwrap().unwrap().node;
+        assert!(host.starts_with('m'), "{name}: {host}");
+        assert!(!store.tinker_session_move("tandem-a", "n1", "n9").await.unwrap(), "{name}: n1 no longer holds it");
+
+        let mut counts = store.tinker_session_counts().await.unwrap();
+        counts.sort();
+        assert_eq!(counts, vec![(host.clone(), 1), ("n1".to_string(), 1)], "{name}");
+        store.tinker_session_drop("tandem-a", "n1").await.unwrap();
+        assert!(store.tinker_session("tandem-a").await.unwrap().is_some(), "{name}: the old host cannot drop it");
+        store.tinker_session_drop("tandem-a", &host).await.unwrap();
+        assert_eq!(store.tinker_session("tandem-a").await.unwrap(), None, "{name}");
+
+        // A node that left the registry: its old rows go; a registered node's stay.
+        let beat = tandem_store::NodeBeat {
+            id: "n1".into(),
+            name: "n1".into(),
+            role: "trainer".into(),
+            version: "t".into(),
+            busy: false,
+            address: String::new(),
+        };
+        store.node_heartbeat(&beat).await.unwrap();
+        let gone = TinkerSession { id: "tandem-c".into(), node: "n-gone".into(), ..s.clone() };
+        store.tinker_session_put(&gone).await.unwrap();
+        assert_eq!(store.tinker_session_sweep(0).await.unwrap(), 0, "{name}: none that old");
+        let later = tandem_store::now_ms() + 1000;
+        assert_eq!(store.tinker_session_sweep(later).await.unwrap(), 1, "{name}: n1's tandem-b stays");
+        assert!(store.tinker_session("tandem-b").await.unwrap().is_some(), "{name}");
+    }
+}

@@ -169,6 +169,7 @@ pub fn spawn_sweeper(state: AppState) {
             if last_sweep.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
                 last_sweep = Some(tokio::time::Instant::now());
                 sweep(&state).await;
+                super::resume::sweep_orphans(&state).await;
             }
         }
     });

@@ -5,6 +5,8 @@
 //!   checked; its output (per-datum logprobs, `name:reduction` metrics) encoded.
 //! - `answer`: FastAPI's error shapes, the one map of `TinkerError` kinds, the typed JSON body.
 //! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
+//! - [`front`]: in a cluster, each call forwarded to the node holding its session; `resume`:
+//!   the sessions' rows in the store, and a session taken over when its node stopped.
 //! - `order`: training calls into their model's `seq_id` order through the service
 //!   (`tandem_tinker::registry`: sessions, models, futures, caps), answered as the SDK reads them.
 //! - [`weights`]: saving for the sampler, saving and loading the training state.
@@ -19,8 +21,10 @@
 mod answer;
 pub mod expiry;
 pub mod external;
+pub mod front;
 mod order;
 pub mod publish;
+mod resume;
 pub mod routes;
 pub mod runs;
 pub mod sample;
@@ -71,6 +75,8 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(weights::weights_info))
         .routes(routes!(routes::retrieve_future))
         .fallback(routes::not_served)
+        // In a cluster, a session's calls go to the node holding it (after authentication).
+        .layer(from_fn_with_state(state.clone(), front::route))
         .layer(from_fn_with_state(state, require_tinker))
         // Signed URLs carry their permission: a plain HTTP client fetches them without a key.
         .routes(routes!(external::download))

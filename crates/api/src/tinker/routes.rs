@@ -5,6 +5,7 @@
 
 pub(super) use super::answer::{bad, run_id, submitted, submitted_samples, tinker_error, Result, TinkerJson};
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
+use super::resume::ModelSpec;
 use super::wire;
 use super::TinkerState;
 use crate::auth::Caller;
@@ -35,11 +36,12 @@ pub(super) fn trainer(state: &AppState) -> Result<Arc<dyn TinkerTrainer>> {
 
 /// Ends idle sessions and releases their models (at each new session and model).
 pub(super) fn reap(state: &AppState) {
-    let models = state.tinker().reap_idle();
-    release(state, &models);
-    if !models.is_empty() {
-        tracing::info!(models = models.len(), "released the training models of idle Tinker sessions");
+    let ended = state.tinker().reap_idle();
+    release(state, &ended.models);
+    if !ended.models.is_empty() {
+        tracing::info!(models = ended.models.len(), "released the training models of idle Tinker sessions");
     }
+    super::resume::forget_sessions(state, ended.sessions);
 }
 
 /// Frees the trainer's sessions of ended models.
@@ -105,7 +107,9 @@ pub async fn capabilities(State(state): State<AppState>) -> Json<Value> {
         .iter()
         .map(|m| {
             let info = m.info();
-            json!({ "model_name": info.id, "max_context_length": info.context_len, "trainable": state.tinker_trainer().is_some(), "sampleable": true })
+            // In a cluster, the trainer nodes train what an api node is asked to.
+            let trainable = state.tinker_trainer().is_some() || state.node_id().is_some();
+            json!({ "model_name": info.id, "max_context_length": info.context_len, "trainable": trainable, "sampleable": true })
         })
         .collect();
     Json(json!({ "supported_models": models }))
@@ -145,6 +149,11 @@ pub async fn create_session(
 ) -> Result<Json<Value>> {
     reap(&state);
     let id = state.tinker().create_session(&caller.entity).map_err(tinker_error)?;
+    if let Err(e) = super::resume::record_session(&state, &caller.entity, &id).await {
+        // Unrecorded, no other node could find it: it is not handed out.
+        let _ = state.tinker().finish(&caller.entity, &id);
+        return Err(tinker_error(e).into());
+    }
     Ok(Json(json!({ "session_id": id, "type": "create_session" })))
 }
 
@@ -196,8 +205,9 @@ pub async fn finish(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>> {
-    let models = state.tinker().finish(&caller.entity, &id).map_err(tinker_error)?;
-    release(&state, &models);
+    let ended = state.tinker().finish(&caller.entity, &id).map_err(tinker_error)?;
+    release(&state, &ended.models);
+    super::resume::forget_sessions(&state, ended.sessions);
     Ok(Json(json!({})))
 }
 
@@ -238,8 +248,8 @@ pub(super) fn owned_model(state: &AppState, caller: &Caller, id: &str) -> Result
     Ok((t, model))
 }
 
-pub(super) fn new_future(t: &TinkerState, entity: &str) -> Result<(String, Promise)> {
-    Ok(t.future(entity).map_err(tinker_error)?)
+pub(super) fn new_future(t: &TinkerState, entity: &str, session: &str) -> Result<(String, Promise)> {
+    Ok(t.future(entity, session).map_err(tinker_error)?)
 }
 
 #[utoipa::path(
@@ -294,6 +304,19 @@ pub async fn create_model(
     let (request_id, promise) = register_model(&state, &caller.entity, &run, &body.base_model, lora.rank).await?;
     let (id, base, entity) = (model_id.clone(), body.base_model, caller.entity.clone());
     let spec = LoraSpec { rank: lora.rank, seed: lora.seed, modules };
+    let noted = ModelSpec {
+        seq: run.seq(),
+        base_model: base.clone(),
+        rank: lora.rank,
+        seed: lora.seed,
+        modules,
+        record: t.model(&entity, &run).map_or(uuid::Uuid::nil(), |m| m.record_id),
+        loaded: None,
+    };
+    if let Err(e) = super::resume::record_model(&state, &entity, &run, noted).await {
+        t.remove_model(&run);
+        return Err(tinker_error(e).into());
+    }
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.create(&entity, &id, &base, spec) {
             Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),
@@ -548,7 +571,7 @@ pub(super) async fn register_model(
         base_model: base_model.to_string(),
     };
     let (record, _) = state.store().create_model(&new, true).await.map_err(ApiError::from)?;
-    let (request_id, promise) = new_future(t, entity)?;
+    let (request_id, promise) = new_future(t, entity, run.session())?;
     let entry = ModelEntry::new(run.clone(), entity, base_model, rank, &request_id, record.id);
     if !t.enter_model(Arc::new(entry)) {
         return Err(ApiError::not_found("session").into());
@@ -580,7 +603,13 @@ pub async fn retrieve_future(
     TinkerJson(body): TinkerJson<Retrieve>,
 ) -> Result<Response> {
     let t = state.tinker().clone();
-    let outcome = t.wait(&caller.entity, &body.request_id, HOLD).await.map_err(tinker_error)?;
+    let outcome = match t.wait(&caller.entity, &body.request_id, HOLD).await {
+        Ok(outcome) => outcome,
+        Err(e) => match super::resume::lost_call(&t, &caller.entity, &body.request_id) {
+            Some(lost) => Some(Arc::new(lost)),
+            None => return Err(tinker_error(e).into()),
+        },
+    };
     Ok(match outcome.as_deref() {
         None => {
             Json(json!({ "type": "try_again", "request_id": body.request_id, "queue_state": "active" })).into_response()

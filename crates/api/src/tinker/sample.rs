@@ -387,8 +387,17 @@ pub async fn asample(
     TinkerJson(body): TinkerJson<Sample>,
 ) -> Result<Json<Value>> {
     let t = state.tinker().clone();
-    let sampler =
-        t.sampler(&caller.entity, &body.sampling_session_id).ok_or_else(|| ApiError::not_found("sampling session"))?;
+    let sampler = t.sampler(&caller.entity, &body.sampling_session_id).ok_or_else(|| {
+        let session = tandem_core::tinker::session_of(&body.sampling_session_id).unwrap_or_default();
+        match t.session(&caller.entity, session) {
+            // Taken over from a node that stopped: its sampling sessions were that node's.
+            Some(true) => ApiError::new(
+                crate::error::ErrorKind::NotFound,
+                "sampling session not found: it was lost with the node that held its session; create a new sampling client",
+            ),
+            _ => ApiError::not_found("sampling session"),
+        }
+    })?;
     if !(1..=128).contains(&body.num_samples) {
         return Err(bad(format!("num_samples {}: expected 1 to 128", body.num_samples)).into());
     }
@@ -410,7 +419,8 @@ pub async fn asample(
     // The prompt waits in memory until the engine takes it: counted as the entity's queued bytes.
     let bytes = 1024 + 24 * request["prompt"].as_array().map_or(0, Vec::len) as u64;
     let queued = t.queue_bytes(&caller.entity, bytes).map_err(tinker_error)?;
-    let (request_id, promise) = new_future(&t, &caller.entity)?;
+    let session = tandem_core::tinker::session_of(&body.sampling_session_id).unwrap_or("sample");
+    let (request_id, promise) = new_future(&t, &caller.entity, session)?;
     let ids: Vec<String> = (0..body.num_samples).map(|i| format!("{request_id}:{i}")).collect();
     let entity = caller.entity.clone();
     let patience = t.waits.idle;

@@ -61,7 +61,7 @@ pub async fn test_app_training(
     let checkpoints = CheckpointDir::open(dir.path().join("checkpoints")).unwrap();
     let waker = Arc::new(tokio::sync::Notify::new());
     let heartbeat = Arc::new(Heartbeat::default());
-    let node = Node { limits, backend, lora_root, tinker };
+    let node = Node { limits, backend, lora_root, tinker, node_id: None };
     let state = node.state(store.clone(), &checkpoints, &waker, &heartbeat);
     TestApp { router: tandem_api::app(state), store, checkpoints, waker, heartbeat, _dir: dir }
 }
@@ -72,6 +72,9 @@ pub struct Node {
     pub backend: Option<tandem_core::inference::SharedBackend>,
     pub lora_root: Option<std::path::PathBuf>,
     pub tinker: Option<Arc<dyn TinkerTrainer>>,
+    /// Its id in the node registry, as one node of a cluster (Tinker sessions are then held by
+    /// one node each).
+    pub node_id: Option<String>,
 }
 
 impl Node {
@@ -102,6 +105,7 @@ impl Node {
             lora_root: self.lora_root,
             tinker: self.tinker,
             tokenizer_dirs: Default::default(),
+            node_id: self.node_id,
         })
     }
 }

@@ -8,9 +8,9 @@ use sqlx::PgPool;
 
 pub(crate) async fn heartbeat(pool: &PgPool, beat: &NodeBeat) -> Result<bool> {
     let sql = format!(
-        "INSERT INTO nodes (id, name, role, version, started_at, heartbeat_at, busy)
-         VALUES ($1, $2, $3, $4, {DB_NOW_MS}, {DB_NOW_MS}, $5)
-         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, busy = excluded.busy
+        "INSERT INTO nodes (id, name, role, version, started_at, heartbeat_at, busy, address)
+         VALUES ($1, $2, $3, $4, {DB_NOW_MS}, {DB_NOW_MS}, $5, $6)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, busy = excluded.busy, address = excluded.address
          RETURNING draining"
     );
     let draining: bool = sqlx::query_scalar(&sql)
@@ -19,6 +19,7 @@ pub(crate) async fn heartbeat(pool: &PgPool, beat: &NodeBeat) -> Result<bool> {
         .bind(&beat.role)
         .bind(&beat.version)
         .bind(beat.busy)
+        .bind(&beat.address)
         .fetch_one(pool)
         .await?;
     sqlx::query(&format!("DELETE FROM nodes WHERE heartbeat_at < {DB_NOW_MS} - 86400000")).execute(pool).await?;

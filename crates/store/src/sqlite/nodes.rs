@@ -7,9 +7,9 @@ use sqlx::SqlitePool;
 pub(crate) async fn heartbeat(pool: &SqlitePool, beat: &NodeBeat) -> Result<bool> {
     let now = now_ms();
     let draining: bool = sqlx::query_scalar(
-        "INSERT INTO nodes (id, name, role, version, started_at, heartbeat_at, busy)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)
-         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, busy = excluded.busy
+        "INSERT INTO nodes (id, name, role, version, started_at, heartbeat_at, busy, address)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, busy = excluded.busy, address = excluded.address
          RETURNING draining",
     )
     .bind(&beat.id)
@@ -18,6 +18,7 @@ pub(crate) async fn heartbeat(pool: &SqlitePool, beat: &NodeBeat) -> Result<bool
     .bind(&beat.version)
     .bind(now)
     .bind(beat.busy)
+    .bind(&beat.address)
     .fetch_one(pool)
     .await?;
     sqlx::query("DELETE FROM nodes WHERE heartbeat_at < ?").bind(now - 86_400_000).execute(pool).await?;

@@ -116,9 +116,10 @@ impl Drop for Promise {
 }
 
 impl<S> Registry<S> {
-    /// A new pending future of `entity`: its id and the promise that completes it; `Busy` when
-    /// the entity holds [`MAX_FUTURES_PER_ENTITY`] unfetched.
-    pub fn future(&self, entity: &str) -> Result<(String, Promise), TinkerError> {
+    /// A new pending future of `entity`, for a call of session `session`: its id (which names the
+    /// session, so that any node of a cluster finds the node holding it) and the promise that
+    /// completes it; `Busy` when the entity holds [`MAX_FUTURES_PER_ENTITY`] unfetched.
+    pub fn future(&self, entity: &str, session: &str) -> Result<(String, Promise), TinkerError> {
         let mut futures = self.futures.lock().unwrap_or_else(|e| e.into_inner());
         futures
             .retain(|_, f| f.created.elapsed() < FUTURE_TTL && f.fetched.is_none_or(|at| at.elapsed() < FETCHED_TTL));
@@ -126,7 +127,7 @@ impl<S> Registry<S> {
         if held >= MAX_FUTURES_PER_ENTITY {
             return Err(TinkerError::Busy("too many pending results; fetch them first".into()));
         }
-        let id = format!("req-{}", uuid::Uuid::new_v4().simple());
+        let id = format!("{session}:req:{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = watch::channel(None);
         let entry = FutureEntry { entity: entity.to_string(), done: rx, created: Instant::now(), fetched: None };
         futures.insert(id.clone(), entry);

@@ -32,6 +32,8 @@ struct SessionEntry {
     last_seen: Instant,
     /// Whether its client has sent a heartbeat (then missed beats end it: [`Waits::heartbeat`]).
     beats: bool,
+    /// Taken over from a node that stopped: the calls that node held are lost.
+    adopted: bool,
 }
 
 /// A training model: whose it is, what it trains, and where its calls are in `seq_id` order.
@@ -86,6 +88,20 @@ impl ModelEntry {
             inflight: Arc::default(),
         }
     }
+
+    /// The model rebuilt on this node after the node holding it stopped: its calls' order starts
+    /// at the first call that arrives ([`SeqOrder::resumed`]).
+    pub fn resumed(mut self) -> Self {
+        self.order = Mutex::new(SeqOrder::resumed());
+        self
+    }
+}
+
+/// What ending sessions ended: their ids, and the models to release.
+#[derive(Debug, Default)]
+pub struct Ended {
+    pub sessions: Vec<String>,
+    pub models: Vec<RunId>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -233,10 +249,39 @@ impl<S> Registry<S> {
             return Err(busy(format!("an entity may hold {MAX_SESSIONS_PER_ENTITY} sessions; finish one first")));
         }
         let id = format!("tandem-{}", uuid::Uuid::new_v4().simple());
-        let session =
-            SessionEntry { entity: entity.to_string(), models: Vec::new(), last_seen: Instant::now(), beats: false };
+        let session = SessionEntry {
+            entity: entity.to_string(),
+            models: Vec::new(),
+            last_seen: Instant::now(),
+            beats: false,
+            adopted: false,
+        };
         sessions.insert(id.clone(), session);
         Ok(id)
+    }
+
+    /// Takes over session `id` of `entity` from a node that stopped (its models are entered
+    /// after, as they are rebuilt); false when this node holds it already.
+    pub fn adopt_session(&self, entity: &str, id: &str) -> bool {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if sessions.contains_key(id) {
+            return false;
+        }
+        let session = SessionEntry {
+            entity: entity.to_string(),
+            models: Vec::new(),
+            last_seen: Instant::now(),
+            beats: false,
+            adopted: true,
+        };
+        sessions.insert(id.to_string(), session);
+        true
+    }
+
+    /// Whether `entity`'s session `id` is held here (and whether it was taken over).
+    pub fn session(&self, entity: &str, id: &str) -> Option<bool> {
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.get(id).filter(|s| s.entity == entity).map(|s| s.adopted)
     }
 
     /// `entity`'s model `id`, or `None` (absent, or another entity's: the same answer).
@@ -270,9 +315,8 @@ impl<S> Registry<S> {
         self.models.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 
-    /// Ends the sessions `ending` picks, with their samplers and their models' entries: how many
-    /// ended, and the models to release.
-    fn end_sessions(&self, ending: impl Fn(&str, &SessionEntry) -> bool) -> (usize, Vec<RunId>) {
+    /// Ends the sessions `ending` picks, with their samplers and their models' entries.
+    fn end_sessions(&self, ending: impl Fn(&str, &SessionEntry) -> bool) -> Ended {
         let ended: Vec<(String, SessionEntry)> = {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             let ids: Vec<String> = sessions.iter().filter(|(k, s)| ending(k, s)).map(|(k, _)| k.clone()).collect();
@@ -283,7 +327,7 @@ impl<S> Registry<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|id, _| id.split_once(":sample:").is_none_or(|(session, _)| !ids.contains(session)));
-        let count = ended.len();
+        let sessions: Vec<String> = ended.iter().map(|(k, _)| k.clone()).collect();
         let models: Vec<RunId> = ended.into_iter().flat_map(|(_, s)| s.models).collect();
         let mut held = self.models.lock().unwrap_or_else(|e| e.into_inner());
         for m in &models {
@@ -291,23 +335,22 @@ impl<S> Registry<S> {
                 entry.release();
             }
         }
-        (count, models)
+        Ended { sessions, models }
     }
 
     /// Ends the sessions idle past [`Waits::idle`] (or past [`Waits::heartbeat`] once they
-    /// beat): the models to release.
-    pub fn reap_idle(&self) -> Vec<RunId> {
-        self.end_sessions(|_, s| s.last_seen.elapsed() > if s.beats { self.waits.heartbeat } else { self.waits.idle }).1
+    /// beat).
+    pub fn reap_idle(&self) -> Ended {
+        self.end_sessions(|_, s| s.last_seen.elapsed() > if s.beats { self.waits.heartbeat } else { self.waits.idle })
     }
 
-    /// Ends `entity`'s session `id`: the models to release; `NotFound` when it has no such
-    /// session.
-    pub fn finish(&self, entity: &str, id: &str) -> Result<Vec<RunId>, TinkerError> {
-        let (count, models) = self.end_sessions(|k, s| k == id && s.entity == entity);
-        if count == 0 {
+    /// Ends `entity`'s session `id`; `NotFound` when it has no such session.
+    pub fn finish(&self, entity: &str, id: &str) -> Result<Ended, TinkerError> {
+        let ended = self.end_sessions(|k, s| k == id && s.entity == entity);
+        if ended.sessions.is_empty() {
             return Err(TinkerError::NotFound("session not found".into()));
         }
-        Ok(models)
+        Ok(ended)
     }
 
     /// Models `entity` holds.

@@ -143,7 +143,7 @@ impl<S> Registry<S> {
                 Arrival::GivenUp => {
                     // Answered at once: a later call gave up waiting for it, and the order has
                     // moved on.
-                    let (request_id, promise) = self.future(&model.entity)?;
+                    let (request_id, promise) = self.future(&model.entity, model.id.session())?;
                     promise.set(Outcome::user(format!(
                         "seq_id {seq_id} of model {} came after a later call had waited {} s for it; it was not run",
                         model.id,
@@ -153,7 +153,7 @@ impl<S> Registry<S> {
                 }
                 Arrival::New => {}
             }
-            let (id, promise) = self.future(&model.entity)?;
+            let (id, promise) = self.future(&model.entity, model.id.session())?;
             order.arrive(seq_id, &id);
             (id, promise)
         };
@@ -195,7 +195,7 @@ impl<S> Registry<S> {
                 Arrival::OutOfRange => return Err(out_of_range(&model, seq_id)),
                 Arrival::GivenUp | Arrival::New => {}
             }
-            let (id, promise) = self.future(&model.entity)?;
+            let (id, promise) = self.future(&model.entity, model.id.session())?;
             promise.set(Outcome::user(error));
             if arrival == Arrival::New {
                 order.arrive(seq_id, &id);

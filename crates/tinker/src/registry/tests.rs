@@ -57,16 +57,16 @@ async fn calls_wait_their_turn_and_only_gaps_time_out() {
 async fn fetched_results_leave_the_cap_and_errors_are_excerpts() {
     let state = State::default();
     for _ in 0..MAX_FUTURES_PER_ENTITY {
-        let (id, promise) = state.future("a").unwrap();
+        let (id, promise) = state.future("a", "s").unwrap();
         promise.set(Outcome::Json(serde_json::json!({})));
         assert!(state.wait("a", &id, Duration::ZERO).await.unwrap().is_some());
     }
     let mut pending = Vec::new();
     for _ in 0..MAX_FUTURES_PER_ENTITY {
-        pending.push(state.future("a").expect("fetched results do not count"));
+        pending.push(state.future("a", "s").expect("fetched results do not count"));
     }
-    assert!(state.future("a").is_err(), "unfetched ones do");
-    assert!(state.future("b").is_ok(), "per entity");
+    assert!(state.future("a", "s").is_err(), "unfetched ones do");
+    assert!(state.future("b", "s").is_ok(), "per entity");
     let (id, promise) = pending.pop().unwrap();
     drop(pending);
     promise.set(Outcome::user(format!("loss_fn_config {:?}", "k".repeat(10 << 20))));
@@ -103,14 +103,14 @@ fn queued_bytes_are_bounded_per_entity() {
 #[tokio::test]
 async fn futures_are_per_entity_and_complete_once() {
     let state = State::default();
-    let (id, promise) = state.future("a").unwrap();
+    let (id, promise) = state.future("a", "s").unwrap();
     assert!(state.wait("b", &id, Duration::ZERO).await.is_err(), "another entity's future is unknown");
     assert!(state.wait("a", &id, Duration::from_millis(10)).await.unwrap().is_none(), "pending");
     promise.set(Outcome::Json(serde_json::json!({"ok": 1})));
     let got = state.wait("a", &id, Duration::from_secs(1)).await.unwrap().unwrap();
     assert!(matches!(&*got, Outcome::Json(v) if v["ok"] == 1));
     // A promise dropped unset fails its future rather than leaving it pending forever.
-    let (id, promise) = state.future("a").unwrap();
+    let (id, promise) = state.future("a", "s").unwrap();
     drop(promise);
     let got = state.wait("a", &id, Duration::from_secs(1)).await.unwrap().unwrap();
     assert!(matches!(&*got, Outcome::Failed { category: Category::Server, .. }));
@@ -179,10 +179,33 @@ fn sessions_own_their_models_and_samplers() {
     assert!(state.model("b", &run).is_none() && state.sampler("b", &format!("{session}:sample:0")).is_none());
     assert!(state.model_named("a", &run.to_string()).is_some());
     assert!(matches!(state.finish("b", &session), Err(TinkerError::NotFound(_))));
-    assert_eq!(state.finish("a", &session).unwrap(), vec![run.clone()]);
+    let ended = state.finish("a", &session).unwrap();
+    assert_eq!((ended.sessions, ended.models), (vec![session.clone()], vec![run.clone()]));
     assert!(state.model("a", &run).is_none() && state.sampler("a", &format!("{session}:sample:0")).is_none());
     for _ in 0..MAX_SESSIONS_PER_ENTITY {
         state.create_session("c").unwrap();
     }
     assert!(matches!(state.create_session("c"), Err(TinkerError::Busy(_))));
+}
+
+/// A session taken over from a stopped node keeps its id, says it was taken over, and its
+/// rebuilt model's order starts at the first call that arrives; futures name their session.
+#[tokio::test]
+async fn an_adopted_session_keeps_its_id_and_resumes_its_order() {
+    let state = Registry::<()>::default();
+    assert!(state.adopt_session("a", "tandem-old"));
+    assert!(!state.adopt_session("a", "tandem-old"), "once");
+    assert_eq!(state.session("a", "tandem-old"), Some(true));
+    assert_eq!(state.session("b", "tandem-old"), None, "another entity's is none");
+    let fresh = state.create_session("a").unwrap();
+    assert_eq!(state.session("a", &fresh), Some(false));
+
+    let run = RunId::new("tandem-old", 0).unwrap();
+    let model = Arc::new(ModelEntry::new(run.clone(), "a", "m", 8, "", uuid::Uuid::nil()).resumed());
+    assert!(state.enter_model(model.clone()));
+    let accepted = state.accept(model.clone(), 57, async { Outcome::Json(serde_json::json!({"ok": 57})) }).unwrap();
+    assert!(accepted.request_id.starts_with("tandem-old:req:"), "{}", accepted.request_id);
+    let done = state.wait("a", &accepted.request_id, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(done.as_deref(), Some(Outcome::Json(_))), "seq 57 ran without waiting for 1..56");
+    assert!(state.accept(model, 3, async { Outcome::Json(serde_json::json!({})) }).is_err(), "before the resume");
 }
