@@ -321,6 +321,15 @@ impl Catalog {
         self.store.tinker_published(key).await.map_err(|e| store_error(e, "reading the catalog"))
     }
 
+    /// The owner of run `run` when its checkpoint (`weights/NAME`, `sampler_weights/NAME`) is
+    /// published and `reader` is someone else (`None`: not public, not there, or the reader's
+    /// own, which the reader looks up as its own).
+    pub async fn publisher(&self, reader: &str, run: &str, checkpoint: &str) -> Option<String> {
+        let key = CheckpointKey::of_run(run, checkpoint)?;
+        let owner = self.published(&key).await.ok().flatten()?.owner;
+        (owner != reader).then_some(owner)
+    }
+
     /// Entries whose time to live has passed at `now` (ms since the epoch), soonest first.
     pub async fn expired(&self, now: i64) -> Result<Vec<TinkerEntry>> {
         self.store.tinker_expired(now, SWEEP_BATCH).await.map_err(|e| store_error(e, "reading the catalog"))

@@ -6,6 +6,8 @@
 //! - [`catalog`]: saved states, sampler weights saved by name, external weights, their expiries
 //!   and publish marks, as store rows and checkpoint-store files, so any node of a cluster reads
 //!   the same catalog; [`legacy`] imports the file catalogs older versions kept.
+//! - [`sweep`]: a checkpoint deleted (a client's `DELETE`, or its TTL passed) and the sweep of
+//!   expired ones, through the front's port for sampler weights' checkpoints.
 //! - [`urls`]: the signed download URLs of external weights.
 //!
 //! The compute port (`tandem_core::tinker::TinkerTrainer`) trains; this crate orders the calls
@@ -15,6 +17,7 @@
 pub mod catalog;
 pub mod legacy;
 pub mod registry;
+pub mod sweep;
 pub mod urls;
 
 pub use catalog::{Catalog, SavedState};

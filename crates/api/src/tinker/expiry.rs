@@ -116,39 +116,10 @@ pub(super) async fn keep_ephemeral(
     Ok(())
 }
 
-/// Deletes every checkpoint whose expiry has passed, as `DELETE` would; how many went. Each is
-/// checked again under its run's lock just before it goes: a TTL renewed or removed, or a name
-/// saved again, since the sweep read the catalog is kept.
+/// Deletes every checkpoint whose expiry has passed, as `DELETE` would
+/// (`tandem_tinker::sweep`); how many went.
 pub async fn sweep(state: &AppState) -> usize {
-    let due = match state.catalog().expired(now_ms()).await {
-        Ok(due) => due,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not read the expired Tinker checkpoints; the next sweep will");
-            return 0;
-        }
-    };
-    let mut deleted = 0;
-    for x in due {
-        let (owner, run) = (&x.owner, &x.key.model_id);
-        let _run = state.tinker().runs.lock(owner, run).await;
-        let now = state.catalog().readable(owner, &x.key, false).await.ok().flatten();
-        if now.and_then(|e| e.expires_at).is_none_or(|at| at > now_ms()) {
-            continue;
-        }
-        match super::weights::delete_held(state, owner, run, x.key.kind.as_str(), &x.key.name).await {
-            Ok(true) => deleted += 1,
-            Ok(false) => {}
-            // Kept, with its expiry, for the next sweep (a store outage must not lose it).
-            Err(e) => {
-                let checkpoint = x.key.checkpoint();
-                tracing::warn!(error = %e.0.message, checkpoint, "could not delete an expired checkpoint")
-            }
-        }
-    }
-    if deleted > 0 {
-        tracing::info!(deleted, "deleted expired Tinker checkpoints");
-    }
-    deleted
+    tandem_tinker::sweep::sweep(state.catalog(), state.tinker(), &super::samplers::Checkpoints(state), now_ms()).await
 }
 
 /// Sweeps at start and every [`SWEEP_EVERY`]; ends the sessions

@@ -98,12 +98,3 @@ async fn mark(
     }
     Ok(Json(json!({})))
 }
-
-/// The owner of run `run` when its checkpoint (`weights/NAME`, `sampler_weights/NAME`) is
-/// published and `entity` is someone else (`None`: not public, or the caller's own, which the
-/// caller looks up as its own).
-pub(super) async fn publisher(state: &AppState, entity: &str, run: &str, checkpoint: &str) -> Option<String> {
-    let key = CheckpointKey::of_run(run, checkpoint)?;
-    let owner = state.catalog().published(&key).await.ok().flatten()?.owner;
-    (owner != entity).then_some(owner)
-}

@@ -403,7 +403,7 @@ pub async fn asample(
     }
     let mut owner = None;
     if let Some((publisher, run, checkpoint)) = &sampler.published {
-        if super::publish::publisher(&state, &caller.entity, run, checkpoint).await.as_ref() != Some(publisher) {
+        if state.catalog().publisher(&caller.entity, run, checkpoint).await.as_ref() != Some(publisher) {
             return Err(ApiError::not_found("sampler weights").into());
         }
         owner = Some(publisher.clone());

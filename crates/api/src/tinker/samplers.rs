@@ -43,7 +43,7 @@ pub(super) async fn readable(
     if let Some(s) = find(state, entity, run, name).await? {
         return Ok(Some((entity.to_string(), s)));
     }
-    let Some(owner) = super::publish::publisher(state, entity, run, &format!("sampler_weights/{name}")).await else {
+    let Some(owner) = state.catalog().publisher(entity, run, &format!("sampler_weights/{name}")).await else {
         return Ok(None);
     };
     Ok(find(state, &owner, run, name).await?.map(|s| (owner, s)))
@@ -101,4 +101,17 @@ pub(super) async fn drop_checkpoint(state: &AppState, s: &SavedSampler) -> Resul
     let deleted = state.store().delete_checkpoints(s.record_id, &[s.step]).await?;
     crate::preview::checkpoints::remove_files(state, &deleted.deleted).await;
     Ok(())
+}
+
+/// The front's side of deleting sampler weights (`tandem_tinker::sweep`): their checkpoint of the
+/// run's tandem record, with its files and the engine's copy.
+pub(super) struct Checkpoints<'a>(pub &'a AppState);
+
+impl tandem_tinker::sweep::SamplerCheckpoints for Checkpoints<'_> {
+    async fn drop_checkpoint(&self, saved: &SavedSampler) -> Result<(), tandem_core::tinker::TinkerError> {
+        drop_checkpoint(self.0, saved).await.map_err(|e| match e.kind {
+            crate::error::ErrorKind::Unavailable => tandem_core::tinker::TinkerError::Unavailable(e.message),
+            _ => tandem_core::tinker::TinkerError::Server(e.message),
+        })
+    }
 }

@@ -488,29 +488,10 @@ pub async fn delete_checkpoint(
     Ok(Json(json!({})))
 }
 
-/// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` with its files; whether it existed.
-/// The caller holds the run's lock ([`tandem_tinker::registry::RunLocks`]). An error (the store or the blob
-/// store did not answer) leaves the checkpoint listed and its expiry kept, so a sweep tries
-/// again. Any node can: the catalog is the store's.
+/// Deletes `entity`'s checkpoint `{kind}/{name}` of `run` with its files (`tandem_tinker::sweep`);
+/// whether it existed. The caller holds the run's lock.
 pub(super) async fn delete_held(state: &AppState, entity: &str, run: &str, kind: &str, name: &str) -> Result<bool> {
-    let Some(kind) = CheckpointKind::parse(kind) else { return Ok(false) };
-    let key = CheckpointKey::new(run, kind, name);
-    if kind != CheckpointKind::SamplerWeights {
-        return Ok(state.catalog().delete(entity, &key).await.map_err(tinker_error)?.is_some());
-    }
-    let held = state.tinker().model_named(entity, run);
-    let in_memory = held.as_ref().and_then(|m| m.samplers.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned());
-    let listed = state.catalog().readable(entity, &key, false).await.map_err(tinker_error)?;
-    let listed = listed.as_ref().and_then(tandem_tinker::catalog::sampler_of);
-    let Some(saved) = in_memory.or(listed.clone()) else { return Ok(false) };
-    // The checkpoint first: if the store does not answer, the name stays listed and the sweep
-    // finds it again (forgotten first, a served checkpoint would be left unlisted).
-    samplers::drop_checkpoint(state, &saved).await?;
-    if let Some(m) = held {
-        m.samplers.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
-    }
-    if listed.is_some() {
-        state.catalog().delete(entity, &key).await.map_err(tinker_error)?;
-    }
-    Ok(true)
+    let samplers = super::samplers::Checkpoints(state);
+    let deleted = tandem_tinker::sweep::delete(state.catalog(), state.tinker(), &samplers, entity, run, kind, name);
+    Ok(deleted.await.map_err(tinker_error)?)
 }
