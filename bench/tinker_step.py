@@ -59,8 +59,33 @@ def single(binary, model, args):
         node.stop()
 
 
-def cluster(binary, model, args):
-    """(through the api node, directly at the trainer), each a fresh model on the one trainer."""
+def hop(api, trainer):
+    """Median ms of a session heartbeat (a call that does nothing) sent through the api node and
+    sent to the trainer holding the session: the forwarding hop's own cost."""
+    import json
+    import urllib.request
+
+    def post(node, path, body):
+        req = urllib.request.Request(f"http://{node.host}:{node.port}/api/v1/{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", "X-API-Key": f"tml-{KEY}"})
+        with urllib.request.urlopen(req) as r:
+            return json.loads(r.read())
+
+    session = post(api, "create_session", {})["session_id"]
+    out = []
+    for node in (api, trainer):
+        times = []
+        for _ in range(200):
+            started = time.perf_counter()
+            post(node, "session_heartbeat", {"session_id": session})
+            times.append(time.perf_counter() - started)
+        out.append(statistics.median(times) * 1000)
+    return out
+
+
+def cluster(binary, model, args, flip):
+    """(through the api node, directly at the trainer, the hop's ms through, the hop's ms direct),
+    each step on a fresh model on the one trainer."""
     subprocess.run(["psql", args.pg, "-qc", f"DROP DATABASE IF EXISTS {DB}"], check=True)
     subprocess.run(["psql", args.pg, "-qc", f"CREATE DATABASE {DB}"], check=True)
     common = ["--database-url", args.pg.rsplit("/", 1)[0] + "/" + DB, "--blob-store",
@@ -69,9 +94,13 @@ def cluster(binary, model, args):
     trainer = Server(binary, model, KEY, common + ["--role", "trainer"], prefix="tandem-bench-step-trainer-")
     try:
         time.sleep(6)  # the trainer's first beat names its address
-        via = steps(f"http://{api.host}:{api.port}", args)
-        direct = steps(f"http://{trainer.host}:{trainer.port}", args)
-        return via, direct
+        if flip:
+            direct = steps(f"http://{trainer.host}:{trainer.port}", args)
+            via = steps(f"http://{api.host}:{api.port}", args)
+        else:
+            via = steps(f"http://{api.host}:{api.port}", args)
+            direct = steps(f"http://{trainer.host}:{trainer.port}", args)
+        return (via, direct, *hop(api, trainer))
     finally:
         api.stop()
         trainer.stop()
@@ -97,16 +126,18 @@ def main():
             got.setdefault(name, []).append(run())
             print(f"round {r + 1}: {name} {got[name][-1] * 1000:.0f} ms a step", flush=True)
         if args.pg:
-            via, direct = cluster(args.binary, args.model, args)
+            via, direct, hop_via, hop_direct = cluster(args.binary, args.model, args, r % 2 == 1)
             got.setdefault("cluster, through the api node", []).append(via)
             got.setdefault("cluster, at the trainer", []).append(direct)
-            print(f"round {r + 1}: cluster {via * 1000:.0f} ms through the api node, {direct * 1000:.0f} ms at the trainer",
-                  flush=True)
+            got.setdefault("heartbeat, through the api node", []).append(hop_via / 1000)
+            got.setdefault("heartbeat, at the trainer", []).append(hop_direct / 1000)
+            print(f"round {r + 1}: cluster {via * 1000:.0f} ms through the api node, {direct * 1000:.0f} ms at the trainer; "
+                  f"a heartbeat {hop_via:.1f} ms through, {hop_direct:.1f} ms direct", flush=True)
     print(f"\nTinker step: {args.datums} x {args.tokens} tokens, rank 8, median of {args.steps} steps a round, "
           f"median of {args.rounds} rounds")
     med = {k: statistics.median(v) for k, v in got.items()}
     for k, v in med.items():
-        print(f"  {k:32s} {v * 1000:8.0f} ms")
+        print(f"  {k:32s} {v * 1000:8.1f} ms")
     if "baseline" in med:
         print(f"  this tree / baseline: {med['this tree'] / med['baseline']:.3f}")
     if args.pg:

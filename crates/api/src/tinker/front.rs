@@ -269,8 +269,12 @@ async fn forward(
         Ok(answer) => answer,
         Err(e) => {
             // Killed moments ago, it still looks alive for up to three beats (15 s): the SDK
-            // retries a 503 ten times, honouring Retry-After, so 3 s each outlasts that.
+            // retries a submitted call's 503 ten times, honouring Retry-After, so 1 + 3 s each
+            // outlasts that.
             tracing::warn!(node = %node.name, error = %e, "a Tinker session's node did not answer");
+            // The SDK polls a future again at once after a 5xx: a pause here keeps a client
+            // waiting out a failover from looping on this node.
+            tokio::time::sleep(Duration::from_secs(1)).await;
             let e = ApiError::new(
                 ErrorKind::Unavailable,
                 format!("the node holding this Tinker session ({}) does not answer; retry", node.name),
