@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-memory bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -350,6 +350,14 @@ bench-tinker-victim: model $(TINKER_OK)
 
 ## bench-tinker-memory: what a held Tinker model takes at ranks 8/32/256, with and without the
 ## trained output head (bench/tinker_memory.py)
+## bench-tinker-step: a Tinker step's time on this tree against BASELINE (an older tandem binary, when
+## given) and, when PostgreSQL answers, through an api node against directly at the trainer
+bench-tinker-step: model $(TINKER_OK)
+	cargo build --release -q --bin tandem
+	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python bench/tinker_step.py target/release/tandem $(MODEL) \
+		$(if $(BASELINE),--baseline $(BASELINE)) \
+		$(if $(shell psql "$(PG_ADMIN_URL)" -qc 'SELECT 1' >/dev/null 2>&1 && echo y),--pg $(PG_ADMIN_URL))
+
 bench-tinker-memory: model $(TINKER_OK)
 	cargo build --release -q --bin tandem
 	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python bench/tinker_memory.py target/release/tandem $(MODEL)
@@ -361,7 +369,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-memory bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:
