@@ -4,7 +4,8 @@
 //! - [`wire`]: a `forward_backward` request's data read into token ids, targets and loss inputs,
 //!   checked; its output (per-datum logprobs, `name:reduction` metrics) encoded.
 //! - `answer`: FastAPI's error shapes, the one map of `TinkerError` kinds, the typed JSON body.
-//! - [`routes`]: the handlers under `/api/v1/` (sessions, models, training calls, futures).
+//! - [`routes`]: the handlers under `/api/v1/` (configuration, sessions, training calls, futures).
+//! - [`models`]: `create_model`, `get_info`, and the registration `load_weights` shares.
 //! - [`front`]: in a cluster, each call forwarded to the node holding its session; `resume`:
 //!   the sessions' rows in the store, and a session taken over when its node stopped.
 //! - `order`: training calls into their model's `seq_id` order through the service
@@ -22,6 +23,7 @@ mod answer;
 pub mod expiry;
 pub mod external;
 pub mod front;
+pub mod models;
 mod order;
 pub mod publish;
 mod resume;
@@ -53,8 +55,8 @@ pub fn router(state: AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(routes::create_session))
         .routes(routes!(routes::heartbeat))
         .routes(routes!(routes::finish))
-        .routes(routes!(routes::create_model))
-        .routes(routes!(routes::get_info))
+        .routes(routes!(models::create_model))
+        .routes(routes!(models::get_info))
         .routes(routes!(routes::forward_backward))
         .routes(routes!(routes::optim_step))
         .routes(routes!(weights::save_weights_for_sampler))

@@ -5,9 +5,7 @@
 
 use super::expiry::ttl_expiry;
 use super::order::{ordered, ordered_async, refused_in_order, Sequenced};
-use super::routes::{
-    bad, owned_model, reap, register_model, run_id, submitted, tinker_error, trainer, Result, TinkerJson,
-};
+use super::routes::{bad, owned_model, reap, run_id, submitted, tinker_error, trainer, Result, TinkerJson};
 use super::sample::Sampler;
 use super::samplers;
 use crate::auth::Caller;
@@ -344,7 +342,7 @@ pub async fn load_weights(
     if let Some(m) = t.model(&caller.entity, &run) {
         return Ok(submitted(&m.create_request, &model_id));
     }
-    let (request_id, promise) = register_model(&state, &caller.entity, &run, &base_model, rank).await?;
+    let (request_id, promise) = super::models::register_model(&state, &caller.entity, &run, &base_model, rank).await?;
     let noted = super::resume::ModelSpec {
         seq: run.seq(),
         base_model: base_model.clone(),
