@@ -5,28 +5,11 @@
 
 mod common;
 
-use common::tinker_fake::FakeTrainer;
+use common::tinker_fake::{answer, post, FakeTrainer};
 use common::{test_app_training, Node, Reply, TestApp, BASE, KEY_A, KEY_B};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tandem_api::Limits;
-
-async fn post(app: &TestApp, key: &str, path: &str, body: Value) -> Reply {
-    app.call("POST", &format!("/api/v1/{path}"), key, Some(body)).await
-}
-
-/// A call's answer: its future's result once ready.
-async fn answer(app: &TestApp, key: &str, submitted: &Reply) -> Value {
-    assert_eq!(submitted.status, 200, "{}", String::from_utf8_lossy(&submitted.bytes));
-    let request_id = submitted.json()["request_id"].as_str().expect("a future").to_string();
-    loop {
-        let r = post(app, key, "retrieve_future", json!({ "request_id": request_id })).await;
-        assert_eq!(r.status, 200);
-        if r.json()["type"] != "try_again" {
-            return r.json();
-        }
-    }
-}
 
 struct Run {
     session: String,

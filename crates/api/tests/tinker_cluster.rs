@@ -5,28 +5,12 @@
 
 mod common;
 
-use common::tinker_fake::FakeTrainer;
-use common::{test_app_training, Node, Reply, TestApp, BASE, KEY_A, KEY_B};
-use serde_json::{json, Value};
+use common::tinker_fake::{answer, post, FakeTrainer};
+use common::{test_app_training, Node, TestApp, BASE, KEY_A, KEY_B};
+use serde_json::json;
 use std::sync::Arc;
 use tandem_api::Limits;
 use tandem_store::{NodeBeat, Store, TinkerCatalog};
-
-async fn post(app: &TestApp, key: &str, path: &str, body: Value) -> Reply {
-    app.call("POST", &format!("/api/v1/{path}"), key, Some(body)).await
-}
-
-async fn answer(app: &TestApp, key: &str, submitted: &Reply) -> Value {
-    assert_eq!(submitted.status, 200, "{}", String::from_utf8_lossy(&submitted.bytes));
-    let request_id = submitted.json()["request_id"].as_str().expect("a future").to_string();
-    loop {
-        let r = post(app, key, "retrieve_future", json!({ "request_id": request_id })).await;
-        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.bytes));
-        if r.json()["type"] != "try_again" {
-            return r.json();
-        }
-    }
-}
 
 /// A node on the base app's store: `trains` with its own fake, registered as `id`.
 fn node(base: &TestApp, id: &str, trainer: Option<Arc<FakeTrainer>>) -> TestApp {

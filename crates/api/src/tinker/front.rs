@@ -27,6 +27,7 @@ use serde_json::Value;
 use std::time::Duration;
 use tandem_core::tinker::{session_of, TinkerError};
 use tandem_store::{NodeRecord, TinkerSession};
+use tandem_tinker::catalog::store_error;
 
 /// Set on a forwarded request (the sending node's id): the receiving node runs it or refuses it,
 /// never forwards it again.
@@ -158,7 +159,7 @@ pub async fn route(
     match route_of(parts.uri.path(), &bytes) {
         Route::Here => here(parts, bytes).await,
         Route::Place if forwarded || state.tinker_trainer().is_some() => here(parts, bytes).await,
-        Route::Place => match place(&state).await {
+        Route::Place => match async { place(&state, &nodes(&state).await?).await }.await {
             Ok(Some(node)) => forward(&state, &me, &node, parts, bytes).await,
             Ok(None) => unavailable("no trainer node is alive to hold a Tinker session; retry when one is"),
             Err(e) => tinker_error(e).into_preview_response().into_response(),
@@ -203,16 +204,16 @@ fn hosts(nodes: &[NodeRecord]) -> impl Iterator<Item = &NodeRecord> {
     nodes.iter().filter(|n| n.alive && !n.draining && (n.role == "trainer" || n.role == "all") && !n.address.is_empty())
 }
 
-/// The live host holding the fewest sessions.
-async fn place(state: &AppState) -> Result<Option<NodeRecord>, TinkerError> {
-    let nodes = state.store().list_nodes().await.map_err(store_error)?;
-    let counts = state.store().tinker_session_counts().await.map_err(store_error)?;
-    let load = |n: &NodeRecord| counts.iter().find(|(id, _)| *id == n.id).map_or(0, |(_, c)| *c);
-    Ok(hosts(&nodes).min_by_key(|n| load(n)).cloned())
+/// The store's nodes.
+async fn nodes(state: &AppState) -> Result<Vec<NodeRecord>, TinkerError> {
+    state.store().list_nodes().await.map_err(|e| store_error(e, "reading the node registry"))
 }
 
-fn store_error(e: tandem_store::StoreError) -> TinkerError {
-    TinkerError::Unavailable(format!("the store did not answer: {e}"))
+/// Of `nodes`, the live host holding the fewest sessions.
+async fn place(state: &AppState, nodes: &[NodeRecord]) -> Result<Option<NodeRecord>, TinkerError> {
+    let counts = state.store().tinker_session_counts().await.map_err(|e| store_error(e, "reading the sessions"))?;
+    let load = |n: &NodeRecord| counts.iter().find(|(id, _)| *id == n.id).map_or(0, |(_, c)| *c);
+    Ok(hosts(nodes).min_by_key(|n| load(n)).cloned())
 }
 
 enum Host {
@@ -224,23 +225,24 @@ enum Host {
 /// to a live trainer first (one node wins a race; the others follow the row it wrote).
 async fn host_of(state: &AppState, me: &str, row: &TinkerSession) -> Result<Host, TinkerError> {
     let store = state.store();
+    let failed = |e| store_error(e, "moving the session");
     let mut row = row.clone();
     for _ in 0..3 {
-        let nodes = store.list_nodes().await.map_err(store_error)?;
+        let nodes = nodes(state).await?;
         if let Some(n) = nodes.iter().find(|n| n.id == row.node && n.alive) {
             return Ok(if n.id == me { Host::Here } else { Host::Node(n.clone()) });
         }
-        let Some(to) = place(state).await? else {
+        let Some(to) = place(state, &nodes).await? else {
             return Err(TinkerError::Unavailable(
                 "the node holding this Tinker session stopped and no trainer node is alive to take it over; retry"
                     .into(),
             ));
         };
-        if store.tinker_session_move(&row.id, &row.node, &to.id).await.map_err(store_error)? {
+        if store.tinker_session_move(&row.id, &row.node, &to.id).await.map_err(failed)? {
             tracing::warn!(session = %row.id, from = %row.node, to = %to.id, "a Tinker session's node stopped; moved");
             return Ok(if to.id == me { Host::Here } else { Host::Node(to) });
         }
-        match store.tinker_session(&row.id).await.map_err(store_error)? {
+        match store.tinker_session(&row.id).await.map_err(failed)? {
             Some(now) => row = now,
             None => return Err(TinkerError::NotFound("session not found".into())),
         }

@@ -93,22 +93,9 @@ pub async fn create_model(
             return Err(PreviewError(bad(format!("optimizer {kind:?} is not served: only adamw"))));
         }
     }
-    let (request_id, promise) = register_model(&state, &caller.entity, &run, &body.base_model, lora.rank).await?;
-    let (id, base, entity) = (model_id.clone(), body.base_model, caller.entity.clone());
     let spec = LoraSpec { rank: lora.rank, seed: lora.seed, modules };
-    let noted = ModelSpec {
-        seq: run.seq(),
-        base_model: base.clone(),
-        rank: lora.rank,
-        seed: lora.seed,
-        modules,
-        record: t.model(&entity, &run).map_or(uuid::Uuid::nil(), |m| m.record_id),
-        loaded: None,
-    };
-    if let Err(e) = super::resume::record_model(&state, &entity, &run, noted).await {
-        t.remove_model(&run);
-        return Err(tinker_error(e).into());
-    }
+    let (request_id, promise) = register_model(&state, &caller.entity, &run, &body.base_model, spec, None).await?;
+    let (id, base, entity) = (model_id.clone(), body.base_model, caller.entity.clone());
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.create(&entity, &id, &base, spec) {
             Ok(()) => Outcome::Json(json!({ "model_id": id, "type": "create_model" })),
@@ -163,13 +150,15 @@ pub async fn get_info(
 }
 
 /// Registers model `run` of `entity` (and its tandem record, project `tinker`) before its
-/// creation runs: its future, and the promise that completes it.
+/// creation runs: its future, and the promise that completes it. In a cluster its session's row
+/// notes how to rebuild it (`lora`, and the saved state it is `loaded` from).
 pub(super) async fn register_model(
     state: &AppState,
     entity: &str,
     run: &RunId,
     base_model: &str,
-    rank: usize,
+    lora: LoraSpec,
+    loaded: Option<String>,
 ) -> Result<(String, Promise)> {
     let t = state.tinker();
     // Checked and taken in one step: concurrent creations each hold a place until they are
@@ -185,7 +174,7 @@ pub(super) async fn register_model(
     };
     let (record, created) = state.store().create_model(&new, true).await.map_err(ApiError::from)?;
     let (request_id, promise) = new_future(t, entity, run.session())?;
-    let entry = ModelEntry::new(run.clone(), entity, base_model, rank, &request_id, record.id);
+    let entry = ModelEntry::new(run.clone(), entity, base_model, lora.rank, &request_id, record.id);
     if !t.enter_model(Arc::new(entry)) {
         // The session ended meanwhile: the record made for it goes too (one found is kept).
         if created {
@@ -194,6 +183,19 @@ pub(super) async fn register_model(
             }
         }
         return Err(ApiError::not_found("session").into());
+    }
+    let noted = ModelSpec {
+        seq: run.seq(),
+        base_model: base_model.to_string(),
+        rank: lora.rank,
+        seed: lora.seed,
+        modules: lora.modules,
+        record: record.id,
+        loaded,
+    };
+    if let Err(e) = super::resume::record_model(state, entity, run, noted).await {
+        t.remove_model(run);
+        return Err(tinker_error(e).into());
     }
     Ok((request_id, promise))
 }

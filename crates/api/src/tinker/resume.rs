@@ -15,6 +15,7 @@ use serde_json::json;
 use std::sync::Arc;
 use tandem_core::tinker::{CheckpointKey, CheckpointKind, LoraSpec, Modules, RunId, TinkerError};
 use tandem_store::TinkerSession;
+use tandem_tinker::catalog::store_error;
 use tandem_tinker::registry::{ModelEntry, Outcome};
 
 /// A model as its session's row keeps it: what rebuilds it on another node.
@@ -33,10 +34,6 @@ pub(super) struct ModelSpec {
     pub loaded: Option<String>,
 }
 
-fn store_error(e: tandem_store::StoreError) -> TinkerError {
-    TinkerError::Unavailable(format!("the store did not answer: {e}"))
-}
-
 /// The lock that orders the row's writers and a takeover (one per session).
 fn row_lock(session: &str) -> String {
     format!("session-row:{session}")
@@ -47,7 +44,7 @@ fn row_lock(session: &str) -> String {
 pub(super) async fn record_session(state: &AppState, entity: &str, session: &str) -> Result<(), TinkerError> {
     let Some(me) = state.node_id() else { return Ok(()) };
     let row = TinkerSession { id: session.into(), entity: entity.into(), node: me.into(), models: json!([]) };
-    state.store().tinker_session_put(&row).await.map_err(store_error)
+    state.store().tinker_session_put(&row).await.map_err(|e| store_error(e, "recording the session"))
 }
 
 /// Adds a model to its session's row, so a node taking the session over rebuilds it.
@@ -62,14 +59,15 @@ pub(super) async fn record_model(
     }
     let _row = state.tinker().runs.lock(entity, &row_lock(run.session())).await;
     let store = state.store();
-    let Some(mut row) = store.tinker_session(run.session()).await.map_err(store_error)? else {
+    let failed = |e| store_error(e, "recording the model");
+    let Some(mut row) = store.tinker_session(run.session()).await.map_err(failed)? else {
         return Err(TinkerError::NotFound("session not found".into()));
     };
     let mut models: Vec<ModelSpec> = serde_json::from_value(row.models.clone()).unwrap_or_default();
     models.retain(|m| m.seq != spec.seq);
     models.push(spec);
     row.models = serde_json::to_value(models).unwrap_or_else(|_| json!([]));
-    store.tinker_session_put(&row).await.map_err(store_error)
+    store.tinker_session_put(&row).await.map_err(failed)
 }
 
 /// Forgets ended sessions' rows (a row another node took over stays its).
@@ -147,7 +145,8 @@ async fn rebuild(
     if !t.enter_model(Arc::new(entry)) {
         return Err(TinkerError::NotFound("session not found".into()));
     }
-    let mut saved = state.store().tinker_list(entity, Some(&id)).await.map_err(store_error)?;
+    let mut saved =
+        state.store().tinker_list(entity, Some(&id)).await.map_err(|e| store_error(e, "reading the catalog"))?;
     saved.retain(|e| e.key.kind == CheckpointKind::Weights);
     let newest = saved.into_iter().max_by_key(|e| e.created_at).map(|e| e.key);
     let key = newest.or_else(|| spec.loaded.as_deref().and_then(CheckpointKey::parse_path));

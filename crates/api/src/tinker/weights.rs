@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tandem_core::tinker::{
-    CheckpointKey, CheckpointKind, Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
+    CheckpointKey, CheckpointKind, LoraSpec, Modules, SavedSampler, StateInfo, TinkerError, TinkerTrainer,
 };
 use tandem_tinker::catalog::name_problem;
 use tandem_tinker::registry::Outcome;
@@ -342,20 +342,9 @@ pub async fn load_weights(
     if let Some(m) = t.model(&caller.entity, &run) {
         return Ok(submitted(&m.create_request, &model_id));
     }
-    let (request_id, promise) = super::models::register_model(&state, &caller.entity, &run, &base_model, rank).await?;
-    let noted = super::resume::ModelSpec {
-        seq: run.seq(),
-        base_model: base_model.clone(),
-        rank,
-        seed: None,
-        modules: saved.info.modules,
-        record: t.model(&caller.entity, &run).map_or(uuid::Uuid::nil(), |m| m.record_id),
-        loaded: Some(key.path()),
-    };
-    if let Err(e) = super::resume::record_model(&state, &caller.entity, &run, noted).await {
-        t.remove_model(&run);
-        return Err(tinker_error(e).into());
-    }
+    let lora = LoraSpec { rank, seed: None, modules: saved.info.modules };
+    let (request_id, promise) =
+        super::models::register_model(&state, &caller.entity, &run, &base_model, lora, Some(key.path())).await?;
     let (id, with_optimizer, entity) = (model_id.clone(), body.optimizer, caller.entity.clone());
     tokio::task::spawn_blocking(move || {
         let outcome = match trainer.load_state(&entity, &id, &saved.dir, with_optimizer) {

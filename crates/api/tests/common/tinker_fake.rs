@@ -1,6 +1,7 @@
 //! A fake of the Tinker compute port: each model is one number (its "weight", moved by each
 //! step's learning rate) and its pending gradient, so the Tinker routes run in Rust tests without candle. Its files carry the number,
-//! so a state saved and loaded again, by any node, must give the same weight back.
+//! so a state saved and loaded again, by any node, must give the same weight back. Also the calls
+//! the Tinker route tests make: a POST under `/api/v1/`, and a call's answer through its future.
 
 use serde_json::json;
 use std::collections::HashMap;
@@ -134,5 +135,23 @@ impl TinkerTrainer for FakeTrainer {
 
     fn release(&self, model_id: &str) {
         self.models.lock().unwrap().remove(model_id);
+    }
+}
+
+/// `POST /api/v1/{path}` with a JSON body.
+pub async fn post(app: &super::TestApp, key: &str, path: &str, body: serde_json::Value) -> super::Reply {
+    app.call("POST", &format!("/api/v1/{path}"), key, Some(body)).await
+}
+
+/// A submitted call's answer: its future's result once ready.
+pub async fn answer(app: &super::TestApp, key: &str, submitted: &super::Reply) -> serde_json::Value {
+    assert_eq!(submitted.status, 200, "{}", String::from_utf8_lossy(&submitted.bytes));
+    let request_id = submitted.json()["request_id"].as_str().expect("a future").to_string();
+    loop {
+        let r = post(app, key, "retrieve_future", json!({ "request_id": request_id })).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.bytes));
+        if r.json()["type"] != "try_again" {
+            return r.json();
+        }
     }
 }
