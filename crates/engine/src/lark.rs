@@ -14,6 +14,11 @@
 //! one terminal, "anything that ends with the delimiter and holds no delimiter before that",
 //! written with llguidance's `&` and `~` terminal operators. Such a terminal cannot be
 //! extended once the delimiter is written, so the lexer ends it exactly there.
+//!
+//! A string of the tag (a begin, an end, a trigger, a `const_string`) that holds a special
+//! token's text means that token (`<[id]>`): the model writes `[TOOL_CALLS]` as one control token,
+//! never as the characters, and text cannot hold a special token, so such a trigger needs no
+//! guard in the text before it.
 
 use serde_json::Value;
 
@@ -34,9 +39,14 @@ pub fn after_reasoning(body: &str, leading: bool) -> String {
     )
 }
 
-/// Builds the grammar; `json` attaches the request's JSON options to each embedded schema.
-pub fn structural_tag(spec: &Value, json: &dyn Fn(Value) -> Result<Value, String>) -> Result<String, String> {
-    let mut b = Builder { rules: Vec::new(), json };
+/// Builds the grammar; `json` attaches the request's JSON options to each embedded schema;
+/// `special` lists the vocabulary's special tokens (text and id).
+pub fn structural_tag(
+    spec: &Value,
+    json: &dyn Fn(Value) -> Result<Value, String>,
+    special: &[(String, u32)],
+) -> Result<String, String> {
+    let mut b = Builder { rules: Vec::new(), json, special };
     let root = if let Some(format) = spec.get("format") {
         b.format(format)?
     } else if spec.get("structures").is_some() || spec.get("triggers").is_some() {
@@ -56,6 +66,7 @@ pub fn structural_tag(spec: &Value, json: &dyn Fn(Value) -> Result<Value, String
 struct Builder<'a> {
     rules: Vec<String>,
     json: &'a dyn Fn(Value) -> Result<Value, String>,
+    special: &'a [(String, u32)],
 }
 
 /// One `begin content end` tag.
@@ -66,6 +77,32 @@ struct Tag<'v> {
 }
 
 impl Builder<'_> {
+    /// The first special token in `s`: its byte offset, length and id (the longest at a tie).
+    fn first_special(&self, s: &str) -> Option<(usize, usize, u32)> {
+        self.special
+            .iter()
+            .filter(|(t, _)| !t.is_empty())
+            .filter_map(|(t, id)| s.find(t.as_str()).map(|at| (at, t.len(), *id)))
+            .min_by_key(|&(at, len, _)| (at, usize::MAX - len))
+    }
+
+    /// `s` as a sequence of text literals and the special tokens it holds.
+    fn lit(&self, s: &str) -> String {
+        let mut parts = Vec::new();
+        let mut rest = s;
+        while let Some((at, len, id)) = self.first_special(rest) {
+            if at > 0 {
+                parts.push(literal(&rest[..at]));
+            }
+            parts.push(format!("<[{id}]>"));
+            rest = &rest[at + len..];
+        }
+        if !rest.is_empty() || parts.is_empty() {
+            parts.push(literal(rest));
+        }
+        parts.join(" ")
+    }
+
     /// A new rule (or terminal, when `terminal`) with this body; returns its name.
     fn rule(&mut self, body: String, terminal: bool) -> String {
         let name = if terminal { format!("T{}", self.rules.len()) } else { format!("r{}", self.rules.len()) };
@@ -90,7 +127,7 @@ impl Builder<'_> {
     fn format(&mut self, f: &Value) -> Result<String, String> {
         let kind = f.get("type").and_then(Value::as_str).ok_or("every format object needs a string `type`")?;
         match kind {
-            "const_string" => Ok(literal(field_str(f, "value", kind)?)),
+            "const_string" => Ok(self.lit(field_str(f, "value", kind)?)),
             "json_schema" => {
                 let schema = f.get("json_schema").ok_or("json_schema format needs `json_schema`")?;
                 self.schema(schema)
@@ -128,8 +165,8 @@ impl Builder<'_> {
                 let body = match (flag(f, "at_least_one")?, flag(f, "stop_after_first")?) {
                     (true, true) => one,
                     (false, true) => format!("{one}?"),
-                    (true, false) => format!("{one} ({} {one})*", literal(separator)),
-                    (false, false) => format!("({one} ({} {one})*)?", literal(separator)),
+                    (true, false) => format!("{one} ({} {one})*", self.lit(separator)),
+                    (false, false) => format!("({one} ({} {one})*)?", self.lit(separator)),
                 };
                 Ok(self.rule(body, false))
             }
@@ -154,10 +191,10 @@ impl Builder<'_> {
         let body = if tag.content.get("type").and_then(Value::as_str) == Some("any_text") {
             let excluded = strings(tag.content.get("excluded_str"), "excluded_str")?;
             let text = self.rule(text_until(tag.end, &excluded), true);
-            format!("{} {text}", literal(tag.begin))
+            format!("{} {text}", self.lit(tag.begin))
         } else {
             let content = self.format(tag.content)?;
-            format!("{} {content} {}", literal(tag.begin), literal(tag.end))
+            format!("{} {content} {}", self.lit(tag.begin), self.lit(tag.end))
         };
         Ok(self.rule(body, false))
     }
@@ -189,11 +226,11 @@ impl Builder<'_> {
             let rest = Tag { begin: &tag.begin[triggers[i].len()..], content: tag.content, end: tag.end };
             let rest = if *legacy {
                 let schema = self.schema(tag.content)?;
-                self.rule(format!("{} {schema} {}", literal(rest.begin), literal(rest.end)), false)
+                self.rule(format!("{} {schema} {}", self.lit(rest.begin), self.lit(rest.end)), false)
             } else {
                 self.tag(&rest)?
             };
-            whole.push(format!("{} {rest}", literal(&triggers[i])));
+            whole.push(format!("{} {rest}", self.lit(&triggers[i])));
             after[i].push(rest);
         }
         let mut segments = Vec::new();
@@ -201,9 +238,18 @@ impl Builder<'_> {
             if alternatives.is_empty() {
                 continue;
             }
-            // Text up to and including this trigger, with no trigger before it.
-            let lead = self
-                .rule(format!("({ANY} {}) & ~({ANY} ({}) /(.|\\n)+/)", literal(&triggers[i]), any_of(triggers)), true);
+            // Text up to and including this trigger, with no trigger before it. A trigger that
+            // holds a special token follows text that has no other trigger (text never holds the
+            // token itself).
+            let lead = if self.first_special(&triggers[i]).is_some() {
+                let text = self.rule(text_without(triggers), true);
+                format!("{text} {}", self.lit(&triggers[i]))
+            } else {
+                self.rule(
+                    format!("({ANY} {}) & ~({ANY} ({}) /(.|\\n)+/)", literal(&triggers[i]), any_of(triggers)),
+                    true,
+                )
+            };
             segments.push(format!("{lead} ({})", alternatives.join(" | ")));
         }
         let segment = self.rule(segments.join(" | "), false);

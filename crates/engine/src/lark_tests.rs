@@ -9,6 +9,8 @@ use std::sync::{Arc, OnceLock};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 const EOS: u32 = 256;
+/// A special token, `[T]`, as Mistral's `[TOOL_CALLS]` is one.
+const SPECIAL: u32 = 257;
 
 struct Bytes(TokTrie);
 
@@ -26,6 +28,7 @@ fn factory() -> &'static ParserFactory {
     F.get_or_init(|| {
         let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         words.push(vec![TokTrie::SPECIAL_TOKEN_MARKER, b'E']);
+        words.push([&[TokTrie::SPECIAL_TOKEN_MARKER][..], b"[T]"].concat());
         let info = TokRxInfo::new(words.len() as u32, EOS);
         let env: TokEnv = Arc::new(Bytes(TokTrie::from(&info, &words)));
         let mut f = ParserFactory::new_simple(&env).unwrap();
@@ -35,16 +38,62 @@ fn factory() -> &'static ParserFactory {
 }
 
 fn lark(spec: Value) -> String {
-    structural_tag(&spec, &|s| Ok(s)).unwrap()
+    structural_tag(&spec, &|s| Ok(s), &[]).unwrap()
 }
 
 /// Whether the grammar accepts exactly `text` (every byte allowed, then the end).
 fn accepts(grammar: &str, text: &str) -> bool {
+    accepts_tokens(grammar, &text.bytes().map(u32::from).collect::<Vec<_>>())
+}
+
+/// Whether the grammar accepts exactly these tokens.
+fn accepts_tokens(grammar: &str, tokens: &[u32]) -> bool {
     let parser = factory().create_parser(TopLevelGrammar::from_lark(grammar.to_string())).unwrap();
     let mut m = Matcher::new(Ok(parser));
     assert_eq!(m.get_error(), None, "{grammar}");
-    let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
-    matches!(m.try_consume_tokens(&tokens), Ok(n) if n == tokens.len()) && m.is_accepting().unwrap_or(false)
+    matches!(m.try_consume_tokens(tokens), Ok(n) if n == tokens.len()) && m.is_accepting().unwrap_or(false)
+}
+
+/// Text as byte tokens, with `[T]` written as the special token.
+fn with_special(text: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (k, part) in text.split("[T]").enumerate() {
+        if k > 0 {
+            out.push(SPECIAL);
+        }
+        out.extend(part.bytes().map(u32::from));
+    }
+    out
+}
+
+#[test]
+fn a_special_tokens_text_in_a_tag_means_the_token() {
+    let special = [("[T]".to_string(), SPECIAL)];
+    let spec = json!({"format": {"type": "triggered_tags", "triggers": ["[T]"], "stop_after_first": true, "tags": [
+        {"begin": "[T][", "content": {"type": "json_schema", "json_schema": call_schema()}, "end": "]"}]}});
+    let g = structural_tag(&spec, &|s| Ok(s), &special).unwrap();
+    assert!(accepts_tokens(&g, &with_special("sure [T][{\"city\": \"Oslo\"}]")));
+    assert!(accepts_tokens(&g, &with_special("no call")));
+    assert!(!accepts_tokens(&g, &with_special("[T][{\"town\": \"Oslo\"}]")), "the token commits to a call");
+    // Spelled out as characters it is neither the token nor free text.
+    assert!(!accepts(&g, "[T][{\"city\": \"Oslo\"}]"));
+    let required = json!({"format": {"type": "sequence", "elements": [{"type": "const_string", "value": "[T]["},
+        {"type": "json_schema", "json_schema": call_schema()}, {"type": "const_string", "value": "]"}]}});
+    let g = structural_tag(&required, &|s| Ok(s), &special).unwrap();
+    assert!(accepts_tokens(&g, &with_special("[T][{\"city\":\"Rome\"}]")));
+    assert!(!accepts(&g, "[T][{\"city\":\"Rome\"}]"));
+}
+
+#[test]
+fn a_whitespace_pattern_bounds_the_blank_space_between_json_tokens() {
+    let mut schema = call_schema();
+    schema["x-guidance"] = json!({"whitespace_flexible": true, "whitespace_pattern": "( |\\n[ \\t]{0,20})?"});
+    let spec = json!({"format": {"type": "json_schema", "json_schema": schema}});
+    let g = structural_tag(&spec, &|s| Ok(s), &[]).unwrap();
+    assert!(accepts(&g, "{\"city\": \"Oslo\"}"));
+    assert!(accepts(&g, "{\n  \"city\": \"Oslo\"\n}"));
+    assert!(!accepts(&g, "{\n\n\"city\": \"Oslo\"}"), "one newline at most");
+    assert!(!accepts(&g, &format!("{{\n{}\"city\": \"Oslo\"}}", " ".repeat(21))), "20 spaces at most");
 }
 
 fn call_schema() -> Value {
@@ -149,7 +198,7 @@ fn or_grammar_and_regex_with_slashes_compile() {
 
 #[test]
 fn malformed_specs_say_what_is_wrong() {
-    let err = |spec: Value| structural_tag(&spec, &|s| Ok(s)).unwrap_err();
+    let err = |spec: Value| structural_tag(&spec, &|s| Ok(s), &[]).unwrap_err();
     assert!(err(json!({"type": "structural_tag"})).contains("format"));
     assert!(err(json!({"structures": [{"begin": "<b>", "schema": {}, "end": "</b>"}], "triggers": ["<a"]}))
         .contains("exactly one"));
@@ -173,7 +222,7 @@ fn a_reasoning_block_may_precede_any_constraint() {
     let json = after_reasoning(&format!("%json {}", call_schema()), false);
     assert!(accepts(&json, "<think>Paris, surely</think>\n{\"city\": \"Paris\"}"));
     assert!(!accepts(&json, "<think>Paris</think>{\"town\": \"Paris\"}"));
-    let nested = structural_tag(&json!({"format": {"type": "const_string", "value": "ok"}}), &|s| Ok(s)).unwrap();
+    let nested = structural_tag(&json!({"format": {"type": "const_string", "value": "ok"}}), &|s| Ok(s), &[]).unwrap();
     let nested = after_reasoning(&format!("%lark {{\n{nested}\n}}"), false);
     assert!(accepts(&nested, "<think>x</think>ok"));
     assert!(!accepts(&nested, "<think>x</think>ko"));

@@ -5,6 +5,7 @@
 //! - [`template`]: chat templates (minijinja).
 //! - [`sampler`], [`stop`], [`scheduler`]: pure rules, unit-tested by hand.
 //! - [`prefix`]: the prefix cache.
+//! - [`grammar`]: structured outputs (llguidance), one parser factory per model.
 //! - `engine`, `sequence`: the loop and the per-choice state machine.
 //! - [`metrics`]: Prometheus series.
 //! - [`inspect`]: what a model file is, and the checks made before its weights load.
@@ -12,7 +13,7 @@
 
 mod engine;
 pub mod fair;
-mod grammar;
+pub mod grammar;
 pub mod inspect;
 mod lark;
 pub mod metrics;

@@ -13,9 +13,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tandem_core::chat::ChatMessage;
+use tandem_core::tool_calls::Family;
 use tandem_core::inference::{
     AdapterRef, BaseModelInfo, ChatRender, ExportError, GenerateRequest, InferEvent, InputError, ServedModel,
-    SubmitError, ValidRequest,
+    SubmitError, ToolTemplate, ValidRequest,
 };
 use tandem_model::{Llama, LoraAdapter};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -213,6 +214,23 @@ impl Served {
         }
         Ok(())
     }
+
+    fn renders_tools(&self, chat: &ChatRender) -> bool {
+        // A template that uses `tools` puts the tool's name into the prompt; one that ignores them
+        // (SmolLM2's) renders the same text with or without.
+        const PROBE: &str = "tandem_probe_tool_7f3a";
+        let probe = ChatRender {
+            messages: vec![ChatMessage::text_message("user", "hi")],
+            add_generation_prompt: true,
+            tools: Some(serde_json::json!([{"type": "function", "function": {"name": PROBE, "description": PROBE,
+                "parameters": {"type": "object", "properties": {}}}}])),
+            chat_template: chat.chat_template.clone(),
+            kwargs: chat.kwargs.clone(),
+            tenant: chat.tenant.clone(),
+            ..ChatRender::default()
+        };
+        self.render_text(&probe).is_ok_and(|t| t.contains(PROBE))
+    }
 }
 
 impl ServedModel for Served {
@@ -231,21 +249,13 @@ impl ServedModel for Served {
         (self.metrics.queued() as usize) < self.max_waiting
     }
 
-    fn renders_tools(&self, chat: &ChatRender) -> bool {
-        // A template that uses `tools` puts the tool's name into the prompt; one that ignores them
-        // (SmolLM2's) renders the same text with or without.
-        const PROBE: &str = "tandem_probe_tool_7f3a";
-        let probe = ChatRender {
-            messages: vec![ChatMessage::text_message("user", "hi")],
-            add_generation_prompt: true,
-            tools: Some(serde_json::json!([{"type": "function", "function": {"name": PROBE, "description": PROBE,
-                "parameters": {"type": "object", "properties": {}}}}])),
-            chat_template: chat.chat_template.clone(),
-            kwargs: chat.kwargs.clone(),
-            tenant: chat.tenant.clone(),
-            ..ChatRender::default()
+    fn tool_template(&self, chat: &ChatRender) -> ToolTemplate {
+        let family = match (&chat.chat_template, &self.template) {
+            (Some(source), _) => Family::detect(source),
+            (None, Some(t)) => t.tool_family,
+            (None, None) => Family::Generic,
         };
-        self.render_text(&probe).is_ok_and(|t| t.contains(PROBE))
+        ToolTemplate { renders_tools: self.renders_tools(chat), family }
     }
 
     fn render_chat(&self, chat: &ChatRender) -> Result<Vec<u32>, InputError> {

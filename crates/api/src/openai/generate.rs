@@ -112,11 +112,19 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
             render.tenant = draft.tenant.clone();
             // Tools: the template renders them, or tandem's generic format is described and
             // enforced.
-            let tool_mode = draft.tools.as_ref().map(|t| {
-                let (constraint, mode) = tools::apply(t, model.renders_tools(&render), &mut render);
-                params.constraint = constraint;
-                mode
-            });
+            let tool_mode = match draft.tools.as_ref() {
+                Some(t) => {
+                    let reply = params.constraint.take();
+                    let (constraint, mode) = tools::apply(t, model.tool_template(&render), &mut render, reply.as_ref())?;
+                    params.constraint = Some(constraint);
+                    // Mistral's opener is a control token: the output keeps it to be read back.
+                    if mode.family == tandem_core::tool_calls::Family::Mistral {
+                        params.skip_special_tokens = false;
+                    }
+                    Some(mode)
+                }
+                None => None,
+            };
             // A chat reply may reason first; the constraint applies after the reasoning.
             if let Some(c) = params.constraint.as_mut() {
                 c.after_reasoning = reasoning.filter(|_| !super::reasoning::scripts_reasoning(&c.kind));

@@ -5,7 +5,7 @@
 use super::reasoning;
 use super::request::ChatPlan;
 use super::sse::{self, Frames};
-use super::tools::{self, Format, ToolMode};
+use super::tools::{self, Piece, Streamed, ToolMode};
 use super::wire::{
     ChatCompletion, Choice, ChoiceLogprobs, Chunk, ChunkChoice, CompletionTokensDetails, Delta, FunctionCall,
     FunctionDelta, LogprobEntry, Message, PositionLogprobs, PromptTokensDetails, StopReasonOut, ToolCall,
@@ -91,8 +91,10 @@ pub struct Renderer {
     // streaming state
     state: Collected,
     finished: Vec<bool>,
-    /// Bytes of each choice's content part already sent (tool output is held back).
+    /// Bytes of each choice's content part already sent (without tools).
     emitted: Vec<usize>,
+    /// What each choice has sent of its content and calls (with tools).
+    streamed: Vec<Streamed>,
     /// Bytes of each choice's reasoning part already sent.
     emitted_reasoning: Vec<usize>,
 }
@@ -101,16 +103,19 @@ pub struct Renderer {
 /// itself, except for a named tool choice (`stop`, as OpenAI and vLLM report it).
 fn finish_reason(reason: FinishReason, calls: &[tools::Call], mode: Option<&ToolMode>) -> &'static str {
     match (reason, mode) {
-        (FinishReason::Stop, Some(m)) if !calls.is_empty() && !matches!(m.format, Format::Arguments(_)) => "tool_calls",
+        (FinishReason::Stop, Some(m)) if !calls.is_empty() && !matches!(m.choice, tools::Choice::Named(_)) => {
+            "tool_calls"
+        }
         _ => reason.as_str(),
     }
 }
 
-fn tool_calls(calls: &[tools::Call]) -> Vec<ToolCall> {
+fn tool_calls(calls: &[tools::Call], mode: Option<&ToolMode>) -> Vec<ToolCall> {
+    let family = mode.map_or(tandem_core::tool_calls::Family::Generic, |m| m.family);
     calls
         .iter()
         .map(|c| ToolCall {
-            id: tools::call_id(),
+            id: family.call_id(),
             kind: "function",
             function: FunctionCall { name: c.name.clone(), arguments: c.arguments.clone() },
         })
@@ -148,6 +153,7 @@ impl Renderer {
             state: Collected::new(plan.sampling.n),
             finished: vec![false; plan.sampling.n],
             emitted: vec![0; plan.sampling.n],
+            streamed: (0..plan.sampling.n).map(|_| Streamed::default()).collect(),
             emitted_reasoning: vec![0; plan.sampling.n],
         }
     }
@@ -172,21 +178,9 @@ impl Renderer {
         self
     }
 
-    /// Whether a content part must be held back (it is, or may become, a tool call).
-    fn holding(&self, content: &str) -> bool {
-        let Some(mode) = &self.tools else { return false };
-        match mode.format {
-            // Generic `auto`: plain text is streamed as soon as it cannot be a calls object.
-            Format::Generic { required: false } => {
-                let text = content.trim_start();
-                text.is_empty() || text.starts_with('{')
-            }
-            _ => true,
-        }
-    }
-
     /// New reasoning and content of choice `i` since the last call (a partial think marker at
-    /// the end is kept for later unless `last`); content that may be a tool call is held.
+    /// the end is kept for later unless `last`). With tools the content goes as [`Piece`]s
+    /// ([`Self::tool_pieces`]) and this gives none.
     fn deltas(&mut self, i: usize, last: bool) -> (String, String) {
         let full = self.state.choices.get(i).map(|c| c.text.clone()).unwrap_or_default();
         let shown = if last || self.reasoning.is_none() { full.as_str() } else { reasoning::stable(&full) };
@@ -194,7 +188,7 @@ impl Renderer {
         let r = r.unwrap_or("");
         let reasoning = r.get(self.emitted_reasoning[i].min(r.len())..).unwrap_or("").to_string();
         self.emitted_reasoning[i] = self.emitted_reasoning[i].max(r.len());
-        let content = if self.holding(content) && !last {
+        let content = if self.tools.is_some() {
             String::new()
         } else {
             let d = content.get(self.emitted[i].min(content.len())..).unwrap_or("").to_string();
@@ -202,6 +196,49 @@ impl Renderer {
             d
         };
         (if self.include_reasoning { reasoning } else { String::new() }, content)
+    }
+
+    /// The content and call pieces of choice `i` since the last call, and (`last`) its calls.
+    fn tool_pieces(&mut self, i: usize, last: bool) -> (Vec<Piece>, Vec<tools::Call>) {
+        let Some(mode) = self.tools.clone() else { return (Vec::new(), Vec::new()) };
+        let full = self.state.choices.get(i).map(|c| c.text.clone()).unwrap_or_default();
+        let shown = if last || self.reasoning.is_none() { full.as_str() } else { reasoning::stable(&full) };
+        let content = self.parts(shown).1.to_string();
+        match self.streamed.get_mut(i) {
+            Some(s) => s.advance(&mode, &content, last),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
+
+    /// A chunk of choice `i` for each piece.
+    fn piece_chunks(&self, i: usize, pieces: Vec<Piece>) -> Vec<Chunk> {
+        pieces
+            .into_iter()
+            .map(|p| {
+                let delta = match p {
+                    Piece::Content(text) => Delta { content: Some(text), ..Delta::default() },
+                    Piece::Name { index, id, name } => Delta {
+                        tool_calls: Some(vec![ToolCallDelta {
+                            index,
+                            id: Some(id),
+                            kind: Some("function"),
+                            function: FunctionDelta { name: Some(name), arguments: String::new() },
+                        }]),
+                        ..Delta::default()
+                    },
+                    Piece::Arguments { index, text } => Delta {
+                        tool_calls: Some(vec![ToolCallDelta {
+                            index,
+                            id: None,
+                            kind: None,
+                            function: FunctionDelta { name: None, arguments: text },
+                        }]),
+                        ..Delta::default()
+                    },
+                };
+                self.chunk(vec![ChunkChoice { index: i, delta, ..ChunkChoice::default() }], Some(i))
+            })
+            .collect()
     }
 
     fn top_entry(&self, t: &TopLogprob) -> TopEntry {
@@ -258,7 +295,7 @@ impl Renderer {
                     function_call: None,
                     reasoning_content: self.reasoning.map(|_| thought.clone()),
                     reasoning: thought,
-                    tool_calls: tool_calls(&calls),
+                    tool_calls: tool_calls(&calls, self.tools.as_ref()),
                 };
                 Choice {
                     index: i,
@@ -336,6 +373,27 @@ impl Renderer {
                     return Vec::new();
                 }
                 let (thought, text) = self.deltas(choice, false);
+                let (pieces, _) = self.tool_pieces(choice, false);
+                let logprobs = match (&logprob, self.logprobs) {
+                    (Some(lp), true) => Some(ChoiceLogprobs { content: vec![self.logprob_entry(lp)] }),
+                    _ => None,
+                };
+                let token_ids = self.return_token_ids.then(|| vec![token_id]);
+                if !pieces.is_empty() {
+                    // With tools: the reasoning first, then a chunk per piece; the token's
+                    // logprobs and id ride on the first.
+                    let mut out = Vec::new();
+                    if !thought.is_empty() {
+                        let delta = Delta { reasoning: Some(thought), ..Delta::default() };
+                        out.push(self.chunk(vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }], Some(choice)));
+                    }
+                    out.extend(self.piece_chunks(choice, pieces));
+                    if let Some(first) = out.first_mut().and_then(|c| c.choices.first_mut()) {
+                        first.logprobs = logprobs;
+                        first.token_ids = token_ids;
+                    }
+                    return out;
+                }
                 if text.is_empty() && thought.is_empty() && !self.logprobs && !self.return_token_ids {
                     return Vec::new();
                 }
@@ -349,16 +407,7 @@ impl Renderer {
                         ..Delta::default()
                     }
                 };
-                let body = ChunkChoice {
-                    index: choice,
-                    delta,
-                    logprobs: match (&logprob, self.logprobs) {
-                        (Some(lp), true) => Some(ChoiceLogprobs { content: vec![self.logprob_entry(lp)] }),
-                        _ => None,
-                    },
-                    token_ids: self.return_token_ids.then(|| vec![token_id]),
-                    ..ChunkChoice::default()
-                };
+                let body = ChunkChoice { index: choice, delta, logprobs, token_ids, ..ChunkChoice::default() };
                 vec![self.chunk(vec![body], Some(choice))]
             }
             InferEvent::Finished { choice, reason, stop_reason: stop, text: _ } => {
@@ -369,58 +418,15 @@ impl Renderer {
                     return Vec::new();
                 }
                 let mut out = Vec::new();
-                let mut calls = Vec::new();
-                let mode = self.tools.clone().filter(|_| self.emitted[choice] == 0);
-                let (thought, rest_text) = self.deltas(choice, true);
+                let (thought, rest) = self.deltas(choice, true);
                 if !thought.is_empty() {
                     let delta = Delta { reasoning: Some(thought), ..Delta::default() };
                     out.push(
                         self.chunk(vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }], Some(choice)),
                     );
                 }
-                let rest =
-                    if let Some(mode) = mode {
-                        let full = self.state.choices.get(choice).map(|c| c.text.clone()).unwrap_or_default();
-                        let content_part = self.parts(&full).1.to_string();
-                        let (content, parsed) = tools::parse(&mode, &content_part);
-                        // The text written before the calls goes first, as in the whole response.
-                        let before = content.clone().unwrap_or_default();
-                        if !parsed.is_empty() && !before.is_empty() {
-                            let delta = Delta { content: Some(before), ..Delta::default() };
-                            out.push(self.chunk(
-                                vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }],
-                                Some(choice),
-                            ));
-                        }
-                        // As vLLM streams calls: one delta naming each call, then its arguments.
-                        for (k, c) in parsed.iter().enumerate() {
-                            let named = ToolCallDelta {
-                                index: k,
-                                id: Some(tools::call_id()),
-                                kind: Some("function"),
-                                function: FunctionDelta { name: Some(c.name.clone()), arguments: String::new() },
-                            };
-                            let arguments = ToolCallDelta {
-                                index: k,
-                                id: None,
-                                kind: None,
-                                function: FunctionDelta { name: None, arguments: c.arguments.clone() },
-                            };
-                            for call in [named, arguments] {
-                                let delta = Delta { tool_calls: Some(vec![call]), ..Delta::default() };
-                                let body = ChunkChoice { index: choice, delta, ..ChunkChoice::default() };
-                                out.push(self.chunk(vec![body], Some(choice)));
-                            }
-                        }
-                        calls = parsed;
-                        if calls.is_empty() {
-                            rest_text
-                        } else {
-                            String::new()
-                        }
-                    } else {
-                        rest_text
-                    };
+                let (pieces, calls) = self.tool_pieces(choice, true);
+                out.extend(self.piece_chunks(choice, pieces));
                 let body = ChunkChoice {
                     index: choice,
                     delta: Delta { content: Some(rest), ..Delta::default() },

@@ -44,7 +44,8 @@ pub async fn tokenize(
             move || {
                 let mut render = plan.render;
                 if let Some(tools) = &plan.tools {
-                    super::tools::apply(tools, model.renders_tools(&render), &mut render);
+                    // Without a structured output beside the tools, preparing them cannot fail.
+                    let _ = super::tools::apply(tools, model.tool_template(&render), &mut render, None);
                 }
                 model.render_chat(&render)
             }

@@ -73,8 +73,8 @@ impl ServedModel for Fake {
     fn has_capacity(&self) -> bool {
         self.capacity.load(Ordering::SeqCst)
     }
-    fn renders_tools(&self, _: &ChatRender) -> bool {
-        false
+    fn tool_template(&self, _: &ChatRender) -> tandem_core::inference::ToolTemplate {
+        tandem_core::inference::ToolTemplate { renders_tools: false, family: tandem_core::tool_calls::Family::Generic }
     }
     fn render_chat(&self, chat: &ChatRender) -> Result<Vec<u32>, InputError> {
         if chat.chat_template.is_some() {

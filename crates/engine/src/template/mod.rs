@@ -44,6 +44,15 @@ pub enum ContentFormat {
 pub struct ChatTemplate {
     env: Environment<'static>,
     pub format: ContentFormat,
+    /// The template tells a turn without content by `content is none` (DeepSeek V3 renders the
+    /// calls of such a turn only): a null content stays null, where other string-content
+    /// templates get "" (Qwen3 tests `'</think>' in message.content`, which fails on none).
+    keeps_null_content: bool,
+    /// The template joins a call's `arguments` to strings with `+` (DeepSeek V3's), so they stay
+    /// the JSON text they arrive as rather than becoming an object.
+    arguments_as_text: bool,
+    /// The tool-call syntax the template shows.
+    pub tool_family: tandem_core::tool_calls::Family,
 }
 
 /// Everything a render takes besides the messages.
@@ -105,9 +114,23 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// A template's source without blanks, for the checks on how it uses a message.
+fn compact(source: &str) -> String {
+    source.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// Whether `pattern` (`in message.content`, say) appears in a `for` tag: a containment test such
+/// as Qwen3's `'</think>' in message.content` reads the content as a string.
+fn loops_over(compact: &str, pattern: &str) -> bool {
+    compact.match_indices(pattern).any(|(at, _)| {
+        let tag = compact[..at].rfind("{%").map_or("", |open| &compact[open..at]);
+        tag.trim_start_matches(['{', '%', '-']).starts_with("for")
+    })
+}
+
 /// Whether a template walks over content parts (vLLM's "openai" content format).
 pub fn detect_content_format(source: &str) -> ContentFormat {
-    let compact: String = source.chars().filter(|c| !c.is_whitespace()).collect();
+    let compact = compact(source);
     let iterates = [
         "in message['content']",
         "in message[\"content\"]",
@@ -116,7 +139,7 @@ pub fn detect_content_format(source: &str) -> ContentFormat {
         "inmsg['content']",
     ]
     .iter()
-    .any(|p| compact.contains(&p.replace(' ', "")));
+    .any(|p| loops_over(&compact, &p.replace(' ', "")));
     let checks_type = compact.contains("contentisstring")
         || compact.contains("contentisnotstring")
         || compact.contains("contentisiterable");
@@ -142,7 +165,15 @@ impl ChatTemplate {
         env.add_filter("tojson", pyjson::tojson);
         env.set_fuel(Some(FUEL));
         env.add_template_owned("chat", source.to_string()).map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        Ok(ChatTemplate { env, format: detect_content_format(source) })
+        Ok(ChatTemplate {
+            env,
+            format: detect_content_format(source),
+            keeps_null_content: ["content']isnone", "content\"]isnone", "contentisnone"]
+                .iter()
+                .any(|p| compact(source).contains(p)),
+            arguments_as_text: ["arguments']+", "arguments\"]+", ".arguments+"].iter().any(|p| compact(source).contains(p)),
+            tool_family: tandem_core::tool_calls::Family::detect(source),
+        })
     }
 
     /// Renders `messages` (already checked to be a list of objects with a role).
@@ -188,8 +219,11 @@ impl ChatTemplate {
 
     fn prepare_message(&self, message: &Value) -> Value {
         let mut m = message.clone();
-        arguments_as_objects(&mut m);
-        if self.format == ContentFormat::String {
+        if !self.arguments_as_text {
+            arguments_as_objects(&mut m);
+        }
+        let null = message.get("content").is_none_or(Value::is_null);
+        if self.format == ContentFormat::String && !(null && self.keeps_null_content) {
             if let Some(obj) = m.as_object_mut() {
                 let content = obj.get("content").cloned().unwrap_or(Value::Null);
                 obj.insert("content".into(), Value::String(tandem_core::chat::content_text(&content)));

@@ -179,9 +179,6 @@ pub fn validate(body: &Value, priority_scheduling: bool) -> Result<ChatPlan, Api
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("include_reasoning", "include_reasoning must be a boolean")),
     };
-    if let (Some(_), Some(c)) = (&tools, &sampling.params.constraint) {
-        return Err(bad(&c.field, "You can only either use constraints for structured outputs or tools, not both."));
-    }
     if tools.is_some() && sampling.beam.is_some() {
         return Err(bad("tools", "tool calling cannot be combined with use_beam_search"));
     }

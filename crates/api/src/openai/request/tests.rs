@@ -90,10 +90,6 @@ fn rejections_name_the_field() {
         (json!({"messages": msgs(), "response_format": {"type": "xml"}}), "response_format"),
         (json!({"messages": msgs(), "guided_regex": 5}), "guided_regex"),
         (json!({"messages": msgs(), "use_beam_search": true, "guided_choice": ["a"]}), "guided_choice"),
-        (
-            json!({"messages": msgs(), "tools": [{"type": "function", "function": {"name": "f"}}], "guided_regex": "a"}),
-            "guided_regex",
-        ),
         (json!({"messages": msgs(), "logits_processors": ["my.mod.Proc"]}), "logits_processors"),
         (
             json!({"messages": msgs(), "logits_processors": [{"qualname": "no_repeat_ngram", "kwargs": {"n": 0}}]}),

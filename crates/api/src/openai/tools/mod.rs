@@ -1,56 +1,49 @@
-//! Tool calling: request validation, the two ways a model gets tools, and parsing its output.
+//! Tool calling: request validation, the prompt and constraint of each choice, and reading the
+//! calls back out of the output.
 //!
-//! - **Template path**: the chat template renders `tools` itself (checked by rendering a probe).
-//!   `auto` output is parsed with the Hermes format (`<tool_call>{"name", "arguments"}</tool_call>`,
-//!   what ChatML models with tool templates emit); other formats plug in as more [`Format`]s.
-//! - **Generic path**, for templates that ignore `tools` (the bundled SmolLM2's): the tools and
-//!   the reply format are described in a system message, and the reply is constrained to either a
-//!   `{"tool_calls": [{"name", "arguments"}]}` object or plain text (`auto`), such an object
-//!   (`required`), or the named function's arguments (named), as llama.cpp does for templates
-//!   without tool support.
+//! The call syntax is the model family's own ([`Family`], read off the chat template): Hermes and
+//! Qwen `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`, DeepSeek's call tokens, or tandem's
+//! generic `{"tool_calls": [...]}` object for templates that show none (the bundled SmolLM2's,
+//! Gemma 3's), as llama.cpp does for templates without tool support.
 //!
-//! On both paths `required` and a named choice are enforced by a JSON-schema constraint, so the
-//! arguments always parse and match the function's `parameters` (vLLM 0.11 does the same).
+//! - **Prompt**: a template that renders `tools` gets them; otherwise the tools and the reply
+//!   format are described in a system message ([`generic`]).
+//! - **Constraint** ([`grammar`](tandem_core::tool_calls::grammar)): `required` and a named choice hold the reply to the family's
+//!   syntax (a named choice writes the name itself), `auto` lets text run free until the model
+//!   opens a call and then holds the call to the syntax.
+//! - **Reading back**: [`tandem_core::tool_calls::scan`], whole or while streaming.
+
+mod generic;
+mod stream;
+
+pub use stream::{Piece, Streamed};
+pub use tandem_core::tool_calls::{Choice, ToolPlan};
 
 use super::request::bad;
 use crate::error::ApiError;
 use serde_json::{json, Map, Value};
-use tandem_core::chat::{ChatMessage, Content};
-use tandem_core::inference::{ChatRender, Constraint, ConstraintKind};
+use tandem_core::inference::{ChatRender, Constraint, ToolTemplate};
+use tandem_core::tool_calls::{grammar, name, parameters, scan, Family};
 
-/// `tool_choice`, once validated.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Choice {
-    Auto,
-    Required,
-    Named(String),
-}
-
-/// The request's tools, when the output is to be parsed for calls.
-#[derive(Debug, Clone)]
-pub struct ToolPlan {
-    pub choice: Choice,
-    /// The `function` objects of `tools`.
-    pub functions: Vec<Map<String, Value>>,
-    pub parallel: bool,
-}
-
-/// How a finished output is read back.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Format {
-    /// The whole output is the named function's arguments.
-    Arguments(String),
-    /// `{"tool_calls": [...]}`, or (`auto`) plain text.
-    Generic { required: bool },
-    /// Hermes `<tool_call>` blocks around JSON, with text before them as content.
-    Hermes,
-}
-
-/// What the renderer needs: the format and whether to keep more than one call.
+/// What the renderer needs: how to read the output back, and what the choice promised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolMode {
-    pub format: Format,
+    pub family: Family,
+    pub choice: Choice,
     pub parallel: bool,
+    /// The tools' names (a bare JSON object is a call only when it names one).
+    pub names: Vec<String>,
+}
+
+impl ToolMode {
+    pub fn names(&self) -> Vec<&str> {
+        self.names.iter().map(String::as_str).collect()
+    }
+
+    /// The reply is calls only (`required` or a named choice).
+    pub fn forced(&self) -> bool {
+        self.choice != Choice::Auto
+    }
 }
 
 /// One parsed call.
@@ -136,194 +129,56 @@ pub(super) fn validate(obj: &Map<String, Value>, render: &mut ChatRender) -> Res
     Ok(Some(ToolPlan { choice, functions, parallel }))
 }
 
-fn name(f: &Map<String, Value>) -> &str {
-    f.get("name").and_then(Value::as_str).unwrap_or_default()
-}
-
-fn parameters(f: &Map<String, Value>) -> Value {
-    f.get("parameters")
-        .filter(|p| p.is_object())
-        .cloned()
-        .unwrap_or_else(|| json!({"type": "object", "properties": {}}))
-}
-
-/// The `{"tool_calls": [...]}` schema: each call names one tool and carries its parameters.
-fn calls_schema(plan: &ToolPlan) -> Value {
-    let variants: Vec<Value> = plan
-        .functions
-        .iter()
-        .map(|f| {
-            json!({"type": "object", "properties": {"name": {"const": name(f)}, "arguments": parameters(f)},
-                   "required": ["name", "arguments"], "additionalProperties": false})
-        })
-        .collect();
-    let mut calls = json!({"type": "array", "items": {"anyOf": variants}, "minItems": 1});
-    if !plan.parallel {
-        calls["maxItems"] = json!(1);
-    }
-    json!({"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"], "additionalProperties": false})
-}
-
-/// Prepares the render and the constraint for the path the template calls for.
+/// Prepares the render and the constraint of `plan` for the template; `reply` is the request's
+/// structured output, which a reply without calls must match.
 pub(super) fn apply(
     plan: &ToolPlan,
-    template_renders_tools: bool,
+    template: ToolTemplate,
     render: &mut ChatRender,
-) -> (Option<Constraint>, ToolMode) {
-    let constraint = |kind, field: &str| Constraint {
-        kind,
-        disable_any_whitespace: false,
-        disable_additional_properties: false,
-        whitespace_pattern: None,
-        field: field.to_string(),
-        after_reasoning: None,
-    };
-    let mode = |format| ToolMode { format, parallel: plan.parallel };
-    if template_renders_tools {
+    reply: Option<&Constraint>,
+) -> Result<(Constraint, ToolMode), ApiError> {
+    let family = template.family;
+    if template.renders_tools {
         render.tools =
             Some(Value::Array(plan.functions.iter().map(|f| json!({"type": "function", "function": f})).collect()));
-        return match &plan.choice {
-            Choice::Named(n) => {
-                let f = plan.functions.iter().find(|f| name(f) == n).expect("validated");
-                (
-                    Some(constraint(ConstraintKind::Json(parameters(f)), "tool_choice")),
-                    mode(Format::Arguments(n.clone())),
-                )
-            }
-            Choice::Required => (
-                Some(constraint(ConstraintKind::Json(calls_schema(plan)), "tools")),
-                mode(Format::Generic { required: true }),
-            ),
-            Choice::Auto => (None, mode(Format::Hermes)),
-        };
-    }
-    inject_system(render, &system_text(plan));
-    render.messages = render.messages.iter().map(generic_history).collect();
-    match &plan.choice {
-        Choice::Named(n) => {
-            let f = plan.functions.iter().find(|f| name(f) == n).expect("validated");
-            (Some(constraint(ConstraintKind::Json(parameters(f)), "tool_choice")), mode(Format::Arguments(n.clone())))
-        }
-        Choice::Required => (
-            Some(constraint(ConstraintKind::Json(calls_schema(plan)), "tools")),
-            mode(Format::Generic { required: true }),
-        ),
-        Choice::Auto => {
-            // Plain text (not starting with `{`) or one calls object.
-            let grammar = format!("start: text | calls\ntext: /[^{{](.|\\n)*/\ncalls: %json {}", calls_schema(plan));
-            (Some(constraint(ConstraintKind::Grammar(grammar), "tools")), mode(Format::Generic { required: false }))
-        }
-    }
-}
-
-/// The generic path's instructions.
-fn system_text(plan: &ToolPlan) -> String {
-    let list: Vec<String> = plan
-        .functions
-        .iter()
-        .map(|f| json!({"name": name(f), "description": f.get("description").cloned().unwrap_or(Value::Null), "parameters": parameters(f)}).to_string())
-        .collect();
-    let how = match &plan.choice {
-        Choice::Auto => "To call tools, reply with only a JSON object {\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]}. Otherwise reply in plain text.".to_string(),
-        Choice::Required => "Reply with only a JSON object {\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]} calling at least one tool.".to_string(),
-        Choice::Named(n) => format!("Call the tool {n}: reply with only its arguments as a JSON object."),
-    };
-    format!("You can call these tools:\n{}\n{how}", list.join("\n"))
-}
-
-/// Appends the instructions to the first system message, or puts one first.
-fn inject_system(render: &mut ChatRender, text: &str) {
-    if let Some(first) = render.messages.first_mut().filter(|m| m.role == "system") {
-        first.content = Content::Text(format!("{}\n\n{text}", first.text()));
     } else {
-        render.messages.insert(0, ChatMessage::text_message("system", text));
+        generic::describe(plan, family, render);
     }
-}
-
-/// History in the generic format: an assistant's `tool_calls` become the JSON object it would have
-/// written; `tool` messages keep their role with their text content.
-fn generic_history(m: &ChatMessage) -> ChatMessage {
-    let Some(calls) = m.tool_calls() else { return m.clone() };
-    let calls: Vec<Value> = calls
-        .iter()
-        .map(|c| {
-            let f = c.get("function").unwrap_or(&Value::Null);
-            let args = match f.get("arguments") {
-                Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| json!(s)),
-                Some(v) => v.clone(),
-                None => json!({}),
-            };
-            json!({"name": f.get("name").cloned().unwrap_or(Value::Null), "arguments": args})
-        })
-        .collect();
-    let text = m.text();
-    let object = json!({"tool_calls": calls}).to_string();
-    let mut out = m.clone();
-    out.content = Content::Text(if text.trim().is_empty() { object } else { format!("{text}\n{object}") });
-    out.extra.remove("tool_calls");
-    out
+    let names = plan.functions.iter().map(|f| name(f).to_string()).collect();
+    let mode = ToolMode { family, choice: plan.choice.clone(), parallel: plan.parallel, names };
+    let field = reply.map_or("tools", |r| r.field.as_str());
+    let constraint = grammar::constraint(plan, family, reply).map_err(|e| bad(field, e))?;
+    Ok((constraint, mode))
 }
 
 /// The calls in a finished output, and the text left as content (`None` when there is none).
-/// Output that holds no call is all content.
+/// Output that holds no whole call is all content.
 pub fn parse(mode: &ToolMode, text: &str) -> (Option<String>, Vec<Call>) {
-    let none = || (Some(text.to_string()), Vec::new());
-    let (content, mut calls) = match &mode.format {
-        Format::Arguments(n) => {
-            if !serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()) {
-                return none();
-            }
-            (Some(String::new()), vec![Call { name: n.clone(), arguments: text.trim().to_string() }])
-        }
-        Format::Generic { required } => {
-            let parsed = serde_json::from_str::<Value>(text.trim()).ok();
-            let items = parsed.as_ref().and_then(|v| v.get("tool_calls")).and_then(Value::as_array);
-            let calls: Vec<Call> = items.map(|i| i.iter().filter_map(call_of).collect()).unwrap_or_default();
-            (if *required { Some(String::new()) } else { None }, calls)
-        }
-        Format::Hermes => {
-            let Some(start) = text.find("<tool_call>") else { return none() };
-            let mut calls = Vec::new();
-            let mut rest = &text[start..];
-            while let Some(open) = rest.find("<tool_call>") {
-                let body = &rest[open + "<tool_call>".len()..];
-                let (inner, after) = match body.find("</tool_call>") {
-                    Some(close) => (&body[..close], &body[close + "</tool_call>".len()..]),
-                    None => (body, ""),
-                };
-                calls.extend(serde_json::from_str::<Value>(inner.trim()).ok().as_ref().and_then(call_of));
-                rest = after;
-            }
-            let before = &text[..start];
-            (if before.trim().is_empty() { None } else { Some(before.to_string()) }, calls)
-        }
-    };
-    if calls.is_empty() {
-        return none();
+    let found = scan(mode.family, text, true, &mode.names());
+    if found.calls.is_empty() {
+        return (Some(text.to_string()), Vec::new());
     }
+    let mut calls: Vec<Call> = found
+        .calls
+        .into_iter()
+        .map(|c| Call { name: c.name.unwrap_or_default(), arguments: c.arguments })
+        .collect();
     if !mode.parallel {
         calls.truncate(1);
     }
-    (content, calls)
+    (content_before(mode, &text[..found.content_end]), calls)
 }
 
-/// A call object, if it is one: a name, and arguments that are JSON (an object, or a string
-/// holding one). Arguments that do not parse are no call, as in vLLM's parsers: clients parse
-/// them (Anthropic's stream accumulator, strict Responses tools).
-fn call_of(v: &Value) -> Option<Call> {
-    let name = v.get("name")?.as_str()?.to_string();
-    let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
-    let arguments = match args {
-        Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object).map(|_| s)?,
-        Value::Object(_) => args.to_string(),
-        _ => return None,
-    };
-    Some(Call { name, arguments })
-}
-
-/// A tool-call id as vLLM writes them.
-pub fn call_id() -> String {
-    format!("chatcmpl-tool-{}", tandem_core::new_id().simple())
+/// The content of a reply with calls: the text before them, or none (an empty string for a
+/// forced choice, as vLLM answers those).
+pub fn content_before(mode: &ToolMode, before: &str) -> Option<String> {
+    if !before.trim().is_empty() {
+        Some(before.to_string())
+    } else if mode.forced() {
+        Some(String::new())
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
