@@ -371,12 +371,14 @@ async fn tools_end_to_end(c: &reqwest::Client, url: &str) {
     assert_eq!(calls.len(), 1);
     check_call(&calls[0]);
 
-    // Streaming the same request: one delta naming the call, then its arguments; same result.
+    // Streaming the same request: one delta naming the call, then its arguments as they are
+    // written; the same result.
     let chunks = streamed(c, url, req(ask, required)).await;
     let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
-    assert_eq!(deltas.len(), 2, "{chunks:?}");
+    assert!(deltas.len() > 2, "the arguments stream as they grow: {chunks:?}");
     assert_eq!(deltas[0]["function"]["name"], calls[0]["function"]["name"]);
     assert!(deltas[0]["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+    assert!(deltas[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none()));
     let args: String = deltas.iter().filter_map(|d| d["function"]["arguments"].as_str()).collect();
     assert_eq!(args, calls[0]["function"]["arguments"].as_str().unwrap());
     let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
@@ -412,11 +414,31 @@ async fn tools_end_to_end(c: &reqwest::Client, url: &str) {
     let (s, v) = chat(c, url, json!({"messages": history, "tools": tools(), "max_tokens": 60, "temperature": 0})).await;
     assert_eq!(s, 200, "{v}");
 
+    // Tools and a response format: each reply is calls, or text in the format (OpenAI's rule).
+    for seed in 0..4 {
+        let body = req(ask, json!({"tools": tools(), "response_format": {"type": "json_object"}, "temperature": 1.0,
+                                   "seed": seed, "max_tokens": 60}));
+        let (s, v) = chat(c, url, body).await;
+        assert_eq!(s, 200, "{v}");
+        let choice = &v["choices"][0];
+        match choice["message"]["tool_calls"].as_array() {
+            Some(calls) => calls.iter().for_each(check_call),
+            None if choice["finish_reason"] == "stop" => {
+                let text = choice["message"]["content"].as_str().unwrap();
+                assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{v}");
+            }
+            None => {}
+        }
+    }
+
     // Invalid uses are 400s naming the field.
     for (extra, field) in [
         (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
-        (json!({"tools": tools(), "response_format": {"type": "json_object"}}), "response_format"),
+        (
+            json!({"tools": tools(), "response_format": {"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}}),
+            "response_format",
+        ),
     ] {
         let (s, v) = chat(c, url, req("x", extra.clone())).await;
         assert_eq!((s, v["error"]["param"].as_str()), (400, Some(field)), "{extra} -> {v}");
