@@ -247,6 +247,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 # virtualenvs in the same background run.
 TEST_DEPS = model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) \
 	$(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKER_OK) \
+	$(AGENTS_OK) $(INSTRUCTOR_OK) \
 	$(if $(WITH_COOKBOOK),$(COOKBOOK_OK) $(ARTTINKER_OK))
 test-deps: $(TEST_DEPS)
 
@@ -290,6 +291,8 @@ test: test-build
 		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)
 	$(ART23ENV)/bin/python tests/python/test_qwen.py target/debug/tandem $(QWEN_MODEL) $(QWEN15_MODEL) $(MODEL)
+	$(AGENTSENV)/bin/python tests/python/test_agents.py target/debug/tandem $(QWEN15_MODEL) $(MODEL)
+	$(INSTRUCTORENV)/bin/python tests/python/test_agents.py target/debug/tandem $(QWEN15_MODEL) $(MODEL) --instructor
 	$(PYENV)/bin/python bench/fairness.py target/debug/tandem $(MODEL) --check
 	@# R15's short form: a PostgreSQL of the test's own stopped for 6 s under load.
 	$(PYENV)/bin/python tests/reliability/reliability.py target/debug/tandem $(MODEL) --only R15 --outage-seconds 6

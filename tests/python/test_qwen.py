@@ -181,13 +181,14 @@ def stream(server):
 
 
 def tools_auto(server):
-    """Qwen2.5-Coder 0.5B and 1.5B answer a tool request with the call as bare or fenced JSON,
-    not inside `<tool_call>` tags (llama.cpp's server writes the same text on the same prompt),
-    so `auto` returns it as content, as vLLM's Hermes parser would. What is checked on the real
-    file: the template path (the template renders the tools; /tokenize gives the same prompt), the
-    untagged reply left as content, and a tool call in the history rendered as Qwen's template
-    writes it (arguments as an object). Parsing tagged calls, streamed and whole, is unit-tested
-    (crates/api/src/openai/tools/tests.rs)."""
+    """Qwen2.5-Coder 0.5B and 1.5B often answer a tool request with the call as bare or fenced
+    JSON rather than inside `<tool_call>` tags (llama.cpp's server writes the same text on the
+    same prompt); tandem's Hermes syntax takes a bare object naming a tool as a call (as
+    llama.cpp's parser does), and `auto` holds it to the syntax once it starts. What is checked on
+    the real file: the template path (the template renders the tools; /tokenize gives the same
+    prompt), a reply that is a call or text and never a malformed call, and a tool call in the
+    history rendered as Qwen's template writes it (arguments as an object). Parsing, streamed and
+    whole, is unit-tested (crates/core/src/tool_calls/tests.rs, crates/api/src/openai/tools/tests.rs)."""
     messages = ask("What is the weather in Paris right now?")
     body = {"model": MODEL, "messages": messages, "tools": [WEATHER], "temperature": 0, "max_tokens": 60,
             "return_token_ids": True}

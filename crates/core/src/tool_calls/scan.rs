@@ -42,14 +42,34 @@ pub fn scan(family: Family, text: &str, last: bool, tools: &[&str]) -> Scan {
         return Scan { content_end: text.len() - held, calls: Vec::new() };
     };
     let calls = calls_from(family, text, start, tools);
+    // A code fence just before the calls (Qwen's "```json\n{...}\n```") belongs to them.
+    let content_end = fence_start(text, start);
     if !last {
-        return Scan { content_end: start, calls };
+        return Scan { content_end, calls };
     }
     let valid: Vec<PartialCall> = calls.into_iter().filter_map(valid).collect();
     if valid.is_empty() {
         return Scan { content_end: text.len(), calls: valid };
     }
-    Scan { content_end: start, calls: valid }
+    Scan { content_end, calls: valid }
+}
+
+/// Where a code fence opening right before `at` (```` ``` ````, a language word, blanks) starts;
+/// `at` when there is none. A `{` right before a call is taken with it: Qwen2.5's template shows
+/// its models `{{"name": <function-name>, "arguments": <args-json-object>}}` (a format-string
+/// escape left in), and they write the doubled brace.
+fn fence_start(text: &str, at: usize) -> usize {
+    let at = match text[..at].trim_end().strip_suffix('{') {
+        Some(before) => before.len(),
+        None => at,
+    };
+    let before = text[..at].trim_end();
+    let word = before.trim_end_matches(|c: char| c.is_ascii_alphanumeric());
+    if word.ends_with("```") {
+        word.len() - 3
+    } else {
+        at
+    }
 }
 
 /// A finished call with a name and arguments that are a JSON object (`{}` when it gave none).
@@ -152,11 +172,15 @@ fn held_back(family: Family, text: &str, tools: &[&str]) -> usize {
         .filter_map(|m| (1..m.len()).rev().filter(|&k| m.is_char_boundary(k)).find(|&k| text.ends_with(&m[..k])))
         .max()
         .unwrap_or(0);
-    let bare = match bare(text, 0, tools) {
-        Bare::Partial(at) if bare_objects(family) => text.len() - at,
-        _ => 0,
+    if !bare_objects(family) {
+        return marked;
+    }
+    // A bare object still being opened, and a code fence that may lead into one.
+    let from = match bare(text, 0, tools) {
+        Bare::Partial(at) => at,
+        _ => text.len(),
     };
-    marked.max(bare)
+    marked.max(text.len() - fence_start(text, from))
 }
 
 /// Every call begun after `start`.

@@ -126,3 +126,18 @@ fn a_bare_call_object_counts_only_when_it_names_a_tool() {
     let other = "ok {\"name\": \"Ad";
     assert_eq!(scan(Family::Llama3, other, false, &TOOLS).content_end, other.len());
 }
+
+#[test]
+fn a_code_fence_around_a_bare_call_is_not_content() {
+    let fenced = "Sure.\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n```";
+    let s = scan(Family::Hermes, fenced, true, &TOOLS);
+    assert_eq!(&fenced[..s.content_end], "Sure.\n");
+    assert_eq!(s.calls.len(), 1);
+    // While streaming, the fence is held until it is known not to open a call.
+    assert_eq!(scan(Family::Hermes, "Sure.\n```json\n", false, &TOOLS).content_end, 6);
+    assert_eq!(scan(Family::Hermes, "Sure.\n```json\n{", false, &TOOLS).content_end, 6);
+    let doubled = "{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}}";
+    assert_eq!(scan(Family::Hermes, doubled, true, &TOOLS).content_end, 0, "Qwen's doubled brace");
+    let code = "Sure.\n```python\nprint(1)";
+    assert_eq!(scan(Family::Hermes, code, false, &TOOLS).content_end, code.len());
+}
