@@ -28,8 +28,8 @@ from tandem_server import Server  # noqa: E402
 KEY = "bench-tools"
 
 
-def fn(name, desc, **props):
-    return {"type": "function", "function": {"name": name, "description": desc, "parameters": {
+def fn(tool, desc, **props):
+    return {"type": "function", "function": {"name": tool, "description": desc, "parameters": {
         "type": "object", "properties": {k: {"type": v} for k, v in props.items()}, "required": list(props)}}}
 
 

@@ -25,6 +25,9 @@ use serde_json::{json, Map, Value};
 use tandem_core::inference::{ChatRender, Constraint, ToolTemplate};
 use tandem_core::tool_calls::{grammar, name, parameters, scan, Family};
 
+/// The most tools a request may give.
+pub const MAX_TOOLS: usize = 128;
+
 /// What the renderer needs: how to read the output back, and what the choice promised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolMode {
@@ -68,6 +71,12 @@ pub(super) fn validate(obj: &Map<String, Value>, render: &mut ChatRender) -> Res
     let mut functions = Vec::new();
     if let Some(t) = tools {
         let Value::Array(items) = t else { return Err(bad("tools", "tools must be a list.")) };
+        // OpenAI's limit. Each tool is an alternative (and under `auto` a trigger) of the
+        // request's grammar, compiled and masked for every token: unbounded, one request's list
+        // could cost every other sequence on the engine step.
+        if items.len() > MAX_TOOLS {
+            return Err(bad("tools", format!("at most {MAX_TOOLS} tools may be given, not {}", items.len())));
+        }
         if items.is_empty() {
             return Err(bad(
                 "tools",

@@ -31,6 +31,10 @@ fn tool_choice_rules_follow_vllm() {
         param(json!({"tools": [weather()], "parallel_tool_calls": "no"})).as_deref(),
         Some("parallel_tool_calls")
     );
+    let many: Vec<Value> = (0..=MAX_TOOLS)
+        .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+        .collect();
+    assert_eq!(param(json!({"tools": many})).as_deref(), Some("tools"), "OpenAI's limit of 128 tools");
     let (p, r) = plan(json!({"tools": [weather()], "tool_choice": "none"})).unwrap();
     assert!(p.is_none() && r.tools.is_some(), "none: tools reach the template, nothing is parsed");
     let (p, _) = plan(json!({"tools": [weather()]})).unwrap();
