@@ -13,11 +13,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tandem_core::chat::ChatMessage;
-use tandem_core::tool_calls::Family;
 use tandem_core::inference::{
     AdapterRef, BaseModelInfo, ChatRender, ExportError, GenerateRequest, InferEvent, InputError, ServedModel,
     SubmitError, ToolTemplate, ValidRequest,
 };
+use tandem_core::tool_calls::Family;
 use tandem_model::{Llama, LoraAdapter};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 

@@ -416,8 +416,11 @@ async fn tools_end_to_end(c: &reqwest::Client, url: &str) {
 
     // Tools and a response format: each reply is calls, or text in the format (OpenAI's rule).
     for seed in 0..4 {
-        let body = req(ask, json!({"tools": tools(), "response_format": {"type": "json_object"}, "temperature": 1.0,
-                                   "seed": seed, "max_tokens": 60}));
+        let body = req(
+            ask,
+            json!({"tools": tools(), "response_format": {"type": "json_object"}, "temperature": 1.0,
+                                   "seed": seed, "max_tokens": 60}),
+        );
         let (s, v) = chat(c, url, body).await;
         assert_eq!(s, 200, "{v}");
         let choice = &v["choices"][0];

@@ -115,7 +115,8 @@ pub fn validate(target: &Target, draft: Draft, reasoning: Option<ReasoningParser
             let tool_mode = match draft.tools.as_ref() {
                 Some(t) => {
                     let reply = params.constraint.take();
-                    let (constraint, mode) = tools::apply(t, model.tool_template(&render), &mut render, reply.as_ref())?;
+                    let (constraint, mode) =
+                        tools::apply(t, model.tool_template(&render), &mut render, reply.as_ref())?;
                     params.constraint = Some(constraint);
                     // Mistral's opener is a control token: the output keeps it to be read back.
                     if mode.family == tandem_core::tool_calls::Family::Mistral {

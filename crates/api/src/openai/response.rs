@@ -385,7 +385,12 @@ impl Renderer {
                     let mut out = Vec::new();
                     if !thought.is_empty() {
                         let delta = Delta { reasoning: Some(thought), ..Delta::default() };
-                        out.push(self.chunk(vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }], Some(choice)));
+                        out.push(
+                            self.chunk(
+                                vec![ChunkChoice { index: choice, delta, ..ChunkChoice::default() }],
+                                Some(choice),
+                            ),
+                        );
                     }
                     out.extend(self.piece_chunks(choice, pieces));
                     if let Some(first) = out.first_mut().and_then(|c| c.choices.first_mut()) {

@@ -212,12 +212,13 @@ fn calls_from(family: Family, text: &str, start: usize, tools: &[&str]) -> Vec<P
             // JSON lists: only blanks and separators between the objects.
             _ => {
                 let rest = &text[at..];
-                let skip = rest.len() - rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',' || c == ';').len();
+                let skip =
+                    rest.len() - rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',' || c == ';').len();
                 let lead = &rest[..skip];
                 let next = &rest[skip..];
                 let first = calls.is_empty();
-                let opens = next.starts_with('{')
-                    || (family == Family::Mistral && first && next.starts_with("[TOOL_CALLS]"));
+                let opens =
+                    next.starts_with('{') || (family == Family::Mistral && first && next.starts_with("[TOOL_CALLS]"));
                 if !opens {
                     break;
                 }

@@ -44,7 +44,11 @@ fn each_family_reads_back_what_it_writes() {
 #[test]
 fn every_prefix_streams_a_growing_view_of_the_same_calls() {
     for family in Family::ALL {
-        let text = format!("{}{}", if family == Family::Generic { "" } else { "Sure. " }, family.write(&[("get_weather", ARGS)]));
+        let text = format!(
+            "{}{}",
+            if family == Family::Generic { "" } else { "Sure. " },
+            family.write(&[("get_weather", ARGS)])
+        );
         let mut last_content = 0;
         let mut last_args = String::new();
         for end in (0..=text.len()).filter(|&e| text.is_char_boundary(e)) {
@@ -52,7 +56,11 @@ fn every_prefix_streams_a_growing_view_of_the_same_calls() {
             assert!(s.content_end >= last_content, "{family:?} at {end}: content shrank");
             last_content = s.content_end;
             if let Some(c) = s.calls.first() {
-                assert!(c.arguments.starts_with(&last_args), "{family:?} at {end}: {:?} after {last_args:?}", c.arguments);
+                assert!(
+                    c.arguments.starts_with(&last_args),
+                    "{family:?} at {end}: {:?} after {last_args:?}",
+                    c.arguments
+                );
                 last_args = c.arguments.clone();
                 if let Some(n) = &c.name {
                     assert_eq!(n, "get_weather", "{family:?} at {end}");
@@ -90,9 +98,19 @@ fn lenient_reading_takes_the_slips_models_make() {
     // No blanks, arguments before the name, arguments as a JSON string.
     let s = scan(Family::Hermes, "<tool_call>{\"arguments\":{\"a\":1},\"name\":\"f\"}</tool_call>", true, &TOOLS);
     assert_eq!((s.calls[0].name.as_deref(), s.calls[0].arguments.as_str()), (Some("f"), "{\"a\":1}"));
-    let s = scan(Family::Hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>", true, &TOOLS);
+    let s = scan(
+        Family::Hermes,
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>",
+        true,
+        &TOOLS,
+    );
     assert_eq!(s.calls[0].arguments, "{\"a\": 1}");
-    let s = scan(Family::Mistral, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]", true, &TOOLS);
+    let s = scan(
+        Family::Mistral,
+        "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]",
+        true,
+        &TOOLS,
+    );
     assert_eq!(s.calls.len(), 1);
     // Arguments that are not an object are no call.
     let s = scan(Family::Llama3, "{\"name\": \"f\", \"parameters\": 3}", true, &TOOLS);

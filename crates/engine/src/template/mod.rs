@@ -171,7 +171,9 @@ impl ChatTemplate {
             keeps_null_content: ["content']isnone", "content\"]isnone", "contentisnone"]
                 .iter()
                 .any(|p| compact(source).contains(p)),
-            arguments_as_text: ["arguments']+", "arguments\"]+", ".arguments+"].iter().any(|p| compact(source).contains(p)),
+            arguments_as_text: ["arguments']+", "arguments\"]+", ".arguments+"]
+                .iter()
+                .any(|p| compact(source).contains(p)),
             tool_family: tandem_core::tool_calls::Family::detect(source),
         })
     }

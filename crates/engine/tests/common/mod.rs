@@ -57,4 +57,3 @@ pub fn gguf_meta(tokenizer_json: &Value, pre: &str) -> TokenizerMeta {
         ..Default::default()
     }
 }
-

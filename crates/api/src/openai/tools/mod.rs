@@ -167,11 +167,8 @@ pub fn parse(mode: &ToolMode, text: &str) -> (Option<String>, Vec<Call>) {
     if found.calls.is_empty() {
         return (Some(text.to_string()), Vec::new());
     }
-    let mut calls: Vec<Call> = found
-        .calls
-        .into_iter()
-        .map(|c| Call { name: c.name.unwrap_or_default(), arguments: c.arguments })
-        .collect();
+    let mut calls: Vec<Call> =
+        found.calls.into_iter().map(|c| Call { name: c.name.unwrap_or_default(), arguments: c.arguments }).collect();
     if !mode.parallel {
         calls.truncate(1);
     }

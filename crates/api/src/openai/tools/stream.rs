@@ -11,9 +11,16 @@ use tandem_core::tool_calls::scan;
 pub enum Piece {
     Content(String),
     /// A call begins: its index among the choice's calls, id and name.
-    Name { index: usize, id: String, name: String },
+    Name {
+        index: usize,
+        id: String,
+        name: String,
+    },
     /// More of call `index`'s arguments.
-    Arguments { index: usize, text: String },
+    Arguments {
+        index: usize,
+        text: String,
+    },
 }
 
 /// What one choice has sent.

@@ -31,9 +31,8 @@ fn tool_choice_rules_follow_vllm() {
         param(json!({"tools": [weather()], "parallel_tool_calls": "no"})).as_deref(),
         Some("parallel_tool_calls")
     );
-    let many: Vec<Value> = (0..=MAX_TOOLS)
-        .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
-        .collect();
+    let many: Vec<Value> =
+        (0..=MAX_TOOLS).map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}})).collect();
     assert_eq!(param(json!({"tools": many})).as_deref(), Some("tools"), "OpenAI's limit of 128 tools");
     let (p, r) = plan(json!({"tools": [weather()], "tool_choice": "none"})).unwrap();
     assert!(p.is_none() && r.tools.is_some(), "none: tools reach the template, nothing is parsed");
@@ -81,7 +80,12 @@ fn generic_path_describes_tools_and_constrains_the_reply() {
     assert!(render.messages[1].tool_calls().is_none() && render.tools.is_none());
     assert_eq!(
         mode,
-        ToolMode { family: Family::Generic, choice: Choice::Required, parallel: false, names: vec!["get_weather".into()] }
+        ToolMode {
+            family: Family::Generic,
+            choice: Choice::Required,
+            parallel: false,
+            names: vec!["get_weather".into()]
+        }
     );
     // Opener, one call (not parallel), closer; closed objects; bounded blanks.
     let t = tree(&c);
@@ -131,7 +135,12 @@ fn each_choice_constrains_the_familys_own_syntax() {
 
 #[test]
 fn outputs_parse_into_calls() {
-    let mode = |family, choice, parallel| ToolMode { family, choice, parallel, names: vec!["a".into(), "b".into(), "get_weather".into(), "f".into()] };
+    let mode = |family, choice, parallel| ToolMode {
+        family,
+        choice,
+        parallel,
+        names: vec!["a".into(), "b".into(), "get_weather".into(), "f".into()],
+    };
     let generic = |choice, parallel| mode(Family::Generic, choice, parallel);
     let two = r#"{"tool_calls": [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]}"#;
     let (content, calls) = parse(&generic(Choice::Auto, true), two);
@@ -161,7 +170,8 @@ fn outputs_parse_into_calls() {
 
 #[test]
 fn a_stream_sends_content_then_each_call_as_it_grows() {
-    let mode = ToolMode { family: Family::Hermes, choice: Choice::Auto, parallel: true, names: vec!["get_weather".into()] };
+    let mode =
+        ToolMode { family: Family::Hermes, choice: Choice::Auto, parallel: true, names: vec!["get_weather".into()] };
     let text = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
     let mut s = Streamed::default();
     let mut pieces = Vec::new();
@@ -170,9 +180,12 @@ fn a_stream_sends_content_then_each_call_as_it_grows() {
     }
     let (last, calls) = s.advance(&mode, text, true);
     pieces.extend(last);
-    let content: String = pieces.iter().filter_map(|p| if let Piece::Content(t) = p { Some(t.as_str()) } else { None }).collect();
-    let args: String =
-        pieces.iter().filter_map(|p| if let Piece::Arguments { text, .. } = p { Some(text.as_str()) } else { None }).collect();
+    let content: String =
+        pieces.iter().filter_map(|p| if let Piece::Content(t) = p { Some(t.as_str()) } else { None }).collect();
+    let args: String = pieces
+        .iter()
+        .filter_map(|p| if let Piece::Arguments { text, .. } = p { Some(text.as_str()) } else { None })
+        .collect();
     let names: Vec<&Piece> = pieces.iter().filter(|p| matches!(p, Piece::Name { .. })).collect();
     assert_eq!(content, "Checking.");
     assert_eq!(args, "{\"city\": \"Oslo\"}");
