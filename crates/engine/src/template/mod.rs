@@ -165,15 +165,15 @@ impl ChatTemplate {
         env.add_filter("tojson", pyjson::tojson);
         env.set_fuel(Some(FUEL));
         env.add_template_owned("chat", source.to_string()).map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        // The source without blanks, read once for the checks on how it uses a message.
+        let bare = compact(source);
         Ok(ChatTemplate {
             env,
             format: detect_content_format(source),
             keeps_null_content: ["content']isnone", "content\"]isnone", "contentisnone"]
                 .iter()
-                .any(|p| compact(source).contains(p)),
-            arguments_as_text: ["arguments']+", "arguments\"]+", ".arguments+"]
-                .iter()
-                .any(|p| compact(source).contains(p)),
+                .any(|p| bare.contains(p)),
+            arguments_as_text: ["arguments']+", "arguments\"]+", ".arguments+"].iter().any(|p| bare.contains(p)),
             tool_family: tandem_core::tool_calls::Family::detect(source),
         })
     }
