@@ -251,10 +251,17 @@ TEST_DEPS = model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-
 	$(if $(WITH_COOKBOOK),$(COOKBOOK_OK) $(ARTTINKER_OK))
 test-deps: $(TEST_DEPS)
 
+# Each recipe line of the test targets is timed (scripts/timed-shell; the lines and their seconds
+# are also in target/test-times.log, printed again at the end), and the run starts by naming the
+# machine: CI's log is read from its tail, so a slow run says where its time went and on what.
+test-build test test-cookbook: SHELL := scripts/timed-shell
+
 # The build, with the prerequisites installing beside it (their log is printed after). cargo runs
 # outside make's jobserver (it would otherwise get one job) with its own default, the core count.
 test-build:
-	@mkdir -p target; echo "installing the test prerequisites in the background (log: target/test-deps.log)"
+	@mkdir -p target; rm -f target/test-times.log; echo "machine: $$(nproc) cores,$$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), \
+		$$(grep -m1 -ow -e avx2 -e avx512f -e avx512_vnni /proc/cpuinfo | sort -u | tr '\n' ' ')load $$(cut -d' ' -f1-3 /proc/loadavg)"
+	@echo "installing the test prerequisites in the background (log: target/test-deps.log)"
 	@$(MAKE) --no-print-directory test-deps WITH_COOKBOOK=$(WITH_COOKBOOK) > target/test-deps.log 2>&1 & deps=$$!; \
 	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(CARGO) test --workspace --all-targets --no-run; built=$$?; \
 	wait $$deps; fetched=$$?; cat target/test-deps.log; \
@@ -296,6 +303,7 @@ test: test-build
 	$(PYENV)/bin/python bench/fairness.py target/debug/tandem $(MODEL) --check
 	@# R15's short form: a PostgreSQL of the test's own stopped for 6 s under load.
 	$(PYENV)/bin/python tests/reliability/reliability.py target/debug/tandem $(MODEL) --only R15 --outage-seconds 6
+	@echo "make test: the time of each step"; cat target/test-times.log
 
 ## test-cookbook: tinker-cookbook 0.6.1's RL (math_rl arithmetic) and supervised (chat_sl) loops and ART
 ## 0.5.23's TinkerNativeBackend against tandem, offline (their PyTorch keeps them out of `make test`;
@@ -305,6 +313,7 @@ test-cookbook: model $(COOKBOOK_OK) $(ARTTINKER_OK)
 	$(CARGO) test --workspace --all-targets --no-run
 	$(COOKBOOKENV)/bin/python tests/python/test_cookbook.py target/debug/tandem $(MODEL)
 	$(ARTTINKERENV)/bin/python tests/python/test_art_tinker.py target/debug/tandem $(MODEL)
+	@echo "make test and test-cookbook: the time of each step"; cat target/test-times.log
 
 ## bench: inference benchmark against llama.cpp's server, same GGUF, 2 threads (see bench/)
 bench: model

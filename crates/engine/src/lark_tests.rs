@@ -236,3 +236,26 @@ fn deepseek_r1_output_reasons_first_with_or_without_the_opening_tag() {
     assert!(!accepts(&g, "yes"));
     assert!(!accepts(&g, "hmm</think>maybe"));
 }
+
+#[test]
+fn where_the_output_may_end_every_end_token_is_allowed() {
+    // The model's own end of turn (here `[T]`) ends a complete output as EOS does; before the
+    // output is complete it is masked, and so is any other token after it.
+    use crate::sequence::{constrain, Ends};
+    let parser = factory().create_parser(TopLevelGrammar::from_lark("start: \"ab\"".into())).unwrap();
+    let mut m = Matcher::new(Ok(parser));
+    let ends = Ends { eos: EOS, others: &[EOS, SPECIAL], stops: &[] };
+    let mut logits = vec![0.0f32; 258];
+    constrain(&mut m, &mut logits, &ends).unwrap();
+    assert_eq!(logits[b'a' as usize], 0.0);
+    assert!(logits[SPECIAL as usize].is_infinite() && logits[EOS as usize].is_infinite());
+    m.consume_tokens(&[u32::from(b'a'), u32::from(b'b')]).unwrap();
+    let mut logits = vec![0.0f32; 258];
+    constrain(&mut m, &mut logits, &ends).unwrap();
+    assert_eq!((logits[SPECIAL as usize], logits[EOS as usize]), (0.0, 0.0));
+    assert!(logits[b'a' as usize].is_infinite());
+    // A request's stop id is an end too.
+    let mut logits = vec![0.0f32; 258];
+    constrain(&mut m, &mut logits, &Ends { eos: EOS, others: &[EOS], stops: &[b'z'.into()] }).unwrap();
+    assert_eq!((logits[b'z' as usize], logits[SPECIAL as usize]), (0.0, f32::NEG_INFINITY));
+}

@@ -286,12 +286,13 @@ impl Seq {
         let p = &req.params;
         let mut logits = raw.to_vec();
         sampler::process(&mut logits, p, &History { prompt: &req.prompt, generated: &self.generated }, tok.end_ids());
-        if let Some(Err(e)) = self.matcher.as_mut().map(|m| constrain(m, &mut logits, tok.eos_id)) {
+        let ends = Ends { eos: tok.eos_id, others: tok.end_ids(), stops: &p.stop_token_ids };
+        if let Some(Err(e)) = self.matcher.as_mut().map(|m| constrain(m, &mut logits, &ends)) {
             return self.grammar_failed(e, metrics);
         }
         let token = sampler::sample(&logits, p, &mut self.rng);
         // EOS ends the grammar (the mask allowed it only where the output is complete).
-        if !tok.is_end(token) {
+        if !tok.is_end(token) && !p.stop_token_ids.contains(&token) {
             if let Some(Err(e)) = self.matcher.as_mut().map(|m| m.consume_token(token).map_err(|e| e.to_string())) {
                 return self.grammar_failed(e, metrics);
             }
@@ -370,21 +371,35 @@ fn logprob_entry(raw: &[f32], chosen: u32, k: usize, tok: &TextTokenizer) -> Tok
     TokenLogprob { token: entry(chosen), top }
 }
 
-/// Masks every token the grammar does not allow next; once the output is complete only EOS is
-/// allowed. If the sampler's own masks (e.g. `min_tokens` banning EOS) leave nothing the grammar
-/// allows, EOS is let through so the output still conforms.
-fn constrain(m: &mut Matcher, logits: &mut [f32], eos: u32) -> Result<(), String> {
+/// The tokens that end a sequence: llguidance knows one EOS; the model's other end tokens
+/// (Qwen's `<|im_end|>` beside `<|endoftext|>`, Llama 3's `<|eot_id|>`) and the request's stop
+/// ids end it as well.
+pub(crate) struct Ends<'a> {
+    pub eos: u32,
+    pub others: &'a [u32],
+    pub stops: &'a [u32],
+}
+
+/// Masks every token the grammar does not allow next; where the output may end, every token
+/// that ends it is allowed (not only llguidance's EOS: a model that ends its turn with another
+/// token would otherwise be pushed on, and under `required` with parallel calls it wrote call
+/// after call until `max_tokens`). If the sampler's own masks (e.g. `min_tokens` banning EOS)
+/// leave nothing the grammar allows, EOS is let through so the output still conforms.
+pub(crate) fn constrain(m: &mut Matcher, logits: &mut [f32], ends: &Ends) -> Result<(), String> {
     let mask = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
+    let may_end = mask.is_allowed(ends.eos);
     let mut any = false;
     for (id, l) in logits.iter_mut().enumerate() {
-        if !mask.is_allowed(id as u32) {
+        let id = id as u32;
+        let allowed = mask.is_allowed(id) || (may_end && (ends.others.contains(&id) || ends.stops.contains(&id)));
+        if !allowed {
             *l = f32::NEG_INFINITY;
         } else if *l > f32::NEG_INFINITY {
             any = true;
         }
     }
     if !any {
-        if let Some(l) = logits.get_mut(eos as usize) {
+        if let Some(l) = logits.get_mut(ends.eos as usize) {
             *l = 0.0;
         }
     }

@@ -129,6 +129,11 @@ fn each_choices_constraint_holds_the_family_syntax_on_the_real_vocabulary() {
         assert!(check(Choice::Required, false, &one), "{dir}: required accepts {one:?}");
         assert!(check(Choice::Required, true, &two), "{dir}: required, parallel accepts {two:?}");
         assert!(!check(Choice::Required, false, &two), "{dir}: a second call needs parallel_tool_calls");
+        // A newline may end forced calls (Qwen's `>\n` is one token, likelier than `>`: ended at
+        // the closer, a parallel `required` went on to call again); no more than one.
+        assert!(check(Choice::Required, true, &format!("{one}\n")), "{dir}: required, then a newline");
+        assert!(check(named(), false, &format!("{}\n", family.write(&[("Person", ada)]))), "{dir}: named, newline");
+        assert!(!check(Choice::Required, true, &format!("{one}\n\n")), "{dir}: two newlines");
         assert!(check(named(), true, &family.write(&[("Person", ada)])), "{dir}: named");
         // The named tool's own call only: not another tool, not the bare arguments.
         assert!(!check(named(), true, &one), "{dir}: named refuses another tool");
@@ -159,6 +164,8 @@ fn each_choices_constraint_holds_the_family_syntax_on_the_real_vocabulary() {
         let names: Vec<_> = found.calls.iter().map(|c| c.name.clone().unwrap()).collect();
         assert_eq!(names, ["get_weather", "Person"], "{dir}: {decoded:?}");
         assert_eq!(found.calls[1].arguments, ada, "{dir}");
+        let ended = scan(family, &format!("{decoded}\n"), true, &["get_weather", "Person"]);
+        assert_eq!((ended.content_end, ended.calls.len()), (0, 2), "{dir}: the newline after the calls");
     }
 }
 

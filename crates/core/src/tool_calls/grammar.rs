@@ -65,9 +65,9 @@ fn forced_or_free(plan: &ToolPlan, family: Family) -> Result<Value, String> {
     Ok(match &plan.choice {
         Choice::Named(n) => {
             let f = plan.functions.iter().find(|f| name(f) == n).expect("validated");
-            wrapped(&s, call(&s, f))
+            ended(wrapped(&s, call(&s, f)))
         }
-        Choice::Required => wrapped(&s, calls(&s, &plan.functions, plan.parallel)),
+        Choice::Required => ended(wrapped(&s, calls(&s, &plan.functions, plan.parallel))),
         Choice::Auto if family == Family::Generic => json!({"type": "or", "elements": [
             {"type": "regex", "pattern": "[^{](.|\\n)*"},
             wrapped(&s, calls(&s, &plan.functions, plan.parallel)),
@@ -128,6 +128,14 @@ fn calls(s: &Syntax, functions: &[Map<String, Value>], parallel: bool) -> Value 
         Ok([one]) => one,
         Err(tags) => json!({"type": "or", "elements": tags}),
     }
+}
+
+/// Forced calls, then the end, after at most one newline. Models end a call's line as they end
+/// any line: Qwen2.5's vocabulary has `>\n` as one token, likelier than `>`, so a constraint
+/// that ends right at `</tool_call>` leaves greedy decoding `>\n`, which only a next call could
+/// follow: with parallel calls allowed it wrote the same call again until `max_tokens`.
+fn ended(calls: Value) -> Value {
+    json!({"type": "sequence", "elements": [calls, {"type": "regex", "pattern": "\\n?"}]})
 }
 
 /// `body` between the family's opener and closer.

@@ -207,7 +207,7 @@ fn settings(body: &Map<String, Value>, store: bool) -> Result<Map<String, Value>
     out.insert("instructions".into(), get("instructions").cloned().unwrap_or(Value::Null));
     out.insert("max_output_tokens".into(), get("max_output_tokens").cloned().unwrap_or(Value::Null));
     out.insert("metadata".into(), get("metadata").cloned().unwrap_or_else(|| json!({})));
-    out.insert("parallel_tool_calls".into(), get("parallel_tool_calls").cloned().unwrap_or(Value::Bool(true)));
+    out.insert("parallel_tool_calls".into(), get("parallel_tool_calls").cloned().unwrap_or(Value::Bool(false)));
     out.insert("previous_response_id".into(), get("previous_response_id").cloned().unwrap_or(Value::Null));
     out.insert("reasoning".into(), json!({"effort": reasoning_part("effort")?, "summary": reasoning_part("summary")?}));
     out.insert("store".into(), Value::Bool(store));

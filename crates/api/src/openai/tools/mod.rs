@@ -63,8 +63,12 @@ pub(super) fn validate(obj: &Map<String, Value>, render: &mut ChatRender) -> Res
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
     let tools = get("tools");
     let choice = get("tool_choice");
+    // Absent, one call per reply, as llama.cpp defaults (OpenAI's default is several): held to
+    // its own syntax by `required`, a small model that is not sure it is done writes the same
+    // call again and again until `max_tokens` (vLLM's issues report it). Clients that want
+    // several calls in one reply say so.
     let parallel = match get("parallel_tool_calls") {
-        None => true,
+        None => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("parallel_tool_calls", "parallel_tool_calls must be a boolean")),
     };

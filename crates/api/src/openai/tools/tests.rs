@@ -37,7 +37,10 @@ fn tool_choice_rules_follow_vllm() {
     let (p, r) = plan(json!({"tools": [weather()], "tool_choice": "none"})).unwrap();
     assert!(p.is_none() && r.tools.is_some(), "none: tools reach the template, nothing is parsed");
     let (p, _) = plan(json!({"tools": [weather()]})).unwrap();
-    assert_eq!(p.unwrap().choice, Choice::Auto, "tools without a choice mean auto");
+    let p = p.unwrap();
+    assert_eq!((p.choice, p.parallel), (Choice::Auto, false), "tools alone: auto, one call per reply");
+    let (p, _) = plan(json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": true})).unwrap();
+    assert!(p.unwrap().parallel, "several calls when asked for");
     let (p, _) =
         plan(json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
                              "parallel_tool_calls": false}))
@@ -87,8 +90,9 @@ fn generic_path_describes_tools_and_constrains_the_reply() {
             names: vec!["get_weather".into()]
         }
     );
-    // Opener, one call (not parallel), closer; closed objects; bounded blanks.
-    let t = tree(&c);
+    // Opener, one call (not parallel), closer, at most a newline; closed objects; bounded blanks.
+    assert_eq!(tree(&c)["elements"][1], json!({"type": "regex", "pattern": "\\n?"}));
+    let t = &tree(&c)["elements"][0];
     assert_eq!(t["elements"][0], json!({"type": "const_string", "value": "{\"tool_calls\": ["}));
     assert_eq!(t["elements"][1]["begin"], json!("{\"name\": \"get_weather\", \"arguments\": "));
     assert_eq!(t["elements"][2]["value"], json!("]}"));
@@ -100,7 +104,8 @@ fn each_choice_constrains_the_familys_own_syntax() {
     let two = json!([weather(), {"type": "function", "function": {"name": "Person", "parameters": {"type": "object",
                      "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}}}]);
     let build = |choice: Value, family: Family| {
-        let (p, _) = plan(json!({"tools": two, "tool_choice": choice})).unwrap();
+        let parallel = choice == "required";
+        let (p, _) = plan(json!({"tools": two, "tool_choice": choice, "parallel_tool_calls": parallel})).unwrap();
         let mut render = ChatRender::default();
         let (c, mode) = apply(&p.unwrap(), template(true, family), &mut render, None).unwrap();
         assert!(render.tools.is_some());
@@ -110,11 +115,12 @@ fn each_choice_constrains_the_familys_own_syntax() {
     // first property is `name` gets its arguments, not the tool's name.
     let (c, _) = build(json!({"type": "function", "function": {"name": "Person"}}), Family::Hermes);
     assert_eq!(c.field, "tool_choice");
-    assert_eq!(tree(&c)["begin"], json!("<tool_call>\n{\"name\": \"Person\", \"arguments\": "));
-    assert_eq!(tree(&c)["end"], json!("}\n</tool_call>"));
+    let call = &tree(&c)["elements"][0];
+    assert_eq!(call["begin"], json!("<tool_call>\n{\"name\": \"Person\", \"arguments\": "));
+    assert_eq!(call["end"], json!("}\n</tool_call>"));
     // Required, parallel: one or more calls of any tool joined by the separator.
     let (c, _) = build(json!("required"), Family::Mistral);
-    let t = tree(&c);
+    let t = &tree(&c)["elements"][0];
     assert_eq!(t["elements"][0]["value"], json!("[TOOL_CALLS]["));
     assert_eq!(t["elements"][1]["type"], json!("tags_with_separator"));
     assert_eq!(t["elements"][1]["separator"], json!(", "));
