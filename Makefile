@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -392,6 +392,20 @@ bench-tinker-memory: model $(TINKER_OK)
 	cargo build --release -q --bin tandem
 	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python bench/tinker_memory.py target/release/tandem $(MODEL)
 
+## bench-tools: tool calls on the real Qwen2.5-Coder 0.5B and 1.5B: well-formed `auto` calls and correct
+## named arguments before and after issue 51's constraints, and the constraint's cost per token (bench/tool_calls.py)
+bench-tools: model-qwen
+	$(CARGO) build --release -q --bin tandem
+	$(PYENV)/bin/python bench/tool_calls.py target/release/tandem $(QWEN_MODEL) Qwen/Qwen2.5-Coder-0.5B-Instruct \
+		$(QWEN15_MODEL) Qwen/Qwen2.5-Coder-1.5B-Instruct
+
+## bench-rl-tools: ART 0.5.23 trains a multi-turn tool task (look up, then submit) with `tool_choice: "auto"`
+## on Qwen2.5-Coder 0.5B: the held-out reward before and after 12 steps (bench/rl_tools.py)
+bench-rl-tools: model-qwen $(ART23ENV)/.ok-$(ART23_VERSION)
+	$(CARGO) build --release -q --bin tandem
+	$(ART23ENV)/bin/python bench/rl_tools.py target/release/tandem $(QWEN_MODEL) Qwen/Qwen2.5-Coder-0.5B-Instruct \
+		--json target/bench-rl-tools.json
+
 ## bench-all: every benchmark of docs/benchmarks.md, one after the other
 ## bench-cluster: aggregate throughput of api nodes sharing PostgreSQL and a blob store, 1 node vs 2
 ## (docs/deploy.md: on one machine the cores bound it, so it reports per-node efficiency)
@@ -399,7 +413,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
+bench-all: bench bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

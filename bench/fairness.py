@@ -115,6 +115,12 @@ def attacks(server, key, long_tokens, key2=None):
 
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me everything."}],
             "max_tokens": long_tokens, "ignore_eos": True, "temperature": 1.0}
+    # OpenAI's most tools (128), each an alternative of the request's grammar under `auto`.
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Tool number {i}.", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"enum": ["c", "f"]}},
+            "required": ["city"]}}} for i in range(128)]
+    with_tools = {**chat, "tools": tools, "tool_choice": "auto", "ignore_eos": False}
     return {
         # One request holding every decode slot: n = 32 choices.
         "n=32 choices": (lambda: completion_tokens(server, key, {**chat, "n": 32}), 1),
@@ -124,6 +130,10 @@ def attacks(server, key, long_tokens, key2=None):
         "8000-token prompts": (lambda: completion_tokens(server, key, {
             "model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(8000)], "max_tokens": 1},
             "/v1/completions"), 2),
+        # 32 streams of `auto` with 128 tools: every token of theirs masked by a 128-way grammar.
+        "32 streams, 128 tools": (lambda: completion_tokens(server, key, with_tools), 32),
+        # 128-tool grammars compiled back to back (one token each): the compile's CPU.
+        "128-tool compiles": (lambda: completion_tokens(server, key, {**with_tools, "max_tokens": 1}), 4),
         # Two attacking entities at once, 32 streams each: the victim's fair share is a third.
         **({"2 attackers x 32 streams": (lambda: completion_tokens(server, either_key(), chat), 64)} if key2 else {}),
     }
