@@ -259,8 +259,9 @@ test-build test test-cookbook: SHELL := scripts/timed-shell
 # The build, with the prerequisites installing beside it (their log is printed after). cargo runs
 # outside make's jobserver (it would otherwise get one job) with its own default, the core count.
 test-build:
-	@mkdir -p target; rm -f target/test-times.log; echo "machine: $$(nproc) cores,$$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), \
-		$$(grep -m1 -ow -e avx2 -e avx512f -e avx512_vnni /proc/cpuinfo | sort -u | tr '\n' ' ')load $$(cut -d' ' -f1-3 /proc/loadavg)"
+	@mkdir -p target; rm -f target/test-times.log; cpu=$$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); \
+	simd=$$(grep -m1 -ow -e avx2 -e avx512f -e avx512_vnni /proc/cpuinfo | sort -u | xargs); \
+	echo "machine: $$(nproc) cores, $$cpu, $$simd, load $$(cut -d' ' -f1-3 /proc/loadavg)"
 	@echo "installing the test prerequisites in the background (log: target/test-deps.log)"
 	@$(MAKE) --no-print-directory test-deps WITH_COOKBOOK=$(WITH_COOKBOOK) > target/test-deps.log 2>&1 & deps=$$!; \
 	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(CARGO) test --workspace --all-targets --no-run; built=$$?; \
