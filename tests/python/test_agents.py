@@ -7,10 +7,11 @@ only the instructor checks, with target/instructorenv's Python (instructor 1.17 
 openai than the others). Each framework drives the real Qwen2.5-Coder 1.5B (temperature 0) on a
 fact only a tool knows: the framework's own machinery must run the tool with the right argument
 (the model's call parsed, in its own syntax, under `auto`) and carry its result back. Whether the
-model then answers from the result is the model's: the 1.5B at temperature 0 calls the tool again
-under Qwen2.5's template (unconstrained too), so the answer is checked where the framework makes
-the tool's result the output (openai-agents' stop_on_first_tool) or asks for a structured result
-after the tool (pydantic-ai), and otherwise only shown.
+model then answers from the result: offered the tool again, the 1.5B at temperature 0 calls it
+again (unconstrained too), so the answer is asked where the framework makes the tool's result the
+output (openai-agents' stop_on_first_tool), asks for a structured result after the tool
+(pydantic-ai), or of the model without tools after the tool's message (LangChain, LiteLLM): each
+must hold the tool's result.
 
   openai-agents       Runner.run and Runner.run_streamed over chat completions, and over the
                       Responses API
@@ -132,9 +133,12 @@ def tool_round_trip(llm):
     messages.append(ai)
     for call in ai.tool_calls:
         messages.append(ToolMessage(content=lookup.invoke(call["args"]), tool_call_id=call["id"]))
-    # The framework's tool message goes back in the model's prompt; the reply is text or a call.
-    final = bound.invoke(messages)
-    ran_the_tool(final.content or final.tool_calls)
+    # The framework's tool message goes back in the model's prompt. Offered the tool again, the
+    # 1.5B calls it again (its habit, unconstrained too); the answer is asked of the model without
+    # tools, as agents do for their final turn, and must use the tool's result.
+    again = bound.invoke(messages)
+    print(f"     offered the tool again: {(again.content or again.tool_calls)!r:.120}")
+    ran_the_tool(llm.invoke(messages).content, quoted=True)
 
 
 def langchain_openai(server):
@@ -181,10 +185,11 @@ def litellm_tools(server):
     for c in calls:
         messages.append({"role": "tool", "tool_call_id": c.id,
                          "content": secret_code(**json.loads(c.function.arguments))})
-    # The result goes back, and the reply streams.
-    chunks = list(litellm.completion(messages=messages, stream=True, **common))
-    check(chunks and chunks[-1].choices[0].finish_reason in ("stop", "tool_calls", "length"), f"{chunks[-1:]}")
-    ran_the_tool("".join(c.choices[0].delta.content or "" for c in chunks))
+    # The result goes back, and the answer (asked without tools, as in tool_round_trip) streams.
+    plain = {k: v for k, v in common.items() if k != "tools"}
+    chunks = list(litellm.completion(messages=messages, stream=True, **plain))
+    check(chunks and chunks[-1].choices[0].finish_reason in ("stop", "length"), f"{chunks[-1:]}")
+    ran_the_tool("".join(c.choices[0].delta.content or "" for c in chunks), quoted=True)
 
 
 # --- pydantic-ai -----------------------------------------------------------------------------
