@@ -63,9 +63,9 @@ def tool_result(codes, arguments):
     try:
         name = str(json.loads(arguments).get("name", ""))
     except (ValueError, AttributeError):
-        return "error: the arguments are not a JSON object with a name", None
+        return "error: the arguments are not a JSON object with a name"
     hit = next((n for n in codes if n.lower() == name.strip().lower()), None)
-    return (f"The secret code of {hit} is {codes[hit]}." if hit else f"No person named {name!r} is known."), hit
+    return f"The secret code of {hit} is {codes[hit]}." if hit else f"No person named {name!r} is known."
 
 
 LIMIT = asyncio.Semaphore(32)
@@ -99,8 +99,7 @@ async def episode(client, model, codes, person, temperature, turns=4):
             break
         messages.append(choice.message.model_dump(exclude_none=True))
         for call in calls:
-            text, _ = tool_result(codes, call.function.arguments)
-            tool = {"role": "tool", "tool_call_id": call.id, "content": text}
+            tool = {"role": "tool", "tool_call_id": call.id, "content": tool_result(codes, call.function.arguments)}
             messages.append(tool)
             history.append(tool)
     return history, first_call, float(codes[person] in answer)

@@ -387,16 +387,29 @@ pub(crate) struct Ends<'a> {
 /// leave nothing the grammar allows, EOS is let through so the output still conforms.
 pub(crate) fn constrain(m: &mut Matcher, logits: &mut [f32], ends: &Ends) -> Result<(), String> {
     let mask = m.compute_mask_or_eos().map_err(|e| e.to_string())?;
-    let may_end = mask.is_allowed(ends.eos);
+    // The end tokens' logits, kept aside where the output may end (under `auto` that is every
+    // token of free text): looking each vocabulary id up in up to 1,024 stop ids instead would
+    // cost a request's whole step.
+    let kept: Vec<(usize, f32)> = if mask.is_allowed(ends.eos) {
+        ends.others
+            .iter()
+            .chain(ends.stops)
+            .filter_map(|&id| logits.get(id as usize).map(|&l| (id as usize, l)))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut any = false;
     for (id, l) in logits.iter_mut().enumerate() {
-        let id = id as u32;
-        let allowed = mask.is_allowed(id) || (may_end && (ends.others.contains(&id) || ends.stops.contains(&id)));
-        if !allowed {
+        if !mask.is_allowed(id as u32) {
             *l = f32::NEG_INFINITY;
         } else if *l > f32::NEG_INFINITY {
             any = true;
         }
+    }
+    for (id, l) in kept {
+        logits[id] = l;
+        any |= l > f32::NEG_INFINITY;
     }
     if !any {
         if let Some(l) = logits.get_mut(ends.eos as usize) {
