@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -320,6 +320,12 @@ test-cookbook: model $(COOKBOOK_OK) $(ARTTINKER_OK)
 bench: model
 	bash bench/run-inference.sh
 
+## bench-avx2: the same benchmark with both servers at AVX2 (tandem's TANDEM_CPU=avx2, llama.cpp built
+## without AVX-512), SmolLM2 then Qwen2.5-Coder 1.5B: what users of AVX2-only CPUs get
+bench-avx2: model model-qwen
+	TIER=avx2 bash bench/run-inference.sh
+	TIER=avx2 MODEL=$(QWEN15_MODEL) bash bench/run-inference.sh
+
 ## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
 bench-gemma: model-gemma
 	MODEL=$(GEMMA_MODEL) bash bench/run-inference.sh
@@ -414,7 +420,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
+bench-all: bench bench-avx2 bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

@@ -8,22 +8,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 ROUNDS=${ROUNDS:-3}
+# TIER=avx2: both servers at AVX2 (tandem with TANDEM_CPU=avx2, llama.cpp built without AVX-512).
+TIER=${TIER:-native}
 make -s model MODEL="$MODEL"
 
 source bench/setup.sh
-server=$(llama_server)
+server=$(llama_server "$TIER")
 cargo build --release --bin tandem -q
 # Decode's bound: two threads reading a buffer the size of the file, loads only.
 cargo build --release -p tandem-model --example matmul_bench -q
 
 data=$(mktemp -d)
-RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8101 --data-dir "$data" --model "$MODEL" \
+tier_env=()
+[ "$TIER" = avx2 ] && tier_env=(TANDEM_CPU=avx2)
+env "${tier_env[@]}" RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8101 --data-dir "$data" --model "$MODEL" \
   --api-key bench --max-num-seqs 16 >/dev/null &
 tandem_pid=$!
 "$server" -m "$MODEL" -t 2 -np 16 -cb -c 16384 --port 8102 --api-key bench >/dev/null 2>&1 &
 llama_pid=$!
 trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8101 && wait_healthy 8102
+echo "kernel tier: $TIER"
 read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
 python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"

@@ -5,17 +5,22 @@
 # (everything else to stderr).
 LLAMA_VERSION=${LLAMA_VERSION:-0.3.36}
 
+# `llama_server avx2` builds a second server with AVX2 as its highest tier (AVX-512 off), to
+# compare with tandem's `TANDEM_CPU=avx2` on the same machine.
 llama_server() {
+  local tier=${1:-native}
   local venv=target/benchenv
   if [ ! -x "$venv/bin/cmake" ]; then
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install --quiet cmake ninja scikit-build-core >&2
   fi
   local src=target/llama/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp
-  local server=$src/build/bin/llama-server
+  local build=$src/build
+  [ "$tier" = avx2 ] && build=$src/build-avx2
+  local server=$build/bin/llama-server
   if [ ! -x "$server" ]; then
     mkdir -p target/llama
-    (cd target/llama && "../benchenv/bin/pip" download --quiet --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$LLAMA_VERSION" \
+    [ -d "$src" ] || (cd target/llama && "../benchenv/bin/pip" download --quiet --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$LLAMA_VERSION" \
        && tar xzf "llama_cpp_python-$LLAMA_VERSION.tar.gz") >&2
     # Not GGML_NATIVE: on CPUs that report AMX inside a VM that does not enable it, -march=native
     # code dies with SIGILL. The x86 features are listed instead (AMX left out), the AVX-512 ones
@@ -25,11 +30,12 @@ llama_server() {
     grep -qw avx512_vnni /proc/cpuinfo && vnni=ON
     grep -qw avx512vbmi /proc/cpuinfo && vbmi=ON
     grep -qw avx512_bf16 /proc/cpuinfo && bf16=ON
-    PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$src/build" -G Ninja -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+    [ "$tier" = avx2 ] && avx512=OFF vnni=OFF vbmi=OFF bf16=OFF
+    PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$build" -G Ninja -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
       -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=$avx512 -DGGML_AVX512_VNNI=$vnni -DGGML_AVX512_VBMI=$vbmi \
       -DGGML_AVX512_BF16=$bf16 -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
-    PATH="$PWD/$venv/bin:$PATH" cmake --build "$src/build" --target llama-server -j2 >/dev/null
+    PATH="$PWD/$venv/bin:$PATH" cmake --build "$build" --target llama-server -j2 >/dev/null
   fi
   echo "$server"
 }

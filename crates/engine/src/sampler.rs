@@ -198,11 +198,10 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// log-softmax of raw logits: returns the log normaliser, so `logprob(t) = logit[t] - lse`.
+/// log-softmax of raw logits: returns the log normaliser, so `logprob(t) = logit[t] - lse`
+/// (the trainer's head computes the same number: `tandem_model::as_served::log_normalizer`).
 pub fn log_normalizer(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|l| ((l - max) as f64).exp()).sum();
-    max + sum.ln() as f32
+    tandem_model::as_served::log_normalizer(logits)
 }
 
 /// `k` independent draws, with replacement, from softmax(logits / temperature) over the whole

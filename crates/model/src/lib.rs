@@ -8,6 +8,7 @@
 
 pub mod allocator;
 pub mod arch;
+pub mod as_served;
 pub mod gguf;
 pub mod hf;
 pub mod kernels;

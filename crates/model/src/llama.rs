@@ -373,34 +373,22 @@ impl Llama {
         // splitting a row by its groups lets one token deep in a long context (a decode step,
         // a one-token prefill chunk) use every core, where a task per row left all but one idle.
         // The split depends only on the model, so a row's result is the same in any batch.
-        let group = c.n_head / c.n_kv_head;
-        let (scale, window) = (c.attn_scale, c.window(li));
+        let geometry = crate::as_served::Geometry {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: hd,
+            scale: c.attn_scale,
+            window: c.window(li).map(|w| w.window),
+        };
         let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
-        let per = group.min(kernels::MAX_GROUP);
         // Each task's query heads h0..h1, as bounds within a row of attention output.
-        let heads: Vec<(usize, usize, usize)> = (0..c.n_kv_head)
-            .flat_map(|kv| {
-                (kv * group..(kv + 1) * group).step_by(per).map(move |h0| (kv, h0, (h0 + per).min((kv + 1) * group)))
-            })
-            .collect();
+        let heads = geometry.tasks();
         let bounds: Vec<usize> = std::iter::once(0).chain(heads.iter().map(|&(_, _, h1)| h1 * hd)).collect();
         attn.resize(t_rows * qd, 0.0);
         for_each_segment_mut(attn, qd, &bounds, |t, j, out| {
-            let (kv_head, h0, h1) = heads[j];
             let info = &rows[t];
             let q_row = &qkv[t * width..t * width + qd];
-            let n_ctx = info.pos + 1;
-            let first = window.map_or(0, |w| w.first_visible(info.pos));
-            let mut scores = vec![0f32; (h1 - h0) * n_ctx.next_multiple_of(kernels::KEY_TILE)];
-            kernels::attend_group(
-                &q_row[h0 * hd..h1 * hd],
-                h1 - h0,
-                caches[info.seq].head(li, kv_head, hd),
-                first..n_ctx,
-                scale,
-                &mut scores,
-                out,
-            );
+            crate::as_served::attend_task(&geometry, caches[info.seq], li, q_row, info.pos, heads[j], out);
         });
         acts.quantize(attn, t_rows, qd);
         proj.resize(t_rows * h, 0.0);

@@ -40,13 +40,7 @@ impl LoraPair {
 
     /// `out += scale * B (A x)`.
     pub fn apply(&self, x: &[f32], out: &mut [f32], scale: f32) {
-        let n = out.len();
-        for r in 0..self.rank {
-            let ax = crate::kernels::dot(&self.a[r * self.in_dim..(r + 1) * self.in_dim], x) * scale;
-            for (o, b) in out.iter_mut().zip(&self.bt[r * n..(r + 1) * n]) {
-                *o += ax * b;
-            }
-        }
+        crate::as_served::lora_row(&self.a, &self.bt, self.rank, x, out, scale);
     }
 }
 

@@ -104,6 +104,10 @@ pub struct ServeArgs {
     /// (default 1000): 0 gives the cores back at once, at ~30% of single-stream decode speed.
     #[arg(long, env = "TANDEM_ENGINE_SPIN_US")]
     pub engine_spin_us: Option<u64>,
+    /// The highest SIMD tier the kernels use: `avx512` (default: all the CPU has), `avx2` or
+    /// `scalar`, to run or measure the kernels most users' CPUs get.
+    #[arg(long, env = "TANDEM_CPU")]
+    pub cpu: Option<String>,
     /// Times a training job interrupted by restarts is run again before it is failed.
     #[arg(long, env = "TANDEM_JOB_MAX_ATTEMPTS")]
     pub job_max_attempts: Option<i64>,
@@ -245,6 +249,7 @@ pub struct ServeConfig {
     pub prefix_cache_tokens: Option<usize>,
     /// None: the engine's default.
     pub engine_spin_us: Option<u64>,
+    pub cpu: tandem_model::kernels::cpu::Tier,
     pub job_max_attempts: i64,
     pub job_lease: std::time::Duration,
     pub max_training_runs: usize,
@@ -329,6 +334,11 @@ impl ServeConfig {
             engine_spin_us: match args.engine_spin_us.or(file.engine_spin_us) {
                 Some(us) if us > 1_000_000 => anyhow::bail!("--engine-spin-us {us}: expected at most 1000000"),
                 us => us,
+            },
+            cpu: match args.cpu.or(file.cpu) {
+                None => tandem_model::kernels::cpu::Tier::Avx512,
+                Some(t) => tandem_model::kernels::cpu::Tier::parse(&t)
+                    .with_context(|| format!("--cpu {t:?}: expected `avx512`, `avx2` or `scalar`"))?,
             },
             job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
             job_lease: match args.job_lease_seconds.or(file.job_lease_seconds).unwrap_or(30.0) {

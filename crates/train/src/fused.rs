@@ -59,13 +59,9 @@ impl CustomOp1 for RmsNorm {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Res<(CpuStorage, Shape)> {
         let x = slice(storage, layout)?;
         let n = self.weight.len();
-        let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(n).zip(x.par_chunks(n)).for_each(|(y, x)| {
-            let r = self.inv_rms(x);
-            for ((y, x), w) in y.iter_mut().zip(x).zip(self.weight.iter()) {
-                *y = x * r * w;
-            }
-        });
+        // The serving kernel, so that the values match the sampler's to the bit (`as_served`).
+        let mut y = x.to_vec();
+        y.par_chunks_mut(n).for_each(|y| kernels::rms_norm(y, &self.weight, self.eps));
         Ok((CpuStorage::F32(y), layout.shape().clone()))
     }
 
@@ -167,12 +163,11 @@ impl CustomOp2 for ActMul {
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Res<(CpuStorage, Shape)> {
         let (a, u) = (slice(s1, l1)?, slice(s2, l2)?);
-        let mut y = vec![0f32; a.len()];
-        y.par_chunks_mut(4096).zip(a.par_chunks(4096).zip(u.par_chunks(4096))).for_each(|(y, (a, u))| {
-            for ((y, a), u) in y.iter_mut().zip(a).zip(u) {
-                *y = a * sigmoid(kernels::act_z(self.0, *a)) * u;
-            }
-        });
+        // The serving kernel, row by row as the engine calls it (its vector and tail loops differ
+        // in the last bit, so the split matters).
+        let width = l1.shape().dims().last().copied().unwrap_or(1).max(1);
+        let mut y = a.to_vec();
+        y.par_chunks_mut(width).zip(u.par_chunks(width)).for_each(|(y, u)| kernels::act_mul(self.0, y, u));
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -198,11 +193,28 @@ impl CustomOp2 for ActMul {
 #[cfg(test)]
 mod tests;
 
-/// Keys or values as the server's KV cache holds them (`tandem_model::kv::round_as_cached`).
-fn as_cached(xs: &[f32]) -> Vec<f32> {
-    let mut out = xs.to_vec();
-    tandem_model::kv::round_as_cached(&mut out);
-    out
+/// The forward of [`SegmentAttention`] with `kv_as_cached`: each span as the server attends a
+/// sequence of its context's rows then its own (`tandem_model::as_served`: the f16 cache, the
+/// serving kernel and its head groups), so that the values are the sampler's to the bit.
+fn served_attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], spans: &[causal::Span], heads: causal::Heads) {
+    let g = tandem_model::as_served::Geometry {
+        n_head: heads.n_head,
+        n_kv_head: heads.n_kv_head,
+        head_dim: heads.head_dim,
+        scale: heads.scale,
+        window: heads.window,
+    };
+    let (qd, kvd) = (heads.n_head * heads.head_dim, heads.n_kv_head * heads.head_dim);
+    for span in spans.iter().filter(|s| s.len > 0) {
+        let n = span.offset() + span.len;
+        let (mut ks, mut vs) = (Vec::with_capacity(n * kvd), Vec::with_capacity(n * kvd));
+        for &(start, len) in span.context.iter().chain(std::iter::once(&(span.start, span.len))) {
+            ks.extend_from_slice(&k[start * kvd..(start + len) * kvd]);
+            vs.extend_from_slice(&v[start * kvd..(start + len) * kvd]);
+        }
+        let rows = span.start * qd..(span.start + span.len) * qd;
+        tandem_model::as_served::attend_sequence(&g, &q[rows.clone()], &ks, &vs, &mut out[rows]);
+    }
 }
 
 /// Causal attention within each span of a packed row (a branch also over its prefix),
@@ -235,7 +247,7 @@ impl candle_core::CustomOp3 for SegmentAttention {
         let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let mut out = vec![0f32; q.len()];
         if self.kv_as_cached {
-            causal::forward(q, &as_cached(k), &as_cached(v), &mut out, &self.spans, self.heads);
+            served_attention(q, k, v, &mut out, &self.spans, self.heads);
         } else {
             causal::forward(q, k, v, &mut out, &self.spans, self.heads);
         }

@@ -1,5 +1,5 @@
 //! The output head with an adapter on it (Tinker's `train_unembed`): `lp_i = log softmax(h_i E^T
-//! + u_i B^T)[t_i]` with `u = scale · h A^T` computed before the op by autograd (so A's gradient
+//! + u_i B^T)[t_i]` with `u = scale · h A^T` computed before the op ([`LoraDown`], so A's gradient
 //! and the rest of h's flow through it), `B (V, r)` the adapter's vocabulary-wide half.
 //!
 //! As [`crate::ops::HeadLogprob`], the (tokens x V) logits are never kept: each chunk of rows is
@@ -9,13 +9,46 @@
 
 use crate::fused::values;
 use crate::ops::{nonzero_rows, with_values, HeadWeights, HEAD_CHUNK};
-use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 use tandem_model::kernels::sgemm::{sgemm, Operand};
 use tandem_model::kernels::{self, Q8Acts};
 
 type Res<T> = candle_core::Result<T>;
+
+/// `(h (N, H), A (r, H)) -> u = scale · h A^T (N, r)`, each entry the kernels' dot times the
+/// scale, as the server computes a pair's first product (`as_served::lora_down`); the backward is
+/// `dh = scale · g A`, `dA = scale · g^T h`.
+pub struct LoraDown {
+    pub scale: f64,
+}
+
+impl CustomOp2 for LoraDown {
+    fn name(&self) -> &'static str {
+        "lora-down"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Res<(CpuStorage, Shape)> {
+        let (h, a) = (crate::fused::slice(s1, l1)?, crate::fused::slice(s2, l2)?);
+        let ((n, hd), (r, ha)) = (l1.shape().dims2()?, l2.shape().dims2()?);
+        if ha != hd {
+            return Err(candle_core::Error::Msg(format!("lora-down shapes: h {n}x{hd}, A {r}x{ha}")));
+        }
+        let scale = self.scale as f32;
+        let mut u = vec![0f32; n * r];
+        u.par_chunks_mut(r.max(1)).zip(h.par_chunks(hd.max(1))).for_each(|(u, h)| {
+            u.copy_from_slice(&tandem_model::as_served::lora_down(a, r, h, scale));
+        });
+        Ok((CpuStorage::F32(u), Shape::from((n, r))))
+    }
+
+    fn bwd(&self, h: &Tensor, a: &Tensor, _res: &Tensor, g: &Tensor) -> Res<(Option<Tensor>, Option<Tensor>)> {
+        let dh = (g.matmul(a)? * self.scale)?;
+        let da = (g.t()?.matmul(h)? * self.scale)?;
+        Ok((Some(dh), Some(da)))
+    }
+}
 
 /// A row's (entropy, logprob of its target).
 type RowStats = (f32, f32);
@@ -51,13 +84,18 @@ impl HeadLoraLogprob {
         c: usize,
     ) -> Res<(Vec<f32>, Vec<RowStats>)> {
         let mut logits = base_logits(&self.head, &h[start * d.hd..(start + c) * d.hd], c, d)?;
-        sgemm(
-            &mut logits,
-            true,
-            1.0,
-            Operand::new(&u[start * d.r..(start + c) * d.r], c, d.r),
-            Operand::transposed(b, d.v, d.r),
-        );
+        // `u B^T` added rank by rank, as the server adds the pair (`as_served::lora_up`), so that
+        // the logprobs are the sampler's to the bit.
+        let mut bt = vec![0f32; d.r * d.v];
+        for (o, row) in b.chunks_exact(d.r).enumerate() {
+            for (k, x) in row.iter().enumerate() {
+                bt[k * d.v + o] = *x;
+            }
+        }
+        logits
+            .par_chunks_exact_mut(d.v)
+            .zip(u[start * d.r..(start + c) * d.r].par_chunks_exact(d.r))
+            .for_each(|(row, u)| tandem_model::as_served::lora_up(u, &bt, row));
         let targets = &self.targets[start..start + c];
         let stats = logits
             .par_chunks_exact_mut(d.v)
@@ -93,6 +131,8 @@ fn base_logits(head: &HeadWeights, h: &[f32], c: usize, d: Dims) -> Res<Vec<f32>
         })?,
         HeadWeights::Int8(int8) => {
             let mut acts = Q8Acts::default();
+            acts.k_quants = int8.e.wants_k_acts();
+            acts.keep_f32 = matches!(*int8.e, kernels::Weights::F32(_));
             acts.quantize(h, c, d.hd);
             kernels::matmul(&int8.e, &acts, &mut out);
         }

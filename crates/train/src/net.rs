@@ -65,10 +65,11 @@ pub struct Base {
 }
 
 impl Base {
-    /// The base for training: the inference kernels for the frozen projections where the CPU
-    /// has AVX-512 VNNI (see [`Frozen::Int8`]), f32 GEMMs elsewhere.
+    /// The base for training: the frozen projections, the head and the attention through the
+    /// serving kernels on every CPU tier (see [`Frozen::Int8`] and `tandem_model::as_served`), so
+    /// that the forward's logprobs are the sampler's to the bit.
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        Self::load_with(path, tandem_model::kernels::has_avx512_vnni())
+        Self::load_with(path, true)
     }
 
     /// The base with f32 GEMMs everywhere (exact gradients, for finite-difference checks).
@@ -115,20 +116,38 @@ impl Base {
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
             let p = format!("blk.{l}");
-            let mut w = Vec::with_capacity(7);
+            let (mut dense, mut served) = (Vec::with_capacity(7), Vec::with_capacity(7));
             for name in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
                 let name = format!("{p}.{name}.weight");
-                let dense = t(&name)?;
-                let (out, inp) = dense.dims2().map_err(|e| e.to_string())?;
-                w.push(if int8 && out % QK == 0 && inp % QK == 0 {
-                    let wt = dense.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
-                    let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out).lanes_only();
-                    let served = tandem_model::layer_matrix(f2, &config, &name, out, inp)
-                        .map_err(|e| e.to_string())?
-                        .lanes_only();
-                    Frozen::Int8 { w: Arc::new(served), wt: Arc::new(Weights::Q8(wt)) }
+                let d = t(&name)?;
+                let (out, inp) = d.dims2().map_err(|e| e.to_string())?;
+                served.push(if int8 && out % QK == 0 && inp % QK == 0 {
+                    Some(tandem_model::layer_matrix(f2, &config, &name, out, inp).map_err(|e| e.to_string())?)
                 } else {
-                    Frozen::F32(dense)
+                    None
+                });
+                dense.push(d);
+            }
+            // The served matrices in the formats the server stacks q, k, v and gate, up in (a
+            // stack of mixed formats is int8), so that each product is the server's to the bit.
+            for group in [0..3, 4..6] {
+                if served[group.clone()].iter().all(Option::is_some) {
+                    let parts = Weights::stackable(served[group.clone()].iter_mut().filter_map(Option::take).collect());
+                    for (i, m) in group.zip(parts) {
+                        served[i] = Some(m);
+                    }
+                }
+            }
+            let mut w = Vec::with_capacity(7);
+            for (d, m) in dense.into_iter().zip(served) {
+                w.push(match m {
+                    Some(m) => {
+                        let (out, inp) = d.dims2().map_err(|e| e.to_string())?;
+                        let wt = d.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
+                        let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out).lanes_only();
+                        Frozen::Int8 { w: Arc::new(m.lanes_only()), wt: Arc::new(Weights::Q8(wt)) }
+                    }
+                    None => Frozen::F32(d),
                 });
             }
             let w: [Frozen; 7] = w.try_into().map_err(|_| "layer weights".to_string())?;
@@ -474,7 +493,7 @@ impl<'a> Pass<'a> {
             }
             Some((a, b)) => {
                 // u = scale · h A^T through autograd, so A's gradient and h's share of it flow.
-                let u = (rows.matmul(&a.t()?)? * self.scale)?.contiguous()?;
+                let u = rows.contiguous()?.apply_op2(a, crate::head_lora::LoraDown { scale: self.scale })?;
                 let head = HeadLoraLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone() };
                 rows.contiguous()?.apply_op3(&u, b, head)?
             }

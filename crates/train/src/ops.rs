@@ -86,6 +86,7 @@ impl Frozen {
 fn quantized_product(m: &Weights, x: &[f32], t: usize) -> Vec<f32> {
     let mut acts = Q8Acts::default();
     acts.k_quants = m.wants_k_acts();
+    acts.keep_f32 = matches!(m, Weights::F32(_));
     acts.quantize(&x[..t * m.cols()], t, m.cols());
     let mut out = vec![0f32; t * m.rows()];
     kernels::matmul(m, &acts, &mut out);
@@ -119,9 +120,25 @@ impl candle_core::CustomOp3 for LoraLinear {
         let (x, a, b) = (crate::fused::slice(s1, l1)?, crate::fused::slice(s2, l2)?, crate::fused::slice(s3, l3)?);
         let ((t, inp), (r, _), (out, _)) = (l1.shape().dims2()?, l2.shape().dims2()?, l3.shape().dims2()?);
         let mut y = self.w.forward(x, t)?;
-        let mut xa = vec![0f32; t * r];
-        sgemm(&mut xa, false, 1.0, Operand::new(x, t, inp), Operand::transposed(a, r, inp));
-        sgemm(&mut y, true, self.scale as f32, Operand::new(&xa, t, r), Operand::transposed(b, out, r));
+        if matches!(self.w, Frozen::Int8 { .. }) {
+            // As the server adds an adapter, row by row in its order (`as_served::lora_row`), so
+            // that the values are the sampler's to the bit.
+            let mut bt = vec![0f32; r * out];
+            for (o, row) in b.chunks_exact(r).enumerate() {
+                for (k, v) in row.iter().enumerate() {
+                    bt[k * out + o] = *v;
+                }
+            }
+            use rayon::prelude::*;
+            let scale = self.scale as f32;
+            y.par_chunks_mut(out).zip(x.par_chunks(inp)).for_each(|(y, x)| {
+                tandem_model::as_served::lora_row(a, &bt, r, x, y, scale);
+            });
+        } else {
+            let mut xa = vec![0f32; t * r];
+            sgemm(&mut xa, false, 1.0, Operand::new(x, t, inp), Operand::transposed(a, r, inp));
+            sgemm(&mut y, true, self.scale as f32, Operand::new(&xa, t, r), Operand::transposed(b, out, r));
+        }
         Ok((CpuStorage::F32(y), Shape::from((t, out))))
     }
 
@@ -213,6 +230,8 @@ impl HeadInt8 {
         use rayon::prelude::*;
         let (hd, v) = (self.e.cols(), self.e.rows());
         let mut acts = Q8Acts::default();
+        acts.k_quants = self.e.wants_k_acts();
+        acts.keep_f32 = matches!(*self.e, Weights::F32(_));
         acts.quantize(&h[..rows * hd], rows, hd);
         let mut logits = vec![0f32; rows * v];
         kernels::matmul(&self.e, &acts, &mut logits);

@@ -28,11 +28,72 @@ pub struct Cpu {
     pub vnni: Option<Avx512Vnni>,
 }
 
-/// Detected on first use, then read from memory (the detection macro caches too, but one load of
-/// a struct is cheaper than three of its atomics on every matmul row).
+/// The highest kernel tier a process may use (`TANDEM_CPU`, `--cpu`): each tier runs on any CPU
+/// that has it, so one machine with AVX-512 can test and measure the AVX2 and scalar kernels that
+/// most users' CPUs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Everything detected (AVX-512 F, and VNNI where present).
+    Avx512,
+    /// AVX2, FMA and F16C only, as on every AMD before Zen 4 and Intel's laptop chips.
+    Avx2,
+    /// No SIMD tokens: the portable Rust loops.
+    Scalar,
+}
+
+impl Tier {
+    pub fn parse(s: &str) -> Option<Tier> {
+        match s {
+            "avx512" => Some(Tier::Avx512),
+            "avx2" => Some(Tier::Avx2),
+            "scalar" => Some(Tier::Scalar),
+            _ => None,
+        }
+    }
+}
+
+impl Cpu {
+    /// These features, without those above `tier`.
+    pub fn capped(self, tier: Tier) -> Cpu {
+        match tier {
+            Tier::Avx512 => self,
+            Tier::Avx2 => Cpu { avx512f: None, vnni: None, ..self },
+            Tier::Scalar => Cpu { avx2: None, avx512f: None, vnni: None },
+        }
+    }
+
+    /// The tier these features make up, as [`Tier::parse`] spells it, with VNNI named.
+    pub fn name(&self) -> &'static str {
+        match (self.vnni, self.avx512f, self.avx2) {
+            (Some(_), ..) => "avx512-vnni",
+            (None, Some(_), _) => "avx512",
+            (None, None, Some(_)) => "avx2",
+            _ => "scalar",
+        }
+    }
+}
+
+static CPU: OnceLock<Cpu> = OnceLock::new();
+
+/// Detected on first use (capped by `TANDEM_CPU` when it names a tier), then read from memory
+/// (the detection macro caches too, but one load of a struct is cheaper than three of its atomics
+/// on every matmul row).
 pub fn cpu() -> &'static Cpu {
-    static CPU: OnceLock<Cpu> = OnceLock::new();
-    CPU.get_or_init(detect)
+    CPU.get_or_init(|| {
+        let tier = std::env::var("TANDEM_CPU").ok().and_then(|v| Tier::parse(&v));
+        detect().capped(tier.unwrap_or(Tier::Avx512))
+    })
+}
+
+/// Caps the kernels at `tier` for the rest of the process (the server's `--cpu`, before the model
+/// loads). Refused once a kernel has run: the tier cannot change under a running model.
+pub fn limit(tier: Tier) -> Result<&'static Cpu, String> {
+    let capped = detect().capped(tier);
+    let now = CPU.get_or_init(|| capped);
+    if now.name() != capped.name() {
+        return Err(format!("the kernels already run at tier {}", now.name()));
+    }
+    Ok(now)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -105,6 +105,7 @@ impl Weights {
 
     /// Stacks matrices vertically (fused q/k/v, gate/up); mixed formats become int8.
     pub fn vstack(parts: Vec<Weights>) -> Weights {
+        let parts = Weights::stackable(parts);
         if let Some(Weights::Block(first)) = parts.first() {
             let format = first.format();
             if parts.iter().all(|p| matches!(p, Weights::Block(b) if b.format() == format)) {
@@ -125,6 +126,25 @@ impl Weights {
         }
         let q8: Vec<Q8Matrix> = parts.into_iter().map(|p| p.into_q8()).collect();
         Weights::Q8(Q8Matrix::vstack(&q8))
+    }
+
+    /// The parts in the formats [`Weights::vstack`] stacks them in: as they are when they share
+    /// one (a block format, Q4_1 or f32), else each converted to int8. The trainer keeps q, k, v
+    /// (and gate, up) apart but in these formats, so that its products are the server's.
+    pub fn stackable(parts: Vec<Weights>) -> Vec<Weights> {
+        let same = match parts.first() {
+            Some(Weights::Block(first)) => {
+                parts.iter().all(|p| matches!(p, Weights::Block(b) if b.format() == first.format()))
+            }
+            Some(Weights::F32(_)) => parts.iter().all(|p| matches!(p, Weights::F32(_))),
+            Some(Weights::Q4(_)) => parts.iter().all(|p| matches!(p, Weights::Q4(_))),
+            _ => false,
+        };
+        if same {
+            parts
+        } else {
+            parts.into_iter().map(|p| Weights::Q8(p.into_q8())).collect()
+        }
     }
 
     fn into_q8(self) -> Q8Matrix {

@@ -1,0 +1,123 @@
+//! The serving forward's arithmetic, for the trainer: pieces of [`crate::Llama::forward`] that
+//! take plain rows, so that a training forward computes what the sampler computed, bit for bit
+//! (issue 52: importance ratios of exactly 1 on the policy that sampled). Int8 activations make
+//! the forward chaotic at the last bit: a single float reassociated before a quantisation can
+//! flip an activation's rounding, and on SmolLM2 such flips alone moved logprobs by 0.1 nats a
+//! token. So the trainer does not compute "the same maths": it calls these functions, which
+//! call the kernels in the engine's order, and the engine's own step calls them too where a piece
+//! is shared (attention's task split, a LoRA pair's row update).
+
+use crate::kernels::{self, MAX_GROUP};
+use crate::KvCache;
+use rayon::prelude::*;
+
+/// Attention geometry of one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// Gemma 3's local layers: a query at `pos` sees `pos + 1 - window ..= pos`.
+    pub window: Option<usize>,
+}
+
+impl Geometry {
+    /// The engine's tasks of one row: (kv head, first query head, end query head), at most
+    /// [`MAX_GROUP`] query heads sharing one kv head each. The split fixes which heads a kernel
+    /// call computes together, and with it the float order: it depends only on the model.
+    pub fn tasks(&self) -> Vec<(usize, usize, usize)> {
+        let group = self.n_head / self.n_kv_head;
+        let per = group.min(MAX_GROUP);
+        (0..self.n_kv_head)
+            .flat_map(|kv| {
+                (kv * group..(kv + 1) * group).step_by(per).map(move |h0| (kv, h0, (h0 + per).min((kv + 1) * group)))
+            })
+            .collect()
+    }
+}
+
+/// One query row's attention over `cache` (layer 0 of it holds positions `0..=pos`), its task
+/// `(kv, h0, h1)` written to `out` (the heads' `(h1 - h0) * head_dim` values): what the engine's
+/// step computes for a row at `pos`.
+pub fn attend_task(
+    g: &Geometry,
+    cache: &KvCache,
+    layer: usize,
+    q_row: &[f32],
+    pos: usize,
+    (kv, h0, h1): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    let hd = g.head_dim;
+    let n_ctx = pos + 1;
+    let first = g.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let mut scores = vec![0f32; (h1 - h0) * n_ctx.next_multiple_of(kernels::KEY_TILE)];
+    kernels::attend_group(
+        &q_row[h0 * hd..h1 * hd],
+        h1 - h0,
+        cache.head(layer, kv, hd),
+        first..n_ctx,
+        g.scale,
+        &mut scores,
+        out,
+    );
+}
+
+/// Causal attention of a sequence's last `queries` rows as the engine computes it: `k` and `v`
+/// hold every position of the sequence (`(n, kv_dim)`, row-major: context first), `q` the query
+/// rows (`(queries, n_head * head_dim)`), the last `queries` positions; `out` receives
+/// `(queries, n_head * head_dim)`. Keys and values are rounded to the cache's f16 on the way in.
+pub fn attend_sequence(g: &Geometry, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+    let (qd, kvd) = (g.n_head * g.head_dim, g.n_kv_head * g.head_dim);
+    let n = k.len() / kvd;
+    let queries = q.len() / qd;
+    assert!(queries <= n && v.len() == k.len() && out.len() == q.len(), "attention shapes");
+    let mut cache = KvCache::new(1, kvd);
+    for (pos, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
+        cache.write(0, pos, kr, vr);
+    }
+    cache.commit(n);
+    let tasks = g.tasks();
+    let hd = g.head_dim;
+    out.par_chunks_mut(qd).zip(q.par_chunks(qd)).enumerate().for_each(|(i, (out_row, q_row))| {
+        let pos = n - queries + i;
+        for &(kv, h0, h1) in &tasks {
+            attend_task(g, &cache, 0, q_row, pos, (kv, h0, h1), &mut out_row[h0 * hd..h1 * hd]);
+        }
+    });
+}
+
+/// `out += scale * B (A x)` for one row, in the engine's order: each rank's `scale * (a_r . x)`
+/// (the kernels' dot), then its column of B added across the row, ranks in order. `a` is
+/// `(rank, in)`, `bt` is B transposed, `(rank, out)`, both row-major.
+pub fn lora_row(a: &[f32], bt: &[f32], rank: usize, x: &[f32], out: &mut [f32], scale: f32) {
+    let ax = lora_down(a, rank, x, scale);
+    lora_up(&ax, bt, out);
+}
+
+/// The first half of [`lora_row`]: `scale * (a_r . x)` for each rank `r`.
+pub fn lora_down(a: &[f32], rank: usize, x: &[f32], scale: f32) -> Vec<f32> {
+    let inp = x.len();
+    (0..rank).map(|r| kernels::dot(&a[r * inp..(r + 1) * inp], x) * scale).collect()
+}
+
+/// The second half of [`lora_row`]: `out += ax_r * B[:, r]` for each rank in order, `bt` being
+/// B transposed (`(rank, out)`).
+pub fn lora_up(ax: &[f32], bt: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    for (r, ax) in ax.iter().enumerate() {
+        for (o, b) in out.iter_mut().zip(&bt[r * n..(r + 1) * n]) {
+            *o += ax * b;
+        }
+    }
+}
+
+/// The log of a logits row's softmax normaliser, `max + ln sum_j exp(l_j - max)`, so that a
+/// logprob is `l_t - log_normalizer`: through the kernels' [`kernels::exp_normalize`], the pass
+/// the trainer's head takes over the same row for its probabilities and entropy.
+pub fn log_normalizer(logits: &[f32]) -> f32 {
+    let mut row = logits.to_vec();
+    let (max, sum, _) = kernels::exp_normalize(&mut row, 1.0);
+    max + sum.ln()
+}
