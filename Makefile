@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke
 
 all: build
 
@@ -261,7 +261,7 @@ test-build test test-cookbook: SHELL := scripts/timed-shell
 test-build:
 	@mkdir -p target; rm -f target/test-times.log; cpu=$$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); \
 	simd=$$(grep -m1 -ow -e avx2 -e avx512f -e avx512_vnni /proc/cpuinfo | sort -u | xargs); \
-	echo "machine: $$(nproc) cores, $$cpu, $$simd, load $$(cut -d' ' -f1-3 /proc/loadavg)"
+	echo "machine: $$(nproc) cores, $$cpu, $$simd, load $$(cut -d' ' -f1-3 /proc/loadavg), $$(df -h . | awk 'NR==2 {print $$4}') disk free"
 	@echo "installing the test prerequisites in the background (log: target/test-deps.log)"
 	@$(MAKE) --no-print-directory test-deps WITH_COOKBOOK=$(WITH_COOKBOOK) > target/test-deps.log 2>&1 & deps=$$!; \
 	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(CARGO) test --workspace --all-targets --no-run; built=$$?; \
@@ -325,6 +325,19 @@ bench: model
 bench-avx2: model model-qwen
 	TIER=avx2 bash bench/run-inference.sh
 	TIER=avx2 MODEL=$(QWEN15_MODEL) bash bench/run-inference.sh
+
+## bench-agreement: the trainer's logprobs against the sampler's (at sampling time and from compute_logprobs)
+## of one trained adapter, through the tinker SDK, on SmolLM2, Qwen2.5-Coder 0.5B and Gemma 3 270M (bench/agreement.py)
+bench-agreement: model model-qwen model-gemma $(TINKER_OK)
+	cargo build --release -q --bin tandem
+	$(TINKERENV)/bin/python bench/agreement.py target/release/tandem $(MODEL)=HuggingFaceTB/SmolLM2-135M-Instruct \
+		$(QWEN_MODEL)=Qwen/Qwen2.5-Coder-0.5B-Instruct $(GEMMA_MODEL)=google/gemma-3-270m --json target/bench-agreement.json
+
+## bench-adapters: 16 streams on 1, 4, 16 and 64 different random LoRA adapters (r8, every projection) against
+## 16 streams on the base, alternating rounds (bench/adapters.py)
+bench-adapters: model $(PYENV_OK)
+	cargo build --release -q --bin tandem
+	$(PYENV)/bin/python bench/adapters.py target/release/tandem $(MODEL)
 
 ## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
 bench-gemma: model-gemma
@@ -420,7 +433,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-avx2 bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
+bench-all: bench bench-avx2 bench-agreement bench-adapters bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

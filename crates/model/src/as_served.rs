@@ -96,10 +96,13 @@ pub fn lora_row(a: &[f32], bt: &[f32], rank: usize, x: &[f32], out: &mut [f32], 
     lora_up(&ax, bt, out);
 }
 
-/// The first half of [`lora_row`]: `scale * (a_r . x)` for each rank `r`.
-pub fn lora_down(a: &[f32], rank: usize, x: &[f32], scale: f32) -> Vec<f32> {
-    let inp = x.len();
-    (0..rank).map(|r| kernels::dot(&a[r * inp..(r + 1) * inp], x) * scale).collect()
+/// The first half of [`lora_row`]: `scale * (a_r . x)` for each rank `r`, for each row of `xs`
+/// (`(rows, rank)`, row-major): each entry the kernels' dot, whatever the number of rows.
+pub fn lora_down(a: &[f32], rank: usize, xs: &[f32], scale: f32) -> Vec<f32> {
+    let mut out = vec![0f32; xs.len() / (a.len() / rank) * rank];
+    kernels::dots(a, rank, xs, &mut out);
+    out.iter_mut().for_each(|v| *v *= scale);
+    out
 }
 
 /// The second half of [`lora_row`]: `out += ax_r * B[:, r]` for each rank in order, `bt` being

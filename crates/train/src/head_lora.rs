@@ -37,7 +37,7 @@ impl CustomOp2 for LoraDown {
         }
         let scale = self.scale as f32;
         let mut u = vec![0f32; n * r];
-        u.par_chunks_mut(r.max(1)).zip(h.par_chunks(hd.max(1))).for_each(|(u, h)| {
+        u.par_chunks_mut(r.max(1) * 64).zip(h.par_chunks(hd.max(1) * 64)).for_each(|(u, h)| {
             u.copy_from_slice(&tandem_model::as_served::lora_down(a, r, h, scale));
         });
         Ok((CpuStorage::F32(u), Shape::from((n, r))))

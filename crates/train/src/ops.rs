@@ -131,8 +131,12 @@ impl candle_core::CustomOp3 for LoraLinear {
             }
             use rayon::prelude::*;
             let scale = self.scale as f32;
-            y.par_chunks_mut(out).zip(x.par_chunks(inp)).for_each(|(y, x)| {
-                tandem_model::as_served::lora_row(a, &bt, r, x, y, scale);
+            // Blocks of rows, each block's first products in one tiled pass (the same entries).
+            y.par_chunks_mut(out * 64).zip(x.par_chunks(inp * 64)).for_each(|(y, x)| {
+                let ax = tandem_model::as_served::lora_down(a, r, x, scale);
+                for (y, ax) in y.chunks_exact_mut(out).zip(ax.chunks_exact(r)) {
+                    tandem_model::as_served::lora_up(ax, &bt, y);
+                }
             });
         } else {
             let mut xa = vec![0f32; t * r];

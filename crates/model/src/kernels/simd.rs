@@ -83,6 +83,21 @@ pub(crate) fn dot_f32(avx2: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
     };
 }
 
+/// [`super::dots`] compiled for AVX2 (each entry [`dot_f32`]'s arithmetic).
+#[inline]
+pub(crate) fn dots(avx2: Avx2Fma, a: &[f32], rank: usize, xs: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the token proves AVX2 and FMA; the body is safe code on any slices.
+    unsafe {
+        dots_avx2(avx2, a, rank, xs, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = avx2;
+        super::dots_generic(a, rank, xs, out)
+    }
+}
+
 /// `gate <- act(gate) * up`, vectorised to 256 bits.
 #[inline]
 pub(crate) fn act_mul(avx2: Avx2Fma, act: Activation, gate: &mut [f32], up: &[f32]) {
@@ -224,6 +239,16 @@ pub(crate) fn hsum(v: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_f32_avx2(_: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
     super::dot_generic(a, b)
+}
+
+/// [`super::dots_generic`] compiled with AVX2/FMA enabled so that it vectorises.
+///
+/// # Safety
+/// None beyond the target features (the body is safe code).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2(_: Avx2Fma, a: &[f32], rank: usize, xs: &[f32], out: &mut [f32]) {
+    super::dots_generic(a, rank, xs, out)
 }
 
 /// [`super::act_mul_generic`] compiled with AVX2/FMA enabled so that it vectorises.

@@ -67,6 +67,25 @@ fn simd_and_scalar_paths_agree() {
 }
 
 #[test]
+fn tiled_dots_are_each_dot_to_the_bit() {
+    // Widths with and without a tail, ranks and rows that leave partial tiles.
+    for (n, rank, rows) in [(576, 8, 5), (37, 3, 1), (1536, 16, 2), (8, 5, 3), (100, 1, 4)] {
+        let (a, xs) = (values(n * rank, n as u32), values(n * rows, rank as u32 + 7));
+        let mut out = vec![0f32; rows * rank];
+        dots(&a, rank, &xs, &mut out);
+        let mut generic = vec![0f32; rows * rank];
+        dots_generic(&a, rank, &xs, &mut generic);
+        for t in 0..rows {
+            for r in 0..rank {
+                let one = dot(&a[r * n..(r + 1) * n], &xs[t * n..(t + 1) * n]);
+                assert_eq!(out[t * rank + r].to_bits(), one.to_bits(), "n {n}, rank {r}, row {t}");
+                assert_eq!(generic[t * rank + r].to_bits(), one.to_bits(), "generic: n {n}, rank {r}, row {t}");
+            }
+        }
+    }
+}
+
+#[test]
 fn quantisation_round_trip_and_extremes() {
     let mut row = vec![0f32; 32];
     row[0] = -1.27;
