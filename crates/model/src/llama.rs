@@ -12,6 +12,10 @@ use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
 use crate::ModelError;
 
+/// Most rows one LoRA task takes (rows on one adapter beyond it make another task, so that a long
+/// prompt's rows still spread over the cores).
+const LORA_ROWS: usize = 16;
+
 /// Shape of a Llama-family model (Llama, Qwen2, Qwen3, Gemma 3: `crate::arch`), read from GGUF
 /// metadata.
 #[derive(Debug, Clone, PartialEq)]
@@ -446,6 +450,12 @@ impl Llama {
 
     /// Adds each sequence's LoRA deltas `scale * B (A x)` to its rows of `out`. `pick` names up to
     /// three (adapter matrix, column offset) pairs for this projection.
+    ///
+    /// Rows on one adapter (a prompt's rows, or streams of one checkpoint) are taken together, up
+    /// to [`LORA_ROWS`] a task: the task reads the adapter's A and each column of B once for all
+    /// of them, where a task per row read them once a row. Each row's numbers are those of
+    /// `as_served::lora_row` on it alone (the tiled dots are each dot to the bit, and B's columns
+    /// are added to every element in rank order), which is what the trainer computes.
     #[allow(clippy::too_many_arguments)]
     fn apply_lora<'a>(
         &self,
@@ -460,14 +470,30 @@ impl Llama {
         if seqs.iter().all(|s| s.adapter.is_none()) {
             return;
         }
-        // Rows are independent: the team shares them (serial, this was ~40% of a 32-stream
-        // decode step with an adapter while the matmuls around it ran on every core).
-        for_each_chunk_mut(&mut out[..rows.len() * out_dim], out_dim, |t, out_row| {
-            let Some(adapter) = seqs[rows[t].seq].adapter else { return };
-            let x_row = &input[t * in_dim..(t + 1) * in_dim];
+        let mut groups: Vec<(&'a LoraAdapter, Vec<usize>)> = Vec::new();
+        for (t, info) in rows.iter().enumerate() {
+            let Some(adapter) = seqs[info.seq].adapter else { continue };
+            match groups.iter_mut().rev().find(|(a, ts)| std::ptr::eq(*a, adapter) && ts.len() < LORA_ROWS) {
+                Some((_, ts)) => ts.push(t),
+                None => groups.push((adapter, vec![t])),
+            }
+        }
+        let members: Vec<Vec<usize>> = groups.iter().map(|(_, ts)| ts.clone()).collect();
+        kernels::team::for_each_group_mut(&mut out[..rows.len() * out_dim], out_dim, &members, |g, outs| {
+            let (adapter, ts) = &groups[g];
+            let xs: Vec<f32> = ts.iter().flat_map(|&t| input[t * in_dim..(t + 1) * in_dim].iter().copied()).collect();
             for (pair, offset) in pick(adapter) {
-                if let Some(pair) = pair {
-                    pair.apply(x_row, &mut out_row[offset..offset + pair.out_dim()], adapter.scale);
+                let Some(pair) = pair else { continue };
+                let (rank, n) = (pair.rank, pair.out_dim());
+                let ax = crate::as_served::lora_down(&pair.a, rank, &xs, adapter.scale);
+                for r in 0..rank {
+                    let b = &pair.bt()[r * n..(r + 1) * n];
+                    for (i, row) in outs.iter_mut().enumerate() {
+                        let ax = ax[i * rank + r];
+                        for (o, b) in row[offset..offset + n].iter_mut().zip(b) {
+                            *o += ax * b;
+                        }
+                    }
                 }
             }
         });

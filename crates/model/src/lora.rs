@@ -34,6 +34,11 @@ impl LoraPair {
         LoraPair { rank, in_dim: a.len() / rank, a, bt }
     }
 
+    /// B transposed, `(rank, out)`, row-major.
+    pub fn bt(&self) -> &[f32] {
+        &self.bt
+    }
+
     pub fn out_dim(&self) -> usize {
         self.bt.len() / self.rank
     }

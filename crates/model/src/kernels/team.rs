@@ -182,6 +182,29 @@ pub fn for_each_chunk_mut<T: Send>(data: &mut [T], size: usize, f: impl Fn(usize
     for_each(shared.len / size, |i| f(i, unsafe { shared.slice(i * size, size) }));
 }
 
+/// Runs `f(g, rows)` in parallel for each group `g` of `groups`, `rows` being the `size`-long
+/// chunks of `data` the group names, in its order: one task per group. Panics when a chunk is
+/// named twice or does not exist (tasks must never share a chunk).
+pub fn for_each_group_mut<T: Send>(
+    data: &mut [T],
+    size: usize,
+    groups: &[Vec<usize>],
+    f: impl Fn(usize, &mut [&mut [T]]) + Sync,
+) {
+    assert!(size > 0 && data.len().is_multiple_of(size), "{} values in chunks of {size}", data.len());
+    let mut taken = vec![false; data.len() / size];
+    for &i in groups.iter().flatten() {
+        assert!(!std::mem::replace(&mut taken[i], true), "chunk {i} is in two groups");
+    }
+    let shared = Disjoint::new(data);
+    for_each(groups.len(), |g| {
+        // SAFETY: every chunk index exists and lies in one group only (asserted above), so no
+        // two tasks', nor two of one task's, slices overlap.
+        let mut rows: Vec<&mut [T]> = groups[g].iter().map(|&i| unsafe { shared.slice(i * size, size) }).collect();
+        f(g, &mut rows);
+    });
+}
+
 /// Runs `f(i, j, segment)` in parallel for segment `j` of each `row`-long chunk `i` of `data`,
 /// the segments of a chunk being `bounds[j]..bounds[j + 1]` (`bounds` rises strictly from 0 to
 /// `row`): one task per (chunk, segment), so a chunk's parts may run on different threads.
