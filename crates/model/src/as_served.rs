@@ -7,41 +7,29 @@
 //! call the kernels in the engine's order, and the engine's own step calls them too where a piece
 //! is shared (attention's task split, a LoRA pair's row update).
 
+use crate::kernels::causal::Heads;
 use crate::kernels::{self, MAX_GROUP};
 use crate::KvCache;
 use rayon::prelude::*;
 
-/// Attention geometry of one layer.
-#[derive(Debug, Clone, Copy)]
-pub struct Geometry {
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-    /// Gemma 3's local layers: a query at `pos` sees `pos + 1 - window ..= pos`.
-    pub window: Option<usize>,
-}
-
-impl Geometry {
-    /// The engine's tasks of one row: (kv head, first query head, end query head), at most
-    /// [`MAX_GROUP`] query heads sharing one kv head each. The split fixes which heads a kernel
-    /// call computes together, and with it the float order: it depends only on the model.
-    pub fn tasks(&self) -> Vec<(usize, usize, usize)> {
-        let group = self.n_head / self.n_kv_head;
-        let per = group.min(MAX_GROUP);
-        (0..self.n_kv_head)
-            .flat_map(|kv| {
-                (kv * group..(kv + 1) * group).step_by(per).map(move |h0| (kv, h0, (h0 + per).min((kv + 1) * group)))
-            })
-            .collect()
-    }
+/// The engine's attention tasks of one row: (kv head, first query head, end query head), at most
+/// [`MAX_GROUP`] query heads sharing one kv head each. The split fixes which heads a kernel call
+/// computes together, and with it the float order: it depends only on the model.
+pub fn tasks(g: &Heads) -> Vec<(usize, usize, usize)> {
+    let group = g.n_head / g.n_kv_head;
+    let per = group.min(MAX_GROUP);
+    (0..g.n_kv_head)
+        .flat_map(|kv| {
+            (kv * group..(kv + 1) * group).step_by(per).map(move |h0| (kv, h0, (h0 + per).min((kv + 1) * group)))
+        })
+        .collect()
 }
 
 /// One query row's attention over `cache` (layer 0 of it holds positions `0..=pos`), its task
 /// `(kv, h0, h1)` written to `out` (the heads' `(h1 - h0) * head_dim` values): what the engine's
 /// step computes for a row at `pos`.
 pub fn attend_task(
-    g: &Geometry,
+    g: &Heads,
     cache: &KvCache,
     layer: usize,
     q_row: &[f32],
@@ -68,7 +56,7 @@ pub fn attend_task(
 /// hold every position of the sequence (`(n, kv_dim)`, row-major: context first), `q` the query
 /// rows (`(queries, n_head * head_dim)`), the last `queries` positions; `out` receives
 /// `(queries, n_head * head_dim)`. Keys and values are rounded to the cache's f16 on the way in.
-pub fn attend_sequence(g: &Geometry, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+pub fn attend_sequence(g: &Heads, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
     let (qd, kvd) = (g.n_head * g.head_dim, g.n_kv_head * g.head_dim);
     let n = k.len() / kvd;
     let queries = q.len() / qd;
@@ -78,7 +66,7 @@ pub fn attend_sequence(g: &Geometry, q: &[f32], k: &[f32], v: &[f32], out: &mut 
         cache.write(0, pos, kr, vr);
     }
     cache.commit(n);
-    let tasks = g.tasks();
+    let tasks = tasks(g);
     let hd = g.head_dim;
     out.par_chunks_mut(qd).zip(q.par_chunks(qd)).enumerate().for_each(|(i, (out_row, q_row))| {
         let pos = n - queries + i;
@@ -103,6 +91,18 @@ pub fn lora_down(a: &[f32], rank: usize, xs: &[f32], scale: f32) -> Vec<f32> {
     kernels::dots(a, rank, xs, &mut out);
     out.iter_mut().for_each(|v| *v *= scale);
     out
+}
+
+/// `B (out, rank)` transposed to `(rank, out)`, the layout [`lora_row`] and [`lora_up`] read.
+pub fn transposed(b: &[f32], rank: usize) -> Vec<f32> {
+    let out = b.len() / rank;
+    let mut bt = vec![0f32; b.len()];
+    for (o, row) in b.chunks_exact(rank).enumerate() {
+        for (r, v) in row.iter().enumerate() {
+            bt[r * out + o] = *v;
+        }
+    }
+    bt
 }
 
 /// The second half of [`lora_row`]: `out += ax_r * B[:, r]` for each rank in order, `bt` being

@@ -377,7 +377,7 @@ impl Llama {
         // splitting a row by its groups lets one token deep in a long context (a decode step,
         // a one-token prefill chunk) use every core, where a task per row left all but one idle.
         // The split depends only on the model, so a row's result is the same in any batch.
-        let geometry = crate::as_served::Geometry {
+        let geometry = kernels::causal::Heads {
             n_head: c.n_head,
             n_kv_head: c.n_kv_head,
             head_dim: hd,
@@ -386,7 +386,7 @@ impl Llama {
         };
         let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.cache).collect();
         // Each task's query heads h0..h1, as bounds within a row of attention output.
-        let heads = geometry.tasks();
+        let heads = crate::as_served::tasks(&geometry);
         let bounds: Vec<usize> = std::iter::once(0).chain(heads.iter().map(|&(_, _, h1)| h1 * hd)).collect();
         attn.resize(t_rows * qd, 0.0);
         for_each_segment_mut(attn, qd, &bounds, |t, j, out| {
@@ -452,10 +452,10 @@ impl Llama {
     /// three (adapter matrix, column offset) pairs for this projection.
     ///
     /// Rows on one adapter (a prompt's rows, or streams of one checkpoint) are taken together, up
-    /// to [`LORA_ROWS`] a task: the task reads the adapter's A and each column of B once for all
-    /// of them, where a task per row read them once a row. Each row's numbers are those of
-    /// `as_served::lora_row` on it alone (the tiled dots are each dot to the bit, and B's columns
-    /// are added to every element in rank order), which is what the trainer computes.
+    /// to [`LORA_ROWS`] a task: the task reads the adapter's A once for all of them (the tiled
+    /// dots), where a task per row read it once a row. Each row's numbers are those of
+    /// `as_served::lora_row` on it alone (each tiled dot is the dot to the bit), which is what the
+    /// trainer computes.
     #[allow(clippy::too_many_arguments)]
     fn apply_lora<'a>(
         &self,
@@ -470,30 +470,30 @@ impl Llama {
         if seqs.iter().all(|s| s.adapter.is_none()) {
             return;
         }
-        let mut groups: Vec<(&'a LoraAdapter, Vec<usize>)> = Vec::new();
+        // Each group's adapter, and the rows it takes.
+        let (mut adapters, mut members): (Vec<&'a LoraAdapter>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
         for (t, info) in rows.iter().enumerate() {
             let Some(adapter) = seqs[info.seq].adapter else { continue };
-            match groups.iter_mut().rev().find(|(a, ts)| std::ptr::eq(*a, adapter) && ts.len() < LORA_ROWS) {
-                Some((_, ts)) => ts.push(t),
-                None => groups.push((adapter, vec![t])),
+            let open =
+                adapters.iter().zip(&members).rposition(|(a, ts)| std::ptr::eq(*a, adapter) && ts.len() < LORA_ROWS);
+            match open {
+                Some(g) => members[g].push(t),
+                None => {
+                    adapters.push(adapter);
+                    members.push(vec![t]);
+                }
             }
         }
-        let members: Vec<Vec<usize>> = groups.iter().map(|(_, ts)| ts.clone()).collect();
         kernels::team::for_each_group_mut(&mut out[..rows.len() * out_dim], out_dim, &members, |g, outs| {
-            let (adapter, ts) = &groups[g];
-            let xs: Vec<f32> = ts.iter().flat_map(|&t| input[t * in_dim..(t + 1) * in_dim].iter().copied()).collect();
+            let adapter = adapters[g];
+            let xs: Vec<f32> =
+                members[g].iter().flat_map(|&t| input[t * in_dim..(t + 1) * in_dim].iter().copied()).collect();
             for (pair, offset) in pick(adapter) {
                 let Some(pair) = pair else { continue };
                 let (rank, n) = (pair.rank, pair.out_dim());
                 let ax = crate::as_served::lora_down(&pair.a, rank, &xs, adapter.scale);
-                for r in 0..rank {
-                    let b = &pair.bt()[r * n..(r + 1) * n];
-                    for (i, row) in outs.iter_mut().enumerate() {
-                        let ax = ax[i * rank + r];
-                        for (o, b) in row[offset..offset + n].iter_mut().zip(b) {
-                            *o += ax * b;
-                        }
-                    }
+                for (row, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
+                    crate::as_served::lora_up(ax, pair.bt(), &mut row[offset..offset + n]);
                 }
             }
         });

@@ -24,13 +24,7 @@ impl LoraPair {
     /// From `a` (r, in) and `b` (out, r), both row-major as PEFT stores them (`peft::read` has
     /// checked that r >= 1).
     pub fn new(rank: usize, a: Vec<f32>, b: Vec<f32>) -> Self {
-        let out = b.len() / rank;
-        let mut bt = vec![0f32; b.len()];
-        for (o, row) in b.chunks_exact(rank).enumerate() {
-            for (r, v) in row.iter().enumerate() {
-                bt[r * out + o] = *v;
-            }
-        }
+        let bt = crate::as_served::transposed(&b, rank);
         LoraPair { rank, in_dim: a.len() / rank, a, bt }
     }
 

@@ -1,12 +1,13 @@
 //! Tiny random-weight models (hidden 64, byte-level vocabulary of 258 with ChatML specials) of
 //! each architecture, written as GGUF, for tests of the model, the engine and the trainer that
-//! must not need a real model. Deterministic: the same file every time.
+//! must not need a real model. Deterministic: the same file every time. Also where the tests that
+//! do use the real files find them, and the ordinary token ids they prompt them with.
 
 use crate::Arch;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub const HIDDEN: usize = 64;
 pub const FFN: usize = 128;
@@ -21,6 +22,29 @@ pub fn weights(n: usize, seed: u64) -> Vec<f32> {
         .map(|_| {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+/// A real model file `make model*` fetched into the repository's `models/` (or the path the
+/// variable `env` names), `None` when it is not there.
+pub fn model_file(env: &str, name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name));
+    path.is_file().then_some(path)
+}
+
+/// `n` ordinary token ids (300 to 20,299, in every test model's vocabulary) from a xorshift
+/// seeded with `seed`.
+pub fn token_ids(n: usize, seed: u32) -> Vec<u32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            300 + x % 20_000
         })
         .collect()
 }

@@ -105,15 +105,7 @@ fn gemma3_270m_matches_its_naive_forward() {
     // <bos>The capital of France is; then six prompts of random ordinary tokens.
     let mut prompts: Vec<Vec<u32>> = vec![vec![2, 818, 5279, 529, 7001, 563]];
     for s in 0..6u32 {
-        let mut x = 12_345 + s * 7_919;
-        let mut p = vec![2u32];
-        for _ in 0..12 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            p.push(300 + x % 20_000);
-        }
-        prompts.push(p);
+        prompts.push([&[2u32][..], &tandem_model::testing::token_ids(12, 12_345 + s * 7_919)].concat());
     }
     let lse = |v: &[f32]| {
         let m = v.iter().cloned().fold(f32::MIN, f32::max);

@@ -7,22 +7,17 @@ mod common;
 
 use common::naive_logits;
 use std::path::{Path, PathBuf};
+use tandem_model::testing::{model_file, token_ids};
 use tandem_model::{KvCache, Logits, SeqInput};
 
 fn models() -> Vec<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let smol = std::env::var_os("TANDEM_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(smol.is_file(), "{} is missing: run `make model`", smol.display());
-    let gemma = std::env::var_os("TANDEM_TEST_GEMMA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("gemma-3-270m-q4_k_m.gguf"));
-    if gemma.is_file() {
-        vec![smol, gemma]
-    } else {
-        eprintln!("SKIPPED for Gemma: {} is missing (make model-gemma)", gemma.display());
-        vec![smol]
+    let smol = model_file("TANDEM_TEST_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf").expect("run `make model`");
+    match model_file("TANDEM_TEST_GEMMA", "gemma-3-270m-q4_k_m.gguf") {
+        Some(gemma) => vec![smol, gemma],
+        None => {
+            eprintln!("SKIPPED for Gemma: its file is missing (make model-gemma)");
+            vec![smol]
+        }
     }
 }
 
@@ -30,17 +25,9 @@ fn models() -> Vec<PathBuf> {
 /// tokenizer-free id lists: these are the ids in each vocabulary), then ordinary tokens.
 fn prompts(path: &Path) -> Vec<Vec<u32>> {
     let gemma = path.to_string_lossy().contains("gemma");
-    let mut out = vec![if gemma { vec![2, 818, 5279, 529, 7001, 563] } else { vec![504, 3575, 282, 4649, 314] }];
-    let mut x = 2_463_534_242u32;
-    let mut p = if gemma { vec![2u32] } else { vec![] };
-    for _ in 0..40 {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        p.push(300 + x % 20_000);
-    }
-    out.push(p);
-    out
+    let capital = if gemma { vec![2, 818, 5279, 529, 7001, 563] } else { vec![504, 3575, 282, 4649, 314] };
+    let bos: &[u32] = if gemma { &[2] } else { &[] };
+    vec![capital, [bos, &token_ids(40, 2_463_534_242)].concat()]
 }
 
 /// The last logits of each prompt, prefilled in two chunks and the final token decoded alone

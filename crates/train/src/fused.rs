@@ -197,13 +197,6 @@ mod tests;
 /// sequence of its context's rows then its own (`tandem_model::as_served`: the f16 cache, the
 /// serving kernel and its head groups), so that the values are the sampler's to the bit.
 fn served_attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], spans: &[causal::Span], heads: causal::Heads) {
-    let g = tandem_model::as_served::Geometry {
-        n_head: heads.n_head,
-        n_kv_head: heads.n_kv_head,
-        head_dim: heads.head_dim,
-        scale: heads.scale,
-        window: heads.window,
-    };
     let (qd, kvd) = (heads.n_head * heads.head_dim, heads.n_kv_head * heads.head_dim);
     for span in spans.iter().filter(|s| s.len > 0) {
         let n = span.offset() + span.len;
@@ -213,7 +206,7 @@ fn served_attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], spans: &[c
             vs.extend_from_slice(&v[start * kvd..(start + len) * kvd]);
         }
         let rows = span.start * qd..(span.start + span.len) * qd;
-        tandem_model::as_served::attend_sequence(&g, &q[rows.clone()], &ks, &vs, &mut out[rows]);
+        tandem_model::as_served::attend_sequence(&heads, &q[rows.clone()], &ks, &vs, &mut out[rows]);
     }
 }
 

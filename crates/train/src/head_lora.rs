@@ -73,12 +73,12 @@ struct Dims {
 
 impl HeadLoraLogprob {
     /// Rows `start..start + c`: their softmax (c x V) and, per row, (entropy, logprob of the
-    /// target).
+    /// target); `bt` is B transposed (`as_served::transposed`), made once per op call.
     fn softmax(
         &self,
         h: &[f32],
         u: &[f32],
-        b: &[f32],
+        bt: &[f32],
         d: Dims,
         start: usize,
         c: usize,
@@ -86,16 +86,10 @@ impl HeadLoraLogprob {
         let mut logits = base_logits(&self.head, &h[start * d.hd..(start + c) * d.hd], c, d)?;
         // `u B^T` added rank by rank, as the server adds the pair (`as_served::lora_up`), so that
         // the logprobs are the sampler's to the bit.
-        let mut bt = vec![0f32; d.r * d.v];
-        for (o, row) in b.chunks_exact(d.r).enumerate() {
-            for (k, x) in row.iter().enumerate() {
-                bt[k * d.v + o] = *x;
-            }
-        }
         logits
             .par_chunks_exact_mut(d.v)
             .zip(u[start * d.r..(start + c) * d.r].par_chunks_exact(d.r))
-            .for_each(|(row, u)| tandem_model::as_served::lora_up(u, &bt, row));
+            .for_each(|(row, u)| tandem_model::as_served::lora_up(u, bt, row));
         let targets = &self.targets[start..start + c];
         let stats = logits
             .par_chunks_exact_mut(d.v)
@@ -174,9 +168,10 @@ impl CustomOp3 for HeadLoraLogprob {
         let d = self.dims(l1, l2, l3)?;
         let (h, u, b) = (crate::fused::slice(s1, l1)?, crate::fused::slice(s2, l2)?, crate::fused::slice(s3, l3)?);
         let (mut lps, mut entropy) = (Vec::with_capacity(d.n), Vec::with_capacity(d.n));
+        let bt = tandem_model::as_served::transposed(b, d.r);
         for start in (0..d.n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(d.n - start);
-            let (_, stats) = self.softmax(h, u, b, d, start, c)?;
+            let (_, stats) = self.softmax(h, u, &bt, d, start, c)?;
             entropy.extend(stats.iter().map(|s| s.0));
             lps.extend(stats.iter().map(|s| s.1));
         }
@@ -220,11 +215,12 @@ impl CustomOp3 for HeadLoraLogprob {
         let d = Dims { n, hd, r, v };
         let (hv, uv, bv) = (values(h)?, values(u)?, values(b)?);
         let (mut dh, mut du, mut db) = (vec![0f32; n * hd], vec![0f32; n * r], vec![0f32; v * r]);
+        let bt = tandem_model::as_served::transposed(&bv, r);
         for start in (0..n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(n - start);
             let targets = &self.targets[start..start + c];
             let gs = &g[start..start + c];
-            let (p, _) = self.softmax(&hv, &uv, &bv, d, start, c)?;
+            let (p, _) = self.softmax(&hv, &uv, &bt, d, start, c)?;
             // du_i = g_i (B[t_i] - p_i B)
             let mut pb = vec![0f32; c * r];
             sgemm(&mut pb, false, 1.0, Operand::new(&p, c, v), Operand::new(&bv, v, r));

@@ -123,12 +123,7 @@ impl candle_core::CustomOp3 for LoraLinear {
         if matches!(self.w, Frozen::Int8 { .. }) {
             // As the server adds an adapter, row by row in its order (`as_served::lora_row`), so
             // that the values are the sampler's to the bit.
-            let mut bt = vec![0f32; r * out];
-            for (o, row) in b.chunks_exact(r).enumerate() {
-                for (k, v) in row.iter().enumerate() {
-                    bt[k * out + o] = *v;
-                }
-            }
+            let bt = tandem_model::as_served::transposed(b, r);
             use rayon::prelude::*;
             let scale = self.scale as f32;
             // Blocks of rows, each block's first products in one tiled pass (the same entries).

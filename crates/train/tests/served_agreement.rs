@@ -8,23 +8,20 @@
 use candle_core::Tensor;
 use std::path::PathBuf;
 use tandem_model::lora::LoraAdapter;
+use tandem_model::testing::{model_file, token_ids};
 use tandem_model::{KvCache, Logits, SeqInput};
 use tandem_train::net::{forward, Base};
 use tandem_train::pack::{Row, Target};
 
 fn models() -> Vec<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let smol = std::env::var_os("TANDEM_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("SmolLM2-135M-Instruct.Q4_1.gguf"));
-    assert!(smol.is_file(), "{} is missing: run `make model`", smol.display());
-    let mut out = vec![smol];
-    for name in ["gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"] {
-        let path = root.join(name);
-        if path.is_file() {
-            out.push(path);
-        } else {
-            eprintln!("SKIPPED: {} is missing", path.display());
+    let mut out = vec![model_file("TANDEM_TEST_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf").expect("run `make model`")];
+    for (env, name) in [
+        ("TANDEM_TEST_GEMMA", "gemma-3-270m-q4_k_m.gguf"),
+        ("TANDEM_TEST_QWEN", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ] {
+        match model_file(env, name) {
+            Some(path) => out.push(path),
+            None => eprintln!("SKIPPED: {name} is missing"),
         }
     }
     out
@@ -51,18 +48,6 @@ fn row(a: &[u32], b: &[u32]) -> Row {
     r
 }
 
-fn tokens(n: usize, seed: u32) -> Vec<u32> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            300 + x % 20_000
-        })
-        .collect()
-}
-
 #[test]
 fn the_trainer_scores_an_adapter_as_the_server_does_to_the_bit() {
     for path in models() {
@@ -84,7 +69,7 @@ fn the_trainer_scores_an_adapter_as_the_server_does_to_the_bit() {
                 b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
             }
         }
-        let (a, b) = (tokens(37, 11), tokens(21, 5));
+        let (a, b) = (token_ids(37, 11), token_ids(21, 5));
         let ours = forward(&base, &lora, &row(&a, &b)).unwrap().logprobs.to_vec1::<f32>().unwrap();
 
         // The adapter as the server loads it: saved in PEFT's format, read back.

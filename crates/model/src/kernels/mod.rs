@@ -105,27 +105,29 @@ impl Weights {
 
     /// Stacks matrices vertically (fused q/k/v, gate/up); mixed formats become int8.
     pub fn vstack(parts: Vec<Weights>) -> Weights {
+        // After `stackable` the parts share one format: the first part's.
         let parts = Weights::stackable(parts);
-        if let Some(Weights::Block(first)) = parts.first() {
-            let format = first.format();
-            if parts.iter().all(|p| matches!(p, Weights::Block(b) if b.format() == format)) {
+        match parts.first() {
+            Some(Weights::Block(_)) => {
                 let blocks: Vec<BlockMatrix> =
                     parts.into_iter().filter_map(|p| if let Weights::Block(w) = p { Some(w) } else { None }).collect();
-                return Weights::Block(BlockMatrix::vstack(&blocks));
+                Weights::Block(BlockMatrix::vstack(&blocks))
+            }
+            Some(Weights::F32(_)) => {
+                let dense: Vec<F32Matrix> =
+                    parts.into_iter().filter_map(|p| if let Weights::F32(w) = p { Some(w) } else { None }).collect();
+                Weights::F32(F32Matrix::vstack(&dense))
+            }
+            Some(Weights::Q4(_)) => {
+                let q4: Vec<Q4Matrix> =
+                    parts.into_iter().filter_map(|p| if let Weights::Q4(w) = p { Some(w) } else { None }).collect();
+                Weights::Q4(Q4Matrix::vstack(&q4))
+            }
+            _ => {
+                let q8: Vec<Q8Matrix> = parts.into_iter().map(|p| p.into_q8()).collect();
+                Weights::Q8(Q8Matrix::vstack(&q8))
             }
         }
-        if parts.iter().all(|p| matches!(p, Weights::F32(_))) {
-            let dense: Vec<F32Matrix> =
-                parts.into_iter().filter_map(|p| if let Weights::F32(w) = p { Some(w) } else { None }).collect();
-            return Weights::F32(F32Matrix::vstack(&dense));
-        }
-        if parts.iter().all(|p| matches!(p, Weights::Q4(_))) {
-            let q4: Vec<Q4Matrix> =
-                parts.into_iter().filter_map(|p| if let Weights::Q4(w) = p { Some(w) } else { None }).collect();
-            return Weights::Q4(Q4Matrix::vstack(&q4));
-        }
-        let q8: Vec<Q8Matrix> = parts.into_iter().map(|p| p.into_q8()).collect();
-        Weights::Q8(Q8Matrix::vstack(&q8))
     }
 
     /// The parts in the formats [`Weights::vstack`] stacks them in: as they are when they share
