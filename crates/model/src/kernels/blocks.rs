@@ -224,7 +224,8 @@ pub struct BlockMatrix {
     rows: usize,
     cols: usize,
     raw: Vec<u8>,
-    /// The same blocks in groups of 16 rows for the AVX-512 VNNI kernel, on CPUs that have it.
+    /// The same blocks in groups of 16 rows for the lane kernels (AVX-512 VNNI and AVX2), on CPUs
+    /// that have either.
     #[cfg(target_arch = "x86_64")]
     pub(crate) lanes: Option<std::sync::Arc<super::blocks_lanes::BlockLanes>>,
 }
@@ -248,10 +249,10 @@ impl BlockMatrix {
         )
     }
 
-    /// With the lane-packed copy when the CPU has AVX-512 VNNI.
+    /// With the lane-packed copy when the CPU has AVX2 (the VNNI and AVX2 lane kernels read it).
     fn packed(mut self) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if super::has_avx512_vnni() {
+        if super::has_avx2() {
             self.lanes = Some(std::sync::Arc::new(super::blocks_lanes::BlockLanes::from_blocks(&self)));
         }
         self
@@ -385,6 +386,10 @@ pub fn matmul_blocks(w: &BlockMatrix, a: &super::Q8Acts, out: &mut [f32], tier: 
     #[cfg(target_arch = "x86_64")]
     if let (Tier::Vnni(vnni), Some(packed)) = (tier, w.lanes.as_deref()) {
         return super::blocks_tile::matmul(vnni, packed, a, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Tier::Avx2(avx2), Some(packed)) = (tier, w.lanes.as_deref()) {
+        return super::blocks_tile_avx2::matmul(avx2, packed, a, out);
     }
     super::tiled(n_out, t_rows, out, |cols| super::tiles_of(cols, BlockTile(tier, w, a)));
 }

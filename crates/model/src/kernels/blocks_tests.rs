@@ -33,20 +33,20 @@ fn quantised(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> (Block
     (BlockMatrix::from_raw(format, raw, rows, cols).unwrap(), back)
 }
 
-/// The matrix as each kernel sees it: as loaded (lane-packed on VNNI CPUs, then rows read back
-/// from the groups), and row-major only (the row tiles of every tier).
-/// The lane-packed copy is the VNNI tier's only; where it exists, the others need the rows.
+/// The matrix as each kernel sees it: as loaded (lane-packed on AVX2 and VNNI CPUs, read by
+/// those tiers' lane kernels; on other CPUs the rows as the file has them), and row-major only
+/// (the row tiles of every tier). Where the packed copy exists the scalar tier needs the rows.
 fn variants(m: &BlockMatrix, tier: Tier) -> Vec<(&'static str, BlockMatrix)> {
     let mut v = vec![("row-major", m.clone().without_lanes())];
-    #[cfg(target_arch = "x86_64")]
-    let vnni = matches!(tier, Tier::Vnni(_));
-    #[cfg(not(target_arch = "x86_64"))]
-    let vnni = false;
-    if vnni || !has_avx512_vnni() {
+    if lane_tier(tier) || !has_avx2() {
         v.push(("loaded", m.clone().lanes_only()));
     }
-    let _ = tier;
     v
+}
+
+/// Whether `tier` has a lane kernel (AVX2 and VNNI).
+fn lane_tier(tier: Tier) -> bool {
+    !matches!(tier, Tier::Scalar)
 }
 
 /// Every (tier, variant) pair this CPU runs.
@@ -256,9 +256,12 @@ fn q8_0_blocks_are_taken_as_they_are() {
 /// batch, and the formats' extreme values without overflow.
 #[test]
 fn k_quants_with_activations_per_super_block() {
-    if !has_avx512_vnni() {
-        return;
+    for tier in Tier::available().into_iter().filter(|t| lane_tier(*t)) {
+        k_quants_on(tier);
     }
+}
+
+fn k_quants_on(tier: Tier) {
     let (rows, t_rows, cols) = (37, 13, 768);
     for format in [BlockFormat::Q4K, BlockFormat::Q5K, BlockFormat::Q6K] {
         let (m, w) = quantised(format, rows, cols, 4);
@@ -273,21 +276,21 @@ fn k_quants_with_activations_per_super_block() {
         a.quantize(&x, t_rows, cols);
         let k = a.k().expect("per-256 activations");
         let mut out = vec![0f32; t_rows * rows];
-        matmul_blocks(&m, &a, &mut out, Tier::best());
+        matmul_blocks(&m, &a, &mut out, tier);
         for t in 0..t_rows {
             let (kq, kd) = k.row(t);
             for n in 0..rows {
                 let terms = (0..cols).map(|c| w[n * cols + c] as f64 * kq[c] as f64 * kd[c / 256] as f64);
                 let (want, bound) = terms.fold((0f64, 0f64), |(s, b), v| (s + v, b + v.abs()));
                 let got = out[t * rows + n] as f64;
-                assert!((got - want).abs() <= 1e-5 * bound + 1e-6, "{format:?} ({t}, {n}): {got} vs {want}");
+                assert!((got - want).abs() <= 1e-5 * bound + 1e-6, "{format:?} {tier:?} ({t}, {n}): {got} vs {want}");
             }
             let mut one = Q8Acts::default();
             one.k_quants = true;
             one.quantize(&x[t * cols..(t + 1) * cols], 1, cols);
             let mut single = vec![0f32; rows];
-            matmul_blocks(&m, &one, &mut single, Tier::best());
-            assert_eq!(&out[t * rows..(t + 1) * rows], &single[..], "{format:?} row {t}");
+            matmul_blocks(&m, &one, &mut single, tier);
+            assert_eq!(&out[t * rows..(t + 1) * rows], &single[..], "{format:?} {tier:?} row {t}");
         }
     }
     // Weights at the top of their range against activations at +-127: the largest integer sums.
@@ -306,7 +309,37 @@ fn k_quants_with_activations_per_super_block() {
         let terms = (0..cols).map(|c| w[c] as f64 * kq[c] as f64 * kd[c / 256] as f64);
         let (want, bound) = terms.fold((0f64, 0f64), |(s, b), v| (s + v, b + v.abs()));
         let mut out = [0f32];
-        matmul_blocks(&m, &a, &mut out, Tier::best());
-        assert!((out[0] as f64 - want).abs() <= 1e-5 * bound, "{format:?}: {} vs {want}", out[0]);
+        matmul_blocks(&m, &a, &mut out, tier);
+        assert!((out[0] as f64 - want).abs() <= 1e-5 * bound, "{format:?} {tier:?}: {} vs {want}", out[0]);
+    }
+}
+
+/// The AVX2 lane kernel sums the same integers as the VNNI one and runs its float epilogue
+/// instruction for instruction: on a CPU with both, equal bits, with activations per 32 values
+/// and (K-quants) per 256.
+#[test]
+fn avx2_lanes_equal_vnni_lanes_bit_for_bit() {
+    let tiers = Tier::available();
+    let (Some(avx2), Some(vnni)) = (
+        tiers.iter().copied().find(|t| matches!(t, Tier::Avx2(_))),
+        tiers.iter().copied().find(|t| matches!(t, Tier::Vnni(_))),
+    ) else {
+        return;
+    };
+    // 45 rows: two whole groups and a third of 13 (the stores' partial halves).
+    let (rows, t_rows) = (45, 7);
+    for format in FORMATS {
+        let cols = 2 * cols_for(format);
+        let m = quantised(format, rows, cols, 6).0.lanes_only();
+        let x = weights(t_rows, cols, 7);
+        for k_quants in [false, true] {
+            let mut a = Q8Acts::default();
+            a.k_quants = k_quants;
+            a.quantize(&x, t_rows, cols);
+            let (mut one, mut two) = (vec![0f32; t_rows * rows], vec![0f32; t_rows * rows]);
+            matmul_blocks(&m, &a, &mut one, avx2);
+            matmul_blocks(&m, &a, &mut two, vnni);
+            assert_eq!(one, two, "{format:?} k_quants {k_quants}");
+        }
     }
 }

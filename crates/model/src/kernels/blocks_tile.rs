@@ -63,14 +63,14 @@ impl super::lanes::GroupTiles for Tiles<'_> {
 // halves and scale epilogue are constants and its four steps unroll. With the format a run-time
 // value the compiler kept the step loop, indexed the bit planes through the stack and spilled
 // accumulators (Q6_K at 2x4 ran at 2/3 of Q4_K's rate).
-const Q4_0: u8 = 0;
-const Q5_0: u8 = 1;
-const Q5_1: u8 = 2;
-const Q4K: u8 = 3;
-const Q5K: u8 = 4;
-const Q6K: u8 = 5;
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q5_0: u8 = 1;
+pub(super) const Q5_1: u8 = 2;
+pub(super) const Q4K: u8 = 3;
+pub(super) const Q5K: u8 = 4;
+pub(super) const Q6K: u8 = 5;
 
-const fn planes_of(f: u8) -> usize {
+pub(super) const fn planes_of(f: u8) -> usize {
     match f {
         Q4_0 | Q4K => 0,
         Q6K => 2,
@@ -80,7 +80,7 @@ const fn planes_of(f: u8) -> usize {
 
 /// The constant a format subtracts from its unsigned values (`value = scale * (q - offset)`), or
 /// 0 when it stores a minimum per block instead.
-const fn offset_of(f: u8) -> f32 {
+pub(super) const fn offset_of(f: u8) -> f32 {
     match f {
         Q4_0 => 8.0,
         Q5_0 => 16.0,

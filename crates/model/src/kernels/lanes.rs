@@ -33,22 +33,22 @@ pub const LANES: usize = 16;
 /// A weight matrix repacked into groups of [`LANES`] rows.
 #[derive(Debug, Clone)]
 pub struct Packed {
-    rows: usize,
-    blocks: usize,
+    pub(super) rows: usize,
+    pub(super) blocks: usize,
     /// Q4_1: 256 bytes per (group, block); int8: 512.
-    q: Vec<u8>,
+    pub(super) q: Vec<u8>,
     /// int8: per (group, block), the 16 rows' scales.
-    d: Vec<f32>,
+    pub(super) d: Vec<f32>,
     /// Q4_1: per (group, block), the 16 rows' scales and minimums as f16 bits, exactly as the
     /// GGUF stores them: decode is bound by memory traffic, and f32 copies made the weights
     /// 6 bits each instead of 5.
-    d16: Vec<u16>,
-    m16: Vec<u16>,
-    q4: bool,
+    pub(super) d16: Vec<u16>,
+    pub(super) m16: Vec<u16>,
+    pub(super) q4: bool,
 }
 
 impl Packed {
-    fn groups(&self) -> usize {
+    pub(super) fn groups(&self) -> usize {
         self.rows.div_ceil(LANES)
     }
 

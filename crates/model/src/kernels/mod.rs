@@ -24,11 +24,15 @@ mod blocks_lanes;
 mod blocks_simd;
 #[cfg(target_arch = "x86_64")]
 mod blocks_tile;
+#[cfg(target_arch = "x86_64")]
+mod blocks_tile_avx2;
 pub mod causal;
 pub mod cpu;
 mod dense;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod lanes_avx2;
 mod q4;
 mod q8;
 mod q8k;
@@ -197,6 +201,10 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
         return lanes::matmul(vnni, packed, a, out);
     }
     #[cfg(target_arch = "x86_64")]
+    if let (Some(packed), Some(avx2)) = (w.lanes.as_deref(), cpu().avx2) {
+        return lanes_avx2::matmul(avx2, packed, a, out);
+    }
+    #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {
         return tiled(n_out, t_rows, out, |cols| tiles_of(cols, Q4Tile(vnni, w, a)));
     }
@@ -356,6 +364,10 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if let (Some(packed), Some(vnni)) = (w.lanes.as_deref(), cpu().vnni) {
         return lanes::matmul(vnni, packed, a, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(packed), Some(avx2)) = (w.lanes.as_deref(), cpu().avx2) {
+        return lanes_avx2::matmul(avx2, packed, a, out);
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {

@@ -127,10 +127,10 @@ impl Q4Matrix {
         out.packed()
     }
 
-    /// With the lane-packed copy when the CPU has AVX-512 VNNI.
+    /// With the lane-packed copy when the CPU has AVX2 (the VNNI and AVX2 lane kernels read it).
     fn packed(mut self) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if super::has_avx512_vnni() {
+        if super::has_avx2() {
             self.lanes = Some(std::sync::Arc::new(super::lanes::Packed::from_q4(&self)));
         }
         self

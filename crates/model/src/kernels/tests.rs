@@ -444,7 +444,7 @@ fn exp_normalize_matches_the_formula() {
 /// A matrix keeping only its lane-packed copy multiplies and dequantises rows exactly as before.
 #[test]
 fn lanes_only_matrices_compute_the_same() {
-    if !has_avx512_vnni() {
+    if !has_avx2() {
         return; // no lane-packed copy is made: nothing to drop
     }
     let (n, k, t) = (37, 96, 5);
@@ -464,6 +464,30 @@ fn lanes_only_matrices_compute_the_same() {
             w.dequantize_row(r, &mut r1);
             slim.dequantize_row(r, &mut r2);
             assert_eq!(r1, r2, "row {r}");
+        }
+    }
+}
+
+/// The AVX2 lane kernels (Q4_1 and int8) sum the same integers as the VNNI ones and run their
+/// float epilogue instruction for instruction: on a CPU with both, equal bits. int8 weights at
+/// -127 and +127 (each row's extremes) check the sign trick that replaces the +128 offset.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_lanes_equal_vnni_lanes_bit_for_bit() {
+    let (Some(avx2), Some(vnni)) = (cpu().avx2, cpu().vnni) else {
+        return;
+    };
+    for k in [64, 96, 576] {
+        let (n, t) = (45, 7);
+        let q4 = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 43), n, k).unwrap();
+        let q8 = Q8Matrix::from_f32(&values(n * k, 44), n, k);
+        let mut a = Q8Acts::default();
+        a.quantize(&values(t * k, 45), t, k);
+        for packed in [q4.lanes.as_deref().unwrap(), q8.lanes.as_deref().unwrap()] {
+            let (mut x, mut y) = (vec![0f32; t * n], vec![0f32; t * n]);
+            lanes_avx2::matmul(avx2, packed, &a, &mut x);
+            lanes::matmul(vnni, packed, &a, &mut y);
+            assert_eq!(x, y, "k {k}");
         }
     }
 }

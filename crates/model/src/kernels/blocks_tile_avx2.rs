@@ -1,0 +1,297 @@
+//! The lane-packed block formats' (`blocks_lanes`) AVX2 matmul, the twin of the VNNI one
+//! (`blocks_tile`) for the CPUs most users have.
+//!
+//! Why: without it the AVX2 tier unpacked every 256-value unit of a K-quant row into bytes and
+//! per-lane scales on each call (`blocks_simd::tile_avx2`), and a decode step, where each unit
+//! meets a single activation row, spent most of its time unpacking: Qwen2.5-Coder 1.5B Q4_K_M
+//! decoded at 0.25x llama.cpp's AVX2 build (docs/benchmarks.md, session 41).
+//!
+//! A 16-row group is two registers of eight lanes (bytes `32h..32h+32` of each 64-byte step hold
+//! lanes `8h..8h+8`). `vpdpbusd` becomes `vpmaddubsw` (u8 weights x i8 activations into i16
+//! pairs) and `vpmaddwd` with ones (into the lane's i32). The low and high nibbles' products are
+//! added as i16 before that widening: each is at most 2 * 31 * 127 in magnitude for the
+//! formats that run both halves in one pass (Q6_K, with values up to 63, runs them apart), so
+//! their sum fits and the integer sums are exactly the VNNI kernel's. The float epilogue is the
+//! VNNI kernel's instruction for instruction, so this tier's results equal that tier's bit for
+//! bit on the same weights and activations (`blocks_tests` asserts it where both run).
+#![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
+
+use super::blocks::BlockFormat;
+use super::blocks_lanes::{kquant, BlockLanes, LANES};
+use super::blocks_tile::{offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
+use super::cpu::{Avx2Fma, SharedOut};
+use super::q8::QK;
+use super::{KActs, Q8Acts};
+use std::arch::x86_64::*;
+
+/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is.
+pub fn matmul(avx2: Avx2Fma, w: &BlockLanes, a: &Q8Acts, out: &mut [f32]) {
+    assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), w.rows * a.rows());
+    super::lanes::for_each_tile(&Tiles { avx2, w, a, no_k: KActs::default() }, w.groups(), a.rows(), out);
+}
+
+struct Tiles<'a> {
+    avx2: Avx2Fma,
+    w: &'a BlockLanes,
+    a: &'a Q8Acts,
+    no_k: KActs,
+}
+
+impl super::lanes::GroupTiles for Tiles<'_> {
+    /// Groups `g..g+R` by rows `t..t+C`, one group by at most two rows at a time: a group is
+    /// twice the registers it is on AVX-512, and AVX2 has half as many (wider tiles spilled).
+    #[inline(always)]
+    fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
+        assert!((g + R) * LANES < self.w.rows + LANES && t + C <= self.a.rows());
+        for r in 0..R {
+            let mut c = 0;
+            while c < C {
+                if c + 2 <= C {
+                    self.group::<2>(g + r, t + c, out);
+                    c += 2;
+                } else {
+                    self.group::<1>(g + r, t + c, out);
+                    c += 1;
+                }
+            }
+        }
+    }
+}
+
+impl Tiles<'_> {
+    #[inline(always)]
+    fn group<const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
+        let (avx2, w, a) = (self.avx2, self.w, self.a);
+        let k = a.k().filter(|_| kquant(w.format));
+        // SAFETY: the token proves the features; group g and rows t..t+C exist (asserted by the
+        // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
+        // quantisation; each task owns the output columns of its groups.
+        unsafe {
+            let acc = match (w.format, k) {
+                (BlockFormat::Q4K, Some(k)) => group_tile::<C, Q4K, true>(avx2, w, a, k, g, t),
+                (BlockFormat::Q5K, Some(k)) => group_tile::<C, Q5K, true>(avx2, w, a, k, g, t),
+                (BlockFormat::Q6K, Some(k)) => group_tile::<C, Q6K, true>(avx2, w, a, k, g, t),
+                (format, _) => {
+                    let none = &self.no_k;
+                    match format {
+                        BlockFormat::Q4_0 => group_tile::<C, Q4_0, false>(avx2, w, a, none, g, t),
+                        BlockFormat::Q5_0 => group_tile::<C, Q5_0, false>(avx2, w, a, none, g, t),
+                        BlockFormat::Q5_1 => group_tile::<C, Q5_1, false>(avx2, w, a, none, g, t),
+                        BlockFormat::Q4K => group_tile::<C, Q4K, false>(avx2, w, a, none, g, t),
+                        BlockFormat::Q5K => group_tile::<C, Q5K, false>(avx2, w, a, none, g, t),
+                        BlockFormat::Q6K => group_tile::<C, Q6K, false>(avx2, w, a, none, g, t),
+                    }
+                }
+            };
+            super::lanes_avx2::store::<C>(avx2, &acc, g, t, w.rows, out.ptr());
+        }
+    }
+}
+
+/// Group `g` times activation rows `t..t+C`: per row, lanes 0..8 and 8..16 in two registers.
+/// The passes, halves and epilogues are `blocks_tile::block_tile`'s; see there for why.
+///
+/// # Safety
+/// Group `g` of `w` and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, `F` is
+/// `w.format`'s code, and with `KQ` the format is a K-quant and `k` is `a`'s per-256
+/// quantisation.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
+    _: Avx2Fma,
+    w: &BlockLanes,
+    a: &Q8Acts,
+    k: &KActs,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; 2] {
+    let (blocks, bb, sb) = (w.blocks, w.block_bytes(), w.scale_blocks());
+    let n_planes = planes_of(F);
+    let off = offset_of(F);
+    let cols = blocks * QK;
+    let nib = _mm256_set1_epi8(0x0F);
+    let (bit4, crumb) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(0x30));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    let aq = if KQ { k.quants().as_ptr() } else { a.quants().as_ptr() };
+    let (scales, ss32, ss16) = (a.scales().as_ptr(), a.all_scaled_sums().as_ptr(), a.all_scaled_sums16().as_ptr());
+    let (kscales, kpairs, kq6) = (k.scales().as_ptr(), k.pairs().as_ptr(), k.q6_start().as_ptr());
+    let f16x8 = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+    let u8x8 = |p: *const u8| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+    let i8x8 = |p: *const u8| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
+    let mut isb = [[_mm256_setzero_si256(); C]; 2];
+    // SAFETY (whole body): as in `blocks_tile::block_tile` for group g alone: every (group,
+    // block) offset of q and codes, (group, scale block) offset of d16 and m16, activation byte
+    // and per-256 entry read below exists; a half h reads bytes 32h..32h+32 of a 64-byte step or
+    // plane, and entries 8h..8h+8 of 16 lanes.
+    unsafe {
+        for b in 0..blocks {
+            let base = w.q.as_ptr().add((g * blocks + b) * bb);
+            macro_rules! pass {
+                ($half:expr) => {{
+                    const HALF: usize = $half;
+                    let mut isum = [[_mm256_setzero_si256(); C]; 2];
+                    if KQ && F == Q6K {
+                        for c in 0..C {
+                            let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + HALF));
+                            isum[0][c] = start;
+                            isum[1][c] = start;
+                        }
+                    }
+                    for step in 0..4 {
+                        let mut lo = [_mm256_setzero_si256(); 2];
+                        let mut hi = [_mm256_setzero_si256(); 2];
+                        for h in 0..2 {
+                            let v = _mm256_loadu_si256(base.add(step * 64 + 32 * h) as *const _);
+                            if HALF != 1 {
+                                lo[h] = _mm256_and_si256(v, nib);
+                            }
+                            if HALF != 0 {
+                                hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                            }
+                            if n_planes == 2 {
+                                let c = _mm256_loadu_si256(base.add(256 + 64 * (step / 2) + 32 * h) as *const _);
+                                if HALF != 1 {
+                                    let l = if step % 2 == 0 { c } else { _mm256_slli_epi16(c, 4) };
+                                    lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(l, crumb));
+                                }
+                                if HALF != 0 {
+                                    let s =
+                                        if step % 2 == 0 { _mm256_srli_epi16(c, 2) } else { _mm256_slli_epi16(c, 2) };
+                                    hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(s, crumb));
+                                }
+                            } else if n_planes == 1 {
+                                let p0 = _mm256_loadu_si256(base.add(256 + 32 * h) as *const _);
+                                let up = _mm256_sll_epi16(p0, _mm_cvtsi32_si128(4 - step as i32));
+                                lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(up, bit4));
+                                let down = _mm256_srl_epi16(p0, _mm_cvtsi32_si128(step as i32));
+                                hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(down, bit4));
+                            }
+                        }
+                        for c in 0..C {
+                            let at = aq.add((t + c) * cols + b * QK + step * 4);
+                            let a_lo = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                            let a_hi = _mm256_set1_epi32((at.add(16) as *const i32).read_unaligned());
+                            for h in 0..2 {
+                                let pairs = match HALF {
+                                    0 => _mm256_maddubs_epi16(lo[h], a_lo),
+                                    1 => _mm256_maddubs_epi16(hi[h], a_hi),
+                                    _ => _mm256_add_epi16(
+                                        _mm256_maddubs_epi16(lo[h], a_lo),
+                                        _mm256_maddubs_epi16(hi[h], a_hi),
+                                    ),
+                                };
+                                isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(pairs, ones));
+                            }
+                        }
+                    }
+                    if KQ {
+                        for h in 0..2 {
+                            let sc = if F == Q6K {
+                                i8x8(w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h))
+                            } else {
+                                u8x8(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h))
+                            };
+                            for c in 0..C {
+                                isb[h][c] = _mm256_add_epi32(isb[h][c], _mm256_mullo_epi32(isum[h][c], sc));
+                            }
+                        }
+                    } else {
+                        let mut sa = [_mm256_setzero_ps(); C];
+                        let mut sums = [_mm256_setzero_ps(); C];
+                        for c in 0..C {
+                            let row = t + c;
+                            sa[c] = _mm256_set1_ps(*scales.add(row * blocks + b));
+                            let sum = if HALF == 2 {
+                                *ss32.add(row * blocks + b)
+                            } else {
+                                *ss16.add(row * blocks * 2 + 2 * b + HALF)
+                            };
+                            sums[c] = _mm256_set1_ps(if off != 0.0 { off * sum } else { sum });
+                        }
+                        for h in 0..2 {
+                            let (s, m) = match F {
+                                Q4_0 | Q5_0 | Q5_1 => {
+                                    let at = (g * sb + b) * LANES + 8 * h;
+                                    let m =
+                                        if F == Q5_1 { f16x8(w.m16.as_ptr().add(at)) } else { _mm256_setzero_ps() };
+                                    (f16x8(w.d16.as_ptr().add(at)), m)
+                                }
+                                Q4K | Q5K => {
+                                    let at = (g * sb + b / 8) * LANES + 8 * h;
+                                    let (d, dmin) = (f16x8(w.d16.as_ptr().add(at)), f16x8(w.m16.as_ptr().add(at)));
+                                    let sc = _mm256_cvtepi32_ps(u8x8(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h)));
+                                    let pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                                        w.codes.as_ptr().add(w.m_at(g, b & !1, 0) + 16 * h) as *const __m128i,
+                                    ));
+                                    let shifted = _mm256_srl_epi32(pairs, _mm_cvtsi32_si128(16 * (b & 1) as i32));
+                                    let mc = _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(0xFFFF)));
+                                    (_mm256_mul_ps(d, sc), _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, mc)))
+                                }
+                                _ => {
+                                    let d = f16x8(w.d16.as_ptr().add((g * sb + b / 8) * LANES + 8 * h));
+                                    let sc = i8x8(w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h));
+                                    (_mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)), _mm256_setzero_ps())
+                                }
+                            };
+                            for c in 0..C {
+                                let q = _mm256_cvtepi32_ps(isum[h][c]);
+                                acc[h][c] = if off != 0.0 {
+                                    _mm256_fmadd_ps(_mm256_fmsub_ps(q, sa[c], sums[c]), s, acc[h][c])
+                                } else {
+                                    let acc1 = _mm256_fmadd_ps(q, _mm256_mul_ps(s, sa[c]), acc[h][c]);
+                                    _mm256_fmadd_ps(m, sums[c], acc1)
+                                };
+                            }
+                        }
+                    }
+                }};
+            }
+            if F == Q6K {
+                pass!(0);
+                pass!(1);
+            } else {
+                pass!(2);
+            }
+            if KQ && b % 8 == 7 {
+                let sbk = b / 8;
+                let mut kd = [_mm256_setzero_ps(); C];
+                for c in 0..C {
+                    kd[c] = _mm256_set1_ps(*kscales.add((t + c) * sb + sbk));
+                }
+                for h in 0..2 {
+                    let at = (g * sb + sbk) * LANES + 8 * h;
+                    let d = f16x8(w.d16.as_ptr().add(at));
+                    if F == Q6K {
+                        for c in 0..C {
+                            acc[h][c] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb[h][c]), _mm256_mul_ps(d, kd[c]), acc[h][c]);
+                        }
+                    } else {
+                        let dmin = f16x8(w.m16.as_ptr().add(at));
+                        let mut mins = [_mm256_setzero_si256(); 4];
+                        for p in 0..4 {
+                            let pairs = w.codes.as_ptr().add(w.m_at(g, sbk * 8 + 2 * p, 0) + 16 * h);
+                            mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(pairs as *const __m128i));
+                        }
+                        for c in 0..C {
+                            let sums = kpairs.add(((t + c) * sb + sbk) * 4);
+                            let mut mn = _mm256_setzero_si256();
+                            for p in 0..4 {
+                                mn = _mm256_add_epi32(mn, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(*sums.add(p))));
+                            }
+                            let acc1 =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb[h][c]), _mm256_mul_ps(d, kd[c]), acc[h][c]);
+                            acc[h][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(dmin, kd[c]), acc1);
+                        }
+                    }
+                    for c in 0..C {
+                        isb[h][c] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        }
+    }
+    acc
+}

@@ -1,0 +1,194 @@
+//! The lane-packed Q4_1 and int8 weights' (`lanes`) AVX2 matmul, the twin of the VNNI one.
+//!
+//! Why: the AVX2 tier's row kernels (`q4::matmul_avx2`, `simd::dot_q8x4`) unpack each block for
+//! every few activation rows and end every output in a horizontal sum, which holds prefill at
+//! llama.cpp's AVX2 level (0.94x on SmolLM2, docs/benchmarks.md) and makes the trainer's int8
+//! forward, which the sampler's agreement needs, 1.5x slower than f32 GEMMs there. Here, as with
+//! VNNI, one broadcast of four activation bytes meets eight rows' four bytes, the block's scales
+//! are applied once per eight rows, and outputs are stored as they are.
+//!
+//! A 16-row group is two registers of eight lanes. `vpdpbusd` becomes `vpmaddubsw` (unsigned x
+//! signed bytes into i16 pairs) and `vpmaddwd` with ones. Q4_1's two nibbles' products, at most
+//! 2 * 15 * 127 each, are added as i16 before widening. int8 weights are stored with their top bit
+//! flipped (`w + 128`) for `vpdpbusd`; 255 * 127 * 2 would saturate `vpmaddubsw`, so the flip is
+//! undone and the sign moved onto the activations (`|w|` times `a` with `w`'s sign, at most
+//! 2 * 127 * 127), and the lanes start at zero instead of `-128 * sum(a)`. The integer sums are
+//! exact either way and the float epilogue is the VNNI kernel's, so both tiers give equal bits.
+#![allow(unsafe_code)]
+#![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
+
+use super::cpu::{Avx2Fma, SharedOut};
+use super::lanes::{GroupTiles, Packed, LANES};
+use super::q8::QK;
+use super::Q8Acts;
+use std::arch::x86_64::*;
+
+/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is.
+pub fn matmul(avx2: Avx2Fma, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
+    assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
+    assert_eq!(out.len(), w.rows * a.rows());
+    super::lanes::for_each_tile(&Tiles { avx2, w, a }, w.groups(), a.rows(), out);
+}
+
+struct Tiles<'a> {
+    avx2: Avx2Fma,
+    w: &'a Packed,
+    a: &'a Q8Acts,
+}
+
+impl GroupTiles for Tiles<'_> {
+    /// Groups `g..g+R` by rows `t..t+C`, one group by at most two rows at a time: a group is two
+    /// registers here, and AVX2 has sixteen where AVX-512 has thirty-two (wider tiles spill).
+    #[inline(always)]
+    fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
+        let (avx2, w, a) = (self.avx2, self.w, self.a);
+        assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
+        for r in 0..R {
+            let mut c = 0;
+            while c < C {
+                let two = c + 2 <= C;
+                // SAFETY: the token proves the features; group g + r and rows t + c.. exist
+                // (asserted; `matmul` asserted the shapes); each task owns its groups' columns.
+                unsafe {
+                    if two {
+                        let acc = if w.q4 { q4_group::<2>(avx2, w, a, g + r, t + c) } else { q8_group::<2>(avx2, w, a, g + r, t + c) };
+                        store::<2>(avx2, &acc, g + r, t + c, w.rows, out.ptr());
+                    } else {
+                        let acc = if w.q4 { q4_group::<1>(avx2, w, a, g + r, t + c) } else { q8_group::<1>(avx2, w, a, g + r, t + c) };
+                        store::<1>(avx2, &acc, g + r, t + c, w.rows, out.ptr());
+                    }
+                }
+                c += if two { 2 } else { 1 };
+            }
+        }
+    }
+}
+
+/// Writes a group's two registers per activation row to output rows `t..t+C` (padding lanes
+/// left out).
+///
+/// # Safety
+/// Rows `t..t+C` and the existing columns of group `g` lie inside the (T, n_out) output.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn store<const C: usize>(
+    _: Avx2Fma,
+    acc: &[[__m256; C]; 2],
+    g: usize,
+    t: usize,
+    n_out: usize,
+    out: *mut f32,
+) {
+    for h in 0..2 {
+        let n = g * LANES + 8 * h;
+        let valid = n_out.saturating_sub(n).min(8);
+        for c in 0..C {
+            // SAFETY (caller): columns n..n+valid of row t + c are inside the output.
+            unsafe {
+                let dst = out.add((t + c) * n_out + n);
+                if valid == 8 {
+                    _mm256_storeu_ps(dst, acc[h][c]);
+                } else if valid > 0 {
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[h][c]);
+                    std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, valid);
+                }
+            }
+        }
+    }
+}
+
+/// Q4_1 group `g` times activation rows `t..t+C`.
+///
+/// # Safety
+/// Group `g` of `w` (Q4_1) and rows `t..t+C` of `a` exist, and `w.blocks * QK == a.cols()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m256; C]; 2] {
+    let blocks = w.blocks;
+    let k = blocks * QK;
+    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    let (aq, scales, ss) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_scaled_sums().as_ptr());
+    // SAFETY (whole body): g * blocks + b indexes an existing (group, block) of 256 bytes and 16
+    // f16 scales and minimums, and (t + c) * k + b * 32 + 31 an existing activation byte.
+    unsafe {
+        for b in 0..blocks {
+            let gb = g * blocks + b;
+            let mut isum = [[_mm256_setzero_si256(); C]; 2];
+            for step in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); 2];
+                let mut hi = [_mm256_setzero_si256(); 2];
+                for h in 0..2 {
+                    let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 256 + step * 64 + 32 * h) as *const _);
+                    lo[h] = _mm256_and_si256(v, mask);
+                    hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                }
+                for c in 0..C {
+                    let at = aq.add((t + c) * k + b * QK + step * 4);
+                    let a_lo = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                    let a_hi = _mm256_set1_epi32((at.add(16) as *const i32).read_unaligned());
+                    for h in 0..2 {
+                        let pairs =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi));
+                        isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let dv = _mm256_cvtph_ps(_mm_loadu_si128(w.d16.as_ptr().add(gb * LANES + 8 * h) as *const __m128i));
+                let mv = _mm256_cvtph_ps(_mm_loadu_si128(w.m16.as_ptr().add(gb * LANES + 8 * h) as *const __m128i));
+                for c in 0..C {
+                    let s = _mm256_set1_ps(*scales.add((t + c) * blocks + b));
+                    let sum = _mm256_set1_ps(*ss.add((t + c) * blocks + b));
+                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][c]), _mm256_mul_ps(dv, s), acc[h][c]);
+                    acc[h][c] = _mm256_fmadd_ps(mv, sum, acc[h][c]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// int8 group `g` times activation rows `t..t+C`.
+///
+/// # Safety
+/// As [`q4_group`], for an int8 `w`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m256; C]; 2] {
+    let blocks = w.blocks;
+    let k = blocks * QK;
+    let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
+    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    let (aq, scales) = (a.quants().as_ptr(), a.scales().as_ptr());
+    // SAFETY (whole body): as in q4_group, with 512 bytes and 16 f32 scales per (group, block).
+    unsafe {
+        for b in 0..blocks {
+            let gb = g * blocks + b;
+            let mut isum = [[_mm256_setzero_si256(); C]; 2];
+            for step in 0..8 {
+                let mut mag = [_mm256_setzero_si256(); 2];
+                let mut wv = [_mm256_setzero_si256(); 2];
+                for h in 0..2 {
+                    let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 512 + step * 64 + 32 * h) as *const _);
+                    wv[h] = _mm256_xor_si256(v, flip);
+                    mag[h] = _mm256_abs_epi8(wv[h]);
+                }
+                for c in 0..C {
+                    let av =
+                        _mm256_set1_epi32((aq.add((t + c) * k + b * QK + step * 4) as *const i32).read_unaligned());
+                    for h in 0..2 {
+                        let pairs = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(av, wv[h]));
+                        isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let dv = _mm256_loadu_ps(w.d.as_ptr().add(gb * LANES + 8 * h));
+                for c in 0..C {
+                    let s = _mm256_set1_ps(*scales.add((t + c) * blocks + b));
+                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][c]), _mm256_mul_ps(dv, s), acc[h][c]);
+                }
+            }
+        }
+    }
+    acc
+}
