@@ -9,8 +9,10 @@ the GGUF) into a --lora-root, loads them through `/v1/load_lora_adapter`, then f
 runs --streams concurrent completions of --tokens tokens (ignore_eos), stream i on adapter
 (round * streams + i) mod k, alternating with a round on the base so that drift on the machine
 lands on both. With 64 adapters and 16 streams, each round uses 16 others: the rotation a
-multi-tenant service sees (every tenant's newest checkpoint). Prints tokens/s per configuration
-and the ratio to the base's rounds next to it. No assertions: a measurement.
+multi-tenant service sees (every tenant's newest checkpoint). Prints tokens/s per configuration,
+the ratio to the base's rounds next to it, and how many adapters the measured rounds read from
+disk (`tandem:lora_adapter_loads_total`; 0 when the cache holds them all). No assertions: a
+measurement.
 """
 
 import argparse
@@ -82,6 +84,17 @@ def round_(server, models, tokens):
     return done / (time.perf_counter() - started)
 
 
+def cache_state(server):
+    """(adapters read from disk so far, bytes the adapter cache holds) from /metrics."""
+    text = server.api("GET", "/metrics")[1]
+    value = {}
+    for line in text.splitlines():
+        for name in ("tandem:lora_adapter_loads_total", "tandem:lora_adapter_cache_bytes"):
+            if line.startswith(name + " "):
+                value[name] = float(line.split()[1])
+    return int(value["tandem:lora_adapter_loads_total"]), int(value["tandem:lora_adapter_cache_bytes"])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("binary")
@@ -108,7 +121,10 @@ def main():
             rows = []
             for k in counts:
                 ours, theirs = [], []
+                loads_before = None
                 for r in range(args.rounds + 1):
+                    if r == 1:
+                        loads_before = cache_state(server)[0]
                     models = [f"a{(r * args.streams + i) % k}" for i in range(args.streams)]
                     got = round_(server, models, args.tokens)
                     ref = round_(server, [base] * args.streams, args.tokens)
@@ -116,9 +132,11 @@ def main():
                         ours.append(got)
                         theirs.append(ref)
                 a, b = statistics.median(ours), statistics.median(theirs)
+                loads, held = cache_state(server)
                 rows.append((k, a, b))
                 print(f"{k:>3} adapters over {args.streams} streams: {a:7.1f} tok/s, base {b:7.1f} tok/s, "
-                      f"ratio {a / b:.2f}", flush=True)
+                      f"ratio {a / b:.2f}; {loads - loads_before} adapters read from disk in the measured rounds, "
+                      f"cache holds {held / 2**20:.1f} MiB", flush=True)
         finally:
             server.stop()
     finally:

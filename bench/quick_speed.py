@@ -3,6 +3,8 @@ of random token ids with `max_tokens: 1` (prefill), then 128 tokens decoded. No 
 comparing two builds of tandem back to back (bench/run-inference.sh compares with llama.cpp).
 
     python3 bench/quick_speed.py target/release/tandem [512,1000]
+
+GGUF=path picks another model file; TANDEM_CPU=avx2 (or scalar) caps the kernel tier.
 """
 
 import os
@@ -13,8 +15,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from tandem_server import Server  # noqa: E402
 
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-GGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+GGUF = os.environ.get("GGUF") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def main():
@@ -23,15 +25,16 @@ def main():
     server = Server(binary, GGUF, "speed-key", extra=["--max-num-seqs", "8"])
     try:
         rng = random.Random(3)
-        server.api("POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4})
+        model = server.api("GET", "/v1/models")[1]["data"][0]["id"]
+        server.api("POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 4})
         for n in lengths:
-            body = {"model": MODEL, "prompt": [rng.randrange(100, 40000) for _ in range(n)], "max_tokens": 1}
+            body = {"model": model, "prompt": [rng.randrange(100, 40000) for _ in range(n)], "max_tokens": 1}
             t = time.monotonic()
             status, _, _ = server.api("POST", "/v1/completions", body)
             dt = time.monotonic() - t
             assert status == 200, status
             print(f"prefill {n}: {dt:.2f} s, {n / dt:.0f} tokens/s", flush=True)
-        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 128, "ignore_eos": True}
+        body = {"model": model, "prompt": "Once upon a time", "max_tokens": 128, "ignore_eos": True}
         t = time.monotonic()
         status, _, _ = server.api("POST", "/v1/completions", body)
         dt = time.monotonic() - t

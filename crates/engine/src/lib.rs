@@ -11,6 +11,7 @@
 //! - [`inspect`]: what a model file is, and the checks made before its weights load.
 //! - [`tokenizer_dir`]: a model's tokenizer as files a Hugging Face client loads offline.
 
+pub mod adapter_cache;
 mod engine;
 pub mod fair;
 pub mod grammar;
@@ -59,6 +60,11 @@ pub struct Engine {
 impl Engine {
     pub fn new() -> Self {
         Engine { slots: Vec::new(), shared: Arc::new(Shared::default()) }
+    }
+
+    /// Keeps loaded LoRA adapters within `bytes` together (`adapter_cache`; default 1 GiB).
+    pub fn set_adapter_cache_bytes(&mut self, bytes: usize) {
+        self.shared.adapters.set_budget(bytes);
     }
 
     /// Renders request-supplied chat templates in child processes (for every served model,

@@ -68,6 +68,9 @@ pub(crate) struct Families {
     request_generation_tokens: Histograms,
     steps: Family<ModelLabels, Counter>,
     failures: Family<ModelLabels, Counter>,
+    /// The engine's adapter cache (shared by its models): reads from disk, and bytes held.
+    pub adapter_loads: Counter,
+    pub adapter_bytes: Gauge,
 }
 
 impl Default for Families {
@@ -94,6 +97,8 @@ impl Default for Families {
             request_generation_tokens: Family::new_with_constructor(token_counts),
             steps: Family::default(),
             failures: Family::default(),
+            adapter_loads: Counter::default(),
+            adapter_bytes: Gauge::default(),
         }
     }
 }
@@ -210,6 +215,16 @@ impl Families {
             "tandem:engine_step_failures",
             "Engine steps that panicked; their requests ended with an error and the loop went on",
             self.failures.clone(),
+        );
+        r.register(
+            "tandem:lora_adapter_loads",
+            "LoRA adapters read from disk into the adapter cache (a warm cache reads none)",
+            self.adapter_loads.clone(),
+        );
+        r.register(
+            "tandem:lora_adapter_cache_bytes",
+            "Bytes of LoRA adapters the adapter cache holds (bounded by --adapter-cache-mib)",
+            self.adapter_bytes.clone(),
         );
     }
 }

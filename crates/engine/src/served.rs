@@ -1,6 +1,7 @@
 //! One served base model as the api holds it (`ServedModel`): template, tokenizer, limits,
 //! constraint compiler and adapter loader, and the queue of its engine loop.
 
+use crate::adapter_cache::Ledger;
 use crate::engine::Job;
 use crate::grammar::Grammars;
 use crate::metrics::EngineMetrics;
@@ -8,7 +9,6 @@ use crate::sequence;
 use crate::template::jail::{JailJob, TemplateJail};
 use crate::template::{ChatTemplate, RenderInputs};
 use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -22,7 +22,6 @@ use tandem_model::{Llama, LoraAdapter};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// What every served model of one engine shares.
-#[derive(Default)]
 pub(crate) struct Shared {
     pub adapters: AdapterCache,
     /// Every served model's metric series, one family per name.
@@ -32,39 +31,46 @@ pub(crate) struct Shared {
     pub jail: OnceLock<TemplateJail>,
 }
 
-/// Adapters recently used, kept loaded (bounded).
-const ADAPTER_CACHE: usize = 16;
+impl Default for Shared {
+    fn default() -> Self {
+        let families = crate::metrics::Families::default();
+        let adapters = AdapterCache {
+            ledger: Mutex::new(Ledger::new(crate::adapter_cache::DEFAULT_BYTES)),
+            loads: families.adapter_loads.clone(),
+            bytes: families.adapter_bytes.clone(),
+        };
+        Shared { adapters, families, jail: OnceLock::new() }
+    }
+}
 
-/// One checkpoint's adapter, loaded once. Requests for it wait on its own lock while it loads,
-/// never on the cache's: loading one checkpoint holds up no request for another.
-type AdapterSlot = Arc<Mutex<Option<Arc<LoraAdapter>>>>;
-
-/// Checkpoint id -> its slot and when it was last used (bounded, least recently used out).
-#[derive(Default)]
-pub(crate) struct AdapterCache(Mutex<HashMap<String, (AdapterSlot, Instant)>>);
+/// Adapters recently used, kept loaded within a byte budget (`adapter_cache`).
+pub(crate) struct AdapterCache {
+    ledger: Mutex<Ledger<LoraAdapter>>,
+    /// `tandem:lora_adapter_loads` and `tandem:lora_adapter_cache_bytes`.
+    loads: prometheus_client::metrics::counter::Counter,
+    bytes: prometheus_client::metrics::gauge::Gauge,
+}
 
 impl AdapterCache {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger<LoraAdapter>> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the ledger and publishes the bytes it then holds.
+    fn update<R>(&self, f: impl FnOnce(&mut Ledger<LoraAdapter>) -> R) -> R {
+        let mut ledger = self.ledger();
+        let out = f(&mut ledger);
+        self.bytes.set(ledger.bytes() as i64);
+        out
+    }
+
+    pub fn set_budget(&self, bytes: usize) {
+        self.update(|l| l.set_budget(bytes));
+    }
+
     /// The checkpoint's adapter, read from disk the first time (blocking).
     fn load(&self, a: &AdapterRef, base: &Llama) -> Result<Arc<LoraAdapter>, SubmitError> {
-        let slot = {
-            let mut cache = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            match cache.get_mut(&a.checkpoint_id) {
-                Some((slot, used)) => {
-                    *used = Instant::now();
-                    slot.clone()
-                }
-                None => {
-                    if cache.len() >= ADAPTER_CACHE {
-                        if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
-                            cache.remove(&oldest);
-                        }
-                    }
-                    let slot = AdapterSlot::default();
-                    cache.insert(a.checkpoint_id.clone(), (slot.clone(), Instant::now()));
-                    slot
-                }
-            }
-        };
+        let slot = self.ledger().slot(&a.checkpoint_id);
         let mut loaded = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(adapter) = loaded.as_ref() {
             return Ok(adapter.clone());
@@ -79,24 +85,23 @@ impl AdapterCache {
             tracing::error!(checkpoint = %a.checkpoint_id, error = %e, "cannot load a checkpoint's adapter");
             SubmitError::Invalid("this checkpoint's adapter cannot be loaded (the server logged why)".into())
         })?;
+        self.loads.inc();
         let adapter = Arc::new(adapter);
         *loaded = Some(adapter.clone());
+        drop(loaded);
+        self.update(|l| l.loaded(&a.checkpoint_id, &slot, adapter.bytes()));
         Ok(adapter)
     }
 
-    /// Keeps an adapter the caller loaded already (evicting the least recently used if full).
+    /// Keeps an adapter the caller loaded already.
     fn insert(&self, checkpoint_id: &str, adapter: Arc<LoraAdapter>) {
-        let mut cache = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= ADAPTER_CACHE && !cache.contains_key(checkpoint_id) {
-            if let Some(oldest) = cache.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
-                cache.remove(&oldest);
-            }
-        }
-        cache.insert(checkpoint_id.to_string(), (Arc::new(Mutex::new(Some(adapter))), Instant::now()));
+        let bytes = adapter.bytes();
+        self.loads.inc();
+        self.update(|l| l.put(checkpoint_id, adapter, bytes));
     }
 
     pub fn forget(&self, checkpoint_id: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(checkpoint_id);
+        self.update(|l| l.forget(checkpoint_id));
     }
 }
 

@@ -329,6 +329,51 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     assert!(matches!(m.submit(foreign), Err(SubmitError::Invalid(_))));
 }
 
+/// One unlabelled series' value in the metrics text.
+fn metric(text: &str, name: &str) -> f64 {
+    let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {text}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The adapter cache holds loaded adapters within its byte budget (`--adapter-cache-mib`): with
+/// room for both, two checkpoints used in turn are each read from disk once; with room for less
+/// than one, the one in use stays and the other goes, so each turn reads again, and the bytes
+/// held are one adapter's (`tandem:lora_adapter_loads_total`, `tandem:lora_adapter_cache_bytes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adapter_cache_is_bounded_by_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let refs: Vec<AdapterRef> = (0..2)
+        .map(|i| {
+            let path = dir.path().join(format!("a{i}"));
+            write_adapter(&path, 0.1 * (i + 1) as f32);
+            AdapterRef { checkpoint_id: format!("a{i}"), path, confined_to: None }
+        })
+        .collect();
+    let mut held_one = 0.0;
+    for (budget, reads) in [(None, 2.0), (Some(1), 6.0)] {
+        let mut engine = Engine::new();
+        engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
+        if let Some(bytes) = budget {
+            engine.set_adapter_cache_bytes(bytes);
+        }
+        let m = engine.models()[0].clone();
+        for turn in 0..6 {
+            let adapter = refs[turn % 2].clone();
+            tokens(submit(&m, request(&[1, 2, 3], 2, Some(adapter))).unwrap()).await;
+            if turn == 0 {
+                held_one = metric(&metrics_text(&engine), "tandem:lora_adapter_cache_bytes");
+            }
+        }
+        let text = metrics_text(&engine);
+        assert_eq!(metric(&text, "tandem:lora_adapter_loads_total"), reads, "budget {budget:?}");
+        let held = metric(&text, "tandem:lora_adapter_cache_bytes");
+        assert!(held_one > 0.0);
+        assert_eq!(held, if budget.is_some() { held_one } else { 2.0 * held_one }, "budget {budget:?}");
+    }
+}
+
 /// Target logprobs and alternative draws come from the same rows as the prompt logprobs: a
 /// target naming the prompt's own token scores what its prompt logprob says, a greedy draw is
 /// the top-ranked token, and seeded draws repeat; the sampled tokens do not change.

@@ -69,6 +69,17 @@ impl LoraAdapter {
         &self.layers[i]
     }
 
+    /// Memory held by the matrices (what the engine's adapter cache budgets).
+    pub fn bytes(&self) -> usize {
+        let pair = |p: &Option<LoraPair>| p.as_ref().map_or(0, |p| 4 * (p.a.len() + p.bt.len()));
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].into_iter().map(pair).sum::<usize>())
+            .sum();
+        layers + pair(&self.head)
+    }
+
     /// Loads a PEFT adapter directory for a model of shape `config` (`crate::peft` reads it;
     /// modules the file lacks stay unadapted).
     pub fn load(dir: &Path, config: &LlamaConfig) -> Result<Self, ModelError> {

@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// machine's memory). Decoding past it preempts sequences, as vLLM does.
     #[arg(long, env = "TANDEM_KV_CACHE_MIB")]
     pub kv_cache_mib: Option<u64>,
+    /// Memory the loaded LoRA adapters may hold together, in MiB (default 1024): beyond it the
+    /// least recently used are dropped and read from disk again when next asked for.
+    #[arg(long, env = "TANDEM_ADAPTER_CACHE_MIB")]
+    pub adapter_cache_mib: Option<u64>,
     /// Context length served, in tokens (vLLM's flag): at most the model's own; prompts, the
     /// default `max_tokens` and training sequences are bounded by it.
     #[arg(long, env = "TANDEM_MAX_MODEL_LEN")]
@@ -243,6 +247,7 @@ pub struct ServeConfig {
     pub per_entity_limit: usize,
     /// None: the engine's default (a quarter of the machine's memory).
     pub kv_cache_bytes: Option<u64>,
+    pub adapter_cache_bytes: usize,
     pub max_model_len: Option<usize>,
     /// None: the engine's defaults.
     pub max_num_batched_tokens: Option<usize>,
@@ -328,6 +333,10 @@ impl ServeConfig {
             max_waiting,
             per_entity_limit: args.per_entity_limit.or(file.per_entity_limit).unwrap_or(max_waiting / 4).max(1),
             kv_cache_bytes: args.kv_cache_mib.or(file.kv_cache_mib).map(|m| m.max(1) << 20),
+            adapter_cache_bytes: args
+                .adapter_cache_mib
+                .or(file.adapter_cache_mib)
+                .map_or(tandem_engine::adapter_cache::DEFAULT_BYTES, |m| (m.min(1 << 40) as usize) << 20),
             max_model_len: args.max_model_len.or(file.max_model_len).map(|n| n.max(16)),
             max_num_batched_tokens: args.max_num_batched_tokens.or(file.max_num_batched_tokens).map(|n| n.max(1)),
             prefix_cache_tokens: args.prefix_cache_tokens.or(file.prefix_cache_tokens),

@@ -47,13 +47,14 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         prefix_cache_tokens: config.prefix_cache_tokens,
         team_spin: config.engine_spin_us.map_or(defaults.team_spin, std::time::Duration::from_micros),
     };
-    let (models, quantize) = (config.models.clone(), config.quantize);
+    let (models, quantize, adapter_cache_bytes) = (config.models.clone(), config.quantize, config.adapter_cache_bytes);
     let started = std::time::Instant::now();
     let engine = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
         let mut engine = Engine::new();
         // Request-supplied chat templates render in `tandem __render-template` children.
         let exe = std::env::current_exe().context("locating the tandem binary for the template jail")?;
         engine.set_template_jail(TemplateJail::new(exe, vec![crate::RENDER_TEMPLATE.to_string()]));
+        engine.set_adapter_cache_bytes(adapter_cache_bytes);
         for m in &models {
             engine
                 .add_path(&m.id, &m.path, quantize, engine_config.clone())

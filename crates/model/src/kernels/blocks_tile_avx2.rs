@@ -8,12 +8,16 @@
 //!
 //! A 16-row group is two registers of eight lanes (bytes `32h..32h+32` of each 64-byte step hold
 //! lanes `8h..8h+8`). `vpdpbusd` becomes `vpmaddubsw` (u8 weights x i8 activations into i16
-//! pairs) and `vpmaddwd` with ones (into the lane's i32). The low and high nibbles' products are
-//! added as i16 before that widening: each is at most 2 * 31 * 127 in magnitude for the
-//! formats that run both halves in one pass (Q6_K, with values up to 63, runs them apart), so
-//! their sum fits and the integer sums are exactly the VNNI kernel's. The float epilogue is the
-//! VNNI kernel's instruction for instruction, so this tier's results equal that tier's bit for
-//! bit on the same weights and activations (`blocks_tests` asserts it where both run).
+//! pairs) then `vpmaddwd` (into the lane's i32). AVX2 runs half as many lanes an instruction and
+//! has no fused byte dot product, so the widening is spent sparingly: products stay in i16 for as
+//! many steps as cannot overflow (a `vpmaddubsw` pair is at most 2 * 15 * 127 for 4-bit values,
+//! 2 * 31 * 127 for 5-bit and 2 * 63 * 127 for Q6_K's 6-bit halves, and activations never reach
+//! -128: four steps of both nibbles, or two steps, stay under 32767), and for the K-quants with
+//! activations per 256 the widening multiplies by the sub-block's code at once (each lane's code
+//! in both i16 halves), which replaces the VNNI kernel's widening and its `vpmulld`. The integer
+//! sums are exact whichever way they are added, and the float epilogue is the VNNI kernel's
+//! instruction for instruction, so this tier's results equal that tier's bit for bit on the same
+//! weights and activations (`blocks_tests` asserts it where both run).
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
@@ -131,14 +135,38 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
             macro_rules! pass {
                 ($half:expr) => {{
                     const HALF: usize = $half;
-                    let mut isum = [[_mm256_setzero_si256(); C]; 2];
-                    if KQ && F == Q6K {
-                        for c in 0..C {
-                            let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + HALF));
-                            isum[0][c] = start;
-                            isum[1][c] = start;
+                    // The weights' sub-block codes of this block (KQ), each lane's code in both
+                    // of its i16 halves, so that `vpmaddwd` widens the pair sums and scales them
+                    // in one instruction (VNNI: a sum, then `vpmulld`).
+                    let mut sc16 = [_mm256_setzero_si256(); 2];
+                    if KQ {
+                        for h in 0..2 {
+                            sc16[h] = if F == Q6K {
+                                let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h);
+                                let x = _mm_loadl_epi64(p as *const __m128i);
+                                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, x))
+                            } else {
+                                let x = _mm_loadl_epi64(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h) as *const __m128i);
+                                _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x, x))
+                            };
                         }
                     }
+                    if KQ && F == Q6K {
+                        // Q6_K's offset: -32 * the half's activation sum, times the code.
+                        for h in 0..2 {
+                            let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h);
+                            let sc = i8x8(p);
+                            for c in 0..C {
+                                let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + HALF));
+                                isb[h][c] = _mm256_add_epi32(isb[h][c], _mm256_mullo_epi32(start, sc));
+                            }
+                        }
+                    }
+                    let mut isum = [[_mm256_setzero_si256(); C]; 2];
+                    // i16 pair sums since the last widening: SPAN steps fit (4 for the 4-bit
+                    // formats, 2 with a fifth or sixth bit; see the module's bounds).
+                    let mut p16 = [[_mm256_setzero_si256(); C]; 2];
+                    let span = if n_planes == 0 && HALF == 2 { 4 } else { 2 };
                     for step in 0..4 {
                         let mut lo = [_mm256_setzero_si256(); 2];
                         let mut hi = [_mm256_setzero_si256(); 2];
@@ -182,22 +210,24 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                                         _mm256_maddubs_epi16(hi[h], a_hi),
                                     ),
                                 };
-                                isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(pairs, ones));
+                                p16[h][c] = _mm256_add_epi16(p16[h][c], pairs);
+                            }
+                        }
+                        if (step + 1) % span == 0 {
+                            for h in 0..2 {
+                                for c in 0..C {
+                                    if KQ {
+                                        let scaled = _mm256_madd_epi16(p16[h][c], sc16[h]);
+                                        isb[h][c] = _mm256_add_epi32(isb[h][c], scaled);
+                                    } else {
+                                        isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(p16[h][c], ones));
+                                    }
+                                    p16[h][c] = _mm256_setzero_si256();
+                                }
                             }
                         }
                     }
-                    if KQ {
-                        for h in 0..2 {
-                            let sc = if F == Q6K {
-                                i8x8(w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h))
-                            } else {
-                                u8x8(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h))
-                            };
-                            for c in 0..C {
-                                isb[h][c] = _mm256_add_epi32(isb[h][c], _mm256_mullo_epi32(isum[h][c], sc));
-                            }
-                        }
-                    } else {
+                    if !KQ {
                         let mut sa = [_mm256_setzero_ps(); C];
                         let mut sums = [_mm256_setzero_ps(); C];
                         for c in 0..C {
@@ -214,8 +244,7 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                             let (s, m) = match F {
                                 Q4_0 | Q5_0 | Q5_1 => {
                                     let at = (g * sb + b) * LANES + 8 * h;
-                                    let m =
-                                        if F == Q5_1 { f16x8(w.m16.as_ptr().add(at)) } else { _mm256_setzero_ps() };
+                                    let m = if F == Q5_1 { f16x8(w.m16.as_ptr().add(at)) } else { _mm256_setzero_ps() };
                                     (f16x8(w.d16.as_ptr().add(at)), m)
                                 }
                                 Q4K | Q5K => {
@@ -231,7 +260,8 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                                 }
                                 _ => {
                                     let d = f16x8(w.d16.as_ptr().add((g * sb + b / 8) * LANES + 8 * h));
-                                    let sc = i8x8(w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h));
+                                    let sc =
+                                        i8x8(w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h));
                                     (_mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)), _mm256_setzero_ps())
                                 }
                             };

@@ -8,8 +8,8 @@
 //! are applied once per eight rows, and outputs are stored as they are.
 //!
 //! A 16-row group is two registers of eight lanes. `vpdpbusd` becomes `vpmaddubsw` (unsigned x
-//! signed bytes into i16 pairs) and `vpmaddwd` with ones. Q4_1's two nibbles' products, at most
-//! 2 * 15 * 127 each, are added as i16 before widening. int8 weights are stored with their top bit
+//! signed bytes into i16 pairs) and `vpmaddwd` with ones. Q4_1's products, at most 2 * 15 * 127
+//! a pair, stay in i16 for the block's four steps of both nibbles and widen once. int8 weights are stored with their top bit
 //! flipped (`w + 128`) for `vpdpbusd`; 255 * 127 * 2 would saturate `vpmaddubsw`, so the flip is
 //! undone and the sign moved onto the activations (`|w|` times `a` with `w`'s sign, at most
 //! 2 * 127 * 127), and the lanes start at zero instead of `-128 * sum(a)`. The integer sums are
@@ -51,10 +51,18 @@ impl GroupTiles for Tiles<'_> {
                 // (asserted; `matmul` asserted the shapes); each task owns its groups' columns.
                 unsafe {
                     if two {
-                        let acc = if w.q4 { q4_group::<2>(avx2, w, a, g + r, t + c) } else { q8_group::<2>(avx2, w, a, g + r, t + c) };
+                        let acc = if w.q4 {
+                            q4_group::<2>(avx2, w, a, g + r, t + c)
+                        } else {
+                            q8_group::<2>(avx2, w, a, g + r, t + c)
+                        };
                         store::<2>(avx2, &acc, g + r, t + c, w.rows, out.ptr());
                     } else {
-                        let acc = if w.q4 { q4_group::<1>(avx2, w, a, g + r, t + c) } else { q8_group::<1>(avx2, w, a, g + r, t + c) };
+                        let acc = if w.q4 {
+                            q4_group::<1>(avx2, w, a, g + r, t + c)
+                        } else {
+                            q8_group::<1>(avx2, w, a, g + r, t + c)
+                        };
                         store::<1>(avx2, &acc, g + r, t + c, w.rows, out.ptr());
                     }
                 }
@@ -113,7 +121,9 @@ unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
     unsafe {
         for b in 0..blocks {
             let gb = g * blocks + b;
-            let mut isum = [[_mm256_setzero_si256(); C]; 2];
+            // The block's four steps stay in i16 (at most 4 * 2 * 2 * 15 * 127 = 30480) and widen
+            // once.
+            let mut p16 = [[_mm256_setzero_si256(); C]; 2];
             for step in 0..4 {
                 let mut lo = [_mm256_setzero_si256(); 2];
                 let mut hi = [_mm256_setzero_si256(); 2];
@@ -129,7 +139,7 @@ unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
                     for h in 0..2 {
                         let pairs =
                             _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi));
-                        isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(pairs, ones));
+                        p16[h][c] = _mm256_add_epi16(p16[h][c], pairs);
                     }
                 }
             }
@@ -139,7 +149,8 @@ unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
                 for c in 0..C {
                     let s = _mm256_set1_ps(*scales.add((t + c) * blocks + b));
                     let sum = _mm256_set1_ps(*ss.add((t + c) * blocks + b));
-                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][c]), _mm256_mul_ps(dv, s), acc[h][c]);
+                    let isum = _mm256_madd_epi16(p16[h][c], ones);
+                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, s), acc[h][c]);
                     acc[h][c] = _mm256_fmadd_ps(mv, sum, acc[h][c]);
                 }
             }
