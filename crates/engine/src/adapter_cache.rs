@@ -174,7 +174,7 @@ mod tests {
         let d = l.slot("d");
         l.forget("d");
         l.loaded("d", &d, 50);
-        assert!(l.entries.get("d").is_none());
+        assert!(!l.entries.contains_key("d"));
         // A smaller budget evicts at once.
         l.set_budget(30);
         assert!(l.bytes() <= 30);
