@@ -4,8 +4,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::blocks::BlockFormat;
-use super::blocks_lanes::{kquant, BlockLanes, LANES};
+use super::blocks_lanes::{BlockLanes, LANES};
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
 use super::{KActs, Q8Acts};
@@ -32,32 +31,46 @@ impl super::lanes::GroupTiles for Tiles<'_> {
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (vnni, w, a) = (self.vnni, self.w, self.a);
         assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
-        // The per-256 activations when the caller made them (`Q8Acts::k_quants`).
-        let k = a.k().filter(|_| kquant(w.format));
         // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
         // `matmul` asserted the shapes); `k`, when used, is `a`'s own quantisation (same
         // shape); each task owns the output columns of its groups.
         unsafe {
-            let acc = match (w.format, k) {
-                (BlockFormat::Q4K, Some(k)) => block_tile::<R, C, Q4K, true>(vnni, w, a, k, g, t),
-                (BlockFormat::Q5K, Some(k)) => block_tile::<R, C, Q5K, true>(vnni, w, a, k, g, t),
-                (BlockFormat::Q6K, Some(k)) => block_tile::<R, C, Q6K, true>(vnni, w, a, k, g, t),
-                (format, _) => {
-                    let none = &self.no_k;
-                    match format {
-                        BlockFormat::Q4_0 => block_tile::<R, C, Q4_0, false>(vnni, w, a, none, g, t),
-                        BlockFormat::Q5_0 => block_tile::<R, C, Q5_0, false>(vnni, w, a, none, g, t),
-                        BlockFormat::Q5_1 => block_tile::<R, C, Q5_1, false>(vnni, w, a, none, g, t),
-                        BlockFormat::Q4K => block_tile::<R, C, Q4K, false>(vnni, w, a, none, g, t),
-                        BlockFormat::Q5K => block_tile::<R, C, Q5K, false>(vnni, w, a, none, g, t),
-                        BlockFormat::Q6K => block_tile::<R, C, Q6K, false>(vnni, w, a, none, g, t),
-                    }
-                }
-            };
+            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| block_tile::<R, C, F, KQ>(vnni, w, a, k, g, t));
             super::lanes::store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
         }
     }
 }
+
+/// `$call` with the format's const code bound to `$f`, `$kq` true when the K-quant tile reads the
+/// per-256 activations (`Q8Acts::k_quants`, when the caller made them), and `$k` those
+/// activations or `$none`: one dispatch for the VNNI and the AVX2 tiles.
+macro_rules! for_format {
+    ($format:expr, $acts:expr, $none:expr, |$f:ident, $kq:ident, $k:ident| $call:expr) => {{
+        use super::blocks::BlockFormat;
+        match ($format, $acts.k().filter(|_| super::blocks_lanes::kquant($format))) {
+            (BlockFormat::Q4K, Some($k)) => for_format!(@ Q4K, true, $f, $kq, $call),
+            (BlockFormat::Q5K, Some($k)) => for_format!(@ Q5K, true, $f, $kq, $call),
+            (BlockFormat::Q6K, Some($k)) => for_format!(@ Q6K, true, $f, $kq, $call),
+            (format, _) => {
+                let $k = $none;
+                match format {
+                    BlockFormat::Q4_0 => for_format!(@ Q4_0, false, $f, $kq, $call),
+                    BlockFormat::Q5_0 => for_format!(@ Q5_0, false, $f, $kq, $call),
+                    BlockFormat::Q5_1 => for_format!(@ Q5_1, false, $f, $kq, $call),
+                    BlockFormat::Q4K => for_format!(@ Q4K, false, $f, $kq, $call),
+                    BlockFormat::Q5K => for_format!(@ Q5K, false, $f, $kq, $call),
+                    BlockFormat::Q6K => for_format!(@ Q6K, false, $f, $kq, $call),
+                }
+            }
+        }
+    }};
+    (@ $code:ident, $is_kq:expr, $f:ident, $kq:ident, $call:expr) => {{
+        const $f: u8 = $code;
+        const $kq: bool = $is_kq;
+        $call
+    }};
+}
+pub(super) use for_format;
 
 // The formats as const-generic codes: each tile is compiled for one format, so its plane count,
 // halves and scale epilogue are constants and its four steps unroll. With the format a run-time

@@ -21,10 +21,10 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::blocks::BlockFormat;
-use super::blocks_lanes::{kquant, BlockLanes, LANES};
-use super::blocks_tile::{offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
+use super::blocks_lanes::{BlockLanes, LANES};
+use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
 use super::cpu::{Avx2Fma, SharedOut};
+use super::lanes_avx2::{by_row_pairs, store};
 use super::q8::QK;
 use super::{KActs, Q8Acts};
 use std::arch::x86_64::*;
@@ -44,23 +44,10 @@ struct Tiles<'a> {
 }
 
 impl super::lanes::GroupTiles for Tiles<'_> {
-    /// Groups `g..g+R` by rows `t..t+C`, one group by at most two rows at a time: a group is
-    /// twice the registers it is on AVX-512, and AVX2 has half as many (wider tiles spilled).
     #[inline(always)]
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         assert!((g + R) * LANES < self.w.rows + LANES && t + C <= self.a.rows());
-        for r in 0..R {
-            let mut c = 0;
-            while c < C {
-                if c + 2 <= C {
-                    self.group::<2>(g + r, t + c, out);
-                    c += 2;
-                } else {
-                    self.group::<1>(g + r, t + c, out);
-                    c += 1;
-                }
-            }
-        }
+        by_row_pairs::<R, C>(g, t, |g, t| self.group::<2>(g, t, out), |g, t| self.group::<1>(g, t, out));
     }
 }
 
@@ -68,28 +55,12 @@ impl Tiles<'_> {
     #[inline(always)]
     fn group<const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
-        let k = a.k().filter(|_| kquant(w.format));
         // SAFETY: the token proves the features; group g and rows t..t+C exist (asserted by the
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
         // quantisation; each task owns the output columns of its groups.
         unsafe {
-            let acc = match (w.format, k) {
-                (BlockFormat::Q4K, Some(k)) => group_tile::<C, Q4K, true>(avx2, w, a, k, g, t),
-                (BlockFormat::Q5K, Some(k)) => group_tile::<C, Q5K, true>(avx2, w, a, k, g, t),
-                (BlockFormat::Q6K, Some(k)) => group_tile::<C, Q6K, true>(avx2, w, a, k, g, t),
-                (format, _) => {
-                    let none = &self.no_k;
-                    match format {
-                        BlockFormat::Q4_0 => group_tile::<C, Q4_0, false>(avx2, w, a, none, g, t),
-                        BlockFormat::Q5_0 => group_tile::<C, Q5_0, false>(avx2, w, a, none, g, t),
-                        BlockFormat::Q5_1 => group_tile::<C, Q5_1, false>(avx2, w, a, none, g, t),
-                        BlockFormat::Q4K => group_tile::<C, Q4K, false>(avx2, w, a, none, g, t),
-                        BlockFormat::Q5K => group_tile::<C, Q5K, false>(avx2, w, a, none, g, t),
-                        BlockFormat::Q6K => group_tile::<C, Q6K, false>(avx2, w, a, none, g, t),
-                    }
-                }
-            };
-            super::lanes_avx2::store::<C>(avx2, &acc, g, t, w.rows, out.ptr());
+            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| group_tile::<C, F, KQ>(avx2, w, a, k, g, t));
+            store::<C>(avx2, &acc, g, t, w.rows, out.ptr());
         }
     }
 }

@@ -37,37 +37,46 @@ struct Tiles<'a> {
 }
 
 impl GroupTiles for Tiles<'_> {
-    /// Groups `g..g+R` by rows `t..t+C`, one group by at most two rows at a time: a group is two
-    /// registers here, and AVX2 has sixteen where AVX-512 has thirty-two (wider tiles spill).
     #[inline(always)]
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
         assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
-        for r in 0..R {
-            let mut c = 0;
-            while c < C {
-                let two = c + 2 <= C;
-                // SAFETY: the token proves the features; group g + r and rows t + c.. exist
-                // (asserted; `matmul` asserted the shapes); each task owns its groups' columns.
-                unsafe {
-                    if two {
-                        let acc = if w.q4 {
-                            q4_group::<2>(avx2, w, a, g + r, t + c)
-                        } else {
-                            q8_group::<2>(avx2, w, a, g + r, t + c)
-                        };
-                        store::<2>(avx2, &acc, g + r, t + c, w.rows, out.ptr());
-                    } else {
-                        let acc = if w.q4 {
-                            q4_group::<1>(avx2, w, a, g + r, t + c)
-                        } else {
-                            q8_group::<1>(avx2, w, a, g + r, t + c)
-                        };
-                        store::<1>(avx2, &acc, g + r, t + c, w.rows, out.ptr());
-                    }
-                }
-                c += if two { 2 } else { 1 };
-            }
+        // SAFETY (both closures): the token proves the features; the group and rows exist
+        // (asserted; `matmul` asserted the shapes); each task owns its groups' columns.
+        by_row_pairs::<R, C>(
+            g,
+            t,
+            |g, t| unsafe {
+                let acc = if w.q4 { q4_group::<2>(avx2, w, a, g, t) } else { q8_group::<2>(avx2, w, a, g, t) };
+                store::<2>(avx2, &acc, g, t, w.rows, out.ptr());
+            },
+            |g, t| unsafe {
+                let acc = if w.q4 { q4_group::<1>(avx2, w, a, g, t) } else { q8_group::<1>(avx2, w, a, g, t) };
+                store::<1>(avx2, &acc, g, t, w.rows, out.ptr());
+            },
+        );
+    }
+}
+
+/// Walks groups `g..g+R` by rows `t..t+C` as one group by two rows (`two`), and one row (`one`)
+/// for an odd last row: an AVX2 group is two registers where AVX-512's is one, and AVX2 has
+/// sixteen registers where AVX-512 has thirty-two, so the wider tiles the VNNI kernels run
+/// spilled here. Shared by this file's and `blocks_tile_avx2`'s tiles.
+#[inline(always)]
+pub(super) fn by_row_pairs<const R: usize, const C: usize>(
+    g: usize,
+    t: usize,
+    mut two: impl FnMut(usize, usize),
+    mut one: impl FnMut(usize, usize),
+) {
+    for r in 0..R {
+        let mut c = 0;
+        while c + 2 <= C {
+            two(g + r, t + c);
+            c += 2;
+        }
+        if c < C {
+            one(g + r, t + c);
         }
     }
 }
