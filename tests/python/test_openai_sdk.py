@@ -443,8 +443,16 @@ def metrics_parse_as_openmetrics(client, server):
                        ("vllm:time_to_first_token_seconds", "histogram"),
                        ("vllm:e2e_request_latency_seconds", "histogram"), ("tandem:training_jobs", "gauge"),
                        ("tandem:training_gradient_steps", "counter"), ("http_requests", "counter"),
-                       ("http_request_duration_seconds", "histogram")]:
+                       ("http_request_duration_seconds", "histogram"), ("vllm:cache_config_info", "gauge"),
+                       ("vllm:lora_requests_info", "gauge")]:
         assert types.get(name) == kind, (name, types.get(name))
+    # What the Gateway API Inference Extension's endpoint picker reads: the KV capacity as
+    # block_size * num_gpu_blocks, and the running adapters from the newest lora series.
+    (cache,) = families["vllm:cache_config_info"].samples
+    assert cache.value == 1 and int(cache.labels["block_size"]) * int(cache.labels["num_gpu_blocks"]) > 1000, cache
+    (lora,) = families["vllm:lora_requests_info"].samples
+    assert set(lora.labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, lora
+    assert lora.value > 1.7e9 and int(lora.labels["max_lora"]) >= 1, lora
 
     def total(family, sample, **labels):
         return sum(s.value for s in families[family].samples

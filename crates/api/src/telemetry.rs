@@ -10,13 +10,17 @@ use crate::AppState;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
+use tandem_core::inference::{LoraActivity, LoraTag};
 use tandem_core::records::{JobKind, JobStatus};
 use tandem_core::telemetry::{TrainingMetrics, HTTP_DURATION_BUCKETS};
 
@@ -201,7 +205,9 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
 /// The registry's text, with the job gauges refreshed from the store first when it answers
 /// within `HEALTH_TIMEOUT`; otherwise they keep their last values (a slow or saturated store
 /// never holds a scrape, nor fails the engine's series with it).
-pub(crate) async fn render(state: &AppState) -> Result<String, crate::error::ApiError> {
+/// The text of `GET /metrics` for `caller`: every series is the node's, except that
+/// `vllm:lora_requests_info` names only the caller's own adapters ([`lora_info`]).
+pub(crate) async fn render(state: &AppState, caller: &str) -> Result<String, crate::error::ApiError> {
     let t = state.telemetry();
     match tokio::time::timeout(crate::HEALTH_TIMEOUT, state.store().active_job_counts()).await {
         Ok(Ok(counts)) => {
@@ -221,16 +227,90 @@ pub(crate) async fn render(state: &AppState) -> Result<String, crate::error::Api
         t.tinker_models.get_or_create(&StateLabel { state: "parked" }).set(held.parked as i64);
         t.tinker_bytes.set(held.live_bytes.min(i64::MAX as u64) as i64);
     }
+    let mut per_caller = Registry::default();
+    if !state.models().is_empty() {
+        let activity: Vec<LoraActivity> = state.models().iter().map(|m| m.lora_activity()).collect();
+        let (labels, updated) = lora_info(&activity, caller);
+        let family = Family::<LoraInfoLabels, Gauge<f64, AtomicU64>>::default();
+        family.get_or_create(&labels).set(updated);
+        per_caller.register("vllm:lora_requests_info", "Running stats on lora requests", family);
+    }
     let mut text = String::new();
-    encode(&mut text, &t.registry).map_err(|_| {
-        crate::error::ApiError::new(crate::error::ErrorKind::Internal, "the metrics could not be encoded")
-    })?;
+    encode_registry(&mut text, &t.registry)
+        .and_then(|_| encode_registry(&mut text, &per_caller))
+        .and_then(|_| encode_eof(&mut text))
+        .map_err(|_| {
+            crate::error::ApiError::new(crate::error::ErrorKind::Internal, "the metrics could not be encoded")
+        })?;
     Ok(text)
+}
+
+/// vLLM's `vllm:lora_requests_info` labels: the adapters one batch holds, and the names of the
+/// adapters running and waiting, comma-joined. A router (the Gateway API Inference Extension's
+/// endpoint picker) sends a request for an adapter to a node that lists it as running.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LoraInfoLabels {
+    max_lora: String,
+    waiting_lora_adapters: String,
+    running_lora_adapters: String,
+}
+
+/// The one `vllm:lora_requests_info` series of the node's engines as `caller` may see it, and its
+/// value: the newest engine round, in Unix seconds (vLLM sets the time of its last update).
+/// Another entity's adapter names are left out (they name its projects and models), as are names
+/// holding a comma, which the joined label could not carry.
+pub(crate) fn lora_info(engines: &[LoraActivity], caller: &str) -> (LoraInfoLabels, f64) {
+    let names = |pick: fn(&LoraActivity) -> &Vec<Arc<LoraTag>>| {
+        let mut seen: Vec<&str> = engines
+            .iter()
+            .flat_map(|e| pick(e).iter())
+            .filter(|t| t.owner == caller && !t.name.contains(','))
+            .map(|t| t.name.as_str())
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.join(",")
+    };
+    let labels = LoraInfoLabels {
+        max_lora: engines.iter().map(|e| e.max_lora).max().unwrap_or(0).to_string(),
+        waiting_lora_adapters: names(|e| &e.waiting),
+        running_lora_adapters: names(|e| &e.running),
+    };
+    (labels, engines.iter().map(|e| e.updated_unix).fold(0.0, f64::max))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{classic_text, standard_method, status_class, wants_openmetrics};
+    use super::{classic_text, lora_info, standard_method, status_class, wants_openmetrics};
+    use std::sync::Arc;
+    use tandem_core::inference::{LoraActivity, LoraTag};
+
+    #[test]
+    fn lora_info_names_only_the_callers_adapters_once_each() {
+        let tag = |name: &str, owner: &str| Arc::new(LoraTag { name: name.into(), owner: owner.into() });
+        let engines = [
+            LoraActivity {
+                running: vec![tag("a/p/m:step2", "a"), tag("b/secret/m:step1", "b"), tag("x,y", "a")],
+                waiting: vec![tag("a/p/m:step3", "a")],
+                max_lora: 32,
+                updated_unix: 100.5,
+            },
+            LoraActivity {
+                running: vec![tag("a/p/m:step2", "a"), tag("mine", "a")],
+                waiting: vec![],
+                max_lora: 8,
+                updated_unix: 101.0,
+            },
+        ];
+        let (labels, at) = lora_info(&engines, "a");
+        assert_eq!(labels.running_lora_adapters, "a/p/m:step2,mine");
+        assert_eq!(labels.waiting_lora_adapters, "a/p/m:step3");
+        assert_eq!(labels.max_lora, "32");
+        assert_eq!(at, 101.0);
+        let (other, _) = lora_info(&engines, "c");
+        assert_eq!((other.running_lora_adapters.as_str(), other.waiting_lora_adapters.as_str()), ("", ""));
+        assert_eq!(lora_info(&engines, "b").0.running_lora_adapters, "b/secret/m:step1");
+    }
 
     #[test]
     fn openmetrics_becomes_the_classic_text_format() {

@@ -169,11 +169,37 @@ impl SamplingParams {
 pub struct AdapterRef {
     /// Unique per checkpoint (a re-created step gets a new id), so caches never mix them up.
     pub checkpoint_id: String,
+    /// The name requests give it in `model` (vLLM's LoRA name): what `vllm:lora_requests_info`
+    /// lists, so that a router can send a request to the node already running its adapter.
+    pub name: String,
     pub path: std::path::PathBuf,
     /// For an adapter loaded at run time (`/v1/load_lora_adapter`): the `--lora-root` its files
     /// must resolve under, checked with the size caps below at every read (a cached copy may be
     /// dropped and read again later). `None` for tandem's own checkpoints.
     pub confined_to: Option<std::path::PathBuf>,
+}
+
+/// An adapter as the engine reports it running or waiting (`vllm:lora_requests_info`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LoraTag {
+    /// [`AdapterRef::name`].
+    pub name: String,
+    /// The entity that asked, which is the adapter's owner (a checkpoint, like an adapter loaded
+    /// at run time, is served only to its own entity): the only one whose key is shown the name.
+    pub owner: String,
+}
+
+/// One engine's adapters in use, as vLLM's `vllm:lora_requests_info` reports them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoraActivity {
+    /// Adapters of the running sequences, sorted, once each.
+    pub running: Vec<Arc<LoraTag>>,
+    /// Adapters of the requests waiting (and of preempted sequences), sorted, once each.
+    pub waiting: Vec<Arc<LoraTag>>,
+    /// Adapters one batch can hold: every sequence may have its own, so the batch size.
+    pub max_lora: usize,
+    /// When the engine loop last went round, in seconds since the Unix epoch (vLLM's value).
+    pub updated_unix: f64,
 }
 
 /// Largest `adapter_model.safetensors` a runtime adapter may have (a rank-64 adapter of every
@@ -444,6 +470,10 @@ pub trait ServedModel: Send + Sync + 'static {
     fn info(&self) -> &BaseModelInfo;
     /// Whether a request would be queued now; checked before any rendering.
     fn has_capacity(&self) -> bool;
+    /// The adapters its engine is running and holding in its queue.
+    fn lora_activity(&self) -> LoraActivity {
+        LoraActivity::default()
+    }
     /// What the chat template (the request's or the model's) does with tools: whether it
     /// renders them, and the call syntax it shows the model.
     fn tool_template(&self, chat: &ChatRender) -> ToolTemplate;

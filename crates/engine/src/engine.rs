@@ -5,7 +5,7 @@
 //! sample, detokenize, check stops and send events per sequence. Requests join and leave between
 //! steps; a request's n choices share one prefill and are forked from its KV cache.
 
-use crate::metrics::EngineMetrics;
+use crate::metrics::{distinct, EngineMetrics};
 use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::{Seq, SeqId};
@@ -14,7 +14,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tandem_core::inference::{GenerateRequest, InferEvent};
+use tandem_core::inference::{GenerateRequest, InferEvent, LoraTag};
 use tandem_model::kernels::team;
 use tandem_model::{KvCache, Llama, LoraAdapter, SeqInput};
 use tokio::sync::mpsc::UnboundedSender;
@@ -85,18 +85,43 @@ fn kv_position_bytes(model: &tandem_model::LlamaConfig) -> u64 {
     (model.n_layer * model.kv_dim() * 2 * tandem_model::KV_VALUE_BYTES).max(1) as u64
 }
 
-/// `MemTotal` of /proc/meminfo, when there is one.
+/// The memory this process may use: `MemTotal` of /proc/meminfo, or its control group's limit
+/// when that is lower. In a container (a Kubernetes pod with a memory limit) /proc/meminfo shows
+/// the host's memory, so a quarter of it could be far over the pod's limit, and the kernel would
+/// kill the server as its KV cache grew.
 fn machine_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let total = read("/proc/meminfo").and_then(|info| mem_total(&info));
+    // cgroup v2, then v1.
+    let limit = read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        .and_then(|l| cgroup_limit(&l));
+    match (total, limit) {
+        (Some(t), Some(l)) => Some(t.min(l)),
+        (t, l) => t.or(l),
+    }
+}
+
+/// `MemTotal` of a /proc/meminfo text, in bytes.
+fn mem_total(info: &str) -> Option<u64> {
     let kib: u64 =
         info.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib * 1024)
+}
+
+/// A control group's memory limit in bytes; `None` for none (`max` in v2, a number near
+/// `i64::MAX` in v1).
+fn cgroup_limit(text: &str) -> Option<u64> {
+    let bytes: u64 = text.trim().parse().ok()?;
+    (bytes < 1 << 60).then_some(bytes)
 }
 
 /// A request handed to the loop.
 pub(crate) struct Job {
     pub req: GenerateRequest,
     pub adapter: Option<Arc<LoraAdapter>>,
+    /// The adapter's name and owner, for `vllm:lora_requests_info`.
+    pub lora: Option<Arc<LoraTag>>,
     pub tx: UnboundedSender<InferEvent>,
     pub received: Instant,
     /// The structured-output matcher, already compiled.
@@ -211,6 +236,8 @@ impl EngineLoop {
         let kv_used = self.running.iter().map(Seq::kv_positions).sum();
         let kv_budget = self.config.kv_tokens(&self.model.config);
         self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len(), kv_used, kv_budget);
+        let waiting = self.waiting.iter().map(|q| &q.job.lora).chain(self.preempted.iter().map(|s| &s.req.lora));
+        self.metrics.set_loras(distinct(self.running.iter().map(|s| &s.req.lora)), distinct(waiting));
         true
     }
 
@@ -497,6 +524,18 @@ impl EngineLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_is_the_lower_of_the_machines_and_the_cgroups() {
+        assert_eq!(mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24_576_000 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(cgroup_limit("4294967296\n"), Some(4 << 30));
+        assert_eq!(cgroup_limit("max\n"), None);
+        // cgroup v1's "no limit" (a page-rounded i64::MAX).
+        assert_eq!(cgroup_limit("9223372036854771712\n"), None);
+        let default = EngineConfig::default().kv_cache_bytes;
+        assert!(default > 0 && default <= machine_memory_bytes().unwrap() / 4 + 1);
+    }
     use tandem_core::inference::SamplingParams;
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -533,7 +572,7 @@ mod tests {
             prompt_scoring: None,
             beam_step: false,
         };
-        (Job { req, adapter: None, tx, received: Instant::now(), matcher: None, holds_place: true }, rx)
+        (Job { req, adapter: None, lora: None, tx, received: Instant::now(), matcher: None, holds_place: true }, rx)
     }
 
     /// Events until the request ends: (tokens, whether it ended with an error).

@@ -138,6 +138,7 @@ impl Engine {
         let (tx, rx) = std::sync::mpsc::channel();
         let (max_waiting, max_seqs, kv_tokens) = (config.max_waiting, config.max_seqs, config.kv_tokens(&model.config));
         tracing::info!(model = id, kv_tokens, kv_cache_mb = config.kv_cache_bytes >> 20, "KV cache budget");
+        self.shared.families.describe_cache(self.slots.len(), kv_tokens);
         let lp = EngineLoop::new(model.clone(), tok.clone(), config, rx, metrics.clone());
         std::thread::Builder::new()
             .name(format!("engine-{}", self.slots.len()))

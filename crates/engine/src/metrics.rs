@@ -11,14 +11,28 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tandem_core::inference::FinishReason;
+use tandem_core::inference::{FinishReason, LoraActivity, LoraTag};
 use tandem_core::telemetry::{buckets_1_2_5, INTER_TOKEN_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model_name: String,
     engine: String,
+}
+
+/// `vllm:cache_config_info`'s labels (vLLM prints its CacheConfig's fields; these are the ones
+/// that have a meaning here). The KV cache is kept a position at a time, so a block is one token
+/// and the blocks are the positions the budget holds: `block_size * num_gpu_blocks` is the
+/// capacity in tokens, which is what a router computes from them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    engine: String,
+    block_size: &'static str,
+    cache_dtype: &'static str,
+    enable_prefix_caching: &'static str,
+    num_gpu_blocks: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -68,6 +82,7 @@ pub(crate) struct Families {
     request_generation_tokens: Histograms,
     steps: Family<ModelLabels, Counter>,
     failures: Family<ModelLabels, Counter>,
+    cache_config: Family<CacheLabels, Gauge>,
     /// The engine's adapter cache (shared by its models): reads from disk, and bytes held.
     pub adapter_loads: Counter,
     pub adapter_bytes: Gauge,
@@ -97,6 +112,7 @@ impl Default for Families {
             request_generation_tokens: Family::new_with_constructor(token_counts),
             steps: Family::default(),
             failures: Family::default(),
+            cache_config: Family::default(),
             adapter_loads: Counter::default(),
             adapter_bytes: Gauge::default(),
         }
@@ -139,7 +155,20 @@ impl Families {
             request_generation_tokens: self.request_generation_tokens.get_or_create_owned(&l),
             steps: self.steps.get_or_create_owned(&l),
             failures: self.failures.get_or_create_owned(&l),
+            loras: Mutex::default(),
         }
+    }
+
+    /// Engine `index`'s `vllm:cache_config_info` series (set to 1, as vLLM's info gauges are).
+    pub fn describe_cache(&self, index: usize, kv_tokens: usize) {
+        let labels = CacheLabels {
+            engine: index.to_string(),
+            block_size: "1",
+            cache_dtype: "float16",
+            enable_prefix_caching: "True",
+            num_gpu_blocks: kv_tokens.to_string(),
+        };
+        self.cache_config.get_or_create(&labels).set(1);
     }
 
     pub fn register(&self, r: &mut Registry) {
@@ -226,6 +255,7 @@ impl Families {
             "Bytes of LoRA adapters the adapter cache holds (bounded by --adapter-cache-mib)",
             self.adapter_bytes.clone(),
         );
+        r.register("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", self.cache_config.clone());
     }
 }
 
@@ -260,6 +290,19 @@ pub struct EngineMetrics {
     request_generation_tokens: Histogram,
     steps: Counter,
     failures: Counter,
+    /// The adapters of the running sequences and of the waiting ones, as the loop last saw them.
+    loras: Mutex<InUse>,
+}
+
+/// The adapters of running sequences, and of waiting ones.
+type InUse = (Vec<Arc<LoraTag>>, Vec<Arc<LoraTag>>);
+
+/// Each adapter once, sorted: vLLM joins their names into one label.
+pub(crate) fn distinct<'a>(tags: impl Iterator<Item = &'a Option<Arc<LoraTag>>>) -> Vec<Arc<LoraTag>> {
+    let mut all: Vec<Arc<LoraTag>> = tags.flatten().cloned().collect();
+    all.sort();
+    all.dedup();
+    all
 }
 
 /// When one choice reached each phase, for the per-request histograms at its end.
@@ -293,6 +336,18 @@ impl EngineMetrics {
         self.running.set(running as i64);
         self.waiting.set(waiting as i64);
         self.kv_usage.set(if kv_budget == 0 { 0.0 } else { kv_used as f64 / kv_budget as f64 });
+    }
+
+    /// The adapters in use, each list once each and sorted ([`distinct`]); set every loop round.
+    pub fn set_loras(&self, running: Vec<Arc<LoraTag>>, waiting: Vec<Arc<LoraTag>>) {
+        *self.loras.lock().unwrap_or_else(|p| p.into_inner()) = (running, waiting);
+    }
+
+    /// What `vllm:lora_requests_info` reports of this engine, stamped with the loop's last round.
+    pub fn lora_activity(&self, max_lora: usize) -> LoraActivity {
+        let (running, waiting) = self.loras.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let updated_unix = self.heartbeat_ms.load(Ordering::Relaxed) as f64 / 1000.0;
+        LoraActivity { running, waiting, max_lora, updated_unix }
     }
 
     /// Takes a place in the queue if fewer than `max` are taken.

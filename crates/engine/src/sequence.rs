@@ -20,8 +20,8 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use std::time::Instant;
 use tandem_core::inference::{
-    FinishReason, InferEvent, PromptScores, PromptScoring, RankedLogprob, SamplingParams, StopReason, TokenLogprob,
-    TopLogprob,
+    FinishReason, InferEvent, LoraTag, PromptScores, PromptScoring, RankedLogprob, SamplingParams, StopReason,
+    TokenLogprob, TopLogprob,
 };
 use tandem_model::kernels::KEY_TILE;
 use tandem_model::{KvCache, LlamaConfig, Logits, LoraAdapter, SeqInput};
@@ -43,6 +43,8 @@ pub(crate) struct RequestParts {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
     pub adapter: Option<Arc<LoraAdapter>>,
+    /// The adapter's name and owner, for `vllm:lora_requests_info`.
+    pub lora: Option<Arc<LoraTag>>,
     pub tx: UnboundedSender<InferEvent>,
     received: Instant,
     /// When the loop admitted it (its choices forked later share this).
@@ -120,7 +122,7 @@ impl Seq {
 
     /// Choice 0 of an admitted request, `cached` of its prompt positions already in `cache`.
     pub fn new(request: u64, arrival: u64, job: Job, cache: KvCache, cached: usize, prefix_hashes: Vec<u64>) -> Self {
-        let Job { req, adapter, tx, received, matcher, .. } = job;
+        let Job { req, adapter, tx, received, matcher, lora, .. } = job;
         let parts = RequestParts {
             arrival,
             priority: req.priority,
@@ -128,6 +130,7 @@ impl Seq {
             prompt: req.prompt,
             params: req.params,
             adapter,
+            lora,
             tx,
             received,
             admitted: Instant::now(),

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use tandem_core::chat::ChatMessage;
 use tandem_core::inference::{
-    AdapterRef, BaseModelInfo, ChatRender, ExportError, GenerateRequest, InferEvent, InputError, ServedModel,
-    SubmitError, ToolTemplate, ValidRequest,
+    AdapterRef, BaseModelInfo, ChatRender, ExportError, GenerateRequest, InferEvent, InputError, LoraActivity, LoraTag,
+    ServedModel, SubmitError, ToolTemplate, ValidRequest,
 };
 use tandem_core::tool_calls::Family;
 use tandem_model::{Llama, LoraAdapter};
@@ -239,6 +239,10 @@ impl Served {
 }
 
 impl ServedModel for Served {
+    fn lora_activity(&self) -> LoraActivity {
+        self.metrics.lora_activity(self.max_seqs)
+    }
+
     fn tokenizer_files(&self) -> Vec<(String, Vec<u8>)> {
         crate::tokenizer_dir::with_config(
             self.tok.hf_files(self.template_source.as_deref(), self.info.context_len),
@@ -376,7 +380,8 @@ impl ServedModel for Served {
         }
         let (tx, rx) = unbounded_channel();
         let holds_place = !req.beam_step;
-        let job = Job { req, adapter, tx, received: Instant::now(), matcher, holds_place };
+        let lora = req.adapter.as_ref().map(|a| Arc::new(LoraTag { name: a.name.clone(), owner: req.tenant.clone() }));
+        let job = Job { req, adapter, lora, tx, received: Instant::now(), matcher, holds_place };
         // The place is taken last, after everything that can refuse the request.
         if holds_place && !self.metrics.try_enqueue(self.max_waiting) {
             return Err(SubmitError::Overloaded);
@@ -408,7 +413,7 @@ mod tests {
         std::fs::write(at.join("adapter_config.json"), "{}").unwrap();
         std::fs::write(at.join("adapter_model.safetensors"), "w").unwrap();
         let root = root.canonicalize().unwrap();
-        let a = AdapterRef { checkpoint_id: "x".into(), path: at.clone(), confined_to: Some(root) };
+        let a = AdapterRef { checkpoint_id: "x".into(), name: "x".into(), path: at.clone(), confined_to: Some(root) };
         assert_eq!(check_confined(&a), Ok(()));
         // Swapped for a link to a file outside the root after the load: refused at the next read.
         std::fs::write(dir.path().join("secret"), "s").unwrap();

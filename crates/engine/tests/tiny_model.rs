@@ -110,21 +110,56 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     // A zero-initialised adapter changes nothing; a non-zero one changes the output.
     write_adapter(&dir.path().join("zero"), 0.0);
     write_adapter(&dir.path().join("trained"), 0.5);
-    let zero = AdapterRef { checkpoint_id: "zero".into(), path: dir.path().join("zero"), confined_to: None };
-    let trained = AdapterRef { checkpoint_id: "trained".into(), path: dir.path().join("trained"), confined_to: None };
+    let zero = AdapterRef {
+        checkpoint_id: "zero".into(),
+        name: "zero".into(),
+        path: dir.path().join("zero"),
+        confined_to: None,
+    };
+    let trained = AdapterRef {
+        checkpoint_id: "trained".into(),
+        name: "trained".into(),
+        path: dir.path().join("trained"),
+        confined_to: None,
+    };
     assert_eq!(tokens(submit(e, request(&prompt, 12, Some(zero))).unwrap()).await, alone);
-    let with_lora = tokens(submit(e, request(&prompt, 12, Some(trained))).unwrap()).await;
+    let with_lora = tokens(submit(e, request(&prompt, 12, Some(trained.clone()))).unwrap()).await;
     assert_ne!(with_lora, alone, "a trained adapter must change greedy output");
+
+    // While it runs, the adapter is listed by its name and owner (`vllm:lora_requests_info`),
+    // once however many sequences use it; once it ends, no longer. `cache_config_info` gives the
+    // KV capacity in positions.
+    let held: Vec<_> = (0..2).map(|_| submit(e, request(&prompt, 8000, Some(trained.clone()))).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let running = loop {
+        let a = e.lora_activity();
+        if !a.running.is_empty() {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "the adapter's sequences never showed as running");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let names: Vec<(&str, &str)> = running.running.iter().map(|t| (t.name.as_str(), t.owner.as_str())).collect();
+    assert_eq!(names, [("trained", "a")]);
+    assert_eq!(running.max_lora, EngineConfig::default().max_seqs);
+    assert!(running.updated_unix > 1.7e9, "{}", running.updated_unix);
+    drop(held);
+    while !e.lora_activity().running.is_empty() {
+        assert!(Instant::now() < deadline, "the cancelled adapter sequences are still listed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(metrics_text(&engine).contains("vllm:cache_config_info{engine=\"0\",block_size=\"1\","));
 
     // A dropped receiver frees its sequence within a step or two.
     let mut rx = submit(e, request(&prompt, 8000, None)).unwrap();
     while !matches!(rx.recv().await, Some(InferEvent::Token { .. })) {}
     drop(rx);
     let deadline = Instant::now() + Duration::from_secs(10);
-    // The gauge may still read 0 from before this request ran, so wait for the abort as well.
+    // The gauge may still read 0 from before this request ran, so wait for the abort as well
+    // (the third: the two adapter sequences above were aborted too).
     let freed = |m: String| {
         m.contains("vllm:num_requests_running{model_name=\"tiny\",engine=\"0\"} 0")
-            && m.contains("finished_reason=\"abort\"} 1")
+            && m.contains("finished_reason=\"abort\"} 3")
     };
     while !freed(metrics_text(&engine)) {
         assert!(Instant::now() < deadline, "the cancelled sequence is still running");
@@ -299,7 +334,12 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
     let m = engine.models()[0].clone();
     let prompt = [1, 2, 3, 4];
-    let late = AdapterRef { checkpoint_id: "late".into(), path: dir.path().join("late"), confined_to: None };
+    let late = AdapterRef {
+        checkpoint_id: "late".into(),
+        name: "late".into(),
+        path: dir.path().join("late"),
+        confined_to: None,
+    };
     let err = m.prepare(request(&prompt, 4, Some(late.clone()))).unwrap_err();
     assert!(matches!(err, SubmitError::Invalid(_)), "no files yet: {err:?}");
     write_adapter(&dir.path().join("late"), 0.5);
@@ -315,7 +355,7 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
             let path = dir.path().join(format!("c{i}"));
             write_adapter(&path, 0.1 * i as f32);
             let (m, prompt) = (m.clone(), prompt.to_vec());
-            let adapter = AdapterRef { checkpoint_id: format!("c{i}"), path, confined_to: None };
+            let adapter = AdapterRef { checkpoint_id: format!("c{i}"), name: format!("c{i}"), path, confined_to: None };
             std::thread::spawn(move || m.prepare(request(&prompt, 4, Some(adapter))).map(|_| ()))
         })
         .collect();
@@ -348,7 +388,7 @@ async fn the_adapter_cache_is_bounded_by_bytes() {
         .map(|i| {
             let path = dir.path().join(format!("a{i}"));
             write_adapter(&path, 0.1 * (i + 1) as f32);
-            AdapterRef { checkpoint_id: format!("a{i}"), path, confined_to: None }
+            AdapterRef { checkpoint_id: format!("a{i}"), name: format!("a{i}"), path, confined_to: None }
         })
         .collect();
     let mut held_one = 0.0;

@@ -245,7 +245,7 @@ pub struct ServeConfig {
     pub max_num_seqs: usize,
     pub max_waiting: usize,
     pub per_entity_limit: usize,
-    /// None: the engine's default (a quarter of the machine's memory).
+    /// None: the engine's default (a quarter of the memory the process may use).
     pub kv_cache_bytes: Option<u64>,
     pub adapter_cache_bytes: usize,
     pub max_model_len: Option<usize>,

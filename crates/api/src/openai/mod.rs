@@ -184,10 +184,11 @@ pub struct ModelCard {
 )]
 async fn metrics(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     headers: axum::http::HeaderMap,
 ) -> Result<impl IntoResponse, OpenAiError> {
     use crate::telemetry::{classic_text, wants_openmetrics, CLASSIC_CONTENT_TYPE, CONTENT_TYPE};
-    let text = crate::telemetry::render(&state).await?;
+    let text = crate::telemetry::render(&state, &caller.entity).await?;
     let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
     Ok(if wants_openmetrics(accept) {
         ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text)

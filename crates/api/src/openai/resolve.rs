@@ -195,7 +195,12 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
     let path = state.checkpoints().local_dir(&relative).await?.ok_or_else(|| not_found(model, state))?;
     Ok(Target {
         model: base,
-        adapter: Some(AdapterRef { checkpoint_id: checkpoint_id.to_string(), path, confined_to: None }),
+        adapter: Some(AdapterRef {
+            checkpoint_id: checkpoint_id.to_string(),
+            name: model.to_string(),
+            path,
+            confined_to: None,
+        }),
         name: model.to_string(),
     })
 }

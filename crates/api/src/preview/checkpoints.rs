@@ -431,7 +431,12 @@ async fn run_import(
         let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (*n, b.as_slice())).collect();
         let path = dir.write_atomic(&rel, &refs).map_err(ApiError::from)?;
         drop(files);
-        let adapter = tandem_core::inference::AdapterRef { checkpoint_id: id.to_string(), path, confined_to: None };
+        let adapter = tandem_core::inference::AdapterRef {
+            checkpoint_id: id.to_string(),
+            name: id.to_string(),
+            path,
+            confined_to: None,
+        };
         served.load_adapter(&adapter).map_err(|m| {
             body_error(
                 vec![Loc::from("body")],
