@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check
 
 all: build
 
@@ -146,6 +146,23 @@ $(MOTOENV)/.ok-$(MOTO_VERSION):
 	$(MOTOENV)/bin/python -m pip install --quiet --disable-pip-version-check "moto[server]==$(MOTO_VERSION)"
 	touch $@
 
+# The Kubernetes manifests' offline check (deploy/k8s/check.py): kubectl from Debian's
+# kubernetes-client (its `kubectl kustomize` renders the overlays; unpacked, not installed) and
+# kubernetes-validate from PyPI, which carries the Kubernetes schemas of every release.
+K8SENV := target/k8senv
+K8S_VALIDATE_VERSION := 1.37.0
+$(K8SENV)/.ok-$(K8S_VALIDATE_VERSION):
+	rm -rf $(K8SENV) && python3 -m venv $(K8SENV)
+	$(K8SENV)/bin/python -m pip install --quiet --disable-pip-version-check "kubernetes-validate==$(K8S_VALIDATE_VERSION)"
+	cd $(K8SENV) && apt-get download kubernetes-client 2>/dev/null && dpkg-deb -x kubernetes-client_*.deb debian \
+		&& debian/usr/bin/kubectl version --client
+	touch $@
+
+## k8s-check: render deploy/k8s's overlays with kubectl kustomize and validate every object against the
+## Kubernetes schemas offline (also run by `make test`)
+k8s-check: $(K8SENV)/.ok-$(K8S_VALIDATE_VERSION)
+	$(K8SENV)/bin/python deploy/k8s/check.py $(K8SENV)/debian/usr/bin/kubectl $(K8SENV)/bin/kubernetes-validate
+
 # The browser tests' other needs: Debian's chromium (installed when missing; the machines run as
 # root) and axe-core from npm for the accessibility check.
 BROWSER := target/browser
@@ -247,7 +264,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 # virtualenvs in the same background run.
 TEST_DEPS = model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) \
 	$(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKER_OK) \
-	$(AGENTS_OK) $(INSTRUCTOR_OK) \
+	$(AGENTS_OK) $(INSTRUCTOR_OK) $(K8SENV)/.ok-$(K8S_VALIDATE_VERSION) \
 	$(if $(WITH_COOKBOOK),$(COOKBOOK_OK) $(ARTTINKER_OK))
 test-deps: $(TEST_DEPS)
 
@@ -274,6 +291,7 @@ test: test-build
 	$(PYENV)/bin/python tests/python/tokenizer_reference.py $(TOKENIZERS) target/tokenizer-reference.json $(QWEN_MODEL)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
 	node --test crates/api/src/dashboard/assets/
+	$(K8SENV)/bin/python deploy/k8s/check.py $(K8SENV)/debian/usr/bin/kubectl $(K8SENV)/bin/kubernetes-validate
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate
 	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
