@@ -211,7 +211,7 @@ def _r15(ctx, rel, pg, outage_s):
         rel.check(status == 200, f"the checkpoint serves before the outage: {status} {reply}")
     rec, stop, acked, lock = Recorder(), threading.Event(), {}, threading.Lock()
     tinker = {"X-API-Key": f"tml-{rel.KEY}"}
-    jobs_made, next_job = [], [0.0]
+    jobs_made, next_job, model_lists = [], [0.0], []
 
     def logger(w):
         while not stop.is_set():
@@ -237,7 +237,10 @@ def _r15(ctx, rel, pg, outage_s):
         while not stop.is_set():
             rec.call(server, "GET models", "preview", "GET", "/v1/preview/models")
             rec.call(server, "GET model", "preview", "GET", f"/v1/preview/models/{model['id']}")
-            rec.call(server, "GET /v1/models", "openai", "GET", "/v1/models")
+            status, listed = rec.call(server, "GET /v1/models", "openai", "GET", "/v1/models")
+            if status == 200:
+                with lock:
+                    model_lists.append((time.monotonic(), {m["id"] for m in listed["data"]}))
             rec.call(server, "tinker runs", "preview", "GET", "/api/v1/training_runs", key=False, headers=tinker)
             if time.monotonic() >= next_job[0]:
                 # One job every 3 s: enough to see creation fail and recover, not a queue to drain.
@@ -276,12 +279,17 @@ def _r15(ctx, rel, pg, outage_s):
     judge(rel, during, DB_BOUND_S, "outage")
     judge(rel, rec.between(t_up, t_end), DB_BOUND_S, "after")
     judge(rel, rec.between(0, t_down), DB_BOUND_S, "before")
-    chats = ("chat (base)", "messages (base)", "chat (checkpoint)")
+    # /v1/models lists the base model and, while the store is down, the trained names this node
+    # served before (they go on serving).
+    chats = ("chat (base)", "messages (base)", "chat (checkpoint)", "GET /v1/models")
+    listed_during = [ids for at, ids in model_lists if t_down + 0.5 <= at < t_up]
+    rel.check(listed_during and all({rel.BASE, trained, trained + ":step1"} <= ids for ids in listed_during),
+              f"/v1/models during the outage must list the base and the served checkpoint: {listed_during[:2]}")
     store_routes = [r for r in during if r[0] not in chats]
     rel.check(any(r[4] == 503 for r in store_routes), "no store route saw the outage (503)")
     inference = [r for r in during if r[0] in chats]
     rel.check(inference and all(r[4] == 200 for r in inference),
-              f"inference on the base model and a served checkpoint must go on: "
+              f"inference on the base model and a served checkpoint, and /v1/models, must go on: "
               f"{[r for r in inference if r[4] != 200][:3]}")
     rel.check(all(s == 503 and took < 3 for s, took in health_during[1:]),
               f"/health during the outage: {health_during}")

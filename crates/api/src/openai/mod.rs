@@ -31,6 +31,7 @@ use axum::routing::post;
 use axum::Json;
 use serde::Serialize;
 use tandem_core::records::PageRequest;
+use tandem_store::StoreError;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -111,9 +112,34 @@ async fn models(
             max_model_len: None,
         });
     }
+    match trained_cards(&state, &caller.entity).await {
+        Ok(cards) => data.extend(cards),
+        // During a store outage: the names this node resolved before it, which go on serving
+        // (`resolve::LastKnown`), so that clients listing models before they chat keep working.
+        Err(StoreError::Unavailable(why)) => {
+            tracing::debug!(error = %why, "the store is unavailable; listing the last known trained models");
+            let last = state.last_known().names_of(&caller.entity);
+            data.extend(last.into_iter().map(|(id, base)| ModelCard {
+                root: id.clone(),
+                id,
+                object: "model",
+                created: 0,
+                owned_by: caller.entity.clone(),
+                parent: Some(base),
+                max_model_len: None,
+            }));
+        }
+        Err(other) => return Err(ApiError::from(other).into()),
+    }
+    Ok(Json(ModelList { object: "list", data }))
+}
+
+/// The caller's trained models and each of their checkpoints, from the store.
+async fn trained_cards(state: &AppState, entity: &str) -> Result<Vec<ModelCard>, StoreError> {
+    let mut data = Vec::new();
     let mut page = PageRequest::first(100);
     loop {
-        let models = state.store().list_models(&caller.entity, None, None, page).await?;
+        let models = state.store().list_models(entity, None, None, page).await?;
         for m in &models.items {
             let name = format!("wandb-artifact:///{}/{}/{}", m.entity, m.project, m.name);
             let card = |id: String, created_ms: i64| ModelCard {
@@ -143,7 +169,7 @@ async fn models(
             _ => break,
         }
     }
-    Ok(Json(ModelList { object: "list", data }))
+    Ok(data)
 }
 
 /// `GET /v1/models`: the OpenAI list of model cards.

@@ -83,6 +83,26 @@ impl LastKnown {
     fn get(&self, key: &str) -> Option<Known> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
     }
+
+    /// `entity`'s trained model names this node resolved, with their base models, sorted: what
+    /// `/v1/models` lists while the store does not answer (the names that still serve).
+    pub(crate) fn names_of(&self, entity: &str) -> Vec<(String, String)> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<(String, String)> = map
+            .iter()
+            .filter_map(|(key, known)| {
+                let [e, project, name, step] = key.split('\0').collect::<Vec<_>>()[..] else { return None };
+                let step = match step {
+                    "-1" => String::new(),
+                    s => format!(":step{s}"),
+                };
+                (e == entity)
+                    .then(|| (format!("wandb-artifact:///{e}/{project}/{name}{step}"), known.base_model.clone()))
+            })
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 /// Why a trained model's name did not resolve from the store.
@@ -208,6 +228,18 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_known_names_are_the_entitys_own() {
+        let last = LastKnown::default();
+        let known = Known { base_model: "base".into(), checkpoint: None };
+        last.remember("a\0p\0m\0-1".into(), known.clone());
+        last.remember("a\0p\0m\03".into(), known.clone());
+        last.remember("b\0p\0secret\0-1".into(), known);
+        let names: Vec<String> = last.names_of("a").into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["wandb-artifact:///a/p/m", "wandb-artifact:///a/p/m:step3"]);
+        assert_eq!(last.names_of("c"), []);
+    }
 
     #[test]
     fn last_known_remembers_forgets_and_stays_bounded() {
