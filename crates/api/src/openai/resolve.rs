@@ -234,7 +234,7 @@ mod tests {
         let last = LastKnown::default();
         let known = Known { base_model: "base".into(), checkpoint: None };
         last.remember("a\0p\0m\0-1".into(), known.clone());
-        last.remember("a\0p\0m\03".into(), known.clone());
+        last.remember("a\0p\0m\x003".into(), known.clone());
         last.remember("b\0p\0secret\0-1".into(), known);
         let names: Vec<String> = last.names_of("a").into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["wandb-artifact:///a/p/m", "wandb-artifact:///a/p/m:step3"]);
