@@ -233,14 +233,21 @@ def _r15(ctx, rel, pg, outage_s):
                      {"model": rel.BASE, "max_tokens": 4, "messages": rel.user("Hi")},
                      headers={"x-api-key": rel.KEY, "anthropic-version": "2023-06-01"})
 
+    def lister():
+        # On its own, so that a short outage sees several listings (the reader's other routes
+        # each wait out the pool's acquire timeout meanwhile).
+        while not stop.is_set():
+            sent = time.monotonic()
+            status, listed = rec.call(server, "GET /v1/models", "openai", "GET", "/v1/models")
+            if status == 200:
+                with lock:
+                    model_lists.append((sent, {m["id"] for m in listed["data"]}))
+            time.sleep(0.3)
+
     def reader():
         while not stop.is_set():
             rec.call(server, "GET models", "preview", "GET", "/v1/preview/models")
             rec.call(server, "GET model", "preview", "GET", f"/v1/preview/models/{model['id']}")
-            status, listed = rec.call(server, "GET /v1/models", "openai", "GET", "/v1/models")
-            if status == 200:
-                with lock:
-                    model_lists.append((time.monotonic(), {m["id"] for m in listed["data"]}))
             rec.call(server, "tinker runs", "preview", "GET", "/api/v1/training_runs", key=False, headers=tinker)
             if time.monotonic() >= next_job[0]:
                 # One job every 3 s: enough to see creation fail and recover, not a queue to drain.
@@ -252,7 +259,7 @@ def _r15(ctx, rel, pg, outage_s):
             time.sleep(0.3)
 
     threads = [threading.Thread(target=logger, args=(w,)) for w in range(2)]
-    threads += [threading.Thread(target=chatter), threading.Thread(target=reader)]
+    threads += [threading.Thread(target=chatter), threading.Thread(target=reader), threading.Thread(target=lister)]
     for t in threads:
         t.start()
     time.sleep(2)
