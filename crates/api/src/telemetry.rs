@@ -202,11 +202,10 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
     response
 }
 
-/// The registry's text, with the job gauges refreshed from the store first when it answers
-/// within `HEALTH_TIMEOUT`; otherwise they keep their last values (a slow or saturated store
-/// never holds a scrape, nor fails the engine's series with it).
-/// The text of `GET /metrics` for `caller`: every series is the node's, except that
-/// `vllm:lora_requests_info` names only the caller's own adapters ([`lora_info`]).
+/// The text of `GET /metrics` for `caller`: the registry's, with the job gauges refreshed from
+/// the store first when it answers within `HEALTH_TIMEOUT` (otherwise they keep their last
+/// values: a slow or saturated store never holds a scrape, nor fails the engine's series with
+/// it), and `vllm:lora_requests_info`, which names only the caller's own adapters ([`lora_info`]).
 pub(crate) async fn render(state: &AppState, caller: &str) -> Result<String, crate::error::ApiError> {
     let t = state.telemetry();
     match tokio::time::timeout(crate::HEALTH_TIMEOUT, state.store().active_job_counts()).await {

@@ -5,7 +5,7 @@
 //! sample, detokenize, check stops and send events per sequence. Requests join and leave between
 //! steps; a request's n choices share one prefill and are forked from its KV cache.
 
-use crate::metrics::{distinct, EngineMetrics};
+use crate::metrics::EngineMetrics;
 use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::{Seq, SeqId};
@@ -237,7 +237,7 @@ impl EngineLoop {
         let kv_budget = self.config.kv_tokens(&self.model.config);
         self.metrics.set_gauges(self.running.len(), self.waiting.len() + self.preempted.len(), kv_used, kv_budget);
         let waiting = self.waiting.iter().map(|q| &q.job.lora).chain(self.preempted.iter().map(|s| &s.req.lora));
-        self.metrics.set_loras(distinct(self.running.iter().map(|s| &s.req.lora)), distinct(waiting));
+        self.metrics.set_loras(self.running.iter().map(|s| &s.req.lora), waiting);
         true
     }
 

@@ -297,12 +297,12 @@ pub struct EngineMetrics {
 /// The adapters of running sequences, and of waiting ones.
 type InUse = (Vec<Arc<LoraTag>>, Vec<Arc<LoraTag>>);
 
-/// Each adapter once, sorted: vLLM joins their names into one label.
-pub(crate) fn distinct<'a>(tags: impl Iterator<Item = &'a Option<Arc<LoraTag>>>) -> Vec<Arc<LoraTag>> {
-    let mut all: Vec<Arc<LoraTag>> = tags.flatten().cloned().collect();
-    all.sort();
-    all.dedup();
-    all
+/// Each adapter once, sorted: vLLM joins their names into one label. Done when a scrape reads
+/// them, not at every loop round.
+fn distinct(mut tags: Vec<Arc<LoraTag>>) -> Vec<Arc<LoraTag>> {
+    tags.sort();
+    tags.dedup();
+    tags
 }
 
 /// When one choice reached each phase, for the per-request histograms at its end.
@@ -338,14 +338,21 @@ impl EngineMetrics {
         self.kv_usage.set(if kv_budget == 0 { 0.0 } else { kv_used as f64 / kv_budget as f64 });
     }
 
-    /// The adapters in use, each list once each and sorted ([`distinct`]); set every loop round.
-    pub fn set_loras(&self, running: Vec<Arc<LoraTag>>, waiting: Vec<Arc<LoraTag>>) {
-        *self.loras.lock().unwrap_or_else(|p| p.into_inner()) = (running, waiting);
+    /// The adapters of the running and the waiting sequences, one per sequence that has one;
+    /// set every loop round.
+    pub fn set_loras<'a>(
+        &self,
+        running: impl Iterator<Item = &'a Option<Arc<LoraTag>>>,
+        waiting: impl Iterator<Item = &'a Option<Arc<LoraTag>>>,
+    ) {
+        let held = (running.flatten().cloned().collect(), waiting.flatten().cloned().collect());
+        *self.loras.lock().unwrap_or_else(|p| p.into_inner()) = held;
     }
 
     /// What `vllm:lora_requests_info` reports of this engine, stamped with the loop's last round.
     pub fn lora_activity(&self, max_lora: usize) -> LoraActivity {
         let (running, waiting) = self.loras.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (running, waiting) = (distinct(running), distinct(waiting));
         let updated_unix = self.heartbeat_ms.load(Ordering::Relaxed) as f64 / 1000.0;
         LoraActivity { running, waiting, max_lora, updated_unix }
     }
