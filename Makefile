@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check wheel test-wheel image test-image
 
 all: build
 
@@ -146,6 +146,15 @@ $(MOTOENV)/.ok-$(MOTO_VERSION):
 	$(MOTOENV)/bin/python -m pip install --quiet --disable-pip-version-check "moto[server]==$(MOTO_VERSION)"
 	touch $@
 
+# vllm-router (a Rust router, as a PyPI wheel) in front of the cluster test's serving nodes
+# (tests/python/cluster_router.py), in a virtualenv of its own (created once).
+ROUTERENV := target/routerenv
+VLLM_ROUTER_VERSION := 0.1.17
+$(ROUTERENV)/.ok-$(VLLM_ROUTER_VERSION):
+	python3 -m venv $(ROUTERENV)
+	$(ROUTERENV)/bin/python -m pip install --quiet --disable-pip-version-check "vllm-router==$(VLLM_ROUTER_VERSION)"
+	touch $@
+
 # The Kubernetes manifests' offline check (deploy/k8s/check.py): kubectl from Debian's
 # kubernetes-client (its `kubectl kustomize` renders the overlays; unpacked, not installed) and
 # kubernetes-validate from PyPI, which carries the Kubernetes schemas of every release.
@@ -162,6 +171,48 @@ $(K8SENV)/.ok-$(K8S_VALIDATE_VERSION):
 ## Kubernetes schemas offline (also run by `make test`)
 k8s-check: $(K8SENV)/.ok-$(K8S_VALIDATE_VERSION)
 	$(K8SENV)/bin/python deploy/k8s/check.py $(K8SENV)/debian/usr/bin/kubectl $(K8SENV)/bin/kubernetes-validate
+
+# The `tandem-server` wheel (python/pyproject.toml): maturin's `bin` bindings, linked against
+# glibc 2.17 through zig (manylinux2014), checked by auditwheel; the tools pinned in a virtualenv.
+WHEELENV := target/wheelenv
+MATURIN_VERSION := 1.16.0
+ZIGLANG_VERSION := 0.17.1
+AUDITWHEEL_VERSION := 6.8.2
+WHEEL_OK := $(WHEELENV)/.ok-$(MATURIN_VERSION)-$(ZIGLANG_VERSION)-$(AUDITWHEEL_VERSION)
+$(WHEEL_OK):
+	rm -rf $(WHEELENV) && python3 -m venv $(WHEELENV)
+	$(WHEELENV)/bin/python -m pip install --quiet --disable-pip-version-check maturin==$(MATURIN_VERSION) \
+		ziglang==$(ZIGLANG_VERSION) auditwheel==$(AUDITWHEEL_VERSION)
+	touch $@
+
+## wheel: build target/wheels/tandem_server-*.whl (the `tandem` command and the `tandem_server`
+## Python module; one manylinux2014 x86_64 wheel), then show auditwheel's verdict on it
+wheel: $(WHEEL_OK)
+	rm -f target/wheels/tandem_server-*.whl
+	cd python && PATH=$(abspath $(WHEELENV))/bin:$$PATH maturin build --release --zig --out ../target/wheels
+	$(WHEELENV)/bin/auditwheel show target/wheels/tandem_server-*.whl
+	@ls -l target/wheels/tandem_server-*.whl
+
+## test-wheel: install the wheel (and ART) into a fresh virtualenv whose PATH has no cargo; start a
+## server from Python, chat, run an ART step through tandem_server.art.TandemBackend
+test-wheel: wheel
+	python3 tests/python/test_wheel.py $$(ls target/wheels/tandem_server-*.whl) $(PYTHON312)
+
+## image: the OCI image every role runs (target/image/oci, tags latest and the version, and the same as an
+## oci-archive, target/image/tandem-oci.tar), from Debian's packages with mmdebstrap and umoci, no registry
+## (scripts/build-image.sh; needs root; installs mmdebstrap and umoci with apt-get when missing)
+image: model build
+	command -v mmdebstrap >/dev/null 2>&1 && command -v umoci >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap umoci; }
+	scripts/build-image.sh target/release/tandem $(MODEL)
+
+## test-image: run that image with crun or runc on the host's network and check it (start time, chat, an RL step on
+## PostgreSQL, /data across a new container, SIGTERM draining a stream, uid 10001 on a read-only root;
+## tests/image/test_image.py; installs Debian's crun and runc when missing: crun where cgroups are v2 alone, else runc)
+test-image: image
+	command -v crun >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq crun runc; }
+	python3 tests/image/test_image.py target/image/oci $(PG_ADMIN_URL)
 
 # The browser tests' other needs: Debian's chromium (installed when missing; the machines run as
 # root) and axe-core from npm for the accessibility check.
@@ -264,7 +315,7 @@ PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/tandem_make_test
 # virtualenvs in the same background run.
 TEST_DEPS = model model-gemma model-qwen tokenizers $(PYENV_OK) $(ART23ENV)/.ok-$(ART23_VERSION) \
 	$(ART18ENV)/.ok-$(ART18_VERSION) $(BROWSER)/.ok-$(AXE_VERSION) $(MOTOENV)/.ok-$(MOTO_VERSION) $(TINKER_OK) \
-	$(AGENTS_OK) $(INSTRUCTOR_OK) $(K8SENV)/.ok-$(K8S_VALIDATE_VERSION) \
+	$(AGENTS_OK) $(INSTRUCTOR_OK) $(K8SENV)/.ok-$(K8S_VALIDATE_VERSION) $(ROUTERENV)/.ok-$(VLLM_ROUTER_VERSION) \
 	$(if $(WITH_COOKBOOK),$(COOKBOOK_OK) $(ARTTINKER_OK))
 test-deps: $(TEST_DEPS)
 
@@ -303,16 +354,19 @@ test: test-build
 	@# Offline, as a user without the hub: the tokenizer comes from the directory get_info names.
 	HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python tests/python/test_tinker.py target/debug/tandem $(MODEL)
 	@# The same RL loop with every record in PostgreSQL (a fresh database each run), and the cluster
-	@# of api and trainer nodes on a file:// and an s3:// (moto) blob store, and the Tinker SDK through
-	@# an api node in front of two trainers (one killed mid-run), when a server answers.
+	@# of api and trainer nodes on a file:// (with vllm-router in front) and an s3:// (moto) blob
+	@# store, and the Tinker SDK through an api node in front of two trainers (one killed mid-run),
+	@# when a server answers; then TLS and the statement timeout against a PostgreSQL of its own.
 	@if psql "$(PG_ADMIN_URL)" -qc 'SELECT 1' >/dev/null 2>&1; then \
 		psql "$(PG_ADMIN_URL)" -qc 'DROP DATABASE IF EXISTS tandem_make_test' -c 'CREATE DATABASE tandem_make_test' && \
 		$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL) $(PG_TEST_URL) && \
-		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) file && \
+		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) file \
+			--router $(ROUTERENV)/bin/vllm-router && \
 		$(ART23ENV)/bin/python tests/python/test_cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL) s3 \
 			$(MOTOENV)/bin/python && \
 		HF_HUB_OFFLINE=1 $(TINKERENV)/bin/python tests/python/test_tinker_cluster.py target/debug/tandem $(MODEL) \
-			$(PG_ADMIN_URL); \
+			$(PG_ADMIN_URL) && \
+		python3 tests/python/test_postgres_ops.py target/debug/tandem $(MODEL); \
 	else echo "SKIPPED PostgreSQL: no server answers at $(PG_ADMIN_URL)" >&2; \
 		if [ -n "$$TANDEM_REQUIRE_POSTGRES" ]; then exit 1; fi; fi
 	$(ART23ENV)/bin/python tests/python/test_gemma.py target/debug/tandem $(GEMMA_MODEL)

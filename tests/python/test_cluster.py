@@ -4,6 +4,7 @@ role: every serving node answers the whole API and serves inference itself) and 
 (`--role trainer`), each process with its own data directory (its cache).
 
 Usage: python test_cluster.py <tandem binary> <model gguf> <PostgreSQL admin URL> [file|s3 <moto python>]
+                              [--router <vllm-router>]
 
 With `s3`, the blob store is `s3://` on a local S3-compatible server (moto in server mode, run by
 the given Python); otherwise `file://` on a temporary directory. A fresh database
@@ -21,6 +22,9 @@ the given Python); otherwise `file://` on a temporary directory. A fresh databas
   art-loop        OpenPipe ART's own client runs the RL loop (register, rollout, train, serve the new
                   step, SFT from a dataset file, delete checkpoints) through an api node, unchanged;
                   the dataset's bytes are in the blob store, not in the database
+  router          (with `--router <vllm-router>`) vllm-router from PyPI in front of the three
+                  serving nodes: the fields it adds, answers through it, session stickiness, and
+                  first-token time with and without affinity (cluster_router.py)
   kill-api        `kill -9` of an inference node: the api node has every log it acknowledged and
                   serves the model's latest checkpoint
 
@@ -39,6 +43,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_art  # noqa: E402  (sets ART's environment before importing it)
+import cluster_router  # noqa: E402
 from tandem_server import Server, finish, scratch, start_moto  # noqa: E402
 
 KEY = test_art.KEY
@@ -265,20 +270,51 @@ def check_kill_api(cluster, ctx):
     assert status == 200, r
 
 
+def check_router(cluster, ctx):
+    cluster_router.check_router(ctx["router"], cluster, KEY, BASE)
+    # ART's loop with its rollouts through the router (cache_aware) and its training API on the
+    # api node: vllm-router forwards the client's Authorization only on the inference routes.
+    router = cluster_router.Router(ctx["router"], [n.url for n in cluster.api], "cache_aware")
+
+    async def via_router(art_ctx):
+        # A user's one line after register(): the client is made on first use, from this URL.
+        art_ctx.model.inference_base_url = router.url + "/v1"
+        client = art_ctx.model.openai_client()
+        assert str(client.base_url).startswith(router.url), client.base_url
+
+    by_name = {s[0]: s for s in test_art.STAGES}
+    stages = [by_name["register"], ("via-router", via_router, False, ("register",))] + [
+        by_name[n] for n in ("rollout", "train", "serve-new-step")]
+    saved, test_art.STAGES[:] = list(test_art.STAGES), stages
+    try:
+        passed, failed = asyncio.run(test_art.run(cluster.api[0]))
+    finally:
+        test_art.STAGES[:] = saved
+        router.stop()
+    assert failed == 0 and passed == len(stages), f"ART through vllm-router: {passed} passed, {failed} failed"
+
+
 CHECKS = [("roles", check_roles), ("kill-trainer", check_kill_trainer), ("both-serve", check_both_serve),
-          ("registry-drain", check_registry_and_drain), ("art-loop", check_art_loop), ("kill-api", check_kill_api)]
+          ("registry-drain", check_registry_and_drain), ("art-loop", check_art_loop), ("router", check_router),
+          ("kill-api", check_kill_api)]
 
 
 def main():
-    binary, model, admin = sys.argv[1], sys.argv[2], sys.argv[3]
-    kind = sys.argv[4] if len(sys.argv) > 4 else "file"
+    args = sys.argv[1:]
+    router = None
+    if "--router" in args:
+        at = args.index("--router")
+        router = args[at + 1]
+        del args[at:at + 2]
+    binary, model, admin = args[0], args[1], args[2]
+    kind = args[3] if len(args) > 3 else "file"
     psql(admin, f"DROP DATABASE IF EXISTS {DB}")
     psql(admin, f"CREATE DATABASE {DB}")
     db_url = admin.rsplit("/", 1)[0] + "/" + DB
     moto = None
     scratch_dir = scratch("tandem-cluster-")
     if kind == "s3":
-        moto, moto_port = start_moto(sys.argv[5], "tandem-test")
+        moto, moto_port = start_moto(args[4], "tandem-test")
         endpoint = f"http://127.0.0.1:{moto_port}"
         os.environ.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"})
@@ -288,10 +324,11 @@ def main():
     print(f"cluster: 1 api + 2 inference + 2 trainer nodes, PostgreSQL {DB}, blob store {blob_store}")
     passed = failed = 0
     cluster = None
-    ctx = {"db_url": db_url, "binary": binary}
+    ctx = {"db_url": db_url, "binary": binary, "router": router}
+    checks = [(name, fn) for name, fn in CHECKS if router or name != "router"]
     try:
         cluster = Cluster(binary, model, db_url, blob_store)
-        for name, fn in CHECKS:
+        for name, fn in checks:
             started = time.monotonic()
             try:
                 fn(cluster, ctx)

@@ -201,6 +201,7 @@ def _r15(ctx, rel, pg, outage_s):
     ctx.servers.append(server)
     model = rel.create_model(server)
     groups = rel.rollout_groups(server, n_groups=1, n=2)
+    big_groups = rel.rollout_groups(server, n_groups=8, n=4)
     # A trained checkpoint, served before the outage: its name and its file are known to the node.
     status, first = server.api("POST", "/v1/preview/training-jobs",
                                {"model_id": model["id"], "trajectory_groups": groups})[:2]
@@ -263,9 +264,18 @@ def _r15(ctx, rel, pg, outage_s):
     for t in threads:
         t.start()
     time.sleep(2)
+    # A job of several steps, running when the store stops: it must keep its lease through an
+    # outage longer than the lease (5 s), and finish without being restarted.
     status, before = server.api("POST", "/v1/preview/training-jobs",
-                                {"model_id": model["id"], "trajectory_groups": groups})[:2]
+                                {"model_id": model["id"], "trajectory_groups": big_groups,
+                                 "experimental_config": {"packed_sequence_length": 48}})[:2]
     rel.check(status == 200, f"job before the outage: {status} {before}")
+    deadline = time.monotonic() + 120
+    while server.api("GET", f"/v1/preview/training-jobs/{before['id']}")[1]["status"] == "queued":
+        rel.check(time.monotonic() < deadline, "the job before the outage never started")
+        time.sleep(0.05)
+    state = server.api("GET", f"/v1/preview/training-jobs/{before['id']}")[1]["status"]
+    rel.check(state == "running", f"the job before the outage ended before the store stopped: {state}")
     t_down = time.monotonic()
     pg.stop()
     health_during = []
@@ -315,7 +325,12 @@ def _r15(ctx, rel, pg, outage_s):
     print(f"     {len(acked)} acknowledged logs, {lost} missing or different")
     rel.check(lost == 0, "every acknowledged log must survive")
     ended = rel.wait_job(server, before["id"], timeout=300)
-    rel.check(ended["status"] == "succeeded", f"the job queued before the outage: {ended['status']}")
+    rel.check(ended["status"] == "succeeded", f"the job running through the outage: {ended['status']}")
+    kinds = [e["type"] for e in server.api("GET", f"/v1/preview/training-jobs/{before['id']}/events?limit=100")[1]["data"]]
+    attempts = subprocess.run(["psql", pg.url, "-Atqc", f"SELECT attempts FROM training_jobs WHERE id = '{before['id']}'"],
+                              capture_output=True, text=True).stdout.strip()
+    rel.check("training_restarted" not in kinds and kinds.count("training_started") == 1 and attempts == "1",
+              f"the job running through the outage kept its lease: claimed {attempts} times, events {kinds}")
     for job_id in jobs_made:
         rel.wait_job(server, job_id, timeout=600)
     t0 = time.monotonic()
@@ -324,7 +339,8 @@ def _r15(ctx, rel, pg, outage_s):
     rel.check(status == 200, f"job after the outage: {status} {after}")
     ended = rel.wait_job(server, after["id"], timeout=300)
     rel.check(ended["status"] == "succeeded", f"the job queued after the outage: {ended}")
-    print(f"     jobs: queued before the outage succeeded; {len(jobs_made)} accepted by the load all ended; "
+    print(f"     jobs: the one running through the outage kept its lease and succeeded ({len(kinds)} events, "
+          f"no restart); {len(jobs_made)} accepted by the load all ended; "
           f"one queued after it succeeded in {time.monotonic() - t0:.1f} s")
     rel.check(server.api("GET", "/health", key=False)[0] == 200, "/health after the outage")
 

@@ -33,8 +33,12 @@ pub fn renew_interval(ttl: Duration) -> Duration {
 }
 
 /// Renews the lease on `job_id` until aborted or lost. A renewal that fails (the database is
-/// unreachable) is retried; once the lease could not be renewed for a whole `ttl`, another
-/// trainer may have taken the job, so it counts as lost.
+/// unreachable) is retried for as long as it fails: the lease is lost only when the store says
+/// another trainer holds the job (or it ended). Training on through an outage is safe because
+/// every write of the job checks that this trainer still holds it; and it is what keeps the job:
+/// the renewal does not require an unexpired lease, and no trainer re-claims an expired one
+/// until it has reached the store for a whole lease again ([`ReclaimGate`]), so the holder
+/// renews first.
 pub(crate) fn spawn_renewals(
     store: Arc<dyn Store>,
     job_id: Uuid,
@@ -54,14 +58,45 @@ pub(crate) fn spawn_renewals(
                     return;
                 }
                 Err(e) if renewed_at.elapsed() >= ttl => {
-                    tracing::error!(%job_id, error = %e, "could not renew the training job's lease in time; giving it up");
-                    flags.mark_lost();
-                    return;
+                    tracing::warn!(%job_id, error = %e, "the training job's lease ran out while the store is unreachable; \
+                        training on, renewing when it returns")
                 }
                 Err(e) => tracing::warn!(%job_id, error = %e, "could not renew the training job's lease; retrying"),
             }
         }
     })
+}
+
+/// When a trainer may re-claim other trainers' expired leases: only once it has reached the store
+/// without a failure for a whole lease. After an outage every lease in the cluster has run out
+/// at once, yet their holders are alive and renew within a third of a lease of the store's
+/// return; re-claiming at once would restart every running job, the re-claiming trainer's own
+/// included. A trainer that really died stays expired, and is re-claimed one lease later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReclaimGate {
+    /// Since when every call to the store has succeeded (None: the last one failed).
+    reachable_since: Option<Instant>,
+}
+
+impl ReclaimGate {
+    /// A trainer that just connected (its start needed the store) counts as reaching it.
+    pub fn new(now: Instant) -> Self {
+        ReclaimGate { reachable_since: Some(now) }
+    }
+
+    /// Records a call to the store: `reached` false for a failure that says it is unreachable.
+    pub fn record(&mut self, reached: bool, now: Instant) {
+        match (reached, self.reachable_since) {
+            (false, _) => self.reachable_since = None,
+            (true, None) => self.reachable_since = Some(now),
+            (true, Some(_)) => {}
+        }
+    }
+
+    /// Whether expired leases may be re-claimed now, leases being `ttl` long.
+    pub fn may_reclaim(&self, now: Instant, ttl: Duration) -> bool {
+        self.reachable_since.is_some_and(|since| now.saturating_duration_since(since) >= ttl)
+    }
 }
 
 /// Aborts the renewals when dropped: however the job's run ends, its lease stops being renewed.
@@ -79,5 +114,42 @@ impl Renewals {
 impl Drop for Renewals {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewals_come_three_times_a_lease() {
+        assert_eq!(renew_interval(Duration::from_secs(30)), Duration::from_secs(10));
+        assert_eq!(renew_interval(Duration::from_millis(90)), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn the_gate_opens_a_whole_lease_after_the_store_returns() {
+        let ttl = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut gate = ReclaimGate::new(t0);
+        // Started against a reachable store: dead trainers' jobs are re-claimed at once...
+        assert!(gate.may_reclaim(at(30), ttl));
+        gate.record(true, at(31));
+        assert!(gate.may_reclaim(at(31), ttl));
+        // ...but not after an outage (every lease lapsed in it) until a lease has passed since
+        // the store answered again: the holders renew in that time.
+        gate.record(false, at(40));
+        assert!(!gate.may_reclaim(at(100), ttl));
+        gate.record(true, at(100));
+        assert!(!gate.may_reclaim(at(100), ttl));
+        assert!(!gate.may_reclaim(at(129), ttl));
+        gate.record(true, at(120)); // later successes do not move the start
+        assert!(gate.may_reclaim(at(130), ttl));
+        // One failure in between starts the wait again.
+        gate.record(false, at(131));
+        gate.record(true, at(132));
+        assert!(!gate.may_reclaim(at(161), ttl));
+        assert!(gate.may_reclaim(at(162), ttl));
     }
 }

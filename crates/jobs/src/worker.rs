@@ -183,6 +183,7 @@ impl Worker {
         }
         let _stopped = Stopped(self.heartbeat.clone());
         let mut reclaimed_at: Option<Instant> = None;
+        let mut gate = crate::lease::ReclaimGate::new(Instant::now());
         // The jobs this loop runs, with their entities (claims pass over those).
         let mut runs: JoinSet<()> = JoinSet::new();
         let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
@@ -190,17 +191,26 @@ impl Worker {
             self.heartbeat.beat(now_ms(), !runs.is_empty());
             // Jobs of trainers that died (another process's, on a shared database) come back
             // to the queue once their lease runs out; a few reads a lease are plenty.
+            // Not right after an outage, though (`ReclaimGate`): until then, a ping tells when
+            // the store is back (claims tell it too, but a draining node makes none).
             if reclaimed_at.is_none_or(|t| t.elapsed() >= crate::lease::renew_interval(self.config.lease_ttl)) {
                 reclaimed_at = Some(Instant::now());
-                if let Err(e) = self.reclaim(Reclaim::Expired).await {
-                    tracing::error!(error = %e, "could not look for expired training job leases");
-                }
+                let reached = if gate.may_reclaim(Instant::now(), self.config.lease_ttl) {
+                    self.reclaim(Reclaim::Expired)
+                        .await
+                        .inspect_err(|e| tracing::error!(error = %e, "could not look for expired training job leases"))
+                } else {
+                    self.store.ping().await
+                };
+                gate.record(!matches!(reached, Err(StoreError::Unavailable(_))), Instant::now());
             }
             while !self.draining.load(Ordering::SeqCst)
                 && runs.len() < self.config.max_runs.max(1) + self.config.max_parked
             {
                 let busy: Vec<String> = running.values().cloned().collect();
-                match self.store.claim_next_job_skipping(&self.lease(), &busy).await {
+                let claim = self.store.claim_next_job_skipping(&self.lease(), &busy).await;
+                gate.record(!matches!(claim, Err(StoreError::Unavailable(_))), Instant::now());
+                match claim {
                     Ok(Some(claimed)) => {
                         let (entity, worker) = (claimed.model.entity.clone(), self.clone());
                         let id = runs.spawn(async move { worker.run_claimed_job(claimed).await }).id();

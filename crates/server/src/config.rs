@@ -165,6 +165,10 @@ pub struct ServeArgs {
     /// down; 10 on SQLite, whose waits are only queueing behind its one writer).
     #[arg(long, env = "TANDEM_DB_ACQUIRE_TIMEOUT")]
     pub db_acquire_timeout: Option<f64>,
+    /// PostgreSQL: seconds the server lets one statement run, lock waits included, before it
+    /// cancels it and the request is answered 503 with `Retry-After` (default 30; 0: no limit).
+    #[arg(long, env = "TANDEM_DB_STATEMENT_TIMEOUT")]
+    pub db_statement_timeout: Option<f64>,
     /// Seconds a checkpoint publish retries, with backoff, while the blob store does not answer
     /// or the disk is full, before the job fails with that error (default 60).
     #[arg(long, env = "TANDEM_BLOB_RETRY_SECONDS")]
@@ -387,6 +391,12 @@ impl ServeConfig {
                 acquire_timeout: match args.db_acquire_timeout.or(file.db_acquire_timeout) {
                     Some(s) if !(0.1..=600.0).contains(&s) => {
                         bail!("--db-acquire-timeout {s}: expected 0.1 to 600 seconds")
+                    }
+                    s => s.map(std::time::Duration::from_secs_f64),
+                },
+                statement_timeout: match args.db_statement_timeout.or(file.db_statement_timeout) {
+                    Some(s) if !(0.0..=86_400.0).contains(&s) => {
+                        bail!("--db-statement-timeout {s}: expected 0 (no limit) to 86400 seconds")
                     }
                     s => s.map(std::time::Duration::from_secs_f64),
                 },

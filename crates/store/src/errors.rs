@@ -19,10 +19,17 @@ pub struct PoolSettings {
     /// backend's own). On PostgreSQL this is also how long a call waits while the server is
     /// down: the pool keeps trying to connect until then.
     pub acquire_timeout: Option<Duration>,
+    /// PostgreSQL only: the server cancels a statement that runs longer, waits on locks
+    /// included (default [`POSTGRES_STATEMENT_TIMEOUT`]; zero: no limit). The call then fails as
+    /// `Unavailable`, instead of holding its request and connection for as long as a stuck lock.
+    pub statement_timeout: Option<Duration>,
 }
 
 /// PostgreSQL's default acquire timeout: a stopped or unreachable server is a 503 within it.
 pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+/// PostgreSQL's default statement timeout: far above any statement tandem makes on a healthy
+/// server (milliseconds), short enough that a stuck lock frees the request.
+pub const POSTGRES_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// SQLite's: its waits are queueing behind its one writer (there is no server to lose), so they
 /// may be longer than PostgreSQL's before a request is turned away.
 pub const SQLITE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,10 +38,12 @@ pub const SQLITE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 const ENOSPC: i32 = 28;
 const EDQUOT: i32 = 122;
 
-/// PostgreSQL SQLSTATEs that say the server is going away or cannot take the call now.
+/// PostgreSQL SQLSTATEs that say the server is going away or cannot take the call now: among
+/// them a statement cancelled by `statement_timeout` (or an operator) and a lock not granted
+/// within `lock_timeout`.
 fn postgres_unavailable(code: &str) -> bool {
     code.starts_with("08") // connection exception
-        || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "53200" | "40001" | "40P01")
+        || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "53200" | "40001" | "40P01" | "57014" | "55P03")
 }
 
 /// SQLite's primary result codes (the low byte of the extended code sqlx reports).
@@ -176,6 +185,9 @@ mod tests {
     fn sqlstates() {
         assert!(postgres_unavailable("08006"));
         assert!(postgres_unavailable("57P01"));
+        // statement_timeout and lock_timeout: a stuck lock is a 503 to retry, not a 500.
+        assert!(postgres_unavailable("57014"));
+        assert!(postgres_unavailable("55P03"));
         assert!(!postgres_unavailable("23505"));
         assert!(!postgres_unavailable("42P01"));
     }

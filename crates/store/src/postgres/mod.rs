@@ -33,7 +33,7 @@ mod responses;
 mod rows;
 mod tinker;
 
-use crate::errors::POSTGRES_ACQUIRE_TIMEOUT;
+use crate::errors::{POSTGRES_ACQUIRE_TIMEOUT, POSTGRES_STATEMENT_TIMEOUT};
 use crate::{ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, PoolSettings, Result, StoreError};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -114,6 +114,11 @@ impl PostgresStore {
     }
 
     async fn open(options: PgConnectOptions, settings: PoolSettings) -> Result<Self> {
+        // Migrations run on a connection of their own without the statement timeout: building
+        // an index on a large table may rightly take longer than any request's statement.
+        let migrating = options.clone();
+        let statement_ms = settings.statement_timeout.unwrap_or(POSTGRES_STATEMENT_TIMEOUT).as_millis();
+        let options = if statement_ms > 0 { options.options([("statement_timeout", statement_ms)]) } else { options };
         // The first connection may take CONNECT_TIMEOUT (a server starting up alongside); later
         // calls wait at most the acquire timeout, which is all a request waits while the
         // server is down (the pool retries connecting until then).
@@ -135,7 +140,9 @@ impl PostgresStore {
             }
         }
         // Concurrent start-ups wait on sqlx's advisory lock, so one server migrates.
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
+        let mut conn = timeout(migrating.connect()).await?;
+        MIGRATOR.run(&mut conn).await.map_err(|e| StoreError::Database(e.to_string()))?;
+        conn.close().await?;
         Ok(PostgresStore { pool })
     }
 

@@ -55,7 +55,7 @@ async fn non_finite_metrics_never_make_rows_unreadable() {
 async fn a_full_database_fails_writes_as_full_and_poisons_no_connection() {
     let dir = tempfile::tempdir().unwrap();
     let options = connect_options(&dir.path().join("t.db")).unwrap().pragma("max_page_count", "48");
-    let pool = pool_options(PoolSettings { size: Some(1), acquire_timeout: None }).connect_with(options).await.unwrap();
+    let pool = pool_options(PoolSettings { size: Some(1), ..Default::default() }).connect_with(options).await.unwrap();
     sqlx::query("CREATE TABLE t (x TEXT)").execute(&pool).await.unwrap();
     let mut failure = None;
     for _ in 0..500 {

@@ -1,0 +1,258 @@
+"""What an operator's managed PostgreSQL asks of tandem, against a PostgreSQL server of the test's
+own (Debian's binaries, `initdb` into a temporary directory as the `postgres` user, a free port)
+that accepts TLS connections only (`hostssl ... trust`, `hostnossl ... reject`) with a certificate
+signed by a CA the test makes with openssl:
+
+  verify-full     `sslmode=verify-full&sslrootcert=<CA>`: the server starts, chats, registers a
+                  model; every connection it holds is encrypted (pg_stat_ssl); `tandem keys create`
+                  works over the same URL
+  wrong-ca        a CA that did not sign the server's certificate: `tandem serve` exits non-zero,
+                  naming the certificate, within the connect timeout (no hang, no plaintext retry)
+  plaintext       `sslmode=disable`: the server refuses it, and tandem exits saying so
+  lease-outage    a job running when the database stops for 6 s (three times the 2 s lease): its
+                  trainer keeps the lease (no trainer re-claims a lease until it has reached the
+                  store for a whole lease again, and the holder renews first), and the job ends
+                  `succeeded` on its first claim (`attempts` 1), with one `training_started` and
+                  no `training_restarted`
+  stmt-timeout    `--db-statement-timeout 1s` while another session holds an exclusive lock on
+                  the models table: listing models answers 503 with Retry-After in about a second
+                  (instead of waiting on the lock), and 200 once the lock is released
+
+Usage: python test_postgres_ops.py <tandem binary> <model gguf>
+Prints 'postgres-ops: N passed, M failed'; exits non-zero on any failure.
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tandem_server import Server, finish, free_port, scratch  # noqa: E402
+
+KEY = "tandem-pg-ops-key"
+
+
+def as_postgres(*cmd, **kw):
+    return subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, capture_output=True, text=True, **kw)
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_certs(d):
+    """A CA, a server certificate for localhost/127.0.0.1 signed by it, and an unrelated CA."""
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN=tandem test {ca}",
+                "-keyout", f"{ca}.key", "-out", f"{ca}.crt", cwd=d)
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key",
+            "-out", "server.csr", cwd=d)
+    with open(os.path.join(d, "san.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "san.ext", "-out", "server.crt", cwd=d)
+
+
+class Postgres:
+    def __init__(self, root):
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+        assert bins, "no PostgreSQL server binaries under /usr/lib/postgresql"
+        self.bin = bins[-1]
+        self.root, self.data, self.port = root, os.path.join(root, "pgdata"), free_port()
+        certs = os.path.join(root, "certs")
+        os.makedirs(certs)
+        make_certs(certs)
+        self.ca, self.other_ca = os.path.join(certs, "ca.crt"), os.path.join(certs, "other-ca.crt")
+        shutil.chown(root, "postgres")
+        for name in ("server.key", "server.crt"):
+            shutil.chown(os.path.join(certs, name), "postgres")
+        os.chmod(os.path.join(certs, "server.key"), 0o600)
+        os.chmod(certs, 0o755)
+        as_postgres(f"{self.bin}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync")
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = '{root}'\n"
+                    f"ssl = on\nssl_cert_file = '{certs}/server.crt'\nssl_key_file = '{certs}/server.key'\n"
+                    "fsync = off\n")
+        with open(os.path.join(self.data, "pg_hba.conf"), "w") as f:
+            f.write("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n")
+        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", os.path.join(root, "pg.log"), "-w", "start")
+        self.sql("CREATE DATABASE tandem")
+
+    def url(self, query):
+        return f"postgres://postgres@localhost:{self.port}/tandem?{query}"
+
+    def sql(self, statement, db="postgres"):
+        out = as_postgres("psql", "-h", self.root, "-p", str(self.port), "-d", db, "-Atqc", statement)
+        return out.stdout.strip()
+
+    def session(self, db="tandem"):
+        """An interactive psql over the socket (stdin open), for holding a lock."""
+        return subprocess.Popen(["runuser", "-u", "postgres", "--", "psql", "-h", self.root, "-p", str(self.port),
+                                 "-d", db, "-Aqt"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def pause(self, seconds):
+        """Stops the server (as a crash would: `immediate`) for `seconds`, then starts it again."""
+        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        time.sleep(seconds)
+        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", os.path.join(self.root, "pg.log"), "-w", "start")
+
+    def stop(self):
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate",
+                        "stop"], capture_output=True)
+
+
+def failed_start(binary, model, url):
+    """`tandem serve` on `url` that must fail: (seconds until it exited, its log)."""
+    data = scratch("tandem-pgops-")
+    started = time.monotonic()
+    run = subprocess.run([binary, "serve", "--port", "0", "--data-dir", data, "--model", model, "--database-url", url],
+                         capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert run.returncode != 0, f"tandem serve started on {url}"
+    return took, run.stdout + run.stderr
+
+
+def check_verify_full(ctx):
+    pg, binary, model = ctx["pg"], ctx["binary"], ctx["model"]
+    url = pg.url(f"sslmode=verify-full&sslrootcert={pg.ca}")
+    server = ctx["server"] = Server(binary, model, KEY, ["--database-url", url, "--db-statement-timeout", "1",
+                                                         "--job-lease-seconds", "2"])
+    status, body, _ = server.api("POST", "/v1/chat/completions", {"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                                 "messages": [{"role": "user", "content": "Hi."}],
+                                                                 "max_tokens": 4})
+    assert status == 200, body
+    status, body, _ = server.api("POST", "/v1/preview/models", {"project": "ops", "name": "tls",
+                                                              "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    assert status == 200, body
+    plain = pg.sql("SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+                   "WHERE a.datname = 'tandem' AND a.backend_type = 'client backend' AND NOT s.ssl")
+    encrypted = pg.sql("SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+                       "WHERE a.datname = 'tandem' AND a.backend_type = 'client backend' AND s.ssl")
+    assert plain == "0" and int(encrypted) >= 1, (plain, encrypted)
+    out = subprocess.run([binary, "keys", "create", "--entity", "tls-team", "--database-url", url,
+                          "--data-dir", server.data], capture_output=True, text=True, check=True).stdout
+    new_key = out.strip().splitlines()[-1].strip()
+    status, body, _ = server.api("GET", "/v1/models", key=new_key)
+    assert status == 200, body
+    print(f"     {encrypted} connection(s), all TLS; a key made over the same URL works")
+
+
+def check_wrong_ca(ctx):
+    pg = ctx["pg"]
+    took, log = failed_start(ctx["binary"], ctx["model"], pg.url(f"sslmode=verify-full&sslrootcert={pg.other_ca}"))
+    assert "certificate" in log.lower(), log[-2000:]
+    print(f"     refused in {took:.1f}s: {next(line for line in log.splitlines() if 'certificate' in line.lower())[:160]}")
+
+
+def check_plaintext(ctx):
+    took, log = failed_start(ctx["binary"], ctx["model"], ctx["pg"].url("sslmode=disable"))
+    assert "pg_hba.conf" in log or "no encryption" in log, log[-2000:]
+    print(f"     refused in {took:.1f}s")
+
+
+def check_lease_outage(ctx):
+    pg, server = ctx["pg"], ctx["server"]
+    status, model, _ = server.api("POST", "/v1/preview/models", {"project": "ops", "name": "lease",
+                                                               "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    assert status == 200, model
+    groups = []
+    for g in range(8):
+        messages = [{"role": "user", "content": f"Count to {g + 3}."}]
+        status, r, _ = server.api("POST", "/v1/chat/completions", {
+            "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "messages": messages, "n": 4, "temperature": 1.0,
+            "max_tokens": 48, "seed": g, "logprobs": True, "return_token_ids": True})
+        assert status == 200, r
+        groups.append({"trajectories": [{"messages_and_choices": messages + [c], "reward": float(i)}
+                                        for i, c in enumerate(r["choices"])]})
+    # One sequence a row, so one optimizer step each: a job that trains for several seconds, past
+    # the lease, while the database is away.
+    status, job, _ = server.api("POST", "/v1/preview/training-jobs", {
+        "model_id": model["id"], "trajectory_groups": groups, "experimental_config": {"packed_sequence_length": 128}})
+    assert status == 200, job
+    deadline = time.monotonic() + 120
+    while (state := server.api("GET", f"/v1/preview/training-jobs/{job['id']}")[1]["status"]) == "queued":
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    assert state == "running", f"the job ended before the database stopped: {state}"
+    pg.pause(6)
+    deadline = time.monotonic() + 300
+    while (state := server.api("GET", f"/v1/preview/training-jobs/{job['id']}")[1])["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    kinds = [e["type"] for e in server.api("GET", f"/v1/preview/training-jobs/{job['id']}/events?limit=100")[1]["data"]]
+    assert state["status"] == "succeeded", state
+    assert kinds.count("training_started") == 1 and "training_restarted" not in kinds, kinds
+    # A lost lease shows in the claims: a job re-claimed after a lapse runs a second attempt (whose
+    # first run's buffered events were dropped, so the events alone may not show it).
+    attempts = pg.sql(f"SELECT attempts FROM training_jobs WHERE id = '{job['id']}'", db="tandem")
+    assert attempts == "1", f"the job was claimed {attempts} times: its lease was lost in the outage"
+    print(f"     the job ran through a 6 s outage (lease 2 s): succeeded, {kinds.count('gradient_step')} steps, "
+          "no restart")
+
+
+def check_statement_timeout(ctx):
+    pg, server = ctx["pg"], ctx["server"]
+    holder = pg.session()
+    try:
+        holder.stdin.write("BEGIN; LOCK TABLE models IN ACCESS EXCLUSIVE MODE; SELECT 'locked';\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        status, body, headers = server.api("GET", "/v1/preview/models")
+        took = time.monotonic() - started
+        assert status == 503 and headers.get("retry-after"), (status, body)
+        assert took < 10, took
+        print(f"     a statement blocked on a lock: 503 in {took:.1f}s ({body.get('detail', body)!r:.120})")
+    finally:
+        holder.stdin.write("ROLLBACK;\n")
+        holder.stdin.close()
+        holder.wait(10)
+    status, body, _ = server.api("GET", "/v1/preview/models")
+    assert status == 200, body
+
+
+CHECKS = [("verify-full", check_verify_full), ("wrong-ca", check_wrong_ca), ("plaintext", check_plaintext),
+          ("lease-outage", check_lease_outage), ("stmt-timeout", check_statement_timeout)]
+
+
+def main():
+    binary, model = sys.argv[1], sys.argv[2]
+    root = tempfile.mkdtemp(prefix="tandem-pgops-")
+    ctx = {"binary": binary, "model": model}
+    passed = failed = 0
+    try:
+        ctx["pg"] = Postgres(root)
+        print(f"PostgreSQL {ctx['pg'].sql('SHOW server_version')} on port {ctx['pg'].port}, TLS only")
+        for name, fn in CHECKS:
+            started = time.monotonic()
+            try:
+                fn(ctx)
+                passed += 1
+                print(f"ok   {name} ({time.monotonic() - started:.1f}s)", flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAIL {name} ({time.monotonic() - started:.1f}s)")
+                traceback.print_exc()
+                if ctx.get("server"):
+                    print(ctx["server"].log_tail(10))
+    except Exception:
+        failed += 1
+        traceback.print_exc()
+    finally:
+        if ctx.get("server"):
+            ctx["server"].stop()
+        if ctx.get("pg"):
+            ctx["pg"].stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"postgres-ops: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    finish(main())
