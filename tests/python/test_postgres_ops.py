@@ -14,6 +14,12 @@ signed by a CA the test makes with openssl:
                   store for a whole lease again, and the holder renews first), and the job ends
                   `succeeded` on its first claim (`attempts` 1), with one `training_started` and
                   no `training_restarted`
+  store-copy      a SQLite server's store (a key of a second entity, a model trained one RL step,
+                  logs) copied by `tandem store copy` into PostgreSQL (over TLS) with its
+                  checkpoint files into a `file://` blob store; a node on PostgreSQL with an
+                  empty data directory then answers both keys, lists the same logs and serves
+                  the trained step (fetched from the blob store); a second copy into it is
+                  refused; and copied back into a new SQLite file, a node there serves it too
   stmt-timeout    `--db-statement-timeout 1s` while another session holds an exclusive lock on
                   the models table: listing models answers 503 with Retry-After in about a second
                   (instead of waiting on the lock), and 200 once the lock is released
@@ -32,13 +38,16 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tandem_server import Server, finish, free_port, scratch  # noqa: E402
+from tandem_server import Server, finish, free_port, rl_step, scratch  # noqa: E402
 
 KEY = "tandem-pg-ops-key"
 
 
 def as_postgres(*cmd, **kw):
-    return subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, capture_output=True, text=True, **kw)
+    # From `/`: the postgres user may not enter the caller's directory (CI's clone is private),
+    # and psql would say so on its output.
+    return subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, capture_output=True, text=True,
+                          cwd="/", **kw)
 
 
 def openssl(*args, cwd):
@@ -94,7 +103,7 @@ class Postgres:
         """An interactive psql over the socket (stdin open), for holding a lock."""
         return subprocess.Popen(["runuser", "-u", "postgres", "--", "psql", "-h", self.root, "-p", str(self.port),
                                  "-d", db, "-Aqt"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, cwd="/")
 
     def pause(self, seconds):
         """Stops the server (as a crash would: `immediate`) for `seconds`, then starts it again."""
@@ -104,7 +113,7 @@ class Postgres:
 
     def stop(self):
         subprocess.run(["runuser", "-u", "postgres", "--", f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate",
-                        "stop"], capture_output=True)
+                        "stop"], capture_output=True, cwd="/")
 
 
 def failed_start(binary, model, url):
@@ -196,13 +205,75 @@ def check_lease_outage(ctx):
           "no restart")
 
 
+def copy_store(binary, *args):
+    run = subprocess.run([binary, "store", "copy", *args], capture_output=True, text=True, timeout=300)
+    return run.returncode, run.stdout + run.stderr
+
+
+def check_store_copy(ctx):
+    pg, binary, model = ctx["pg"], ctx["binary"], ctx["model"]
+    base = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    # A single node on SQLite, as `make run` leaves it: a trained checkpoint, logs, two entities.
+    single = Server(binary, model, KEY)
+    try:
+        other_key = single.new_key("team-b")
+        status, m, _ = single.api("POST", "/v1/preview/models", {"project": "copy", "name": "m", "base_model": base})
+        assert status == 200, m
+        rl_step(single, m["id"], "Is the sky blue? Answer yes or no.", seed=1)
+        for i in range(3):
+            groups = [{"trajectories": [{"reward": i, "messages_and_choices": [{"role": "user", "content": f"log {i} é"}]}]}]
+            status, body, _ = single.api("POST", f"/v1/preview/models/{m['id']}/log", {"split": "val", "trajectory_groups": groups})
+            assert status == 200, body
+        logs_before = single.api("GET", f"/v1/preview/models/{m['id']}/logs?limit=100")[1]["data"]
+        name = f"wandb-artifact:///{m['entity']}/copy/m:step1"
+        chat = {"model": name, "messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 6,
+                "temperature": 0}
+        status, answer_before, _ = single.api("POST", "/v1/chat/completions", chat)
+        assert status == 200, answer_before
+    finally:
+        single.stop()
+    pg.sql("CREATE DATABASE tandem_copy")
+    target = pg.url(f"sslmode=verify-full&sslrootcert={pg.ca}").replace("/tandem?", "/tandem_copy?")
+    blobs = f"file://{scratch('tandem-pgops-blobs-')}"
+    code, out = copy_store(binary, "--from", f"sqlite://{single.data}/tandem.db", "--to", target,
+                           "--data-dir", single.data, "--blob-store", blobs)
+    assert code == 0, out
+    assert "1 uploaded" in out and "verified" in out, out
+    print("     " + "; ".join(line.strip() for line in out.splitlines() if "rows" in line and " 0 rows" not in line))
+    code, again = copy_store(binary, "--from", f"sqlite://{single.data}/tandem.db", "--to", target,
+                             "--data-dir", single.data, "--blob-store", blobs)
+    assert code != 0 and "not empty" in again, again
+    # A node on the copy, with an empty data directory: everything is there, the step from the blob store.
+    node = Server(binary, model, KEY, ["--database-url", target, "--blob-store", blobs])
+    try:
+        assert node.api("GET", "/v1/models", key=other_key)[0] == 200
+        assert node.api("GET", f"/v1/preview/models/{m['id']}/logs?limit=100")[1]["data"] == logs_before
+        status, answer, _ = node.api("POST", "/v1/chat/completions", chat)
+        assert status == 200 and answer["choices"][0]["message"] == answer_before["choices"][0]["message"], answer
+    finally:
+        node.stop()
+    # And back into a new SQLite file (the files stay in the blob store).
+    back = scratch("tandem-pgops-back-")
+    code, out = copy_store(binary, "--from", target, "--to", f"sqlite://{back}/tandem.db", "--data-dir", back,
+                           "--blob-store", blobs)
+    assert code == 0 and "1 already in the blob store" in out, out
+    node = Server(binary, model, KEY, ["--blob-store", blobs], data=back)
+    try:
+        status, answer, _ = node.api("POST", "/v1/chat/completions", chat)
+        assert status == 200 and answer["choices"][0]["message"] == answer_before["choices"][0]["message"], answer
+        assert node.api("GET", f"/v1/preview/models/{m['id']}/logs?limit=100")[1]["data"] == logs_before
+    finally:
+        node.stop()
+
+
 def check_statement_timeout(ctx):
     pg, server = ctx["pg"], ctx["server"]
     holder = pg.session()
     try:
         holder.stdin.write("BEGIN; LOCK TABLE models IN ACCESS EXCLUSIVE MODE; SELECT 'locked';\n")
         holder.stdin.flush()
-        assert holder.stdout.readline().strip() == "locked"
+        line = holder.stdout.readline().strip()
+        assert line == "locked", f"the session holding the lock said {line!r}"
         started = time.monotonic()
         status, body, headers = server.api("GET", "/v1/preview/models")
         took = time.monotonic() - started
@@ -218,7 +289,8 @@ def check_statement_timeout(ctx):
 
 
 CHECKS = [("verify-full", check_verify_full), ("wrong-ca", check_wrong_ca), ("plaintext", check_plaintext),
-          ("lease-outage", check_lease_outage), ("stmt-timeout", check_statement_timeout)]
+          ("lease-outage", check_lease_outage), ("store-copy", check_store_copy),
+          ("stmt-timeout", check_statement_timeout)]
 
 
 def main():

@@ -88,7 +88,7 @@ pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Creates `path` empty with mode 0600 if missing; an existing file is set to 0600.
-fn private_file(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn private_file(path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     std::fs::OpenOptions::new()
         .append(true)

@@ -7,6 +7,7 @@ mod keys;
 mod models;
 mod nodes;
 mod serve;
+mod store_copy;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -38,6 +39,8 @@ enum Command {
     Nodes(nodes::NodesArgs),
     /// Inspect a model file: what it is and whether tandem serves it.
     Models(models::ModelsArgs),
+    /// Copy a store into another (SQLite into PostgreSQL, or back), files into a blob store.
+    Store(store_copy::StoreArgs),
 }
 
 /// The hidden subcommand that renders one request-supplied chat template (see
@@ -87,6 +90,7 @@ fn run() -> anyhow::Result<()> {
             Command::Export(args) => export::run(args).await,
             Command::Nodes(args) => nodes::run(args).await,
             Command::Models(args) => models::run(args),
+            Command::Store(args) => store_copy::run(args).await,
         }
     })
 }

@@ -110,7 +110,7 @@ impl BlobStore {
     }
 
     /// Every object under a checkpoint's prefix: (file name, key).
-    async fn list(&self, relative: &str) -> Result<Vec<(String, ObjectPath)>> {
+    pub(crate) async fn list(&self, relative: &str) -> Result<Vec<(String, ObjectPath)>> {
         let prefix = Self::dir_key(relative);
         let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await.map_err(io)?;
         Ok(metas

@@ -12,6 +12,7 @@
 mod blobs;
 mod checkpoints;
 mod codec;
+pub mod copy;
 mod dataset_blobs;
 mod errors;
 mod postgres;

@@ -65,6 +65,11 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// The pool, for `copy` (which works below the `Store` methods).
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Connects to `url` (`postgres://user@host:5432/db`) and brings the schema up to date, in the
     /// connection's default schema (normally `public`).
     pub async fn connect(url: &str) -> Result<Self> {

@@ -69,6 +69,11 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The pool, for `copy` (which works below the `Store` methods).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// Opens (creating if needed) the database file and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Self> {
         Self::open_with_pool(path, PoolSettings::default()).await
