@@ -3,8 +3,10 @@
 Used by test_art.py and the reliability suite (tests/reliability/). Standard library only.
 """
 
+import glob
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -116,6 +118,66 @@ class Server:
         out = subprocess.run([self.binary, "keys", "create", "--entity", entity, "--data-dir", self.data, *db],
                              capture_output=True, text=True, check=True)
         return out.stdout.strip().splitlines()[-1].strip()
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of a test's own (initdb in a temporary directory, a free port), so
+    that stopping it disturbs nothing else on the machine. `settings` are lines added to its
+    postgresql.conf and `hba`, when given, replaces its pg_hba.conf, both before it first starts.
+    Used by the reliability suite's R15 and by test_postgres_ops.py."""
+
+    def __init__(self, settings=(), hba=None):
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        found = shutil.which("pg_ctl") or (bins[-1] if bins else None)
+        if not found:
+            raise NotImplementedError("no PostgreSQL server binaries (pg_ctl) on this machine")
+        self.bin = os.path.dirname(found)
+        self.root = scratch("tandem-pg-")
+        self.data, self.port = os.path.join(self.root, "data"), free_port()
+        # PostgreSQL refuses to run as root: then it runs as the postgres user.
+        self.prefix = []
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync")
+        if settings:
+            with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+                f.write("".join(f"{line}\n" for line in settings))
+        if hba is not None:
+            with open(os.path.join(self.data, "pg_hba.conf"), "w") as f:
+                f.write(hba)
+        self.start()
+
+    def _run(self, tool, *args):
+        # From `/`: the postgres user may not enter the caller's directory (CI's clone is private).
+        subprocess.run([*self.prefix, os.path.join(self.bin, tool), *args], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+
+    @property
+    def url(self):
+        return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self):
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        self._run("pg_ctl", "-D", self.data, "-o", opts, "-l", os.path.join(self.root, "log"), "-w", "start")
+
+    def stop(self, mode="fast"):
+        # `fast`: what a restart by an operator or a failover does (sessions are ended);
+        # `immediate`: a crash.
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+
+    def psql(self, *args):
+        """psql as the superuser over the server's socket."""
+        return [*self.prefix, "psql", "-h", self.root, "-p", str(self.port), "-U", "postgres",
+                *args]
+
+    def close(self):
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def run_checks(suite, checks, binary, model_path, key, make_client, extra=(), data=None):

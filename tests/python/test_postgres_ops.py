@@ -28,26 +28,17 @@ Usage: python test_postgres_ops.py <tandem binary> <model gguf>
 Prints 'postgres-ops: N passed, M failed'; exits non-zero on any failure.
 """
 
-import glob
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tandem_server import Server, finish, free_port, rl_step, scratch  # noqa: E402
+from tandem_server import PrivatePostgres, Server, finish, rl_step, scratch  # noqa: E402
 
 KEY = "tandem-pg-ops-key"
-
-
-def as_postgres(*cmd, **kw):
-    # From `/`: the postgres user may not enter the caller's directory (CI's clone is private),
-    # and psql would say so on its output.
-    return subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, capture_output=True, text=True,
-                          cwd="/", **kw)
 
 
 def openssl(*args, cwd):
@@ -67,53 +58,44 @@ def make_certs(d):
             "-days", "2", "-extfile", "san.ext", "-out", "server.crt", cwd=d)
 
 
-class Postgres:
-    def __init__(self, root):
-        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-        assert bins, "no PostgreSQL server binaries under /usr/lib/postgresql"
-        self.bin = bins[-1]
-        self.root, self.data, self.port = root, os.path.join(root, "pgdata"), free_port()
-        certs = os.path.join(root, "certs")
-        os.makedirs(certs)
+class Postgres(PrivatePostgres):
+    """The test's PostgreSQL: TLS connections only, with a certificate signed by a CA of the
+    test's, and a database `tandem`."""
+
+    def __init__(self):
+        certs = scratch("tandem-pgops-certs-")
         make_certs(certs)
         self.ca, self.other_ca = os.path.join(certs, "ca.crt"), os.path.join(certs, "other-ca.crt")
-        shutil.chown(root, "postgres")
-        for name in ("server.key", "server.crt"):
-            shutil.chown(os.path.join(certs, name), "postgres")
-        os.chmod(os.path.join(certs, "server.key"), 0o600)
         os.chmod(certs, 0o755)
-        as_postgres(f"{self.bin}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync")
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
-            f.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = '{root}'\n"
-                    f"ssl = on\nssl_cert_file = '{certs}/server.crt'\nssl_key_file = '{certs}/server.key'\n"
-                    "fsync = off\n")
-        with open(os.path.join(self.data, "pg_hba.conf"), "w") as f:
-            f.write("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n")
-        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", os.path.join(root, "pg.log"), "-w", "start")
+        os.chmod(os.path.join(certs, "server.key"), 0o600)
+        if os.geteuid() == 0:
+            for name in ("server.key", "server.crt"):
+                shutil.chown(os.path.join(certs, name), "postgres")
+        super().__init__(
+            settings=["ssl = on", f"ssl_cert_file = '{certs}/server.crt'", f"ssl_key_file = '{certs}/server.key'",
+                      "fsync = off"],
+            hba="local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n")
         self.sql("CREATE DATABASE tandem")
 
-    def url(self, query):
+    def tls_url(self, query):
         return f"postgres://postgres@localhost:{self.port}/tandem?{query}"
 
     def sql(self, statement, db="postgres"):
-        out = as_postgres("psql", "-h", self.root, "-p", str(self.port), "-d", db, "-Atqc", statement)
+        out = subprocess.run(self.psql("-d", db, "-Atqc", statement), check=True, capture_output=True, text=True,
+                             cwd="/")
         return out.stdout.strip()
 
     def session(self, db="tandem"):
-        """An interactive psql over the socket (stdin open), for holding a lock."""
-        return subprocess.Popen(["runuser", "-u", "postgres", "--", "psql", "-h", self.root, "-p", str(self.port),
-                                 "-d", db, "-Aqt"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        """An interactive psql over the socket (stdin open), for holding a lock. From `/`: the
+        postgres user may not enter the caller's directory, and psql would say so on its output."""
+        return subprocess.Popen(self.psql("-d", db, "-Aqt"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, cwd="/")
 
     def pause(self, seconds):
         """Stops the server (as a crash would: `immediate`) for `seconds`, then starts it again."""
-        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        self.stop("immediate")
         time.sleep(seconds)
-        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", os.path.join(self.root, "pg.log"), "-w", "start")
-
-    def stop(self):
-        subprocess.run(["runuser", "-u", "postgres", "--", f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate",
-                        "stop"], capture_output=True, cwd="/")
+        self.start()
 
 
 def failed_start(binary, model, url):
@@ -129,7 +111,7 @@ def failed_start(binary, model, url):
 
 def check_verify_full(ctx):
     pg, binary, model = ctx["pg"], ctx["binary"], ctx["model"]
-    url = pg.url(f"sslmode=verify-full&sslrootcert={pg.ca}")
+    url = pg.tls_url(f"sslmode=verify-full&sslrootcert={pg.ca}")
     server = ctx["server"] = Server(binary, model, KEY, ["--database-url", url, "--db-statement-timeout", "1",
                                                          "--job-lease-seconds", "2"])
     status, body, _ = server.api("POST", "/v1/chat/completions", {"model": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -154,13 +136,13 @@ def check_verify_full(ctx):
 
 def check_wrong_ca(ctx):
     pg = ctx["pg"]
-    took, log = failed_start(ctx["binary"], ctx["model"], pg.url(f"sslmode=verify-full&sslrootcert={pg.other_ca}"))
+    took, log = failed_start(ctx["binary"], ctx["model"], pg.tls_url(f"sslmode=verify-full&sslrootcert={pg.other_ca}"))
     assert "certificate" in log.lower(), log[-2000:]
     print(f"     refused in {took:.1f}s: {next(line for line in log.splitlines() if 'certificate' in line.lower())[:160]}")
 
 
 def check_plaintext(ctx):
-    took, log = failed_start(ctx["binary"], ctx["model"], ctx["pg"].url("sslmode=disable"))
+    took, log = failed_start(ctx["binary"], ctx["model"], ctx["pg"].tls_url("sslmode=disable"))
     assert "pg_hba.conf" in log or "no encryption" in log, log[-2000:]
     print(f"     refused in {took:.1f}s")
 
@@ -233,7 +215,7 @@ def check_store_copy(ctx):
     finally:
         single.stop()
     pg.sql("CREATE DATABASE tandem_copy")
-    target = pg.url(f"sslmode=verify-full&sslrootcert={pg.ca}").replace("/tandem?", "/tandem_copy?")
+    target = pg.tls_url(f"sslmode=verify-full&sslrootcert={pg.ca}").replace("/tandem?", "/tandem_copy?")
     blobs = f"file://{scratch('tandem-pgops-blobs-')}"
     code, out = copy_store(binary, "--from", f"sqlite://{single.data}/tandem.db", "--to", target,
                            "--data-dir", single.data, "--blob-store", blobs)
@@ -295,11 +277,10 @@ CHECKS = [("verify-full", check_verify_full), ("wrong-ca", check_wrong_ca), ("pl
 
 def main():
     binary, model = sys.argv[1], sys.argv[2]
-    root = tempfile.mkdtemp(prefix="tandem-pgops-")
     ctx = {"binary": binary, "model": model}
     passed = failed = 0
     try:
-        ctx["pg"] = Postgres(root)
+        ctx["pg"] = Postgres()
         print(f"PostgreSQL {ctx['pg'].sql('SHOW server_version')} on port {ctx['pg'].port}, TLS only")
         for name, fn in CHECKS:
             started = time.monotonic()
@@ -320,8 +301,7 @@ def main():
         if ctx.get("server"):
             ctx["server"].stop()
         if ctx.get("pg"):
-            ctx["pg"].stop()
-        shutil.rmtree(root, ignore_errors=True)
+            ctx["pg"].close()
     print(f"postgres-ops: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

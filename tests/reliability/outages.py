@@ -7,10 +7,8 @@ and the data directory on a tmpfs that fills up. Every answer during a fault is 
 Called from reliability.py, which passes its helpers as `rel`. Standard library only.
 """
 
-import glob
 import json
 import os
-import pwd
 import random
 import shutil
 import socket
@@ -21,57 +19,12 @@ import threading
 import time
 import uuid
 
-from tandem_server import free_port, scratch, start_moto
+from tandem_server import PrivatePostgres, free_port, scratch, start_moto
 
 # A 503 from an unavailable store comes within the pool's acquire timeout (2 s) and a request's
 # own work; from an unreachable blob store within its client's retries (5 s) and connect timeout.
 DB_BOUND_S = 4.0
 BLOB_BOUND_S = 9.0
-
-
-class PrivatePostgres:
-    """A PostgreSQL server of this test's own (initdb in a temporary directory, a free port), so
-    that stopping it disturbs nothing else on the machine."""
-
-    def __init__(self):
-        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        found = shutil.which("pg_ctl") or (bins[-1] if bins else None)
-        if not found:
-            raise NotImplementedError("no PostgreSQL server binaries (pg_ctl) on this machine")
-        self.bin = os.path.dirname(found)
-        self.root = scratch("tandem-pg-")
-        self.data, self.port = os.path.join(self.root, "data"), free_port()
-        # PostgreSQL refuses to run as root: then it runs as the postgres user.
-        self.prefix = []
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.root, pw.pw_uid, pw.pw_gid)
-            self.prefix = ["runuser", "-u", "postgres", "--"]
-        self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync")
-        self.start()
-
-    def _run(self, tool, *args):
-        subprocess.run([*self.prefix, os.path.join(self.bin, tool), *args], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    @property
-    def url(self):
-        return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
-
-    def start(self):
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
-        self._run("pg_ctl", "-D", self.data, "-o", opts, "-l", os.path.join(self.root, "log"), "-w", "start")
-
-    def stop(self):
-        # `fast`: what a restart by an operator or a failover does (sessions are ended).
-        self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
-
-    def close(self):
-        try:
-            self.stop()
-        except subprocess.CalledProcessError:
-            pass
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class Proxy:

@@ -243,14 +243,14 @@ fn pg_cells(row: &PgRow) -> Result<Vec<Cell>> {
         .collect()
 }
 
-/// Converts a cell for a column of `kind`; `None` for SQL NULL.
-fn for_kind(cell: Cell, kind: Kind, at: &str) -> Result<Option<Cell>> {
+/// Converts a cell for the column `table.name` of `kind`; `None` for SQL NULL.
+fn for_kind(cell: Cell, kind: Kind, table: &str, name: &str) -> Result<Option<Cell>> {
     Ok(match (cell, kind) {
         (Cell::Null, _) => None,
         (c @ Cell::Int(_), Kind::Int | Kind::Bool) | (c @ Cell::Real(_), Kind::Real) => Some(c),
         (c @ Cell::Text(_), Kind::Text) | (c @ Cell::Blob(_), Kind::Blob) => Some(c),
         (Cell::Int(v), Kind::Real) => Some(Cell::Real(v as f64)),
-        (c, k) => return Err(mismatch(format!("{at}: a {c:?} cannot go into a {k:?} column"))),
+        (c, k) => return Err(mismatch(format!("{table}.{name}: a {c:?} cannot go into a {k:?} column"))),
     })
 }
 
@@ -302,41 +302,24 @@ pub async fn copy_records(from: &Endpoint<'_>, to: &Endpoint<'_>) -> Result<Vec<
         plans.push((table, matched_columns(from, to, table).await?));
     }
     let mut copied = Vec::with_capacity(plans.len());
-    // One loop per target backend: sqlx's queries are typed by their database.
-    match to {
-        Endpoint::Sqlite(s) => {
-            let mut tx = s.pool().begin().await?;
+    // sqlx's queries are typed by their database: the same loop for each target backend.
+    macro_rules! copy_tables {
+        ($pool:expr, $postgres:expr) => {{
+            let mut tx = $pool.begin().await?;
             for (table, columns) in &plans {
-                let (insert, select) = (insert_sql(table, columns, false), select_sql(table, &names(columns)));
+                let (insert, select) = (insert_sql(table, columns, $postgres), select_sql(table, &names(columns)));
                 let (mut rows, mut count, mut digest) = (from.rows(&select), 0u64, 0u128);
                 while let Some(cells) = rows.try_next().await? {
                     digest = digest.wrapping_add(row_digest(&cells));
                     count += 1;
                     let mut q = sqlx::query(&insert);
                     for (cell, (name, kind, _)) in cells.into_iter().zip(columns) {
-                        q = bind_cell!(q, for_kind(cell, *kind, &format!("{table}.{name}"))?, *kind);
+                        q = bind_cell!(q, for_kind(cell, *kind, table, name)?, *kind);
                     }
                     q.execute(&mut *tx).await?;
                 }
-                copied.push(TableCopy { table, rows: count, digest });
-            }
-            tx.commit().await?;
-        }
-        Endpoint::Postgres(p) => {
-            let mut tx = p.pool().begin().await?;
-            for (table, columns) in &plans {
-                let (insert, select) = (insert_sql(table, columns, true), select_sql(table, &names(columns)));
-                let (mut rows, mut count, mut digest) = (from.rows(&select), 0u64, 0u128);
-                while let Some(cells) = rows.try_next().await? {
-                    digest = digest.wrapping_add(row_digest(&cells));
-                    count += 1;
-                    let mut q = sqlx::query(&insert);
-                    for (cell, (name, kind, _)) in cells.into_iter().zip(columns) {
-                        q = bind_cell!(q, for_kind(cell, *kind, &format!("{table}.{name}"))?, *kind);
-                    }
-                    q.execute(&mut *tx).await?;
-                }
-                // Identity columns go on from the copied maximum, so new rows sort after these.
+                // Identity columns (PostgreSQL's) go on from the copied maximum, so new rows sort
+                // after these.
                 for (name, _, _) in columns.iter().filter(|c| c.2) {
                     sqlx::query(&format!(
                         "SELECT setval(pg_get_serial_sequence('{table}', '{name}'),
@@ -348,7 +331,11 @@ pub async fn copy_records(from: &Endpoint<'_>, to: &Endpoint<'_>) -> Result<Vec<
                 copied.push(TableCopy { table, rows: count, digest });
             }
             tx.commit().await?;
-        }
+        }};
+    }
+    match to {
+        Endpoint::Sqlite(s) => copy_tables!(s.pool(), false),
+        Endpoint::Postgres(p) => copy_tables!(p.pool(), true),
     }
     for (copy, (table, columns)) in copied.iter().zip(&plans) {
         let (rows, digest) = to.digest(table, &names(columns)).await?;
@@ -428,11 +415,11 @@ mod tests {
 
     #[test]
     fn cells_go_into_columns_of_their_kind_only() {
-        assert_eq!(for_kind(Cell::Int(1), Kind::Bool, "t.c").unwrap(), Some(Cell::Int(1)));
-        assert_eq!(for_kind(Cell::Int(2), Kind::Real, "t.c").unwrap(), Some(Cell::Real(2.0)));
-        assert_eq!(for_kind(Cell::Null, Kind::Blob, "t.c").unwrap(), None);
-        assert!(for_kind(Cell::Text("1".into()), Kind::Int, "t.c").is_err());
-        assert!(for_kind(Cell::Blob(vec![1]), Kind::Text, "t.c").is_err());
+        assert_eq!(for_kind(Cell::Int(1), Kind::Bool, "t", "c").unwrap(), Some(Cell::Int(1)));
+        assert_eq!(for_kind(Cell::Int(2), Kind::Real, "t", "c").unwrap(), Some(Cell::Real(2.0)));
+        assert_eq!(for_kind(Cell::Null, Kind::Blob, "t", "c").unwrap(), None);
+        assert!(for_kind(Cell::Text("1".into()), Kind::Int, "t", "c").is_err());
+        assert!(for_kind(Cell::Blob(vec![1]), Kind::Text, "t", "c").is_err());
         assert_eq!(Kind::parse("double precision"), Some(Kind::Real));
         assert_eq!(Kind::parse("BYTEA"), Some(Kind::Blob));
         assert_eq!(Kind::parse("jsonb"), None);
