@@ -23,6 +23,12 @@ signed by a CA the test makes with openssl:
   stmt-timeout    `--db-statement-timeout 1s` while another session holds an exclusive lock on
                   the models table: listing models answers 503 with Retry-After in about a second
                   (instead of waiting on the lock), and 200 once the lock is released
+  silent-drop     the server reaches PostgreSQL through a proxy that stops passing bytes, in both
+                  directions, without closing anything (a firewall or NAT that forgets the flow):
+                  reads, writes and key lookups answer 503 with Retry-After within the call's
+                  deadline (twice `--db-statement-timeout` 2s) instead of waiting on TCP; when
+                  bytes pass again, sixteen requests at once all answer 200 (no pool slot is
+                  left held by a dead connection) and a log written then is listed
 
 Usage: python test_postgres_ops.py <tandem binary> <model gguf>
 Prints 'postgres-ops: N passed, M failed'; exits non-zero on any failure.
@@ -30,10 +36,13 @@ Prints 'postgres-ops: N passed, M failed'; exits non-zero on any failure.
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tandem_server import PrivatePostgres, Server, finish, rl_step, scratch  # noqa: E402
@@ -270,9 +279,103 @@ def check_statement_timeout(ctx):
     assert status == 200, body
 
 
+class SilentProxy:
+    """Passes TCP between a local port and `port` until `drop()`: from then on it holds every
+    byte in both directions, closing nothing, as a network that drops packets does (the sender's
+    retransmissions never arrive); `heal()` lets them through again."""
+
+    def __init__(self, port):
+        self.target, self.passing = port, threading.Event()
+        self.passing.set()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def drop(self):
+        self.passing.clear()
+
+    def heal(self):
+        self.passing.set()
+
+    def _accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while True:
+                self.passing.wait()
+                src.settimeout(0.1)
+                try:
+                    data = src.recv(65536)
+                except socket.timeout:
+                    continue
+                if not data:
+                    break
+                while not self.passing.is_set():  # caught mid-flight: held, not lost
+                    time.sleep(0.05)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def check_silent_drop(ctx):
+    pg, proxy = ctx["pg"], SilentProxy(ctx["pg"].port)
+    url = f"postgres://postgres@localhost:{proxy.port}/tandem?sslmode=verify-full&sslrootcert={pg.ca}"
+    server = Server(ctx["binary"], ctx["model"], "pgops-drop-key",
+                    ["--database-url", url, "--db-statement-timeout", "2", "--db-acquire-timeout", "2"])
+    try:
+        status, model, _ = server.api("POST", "/v1/preview/models",
+                                      {"project": "drop", "name": "m", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+        assert status == 200, model
+        log = {"split": "train", "trajectory_groups": [{"trajectories": [
+            {"reward": 1.0, "messages_and_choices": [{"role": "user", "content": "hi"}]}]}]}
+        other = server.new_key("drop-other")  # made before the drop: `tandem keys` has no deadline
+        proxy.drop()
+        calls = [("list models", "GET", "/v1/preview/models", None, None),
+                 ("append a log", "POST", f"/v1/preview/models/{model['id']}/log", log, None),
+                 ("another key's lookup", "GET", "/v1/preview/models", None, other)]
+        with ThreadPoolExecutor(len(calls)) as pool:
+            def timed(call):
+                started = time.monotonic()
+                status, body, headers = server.api(call[1], call[2], call[3], key=call[4], timeout=120)
+                return call[0], status, headers.get("retry-after"), time.monotonic() - started, body
+            results = list(pool.map(timed, calls))
+        for name, status, retry_after, took, body in results:
+            print(f"     dropped network, {name}: {status} in {took:.1f}s ({str(body)[:100]})")
+            assert status == 503 and retry_after, (name, status, body)
+            assert took < 12, f"{name} took {took:.1f}s: longer than the deadline and a bounded ping"
+        proxy.heal()
+        deadline = time.monotonic() + 30
+        while server.api("GET", "/v1/preview/models")[0] != 200:
+            assert time.monotonic() < deadline, "the server did not recover within 30 s of the network"
+            time.sleep(0.5)
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(lambda _: server.api("GET", "/v1/preview/models")[0], range(16)))
+        assert statuses == [200] * 16, statuses
+        status, written, _ = server.api("POST", f"/v1/preview/models/{model['id']}/log", log)
+        assert status == 200, written
+        _, logs, _ = server.api("GET", f"/v1/preview/models/{model['id']}/logs")
+        assert written["id"] in [entry["id"] for entry in logs["data"]], logs
+        print(f"     healed: 16 requests at once all 200 in {time.monotonic() - started:.1f}s; a new log is listed")
+    finally:
+        proxy.heal()
+        server.stop()
+
+
 CHECKS = [("verify-full", check_verify_full), ("wrong-ca", check_wrong_ca), ("plaintext", check_plaintext),
           ("lease-outage", check_lease_outage), ("store-copy", check_store_copy),
-          ("stmt-timeout", check_statement_timeout)]
+          ("stmt-timeout", check_statement_timeout), ("silent-drop", check_silent_drop)]
 
 
 def main():

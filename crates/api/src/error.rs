@@ -275,6 +275,8 @@ impl From<StoreError> for ApiError {
                 ApiError::new(ErrorKind::InsufficientStorage, "the server is out of disk space; nothing was written")
                     .with_retry_after(STORE_RETRY_AFTER_SECS)
             }
+            // An entity's own numbers only: nothing of other entities or of the disk.
+            StoreError::OverQuota(over) => ApiError::new(ErrorKind::Forbidden, over.to_string()),
             other => {
                 tracing::error!(error = %other, "store error");
                 ApiError::new(ErrorKind::Internal, "internal server error")
@@ -323,6 +325,11 @@ mod tests {
         assert_eq!((r.status().as_u16(), &r.headers()["retry-after"]), (503, &HeaderValue::from_static("2")));
         let blobs = ApiError::from(StoreError::Unavailable("blob store: connection refused".into()));
         assert_eq!(blobs.message, "the blob store is unavailable; retry shortly");
+        let over = tandem_store::OverQuota { used_bytes: 3 << 20, quota_bytes: 4 << 20, needed_bytes: 2 << 20 };
+        let over = ApiError::from(StoreError::OverQuota(over));
+        assert_eq!(over.status(), 403, "not retried by the OpenAI SDK, unlike 429 and 5xx");
+        assert!(over.message.contains("stores 3.0 MiB of its 4.0 MiB quota and this needs 2.0 MiB"), "{}", over.message);
+        assert_eq!(over.retry_after_secs, None);
         let full = ApiError::from(StoreError::Full("No space left on device (os error 28)".into()));
         let r = full.into_anthropic_response();
         assert_eq!(r.status(), 507);

@@ -334,6 +334,13 @@ impl Worker {
             Ok(task) => task,
             Err(why) => return self.fail(job_id, false, why).await.map(|()| Some("failed")),
         };
+        // An entity with no room left could not keep the checkpoint: fail before the trainer
+        // spends its time on it (the checkpoint's own charge is the exact check).
+        let entity = &claimed.model.entity;
+        let usage = self.while_unavailable(|| self.store.storage_usage(entity)).await?;
+        if let Some(over) = tandem_store::storage_no_room(&usage, self.store.default_storage_quota()) {
+            return self.fail(job_id, false, over.to_string()).await.map(|()| Some("failed"));
+        }
         let train_job = TrainJob { job_id, model: claimed.model.clone(), base_step, base_checkpoint, task };
         self.heartbeat.beat(now_ms(), true);
         let flags = Arc::new(LeaseFlags::default());
@@ -496,6 +503,7 @@ impl Worker {
         let checkpoint_id = tandem_core::new_id();
         let path = CheckpointDir::relative_path(*model_id, checkpoint_id);
         let TrainOutput { files, metrics } = output;
+        let size_bytes: i64 = files.iter().map(|(_, b)| b.len() as i64).sum();
         self.checkpoints.publish(&path, files).await?;
         // The files are stored: a database that is down for a moment should not cost the run.
         let (path_ref, metrics_ref) = (&path, &metrics);
@@ -503,7 +511,7 @@ impl Worker {
             .while_unavailable(|| async move {
                 let step = self.store.latest_step(*model_id).await? + 1;
                 let (path, metrics) = (path_ref.clone(), metrics_ref.clone());
-                let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path, metrics };
+                let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path, metrics, size_bytes };
                 let outcome = JobOutcome::Succeeded { checkpoint, event_data: json!({ "step": step }) };
                 self.store.finish_job(job_id, &self.config.owner, &outcome).await.map(|_| step)
             })
@@ -516,7 +524,12 @@ impl Worker {
             Err(e) => {
                 // The row was never recorded, so the files belong to nothing.
                 let _ = self.checkpoints.remove(&path).await;
-                Err(e)
+                match e {
+                    // The entity's data is at its quota: the job fails, saying so, and nothing of
+                    // its checkpoint stays.
+                    StoreError::OverQuota(over) => self.fail(job_id, true, over.to_string()).await,
+                    e => Err(e),
+                }
             }
         }
     }

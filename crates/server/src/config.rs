@@ -157,6 +157,11 @@ pub struct ServeArgs {
     /// tokens); a larger job is a 422 at creation (default 1048576).
     #[arg(long, env = "TANDEM_MAX_JOB_TOKENS")]
     pub max_job_tokens: Option<u64>,
+    /// MiB of stored data (trajectory logs, job inputs, datasets, checkpoints, Tinker states,
+    /// stored Responses) each entity may keep, unless `tandem quota set` gave it its own; a write
+    /// past it is a 403 (default: no quota).
+    #[arg(long, env = "TANDEM_STORAGE_QUOTA_MIB")]
+    pub storage_quota_mib: Option<u64>,
     /// Database connections this process keeps (default 4 on SQLite, 8 on PostgreSQL).
     #[arg(long, env = "TANDEM_DB_POOL_SIZE")]
     pub db_pool_size: Option<u32>,
@@ -274,6 +279,8 @@ pub struct ServeConfig {
     pub max_job_tokens: u64,
     /// The database pool's size and acquire timeout (None: the backend's defaults).
     pub db_pool: tandem_store::PoolSettings,
+    /// Bytes each entity may store without a quota of its own (None: no quota).
+    pub storage_quota: Option<i64>,
     pub blob_retry: std::time::Duration,
     pub lora_root: Option<PathBuf>,
     pub quantize: tandem_model::Quantize,
@@ -383,6 +390,7 @@ impl ServeConfig {
                 s => bail!("--tinker-heartbeat-seconds {s}: expected 1 to 86400"),
             },
             max_job_tokens: args.max_job_tokens.or(file.max_job_tokens).unwrap_or(1 << 20).max(1),
+            storage_quota: storage_quota(args.storage_quota_mib.or(file.storage_quota_mib))?,
             db_pool: tandem_store::PoolSettings {
                 size: match args.db_pool_size.or(file.db_pool_size) {
                     Some(n) if !(1..=1000).contains(&n) => bail!("--db-pool-size {n}: expected 1 to 1000"),
@@ -499,5 +507,14 @@ mod tests {
         assert_eq!(c.models[1].id, "y");
         let args = ServeArgs { models: vec!["a/m.gguf".into(), "b/m.gguf".into()], ..Default::default() };
         assert!(ServeConfig::resolve(args).is_err());
+    }
+}
+
+/// `--storage-quota-mib` in bytes.
+pub fn storage_quota(mib: Option<u64>) -> anyhow::Result<Option<i64>> {
+    match mib {
+        None => Ok(None),
+        Some(m) if m <= 1 << 33 => Ok(Some((m << 20) as i64)),
+        Some(m) => bail!("--storage-quota-mib {m}: expected 0 to 8589934592"),
     }
 }

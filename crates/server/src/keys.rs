@@ -39,15 +39,16 @@ pub enum KeysCommand {
 /// SQLite opens it (SQLite gives its -wal and -shm files the database file's permissions).
 /// `postgres://` or `postgresql://` is PostgreSQL, its schema brought up to date on connect.
 pub async fn open_store(data_dir: &Path, database_url: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
-    open_store_with_pool(data_dir, database_url, PoolSettings::default()).await
+    open_store_with_pool(data_dir, database_url, PoolSettings::default(), None).await
 }
 
 /// [`open_store`] with the pool's size and acquire timeout where `pool` sets them (default: the
-/// backend's own).
+/// backend's own), holding entities without a quota of their own to `storage_quota` bytes.
 pub async fn open_store_with_pool(
     data_dir: &Path,
     database_url: Option<&str>,
     pool: PoolSettings,
+    storage_quota: Option<i64>,
 ) -> anyhow::Result<Arc<dyn Store>> {
     private_dir(data_dir)?;
     let db = match database_url {
@@ -56,7 +57,12 @@ pub async fn open_store_with_pool(
             let store = PostgresStore::connect_with_pool(url, pool)
                 .await
                 .with_context(|| format!("connecting to {}", redacted(url)))?;
-            return Ok(Arc::new(store));
+            let store = store.with_storage_quota(storage_quota);
+            // Over a network a statement can vanish without an error: each call has a deadline.
+            return Ok(match pool.call_deadline() {
+                Some(limit) => Arc::new(tandem_store::Deadline::new(store, limit)),
+                None => Arc::new(store),
+            });
         }
         Some(url) => match url.strip_prefix("sqlite://") {
             Some(path) if !path.is_empty() => PathBuf::from(path),
@@ -65,7 +71,7 @@ pub async fn open_store_with_pool(
     };
     private_file(&db)?;
     let store = SqliteStore::open_with_pool(&db, pool).await.with_context(|| format!("opening {}", db.display()))?;
-    Ok(Arc::new(store))
+    Ok(Arc::new(store.with_storage_quota(storage_quota)))
 }
 
 /// A database URL without its password, for messages and logs.

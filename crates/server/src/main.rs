@@ -6,6 +6,7 @@ mod export;
 mod keys;
 mod models;
 mod nodes;
+mod quota;
 mod serve;
 mod store_copy;
 
@@ -41,6 +42,8 @@ enum Command {
     Models(models::ModelsArgs),
     /// Copy a store into another (SQLite into PostgreSQL, or back), files into a blob store.
     Store(store_copy::StoreArgs),
+    /// Show what each entity stores, or set an entity's own storage quota.
+    Quota(quota::QuotaArgs),
 }
 
 /// The hidden subcommand that renders one request-supplied chat template (see
@@ -91,6 +94,7 @@ fn run() -> anyhow::Result<()> {
             Command::Nodes(args) => nodes::run(args).await,
             Command::Models(args) => models::run(args),
             Command::Store(args) => store_copy::run(args).await,
+            Command::Quota(args) => quota::run(args).await,
         }
     })
 }

@@ -37,6 +37,7 @@ pub const TABLES: &[&str] = &[
     "tinker_checkpoints",
     "tinker_secrets",
     "tinker_sessions",
+    "entity_storage",
 ];
 
 /// One end of a copy.

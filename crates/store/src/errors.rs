@@ -25,6 +25,17 @@ pub struct PoolSettings {
     pub statement_timeout: Option<Duration>,
 }
 
+impl PoolSettings {
+    /// PostgreSQL: how long one call into the store may take before the client gives up on it
+    /// (`Deadline`): twice the statement timeout, so that a call of a few statements the server
+    /// bounds is never cut short, but a call whose statements the network drops ends; `None`
+    /// when the statement timeout is zero (no limit).
+    pub fn call_deadline(&self) -> Option<Duration> {
+        let statement = self.statement_timeout.unwrap_or(POSTGRES_STATEMENT_TIMEOUT);
+        (!statement.is_zero()).then(|| statement * 2)
+    }
+}
+
 /// PostgreSQL's default acquire timeout: a stopped or unreachable server is a 503 within it.
 pub const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// PostgreSQL's default statement timeout: far above any statement tandem makes on a healthy

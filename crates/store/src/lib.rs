@@ -14,16 +14,20 @@ mod checkpoints;
 mod codec;
 pub mod copy;
 mod dataset_blobs;
+mod deadline;
 mod errors;
 mod postgres;
 mod sqlite;
+mod storage;
 mod tinker;
 
 pub use blobs::{create_private_dir_all, CheckpointDir};
 pub use checkpoints::{BlobStore, Checkpoints, SWEEP_GRACE};
+pub use deadline::Deadline;
 pub use errors::PoolSettings;
 pub use postgres::{PostgresStore, MAX_CONNECTIONS as POSTGRES_POOL_SIZE};
 pub use sqlite::{SqliteStore, POOL_SIZE as SQLITE_POOL_SIZE};
+pub use storage::{admits as storage_admits, no_room as storage_no_room, EntityQuota, OverQuota, StorageUsage};
 pub use tinker::{blob_path as tinker_blob_path, TinkerCap, TinkerCatalog, TinkerChange, TinkerEntry, TinkerSession};
 
 use async_trait::async_trait;
@@ -63,6 +67,9 @@ pub enum StoreError {
     /// The disk (or the database's tablespace) is full: nothing was written.
     #[error("no space left: {0}")]
     Full(String),
+    /// The write would take the entity past its storage quota: nothing was written.
+    #[error("{0}")]
+    OverQuota(OverQuota),
 }
 
 impl StoreError {
@@ -224,6 +231,8 @@ pub struct NewCheckpoint {
     pub step: i64,
     pub path: String,
     pub metrics: BTreeMap<String, f64>,
+    /// What its files take, charged to the model's entity.
+    pub size_bytes: i64,
 }
 
 /// A stored Response (`/v1/responses` with `store: true`).
@@ -380,7 +389,7 @@ pub trait Store: TinkerCatalog + Send + Sync + 'static {
     /// Records adapter files already written at `path` as the model's next checkpoint (the
     /// latest live step + 1), as one write. A Conflict while a job of the model is queued or
     /// running: it trains from the latest step when it starts and writes the next one.
-    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint>;
+    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str, size_bytes: i64) -> Result<Checkpoint>;
     /// Every live checkpoint's path (the Tinker catalog's files included), to sweep files no
     /// checkpoint owns.
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>>;
@@ -477,6 +486,17 @@ pub trait Store: TinkerCatalog + Send + Sync + 'static {
     async fn put_response(&self, response: &StoredResponse) -> Result<()>;
     async fn get_response(&self, entity: &str, id: &str) -> Result<StoredResponse>;
     async fn delete_response(&self, entity: &str, id: &str) -> Result<()>;
+
+    // --- per-entity storage (src/storage.rs) ---
+    /// What `entity`'s stored data takes and its own quota (zero and the default when it has
+    /// stored nothing).
+    async fn storage_usage(&self, entity: &str) -> Result<StorageUsage>;
+    /// Every entity that stores something or has a quota of its own, by name (operators' view).
+    async fn list_storage(&self) -> Result<Vec<StorageUsage>>;
+    /// Sets `entity`'s own quota (`Default` returns it to the node's).
+    async fn set_storage_quota(&self, entity: &str, quota: EntityQuota) -> Result<()>;
+    /// The quota of entities without one of their own (`--storage-quota-mib`), `None`: none.
+    fn default_storage_quota(&self) -> Option<i64>;
 }
 
 /// Most `gradient_step` events one history read returns (the newest): a curve of a model with

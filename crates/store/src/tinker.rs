@@ -153,6 +153,16 @@ pub(crate) const SESSION_SWEEP: &str =
 pub(crate) const SESSION_COUNTS: &str = "SELECT node, COUNT(*) FROM tinker_sessions GROUP BY node";
 pub(crate) const LIVE_BLOBS: &str = "SELECT blob FROM tinker_checkpoints WHERE blob IS NOT NULL";
 
+/// What an entry counts against its owner's storage: the files of its own (sampler weights are a
+/// checkpoint, counted as one).
+pub(crate) fn counted_bytes(e: &TinkerEntry) -> i64 {
+    if e.blob.is_some() {
+        e.size_bytes.max(0)
+    } else {
+        0
+    }
+}
+
 /// A kind as stored, or a row that names none (written by something else: an error, not a
 /// guess).
 pub(crate) fn kind(s: &str) -> crate::Result<CheckpointKind> {
@@ -207,6 +217,7 @@ macro_rules! catalog_backend {
             tx: &mut sqlx::Transaction<'_, $db>,
             e: &TinkerEntry,
             cap: Option<TinkerCap>,
+            quota: Option<i64>,
         ) -> Result<Option<TinkerEntry>> {
             $lock(&mut **tx, &e.owner).await?;
             let other: Option<String> = sqlx::query_scalar(&$sql(t::OTHER_OWNER))
@@ -253,6 +264,9 @@ macro_rules! catalog_backend {
                 .bind(e.meta.to_string())
                 .execute(&mut **tx)
                 .await?;
+            // Saving over a name frees what the old entry's files took.
+            super::storage::release(&mut **tx, &e.owner, before.as_ref().map_or(0, t::counted_bytes)).await?;
+            super::storage::charge(&mut **tx, &e.owner, t::counted_bytes(e), quota).await?;
             Ok(before)
         }
 
@@ -291,6 +305,7 @@ macro_rules! catalog_backend {
                     .bind(&key.name)
                     .execute(&mut **tx)
                     .await?;
+                super::storage::release(&mut **tx, owner, before.as_ref().map_or(0, t::counted_bytes)).await?;
             }
             Ok(before)
         }
@@ -332,7 +347,7 @@ macro_rules! catalog_backend {
         impl TinkerCatalog for $store {
             async fn tinker_put(&self, e: &TinkerEntry, cap: Option<TinkerCap>) -> Result<Option<TinkerEntry>> {
                 let mut tx = $begin(&self.pool).await?;
-                let before = put(&mut tx, e, cap).await?;
+                let before = put(&mut tx, e, cap, self.storage_quota).await?;
                 tx.commit().await?;
                 Ok(before)
             }

@@ -33,6 +33,7 @@ async fn succeed(store: &dyn Store, model_id: Uuid, step: i64) -> Uuid {
         step,
         path: format!("{model_id}/{step}"),
         metrics: BTreeMap::from([("train/loss".to_string(), 0.5)]),
+        size_bytes: 1000,
     };
     let outcome = JobOutcome::Succeeded { checkpoint: cp.clone(), event_data: json!({ "step": step }) };
     let done = store.finish_job(job.id, tandem_store::TEST_OWNER, &outcome).await.unwrap();
@@ -491,7 +492,14 @@ async fn job_counts_and_gradient_step_history() {
         assert!(counts.contains(&(JobKind::Rl, JobStatus::Running, 2)), "{name}: {counts:?}");
 
         let cp =
-            NewCheckpoint { id: Uuid::now_v7(), model_id: m.id, step: 1, path: "x".into(), metrics: BTreeMap::new() };
+            NewCheckpoint {
+                id: Uuid::now_v7(),
+                model_id: m.id,
+                step: 1,
+                path: "x".into(),
+                metrics: BTreeMap::new(),
+                size_bytes: 0,
+            };
         let outcome = JobOutcome::Succeeded { checkpoint: cp, event_data: json!({ "step": 1 }) };
         store.finish_job(j1.id, tandem_store::TEST_OWNER, &outcome).await.unwrap();
         let done = store.gradient_step_history(m.id).await.unwrap();
@@ -533,10 +541,10 @@ async fn job_counts_and_gradient_step_history() {
 async fn an_imported_adapter_becomes_the_next_checkpoint() {
     for (name, store, _dir) in backends().await {
         let (m, _) = store.create_model(&new_model("a", "m"), false).await.unwrap();
-        let first = store.import_checkpoint(m.id, Uuid::now_v7(), "m/one").await.unwrap();
+        let first = store.import_checkpoint(m.id, Uuid::now_v7(), "m/one", 0).await.unwrap();
         assert_eq!((first.step, first.path.as_str()), (1, "m/one"), "{name}");
         succeed(store.as_ref(), m.id, 2).await;
-        let third = store.import_checkpoint(m.id, Uuid::now_v7(), "m/three").await.unwrap();
+        let third = store.import_checkpoint(m.id, Uuid::now_v7(), "m/three", 0).await.unwrap();
         assert_eq!(third.step, 3, "{name}");
         assert_eq!(store.latest_step(m.id).await.unwrap(), 3);
         // While a job of the model is queued or runs, it owns the next step.
@@ -550,10 +558,10 @@ async fn an_imported_adapter_becomes_the_next_checkpoint() {
             })
             .await
             .unwrap();
-        let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;
+        let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four", 0).await;
         assert!(matches!(busy, Err(StoreError::Conflict(_))), "{name}: queued: {busy:?}");
         store.claim_next_job(&tandem_store::test_lease()).await.unwrap().unwrap();
-        let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four").await;
+        let busy = store.import_checkpoint(m.id, Uuid::now_v7(), "m/four", 0).await;
         assert!(matches!(busy, Err(StoreError::Conflict(_))), "{name}: running: {busy:?}");
         assert_eq!(store.latest_step(m.id).await.unwrap(), 3, "{name}: nothing recorded");
     }

@@ -59,6 +59,7 @@ async fn fill(store: &dyn Store) -> (Uuid, Uuid) {
         step: 1,
         path: format!("{}/{}", model.id, Uuid::now_v7()),
         metrics: BTreeMap::from([("train/loss".to_string(), 0.25)]),
+        size_bytes: 1000,
     };
     let outcome = JobOutcome::Succeeded { checkpoint: cp.clone(), event_data: json!({"step": 1}) };
     store.finish_job(job.id, tandem_store::TEST_OWNER, &outcome).await.unwrap();

@@ -32,6 +32,8 @@ pub fn store_error(e: StoreError, what: &str) -> TinkerError {
             let failed = e.failed_store().unwrap_or("the store");
             TinkerError::Unavailable(format!("{what}: {failed} did not answer; try again"))
         }
+        // The caller's to fix (a 400 the SDK does not retry), with the entity's own numbers.
+        StoreError::OverQuota(over) => TinkerError::User(format!("{what}: {over}")),
         other => TinkerError::Server(format!("{what}: {other}")),
     }
 }

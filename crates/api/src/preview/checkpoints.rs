@@ -425,10 +425,11 @@ async fn run_import(
     let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
     // Unpack, write durably and check against the base model (which loads and caches it, so it
     // is served at once), off the async workers; each copy is dropped once the next exists.
-    let written = tokio::task::spawn_blocking(move || -> Result<(), ApiError> {
+    let written = tokio::task::spawn_blocking(move || -> Result<i64, ApiError> {
         let files = adapter_files(&body).map_err(|m| body_error(vec![Loc::from("body")], &m, Value::Null))?;
         drop(body);
         let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+        let size: i64 = refs.iter().map(|(_, b)| b.len() as i64).sum();
         let path = dir.write_atomic(&rel, &refs).map_err(ApiError::from)?;
         drop(files);
         let adapter = tandem_core::inference::AdapterRef {
@@ -443,14 +444,15 @@ async fn run_import(
                 &format!("the adapter does not fit {}: {m}", served.info().id),
                 Value::Null,
             )
-        })
+        })?;
+        Ok(size)
     })
     .await;
     let recorded = match written {
         // Write, then record: on a shared blob store, every node finds the files of what it finds
         // recorded.
-        Ok(Ok(())) => match state.checkpoints().upload(&relative).await {
-            Ok(()) => state.store().import_checkpoint(model.id, id, &relative).await.map_err(ApiError::from),
+        Ok(Ok(size)) => match state.checkpoints().upload(&relative).await {
+            Ok(()) => state.store().import_checkpoint(model.id, id, &relative, size).await.map_err(ApiError::from),
             Err(e) => Err(ApiError::from(e)),
         },
         Ok(Err(e)) => Err(e),

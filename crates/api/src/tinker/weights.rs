@@ -202,6 +202,7 @@ async fn publish(
 ) -> std::result::Result<tandem_core::records::Checkpoint, ApiError> {
     let id = tandem_core::new_id();
     let relative = tandem_store::CheckpointDir::relative_path(record, id);
+    let size: i64 = files.iter().map(|(_, b)| b.len() as i64).sum();
     let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
     tokio::task::spawn_blocking(move || {
         let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
@@ -210,7 +211,7 @@ async fn publish(
     .await
     .map_err(|e| ApiError::new(ErrorKind::Internal, format!("writing the checkpoint failed: {e}")))??;
     state.checkpoints().upload(&relative).await?;
-    match state.store().import_checkpoint(record, id, &relative).await {
+    match state.store().import_checkpoint(record, id, &relative, size).await {
         Ok(cp) => Ok(cp),
         Err(e) => {
             let _ = state.checkpoints().remove(&relative).await;

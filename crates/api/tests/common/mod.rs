@@ -211,7 +211,7 @@ pub async fn add_checkpoint(app: &TestApp, model_id: uuid::Uuid, step: i64) -> S
     let path = CheckpointDir::relative_path(model_id, id);
     app.checkpoints.write_atomic(&path, &[("adapter_config.json", b"{}")]).unwrap();
     let metrics = std::collections::BTreeMap::from([("loss".into(), 1.5)]);
-    let checkpoint = NewCheckpoint { id, model_id, step, path: path.clone(), metrics };
+    let checkpoint = NewCheckpoint { id, model_id, step, path: path.clone(), metrics, size_bytes: 0 };
     app.store
         .finish_job(
             job.id,

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_bytes, created_at";
 
-pub(crate) async fn create(pool: &PgPool, new: &NewDataset) -> Result<Dataset> {
+pub(crate) async fn create(pool: &PgPool, new: &NewDataset, quota: Option<i64>) -> Result<Dataset> {
     let sql = format!(
         "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, blob_key, created_at)
          VALUES ($1, $2, $3, $4,
@@ -34,6 +34,7 @@ pub(crate) async fn create(pool: &PgPool, new: &NewDataset) -> Result<Dataset> {
         .bind(now_ms())
         .fetch_one(&mut *tx)
         .await?;
+    super::storage::charge(&mut tx, &new.entity, new.data.size(), quota).await?;
     tx.commit().await?;
     rows::dataset(&row)
 }
@@ -86,13 +87,14 @@ pub(crate) async fn live_blob_keys(pool: &PgPool) -> Result<Vec<String>> {
 }
 
 pub(crate) async fn delete(pool: &PgPool, entity: &str, id: Uuid) -> Result<()> {
-    let done = sqlx::query("DELETE FROM datasets WHERE id = $1 AND entity = $2")
+    let mut tx = pool.begin().await?;
+    let size: Option<i64> = sqlx::query_scalar("DELETE FROM datasets WHERE id = $1 AND entity = $2 RETURNING size_bytes")
         .bind(id.to_string())
         .bind(entity)
-        .execute(pool)
+        .fetch_optional(&mut *tx)
         .await?;
-    if done.rows_affected() == 0 {
-        return Err(StoreError::NotFound);
-    }
+    let size = size.ok_or(StoreError::NotFound)?;
+    super::storage::release(&mut tx, entity, size).await?;
+    tx.commit().await?;
     Ok(())
 }

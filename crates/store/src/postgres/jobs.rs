@@ -89,12 +89,20 @@ pub(crate) async fn list_jobs(pool: &PgPool, model_id: Uuid, page: PageRequest) 
     Ok(rows::page(items, page.limit))
 }
 
-pub(crate) async fn create_job(pool: &PgPool, new: &NewJob, max_pending: Option<i64>) -> Result<Job> {
+pub(crate) async fn create_job(
+    pool: &PgPool,
+    new: &NewJob,
+    max_pending: Option<i64>,
+    quota: Option<i64>,
+) -> Result<Job> {
     let sql = format!(
         "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, rollout_metrics,
-                                    rollout_groups, created_at)
-         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8) RETURNING {JOB_COLUMNS}"
+                                    rollout_groups, created_at, size_bytes)
+         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9) RETURNING {JOB_COLUMNS}"
     );
+    let (config, inputs) = (rows::text(&new.config)?, rows::text(&new.inputs)?);
+    let groups = new.rollout.as_ref().map(|r| rows::text(&r.groups)).transpose()?;
+    let size = crate::storage::job_bytes(&config, &inputs, groups.as_deref());
     let mut tx = pool.begin().await?;
     // The model's lock keeps its jobs' `seq` in commit order, and an import from recording a
     // step between its "no job pending" check and its insert.
@@ -126,15 +134,17 @@ pub(crate) async fn create_job(pool: &PgPool, new: &NewJob, max_pending: Option<
         .bind(tandem_core::new_id().to_string())
         .bind(new.model_id.to_string())
         .bind(new.kind.as_str())
-        .bind(rows::text(&new.config)?)
-        .bind(rows::text(&new.inputs)?)
+        .bind(config)
+        .bind(inputs)
         // Finite numbers only, as every metrics column (the schema checks it).
         .bind(new.rollout.as_ref().map(|r| rows::metrics_text(&r.metrics)))
-        .bind(new.rollout.as_ref().map(|r| rows::text(&r.groups)).transpose()?)
+        .bind(groups)
         .bind(now_ms())
+        .bind(size)
         .fetch_one(&mut *tx)
         .await?;
     super::notify::notify(&mut tx, super::notify::JOBS, "").await?;
+    super::storage::charge_model(&mut tx, new.model_id, size, quota).await?;
     tx.commit().await?;
     rows::job(&row)
 }
@@ -385,7 +395,13 @@ async fn set_terminal(
     Ok(())
 }
 
-pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, owner: &str, outcome: &JobOutcome) -> Result<Job> {
+pub(crate) async fn finish_job(
+    pool: &PgPool,
+    id: Uuid,
+    owner: &str,
+    outcome: &JobOutcome,
+    quota: Option<i64>,
+) -> Result<Job> {
     let mut tx = pool.begin().await?;
     // The model's row before the job's (the order deleting a model takes them in), since a
     // success records the model's next checkpoint.
@@ -398,8 +414,8 @@ pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, owner: &str, outcome: &J
     match outcome {
         JobOutcome::Succeeded { checkpoint, event_data } => {
             sqlx::query(
-                "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6)",
+                "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at, size_bytes)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(checkpoint.id.to_string())
             .bind(checkpoint.model_id.to_string())
@@ -407,11 +423,14 @@ pub(crate) async fn finish_job(pool: &PgPool, id: Uuid, owner: &str, outcome: &J
             .bind(&checkpoint.path)
             .bind(rows::metrics_text(&checkpoint.metrics))
             .bind(now_ms())
+            .bind(checkpoint.size_bytes)
             .execute(&mut *tx)
             .await?;
             set_terminal(&mut tx, id, JobStatus::Succeeded, Some(checkpoint.step), None).await?;
             insert_event(&mut tx, id, EventKind::TrainingEnded, event_data).await?;
             super::notify::notify(&mut tx, super::notify::CHECKPOINTS, &checkpoint.path).await?;
+            // The job's row is already this transaction's, so the re-read below waits on nothing.
+            super::storage::charge_model(&mut tx, checkpoint.model_id, checkpoint.size_bytes, quota).await?;
         }
         JobOutcome::Failed { error_message } | JobOutcome::Cancelled { error_message } => {
             let status = match outcome {

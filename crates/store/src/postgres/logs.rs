@@ -57,6 +57,7 @@ pub(crate) async fn delete_checkpoints(pool: &PgPool, model_id: Uuid, steps: &[i
     // Not an error when the model is gone: every step is then not found, as in SQLite.
     lock_model(&mut tx, model_id).await?;
     let mut out = DeletedCheckpoints { deleted: Vec::new(), not_found_steps: Vec::new() };
+    let mut freed = 0;
     for step in unique {
         let row = sqlx::query(
             "UPDATE checkpoints SET deleted_at = $1 WHERE model_id = $2 AND step = $3 AND deleted_at IS NULL
@@ -68,15 +69,29 @@ pub(crate) async fn delete_checkpoints(pool: &PgPool, model_id: Uuid, steps: &[i
         .fetch_optional(&mut *tx)
         .await?;
         match row {
-            Some(r) => out.deleted.push(rows::checkpoint(&r)?),
+            Some(r) => {
+                freed += r.try_get::<i64, _>("size_bytes")?;
+                out.deleted.push(rows::checkpoint(&r)?);
+            }
             None => out.not_found_steps.push(step),
         }
+    }
+    if freed > 0 {
+        let entity = super::storage::model_entity(&mut tx, model_id).await?;
+        super::storage::release(&mut tx, &entity, freed).await?;
     }
     tx.commit().await?;
     Ok(out)
 }
 
-pub(crate) async fn import_checkpoint(pool: &PgPool, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint> {
+pub(crate) async fn import_checkpoint(
+    pool: &PgPool,
+    model_id: Uuid,
+    id: Uuid,
+    path: &str,
+    size_bytes: i64,
+    quota: Option<i64>,
+) -> Result<Checkpoint> {
     let mut tx = pool.begin().await?;
     // Under the model's lock no job of it can be created, and no other import take the same step,
     // between the check and the insert.
@@ -97,24 +112,28 @@ pub(crate) async fn import_checkpoint(pool: &PgPool, model_id: Uuid, id: Uuid, p
     }
     let step = latest_step(&mut *tx, model_id).await? + 1;
     let row = sqlx::query(
-        "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at) VALUES ($1, $2, $3, $4, '{}', $5)
-         RETURNING *",
+        "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at, size_bytes)
+         VALUES ($1, $2, $3, $4, '{}', $5, $6) RETURNING *",
     )
     .bind(id.to_string())
     .bind(model_id.to_string())
     .bind(step)
     .bind(path)
     .bind(now_ms())
+    .bind(size_bytes)
     .fetch_one(&mut *tx)
     .await?;
     let checkpoint = rows::checkpoint(&row)?;
     super::notify::notify(&mut tx, super::notify::CHECKPOINTS, path).await?;
+    super::storage::charge_model(&mut tx, model_id, size_bytes, quota).await?;
     tx.commit().await?;
     Ok(checkpoint)
 }
 
-pub(crate) async fn append_log(pool: &PgPool, new: &NewLog) -> Result<LogEntry> {
+pub(crate) async fn append_log(pool: &PgPool, new: &NewLog, quota: Option<i64>) -> Result<LogEntry> {
     let groups = rows::text(&new.trajectory_groups)?;
+    let metrics = rows::metrics_text(&new.metrics);
+    let size = (groups.len() + metrics.len()) as i64;
     let mut tx = pool.begin().await?;
     // The model's lock keeps its logs' `seq` in commit order and makes the merge into the
     // checkpoint's metrics below a read-modify-write no other log interleaves with.
@@ -124,18 +143,19 @@ pub(crate) async fn append_log(pool: &PgPool, new: &NewLog) -> Result<LogEntry> 
     let step = latest_step(&mut *tx, new.model_id).await?;
     let row = sqlx::query(
         "INSERT INTO trajectory_logs (id, model_id, split, step, metrics, num_groups, num_trajectories,
-                                      trajectory_groups, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
+                                      trajectory_groups, created_at, size_bytes)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING *",
     )
     .bind(tandem_core::new_id().to_string())
     .bind(new.model_id.to_string())
     .bind(&new.split)
     .bind(step)
-    .bind(rows::metrics_text(&new.metrics))
+    .bind(metrics)
     .bind(new.num_groups)
     .bind(new.num_trajectories)
     .bind(groups)
     .bind(now_ms())
+    .bind(size)
     .fetch_one(&mut *tx)
     .await?;
     if step > 0 {
@@ -156,6 +176,7 @@ pub(crate) async fn append_log(pool: &PgPool, new: &NewLog) -> Result<LogEntry> 
             .execute(&mut *tx)
             .await?;
     }
+    super::storage::charge_model(&mut tx, new.model_id, size, quota).await?;
     tx.commit().await?;
     rows::log_entry(&row)
 }

@@ -31,6 +31,7 @@ mod nodes;
 mod notify;
 mod responses;
 mod rows;
+mod storage;
 mod tinker;
 
 use crate::errors::{POSTGRES_ACQUIRE_TIMEOUT, POSTGRES_STATEMENT_TIMEOUT};
@@ -62,12 +63,23 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// `--storage-quota-mib` in bytes: the quota of entities without one of their own.
+    storage_quota: Option<i64>,
 }
+
+/// How long a connection given back to the pool has to answer a ping before it is closed.
+const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl PostgresStore {
     /// The pool, for `copy` (which works below the `Store` methods).
     pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Holds entities without a quota of their own to `bytes` of stored data (`None`: no quota).
+    pub fn with_storage_quota(mut self, bytes: Option<i64>) -> Self {
+        self.storage_quota = bytes;
+        self
     }
 
     /// Connects to `url` (`postgres://user@host:5432/db`) and brings the schema up to date, in the
@@ -130,6 +142,20 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(settings.size.unwrap_or(MAX_CONNECTIONS).max(1))
             .acquire_timeout(settings.acquire_timeout.unwrap_or(POSTGRES_ACQUIRE_TIMEOUT))
+            // A connection comes back to the pool after each call, also one the call's deadline
+            // cut off mid-statement. sqlx then pings it without a limit, which on a network that
+            // drops packets silently waits for TCP's retransmissions (about fifteen minutes),
+            // holding a slot of the pool all along. A ping of our own first, bounded: no answer
+            // and the connection is closed at once. A connection whose statements were answered
+            // answers it in one round trip.
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    match tokio::time::timeout(RELEASE_PING_TIMEOUT, conn.ping()).await {
+                        Ok(answered) => answered.map(|()| true),
+                        Err(_) => Err(sqlx::Error::PoolTimedOut),
+                    }
+                })
+            })
             .connect_lazy_with(options);
         let started = std::time::Instant::now();
         loop {
@@ -148,7 +174,7 @@ impl PostgresStore {
         let mut conn = timeout(migrating.connect()).await?;
         MIGRATOR.run(&mut conn).await.map_err(|e| StoreError::Database(e.to_string()))?;
         conn.close().await?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore { pool, storage_quota: None })
     }
 
     /// Closes every connection; later calls fail (health checks and shutdown tests use it).
@@ -371,8 +397,8 @@ impl crate::Store for PostgresStore {
         logs::delete_checkpoints(&self.pool, model_id, steps).await
     }
 
-    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint> {
-        logs::import_checkpoint(&self.pool, model_id, id, path).await
+    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str, size_bytes: i64) -> Result<Checkpoint> {
+        logs::import_checkpoint(&self.pool, model_id, id, path, size_bytes, self.storage_quota).await
     }
 
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>> {
@@ -383,7 +409,7 @@ impl crate::Store for PostgresStore {
     }
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
-        logs::append_log(&self.pool, new).await
+        logs::append_log(&self.pool, new, self.storage_quota).await
     }
 
     async fn list_logs(&self, model_id: Uuid, split: Option<&str>, page: PageRequest) -> Result<Page<LogEntry>> {
@@ -400,7 +426,7 @@ impl crate::Store for PostgresStore {
     }
 
     async fn create_dataset(&self, new: &crate::NewDataset) -> Result<Dataset> {
-        datasets::create(&self.pool, new).await
+        datasets::create(&self.pool, new, self.storage_quota).await
     }
 
     async fn get_dataset(&self, entity: &str, id: Uuid) -> Result<Dataset> {
@@ -428,7 +454,7 @@ impl crate::Store for PostgresStore {
     }
 
     async fn create_job_capped(&self, new: &crate::NewJob, max_pending: Option<i64>) -> Result<Job> {
-        jobs::create_job(&self.pool, new, max_pending).await
+        jobs::create_job(&self.pool, new, max_pending, self.storage_quota).await
     }
 
     async fn pending_jobs(&self, entity: &str) -> Result<i64> {
@@ -500,7 +526,7 @@ impl crate::Store for PostgresStore {
     }
 
     async fn finish_job(&self, job_id: Uuid, owner: &str, outcome: &crate::JobOutcome) -> Result<Job> {
-        jobs::finish_job(&self.pool, job_id, owner, outcome).await
+        jobs::finish_job(&self.pool, job_id, owner, outcome, self.storage_quota).await
     }
 
     async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: crate::Reclaim) -> Result<crate::Recovery> {
@@ -523,8 +549,24 @@ impl crate::Store for PostgresStore {
         nodes::remove(&self.pool, id).await
     }
 
+    async fn storage_usage(&self, entity: &str) -> Result<crate::StorageUsage> {
+        storage::usage(&mut *self.pool.acquire().await?, entity).await
+    }
+
+    async fn list_storage(&self) -> Result<Vec<crate::StorageUsage>> {
+        storage::list_usage(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn set_storage_quota(&self, entity: &str, quota: crate::EntityQuota) -> Result<()> {
+        storage::set_quota(&mut *self.pool.acquire().await?, entity, quota).await
+    }
+
+    fn default_storage_quota(&self) -> Option<i64> {
+        self.storage_quota
+    }
+
     async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {
-        responses::put(&self.pool, response, crate::MAX_STORED_RESPONSES).await
+        responses::put(&self.pool, response, crate::MAX_STORED_RESPONSES, self.storage_quota).await
     }
 
     async fn get_response(&self, entity: &str, id: &str) -> Result<crate::StoredResponse> {

@@ -115,7 +115,9 @@ pub(crate) async fn delete_model(pool: &PgPool, entity: &str, id: Uuid) -> Resul
         .fetch_all(&mut *tx)
         .await?;
     let deleted_checkpoints = live.iter().map(rows::checkpoint).collect::<Result<Vec<_>>>()?;
+    let freed = super::storage::model_bytes(&mut tx, id).await?;
     sqlx::query("DELETE FROM models WHERE id = $1").bind(id.to_string()).execute(&mut *tx).await?;
+    super::storage::release(&mut tx, entity, freed).await?;
     tx.commit().await?;
     Ok(DeletedModel { model_id: id, deleted_checkpoints })
 }

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_bytes, created_at";
 
-pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset) -> Result<Dataset> {
+pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset, quota: Option<i64>) -> Result<Dataset> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let sql = format!(
         "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, blob_key, created_at)
          VALUES (?, ?, ?, ?,
@@ -31,9 +32,12 @@ pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset) -> Result<Datase
         .bind(inline_bytes(&new.data))
         .bind(blob_key(&new.data))
         .bind(now_ms())
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
         .await?;
-    rows::dataset(&row)
+    let dataset = rows::dataset(&row)?;
+    super::storage::charge(&mut tx, &new.entity, new.data.size(), quota).await?;
+    tx.commit().await?;
+    Ok(dataset)
 }
 
 pub(crate) async fn get(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<Dataset> {
@@ -81,13 +85,14 @@ pub(crate) async fn live_blob_keys(pool: &SqlitePool) -> Result<Vec<String>> {
 }
 
 pub(crate) async fn delete(pool: &SqlitePool, entity: &str, id: Uuid) -> Result<()> {
-    let done = sqlx::query("DELETE FROM datasets WHERE id = ? AND entity = ?")
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let size: Option<i64> = sqlx::query_scalar("DELETE FROM datasets WHERE id = ? AND entity = ? RETURNING size_bytes")
         .bind(id.to_string())
         .bind(entity)
-        .execute(pool)
+        .fetch_optional(&mut *tx)
         .await?;
-    if done.rows_affected() == 0 {
-        return Err(StoreError::NotFound);
-    }
+    let size = size.ok_or(StoreError::NotFound)?;
+    super::storage::release(&mut tx, entity, size).await?;
+    tx.commit().await?;
     Ok(())
 }

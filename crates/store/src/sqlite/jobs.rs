@@ -92,7 +92,12 @@ pub(crate) async fn list_jobs(pool: &SqlitePool, model_id: Uuid, page: PageReque
 
 /// Inside the caller's `BEGIN IMMEDIATE` transaction, which holds the write lock from its start,
 /// so the cap's count and the insert see no other writer in between.
-pub(crate) async fn create_job(tx: &mut SqliteConnection, new: &NewJob, max_pending: Option<i64>) -> Result<Job> {
+pub(crate) async fn create_job(
+    tx: &mut SqliteConnection,
+    new: &NewJob,
+    max_pending: Option<i64>,
+    quota: Option<i64>,
+) -> Result<Job> {
     let text = |v: &Value| serde_json::to_string(v).map_err(|e| StoreError::Database(e.to_string()));
     if let Some(cap) = max_pending {
         let pending: i64 = sqlx::query_scalar(
@@ -108,15 +113,18 @@ pub(crate) async fn create_job(tx: &mut SqliteConnection, new: &NewJob, max_pend
     }
     let sql = format!(
         "INSERT INTO training_jobs (id, model_id, kind, status, config, trajectory_groups, rollout_metrics,
-                                    rollout_groups, created_at)
-         VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING {JOB_COLUMNS}"
+                                    rollout_groups, created_at, size_bytes)
+         VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?) RETURNING {JOB_COLUMNS}"
     );
+    let (config, inputs) = (text(&new.config)?, text(&new.inputs)?);
+    let groups = new.rollout.as_ref().map(|r| text(&r.groups)).transpose()?;
+    let size = crate::storage::job_bytes(&config, &inputs, groups.as_deref());
     let row = sqlx::query(&sql)
         .bind(tandem_core::new_id().to_string())
         .bind(new.model_id.to_string())
         .bind(new.kind.as_str())
-        .bind(text(&new.config)?)
-        .bind(text(&new.inputs)?)
+        .bind(config)
+        .bind(inputs)
         .bind(
             new.rollout
                 .as_ref()
@@ -124,11 +132,14 @@ pub(crate) async fn create_job(tx: &mut SqliteConnection, new: &NewJob, max_pend
                 .transpose()
                 .map_err(|e| StoreError::Database(e.to_string()))?,
         )
-        .bind(new.rollout.as_ref().map(|r| text(&r.groups)).transpose()?)
+        .bind(groups)
         .bind(now_ms())
+        .bind(size)
         .fetch_one(&mut *tx)
         .await?;
-    rows::job(&row)
+    let job = rows::job(&row)?;
+    super::storage::charge_model(tx, new.model_id, size, quota).await?;
+    Ok(job)
 }
 
 pub(crate) async fn get_job<'e, E: sqlx::SqliteExecutor<'e>>(ex: E, entity: &str, id: Uuid) -> Result<Job> {
@@ -335,12 +346,14 @@ pub(crate) async fn finish_job(
     id: Uuid,
     owner: &str,
     outcome: &JobOutcome,
+    quota: Option<i64>,
 ) -> Result<Job> {
     check_owner(tx, id, owner).await?;
     match outcome {
         JobOutcome::Succeeded { checkpoint, event_data } => {
             sqlx::query(
-                "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at, size_bytes)
+                 VALUES (?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(checkpoint.id.to_string())
             .bind(checkpoint.model_id.to_string())
@@ -348,10 +361,12 @@ pub(crate) async fn finish_job(
             .bind(&checkpoint.path)
             .bind(rows::metrics_text(&checkpoint.metrics))
             .bind(now_ms())
+            .bind(checkpoint.size_bytes)
             .execute(&mut **tx)
             .await?;
             set_terminal(tx, id, JobStatus::Succeeded, Some(checkpoint.step), None).await?;
             insert_event(tx, id, EventKind::TrainingEnded, event_data).await?;
+            super::storage::charge_model(tx, checkpoint.model_id, checkpoint.size_bytes, quota).await?;
         }
         JobOutcome::Failed { error_message } | JobOutcome::Cancelled { error_message } => {
             let status = match outcome {

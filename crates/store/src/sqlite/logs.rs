@@ -7,22 +7,25 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use tandem_core::records::{LogEntry, Page, PageRequest};
 use uuid::Uuid;
 
-pub(crate) async fn append(tx: &mut Transaction<'_, Sqlite>, new: &NewLog) -> Result<LogEntry> {
+pub(crate) async fn append(tx: &mut Transaction<'_, Sqlite>, new: &NewLog, quota: Option<i64>) -> Result<LogEntry> {
     let groups = serde_json::to_string(&new.trajectory_groups).map_err(|e| StoreError::Database(e.to_string()))?;
+    let metrics = rows::metrics_text(&new.metrics);
+    let size = (groups.len() + metrics.len()) as i64;
     let step = latest_step(&mut **tx, new.model_id).await?;
     let row = sqlx::query(
-        "INSERT INTO trajectory_logs (id, model_id, split, step, metrics, num_groups, num_trajectories, trajectory_groups, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+        "INSERT INTO trajectory_logs (id, model_id, split, step, metrics, num_groups, num_trajectories, trajectory_groups, created_at, size_bytes)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
     )
     .bind(tandem_core::new_id().to_string())
     .bind(new.model_id.to_string())
     .bind(&new.split)
     .bind(step)
-    .bind(rows::metrics_text(&new.metrics))
+    .bind(metrics)
     .bind(new.num_groups)
     .bind(new.num_trajectories)
     .bind(groups)
     .bind(now_ms())
+    .bind(size)
     .fetch_one(&mut **tx)
     .await?;
     if step > 0 {
@@ -41,7 +44,9 @@ pub(crate) async fn append(tx: &mut Transaction<'_, Sqlite>, new: &NewLog) -> Re
             .execute(&mut **tx)
             .await?;
     }
-    rows::log_entry(&row)
+    let entry = rows::log_entry(&row)?;
+    super::storage::charge_model(tx, new.model_id, size, quota).await?;
+    Ok(entry)
 }
 
 pub(crate) async fn list(

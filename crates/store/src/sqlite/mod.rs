@@ -11,6 +11,7 @@ mod logs;
 mod nodes;
 mod responses;
 mod rows;
+mod storage;
 mod tinker;
 
 use crate::errors::SQLITE_ACQUIRE_TIMEOUT;
@@ -66,12 +67,20 @@ fn pool_options(settings: PoolSettings) -> SqlitePoolOptions {
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// `--storage-quota-mib` in bytes: the quota of entities without one of their own.
+    storage_quota: Option<i64>,
 }
 
 impl SqliteStore {
     /// The pool, for `copy` (which works below the `Store` methods).
     pub(crate) fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// Holds entities without a quota of their own to `bytes` of stored data (`None`: no quota).
+    pub fn with_storage_quota(mut self, bytes: Option<i64>) -> Self {
+        self.storage_quota = bytes;
+        self
     }
 
     /// Opens (creating if needed) the database file and brings its schema up to date.
@@ -84,7 +93,7 @@ impl SqliteStore {
     pub async fn open_with_pool(path: &Path, pool: PoolSettings) -> Result<Self> {
         let pool = pool_options(pool).connect_with(connect_options(path)?).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, storage_quota: None })
     }
 
     /// An in-memory database, for tests. One connection, since each would be its own database.
@@ -92,7 +101,7 @@ impl SqliteStore {
         let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
         let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
         MIGRATOR.run(&pool).await.map_err(|e| StoreError::Database(e.to_string()))?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, storage_quota: None })
     }
 
     async fn write_tx(&self) -> Result<sqlx::Transaction<'_, sqlx::Sqlite>> {
@@ -345,7 +354,9 @@ impl crate::Store for SqliteStore {
             .fetch_all(&mut *tx)
             .await?;
         let deleted_checkpoints = live.iter().map(rows::checkpoint).collect::<Result<Vec<_>>>()?;
+        let freed = storage::model_bytes(&mut tx, id).await?;
         sqlx::query("DELETE FROM models WHERE id = ?").bind(id.to_string()).execute(&mut *tx).await?;
+        storage::release(&mut tx, entity, freed).await?;
         tx.commit().await?;
         Ok(DeletedModel { model_id: id, deleted_checkpoints })
     }
@@ -404,6 +415,7 @@ impl crate::Store for SqliteStore {
         unique.dedup();
         let mut tx = self.write_tx().await?;
         let mut out = DeletedCheckpoints { deleted: Vec::new(), not_found_steps: Vec::new() };
+        let mut freed = 0;
         for step in unique {
             let row = sqlx::query(
                 "UPDATE checkpoints SET deleted_at = ? WHERE model_id = ? AND step = ? AND deleted_at IS NULL RETURNING *",
@@ -414,15 +426,22 @@ impl crate::Store for SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
             match row {
-                Some(r) => out.deleted.push(rows::checkpoint(&r)?),
+                Some(r) => {
+                    freed += r.try_get::<i64, _>("size_bytes")?;
+                    out.deleted.push(rows::checkpoint(&r)?);
+                }
                 None => out.not_found_steps.push(step),
             }
+        }
+        if freed > 0 {
+            let entity = storage::model_entity(&mut tx, model_id).await?;
+            storage::release(&mut tx, &entity, freed).await?;
         }
         tx.commit().await?;
         Ok(out)
     }
 
-    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str) -> Result<Checkpoint> {
+    async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str, size_bytes: i64) -> Result<Checkpoint> {
         let mut tx = self.write_tx().await?;
         // A queued job's rollouts were sampled from the current latest step, and it trains from
         // whatever is latest when it starts: an import in between would become its base.
@@ -438,17 +457,19 @@ impl crate::Store for SqliteStore {
         }
         let step = latest_step(&mut *tx, model_id).await? + 1;
         let row = sqlx::query(
-            "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at) VALUES (?, ?, ?, ?, '{}', ?)
-             RETURNING *",
+            "INSERT INTO checkpoints (id, model_id, step, path, metrics, created_at, size_bytes)
+             VALUES (?, ?, ?, ?, '{}', ?, ?) RETURNING *",
         )
         .bind(id.to_string())
         .bind(model_id.to_string())
         .bind(step)
         .bind(path)
         .bind(now_ms())
+        .bind(size_bytes)
         .fetch_one(&mut *tx)
         .await?;
         let checkpoint = rows::checkpoint(&row)?;
+        storage::charge_model(&mut tx, model_id, size_bytes, self.storage_quota).await?;
         tx.commit().await?;
         Ok(checkpoint)
     }
@@ -462,7 +483,7 @@ impl crate::Store for SqliteStore {
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
         let mut tx = self.write_tx().await?;
-        let entry = logs::append(&mut tx, new).await?;
+        let entry = logs::append(&mut tx, new, self.storage_quota).await?;
         tx.commit().await?;
         Ok(entry)
     }
@@ -481,7 +502,7 @@ impl crate::Store for SqliteStore {
     }
 
     async fn create_dataset(&self, new: &crate::NewDataset) -> Result<tandem_core::records::Dataset> {
-        datasets::create(&self.pool, new).await
+        datasets::create(&self.pool, new, self.storage_quota).await
     }
 
     async fn get_dataset(&self, entity: &str, id: Uuid) -> Result<tandem_core::records::Dataset> {
@@ -535,8 +556,24 @@ impl crate::Store for SqliteStore {
         nodes::remove(&self.pool, id).await
     }
 
+    async fn storage_usage(&self, entity: &str) -> Result<crate::StorageUsage> {
+        self.storage_usage_impl(entity).await
+    }
+
+    async fn list_storage(&self) -> Result<Vec<crate::StorageUsage>> {
+        self.list_storage_impl().await
+    }
+
+    async fn set_storage_quota(&self, entity: &str, quota: crate::EntityQuota) -> Result<()> {
+        self.set_storage_quota_impl(entity, quota).await
+    }
+
+    fn default_storage_quota(&self) -> Option<i64> {
+        self.storage_quota
+    }
+
     async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {
-        responses::put(&self.pool, response, crate::MAX_STORED_RESPONSES).await
+        responses::put(&self.pool, response, crate::MAX_STORED_RESPONSES, self.storage_quota).await
     }
 
     async fn get_response(&self, entity: &str, id: &str) -> Result<crate::StoredResponse> {
@@ -553,7 +590,7 @@ impl crate::Store for SqliteStore {
         max_pending: Option<i64>,
     ) -> Result<tandem_core::records::Job> {
         let mut tx = self.write_tx().await?;
-        let job = jobs::create_job(&mut tx, new, max_pending).await?;
+        let job = jobs::create_job(&mut tx, new, max_pending, self.storage_quota).await?;
         tx.commit().await?;
         Ok(job)
     }
@@ -650,7 +687,7 @@ impl crate::Store for SqliteStore {
         outcome: &crate::JobOutcome,
     ) -> Result<tandem_core::records::Job> {
         let mut tx = self.write_tx().await?;
-        let job = jobs::finish_job(&mut tx, job_id, owner, outcome).await?;
+        let job = jobs::finish_job(&mut tx, job_id, owner, outcome, self.storage_quota).await?;
         tx.commit().await?;
         Ok(job)
     }

@@ -4,25 +4,33 @@
 use crate::{now_ms, Result, StoredResponse};
 use sqlx::{Row, SqlitePool};
 
-pub(crate) async fn put(pool: &SqlitePool, r: &StoredResponse, keep: usize) -> Result<()> {
+pub(crate) async fn put(pool: &SqlitePool, r: &StoredResponse, keep: usize, quota: Option<i64>) -> Result<()> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    sqlx::query("INSERT INTO stored_responses (id, entity, body, conversation, created_at) VALUES (?, ?, ?, ?, ?)")
-        .bind(&r.id)
-        .bind(&r.entity)
-        .bind(r.body.to_string())
-        .bind(r.conversation.to_string())
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
+    let (body, conversation) = (r.body.to_string(), r.conversation.to_string());
+    let size = (body.len() + conversation.len()) as i64;
     sqlx::query(
+        "INSERT INTO stored_responses (id, entity, body, conversation, created_at, size_bytes) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&r.id)
+    .bind(&r.entity)
+    .bind(body)
+    .bind(conversation)
+    .bind(now_ms())
+    .bind(size)
+    .execute(&mut *tx)
+    .await?;
+    let dropped: Vec<i64> = sqlx::query_scalar(
         "DELETE FROM stored_responses WHERE entity = ? AND seq <= (
-             SELECT seq FROM stored_responses WHERE entity = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+             SELECT seq FROM stored_responses WHERE entity = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)
+         RETURNING size_bytes",
     )
     .bind(&r.entity)
     .bind(&r.entity)
     .bind(keep as i64)
-    .execute(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
+    super::storage::release(&mut tx, &r.entity, dropped.iter().sum()).await?;
+    super::storage::charge(&mut tx, &r.entity, size, quota).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -42,14 +50,16 @@ pub(crate) async fn get(pool: &SqlitePool, entity: &str, id: &str) -> Result<Sto
 }
 
 pub(crate) async fn delete(pool: &SqlitePool, entity: &str, id: &str) -> Result<()> {
-    let done = sqlx::query("DELETE FROM stored_responses WHERE id = ? AND entity = ?")
-        .bind(id)
-        .bind(entity)
-        .execute(pool)
-        .await?;
-    if done.rows_affected() == 0 {
-        return Err(crate::StoreError::NotFound);
-    }
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let size: Option<i64> =
+        sqlx::query_scalar("DELETE FROM stored_responses WHERE id = ? AND entity = ? RETURNING size_bytes")
+            .bind(id)
+            .bind(entity)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let size = size.ok_or(crate::StoreError::NotFound)?;
+    super::storage::release(&mut tx, entity, size).await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -67,9 +77,9 @@ mod tests {
             body: serde_json::json!({}),
             conversation: serde_json::json!([]),
         };
-        put(&store.pool, &r("other", "b"), 2).await.unwrap();
+        put(&store.pool, &r("other", "b"), 2, None).await.unwrap();
         for id in ["r1", "r2", "r3"] {
-            put(&store.pool, &r(id, "a"), 2).await.unwrap();
+            put(&store.pool, &r(id, "a"), 2, None).await.unwrap();
         }
         assert!(matches!(store.get_response("a", "r1").await, Err(StoreError::NotFound)), "the oldest went");
         for id in ["r2", "r3"] {

@@ -64,14 +64,20 @@ pub async fn postgres() -> Option<(PostgresStore, Scratch)> {
 /// Every backend the behaviour suites run on: SQLite in memory and on disk, and PostgreSQL when a
 /// server answers; each with what it leaves behind.
 pub async fn backends() -> Vec<(String, Arc<dyn Store>, Option<Scratch>)> {
+    backends_with_quota(None).await
+}
+
+/// [`backends`] whose entities are held to `quota` bytes of stored data by default.
+pub async fn backends_with_quota(quota: Option<i64>) -> Vec<(String, Arc<dyn Store>, Option<Scratch>)> {
     let dir = tempfile::tempdir().unwrap();
-    let file = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
+    let file = SqliteStore::open(&dir.path().join("t.db")).await.unwrap().with_storage_quota(quota);
+    let memory = SqliteStore::in_memory().await.unwrap().with_storage_quota(quota);
     let mut all: Vec<(String, Arc<dyn Store>, Option<Scratch>)> = vec![
-        ("sqlite-memory".into(), Arc::new(SqliteStore::in_memory().await.unwrap()), None),
+        ("sqlite-memory".into(), Arc::new(memory), None),
         ("sqlite-file".into(), Arc::new(file), Some(Scratch::Dir(dir))),
     ];
     if let Some((store, scratch)) = postgres().await {
-        all.push(("postgres".into(), Arc::new(store), Some(scratch)));
+        all.push(("postgres".into(), Arc::new(store.with_storage_quota(quota)), Some(scratch)));
     }
     all
 }
