@@ -23,12 +23,13 @@ signed by a CA the test makes with openssl:
   stmt-timeout    `--db-statement-timeout 1s` while another session holds an exclusive lock on
                   the models table: listing models answers 503 with Retry-After in about a second
                   (instead of waiting on the lock), and 200 once the lock is released
-  silent-drop     the server reaches PostgreSQL through a proxy that stops passing bytes, in both
-                  directions, without closing anything (a firewall or NAT that forgets the flow):
-                  reads, writes and key lookups answer 503 with Retry-After within the call's
-                  deadline (twice `--db-statement-timeout` 2s) instead of waiting on TCP; when
-                  bytes pass again, sixteen requests at once all answer 200 (no pool slot is
-                  left held by a dead connection) and a log written then is listed
+  silent-drop     the server (one pooled connection) reaches PostgreSQL through a proxy that, at
+                  the drop, kills every flow for good without closing it (a firewall or NAT
+                  that forgets its flows): a listing whose statement was in flight answers 503
+                  within the call's deadline (twice `--db-statement-timeout` 2s) instead of
+                  waiting on TCP, and so do a log append and another key's lookup; once new
+                  flows pass again, sixteen requests at once all answer 200 (the dead
+                  connection's pool slot was given back) and a log written then is listed
 
 Usage: python test_postgres_ops.py <tandem binary> <model gguf>
 Prints 'postgres-ops: N passed, M failed'; exits non-zero on any failure.
@@ -280,59 +281,72 @@ def check_statement_timeout(ctx):
 
 
 class SilentProxy:
-    """Passes TCP between a local port and `port` until `drop()`: from then on it holds every
-    byte in both directions, closing nothing, as a network that drops packets does (the sender's
-    retransmissions never arrive); `heal()` lets them through again."""
+    """Passes TCP between a local port and `port` until `drop()`. From then on, as a firewall or
+    NAT that forgets its flows does, every connection open at the drop or opened during it is
+    dead for good: its bytes are held in both directions and nothing is closed (the sender's
+    retransmissions never arrive). After `heal()` new connections pass again."""
 
     def __init__(self, port):
-        self.target, self.passing = port, threading.Event()
-        self.passing.set()
+        self.target, self.down, self.flows = port, False, []
+        self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def drop(self):
-        self.passing.clear()
+        with self.lock:
+            self.down = True
+            for flow in self.flows:
+                flow["dead"] = True
 
     def heal(self):
-        self.passing.set()
+        with self.lock:
+            self.down = False
 
     def _accept(self):
         while True:
             client, _ = self.listener.accept()
             upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                flow = {"dead": self.down}
+                self.flows.append(flow)
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, flow), daemon=True).start()
 
-    def _pump(self, src, dst):
+    def _pump(self, src, dst, flow):
         try:
+            src.settimeout(0.1)
             while True:
-                self.passing.wait()
-                src.settimeout(0.1)
+                if flow["dead"]:  # held for good: neither read nor closed
+                    time.sleep(0.5)
+                    continue
                 try:
                     data = src.recv(65536)
                 except socket.timeout:
                     continue
                 if not data:
                     break
-                while not self.passing.is_set():  # caught mid-flight: held, not lost
-                    time.sleep(0.05)
-                dst.sendall(data)
+                if not flow["dead"]:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            if not flow["dead"]:
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
 
 
 def check_silent_drop(ctx):
     pg, proxy = ctx["pg"], SilentProxy(ctx["pg"].port)
     url = f"postgres://postgres@localhost:{proxy.port}/tandem?sslmode=verify-full&sslrootcert={pg.ca}"
+    # One connection only: were it kept by the dead flow, nothing would answer after the heal.
     server = Server(ctx["binary"], ctx["model"], "pgops-drop-key",
-                    ["--database-url", url, "--db-statement-timeout", "2", "--db-acquire-timeout", "2"])
+                    ["--database-url", url, "--db-statement-timeout", "2", "--db-acquire-timeout", "2",
+                     "--db-pool-size", "1"])
+    holder = pg.session()
     try:
         status, model, _ = server.api("POST", "/v1/preview/models",
                                       {"project": "drop", "name": "m", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
@@ -340,24 +354,37 @@ def check_silent_drop(ctx):
         log = {"split": "train", "trajectory_groups": [{"trajectories": [
             {"reward": 1.0, "messages_and_choices": [{"role": "user", "content": "hi"}]}]}]}
         other = server.new_key("drop-other")  # made before the drop: `tandem keys` has no deadline
-        proxy.drop()
-        calls = [("list models", "GET", "/v1/preview/models", None, None),
-                 ("append a log", "POST", f"/v1/preview/models/{model['id']}/log", log, None),
-                 ("another key's lookup", "GET", "/v1/preview/models", None, other)]
-        with ThreadPoolExecutor(len(calls)) as pool:
-            def timed(call):
-                started = time.monotonic()
-                status, body, headers = server.api(call[1], call[2], call[3], key=call[4], timeout=120)
-                return call[0], status, headers.get("retry-after"), time.monotonic() - started, body
-            results = list(pool.map(timed, calls))
-        for name, status, retry_after, took, body in results:
-            print(f"     dropped network, {name}: {status} in {took:.1f}s ({str(body)[:100]})")
-            assert status == 503 and retry_after, (name, status, body)
-            assert took < 12, f"{name} took {took:.1f}s: longer than the deadline and a bounded ping"
+
+        def timed(name, method, path, body=None, key=None):
+            started = time.monotonic()
+            status, answer, headers = server.api(method, path, body, key=key, timeout=120)
+            return name, status, headers.get("retry-after"), time.monotonic() - started, answer
+
+        # A statement in flight when the network goes: it waits on a lock (over the socket, not
+        # through the proxy), the drop comes, then the lock goes; the answer never arrives.
+        holder.stdin.write("BEGIN; LOCK TABLE models IN ACCESS EXCLUSIVE MODE; SELECT 'locked';\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "locked"
+        with ThreadPoolExecutor(4) as pool:
+            in_flight = pool.submit(timed, "a listing in flight", "GET", "/v1/preview/models")
+            time.sleep(0.5)
+            proxy.drop()
+            holder.stdin.write("ROLLBACK;\n")
+            holder.stdin.flush()
+            later = [pool.submit(timed, *call) for call in [
+                ("a log append", "POST", f"/v1/preview/models/{model['id']}/log", log),
+                ("another key's lookup", "GET", "/v1/preview/models", None, other)]]
+            results = [in_flight.result()] + [f.result() for f in later]
+        for name, status, retry_after, took, answer in results:
+            print(f"     dropped network, {name}: {status} in {took:.1f}s ({str(answer)[:80]})")
+            assert status == 503 and retry_after, (name, status, answer)
+            assert took < 12, f"{name} took {took:.1f}s: more than the deadline (4 s) and a bounded ping"
+        # The connections the calls held are closed once their 5 s release ping goes unanswered.
+        time.sleep(6)
         proxy.heal()
         deadline = time.monotonic() + 30
         while server.api("GET", "/v1/preview/models")[0] != 200:
-            assert time.monotonic() < deadline, "the server did not recover within 30 s of the network"
+            assert time.monotonic() < deadline, "the pool did not recover within 30 s of the network"
             time.sleep(0.5)
         started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
@@ -369,6 +396,8 @@ def check_silent_drop(ctx):
         assert written["id"] in [entry["id"] for entry in logs["data"]], logs
         print(f"     healed: 16 requests at once all 200 in {time.monotonic() - started:.1f}s; a new log is listed")
     finally:
+        holder.stdin.close()
+        holder.wait(10)
         proxy.heal()
         server.stop()
 

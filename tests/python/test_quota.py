@@ -83,8 +83,9 @@ def logs_past_the_quota(server, alice, bob):
 
 
 def attack_cost(server, alice, bob, alice_model, bob_model):
-    """Bob's small log appends alone, then while four threads of alice send 1 MiB logs that are
-    refused: the medians, and alice's refusals per second."""
+    """Bob's small log appends alone; while four threads of alice send 1 MiB logs her quota
+    refuses; and, for scale, while they send the same logs to a model that is not hers (a 404
+    after the same parsing): the medians, and alice's refusals per second."""
     def bob_appends(n=30):
         times, statuses = [], []
         for _ in range(n):
@@ -94,30 +95,34 @@ def attack_cost(server, alice, bob, alice_model, bob_model):
             statuses.append(status)
         return statistics.median(times) * 1000, statuses
 
-    alone, _ = bob_appends()
-    stop, refusals = threading.Event(), []
-    big = log_body(1024)
+    def during_flood(path):
+        stop, refusals, big = threading.Event(), [], log_body(1024)
 
-    def flood():
-        while not stop.is_set():
-            status, _, _ = server.api("POST", f"/v1/preview/models/{alice_model['id']}/log", big, key=alice)
-            refusals.append(status)
+        def flood():
+            while not stop.is_set():
+                refusals.append(server.api("POST", path, big, key=alice)[0])
 
-    threads = [threading.Thread(target=flood) for _ in range(4)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    try:
-        during, statuses = bob_appends()
-    finally:
-        stop.set()
+        threads = [threading.Thread(target=flood) for _ in range(4)]
+        start = time.monotonic()
         for t in threads:
-            t.join()
-    elapsed = time.monotonic() - start
-    check(all(s == 200 for s in statuses), f"every one of bob's appends lands during the flood: {statuses}")
+            t.start()
+        try:
+            median, statuses = bob_appends()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        check(all(s == 200 for s in statuses), f"every one of bob's appends lands during the flood: {statuses}")
+        return median, refusals, len(refusals) / (time.monotonic() - start)
+
+    alone, _ = bob_appends()
+    over, refusals, rate = during_flood(f"/v1/preview/models/{alice_model['id']}/log")
     check(refusals and all(s == 403 for s in refusals), f"every one of alice's is refused: {set(refusals)}")
-    print(f"ok   attack: bob's log append median {alone:.1f} ms alone, {during:.1f} ms while alice sent "
-          f"{len(refusals) / elapsed:.0f} refused 1 MiB logs/s ({during / alone:.2f}x)")
+    missing, refusals, missing_rate = during_flood(f"/v1/preview/models/{bob_model['id']}/log")
+    check(refusals and all(s == 404 for s in refusals), f"bob's model is a 404 to alice: {set(refusals)}")
+    print(f"ok   attack: bob's log append median {alone:.1f} ms alone; {over:.1f} ms while alice sent "
+          f"{rate:.0f} 1 MiB logs/s her quota refused; {missing:.1f} ms while she sent {missing_rate:.0f}/s "
+          f"to a model not hers (the parsing alone)")
 
 
 def rl_job(server, key, model_id, seed):

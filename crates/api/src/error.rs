@@ -328,7 +328,11 @@ mod tests {
         let over = tandem_store::OverQuota { used_bytes: 3 << 20, quota_bytes: 4 << 20, needed_bytes: 2 << 20 };
         let over = ApiError::from(StoreError::OverQuota(over));
         assert_eq!(over.status(), 403, "not retried by the OpenAI SDK, unlike 429 and 5xx");
-        assert!(over.message.contains("stores 3.0 MiB of its 4.0 MiB quota and this needs 2.0 MiB"), "{}", over.message);
+        assert!(
+            over.message.contains("stores 3.0 MiB of its 4.0 MiB quota and this needs 2.0 MiB"),
+            "{}",
+            over.message
+        );
         assert_eq!(over.retry_after_secs, None);
         let full = ApiError::from(StoreError::Full("No space left on device (os error 28)".into()));
         let r = full.into_anthropic_response();

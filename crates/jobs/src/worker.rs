@@ -511,7 +511,8 @@ impl Worker {
             .while_unavailable(|| async move {
                 let step = self.store.latest_step(*model_id).await? + 1;
                 let (path, metrics) = (path_ref.clone(), metrics_ref.clone());
-                let checkpoint = NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path, metrics, size_bytes };
+                let checkpoint =
+                    NewCheckpoint { id: checkpoint_id, model_id: *model_id, step, path, metrics, size_bytes };
                 let outcome = JobOutcome::Succeeded { checkpoint, event_data: json!({ "step": step }) };
                 self.store.finish_job(job_id, &self.config.owner, &outcome).await.map(|_| step)
             })

@@ -26,7 +26,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     // Before any kernel runs: the tier is fixed for the process.
     let cpu = tandem_model::kernels::cpu::limit(config.cpu).map_err(anyhow::Error::msg)?;
     tracing::info!(kernels = cpu.name(), "cpu tier");
-    let store = open_store_with_pool(&config.data_dir, config.database_url.as_deref(), config.db_pool, config.storage_quota)
+    let store =
+        open_store_with_pool(&config.data_dir, config.database_url.as_deref(), config.db_pool, config.storage_quota)
             .await?;
     if config.role != crate::config::Role::All {
         // A node of a cluster shares the queue and the checkpoints with the others.

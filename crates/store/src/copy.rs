@@ -133,7 +133,7 @@ impl Endpoint<'_> {
             Endpoint::Sqlite(s) => sqlx::query_as::<_, (String, String)>(&format!(
                 "SELECT name, type FROM pragma_table_info('{table}') ORDER BY cid"
             ))
-            .fetch_all(s.pool())
+            .fetch_all(&s.pool())
             .await?
             .into_iter()
             .map(|(n, t)| (n, t, false))
@@ -144,7 +144,7 @@ impl Endpoint<'_> {
                  WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
                 )
                 .bind(table)
-                .fetch_all(p.pool())
+                .fetch_all(&p.pool())
                 .await?
             }
         };
@@ -160,8 +160,8 @@ impl Endpoint<'_> {
     async fn count(&self, table: &str) -> Result<u64> {
         let sql = format!("SELECT COUNT(*) FROM {table}");
         let n: i64 = match self {
-            Endpoint::Sqlite(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await?,
-            Endpoint::Postgres(p) => sqlx::query_scalar(&sql).fetch_one(p.pool()).await?,
+            Endpoint::Sqlite(s) => sqlx::query_scalar(&sql).fetch_one(&s.pool()).await?,
+            Endpoint::Postgres(p) => sqlx::query_scalar(&sql).fetch_one(&p.pool()).await?,
         };
         Ok(n as u64)
     }
@@ -170,12 +170,12 @@ impl Endpoint<'_> {
     fn rows<'a>(&'a self, sql: &'a str) -> BoxStream<'a, Result<Vec<Cell>>> {
         match self {
             Endpoint::Sqlite(s) => sqlx::query(sql)
-                .fetch(s.pool())
+                .fetch(&s.pool())
                 .map_err(StoreError::from)
                 .and_then(|row| futures::future::ready(sqlite_cells(&row)))
                 .boxed(),
             Endpoint::Postgres(p) => sqlx::query(sql)
-                .fetch(p.pool())
+                .fetch(&p.pool())
                 .map_err(StoreError::from)
                 .and_then(|row| futures::future::ready(pg_cells(&row)))
                 .boxed(),
@@ -335,8 +335,8 @@ pub async fn copy_records(from: &Endpoint<'_>, to: &Endpoint<'_>) -> Result<Vec<
         }};
     }
     match to {
-        Endpoint::Sqlite(s) => copy_tables!(s.pool(), false),
-        Endpoint::Postgres(p) => copy_tables!(p.pool(), true),
+        Endpoint::Sqlite(s) => copy_tables!(&s.pool(), false),
+        Endpoint::Postgres(p) => copy_tables!(&p.pool(), true),
     }
     for (copy, (table, columns)) in copied.iter().zip(&plans) {
         let (rows, digest) = to.digest(table, &names(columns)).await?;

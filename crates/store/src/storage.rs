@@ -66,7 +66,12 @@ pub struct OverQuota {
 
 impl std::fmt::Display for OverQuota {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "storage quota exceeded: this entity stores {} of its {} quota", mib(self.used_bytes), mib(self.quota_bytes))?;
+        write!(
+            f,
+            "storage quota exceeded: this entity stores {} of its {} quota",
+            mib(self.used_bytes),
+            mib(self.quota_bytes)
+        )?;
         match self.needed_bytes {
             0 => write!(f, " and has no room left")?,
             n => write!(f, " and this needs {} more", mib(n))?,
@@ -115,6 +120,9 @@ pub(crate) const RELEASE: &str = "UPDATE entity_storage
     SET used_bytes = CASE WHEN used_bytes > $2 THEN used_bytes - $2 ELSE 0 END WHERE entity = $1";
 pub(crate) const USAGE: &str = "SELECT entity, used_bytes, quota_bytes FROM entity_storage WHERE entity = $1";
 pub(crate) const LIST: &str = "SELECT entity, used_bytes, quota_bytes FROM entity_storage ORDER BY entity";
+/// What the entity of model `$1` stores and its own quota (no row: nothing yet).
+pub(crate) const MODEL_USAGE: &str = "SELECT m.entity, COALESCE(e.used_bytes, 0), e.quota_bytes
+    FROM models m LEFT JOIN entity_storage e ON e.entity = m.entity WHERE m.id = $1";
 pub(crate) const MODEL_ENTITY: &str = "SELECT entity FROM models WHERE id = $1";
 /// What deleting model `$1` frees: its live checkpoints (tombstones were freed when deleted), its
 /// trajectory logs and its jobs' inputs.
@@ -149,7 +157,8 @@ macro_rules! storage_backend {
             if bytes <= 0 {
                 return Ok(());
             }
-            let row = sqlx::query(&$sql($crate::storage::CHARGE)).bind(entity).bind(bytes).fetch_one(&mut *conn).await?;
+            let row =
+                sqlx::query(&$sql($crate::storage::CHARGE)).bind(entity).bind(bytes).fetch_one(&mut *conn).await?;
             let total: i64 = sqlx::Row::try_get(&row, 0)?;
             let quota: Option<i64> = sqlx::Row::try_get(&row, 1)?;
             $crate::storage::verdict(total, quota, bytes, default)
@@ -184,9 +193,48 @@ macro_rules! storage_backend {
 
         /// What deleting model `model_id` frees (read before the delete).
         pub(crate) async fn model_bytes(conn: &mut $conn, model_id: uuid::Uuid) -> Result<i64> {
-            let row =
-                sqlx::query(&$sql($crate::storage::MODEL_BYTES)).bind(model_id.to_string()).fetch_one(&mut *conn).await?;
+            let row = sqlx::query(&$sql($crate::storage::MODEL_BYTES))
+                .bind(model_id.to_string())
+                .fetch_one(&mut *conn)
+                .await?;
             Ok(sqlx::Row::try_get(&row, 0)?)
+        }
+
+        /// A read before the write transaction: `OverQuota` when `bytes` cannot fit in what
+        /// `entity` has left now, so a refused write is refused without taking the write lock or
+        /// writing its rows first (one entity's refused floods then cost the others a read). The
+        /// charge inside the transaction stays the exact check.
+        pub(crate) async fn precheck(conn: &mut $conn, entity: &str, bytes: i64, default: Option<i64>) -> Result<()> {
+            if bytes <= 0 {
+                return Ok(());
+            }
+            let u = usage(conn, entity).await?;
+            $crate::storage::verdict(u.used_bytes + bytes, u.quota.to_column(), bytes, default)
+        }
+
+        /// [`precheck`] for the entity of model `model_id` (a missing model passes: the write
+        /// then answers it).
+        pub(crate) async fn precheck_model(
+            conn: &mut $conn,
+            model_id: uuid::Uuid,
+            bytes: i64,
+            default: Option<i64>,
+        ) -> Result<()> {
+            if bytes <= 0 {
+                return Ok(());
+            }
+            let row = sqlx::query(&$sql($crate::storage::MODEL_USAGE))
+                .bind(model_id.to_string())
+                .fetch_optional(&mut *conn)
+                .await?;
+            match row {
+                Some(row) => {
+                    let used: i64 = sqlx::Row::try_get(&row, 1)?;
+                    let quota: Option<i64> = sqlx::Row::try_get(&row, 2)?;
+                    $crate::storage::verdict(used + bytes, quota, bytes, default)
+                }
+                None => Ok(()),
+            }
         }
 
         fn usage_row(row: &$row) -> Result<$crate::storage::StorageUsage> {
@@ -214,8 +262,16 @@ macro_rules! storage_backend {
             rows.iter().map(usage_row).collect()
         }
 
-        pub(crate) async fn set_quota(conn: &mut $conn, entity: &str, quota: $crate::storage::EntityQuota) -> Result<()> {
-            sqlx::query(&$sql($crate::storage::SET_QUOTA)).bind(entity).bind(quota.to_column()).execute(&mut *conn).await?;
+        pub(crate) async fn set_quota(
+            conn: &mut $conn,
+            entity: &str,
+            quota: $crate::storage::EntityQuota,
+        ) -> Result<()> {
+            sqlx::query(&$sql($crate::storage::SET_QUOTA))
+                .bind(entity)
+                .bind(quota.to_column())
+                .execute(&mut *conn)
+                .await?;
             Ok(())
         }
     };

@@ -346,26 +346,26 @@ macro_rules! catalog_backend {
         #[async_trait::async_trait]
         impl TinkerCatalog for $store {
             async fn tinker_put(&self, e: &TinkerEntry, cap: Option<TinkerCap>) -> Result<Option<TinkerEntry>> {
-                let mut tx = $begin(&self.pool).await?;
+                let mut tx = $begin(&self.pool()).await?;
                 let before = put(&mut tx, e, cap, self.storage_quota).await?;
                 tx.commit().await?;
                 Ok(before)
             }
 
             async fn tinker_get(&self, owner: &str, key: &CheckpointKey) -> Result<Option<TinkerEntry>> {
-                get(&self.pool, owner, key).await
+                get(&self.pool(), owner, key).await
             }
 
             async fn tinker_published(&self, key: &CheckpointKey) -> Result<Option<TinkerEntry>> {
-                published(&self.pool, key).await
+                published(&self.pool(), key).await
             }
 
             async fn tinker_list(&self, owner: &str, model_id: Option<&str>) -> Result<Vec<TinkerEntry>> {
-                list(&self.pool, owner, model_id).await
+                list(&self.pool(), owner, model_id).await
             }
 
             async fn tinker_delete(&self, owner: &str, key: &CheckpointKey) -> Result<Option<TinkerEntry>> {
-                let mut tx = $begin(&self.pool).await?;
+                let mut tx = $begin(&self.pool()).await?;
                 let before = delete(&mut tx, owner, key).await?;
                 tx.commit().await?;
                 Ok(before)
@@ -377,19 +377,19 @@ macro_rules! catalog_backend {
                 key: &CheckpointKey,
                 c: TinkerChange,
             ) -> Result<Option<TinkerEntry>> {
-                let mut tx = $begin(&self.pool).await?;
+                let mut tx = $begin(&self.pool()).await?;
                 let before = change(&mut tx, owner, key, c).await?;
                 tx.commit().await?;
                 Ok(before)
             }
 
             async fn tinker_expired(&self, now: i64, limit: i64) -> Result<Vec<TinkerEntry>> {
-                expired(&self.pool, now, limit).await
+                expired(&self.pool(), now, limit).await
             }
 
             async fn tinker_secret(&self, name: &str, fresh: &str) -> Result<String> {
-                sqlx::query(&$sql(t::SECRET_INSERT)).bind(name).bind(fresh).execute(&self.pool).await?;
-                Ok(sqlx::query_scalar(&$sql(t::SECRET_GET)).bind(name).fetch_one(&self.pool).await?)
+                sqlx::query(&$sql(t::SECRET_INSERT)).bind(name).bind(fresh).execute(&self.pool()).await?;
+                Ok(sqlx::query_scalar(&$sql(t::SECRET_GET)).bind(name).fetch_one(&self.pool()).await?)
             }
 
             async fn tinker_session_put(&self, s: &t::TinkerSession) -> Result<()> {
@@ -399,13 +399,13 @@ macro_rules! catalog_backend {
                     .bind(&s.node)
                     .bind(s.models.to_string())
                     .bind($crate::now_ms())
-                    .execute(&self.pool)
+                    .execute(&self.pool())
                     .await?;
                 Ok(())
             }
 
             async fn tinker_session(&self, id: &str) -> Result<Option<t::TinkerSession>> {
-                let row = sqlx::query(&$sql(t::SESSION_GET)).bind(id).fetch_optional(&self.pool).await?;
+                let row = sqlx::query(&$sql(t::SESSION_GET)).bind(id).fetch_optional(&self.pool()).await?;
                 let Some(row) = row else { return Ok(None) };
                 let models: String = row.try_get("models")?;
                 Ok(Some(t::TinkerSession {
@@ -419,20 +419,20 @@ macro_rules! catalog_backend {
             async fn tinker_session_move(&self, id: &str, from: &str, to: &str) -> Result<bool> {
                 let sql = $sql(t::SESSION_MOVE);
                 let q = sqlx::query(&sql).bind(id).bind(from).bind(to).bind($crate::now_ms());
-                Ok(q.execute(&self.pool).await?.rows_affected() == 1)
+                Ok(q.execute(&self.pool()).await?.rows_affected() == 1)
             }
 
             async fn tinker_session_drop(&self, id: &str, node: &str) -> Result<()> {
-                sqlx::query(&$sql(t::SESSION_DROP)).bind(id).bind(node).execute(&self.pool).await?;
+                sqlx::query(&$sql(t::SESSION_DROP)).bind(id).bind(node).execute(&self.pool()).await?;
                 Ok(())
             }
 
             async fn tinker_session_counts(&self) -> Result<Vec<(String, i64)>> {
-                Ok(sqlx::query_as(&$sql(t::SESSION_COUNTS)).fetch_all(&self.pool).await?)
+                Ok(sqlx::query_as(&$sql(t::SESSION_COUNTS)).fetch_all(&self.pool()).await?)
             }
 
             async fn tinker_session_sweep(&self, before: i64) -> Result<u64> {
-                let done = sqlx::query(&$sql(t::SESSION_SWEEP)).bind(before).execute(&self.pool).await?;
+                let done = sqlx::query(&$sql(t::SESSION_SWEEP)).bind(before).execute(&self.pool()).await?;
                 Ok(done.rows_affected())
             }
         }

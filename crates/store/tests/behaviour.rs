@@ -491,15 +491,14 @@ async fn job_counts_and_gradient_step_history() {
         let counts = store.active_job_counts().await.unwrap();
         assert!(counts.contains(&(JobKind::Rl, JobStatus::Running, 2)), "{name}: {counts:?}");
 
-        let cp =
-            NewCheckpoint {
-                id: Uuid::now_v7(),
-                model_id: m.id,
-                step: 1,
-                path: "x".into(),
-                metrics: BTreeMap::new(),
-                size_bytes: 0,
-            };
+        let cp = NewCheckpoint {
+            id: Uuid::now_v7(),
+            model_id: m.id,
+            step: 1,
+            path: "x".into(),
+            metrics: BTreeMap::new(),
+            size_bytes: 0,
+        };
         let outcome = JobOutcome::Succeeded { checkpoint: cp, event_data: json!({ "step": 1 }) };
         store.finish_job(j1.id, tandem_store::TEST_OWNER, &outcome).await.unwrap();
         let done = store.gradient_step_history(m.id).await.unwrap();

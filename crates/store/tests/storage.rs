@@ -53,7 +53,14 @@ fn job(model_id: Uuid, text: &str) -> NewJob {
 }
 
 fn checkpoint(model_id: Uuid, step: i64, size_bytes: i64) -> NewCheckpoint {
-    NewCheckpoint { id: Uuid::now_v7(), model_id, step, path: format!("{model_id}/{step}"), metrics: BTreeMap::new(), size_bytes }
+    NewCheckpoint {
+        id: Uuid::now_v7(),
+        model_id,
+        step,
+        path: format!("{model_id}/{step}"),
+        metrics: BTreeMap::new(),
+        size_bytes,
+    }
 }
 
 fn state(owner: &str, name: &str, size_bytes: i64) -> TinkerEntry {
@@ -193,7 +200,14 @@ async fn a_quota_refuses_the_write_that_would_pass_it_and_keeps_nothing_of_it() 
         assert!(alice.used_bytes > 10_000, "{name}");
         // Above a lowered quota nothing more fits, but deleting works and makes room.
         over(store.create_dataset(&dataset("alice", 1)).await);
-        let ids: Vec<Uuid> = store.list_datasets("alice", None, PageRequest::first(10)).await.unwrap().items.iter().map(|d| d.id).collect();
+        let ids: Vec<Uuid> = store
+            .list_datasets("alice", None, PageRequest::first(10))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|d| d.id)
+            .collect();
         for id in ids {
             store.delete_dataset("alice", id).await.unwrap();
         }

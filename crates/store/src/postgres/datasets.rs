@@ -12,6 +12,7 @@ use uuid::Uuid;
 const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_bytes, created_at";
 
 pub(crate) async fn create(pool: &PgPool, new: &NewDataset, quota: Option<i64>) -> Result<Dataset> {
+    super::storage::precheck(&mut *pool.acquire().await?, &new.entity, new.data.size(), quota).await?;
     let sql = format!(
         "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, blob_key, created_at)
          VALUES ($1, $2, $3, $4,
@@ -88,11 +89,12 @@ pub(crate) async fn live_blob_keys(pool: &PgPool) -> Result<Vec<String>> {
 
 pub(crate) async fn delete(pool: &PgPool, entity: &str, id: Uuid) -> Result<()> {
     let mut tx = pool.begin().await?;
-    let size: Option<i64> = sqlx::query_scalar("DELETE FROM datasets WHERE id = $1 AND entity = $2 RETURNING size_bytes")
-        .bind(id.to_string())
-        .bind(entity)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let size: Option<i64> =
+        sqlx::query_scalar("DELETE FROM datasets WHERE id = $1 AND entity = $2 RETURNING size_bytes")
+            .bind(id.to_string())
+            .bind(entity)
+            .fetch_optional(&mut *tx)
+            .await?;
     let size = size.ok_or(StoreError::NotFound)?;
     super::storage::release(&mut tx, entity, size).await?;
     tx.commit().await?;

@@ -134,6 +134,8 @@ pub(crate) async fn append_log(pool: &PgPool, new: &NewLog, quota: Option<i64>) 
     let groups = rows::text(&new.trajectory_groups)?;
     let metrics = rows::metrics_text(&new.metrics);
     let size = (groups.len() + metrics.len()) as i64;
+    // A refused log is refused before its rows are written (see `storage::precheck`).
+    super::storage::precheck_model(&mut *pool.acquire().await?, new.model_id, size, quota).await?;
     let mut tx = pool.begin().await?;
     // The model's lock keeps its logs' `seq` in commit order and makes the merge into the
     // checkpoint's metrics below a read-modify-write no other log interleaves with.

@@ -33,6 +33,7 @@ mod responses;
 mod rows;
 mod storage;
 mod tinker;
+mod watch;
 
 use crate::errors::{POSTGRES_ACQUIRE_TIMEOUT, POSTGRES_STATEMENT_TIMEOUT};
 use crate::{ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, PoolSettings, Result, StoreError};
@@ -62,7 +63,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The store on PostgreSQL through sqlx.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
+    /// Swapped for a fresh pool when a dropped network has kept every connection (`watch`).
+    pool: std::sync::Arc<std::sync::RwLock<PgPool>>,
+    settings: PoolSettings,
     /// `--storage-quota-mib` in bytes: the quota of entities without one of their own.
     storage_quota: Option<i64>,
 }
@@ -70,10 +73,41 @@ pub struct PostgresStore {
 /// How long a connection given back to the pool has to answer a ping before it is closed.
 const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A pool of at most `size` connections as `settings` say; `released` is set to the time each
+/// time a connection comes back alive.
+fn pool_options(
+    size: u32,
+    settings: PoolSettings,
+    released: std::sync::Arc<std::sync::atomic::AtomicI64>,
+) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(size.max(1))
+        .acquire_timeout(settings.acquire_timeout.unwrap_or(POSTGRES_ACQUIRE_TIMEOUT))
+        // A connection comes back to the pool after each call, also one the call's deadline
+        // cut off mid-statement. sqlx then pings it without a limit, which on a network that
+        // drops packets silently waits for TCP's retransmissions (about fifteen minutes),
+        // holding a slot of the pool all along. A ping of our own first, bounded: no answer
+        // and the connection is closed at once. A connection whose statements were answered
+        // answers it in one round trip.
+        .after_release(move |conn, _| {
+            let released = released.clone();
+            Box::pin(async move {
+                match tokio::time::timeout(RELEASE_PING_TIMEOUT, conn.ping()).await {
+                    Ok(answered) => {
+                        answered?;
+                        released.store(crate::now_ms(), std::sync::atomic::Ordering::Relaxed);
+                        Ok(true)
+                    }
+                    Err(_) => Err(sqlx::Error::PoolTimedOut),
+                }
+            })
+        })
+}
+
 impl PostgresStore {
     /// The pool, for `copy` (which works below the `Store` methods).
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
+    pub(crate) fn pool(&self) -> PgPool {
+        self.pool.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Holds entities without a quota of their own to `bytes` of stored data (`None`: no quota).
@@ -139,24 +173,9 @@ impl PostgresStore {
         // The first connection may take CONNECT_TIMEOUT (a server starting up alongside); later
         // calls wait at most the acquire timeout, which is all a request waits while the
         // server is down (the pool retries connecting until then).
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.size.unwrap_or(MAX_CONNECTIONS).max(1))
-            .acquire_timeout(settings.acquire_timeout.unwrap_or(POSTGRES_ACQUIRE_TIMEOUT))
-            // A connection comes back to the pool after each call, also one the call's deadline
-            // cut off mid-statement. sqlx then pings it without a limit, which on a network that
-            // drops packets silently waits for TCP's retransmissions (about fifteen minutes),
-            // holding a slot of the pool all along. A ping of our own first, bounded: no answer
-            // and the connection is closed at once. A connection whose statements were answered
-            // answers it in one round trip.
-            .after_release(|conn, _| {
-                Box::pin(async move {
-                    match tokio::time::timeout(RELEASE_PING_TIMEOUT, conn.ping()).await {
-                        Ok(answered) => answered.map(|()| true),
-                        Err(_) => Err(sqlx::Error::PoolTimedOut),
-                    }
-                })
-            })
-            .connect_lazy_with(options);
+        let size = settings.size.unwrap_or(MAX_CONNECTIONS);
+        let released = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(crate::now_ms()));
+        let pool = pool_options(size, settings, released.clone()).connect_lazy_with(options.clone());
         let started = std::time::Instant::now();
         loop {
             match pool.acquire().await {
@@ -174,12 +193,54 @@ impl PostgresStore {
         let mut conn = timeout(migrating.connect()).await?;
         MIGRATOR.run(&mut conn).await.map_err(|e| StoreError::Database(e.to_string()))?;
         conn.close().await?;
-        Ok(PostgresStore { pool, storage_quota: None })
+        let pool = std::sync::Arc::new(std::sync::RwLock::new(pool));
+        if let Some(deadline) = settings.call_deadline() {
+            // Longer than any call may hold a connection and its release ping take.
+            let limit = deadline + RELEASE_PING_TIMEOUT + std::time::Duration::from_secs(5);
+            let swap = Swap { pool: std::sync::Arc::downgrade(&pool), options, settings, size, released };
+            tokio::spawn(swap.watch(limit));
+        }
+        Ok(PostgresStore { pool, settings, storage_quota: None })
     }
 
     /// Closes every connection; later calls fail (health checks and shutdown tests use it).
     pub async fn close(&self) {
-        self.pool.close().await;
+        self.pool().close().await;
+    }
+}
+
+/// What replaces a stuck pool (`watch`): the store's pool, for as long as the store lives.
+struct Swap {
+    pool: std::sync::Weak<std::sync::RwLock<PgPool>>,
+    options: PgConnectOptions,
+    settings: PoolSettings,
+    size: u32,
+    /// When a connection last came back alive (Unix ms), set by the pools' release hook.
+    released: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Swap {
+    async fn watch(self, limit: Duration) {
+        let mut ledger = watch::PoolWatch::default();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Some(shared) = self.pool.upgrade() else { return };
+            let pool = shared.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let full = pool.size() >= self.size && pool.num_idle() == 0;
+            let last = self.released.load(std::sync::atomic::Ordering::Relaxed);
+            if ledger.stuck(crate::now_ms(), full, last, limit.as_millis() as i64) {
+                tracing::warn!(
+                    connections = self.size,
+                    seconds = limit.as_secs(),
+                    "every database connection has been held this long without one coming back (a network that \
+                     dropped them silently); opening a new pool"
+                );
+                let fresh = pool_options(self.size, self.settings, self.released.clone())
+                    .connect_lazy_with(self.options.clone());
+                *shared.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+            }
+        }
     }
 }
 
@@ -299,7 +360,7 @@ async fn entity_page<T>(
 #[async_trait::async_trait]
 impl crate::Store for PostgresStore {
     async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").fetch_one(&self.pool).await?;
+        sqlx::query("SELECT 1").fetch_one(&self.pool()).await?;
         Ok(())
     }
 
@@ -308,40 +369,47 @@ impl crate::Store for PostgresStore {
     }
 
     async fn notices(&self) -> Result<Option<tokio::sync::mpsc::Receiver<crate::Notice>>> {
-        notify::subscribe(&self.pool).await.map(Some)
+        // The listener's connection is held for as long as it listens, and on a network that
+        // drops packets silently it waits for good: from a pool of its own, never a slot of the
+        // requests' pool.
+        let options = (*self.pool().connect_options()).clone();
+        let unwatched = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let pool = pool_options(1, self.settings, unwatched).connect_lazy_with(options);
+        notify::subscribe(&pool).await.map(Some)
     }
 
     async fn insert_key(&self, key: &ApiKeyRecord) -> Result<()> {
-        models::insert_key(&self.pool, key).await
+        models::insert_key(&self.pool(), key).await
     }
 
     async fn find_active_key(&self, key_hash: &[u8; 32]) -> Result<Option<ApiKeyRecord>> {
-        models::find_active_key(&self.pool, key_hash).await
+        models::find_active_key(&self.pool(), key_hash).await
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKeyRecord>> {
-        models::list_keys(&self.pool).await
+        models::list_keys(&self.pool()).await
     }
 
     async fn revoke_key(&self, id_or_prefix: &str) -> Result<ApiKeyRecord> {
-        models::revoke_key(&self.pool, id_or_prefix).await
+        models::revoke_key(&self.pool(), id_or_prefix).await
     }
 
     async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)> {
-        models::create_model(&self.pool, new, return_existing).await
+        models::create_model(&self.pool(), new, return_existing).await
     }
 
     async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord> {
         let row = sqlx::query("SELECT * FROM models WHERE id = $1 AND entity = $2")
             .bind(id.to_string())
             .bind(entity)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await?;
         rows::model(&row)
     }
 
     async fn model_by_id(&self, id: Uuid) -> Result<ModelRecord> {
-        let row = sqlx::query("SELECT * FROM models WHERE id = $1").bind(id.to_string()).fetch_one(&self.pool).await?;
+        let row =
+            sqlx::query("SELECT * FROM models WHERE id = $1").bind(id.to_string()).fetch_one(&self.pool()).await?;
         rows::model(&row)
     }
 
@@ -353,7 +421,7 @@ impl crate::Store for PostgresStore {
             .bind(entity)
             .bind(project)
             .bind(name)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await?;
         rows::model(&row)
     }
@@ -365,96 +433,96 @@ impl crate::Store for PostgresStore {
         search: Option<&str>,
         page: PageRequest,
     ) -> Result<Page<ModelRecord>> {
-        entity_page(&self.pool, "models", "*", (entity, project, search), page, rows::model).await
+        entity_page(&self.pool(), "models", "*", (entity, project, search), page, rows::model).await
     }
 
     async fn delete_model(&self, entity: &str, id: Uuid) -> Result<DeletedModel> {
-        models::delete_model(&self.pool, entity, id).await
+        models::delete_model(&self.pool(), entity, id).await
     }
 
     async fn model_summary(&self, model_id: Uuid) -> Result<crate::ModelSummary> {
-        models::model_summary(&self.pool, model_id).await
+        models::model_summary(&self.pool(), model_id).await
     }
 
     async fn list_checkpoints(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Checkpoint>> {
-        logs::list_checkpoints(&self.pool, model_id, page).await
+        logs::list_checkpoints(&self.pool(), model_id, page).await
     }
 
     async fn get_checkpoint(&self, model_id: Uuid, step: i64) -> Result<Checkpoint> {
         let row = sqlx::query("SELECT * FROM checkpoints WHERE model_id = $1 AND step = $2 AND deleted_at IS NULL")
             .bind(model_id.to_string())
             .bind(step)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await?;
         rows::checkpoint(&row)
     }
 
     async fn latest_step(&self, model_id: Uuid) -> Result<i64> {
-        logs::latest_step(&self.pool, model_id).await
+        logs::latest_step(&self.pool(), model_id).await
     }
 
     async fn delete_checkpoints(&self, model_id: Uuid, steps: &[i64]) -> Result<DeletedCheckpoints> {
-        logs::delete_checkpoints(&self.pool, model_id, steps).await
+        logs::delete_checkpoints(&self.pool(), model_id, steps).await
     }
 
     async fn import_checkpoint(&self, model_id: Uuid, id: Uuid, path: &str, size_bytes: i64) -> Result<Checkpoint> {
-        logs::import_checkpoint(&self.pool, model_id, id, path, size_bytes, self.storage_quota).await
+        logs::import_checkpoint(&self.pool(), model_id, id, path, size_bytes, self.storage_quota).await
     }
 
     async fn live_checkpoint_paths(&self) -> Result<Vec<String>> {
-        let rows = sqlx::query("SELECT path FROM checkpoints WHERE deleted_at IS NULL").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT path FROM checkpoints WHERE deleted_at IS NULL").fetch_all(&self.pool()).await?;
         let mut live: Vec<String> = rows.iter().map(|r| r.get::<String, _>(0)).collect();
-        live.extend(tinker::live_blobs(&self.pool).await?);
+        live.extend(tinker::live_blobs(&self.pool()).await?);
         Ok(live)
     }
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
-        logs::append_log(&self.pool, new, self.storage_quota).await
+        logs::append_log(&self.pool(), new, self.storage_quota).await
     }
 
     async fn list_logs(&self, model_id: Uuid, split: Option<&str>, page: PageRequest) -> Result<Page<LogEntry>> {
-        logs::list_logs(&self.pool, model_id, split, page).await
+        logs::list_logs(&self.pool(), model_id, split, page).await
     }
 
     async fn get_log(&self, model_id: Uuid, log_id: Uuid) -> Result<(LogEntry, Value)> {
         let row = sqlx::query("SELECT * FROM trajectory_logs WHERE id = $1 AND model_id = $2")
             .bind(log_id.to_string())
             .bind(model_id.to_string())
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await?;
         Ok((rows::log_entry(&row)?, rows::json(&row, "trajectory_groups")?))
     }
 
     async fn create_dataset(&self, new: &crate::NewDataset) -> Result<Dataset> {
-        datasets::create(&self.pool, new, self.storage_quota).await
+        datasets::create(&self.pool(), new, self.storage_quota).await
     }
 
     async fn get_dataset(&self, entity: &str, id: Uuid) -> Result<Dataset> {
-        datasets::get(&self.pool, entity, id).await
+        datasets::get(&self.pool(), entity, id).await
     }
 
     async fn find_dataset(&self, entity: &str, project: &str, name: &str, version: Option<i64>) -> Result<Dataset> {
-        datasets::find(&self.pool, entity, project, name, version).await
+        datasets::find(&self.pool(), entity, project, name, version).await
     }
 
     async fn list_datasets(&self, entity: &str, project: Option<&str>, page: PageRequest) -> Result<Page<Dataset>> {
-        datasets::list(&self.pool, entity, project, page).await
+        datasets::list(&self.pool(), entity, project, page).await
     }
 
     async fn dataset_data(&self, entity: &str, id: Uuid) -> Result<crate::DatasetData> {
-        datasets::data(&self.pool, entity, id).await
+        datasets::data(&self.pool(), entity, id).await
     }
 
     async fn live_dataset_blob_keys(&self) -> Result<Vec<String>> {
-        datasets::live_blob_keys(&self.pool).await
+        datasets::live_blob_keys(&self.pool()).await
     }
 
     async fn delete_dataset(&self, entity: &str, id: Uuid) -> Result<()> {
-        datasets::delete(&self.pool, entity, id).await
+        datasets::delete(&self.pool(), entity, id).await
     }
 
     async fn create_job_capped(&self, new: &crate::NewJob, max_pending: Option<i64>) -> Result<Job> {
-        jobs::create_job(&self.pool, new, max_pending, self.storage_quota).await
+        jobs::create_job(&self.pool(), new, max_pending, self.storage_quota).await
     }
 
     async fn pending_jobs(&self, entity: &str) -> Result<i64> {
@@ -463,42 +531,42 @@ impl crate::Store for PostgresStore {
              WHERE m.entity = $1 AND j.status IN ('queued', 'running')",
         )
         .bind(entity)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.pool())
         .await?;
         Ok(n)
     }
 
     async fn active_job_counts(&self) -> Result<Vec<(JobKind, JobStatus, i64)>> {
-        jobs::active_job_counts(&self.pool).await
+        jobs::active_job_counts(&self.pool()).await
     }
 
     async fn gradient_step_history(&self, model_id: Uuid) -> Result<Vec<GradientStepRow>> {
-        jobs::gradient_step_history(&self.pool, model_id).await
+        jobs::gradient_step_history(&self.pool(), model_id).await
     }
 
     async fn list_jobs(&self, model_id: Uuid, page: PageRequest) -> Result<Page<Job>> {
-        jobs::list_jobs(&self.pool, model_id, page).await
+        jobs::list_jobs(&self.pool(), model_id, page).await
     }
 
     async fn get_job(&self, entity: &str, id: Uuid) -> Result<Job> {
-        jobs::get_job(&self.pool, entity, id).await
+        jobs::get_job(&self.pool(), entity, id).await
     }
 
     async fn get_job_rollout(&self, entity: &str, id: Uuid) -> Result<crate::JobRollout> {
-        jobs::get_job_rollout(&self.pool, entity, id).await
+        jobs::get_job_rollout(&self.pool(), entity, id).await
     }
 
     async fn cancel_job(&self, entity: &str, id: Uuid) -> Result<Job> {
-        jobs::cancel_job(&self.pool, entity, id).await
+        jobs::cancel_job(&self.pool(), entity, id).await
     }
 
     async fn list_events(&self, entity: &str, job_id: Uuid, page: PageRequest) -> Result<Page<JobEvent>> {
-        jobs::get_job(&self.pool, entity, job_id).await?;
+        jobs::get_job(&self.pool(), entity, job_id).await?;
         let after = match page.after {
-            Some(a) => Some(cursor_seq(&self.pool, "job_events", "job_id", &job_id.to_string(), a).await?),
+            Some(a) => Some(cursor_seq(&self.pool(), "job_events", "job_id", &job_id.to_string(), a).await?),
             None => None,
         };
-        jobs::list_events(&self.pool, job_id, after, page.limit).await
+        jobs::list_events(&self.pool(), job_id, after, page.limit).await
     }
 
     async fn claim_next_job_skipping(
@@ -506,59 +574,59 @@ impl crate::Store for PostgresStore {
         lease: &crate::Lease,
         skip_entities: &[String],
     ) -> Result<Option<crate::ClaimedJob>> {
-        jobs::claim_next_job(&self.pool, lease, skip_entities).await
+        jobs::claim_next_job(&self.pool(), lease, skip_entities).await
     }
 
     async fn renew_lease(&self, job_id: Uuid, lease: &crate::Lease) -> Result<crate::LeaseState> {
-        jobs::renew_lease(&self.pool, job_id, lease).await
+        jobs::renew_lease(&self.pool(), job_id, lease).await
     }
 
     async fn append_event(&self, job_id: Uuid, owner: &str, kind: EventKind, data: &Value) -> Result<JobEvent> {
-        jobs::append_event(&self.pool, job_id, owner, kind, data).await
+        jobs::append_event(&self.pool(), job_id, owner, kind, data).await
     }
 
     async fn is_cancel_requested(&self, job_id: Uuid) -> Result<bool> {
         let row = sqlx::query("SELECT cancel_requested FROM training_jobs WHERE id = $1")
             .bind(job_id.to_string())
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await?;
         Ok(row.try_get::<bool, _>(0)?)
     }
 
     async fn finish_job(&self, job_id: Uuid, owner: &str, outcome: &crate::JobOutcome) -> Result<Job> {
-        jobs::finish_job(&self.pool, job_id, owner, outcome, self.storage_quota).await
+        jobs::finish_job(&self.pool(), job_id, owner, outcome, self.storage_quota).await
     }
 
     async fn recover_interrupted_jobs(&self, max_attempts: i64, scope: crate::Reclaim) -> Result<crate::Recovery> {
-        jobs::recover(&self.pool, max_attempts, scope).await
+        jobs::recover(&self.pool(), max_attempts, scope).await
     }
 
     async fn node_heartbeat(&self, beat: &crate::NodeBeat) -> Result<bool> {
-        nodes::heartbeat(&self.pool, beat).await
+        nodes::heartbeat(&self.pool(), beat).await
     }
 
     async fn list_nodes(&self) -> Result<Vec<crate::NodeRecord>> {
-        nodes::list(&self.pool, None).await
+        nodes::list(&self.pool(), None).await
     }
 
     async fn set_node_draining(&self, which: &str, draining: bool) -> Result<Vec<crate::NodeRecord>> {
-        nodes::set_draining(&self.pool, which, draining).await
+        nodes::set_draining(&self.pool(), which, draining).await
     }
 
     async fn remove_node(&self, id: &str) -> Result<()> {
-        nodes::remove(&self.pool, id).await
+        nodes::remove(&self.pool(), id).await
     }
 
     async fn storage_usage(&self, entity: &str) -> Result<crate::StorageUsage> {
-        storage::usage(&mut *self.pool.acquire().await?, entity).await
+        storage::usage(&mut *self.pool().acquire().await?, entity).await
     }
 
     async fn list_storage(&self) -> Result<Vec<crate::StorageUsage>> {
-        storage::list_usage(&mut *self.pool.acquire().await?).await
+        storage::list_usage(&mut *self.pool().acquire().await?).await
     }
 
     async fn set_storage_quota(&self, entity: &str, quota: crate::EntityQuota) -> Result<()> {
-        storage::set_quota(&mut *self.pool.acquire().await?, entity, quota).await
+        storage::set_quota(&mut *self.pool().acquire().await?, entity, quota).await
     }
 
     fn default_storage_quota(&self) -> Option<i64> {
@@ -566,14 +634,14 @@ impl crate::Store for PostgresStore {
     }
 
     async fn put_response(&self, response: &crate::StoredResponse) -> Result<()> {
-        responses::put(&self.pool, response, crate::MAX_STORED_RESPONSES, self.storage_quota).await
+        responses::put(&self.pool(), response, crate::MAX_STORED_RESPONSES, self.storage_quota).await
     }
 
     async fn get_response(&self, entity: &str, id: &str) -> Result<crate::StoredResponse> {
-        responses::get(&self.pool, entity, id).await
+        responses::get(&self.pool(), entity, id).await
     }
 
     async fn delete_response(&self, entity: &str, id: &str) -> Result<()> {
-        responses::delete(&self.pool, entity, id).await
+        responses::delete(&self.pool(), entity, id).await
     }
 }

@@ -11,6 +11,7 @@ use uuid::Uuid;
 const COLUMNS: &str = "seq, id, entity, project, name, version, num_rows, size_bytes, created_at";
 
 pub(crate) async fn create(pool: &SqlitePool, new: &NewDataset, quota: Option<i64>) -> Result<Dataset> {
+    super::storage::precheck(&mut *pool.acquire().await?, &new.entity, new.data.size(), quota).await?;
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let sql = format!(
         "INSERT INTO datasets (id, entity, project, name, version, num_rows, size_bytes, data, blob_key, created_at)

@@ -7,10 +7,31 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use tandem_core::records::{LogEntry, Page, PageRequest};
 use uuid::Uuid;
 
-pub(crate) async fn append(tx: &mut Transaction<'_, Sqlite>, new: &NewLog, quota: Option<i64>) -> Result<LogEntry> {
-    let groups = serde_json::to_string(&new.trajectory_groups).map_err(|e| StoreError::Database(e.to_string()))?;
-    let metrics = rows::metrics_text(&new.metrics);
-    let size = (groups.len() + metrics.len()) as i64;
+/// A log's columns as stored, and what they count against the entity.
+pub(crate) struct Encoded {
+    groups: String,
+    metrics: String,
+}
+
+impl Encoded {
+    pub(crate) fn of(new: &NewLog) -> Result<Self> {
+        let groups = serde_json::to_string(&new.trajectory_groups).map_err(|e| StoreError::Database(e.to_string()))?;
+        Ok(Encoded { groups, metrics: rows::metrics_text(&new.metrics) })
+    }
+
+    pub(crate) fn size(&self) -> i64 {
+        (self.groups.len() + self.metrics.len()) as i64
+    }
+}
+
+pub(crate) async fn append(
+    tx: &mut Transaction<'_, Sqlite>,
+    new: &NewLog,
+    encoded: Encoded,
+    quota: Option<i64>,
+) -> Result<LogEntry> {
+    let size = encoded.size();
+    let Encoded { groups, metrics } = encoded;
     let step = latest_step(&mut **tx, new.model_id).await?;
     let row = sqlx::query(
         "INSERT INTO trajectory_logs (id, model_id, split, step, metrics, num_groups, num_trajectories, trajectory_groups, created_at, size_bytes)

@@ -73,8 +73,8 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// The pool, for `copy` (which works below the `Store` methods).
-    pub(crate) fn pool(&self) -> &SqlitePool {
-        &self.pool
+    pub(crate) fn pool(&self) -> SqlitePool {
+        self.pool.clone()
     }
 
     /// Holds entities without a quota of their own to `bytes` of stored data (`None`: no quota).
@@ -482,8 +482,12 @@ impl crate::Store for SqliteStore {
     }
 
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
+        let encoded = logs::Encoded::of(new)?;
+        let mut conn = self.pool.acquire().await?;
+        storage::precheck_model(&mut conn, new.model_id, encoded.size(), self.storage_quota).await?;
+        drop(conn);
         let mut tx = self.write_tx().await?;
-        let entry = logs::append(&mut tx, new, self.storage_quota).await?;
+        let entry = logs::append(&mut tx, new, encoded, self.storage_quota).await?;
         tx.commit().await?;
         Ok(entry)
     }
