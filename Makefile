@@ -347,6 +347,7 @@ test: test-build
 	@# `cargo build` would rebuild many dependencies with other features.
 	$(PYENV)/bin/python tests/python/test_openai_sdk.py target/debug/tandem $(MODEL)
 	$(PYENV)/bin/python tests/python/test_anthropic_sdk.py target/debug/tandem $(MODEL)
+	python3 tests/python/test_quota.py target/debug/tandem $(MODEL)
 	$(PYENV)/bin/python tests/python/test_dashboard.py target/debug/tandem $(MODEL) \
 		$(BROWSER)/node_modules/axe-core/axe.min.js $(ART23ENV)/bin/python
 	$(ART23ENV)/bin/python tests/python/test_art.py target/debug/tandem $(MODEL)

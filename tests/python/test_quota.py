@@ -2,7 +2,7 @@
 
 One server with a 2 MiB default quota and two entities, alice and bob:
 - trajectory logs past alice's quota are a 403 with the contract's body, nothing of them is kept,
-  and bob's logs still land;
+  a new model record is refused too, and bob's logs still land;
 - the attack's cost: bob's log appends while alice floods the server with refused 1 MiB logs,
   against bob's alone (printed; no timing assert);
 - an RL job whose checkpoint would pass the quota fails saying so, keeps no checkpoint and leaves
@@ -75,6 +75,11 @@ def logs_past_the_quota(server, alice, bob):
     check(6 <= accepted <= 8, f"about 2 MiB of 256 KiB logs were kept: {accepted}")
     _, logs, _ = server.api("GET", f"/v1/preview/models/{m['id']}/logs?limit=100", key=alice)
     check(len(logs["data"]) == accepted, f"nothing of the refused log is kept: {len(logs['data'])} of {accepted}")
+    quota_cli(server, "set", "alice", "--mib", "1")  # below what she stores: no room at all
+    status, body, _ = server.api("POST", "/v1/preview/models", {"project": "q", "name": "more", "base_model": BASE},
+                                 key=alice)
+    check(status == 403, f"a model record counts too (models by the million): {status} {body}")
+    quota_cli(server, "set", "alice", "--default")
     b = new_model(server, bob, "logs")
     status, body, _ = server.api("POST", f"/v1/preview/models/{b['id']}/log", log_body(256), key=bob)
     check(status == 200, f"bob's log lands while alice is at her quota: {status} {body}")
@@ -126,21 +131,8 @@ def attack_cost(server, alice, bob, alice_model, bob_model):
 
 
 def rl_job(server, key, model_id, seed):
-    messages = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
-    status, r, _ = server.api("POST", "/v1/chat/completions",
-                              {"model": BASE, "messages": messages, "n": 2, "temperature": 1.0, "max_tokens": 16,
-                               "seed": seed, "logprobs": True, "return_token_ids": True}, key=key)
-    assert status == 200, r
-    trajectories = [{"messages_and_choices": messages + [c], "reward": float(i)} for i, c in enumerate(r["choices"])]
-    status, job, _ = server.api("POST", "/v1/preview/training-jobs",
-                                {"model_id": model_id, "trajectory_groups": [{"trajectories": trajectories}]}, key=key)
-    assert status == 200, job
-    deadline = time.monotonic() + 300
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-        _, job, _ = server.api("GET", f"/v1/preview/training-jobs/{job['id']}", key=key)
-    return job
+    return tandem_server.rl_step(server, model_id, "Is the sky blue? Answer yes or no.", seed, base=BASE, key=key,
+                                 must_succeed=False)
 
 
 def checkpoint_over_the_quota(server, alice, alice_logs):

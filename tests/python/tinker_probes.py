@@ -19,10 +19,14 @@ on the code before the issue.
   sample-burst      160 compute_logprobs at once (past the entity's concurrency limit) all succeed
   heartbeats        a session whose client stopped beating is ended after --tinker-heartbeat-seconds,
                     its model released
+  storage-quota     (issue 53) an entity given 1 MiB by `tandem quota set`: save_state and
+                    save_weights_for_sampler fail as the user's (not retried), nothing is listed,
+                    the model trains on; with `--unlimited` both saves succeed
 """
 
 import concurrent.futures
 import math
+import subprocess
 import time
 
 import tinker
@@ -240,4 +244,39 @@ def heartbeats(ctx):
     assert status == 404, (status, reply)
 
 
-CHECKS = [seq_ids, crossed_clips, reused_step, model_cap, bounded_results, cookbook_losses, sample_burst, heartbeats]
+def storage_quota(ctx):
+    entity = "tinker-quota"
+    key = ctx.server.new_key(entity)
+
+    def quota(*args):
+        subprocess.run([ctx.server.binary, "quota", "set", entity, *args, "--data-dir", ctx.server.data],
+                       check=True, capture_output=True)
+
+    quota("--mib", "1")
+    d = datum(weights=1.0)
+    with service(ctx.server, key) as sc:
+        tc = sc.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+        tc.forward_backward([d], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+        for save in (lambda: tc.save_state("full"), lambda: tc.save_weights_for_sampler("full")):
+            try:
+                save().result()
+            except tinker.RequestFailedError as e:
+                assert "storage quota exceeded" in str(e), e
+                assert e.category == types.RequestErrorCategory.User, e.category
+            except Exception as e:  # noqa: BLE001 - a refusal of the HTTP call itself
+                assert "storage quota exceeded" in str(e), e
+            else:
+                raise AssertionError("a save past the entity's quota was kept")
+        rest = sc.create_rest_client()
+        listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+        assert listed == [], listed
+        tc.forward_backward([d], "cross_entropy").result()  # the model trains on
+        quota("--unlimited")
+        assert tc.save_state("full").result().path.endswith("/weights/full")
+        assert tc.save_weights_for_sampler("full").result().path.endswith("/sampler_weights/full")
+        quota("--default")
+
+
+CHECKS = [seq_ids, crossed_clips, reused_step, model_cap, bounded_results, cookbook_losses, sample_burst, heartbeats,
+          storage_quota]

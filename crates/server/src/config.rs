@@ -439,6 +439,15 @@ pub(crate) fn default_model_id(path: &Path) -> String {
     }
 }
 
+/// `--storage-quota-mib` in bytes.
+pub fn storage_quota(mib: Option<u64>) -> anyhow::Result<Option<i64>> {
+    match mib {
+        None => Ok(None),
+        Some(m) if m <= 1 << 33 => Ok(Some((m << 20) as i64)),
+        Some(m) => bail!("--storage-quota-mib {m}: expected 0 to 8589934592"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,14 +516,5 @@ mod tests {
         assert_eq!(c.models[1].id, "y");
         let args = ServeArgs { models: vec!["a/m.gguf".into(), "b/m.gguf".into()], ..Default::default() };
         assert!(ServeConfig::resolve(args).is_err());
-    }
-}
-
-/// `--storage-quota-mib` in bytes.
-pub fn storage_quota(mib: Option<u64>) -> anyhow::Result<Option<i64>> {
-    match mib {
-        None => Ok(None),
-        Some(m) if m <= 1 << 33 => Ok(Some((m << 20) as i64)),
-        Some(m) => bail!("--storage-quota-mib {m}: expected 0 to 8589934592"),
     }
 }

@@ -27,7 +27,9 @@ pub use deadline::Deadline;
 pub use errors::PoolSettings;
 pub use postgres::{PostgresStore, MAX_CONNECTIONS as POSTGRES_POOL_SIZE};
 pub use sqlite::{SqliteStore, POOL_SIZE as SQLITE_POOL_SIZE};
-pub use storage::{admits as storage_admits, no_room as storage_no_room, EntityQuota, OverQuota, StorageUsage};
+pub use storage::{
+    admits as storage_admits, no_room as storage_no_room, EntityQuota, OverQuota, StorageUsage, MODEL_ROW_BYTES,
+};
 pub use tinker::{blob_path as tinker_blob_path, TinkerCap, TinkerCatalog, TinkerChange, TinkerEntry, TinkerSession};
 
 use async_trait::async_trait;

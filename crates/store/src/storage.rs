@@ -105,6 +105,10 @@ pub fn admits(used: i64, limit: Option<i64>, add: i64) -> bool {
     }
 }
 
+/// What a model's record counts: a bound on its row and index entries (its names are bounded), so
+/// that creating models by the million is held to the quota like any other data.
+pub const MODEL_ROW_BYTES: i64 = 1024;
+
 /// What a job's stored inputs take: its config, the inputs the trainer reads and the rollouts as
 /// submitted (the migration's backfill adds the same three columns).
 pub(crate) fn job_bytes(config: &str, inputs: &str, rollout_groups: Option<&str>) -> i64 {
@@ -124,11 +128,11 @@ pub(crate) const LIST: &str = "SELECT entity, used_bytes, quota_bytes FROM entit
 pub(crate) const MODEL_USAGE: &str = "SELECT m.entity, COALESCE(e.used_bytes, 0), e.quota_bytes
     FROM models m LEFT JOIN entity_storage e ON e.entity = m.entity WHERE m.id = $1";
 pub(crate) const MODEL_ENTITY: &str = "SELECT entity FROM models WHERE id = $1";
-/// What deleting model `$1` frees: its live checkpoints (tombstones were freed when deleted), its
-/// trajectory logs and its jobs' inputs.
+/// What deleting model `$1` frees: its record, its live checkpoints (tombstones were freed when
+/// deleted), its trajectory logs and its jobs' inputs.
 /// (PostgreSQL's SUM of BIGINT is NUMERIC, hence the cast.)
-pub(crate) const MODEL_BYTES: &str = "SELECT CAST(
-    (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE model_id = $1 AND deleted_at IS NULL)
+pub(crate) const MODEL_BYTES: &str = "SELECT CAST(1024
+    + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE model_id = $1 AND deleted_at IS NULL)
     + (SELECT COALESCE(SUM(size_bytes), 0) FROM trajectory_logs WHERE model_id = $1)
     + (SELECT COALESCE(SUM(size_bytes), 0) FROM training_jobs WHERE model_id = $1) AS BIGINT)";
 pub(crate) const SET_QUOTA: &str = "INSERT INTO entity_storage (entity, used_bytes, quota_bytes) VALUES ($1, 0, $2)
@@ -292,6 +296,11 @@ mod tests {
         assert!(admits(50, Some(10), -5));
         assert!(admits(i64::MAX - 1, None, 1 << 40), "no limit");
         assert!(!admits(i64::MAX - 1, Some(i64::MAX - 1), 10), "no overflow");
+    }
+
+    #[test]
+    fn deleting_a_model_frees_its_record_as_charged() {
+        assert!(MODEL_BYTES.contains(&format!("CAST({MODEL_ROW_BYTES}\n")), "{MODEL_BYTES}");
     }
 
     #[test]

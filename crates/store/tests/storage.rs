@@ -11,7 +11,7 @@ use tandem_core::records::{JobKind, JobStatus, PageRequest};
 use tandem_core::tinker::{CheckpointKey, CheckpointKind};
 use tandem_store::{
     DatasetData, EntityQuota, JobOutcome, NewCheckpoint, NewDataset, NewJob, NewLog, NewModel, Store, StoreError,
-    StoredResponse, TinkerEntry,
+    StoredResponse, TinkerEntry, MODEL_ROW_BYTES,
 };
 use uuid::Uuid;
 
@@ -88,11 +88,11 @@ async fn every_kind_of_data_is_counted_and_freed() {
     for (name, store, _scratch) in backends_with_quota(None).await {
         let store: &dyn Store = &*store;
         let m = model(store, "alice", "m").await;
-        assert_eq!(used(store, "alice").await, 0, "{name}: a model alone stores nothing");
+        assert_eq!(used(store, "alice").await, MODEL_ROW_BYTES, "{name}: a model counts its record");
         // A log counts its groups' and metrics' JSON text.
         store.append_log(&log(m, &"g".repeat(500))).await.unwrap();
         let after_log = used(store, "alice").await;
-        assert!((500..600).contains(&after_log), "{name}: {after_log}");
+        assert!((500..600).contains(&(after_log - MODEL_ROW_BYTES)), "{name}: {after_log}");
         store.create_dataset(&dataset("alice", 1000)).await.unwrap();
         assert_eq!(used(store, "alice").await, after_log + 1000, "{name}");
         // A job's inputs, then its checkpoint's files.
@@ -138,8 +138,8 @@ async fn every_kind_of_data_is_counted_and_freed() {
         let d = store.list_datasets("alice", None, PageRequest::first(10)).await.unwrap().items[0].id;
         store.delete_dataset("alice", d).await.unwrap();
         assert_eq!(used(store, "alice").await, after_job - 1000 + 700, "{name}");
-        // The model takes its logs, jobs and live checkpoints along (the deleted one is not
-        // freed twice).
+        // The model takes its record, logs, jobs and live checkpoints along (the deleted one is
+        // not freed twice).
         store.delete_model("alice", m).await.unwrap();
         assert_eq!(used(store, "alice").await, 0, "{name}");
         let listed = store.list_storage().await.unwrap();
@@ -194,6 +194,9 @@ async fn a_quota_refuses_the_write_that_would_pass_it_and_keeps_nothing_of_it() 
         store.create_dataset(&dataset("alice", 50_000)).await.unwrap();
         store.set_storage_quota("bob", EntityQuota::Bytes(0)).await.unwrap();
         over(store.create_dataset(&dataset("bob", 1)).await);
+        let bobs = NewModel { entity: "bob".into(), project: "p".into(), name: "m".into(), base_model: "b".into() };
+        over(store.create_model(&bobs, false).await);
+        assert!(store.list_models("bob", None, None, PageRequest::first(10)).await.unwrap().items.is_empty(), "{name}");
         store.set_storage_quota("alice", EntityQuota::Default).await.unwrap();
         let alice = store.storage_usage("alice").await.unwrap();
         assert_eq!(alice.quota, EntityQuota::Default, "{name}");

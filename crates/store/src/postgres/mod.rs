@@ -395,7 +395,7 @@ impl crate::Store for PostgresStore {
     }
 
     async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)> {
-        models::create_model(&self.pool(), new, return_existing).await
+        models::create_model(&self.pool(), new, return_existing, self.storage_quota).await
     }
 
     async fn get_model(&self, entity: &str, id: Uuid) -> Result<ModelRecord> {

@@ -56,7 +56,12 @@ pub(crate) async fn revoke_key(pool: &PgPool, id_or_prefix: &str) -> Result<ApiK
     Ok(ApiKeyRecord { revoked_at: Some(key.revoked_at.unwrap_or_else(now_ms)), ..key })
 }
 
-pub(crate) async fn create_model(pool: &PgPool, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)> {
+pub(crate) async fn create_model(
+    pool: &PgPool,
+    new: &NewModel,
+    return_existing: bool,
+    quota: Option<i64>,
+) -> Result<(ModelRecord, bool)> {
     let id = tandem_core::new_id();
     let b = id.as_bytes();
     // Eight hex digits for a run id, taken from the random bits of a fresh UUIDv7.
@@ -80,7 +85,10 @@ pub(crate) async fn create_model(pool: &PgPool, new: &NewModel, return_existing:
     .fetch_optional(&mut *tx)
     .await?;
     let out = match inserted {
-        Some(row) => (rows::model(&row)?, true),
+        Some(row) => {
+            super::storage::charge(&mut tx, &new.entity, crate::MODEL_ROW_BYTES, quota).await?;
+            (rows::model(&row)?, true)
+        }
         None if return_existing => {
             let row = sqlx::query("SELECT * FROM models WHERE entity = $1 AND project = $2 AND name = $3")
                 .bind(&new.entity)

@@ -234,6 +234,7 @@ impl crate::Store for SqliteStore {
     async fn create_model(&self, new: &NewModel, return_existing: bool) -> Result<(ModelRecord, bool)> {
         let id = tandem_core::new_id();
         let run_id = format!("{:08x}", rand_u32(id));
+        let mut tx = self.write_tx().await?;
         let inserted = sqlx::query(
             "INSERT INTO models (id, entity, project, name, base_model, run_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING *",
         )
@@ -244,16 +245,22 @@ impl crate::Store for SqliteStore {
         .bind(&new.base_model)
         .bind(run_id)
         .bind(now_ms())
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await;
         match inserted.map_err(StoreError::from) {
-            Ok(row) => Ok((rows::model(&row)?, true)),
+            Ok(row) => {
+                let model = rows::model(&row)?;
+                storage::charge(&mut tx, &new.entity, crate::MODEL_ROW_BYTES, self.storage_quota).await?;
+                tx.commit().await?;
+                Ok((model, true))
+            }
             Err(StoreError::Conflict(_)) if return_existing => {
+                // Read in the write transaction: a pool of one connection (in memory) has no other.
                 let row = sqlx::query("SELECT * FROM models WHERE entity = ? AND project = ? AND name = ?")
                     .bind(&new.entity)
                     .bind(&new.project)
                     .bind(&new.name)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut *tx)
                     .await?;
                 Ok((rows::model(&row)?, false))
             }

@@ -80,3 +80,79 @@ async fn a_full_database_fails_writes_as_full_and_poisons_no_connection() {
     let ok: String = sqlx::query_scalar("PRAGMA integrity_check").fetch_one(&pool).await.unwrap();
     assert_eq!(ok, "ok");
 }
+
+/// Migration 0013 counts what older versions stored as the live accounting counts it: with every
+/// row's size and every entity's count wiped, its UPDATEs and INSERT rebuild the same numbers
+/// (checkpoints aside, whose file sizes an older database never held).
+#[tokio::test]
+async fn the_storage_migration_counts_old_rows_as_writes_count_them() {
+    use serde_json::json;
+    let store = SqliteStore::in_memory().await.unwrap();
+    for entity in ["a", "b"] {
+        let new =
+            crate::NewModel { entity: entity.into(), project: "p".into(), name: "m".into(), base_model: "b".into() };
+        let (m, _) = store.create_model(&new, false).await.unwrap();
+        let log = crate::NewLog {
+            model_id: m.id,
+            split: "train".into(),
+            metrics: BTreeMap::from([("reward".to_string(), 0.25)]),
+            num_groups: 1,
+            num_trajectories: 1,
+            trajectory_groups: json!([{ "t": format!("{entity} é \u{0} ünïcödé") }]),
+        };
+        store.append_log(&log).await.unwrap();
+        let rollout = crate::Rollout { metrics: BTreeMap::new(), groups: json!([{ "g": "rollout" }]) };
+        let job = crate::NewJob {
+            model_id: m.id,
+            kind: tandem_core::records::JobKind::Rl,
+            config: json!({ "lr": 1e-5 }),
+            inputs: json!(["ïnputs"]),
+            rollout: Some(rollout),
+        };
+        store.create_job(&job).await.unwrap();
+        let data = crate::DatasetData::Inline(b"{\"messages\": []}\n".to_vec());
+        let d = crate::NewDataset { entity: entity.into(), project: "p".into(), name: "d".into(), num_rows: 1, data };
+        store.create_dataset(&d).await.unwrap();
+        let r = crate::StoredResponse {
+            id: format!("resp_{entity}"),
+            entity: entity.into(),
+            body: json!({ "output": "ö" }),
+            conversation: json!([{ "role": "user", "content": "hi" }]),
+        };
+        store.put_response(&r).await.unwrap();
+        let state = crate::TinkerEntry {
+            owner: entity.into(),
+            key: tandem_core::tinker::CheckpointKey::new(
+                &format!("{entity}:train:0"),
+                tandem_core::tinker::CheckpointKind::Weights,
+                "s",
+            ),
+            size_bytes: 777,
+            created_at: 1,
+            expires_at: None,
+            public: false,
+            blob: Some(format!("tinker/{entity}")),
+            meta: json!({}),
+        };
+        crate::TinkerCatalog::tinker_put(&store, &state, None).await.unwrap();
+    }
+    let live = store.list_storage().await.unwrap();
+    assert_eq!(live.len(), 2);
+    assert!(live.iter().all(|u| u.used_bytes > 1024 + 777), "{live:?}");
+    for table in ["trajectory_logs", "training_jobs", "stored_responses"] {
+        sqlx::query(&format!("UPDATE {table} SET size_bytes = 0")).execute(&store.pool).await.unwrap();
+    }
+    sqlx::query("DELETE FROM entity_storage").execute(&store.pool).await.unwrap();
+    let migration = include_str!("../../migrations/sqlite/0013_entity_storage.sql");
+    let recount: Vec<String> = migration
+        .split(';')
+        .map(|s| s.trim_start_matches(|c: char| c.is_whitespace()))
+        .map(|s| s.lines().filter(|l| !l.trim_start().starts_with("--")).collect::<Vec<_>>().join("\n"))
+        .filter(|s| s.starts_with("UPDATE") || s.starts_with("INSERT"))
+        .collect();
+    assert_eq!(recount.len(), 4, "three UPDATEs and the INSERT");
+    for statement in &recount {
+        sqlx::query(statement).execute(&store.pool).await.unwrap();
+    }
+    assert_eq!(store.list_storage().await.unwrap(), live);
+}
