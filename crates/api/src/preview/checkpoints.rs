@@ -478,6 +478,7 @@ async fn run_import(
     responses(
         (status = 200, body = crate::views::CheckpointView),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 403, description = "The entity's storage quota would be exceeded; nothing was written", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 409, description = "A training job of the model is queued or running, or its base model is not served here", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 413, description = "Larger than the body limit", body = crate::openapi::bodies::PreviewErrorBody),

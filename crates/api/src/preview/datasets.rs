@@ -59,6 +59,7 @@ fn names(query: &HashMap<String, String>) -> Result<(String, String), ApiError> 
     responses(
         (status = 200, body = crate::views::DatasetView, links(("dataset" = (operation_id = "get_dataset", parameters(("dataset_id" = "$response.body#/id")))), ("deleteDataset" = (operation_id = "delete_dataset", parameters(("dataset_id" = "$response.body#/id")))))),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 403, description = "The entity's storage quota would be exceeded; nothing was written", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
     ),
     security(("bearer" = []))

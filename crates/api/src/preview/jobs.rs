@@ -38,6 +38,7 @@ fn job_not_found(e: StoreError) -> ApiError {
     responses(
         (status = 200, body = crate::views::JobView, links(("job" = (operation_id = "get_training_job", parameters(("job_id" = "$response.body#/id")))), ("cancel" = (operation_id = "cancel_training_job", parameters(("job_id" = "$response.body#/id")))), ("events" = (operation_id = "list_training_job_events", parameters(("job_id" = "$response.body#/id")))))),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 403, description = "The entity's storage quota would be exceeded; nothing was written", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 429, description = "Too many pending jobs", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)

@@ -38,6 +38,7 @@ pub(super) fn groups_field(
     responses(
         (status = 200, body = crate::views::LogView, links(("getLog" = (operation_id = "get_log", parameters(("model_id" = "$response.body#/model_id"), ("log_id" = "$response.body#/id")))))),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 403, description = "The entity's storage quota would be exceeded; nothing was written", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 404, description = "No such model for this key's entity", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
     ),

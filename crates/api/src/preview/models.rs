@@ -68,7 +68,7 @@ fn validate_create(body: &Value, served: &[String]) -> Result<CreateModel, ApiEr
     responses(
         (status = 200, body = crate::views::ModelView, links(("model" = (operation_id = "get_model", parameters(("model_id" = "$response.body#/id")))), ("deleteModel" = (operation_id = "delete_model", parameters(("model_id" = "$response.body#/id")))), ("checkpoints" = (operation_id = "list_checkpoints", parameters(("model_id" = "$response.body#/id")))), ("logs" = (operation_id = "list_logs", parameters(("model_id" = "$response.body#/id")))), ("log" = (operation_id = "create_log", parameters(("model_id" = "$response.body#/id")))))),
         (status = 401, description = "No valid API key", body = crate::openapi::bodies::PreviewErrorBody),
-        (status = 403, description = "Another entity", body = crate::openapi::bodies::PreviewErrorBody),
+        (status = 403, description = "Another entity, or the entity's storage quota would be exceeded (nothing was written)", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 409, description = "The name exists", body = crate::openapi::bodies::PreviewErrorBody),
         (status = 422, description = "Invalid request", body = crate::openapi::bodies::ValidationErrorBody)
     ),

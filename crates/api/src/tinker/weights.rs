@@ -139,6 +139,8 @@ impl SamplerSave<'_> {
         };
         let cp = match publish(state, entry.record_id, files).await {
             Ok(cp) => cp,
+            // Over the entity's storage quota: the caller's to fix, and not worth a retry.
+            Err(e) if e.kind == ErrorKind::Forbidden => return Outcome::user(e.message),
             Err(e) => return Outcome::server(e.message),
         };
         let saved = SavedSampler {
