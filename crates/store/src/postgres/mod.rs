@@ -29,16 +29,16 @@ mod logs;
 mod models;
 mod nodes;
 mod notify;
+mod pool;
 mod responses;
 mod rows;
 mod storage;
 mod tinker;
-mod watch;
 
-use crate::errors::{POSTGRES_ACQUIRE_TIMEOUT, POSTGRES_STATEMENT_TIMEOUT};
+use crate::errors::POSTGRES_STATEMENT_TIMEOUT;
 use crate::{ApiKeyRecord, DeletedCheckpoints, DeletedModel, NewLog, NewModel, PoolSettings, Result, StoreError};
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool, Row};
 use std::str::FromStr;
 use std::time::Duration;
@@ -68,40 +68,6 @@ pub struct PostgresStore {
     settings: PoolSettings,
     /// `--storage-quota-mib` in bytes: the quota of entities without one of their own.
     storage_quota: Option<i64>,
-}
-
-/// How long a connection given back to the pool has to answer a ping before it is closed.
-const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A pool of at most `size` connections as `settings` say; `released` is set to the time each
-/// time a connection comes back alive.
-fn pool_options(
-    size: u32,
-    settings: PoolSettings,
-    released: std::sync::Arc<std::sync::atomic::AtomicI64>,
-) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(size.max(1))
-        .acquire_timeout(settings.acquire_timeout.unwrap_or(POSTGRES_ACQUIRE_TIMEOUT))
-        // A connection comes back to the pool after each call, also one the call's deadline
-        // cut off mid-statement. sqlx then pings it without a limit, which on a network that
-        // drops packets silently waits for TCP's retransmissions (about fifteen minutes),
-        // holding a slot of the pool all along. A ping of our own first, bounded: no answer
-        // and the connection is closed at once. A connection whose statements were answered
-        // answers it in one round trip.
-        .after_release(move |conn, _| {
-            let released = released.clone();
-            Box::pin(async move {
-                match tokio::time::timeout(RELEASE_PING_TIMEOUT, conn.ping()).await {
-                    Ok(answered) => {
-                        answered?;
-                        released.store(crate::now_ms(), std::sync::atomic::Ordering::Relaxed);
-                        Ok(true)
-                    }
-                    Err(_) => Err(sqlx::Error::PoolTimedOut),
-                }
-            })
-        })
 }
 
 impl PostgresStore {
@@ -175,7 +141,7 @@ impl PostgresStore {
         // server is down (the pool retries connecting until then).
         let size = settings.size.unwrap_or(MAX_CONNECTIONS);
         let released = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(crate::now_ms()));
-        let pool = pool_options(size, settings, released.clone()).connect_lazy_with(options.clone());
+        let pool = pool::options(size, settings, released.clone()).connect_lazy_with(options.clone());
         let started = std::time::Instant::now();
         loop {
             match pool.acquire().await {
@@ -196,8 +162,8 @@ impl PostgresStore {
         let pool = std::sync::Arc::new(std::sync::RwLock::new(pool));
         if let Some(deadline) = settings.call_deadline() {
             // Longer than any call may hold a connection and its release ping take.
-            let limit = deadline + RELEASE_PING_TIMEOUT + std::time::Duration::from_secs(5);
-            let swap = Swap { pool: std::sync::Arc::downgrade(&pool), options, settings, size, released };
+            let limit = deadline + pool::RELEASE_PING_TIMEOUT + std::time::Duration::from_secs(5);
+            let swap = pool::Swap { pool: std::sync::Arc::downgrade(&pool), options, settings, size, released };
             tokio::spawn(swap.watch(limit));
         }
         Ok(PostgresStore { pool, settings, storage_quota: None })
@@ -206,41 +172,6 @@ impl PostgresStore {
     /// Closes every connection; later calls fail (health checks and shutdown tests use it).
     pub async fn close(&self) {
         self.pool().close().await;
-    }
-}
-
-/// What replaces a stuck pool (`watch`): the store's pool, for as long as the store lives.
-struct Swap {
-    pool: std::sync::Weak<std::sync::RwLock<PgPool>>,
-    options: PgConnectOptions,
-    settings: PoolSettings,
-    size: u32,
-    /// When a connection last came back alive (Unix ms), set by the pools' release hook.
-    released: std::sync::Arc<std::sync::atomic::AtomicI64>,
-}
-
-impl Swap {
-    async fn watch(self, limit: Duration) {
-        let mut ledger = watch::PoolWatch::default();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            let Some(shared) = self.pool.upgrade() else { return };
-            let pool = shared.read().unwrap_or_else(|e| e.into_inner()).clone();
-            let full = pool.size() >= self.size && pool.num_idle() == 0;
-            let last = self.released.load(std::sync::atomic::Ordering::Relaxed);
-            if ledger.stuck(crate::now_ms(), full, last, limit.as_millis() as i64) {
-                tracing::warn!(
-                    connections = self.size,
-                    seconds = limit.as_secs(),
-                    "every database connection has been held this long without one coming back (a network that \
-                     dropped them silently); opening a new pool"
-                );
-                let fresh = pool_options(self.size, self.settings, self.released.clone())
-                    .connect_lazy_with(self.options.clone());
-                *shared.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-            }
-        }
     }
 }
 
@@ -374,7 +305,7 @@ impl crate::Store for PostgresStore {
         // requests' pool.
         let options = (*self.pool().connect_options()).clone();
         let unwatched = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let pool = pool_options(1, self.settings, unwatched).connect_lazy_with(options);
+        let pool = pool::options(1, self.settings, unwatched).connect_lazy_with(options);
         notify::subscribe(&pool).await.map(Some)
     }
 
