@@ -216,29 +216,25 @@ macro_rules! storage_backend {
             $crate::storage::verdict(u.used_bytes + bytes, u.quota.to_column(), bytes, default)
         }
 
-        /// [`precheck`] for the entity of model `model_id` (a missing model passes: the write
-        /// then answers it).
+        /// [`precheck`] for the entity of model `model_id`, whose name it returns for the write's
+        /// charge (`NotFound`: no such model).
         pub(crate) async fn precheck_model(
             conn: &mut $conn,
             model_id: uuid::Uuid,
             bytes: i64,
             default: Option<i64>,
-        ) -> Result<()> {
-            if bytes <= 0 {
-                return Ok(());
-            }
+        ) -> Result<String> {
             let row = sqlx::query(&$sql($crate::storage::MODEL_USAGE))
                 .bind(model_id.to_string())
                 .fetch_optional(&mut *conn)
-                .await?;
-            match row {
-                Some(row) => {
-                    let used: i64 = sqlx::Row::try_get(&row, 1)?;
-                    let quota: Option<i64> = sqlx::Row::try_get(&row, 2)?;
-                    $crate::storage::verdict(used + bytes, quota, bytes, default)
-                }
-                None => Ok(()),
+                .await?
+                .ok_or($crate::StoreError::NotFound)?;
+            let used: i64 = sqlx::Row::try_get(&row, 1)?;
+            let quota: Option<i64> = sqlx::Row::try_get(&row, 2)?;
+            if bytes > 0 {
+                $crate::storage::verdict(used + bytes, quota, bytes, default)?;
             }
+            Ok(sqlx::Row::try_get(&row, 0)?)
         }
 
         fn usage_row(row: &$row) -> Result<$crate::storage::StorageUsage> {

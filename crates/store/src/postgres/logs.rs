@@ -135,7 +135,7 @@ pub(crate) async fn append_log(pool: &PgPool, new: &NewLog, quota: Option<i64>) 
     let metrics = rows::metrics_text(&new.metrics);
     let size = (groups.len() + metrics.len()) as i64;
     // A refused log is refused before its rows are written (see `storage::precheck`).
-    super::storage::precheck_model(&mut *pool.acquire().await?, new.model_id, size, quota).await?;
+    let entity = super::storage::precheck_model(&mut *pool.acquire().await?, new.model_id, size, quota).await?;
     let mut tx = pool.begin().await?;
     // The model's lock keeps its logs' `seq` in commit order and makes the merge into the
     // checkpoint's metrics below a read-modify-write no other log interleaves with.
@@ -178,7 +178,7 @@ pub(crate) async fn append_log(pool: &PgPool, new: &NewLog, quota: Option<i64>) 
             .execute(&mut *tx)
             .await?;
     }
-    super::storage::charge_model(&mut tx, new.model_id, size, quota).await?;
+    super::storage::charge(&mut tx, &entity, size, quota).await?;
     tx.commit().await?;
     rows::log_entry(&row)
 }

@@ -27,6 +27,7 @@ impl Encoded {
 pub(crate) async fn append(
     tx: &mut Transaction<'_, Sqlite>,
     new: &NewLog,
+    entity: &str,
     encoded: Encoded,
     quota: Option<i64>,
 ) -> Result<LogEntry> {
@@ -66,7 +67,7 @@ pub(crate) async fn append(
             .await?;
     }
     let entry = rows::log_entry(&row)?;
-    super::storage::charge_model(tx, new.model_id, size, quota).await?;
+    super::storage::charge(tx, entity, size, quota).await?;
     Ok(entry)
 }
 

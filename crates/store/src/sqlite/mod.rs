@@ -491,10 +491,10 @@ impl crate::Store for SqliteStore {
     async fn append_log(&self, new: &NewLog) -> Result<LogEntry> {
         let encoded = logs::Encoded::of(new)?;
         let mut conn = self.pool.acquire().await?;
-        storage::precheck_model(&mut conn, new.model_id, encoded.size(), self.storage_quota).await?;
+        let entity = storage::precheck_model(&mut conn, new.model_id, encoded.size(), self.storage_quota).await?;
         drop(conn);
         let mut tx = self.write_tx().await?;
-        let entry = logs::append(&mut tx, new, encoded, self.storage_quota).await?;
+        let entry = logs::append(&mut tx, new, &entity, encoded, self.storage_quota).await?;
         tx.commit().await?;
         Ok(entry)
     }

@@ -2,7 +2,7 @@
 //! `BEGIN IMMEDIATE` makes every write transaction the only writer, so a charge needs no lock.
 
 use crate::storage::{EntityQuota, StorageUsage};
-use crate::{Result, Store};
+use crate::Result;
 
 fn sql(q: &str) -> String {
     q.replace('$', "?")
@@ -25,10 +25,4 @@ impl super::SqliteStore {
         tx.commit().await?;
         Ok(())
     }
-}
-
-/// Keeps the trait's import used when only the inherent helpers are.
-#[allow(dead_code)]
-fn _store_is_a_store(s: &super::SqliteStore) -> &dyn Store {
-    s
 }
