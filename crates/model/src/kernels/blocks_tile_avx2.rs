@@ -24,7 +24,7 @@
 use super::blocks_lanes::{BlockLanes, LANES};
 use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
 use super::cpu::{Avx2Fma, SharedOut};
-use super::lanes_avx2::{by_row_pairs, store};
+use super::lanes_avx2::{by_row_pairs, prefetch, store, PREFETCH_AHEAD};
 use super::q8::QK;
 use super::{KActs, Q8Acts};
 use std::arch::x86_64::*;
@@ -103,6 +103,14 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
     unsafe {
         for b in 0..blocks {
             let base = w.q.as_ptr().add((g * blocks + b) * bb);
+            if t == 0 {
+                // The first tile of a group streams its weights from memory (see `prefetch`);
+                // the codes come 32 bytes a block, so as far ahead in blocks.
+                prefetch(base.wrapping_add(PREFETCH_AHEAD), bb);
+                if KQ && b % 2 == 0 {
+                    prefetch(w.codes.as_ptr().wrapping_add((g * blocks + b) * 32 + PREFETCH_AHEAD * 32 / bb), 64);
+                }
+            }
             macro_rules! pass {
                 ($half:expr) => {{
                     const HALF: usize = $half;

@@ -81,6 +81,32 @@ pub(super) fn by_row_pairs<const R: usize, const C: usize>(
     }
 }
 
+/// How far ahead of the tile the weights are prefetched, in bytes.
+///
+/// Why: a decode step's tile meets each weight byte once, and on the AVX2 tier its unpacking
+/// takes about as long as the byte's fetch from memory. Zen 1's prefetchers did not run far
+/// enough ahead to overlap the two: Qwen2.5-Coder 1.5B's 28 layers at T=1 on two threads took
+/// ~77 ms a pass at 10.5 GB/s, against 20 GB/s that plain loads reach. Asking for the bytes
+/// ~2 KiB (about seven Q4_K blocks of a group) ahead: ~45-55 ms, ~17 GB/s (`matmul_bench
+/// layers 1 2`, distances 512 to 3072 tried; docs/benchmarks.md, session 46).
+pub(super) const PREFETCH_AHEAD: usize = 2048;
+
+/// Prefetches `bytes` from `at` into L1, a line at a time. Callers point [`PREFETCH_AHEAD`]
+/// past what they read now (or as many blocks ahead in a thinner stream); groups are laid out
+/// one after the other, so past a group's end that is the next group's start, which the same
+/// task takes next. A prefetch never faults, so an address past the buffer is harmless, and it
+/// is computed with `wrapping_add`, without `add`'s in-bounds promise.
+#[inline(always)]
+pub(super) fn prefetch(at: *const u8, bytes: usize) {
+    let mut line = 0;
+    while line < bytes {
+        // SAFETY: a prefetch is a hint that reads nothing the program can see and never faults;
+        // SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8) };
+        line += 64;
+    }
+}
+
 /// Writes a group's two registers per activation row to output rows `t..t+C` (padding lanes
 /// left out).
 ///
@@ -130,6 +156,15 @@ unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
     unsafe {
         for b in 0..blocks {
             let gb = g * blocks + b;
+            if t == 0 {
+                // The first tile of a group streams it (see `prefetch`); the scales and minimums
+                // come 32 bytes a block, so as far ahead in blocks.
+                prefetch(w.q.as_ptr().wrapping_add(gb * 256 + PREFETCH_AHEAD), 256);
+                if b % 2 == 0 {
+                    prefetch((w.d16.as_ptr() as *const u8).wrapping_add(gb * 32 + PREFETCH_AHEAD / 8), 64);
+                    prefetch((w.m16.as_ptr() as *const u8).wrapping_add(gb * 32 + PREFETCH_AHEAD / 8), 64);
+                }
+            }
             // The block's four steps stay in i16 (at most 4 * 2 * 2 * 15 * 127 = 30480) and widen
             // once.
             let mut p16 = [[_mm256_setzero_si256(); C]; 2];
@@ -183,6 +218,11 @@ unsafe fn q8_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
     unsafe {
         for b in 0..blocks {
             let gb = g * blocks + b;
+            if t == 0 {
+                // As in `q4_group`: 512 bytes of weights and 64 of f32 scales a block.
+                prefetch(w.q.as_ptr().wrapping_add(gb * 512 + PREFETCH_AHEAD), 512);
+                prefetch((w.d.as_ptr() as *const u8).wrapping_add(gb * 64 + PREFETCH_AHEAD / 8), 64);
+            }
             let mut isum = [[_mm256_setzero_si256(); C]; 2];
             for step in 0..8 {
                 let mut mag = [_mm256_setzero_si256(); 2];
