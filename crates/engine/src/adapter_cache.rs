@@ -1,10 +1,10 @@
 //! Which LoRA adapters stay loaded: a ledger bounded by bytes, least recently used out.
 //!
 //! Why bytes and not a count: an adapter's size spans three orders of magnitude (an r8 adapter
-//! of SmolLM2 on every projection is ~10 MB in f32, an r64 one of a 7B model several GB), so a
+//! of SmolLM2 on every projection is ~5 MB in bf16, an r64 one of a 7B model over a GB), so a
 //! count either wastes memory on small ones or lets large ones take the machine. Serving many
 //! checkpoints at once (each tenant's newest step, a group's rollouts on one) must not read from
-//! disk once warm, so the default budget holds ~100 small adapters (README: `--adapter-cache-mib`).
+//! disk once warm, so the default budget holds ~200 small adapters (README: `--adapter-cache-mib`).
 //!
 //! The ledger is pure bookkeeping over slots (`Slot`): the wrapper in `served` loads into a slot
 //! outside the ledger's lock, so loading one checkpoint never holds up a request for another.

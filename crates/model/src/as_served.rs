@@ -8,7 +8,7 @@
 //! is shared (attention's task split, a LoRA pair's row update).
 
 use crate::kernels::causal::Heads;
-use crate::kernels::{self, MAX_GROUP};
+use crate::kernels::{self, Bf16, Widen, MAX_GROUP};
 use crate::KvCache;
 use rayon::prelude::*;
 
@@ -77,43 +77,48 @@ pub fn attend_sequence(g: &Heads, q: &[f32], k: &[f32], v: &[f32], out: &mut [f3
 }
 
 /// `out += scale * B (A x)` for one row, in the engine's order: each rank's `scale * (a_r . x)`
-/// (the kernels' dot), then its column of B added across the row, ranks in order. `a` is
-/// `(rank, in)`, `bt` is B transposed, `(rank, out)`, both row-major.
-pub fn lora_row(a: &[f32], bt: &[f32], rank: usize, x: &[f32], out: &mut [f32], scale: f32) {
+/// (the kernels' dot), then B's column of each rank added across the row, ranks in order. `a` is
+/// `(rank, in)` row-major, `b` B in [`b_tiles`]' layout; served adapters hold them in bf16
+/// ([`stored`]), the trainer's exact path in f32.
+pub fn lora_row<W: Widen>(a: &[W], b: &[W], rank: usize, x: &[f32], out: &mut [f32], scale: f32) {
     let ax = lora_down(a, rank, x, scale);
-    lora_up(&ax, bt, out);
+    lora_up(&ax, b, &mut [out]);
 }
 
 /// The first half of [`lora_row`]: `scale * (a_r . x)` for each rank `r`, for each row of `xs`
 /// (`(rows, rank)`, row-major): each entry the kernels' dot, whatever the number of rows.
-pub fn lora_down(a: &[f32], rank: usize, xs: &[f32], scale: f32) -> Vec<f32> {
+pub fn lora_down<W: Widen>(a: &[W], rank: usize, xs: &[f32], scale: f32) -> Vec<f32> {
     let mut out = vec![0f32; xs.len() / (a.len() / rank) * rank];
     kernels::dots(a, rank, xs, &mut out);
     out.iter_mut().for_each(|v| *v *= scale);
     out
 }
 
-/// `B (out, rank)` transposed to `(rank, out)`, the layout [`lora_row`] and [`lora_up`] read.
-pub fn transposed(b: &[f32], rank: usize) -> Vec<f32> {
-    let out = b.len() / rank;
-    let mut bt = vec![0f32; b.len()];
-    for (o, row) in b.chunks_exact(rank).enumerate() {
-        for (r, v) in row.iter().enumerate() {
-            bt[r * out + o] = *v;
-        }
-    }
-    bt
+/// `B (out, rank)` (PEFT's layout) in tiles of outputs, the layout [`lora_row`] and [`lora_up`]
+/// read (`kernels::adapter::b_tiles`).
+pub fn b_tiles(b: &[f32], rank: usize) -> Vec<f32> {
+    kernels::adapter::b_tiles(b, rank)
 }
 
-/// The second half of [`lora_row`]: `out += ax_r * B[:, r]` for each rank in order, `bt` being
-/// B transposed (`(rank, out)`).
-pub fn lora_up(ax: &[f32], bt: &[f32], out: &mut [f32]) {
-    let n = out.len();
-    for (r, ax) in ax.iter().enumerate() {
-        for (o, b) in out.iter_mut().zip(&bt[r * n..(r + 1) * n]) {
-            *o += ax * b;
-        }
-    }
+/// The second half of [`lora_row`], for rows of one adapter: `outs[i] += ax_ir * B[:, r]` for
+/// each rank in order (`ax` is `(rows, rank)`, `b` in [`b_tiles`]' layout). Each row's numbers
+/// are the same whether it goes alone or with others.
+pub fn lora_up<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
+    kernels::add_ranks(ax, b, outs);
+}
+
+/// An adapter matrix as the server holds it: bf16, rounded to nearest even (half the bytes a
+/// step reads with many adapters; `kernels::adapter`). The trainer rounds its f32 adapter with
+/// this before the served path's products, so both compute on the same values.
+pub fn stored(m: &[f32]) -> Vec<Bf16> {
+    Bf16::round_all(m)
+}
+
+/// The values [`stored`] keeps, as f32: what the trainer's backward differentiates through, so
+/// that its gradients are those of the function its forward computed (straight through the
+/// rounding for the f32 master weights the optimizer updates).
+pub fn stored_values(m: &[f32]) -> Vec<f32> {
+    m.iter().map(|&x| Bf16::from_f32(x).to_f32()).collect()
 }
 
 /// The log of a logits row's softmax normaliser, `max + ln sum_j exp(l_j - max)`, so that a

@@ -452,10 +452,11 @@ impl Llama {
     /// three (adapter matrix, column offset) pairs for this projection.
     ///
     /// Rows on one adapter (a prompt's rows, or streams of one checkpoint) are taken together, up
-    /// to [`LORA_ROWS`] a task: the task reads the adapter's A once for all of them (the tiled
-    /// dots), where a task per row read it once a row. Each row's numbers are those of
-    /// `as_served::lora_row` on it alone (each tiled dot is the dot to the bit), which is what the
-    /// trainer computes.
+    /// to [`LORA_ROWS`] a task and no more than the adapted rows over the threads: the task reads
+    /// the adapter's A and B once for all of them (tiled dots, then each B tile added to every
+    /// row's outputs kept in registers), where a task per row read them once a row; rows of
+    /// different adapters are different tasks of the same pass. Each row's numbers are those of
+    /// `as_served::lora_row` on it alone, which is what the trainer computes.
     #[allow(clippy::too_many_arguments)]
     fn apply_lora<'a>(
         &self,
@@ -470,12 +471,14 @@ impl Llama {
         if seqs.iter().all(|s| s.adapter.is_none()) {
             return;
         }
-        // Each group's adapter, and the rows it takes.
+        // Each group's adapter, and the rows it takes. A group holds at most its share of the
+        // adapted rows over the threads, so that streams of one checkpoint still spread.
+        let adapted = rows.iter().filter(|info| seqs[info.seq].adapter.is_some()).count();
+        let most = LORA_ROWS.min(adapted.div_ceil(kernels::team::threads()).max(1));
         let (mut adapters, mut members): (Vec<&'a LoraAdapter>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
         for (t, info) in rows.iter().enumerate() {
             let Some(adapter) = seqs[info.seq].adapter else { continue };
-            let open =
-                adapters.iter().zip(&members).rposition(|(a, ts)| std::ptr::eq(*a, adapter) && ts.len() < LORA_ROWS);
+            let open = adapters.iter().zip(&members).rposition(|(a, ts)| std::ptr::eq(*a, adapter) && ts.len() < most);
             match open {
                 Some(g) => members[g].push(t),
                 None => {
@@ -490,11 +493,10 @@ impl Llama {
                 members[g].iter().flat_map(|&t| input[t * in_dim..(t + 1) * in_dim].iter().copied()).collect();
             for (pair, offset) in pick(adapter) {
                 let Some(pair) = pair else { continue };
-                let (rank, n) = (pair.rank, pair.out_dim());
-                let ax = crate::as_served::lora_down(&pair.a, rank, &xs, adapter.scale);
-                for (row, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
-                    crate::as_served::lora_up(ax, pair.bt(), &mut row[offset..offset + n]);
-                }
+                let n = pair.out_dim();
+                let ax = crate::as_served::lora_down(&pair.a, pair.rank, &xs, adapter.scale);
+                let mut parts: Vec<&mut [f32]> = outs.iter_mut().map(|row| &mut row[offset..offset + n]).collect();
+                crate::as_served::lora_up(&ax, pair.b_tiles(), &mut parts);
             }
         });
     }

@@ -6,40 +6,42 @@
 //! embedding). Loading permutes the rows of `lora_B` for q and k the same way, so an adapter
 //! trained on the Hugging Face model works here and the reverse holds for adapters we save.
 
+use crate::kernels::Bf16;
 use crate::{LlamaConfig, ModelError};
 use std::path::Path;
 
-/// One adapted projection: `a` is (r, in), row-major f32, and B (out, r) is kept transposed as
-/// `bt` (r, out), so that `B (A x)` is r contiguous `axpy`s over the output row (the compiler
-/// vectorises them) rather than `out` dot products of length r.
+/// One adapted projection: `a` is (r, in), row-major, and B (out, r) is kept in tiles of outputs
+/// (`as_served::b_tiles`), so that `B (A x)` is r `axpy`s over each tile of the output row, kept
+/// in registers, rather than `out` dot products of length r. Both in bf16 (`as_served::stored`):
+/// with many adapters in a batch, decode is bound by the bytes of A and B each step reads.
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     pub rank: usize,
     pub in_dim: usize,
-    pub a: Vec<f32>,
-    bt: Vec<f32>,
+    pub a: Vec<Bf16>,
+    b: Vec<Bf16>,
 }
 
 impl LoraPair {
-    /// From `a` (r, in) and `b` (out, r), both row-major as PEFT stores them (`peft::read` has
-    /// checked that r >= 1).
+    /// From `a` (r, in) and `b` (out, r), both row-major f32 as PEFT stores them (`peft::read`
+    /// has checked that r >= 1), rounded to bf16.
     pub fn new(rank: usize, a: Vec<f32>, b: Vec<f32>) -> Self {
-        let bt = crate::as_served::transposed(&b, rank);
-        LoraPair { rank, in_dim: a.len() / rank, a, bt }
+        let b = crate::as_served::stored(&crate::as_served::b_tiles(&b, rank));
+        LoraPair { rank, in_dim: a.len() / rank, a: crate::as_served::stored(&a), b }
     }
 
-    /// B transposed, `(rank, out)`, row-major.
-    pub fn bt(&self) -> &[f32] {
-        &self.bt
+    /// B in tiles of outputs (`as_served::b_tiles`).
+    pub fn b_tiles(&self) -> &[Bf16] {
+        &self.b
     }
 
     pub fn out_dim(&self) -> usize {
-        self.bt.len() / self.rank
+        self.b.len() / self.rank
     }
 
     /// `out += scale * B (A x)`.
     pub fn apply(&self, x: &[f32], out: &mut [f32], scale: f32) {
-        crate::as_served::lora_row(&self.a, &self.bt, self.rank, x, out, scale);
+        crate::as_served::lora_row(&self.a, &self.b, self.rank, x, out, scale);
     }
 }
 
@@ -71,7 +73,8 @@ impl LoraAdapter {
 
     /// Memory held by the matrices (what the engine's adapter cache budgets).
     pub fn bytes(&self) -> usize {
-        let pair = |p: &Option<LoraPair>| p.as_ref().map_or(0, |p| 4 * (p.a.len() + p.bt.len()));
+        let pair =
+            |p: &Option<LoraPair>| p.as_ref().map_or(0, |p| std::mem::size_of::<Bf16>() * (p.a.len() + p.b.len()));
         let layers: usize = self
             .layers
             .iter()

@@ -22,6 +22,9 @@ type Res<T> = candle_core::Result<T>;
 /// `dh = scale · g A`, `dA = scale · g^T h`.
 pub struct LoraDown {
     pub scale: f64,
+    /// On the adapter's bf16 values, as the server holds them (`as_served::stored`): with the
+    /// served head; the exact head keeps f32 (finite-difference checks).
+    pub as_stored: bool,
 }
 
 impl CustomOp2 for LoraDown {
@@ -37,13 +40,25 @@ impl CustomOp2 for LoraDown {
         }
         let scale = self.scale as f32;
         let mut u = vec![0f32; n * r];
+        let a16 = self.as_stored.then(|| tandem_model::as_served::stored(a));
         u.par_chunks_mut(r.max(1) * 64).zip(h.par_chunks(hd.max(1) * 64)).for_each(|(u, h)| {
-            u.copy_from_slice(&tandem_model::as_served::lora_down(a, r, h, scale));
+            u.copy_from_slice(&match &a16 {
+                Some(a) => tandem_model::as_served::lora_down(a, r, h, scale),
+                None => tandem_model::as_served::lora_down(a, r, h, scale),
+            });
         });
         Ok((CpuStorage::F32(u), Shape::from((n, r))))
     }
 
     fn bwd(&self, h: &Tensor, a: &Tensor, _res: &Tensor, g: &Tensor) -> Res<(Option<Tensor>, Option<Tensor>)> {
+        let stored;
+        let a = if self.as_stored {
+            let v = tandem_model::as_served::stored_values(&values(a)?);
+            stored = Tensor::from_vec(v, a.dims2()?, &Device::Cpu)?;
+            &stored
+        } else {
+            a
+        };
         let dh = (g.matmul(a)? * self.scale)?;
         let da = (g.t()?.matmul(h)? * self.scale)?;
         Ok((Some(dh), Some(da)))
@@ -73,12 +88,12 @@ struct Dims {
 
 impl HeadLoraLogprob {
     /// Rows `start..start + c`: their softmax (c x V) and, per row, (entropy, logprob of the
-    /// target); `bt` is B transposed (`as_served::transposed`), made once per op call.
+    /// target); `bt` is B as the forward reads it, made once per op call.
     fn softmax(
         &self,
         h: &[f32],
         u: &[f32],
-        bt: &[f32],
+        bt: &Bt,
         d: Dims,
         start: usize,
         c: usize,
@@ -86,10 +101,11 @@ impl HeadLoraLogprob {
         let mut logits = base_logits(&self.head, &h[start * d.hd..(start + c) * d.hd], c, d)?;
         // `u B^T` added rank by rank, as the server adds the pair (`as_served::lora_up`), so that
         // the logprobs are the sampler's to the bit.
-        logits
-            .par_chunks_exact_mut(d.v)
-            .zip(u[start * d.r..(start + c) * d.r].par_chunks_exact(d.r))
-            .for_each(|(row, u)| tandem_model::as_served::lora_up(u, bt, row));
+        let rows = logits.par_chunks_exact_mut(d.v).zip(u[start * d.r..(start + c) * d.r].par_chunks_exact(d.r));
+        match bt {
+            Bt::Stored(bt) => rows.for_each(|(row, u)| tandem_model::as_served::lora_up(u, bt, &mut [row])),
+            Bt::Exact(bt) => rows.for_each(|(row, u)| tandem_model::as_served::lora_up(u, bt, &mut [row])),
+        }
         let targets = &self.targets[start..start + c];
         let stats = logits
             .par_chunks_exact_mut(d.v)
@@ -113,6 +129,23 @@ impl HeadLoraLogprob {
             )));
         }
         Ok(Dims { n, hd, r, v })
+    }
+}
+
+/// B in tiles of outputs (`as_served::b_tiles`) as the forward adds it: in bf16 with the served head,
+/// as the server holds an adapter (`as_served::stored`), in f32 with the exact one.
+enum Bt {
+    Stored(Vec<tandem_model::kernels::Bf16>),
+    Exact(Vec<f32>),
+}
+
+impl Bt {
+    fn new(head: &HeadWeights, b: &[f32], r: usize) -> Bt {
+        let bt = tandem_model::as_served::b_tiles(b, r);
+        match head {
+            HeadWeights::Int8(_) => Bt::Stored(tandem_model::as_served::stored(&bt)),
+            HeadWeights::F32(_) => Bt::Exact(bt),
+        }
     }
 }
 
@@ -168,7 +201,7 @@ impl CustomOp3 for HeadLoraLogprob {
         let d = self.dims(l1, l2, l3)?;
         let (h, u, b) = (crate::fused::slice(s1, l1)?, crate::fused::slice(s2, l2)?, crate::fused::slice(s3, l3)?);
         let (mut lps, mut entropy) = (Vec::with_capacity(d.n), Vec::with_capacity(d.n));
-        let bt = tandem_model::as_served::transposed(b, d.r);
+        let bt = Bt::new(&self.head, b, d.r);
         for start in (0..d.n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(d.n - start);
             let (_, stats) = self.softmax(h, u, &bt, d, start, c)?;
@@ -213,9 +246,14 @@ impl CustomOp3 for HeadLoraLogprob {
             return Ok((put(dh, hd)?, put(du, r)?, db));
         }
         let d = Dims { n, hd, r, v };
-        let (hv, uv, bv) = (values(h)?, values(u)?, values(b)?);
+        let (hv, uv, mut bv) = (values(h)?, values(u)?, values(b)?);
         let (mut dh, mut du, mut db) = (vec![0f32; n * hd], vec![0f32; n * r], vec![0f32; v * r]);
-        let bt = tandem_model::as_served::transposed(&bv, r);
+        let bt = Bt::new(&self.head, &bv, r);
+        if matches!(bt, Bt::Stored(_)) {
+            // The forward's B: its gradients are those of the function computed (straight through
+            // the rounding to the f32 weights).
+            bv = tandem_model::as_served::stored_values(&bv);
+        }
         for start in (0..n).step_by(HEAD_CHUNK) {
             let c = HEAD_CHUNK.min(n - start);
             let targets = &self.targets[start..start + c];

@@ -493,7 +493,13 @@ impl<'a> Pass<'a> {
             }
             Some((a, b)) => {
                 // u = scale · h A^T through autograd, so A's gradient and h's share of it flow.
-                let u = rows.contiguous()?.apply_op2(a, crate::head_lora::LoraDown { scale: self.scale })?;
+                let u = rows.contiguous()?.apply_op2(
+                    a,
+                    crate::head_lora::LoraDown {
+                        scale: self.scale,
+                        as_stored: matches!(self.base.head, HeadWeights::Int8(_)),
+                    },
+                )?;
                 let head = HeadLoraLogprob { head: self.base.head.clone(), targets, entropy: entropy.clone() };
                 rows.contiguous()?.apply_op3(&u, b, head)?
             }

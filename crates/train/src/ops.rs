@@ -121,17 +121,16 @@ impl candle_core::CustomOp3 for LoraLinear {
         let ((t, inp), (r, _), (out, _)) = (l1.shape().dims2()?, l2.shape().dims2()?, l3.shape().dims2()?);
         let mut y = self.w.forward(x, t)?;
         if matches!(self.w, Frozen::Int8 { .. }) {
-            // As the server adds an adapter, row by row in its order (`as_served::lora_row`), so
-            // that the values are the sampler's to the bit.
-            let bt = tandem_model::as_served::transposed(b, r);
+            // As the server adds an adapter: on its bf16 values (`as_served::stored`), row by row
+            // in its order (`as_served::lora_row`), so that the values are the sampler's to the bit.
+            use tandem_model::as_served::{b_tiles, lora_down, lora_up, stored};
+            let (a, bt) = (stored(a), stored(&b_tiles(b, r)));
             use rayon::prelude::*;
             let scale = self.scale as f32;
-            // Blocks of rows, each block's first products in one tiled pass (the same entries).
+            // Blocks of rows, each block's products in one tiled pass (the same entries).
             y.par_chunks_mut(out * 64).zip(x.par_chunks(inp * 64)).for_each(|(y, x)| {
-                let ax = tandem_model::as_served::lora_down(a, r, x, scale);
-                for (y, ax) in y.chunks_exact_mut(out).zip(ax.chunks_exact(r)) {
-                    tandem_model::as_served::lora_up(ax, &bt, y);
-                }
+                let ax = lora_down(&a, r, x, scale);
+                lora_up(&ax, &bt, &mut y.chunks_exact_mut(out).collect::<Vec<_>>());
             });
         } else {
             let mut xa = vec![0f32; t * r];
@@ -155,6 +154,11 @@ impl candle_core::CustomOp3 for LoraLinear {
         let (xs, as_, bs, gs) =
             (x.storage_and_layout(), a.storage_and_layout(), b.storage_and_layout(), gy.storage_and_layout());
         let (x, a, b, gy) = (cpu_slice(&xs)?, cpu_slice(&as_)?, cpu_slice(&bs)?, cpu_slice(&gs)?);
+        // The served path's forward computed on the adapter's bf16 values: differentiate that
+        // function (the gradient passes straight through the rounding to the f32 weights).
+        let rounded = matches!(self.w, Frozen::Int8 { .. })
+            .then(|| (tandem_model::as_served::stored_values(a), tandem_model::as_served::stored_values(b)));
+        let (a, b) = rounded.as_ref().map_or((a, b), |(a, b)| (&a[..], &b[..]));
         let mut gyb = vec![0f32; t * r];
         sgemm(&mut gyb, false, scale, Operand::new(gy, t, out), Operand::new(b, out, r));
         let mut dx = self.w.backward(gy, t)?;

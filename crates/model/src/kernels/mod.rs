@@ -14,6 +14,8 @@
 
 use crate::arch::Activation;
 
+pub mod adapter;
+
 mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -40,6 +42,7 @@ pub mod sgemm;
 mod simd;
 pub mod team;
 
+pub use adapter::{add_ranks, dots, Bf16, Widen};
 pub use attend::{attend, attend_group, HeadKv, KEY_TILE, MAX_GROUP};
 pub use blocks::{matmul_blocks, BlockFormat, BlockMatrix, Tier};
 use cpu::{cpu, Avx2Fma, SharedOut};
@@ -434,69 +437,24 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Eight independent accumulators, so the compiler can vectorise without reassociating.
 #[inline(always)]
 pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
-    dot_tile::<1, 1>([a], [b])[0][0]
-}
-
-/// `out[t * rank + r] = dot(a_r, x_t)` for every row `x_t` of `xs` (rows of `a`'s width) and
-/// every row `a_r` of `a` (`rank` of them), each entry [`dot`]'s arithmetic to the bit, computed
-/// in tiles of two rows by four ranks: a lone dot waits on its one chain of adds, a tile keeps
-/// eight chains in flight and loads each operand once for several products. (The adapters' first
-/// product, `as_served::lora_down`, which the server runs per row and the trainer over rows.)
-pub fn dots(a: &[f32], rank: usize, xs: &[f32], out: &mut [f32]) {
-    let n = a.len() / rank.max(1);
-    assert!(a.len() == rank * n && n > 0 && xs.len().is_multiple_of(n) && out.len() == xs.len() / n * rank);
-    match cpu().avx2 {
-        Some(avx2) => simd::dots(avx2, a, rank, xs, out),
-        None => dots_generic(a, rank, xs, out),
-    }
-}
-
-#[inline(always)]
-pub(crate) fn dots_generic(a: &[f32], rank: usize, xs: &[f32], out: &mut [f32]) {
-    let n = a.len() / rank;
-    let rows = xs.len() / n;
-    let x = |t: usize| &xs[t * n..(t + 1) * n];
-    let w = |r: usize| &a[r * n..(r + 1) * n];
-    let mut t = 0;
-    while t < rows {
-        let two = t + 2 <= rows;
-        let mut r = 0;
-        while r < rank {
-            let four = r + 4 <= rank;
-            if two && four {
-                let v = dot_tile::<2, 4>([x(t), x(t + 1)], [w(r), w(r + 1), w(r + 2), w(r + 3)]);
-                for (i, row) in v.iter().enumerate() {
-                    out[(t + i) * rank + r..(t + i) * rank + r + 4].copy_from_slice(row);
-                }
-            } else if four {
-                out[t * rank + r..t * rank + r + 4]
-                    .copy_from_slice(&dot_tile::<1, 4>([x(t)], [w(r), w(r + 1), w(r + 2), w(r + 3)])[0]);
-            } else {
-                for i in 0..if two { 2 } else { 1 } {
-                    out[(t + i) * rank + r] = dot_tile::<1, 1>([x(t + i)], [w(r)])[0][0];
-                }
-            }
-            r += if four { 4 } else { 1 };
-        }
-        t += if two { 2 } else { 1 };
-    }
+    dot_tile::<1, 1, f32>([a], [b])[0][0]
 }
 
 /// The dots of `R` rows by `C` rows, each as [`dot_generic`] computes one: eight lanes of
 /// separately rounded multiply-then-add along the rows, a sequential tail, then the lanes summed
 /// in one fixed order. The tile shape changes only how many chains run at once, never an entry.
 #[inline(always)]
-fn dot_tile<const R: usize, const C: usize>(xs: [&[f32]; R], ws: [&[f32]; C]) -> [[f32; C]; R] {
+pub(crate) fn dot_tile<const R: usize, const C: usize, W: Widen>(xs: [&[f32]; R], ws: [&[W]; C]) -> [[f32; C]; R] {
     let n = xs[0].len();
     let chunks = n / 8;
     let mut acc = [[[0f32; 8]; C]; R];
     for c in 0..chunks {
         let xv: [&[f32; 8]; R] = std::array::from_fn(|i| xs[i][c * 8..c * 8 + 8].try_into().unwrap());
-        let wv: [&[f32; 8]; C] = std::array::from_fn(|j| ws[j][c * 8..c * 8 + 8].try_into().unwrap());
+        let wv: [&[W; 8]; C] = std::array::from_fn(|j| ws[j][c * 8..c * 8 + 8].try_into().unwrap());
         for i in 0..R {
             for j in 0..C {
                 for l in 0..8 {
-                    acc[i][j][l] += wv[j][l] * xv[i][l];
+                    acc[i][j][l] += wv[j][l].widen() * xv[i][l];
                 }
             }
         }
@@ -506,7 +464,7 @@ fn dot_tile<const R: usize, const C: usize>(xs: [&[f32]; R], ws: [&[f32]; C]) ->
         for j in 0..C {
             let mut s = 0f32;
             for k in chunks * 8..n {
-                s += ws[j][k] * xs[i][k];
+                s += ws[j][k].widen() * xs[i][k];
             }
             let a = &acc[i][j];
             out[i][j] = (a[0] + a[4]) + (a[1] + a[5]) + (a[2] + a[6]) + (a[3] + a[7]) + s;

@@ -1,0 +1,270 @@
+//! The LoRA adapters' two thin products, on matrices held as bf16.
+//!
+//! Decode with many adapters is bound by the bytes of A and B every step reads (16 streams on 16
+//! r8 adapters of SmolLM2 read 16 x 9.8 MB of f32 a step, more than the base's 85 MB), so served
+//! adapters are kept in bf16, half the bytes, and widened to f32 as they are read: the widening
+//! is exact, so the products are those of f32 kernels on the rounded values. The trainer's forward
+//! rounds its f32 adapter the same way ([`Bf16::round_all`]) and calls these same kernels, which
+//! is what keeps its logprobs the sampler's to the bit.
+
+use super::cpu::cpu;
+
+/// A bf16 number held as its bits: an f32's upper half.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+impl Bf16 {
+    /// Rounded to nearest, ties to even; NaN stays NaN (`half`'s conversion).
+    pub fn from_f32(x: f32) -> Self {
+        Bf16(half::bf16::from_f32(x).to_bits())
+    }
+
+    #[inline(always)]
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits(u32::from(self.0) << 16)
+    }
+
+    pub fn round_all(xs: &[f32]) -> Vec<Bf16> {
+        xs.iter().map(|&x| Bf16::from_f32(x)).collect()
+    }
+}
+
+/// An element the adapter kernels read: f32 as is (the trainer's exact path) or bf16 widened.
+/// Sealed: the kernels' bit-equality arguments hold for these two only.
+pub trait Widen: Copy + Send + Sync + sealed::Sealed {
+    fn widen(self) -> f32;
+
+    /// The slice as bf16, when it is (for the kernels written for that layout).
+    fn as_bf16(m: &[Self]) -> Option<&[Bf16]>;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    fn as_bf16(_: &[f32]) -> Option<&[Bf16]> {
+        None
+    }
+}
+
+impl Widen for Bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+
+    fn as_bf16(m: &[Bf16]) -> Option<&[Bf16]> {
+        Some(m)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for super::Bf16 {}
+}
+
+/// `out[t * rank + r] = dot(a_r, x_t)` for every row `x_t` of `xs` (rows of `a`'s width) and
+/// every row `a_r` of `a` (`rank` of them), each entry [`super::dot`]'s arithmetic on the widened
+/// values, to the bit, computed in tiles of two rows by four ranks: a lone dot waits on its one
+/// chain of adds, a tile keeps eight chains in flight and loads each operand once for several
+/// products. (The adapters' first product, `as_served::lora_down`, which the server runs over a
+/// group of rows on one adapter and the trainer over its rows.)
+pub fn dots<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
+    let n = a.len() / rank.max(1);
+    assert!(a.len() == rank * n && n > 0 && xs.len().is_multiple_of(n) && out.len() == xs.len() / n * rank);
+    // bf16 has its own AVX2 kernel: the generic tiles widened it an element at a time.
+    match (cpu().avx2, W::as_bf16(a)) {
+        (Some(avx2), Some(a)) => super::simd::dots_bf16(avx2, a, rank, xs, out),
+        (Some(avx2), None) => super::simd::dots(avx2, a, rank, xs, out),
+        (None, _) => dots_generic(a, rank, xs, out),
+    }
+}
+
+#[inline(always)]
+pub(crate) fn dots_generic<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
+    let n = a.len() / rank;
+    let rows = xs.len() / n;
+    let x = |t: usize| &xs[t * n..(t + 1) * n];
+    let w = |r: usize| &a[r * n..(r + 1) * n];
+    let mut t = 0;
+    while t < rows {
+        let two = t + 2 <= rows;
+        let mut r = 0;
+        while r < rank {
+            let four = r + 4 <= rank;
+            if two && four {
+                let v = super::dot_tile::<2, 4, W>([x(t), x(t + 1)], [w(r), w(r + 1), w(r + 2), w(r + 3)]);
+                for (i, row) in v.iter().enumerate() {
+                    out[(t + i) * rank + r..(t + i) * rank + r + 4].copy_from_slice(row);
+                }
+            } else if four {
+                out[t * rank + r..t * rank + r + 4]
+                    .copy_from_slice(&super::dot_tile::<1, 4, W>([x(t)], [w(r), w(r + 1), w(r + 2), w(r + 3)])[0]);
+            } else {
+                for i in 0..if two { 2 } else { 1 } {
+                    out[(t + i) * rank + r] = super::dot_tile::<1, 1, W>([x(t + i)], [w(r)])[0][0];
+                }
+            }
+            r += if four { 4 } else { 1 };
+        }
+        t += if two { 2 } else { 1 };
+    }
+}
+
+/// Outputs a tile of B holds: [`add_ranks`] keeps a row's tile in two 256-bit registers across
+/// all the ranks.
+pub const UP_COLS: usize = 16;
+
+/// B `(out, rank)`, row-major as PEFT stores it, in the layout [`add_ranks`] reads: tiles of
+/// [`UP_COLS`] outputs, each `(rank, UP_COLS)` row-major (the last one `(rank, out % UP_COLS)`),
+/// so that a tile's ranks are one contiguous read (B transposed whole made eight interleaved
+/// streams, one a rank, and the adapter pass waited on them).
+pub fn b_tiles<T: Copy>(b: &[T], rank: usize) -> Vec<T> {
+    let out = b.len() / rank.max(1);
+    let mut tiles = Vec::with_capacity(b.len());
+    for c in (0..out).step_by(UP_COLS) {
+        let w = UP_COLS.min(out - c);
+        for r in 0..rank {
+            tiles.extend((c..c + w).map(|o| b[o * rank + r]));
+        }
+    }
+    tiles
+}
+
+/// `outs[i][o] += sum_r ax[i * rank + r] * B[o][r]` for each row `i`, B given as [`b_tiles`]:
+/// every output element takes its ranks in order, each a separately rounded multiply then add
+/// (`o += ax_r * b_r`), whatever the number of rows. The adapters' second product
+/// (`as_served::lora_up`).
+pub fn add_ranks<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
+    let rank = ax.len() / outs.len().max(1);
+    let n = outs.first().map_or(0, |o| o.len());
+    assert!(ax.len() == outs.len() * rank && rank > 0 && b.len() == rank * n && outs.iter().all(|o| o.len() == n));
+    match cpu().avx2 {
+        Some(avx2) => super::simd::add_ranks(avx2, ax, b, outs),
+        None => add_ranks_generic(ax, b, outs),
+    }
+}
+
+/// Each row's tile of [`UP_COLS`] outputs stays in registers across all the ranks, so an output is
+/// loaded and stored once rather than once a rank; the tile of B (read from memory once for the
+/// group) is read from L1 for each further row.
+#[inline(always)]
+pub(crate) fn add_ranks_generic<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
+    let rank = ax.len() / outs.len();
+    let n = outs[0].len();
+    let whole = n / UP_COLS * UP_COLS;
+    // With several rows, each tile is widened once into f32 (L1) rather than once a row.
+    let mut wide = vec![0f32; if outs.len() > 1 { rank * UP_COLS } else { 0 }];
+    for c in (0..whole).step_by(UP_COLS) {
+        let tile = &b[c * rank..(c + UP_COLS) * rank];
+        if wide.is_empty() {
+            tile_rows(ax, tile, outs, c);
+        } else {
+            wide.iter_mut().zip(tile).for_each(|(w, b)| *w = b.widen());
+            tile_rows(ax, &wide, outs, c);
+        }
+    }
+    let (tail, w) = (&b[whole * rank..], n - whole);
+    if w > 0 {
+        for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
+            for (a, b) in ax.iter().zip(tail.chunks_exact(w)) {
+                for (o, b) in out[whole..].iter_mut().zip(b) {
+                    *o += a * b.widen();
+                }
+            }
+        }
+    }
+}
+
+/// Columns `c..c + UP_COLS` of every row, from one tile of B (`(rank, UP_COLS)`).
+#[inline(always)]
+fn tile_rows<W: Widen>(ax: &[f32], tile: &[W], outs: &mut [&mut [f32]], c: usize) {
+    let rank = tile.len() / UP_COLS;
+    for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
+        let out: &mut [f32; UP_COLS] = (&mut out[c..c + UP_COLS]).try_into().unwrap();
+        let mut acc = *out;
+        for (a, b) in ax.iter().zip(tile.chunks_exact(UP_COLS)) {
+            let b: &[W; UP_COLS] = b.try_into().unwrap();
+            for l in 0..UP_COLS {
+                acc[l] += a * b[l].widen();
+            }
+        }
+        *out = acc;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even_and_widens_exactly() {
+        // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
+        // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
+        assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(), 1.0 + 1.0 / 64.0);
+        // Just above a halfway point rounds up.
+        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0 + 1.0 / 65536.0).to_f32(), 1.0 + 1.0 / 128.0);
+        assert_eq!(Bf16::from_f32(-0.375).to_f32(), -0.375);
+        assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+        assert_eq!(Bf16::from_f32(f32::INFINITY).to_f32(), f32::INFINITY);
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()
+    }
+
+    #[test]
+    fn bf16_kernels_equal_the_f32_ones_on_the_widened_values() {
+        // Widths with a tail past the tiles (37 inputs, 43 outputs: two tiles of B and 11), 5
+        // rows, rank 6 (a 4-tile and two single ranks).
+        let (rank, inp, out, rows) = (6, 37, 43, 5);
+        let a16 = Bf16::round_all(&values(rank * inp, 1));
+        // B as PEFT stores it, (out, rank), and in the kernel's tiles.
+        let b = Bf16::round_all(&values(out * rank, 2));
+        let b16 = b_tiles(&b, rank);
+        let a32: Vec<f32> = a16.iter().map(|v| v.to_f32()).collect();
+        let b32: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
+        let xs = values(rows * inp, 3);
+        let (mut d16, mut d32) = (vec![0f32; rows * rank], vec![0f32; rows * rank]);
+        dots(&a16, rank, &xs, &mut d16);
+        dots(&a32, rank, &xs, &mut d32);
+        assert_eq!(d16, d32);
+        // Each entry is the plain dot's.
+        for t in 0..rows {
+            for r in 0..rank {
+                let want = super::super::dot(&a32[r * inp..(r + 1) * inp], &xs[t * inp..(t + 1) * inp]);
+                assert_eq!(d32[t * rank + r].to_bits(), want.to_bits());
+            }
+        }
+        let start = values(rows * out, 4);
+        let (mut o16, mut o32) = (start.clone(), start.clone());
+        add_ranks(&d16, &b16, &mut o16.chunks_exact_mut(out).collect::<Vec<_>>());
+        add_ranks(&d32, &b32, &mut o32.chunks_exact_mut(out).collect::<Vec<_>>());
+        assert_eq!(o16, o32);
+        // Each element is its ranks added in order, one row at a time or all together.
+        for (t, row) in o32.chunks_exact(out).enumerate() {
+            let mut one = start[t * out..(t + 1) * out].to_vec();
+            add_ranks(&d32[t * rank..(t + 1) * rank], &b32, &mut [&mut one[..]]);
+            assert_eq!(row, &one[..]);
+            for (o, got) in row.iter().enumerate() {
+                let mut want = start[t * out + o];
+                for r in 0..rank {
+                    want += d32[t * rank + r] * b[o * rank + r].to_f32();
+                }
+                assert_eq!(got.to_bits(), want.to_bits());
+            }
+        }
+        // And the generic path, whatever this CPU selects.
+        let mut generic = start.clone();
+        add_ranks_generic(&d16, &b16, &mut generic.chunks_exact_mut(out).collect::<Vec<_>>());
+        assert_eq!(generic, o16);
+        let mut dg = vec![0f32; rows * rank];
+        dots_generic(&a16, rank, &xs, &mut dg);
+        assert_eq!(dg, d16);
+    }
+}
