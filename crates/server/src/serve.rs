@@ -100,7 +100,7 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             tokenizer: Arc::new(ModelTokenizer(served)),
         })
         .collect();
-    let mut trainer = LoraTrainer::new(bases);
+    let mut trainer = LoraTrainer::new(bases).with_quantize(config.quantize);
     if let Some(n) = config.train_recompute_tokens {
         trainer = trainer.with_recompute_above(n);
     }

@@ -69,24 +69,30 @@ impl Base {
     /// serving kernels on every CPU tier (see [`Frozen::Int8`] and `tandem_model::as_served`), so
     /// that the forward's logprobs are the sampler's to the bit.
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        Self::load_with(path, true)
+        Self::load_with(path, true, Quantize::default())
+    }
+
+    /// [`Base::load`] for a server run with `--quantize q`: the frozen matrices in the formats
+    /// that server keeps them in (`tandem_model::load_model` with the same `q`).
+    pub fn load_served(path: &std::path::Path, q: Quantize) -> Result<Self, String> {
+        Self::load_with(path, true, q)
     }
 
     /// The base with f32 GEMMs everywhere (exact gradients, for finite-difference checks).
     pub fn load_exact(path: &std::path::Path) -> Result<Self, String> {
-        Self::load_with(path, false)
+        Self::load_with(path, false, Quantize::default())
     }
 
-    fn load_with(path: &std::path::Path, int8: bool) -> Result<Self, String> {
+    fn load_with(path: &std::path::Path, int8: bool, quantize: Quantize) -> Result<Self, String> {
         let mut f = WeightSource::open(path).map_err(|e| e.to_string())?;
         let config = f.llama_config().map_err(|e| e.to_string())?;
         let dev = Device::Cpu;
         let tied = !f.has_tensor("output.weight");
         // A second handle for the served (quantised) matrices, while `t` borrows the first.
         let mut f2 = WeightSource::open(path).map_err(|e| e.to_string())?;
-        // The int8 frozen products use the inference kernels on the default `--quantize` (q8_0);
-        // a server run with q4_1 trains on q8_0 copies (close, not bit-equal, logprobs).
-        let f2 = &mut Loader { source: &mut f2, quantize: Quantize::default() };
+        // The frozen products use the inference kernels on the formats the server's `--quantize`
+        // gives each matrix (f32 under `none`), so that they are the server's products.
+        let f2 = &mut Loader { source: &mut f2, quantize };
         let mut t = |name: &str| -> Result<Tensor, String> {
             // Dims outermost first: weights are (out, in); q/k rows in the internal order.
             let (data, dims) = tandem_model::layer_f32(&mut f, &config, name).map_err(|e| e.to_string())?;

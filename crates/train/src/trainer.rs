@@ -23,6 +23,7 @@ use std::time::Instant;
 use tandem_core::sequences::{fits_model, tokenize_groups, ModelBounds, RlInputs, TrainedModel};
 use tandem_core::train_config::{KlSource, TrainConfig};
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
+use tandem_model::Quantize;
 
 /// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
 /// the activation memory of a step. `make bench-rl` (rows of ~2,048 tokens): parts of 1,024
@@ -61,6 +62,9 @@ pub struct LoraTrainer {
     /// two computations to float precision (the int8 products round each call's activations
     /// and gradients, so sums taken in another order differ by their rounding).
     exact: bool,
+    /// The server's `--quantize`: the frozen products load the matrices in the formats the
+    /// engine serves them in, so that agreement holds under any setting.
+    quantize: Quantize,
     pool: rayon::ThreadPool,
 }
 
@@ -99,6 +103,7 @@ impl LoraTrainer {
             recompute_tokens: None,
             share_prefixes: true,
             exact: false,
+            quantize: Quantize::default(),
             pool: training_pool(),
         }
     }
@@ -144,6 +149,12 @@ impl LoraTrainer {
         self
     }
 
+    /// Loads bases in the formats a server run with `--quantize q` serves them in.
+    pub fn with_quantize(mut self, q: Quantize) -> Self {
+        self.quantize = q;
+        self
+    }
+
     /// Trains on f32 products everywhere (slower; exact gradients).
     pub fn with_exact_base(mut self, exact: bool) -> Self {
         self.exact = exact;
@@ -160,8 +171,8 @@ impl LoraTrainer {
         if let Some(b) = loaded.get(id) {
             return Ok((b.clone(), tb));
         }
-        let load = if self.exact { Base::load_exact } else { Base::load };
-        let b = Arc::new(load(&tb.path).map_err(|e| TrainError::Failed(format!("loading the base model: {e}")))?);
+        let b = if self.exact { Base::load_exact(&tb.path) } else { Base::load_served(&tb.path, self.quantize) };
+        let b = Arc::new(b.map_err(|e| TrainError::Failed(format!("loading the base model: {e}")))?);
         loaded.insert(id.to_string(), b.clone());
         Ok((b, tb))
     }

@@ -6,10 +6,10 @@
 //! arithmetic drift by 0.05-0.3 nats a token on these models (docs/training.md).
 
 use candle_core::Tensor;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tandem_model::lora::LoraAdapter;
 use tandem_model::testing::{model_file, token_ids};
-use tandem_model::{KvCache, Logits, SeqInput};
+use tandem_model::{KvCache, Logits, Quantize, SeqInput};
 use tandem_train::net::{forward, Base};
 use tandem_train::pack::{Row, Target};
 
@@ -51,7 +51,31 @@ fn row(a: &[u32], b: &[u32]) -> Row {
 #[test]
 fn the_trainer_scores_an_adapter_as_the_server_does_to_the_bit() {
     for path in models() {
-        let base = Base::load(&path).unwrap();
+        check(&path, Quantize::default());
+    }
+}
+
+/// Under every `--quantize`: the tiny model stores its matrices in a mix of types (f32, f16,
+/// Q8_0, ...) that each setting turns into other formats (f32 under `none`), and the bundled
+/// model's non-Q4_1 tensors become Q4_1 under `q4_1`. The trainer loads what the server loads.
+#[test]
+fn agreement_holds_under_every_quantize_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = dir.path().join("tiny.gguf");
+    tandem_model::testing::write_tiny_gguf(&tiny);
+    for q in [Quantize::Q8_0, Quantize::Q4_1, Quantize::Q4K, Quantize::None] {
+        check(&tiny, q);
+    }
+    let bundled = model_file("TANDEM_TEST_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf").expect("run `make model`");
+    check(&bundled, Quantize::Q4_1);
+}
+
+/// An adapter with every pair and the head's, scored by the training forward of a base loaded
+/// for a server run with `--quantize q`, and by that server's model (prefill, then one token a
+/// step): the same floats.
+fn check(path: &Path, q: Quantize) {
+    {
+        let base = Base::load_served(path, q).unwrap();
         let mut lora = tandem_train::adapter::init(&base, 3).unwrap();
         // An output-head pair too (Tinker's `train_unembed`, on by default).
         lora.head = Some(tandem_train::adapter::fresh_head(&base, lora.rank(), 4).unwrap());
@@ -69,7 +93,10 @@ fn the_trainer_scores_an_adapter_as_the_server_does_to_the_bit() {
                 b.set(&Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()).unwrap();
             }
         }
-        let (a, b) = (token_ids(37, 11), token_ids(21, 5));
+        let model = tandem_model::load_model(path, q).unwrap().model;
+        let vocab = model.config.vocab as u32;
+        let ids = |n, seed| token_ids(n, seed).into_iter().map(|t| t % vocab).collect::<Vec<u32>>();
+        let (a, b) = (ids(37, 11), ids(21, 5));
         let ours = forward(&base, &lora, &row(&a, &b)).unwrap().logprobs.to_vec1::<f32>().unwrap();
 
         // The adapter as the server loads it: saved in PEFT's format, read back.
@@ -77,7 +104,6 @@ fn the_trainer_scores_an_adapter_as_the_server_does_to_the_bit() {
         for (name, bytes) in tandem_train::adapter::save(&lora, &base, "test").unwrap() {
             std::fs::write(dir.path().join(name), bytes).unwrap();
         }
-        let model = tandem_model::load(&path).unwrap().model;
         let adapter = LoraAdapter::load(dir.path(), &model.config).unwrap();
         let (mut served, mut k) = (Vec::new(), 0);
         for (s, seq) in [&a, &b].into_iter().enumerate() {
@@ -107,7 +133,7 @@ fn the_trainer_scores_an_adapter_as_the_server_does_to_the_bit() {
         assert_eq!(k, ours.len());
         let diffs: Vec<f32> = ours.iter().zip(&served).map(|(o, s)| (o - s).abs()).collect();
         let (mean, max) = (diffs.iter().sum::<f32>() / k as f32, diffs.iter().cloned().fold(0f32, f32::max));
-        eprintln!("{}: |trainer - server| mean {mean:e}, max {max:e} over {k} tokens", path.display());
-        assert_eq!(ours, served, "{}: the trainer's logprobs are not the server's", path.display());
+        eprintln!("{} ({q:?}): |trainer - server| mean {mean:e}, max {max:e} over {k} tokens", path.display());
+        assert_eq!(ours, served, "{} ({q:?}): the trainer's logprobs are not the server's", path.display());
     }
 }
