@@ -89,7 +89,8 @@ fn main() {
             bytes_each as f64 / 1e6
         );
         round(&|_| None); // warm-up
-        // `ADAPTERS=16` runs one count; `PROFILE=1` skips the base's rounds (for `perf record`).
+        // `ADAPTERS=16` runs one count; `PROFILE=1` skips the base's rounds (for `perf record`;
+        // `ADAPTERS=0` then profiles the base alone).
         let counts: Vec<usize> = match std::env::var("ADAPTERS") {
             Ok(k) => vec![k.parse().expect("ADAPTERS is a count")],
             Err(_) => vec![1, 4, 16, 64],
@@ -98,7 +99,8 @@ fn main() {
         for k in counts {
             let (mut ours, mut base) = (Vec::new(), Vec::new());
             for r in 0..4 {
-                let pick = |i: usize| Some((r * streams + i) % k);
+                // `ADAPTERS=0` (with `PROFILE=1`): the base alone, for comparing profiles.
+                let pick = |i: usize| (k > 0).then(|| (r * streams + i) % k.max(1));
                 ours.extend(round(&pick));
                 base.extend(if profile { vec![f64::NAN] } else { round(&|_| None) });
             }
