@@ -8,6 +8,7 @@
 //! is what keeps its logprobs the sampler's to the bit.
 
 use super::cpu::cpu;
+use super::dot_tile;
 
 /// A bf16 number held as its bits: an f32's upper half.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,31 +88,38 @@ pub fn dots<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
 #[inline(always)]
 pub(crate) fn dots_generic<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
     let n = a.len() / rank;
-    let rows = xs.len() / n;
     let x = |t: usize| &xs[t * n..(t + 1) * n];
     let w = |r: usize| &a[r * n..(r + 1) * n];
-    let mut t = 0;
-    while t < rows {
-        let two = t + 2 <= rows;
-        let mut r = 0;
-        while r < rank {
-            let four = r + 4 <= rank;
-            if two && four {
-                let v = super::dot_tile::<2, 4, W>([x(t), x(t + 1)], [w(r), w(r + 1), w(r + 2), w(r + 3)]);
-                for (i, row) in v.iter().enumerate() {
-                    out[(t + i) * rank + r..(t + i) * rank + r + 4].copy_from_slice(row);
-                }
-            } else if four {
-                out[t * rank + r..t * rank + r + 4]
-                    .copy_from_slice(&super::dot_tile::<1, 4, W>([x(t)], [w(r), w(r + 1), w(r + 2), w(r + 3)])[0]);
-            } else {
-                for i in 0..if two { 2 } else { 1 } {
-                    out[(t + i) * rank + r] = super::dot_tile::<1, 1, W>([x(t + i)], [w(r)])[0][0];
-                }
+    for (t, r, two, four) in tiles(xs.len() / n, rank) {
+        match (two, four) {
+            (true, true) => {
+                put(out, rank, t, r, dot_tile::<2, 4, W>([x(t), x(t + 1)], [w(r), w(r + 1), w(r + 2), w(r + 3)]))
             }
-            r += if four { 4 } else { 1 };
+            (false, true) => put(out, rank, t, r, dot_tile::<1, 4, W>([x(t)], [w(r), w(r + 1), w(r + 2), w(r + 3)])),
+            (true, false) => put(out, rank, t, r, dot_tile::<2, 1, W>([x(t), x(t + 1)], [w(r)])),
+            (false, false) => put(out, rank, t, r, dot_tile::<1, 1, W>([x(t)], [w(r)])),
         }
-        t += if two { 2 } else { 1 };
+    }
+}
+
+/// The tiles the dots kernels compute, `(first row, first rank, two rows?, four ranks?)`: two rows
+/// by four ranks where that many remain, then what is left over. The shape changes only how many
+/// chains run at once, never an entry.
+#[inline(always)]
+pub(crate) fn tiles(rows: usize, rank: usize) -> impl Iterator<Item = (usize, usize, bool, bool)> {
+    let (rows2, rank4) = (rows / 2 * 2, rank / 4 * 4);
+    let row_starts = (0..rows2).step_by(2).map(|t| (t, true)).chain((rows2..rows).map(|t| (t, false)));
+    row_starts.flat_map(move |(t, two)| {
+        let rank_starts = (0..rank4).step_by(4).map(|r| (r, true)).chain((rank4..rank).map(|r| (r, false)));
+        rank_starts.map(move |(r, four)| (t, r, two, four))
+    })
+}
+
+/// Writes a tile of dots (rows `t..t+R`, ranks `r..r+C`) into `out` (`rank` values a row).
+#[inline(always)]
+pub(crate) fn put<const R: usize, const C: usize>(out: &mut [f32], rank: usize, t: usize, r: usize, v: [[f32; C]; R]) {
+    for (i, row) in v.iter().enumerate() {
+        out[(t + i) * rank + r..(t + i) * rank + r + C].copy_from_slice(row);
     }
 }
 

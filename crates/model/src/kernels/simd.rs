@@ -294,34 +294,18 @@ unsafe fn dots_avx2<W: Widen>(_: Avx2Fma, a: &[W], rank: usize, xs: &[f32], out:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_bf16_avx2(_: Avx2Fma, a: &[Bf16], rank: usize, xs: &[f32], out: &mut [f32]) {
+    use super::adapter::{put, tiles};
     let n = a.len() / rank;
-    let rows = xs.len() / n;
-    let mut t = 0;
-    while t < rows {
-        let two = t + 2 <= rows;
-        let mut r = 0;
-        while r < rank {
-            let four = r + 4 <= rank;
-            // SAFETY: rows t..t+R of xs and r..r+C of a exist (the loop bounds), as the callee needs.
-            unsafe {
-                match (two, four) {
-                    (true, true) => put(out, rank, t, r, bf16_tile::<2, 4>(a, n, xs, t, r)),
-                    (false, true) => put(out, rank, t, r, bf16_tile::<1, 4>(a, n, xs, t, r)),
-                    (true, false) => put(out, rank, t, r, bf16_tile::<2, 1>(a, n, xs, t, r)),
-                    (false, false) => put(out, rank, t, r, bf16_tile::<1, 1>(a, n, xs, t, r)),
-                }
+    for (t, r, two, four) in tiles(xs.len() / n, rank) {
+        // SAFETY: rows t..t+R of xs and r..r+C of a exist (the tiles' bounds), as the callee needs.
+        unsafe {
+            match (two, four) {
+                (true, true) => put(out, rank, t, r, bf16_tile::<2, 4>(a, n, xs, t, r)),
+                (false, true) => put(out, rank, t, r, bf16_tile::<1, 4>(a, n, xs, t, r)),
+                (true, false) => put(out, rank, t, r, bf16_tile::<2, 1>(a, n, xs, t, r)),
+                (false, false) => put(out, rank, t, r, bf16_tile::<1, 1>(a, n, xs, t, r)),
             }
-            r += if four { 4 } else { 1 };
         }
-        t += if two { 2 } else { 1 };
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn put<const R: usize, const C: usize>(out: &mut [f32], rank: usize, t: usize, r: usize, v: [[f32; C]; R]) {
-    for (i, row) in v.iter().enumerate() {
-        out[(t + i) * rank + r..(t + i) * rank + r + C].copy_from_slice(row);
     }
 }
 
