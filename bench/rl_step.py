@@ -49,9 +49,9 @@ def reward(choice):
     return 1.0 / (1 + len(choice["message"]["content"] or ""))
 
 
-def tandem_train(url, key, done):
+def tandem_train(url, key, done, base_model="HuggingFaceTB/SmolLM2-135M-Instruct"):
     m = call(url, key, "POST", "/v1/preview/models", {"project": "bench", "name": f"rl{int(time.time() * 1000)}",
-                                                      "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+                                                      "base_model": base_model})
     groups = {}
     for g, choice, prompt_ids, _ in done:
         choice = dict(choice, prompt_token_ids=prompt_ids)

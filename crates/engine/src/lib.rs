@@ -95,6 +95,11 @@ impl Engine {
         self.add_model_with(id, &path.display().to_string(), loaded.model, &loaded.tokenizer, tok, config)
     }
 
+    /// The weights served as `id`, for the trainer to read in place (one copy for both).
+    pub fn llama(&self, id: &str) -> Option<Arc<Llama>> {
+        self.slots.iter().find(|s| s.info.id == id).map(|s| s.model.clone())
+    }
+
     /// Serves an already built model (tests use tiny random ones).
     pub fn add_model(
         &mut self,

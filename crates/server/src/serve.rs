@@ -86,6 +86,8 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         first_key(store.as_ref(), &config.data_dir).await?;
     }
 
+    // The trainer reads the engine's matrices in place: one copy of the weights serves and trains.
+    let served: Vec<_> = config.models.iter().filter_map(|m| Some((m.id.clone(), engine.llama(&m.id)?))).collect();
     let backend: SharedBackend = Arc::new(engine);
     let tokenizer_dirs = write_tokenizers(&config.data_dir, &backend)?;
     // The trainer renders and tokenizes with the engine's own template and tokenizer, so training
@@ -101,6 +103,9 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         })
         .collect();
     let mut trainer = LoraTrainer::new(bases).with_quantize(config.quantize);
+    for (id, model) in served {
+        trainer = trainer.with_served(&id, model);
+    }
     if let Some(n) = config.train_recompute_tokens {
         trainer = trainer.with_recompute_above(n);
     }

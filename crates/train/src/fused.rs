@@ -14,7 +14,7 @@
 //! - `act(a) * u` with `act(a) = a sig(z(a))` (SiLU: `z = a`; GELU tanh: `z = 2 sqrt(2/pi) (a +
 //!   0.044715 a^3)`): `da = g u (sig + a sig (1 - sig) z')`, `du = g act(a)`.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 use tandem_model::kernels::{self, causal};
@@ -125,7 +125,8 @@ impl CustomOp1 for Rope {
     }
 }
 
-/// `act(a) * u` for the gate and up projections: SiLU (Llama, Qwen) or GELU's tanh form (Gemma).
+/// `act(a) * u` for the gate and up projections, read from their stacked product (no copies of
+/// the halves): SiLU (Llama, Qwen) or GELU's tanh form (Gemma).
 pub struct ActMul(pub Activation);
 
 /// From `e = exp(-|z|)` (the kernels' polynomial, no libm call), stable for either sign.
@@ -156,37 +157,44 @@ impl ActMul {
     }
 }
 
-impl CustomOp2 for ActMul {
+impl CustomOp1 for ActMul {
     fn name(&self) -> &'static str {
         "act-mul"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Res<(CpuStorage, Shape)> {
-        let (a, u) = (slice(s1, l1)?, slice(s2, l2)?);
+    /// `(T, 2F)` rows of gate then up, as the engine's stacked gate/up product gives them, to
+    /// `(T, F)`.
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Res<(CpuStorage, Shape)> {
+        let gu = slice(s1, l1)?;
+        let (t, width) = l1.shape().dims2()?;
+        if width % 2 != 0 {
+            return Err(candle_core::Error::Msg(format!("act-mul needs gate and up halves, not {width} columns")));
+        }
+        let f = width / 2;
         // The serving kernel, row by row as the engine calls it (its vector and tail loops differ
         // in the last bit, so the split matters).
-        let width = l1.shape().dims().last().copied().unwrap_or(1).max(1);
-        let mut y = a.to_vec();
-        y.par_chunks_mut(width).zip(u.par_chunks(width)).for_each(|(y, u)| kernels::act_mul(self.0, y, u));
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        let mut y = vec![0f32; t * f];
+        y.par_chunks_mut(f.max(1)).zip(gu.par_chunks(width.max(1))).for_each(|(y, gu)| {
+            y.copy_from_slice(&gu[..f]);
+            kernels::act_mul(self.0, y, &gu[f..]);
+        });
+        Ok((CpuStorage::F32(y), Shape::from((t, f))))
     }
 
-    /// `d(a s(z)) / da = s + a s (1 - s) dz/da`; `du = g act(a)`.
-    fn bwd(&self, a: &Tensor, u: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Res<(Option<Tensor>, Option<Tensor>)> {
-        let (av, uv, g) = (values(a)?, values(u)?, values(grad_res)?);
-        let mut da = vec![0f32; av.len()];
-        let mut du = vec![0f32; av.len()];
-        da.par_chunks_mut(4096)
-            .zip(du.par_chunks_mut(4096))
-            .zip(av.par_chunks(4096).zip(uv.par_chunks(4096)).zip(g.par_chunks(4096)))
-            .for_each(|((da, du), ((a, u), g))| {
-                for i in 0..a.len() {
-                    let s = sigmoid(kernels::act_z(self.0, a[i]));
-                    da[i] = g[i] * u[i] * (s + a[i] * s * (1.0 - s) * self.dz(a[i]));
-                    du[i] = g[i] * a[i] * s;
-                }
-            });
-        Ok((Some(tensor(da, a)?), Some(tensor(du, u)?)))
+    /// `d(a s(z)) / da = s + a s (1 - s) dz/da`; `du = g act(a)`; the two halves of each row.
+    fn bwd(&self, gu: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Res<Option<Tensor>> {
+        let (guv, g) = (values(gu)?, values(grad_res)?);
+        let f = gu.dims2()?.1 / 2;
+        let mut dgu = vec![0f32; guv.len()];
+        dgu.par_chunks_mut(2 * f).zip(guv.par_chunks(2 * f)).zip(g.par_chunks(f)).for_each(|((d, gu), g)| {
+            let ((da, du), (a, u)) = (d.split_at_mut(f), gu.split_at(f));
+            for i in 0..f {
+                let s = sigmoid(kernels::act_z(self.0, a[i]));
+                da[i] = g[i] * u[i] * (s + a[i] * s * (1.0 - s) * self.dz(a[i]));
+                du[i] = g[i] * a[i] * s;
+            }
+        });
+        Ok(Some(tensor(dgu, gu)?))
     }
 }
 

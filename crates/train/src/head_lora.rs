@@ -8,7 +8,7 @@
 //! `dh = G E`, `du = G B` and `dB = G^T u`, the last summed over the chunks (V x r).
 
 use crate::fused::values;
-use crate::ops::{nonzero_rows, with_values, HeadWeights, HEAD_CHUNK};
+use crate::ops::{nonzero_rows, with_values, HeadWeights, Through, HEAD_CHUNK};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -168,7 +168,14 @@ fn base_logits(head: &HeadWeights, h: &[f32], c: usize, d: Dims) -> Res<Vec<f32>
 }
 
 /// `E[t_i] - p_i E` for `c` rows of probabilities `p` (consumed), as `c` rows of H.
-fn target_minus_expected(head: &HeadWeights, p: Vec<f32>, c: usize, targets: &[u32], d: Dims) -> Res<Vec<f32>> {
+fn target_minus_expected(
+    head: &HeadWeights,
+    et: &Through,
+    p: Vec<f32>,
+    c: usize,
+    targets: &[u32],
+    d: Dims,
+) -> Res<Vec<f32>> {
     match head {
         HeadWeights::F32(e) => with_values(e, |e| {
             let mut out = vec![0f32; c * d.hd];
@@ -180,7 +187,7 @@ fn target_minus_expected(head: &HeadWeights, p: Vec<f32>, c: usize, targets: &[u
             }
             out
         }),
-        HeadWeights::Int8(int8) => Ok(int8.target_minus_expected(p, c, targets)),
+        HeadWeights::Int8(int8) => Ok(int8.target_minus_expected(et, p, c, targets)),
     }
 }
 
@@ -249,6 +256,7 @@ impl CustomOp3 for HeadLoraLogprob {
         let (hv, uv, mut bv) = (values(h)?, values(u)?, values(b)?);
         let (mut dh, mut du, mut db) = (vec![0f32; n * hd], vec![0f32; n * r], vec![0f32; v * r]);
         let bt = Bt::new(&self.head, &bv, r);
+        let et = Through::new();
         if matches!(bt, Bt::Stored(_)) {
             // The forward's B: its gradients are those of the function computed (straight through
             // the rounding to the f32 weights).
@@ -280,7 +288,7 @@ impl CustomOp3 for HeadLoraLogprob {
                 }
             }
             // dh_i = g_i (E[t_i] - p_i E), last: it consumes the softmax.
-            let rows = target_minus_expected(&self.head, p, c, targets, d)?;
+            let rows = target_minus_expected(&self.head, &et, p, c, targets, d)?;
             for (i, gi) in gs.iter().enumerate() {
                 for (o, x) in dh[(start + i) * hd..(start + i + 1) * hd].iter_mut().zip(&rows[i * hd..(i + 1) * hd]) {
                     *o = gi * x;
@@ -299,14 +307,11 @@ impl CustomOp3 for HeadLoraLogprob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::tests::randn;
+    use crate::linear::Shared;
+    use crate::ops::tests::{diff, randn};
     use crate::ops::HeadInt8;
     use candle_core::Var;
     use tandem_model::kernels::{Q8Matrix, Weights};
-
-    fn diff(a: &Tensor, b: &Tensor) -> f32 {
-        a.sub(b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
-    }
 
     /// The op's logprobs, entropies and gradients for x, A and B against the same computation in
     /// stock candle ops (whose backward is trusted), with an exact head and the int8 one.
@@ -335,10 +340,7 @@ mod tests {
         let g_ref = lp_ref.mul(&coef).unwrap().sum_all().unwrap().backward().unwrap();
         let ent_ref = logp.exp().unwrap().mul(&logp).unwrap().sum(1).unwrap().neg().unwrap();
 
-        let int8 = HeadInt8 {
-            e: Arc::new(Weights::Q8(Q8Matrix::from_f32(&head_values, v, hd))),
-            et: Arc::new(Weights::Q8(HeadInt8::transposed(&head_values, v, hd))),
-        };
+        let int8 = HeadInt8 { e: Shared::Own(Arc::new(Weights::Q8(Q8Matrix::from_f32(&head_values, v, hd)))) };
         // Exact: float rounding only. Int8: the served head's rounding (a few percent).
         for (weights, tol) in [(HeadWeights::F32(head.clone()), 1e-3), (HeadWeights::Int8(int8), 0.05)] {
             let entropy = Arc::new(Mutex::new(Vec::new()));

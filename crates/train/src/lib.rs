@@ -32,6 +32,7 @@ pub mod encrypt;
 pub mod fused;
 pub mod head_lora;
 pub mod held;
+pub mod linear;
 pub mod loss;
 pub mod net;
 pub mod ops;

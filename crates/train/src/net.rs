@@ -1,8 +1,9 @@
 //! The decoder forward pass for training (Llama, Qwen2, Qwen3, Gemma 3: `tandem_model::arch`), on
-//! candle tensors with autograd: the base weights are dequantized to f32 and frozen (never candle
-//! variables); LoRA A/B matrices on q, k, v, o, gate, up and down are the only variables. Each
-//! projection with its adapter is one [`LoraLinear`] op, which never computes a base-weight
-//! gradient.
+//! candle tensors with autograd: the base weights are the engine's own matrices, shared and frozen
+//! (never candle variables; f32 copies only for the exact base of finite-difference tests); LoRA
+//! A/B matrices on q, k, v, o, gate, up and down are the only variables. Each stacked product
+//! (q/k/v, o, gate/up, down, as the engine computes them) with its adapters is one [`LoraLinear`]
+//! op, which never computes a base-weight gradient.
 //!
 //! Only ops with a correct backward are used (stack notes, pitfall 4): RMS norms (also per head
 //! and on block outputs), RoPE, the masked softmax (with Gemma's sliding window) and the gated
@@ -13,26 +14,28 @@
 
 use crate::fused::{ActMul, RmsNorm, Rope, SegmentAttention};
 use crate::head_lora::HeadLoraLogprob;
-use crate::ops::{Frozen, HeadInt8, HeadLogprob, HeadWeights, LoraLinear};
+use crate::linear::{Frozen, LoraLinear, Shared, Which};
+use crate::ops::{HeadInt8, HeadLogprob, HeadWeights};
 use crate::pack::Row;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use tandem_model::kernels::causal::Span;
-use tandem_model::kernels::{Q8Matrix, Weights, QK};
 use tandem_model::llama::RopeTable;
 use tandem_model::peft::{AdapterConfig, Module};
-use tandem_model::LlamaConfig;
-use tandem_model::{Loader, Quantize, WeightSource};
+use tandem_model::{Llama, LlamaConfig, Quantize, WeightSource};
 
 type Res<T> = candle_core::Result<T>;
 
 struct BaseLayer {
     attn_norm: Arc<Vec<f32>>,
     ffn_norm: Arc<Vec<f32>>,
-    /// q, k, v, o, gate, up, down as (out, in), in [`Module::ALL`] order.
-    w: [Frozen; 7],
-    /// Qwen2: q, k, v biases as (1, out) rows.
-    bias: Option<[Tensor; 3]>,
+    /// q, k, v stacked; o; gate, up stacked; down: each (out, in), as the engine holds them.
+    qkv: Frozen,
+    o: Frozen,
+    gate_up: Frozen,
+    down: Frozen,
+    /// Qwen2: the q, k, v biases as one (1, out) row, in `qkv`'s order.
+    bias: Option<Tensor>,
     /// Qwen3, Gemma 3: per-head RMS norm weights of q and k.
     qk_norm: Option<NormPair>,
     /// Gemma 3: norms of the attention's and the MLP's outputs.
@@ -45,7 +48,7 @@ type NormPair = (Arc<Vec<f32>>, Arc<Vec<f32>>);
 /// Where token rows come from: the f32 embedding, or a quantised matrix (dequantised per token).
 enum Embedding {
     F32(Tensor),
-    Quantized(Arc<Weights>),
+    Quantized(Shared),
 }
 
 /// The frozen base model.
@@ -55,6 +58,8 @@ pub struct Base {
     head: HeadWeights,
     layers: Vec<BaseLayer>,
     out_norm: Arc<Vec<f32>>,
+    /// The outputs of the projections stacked in `qkv`, `o`, `gate_up` and `down`.
+    parts: [Arc<[usize]>; 4],
     /// RoPE tables of the global base and, where it differs, of the sliding layers' base.
     rope: RopeTable,
     rope_swa: Option<RopeTable>,
@@ -66,102 +71,84 @@ pub struct Base {
 
 impl Base {
     /// The base for training: the frozen projections, the head and the attention through the
-    /// serving kernels on every CPU tier (see [`Frozen::Int8`] and `tandem_model::as_served`), so
-    /// that the forward's logprobs are the sampler's to the bit.
+    /// serving kernels on every CPU tier (see [`Frozen::Served`] and `tandem_model::as_served`),
+    /// so that the forward's logprobs are the sampler's to the bit. Loads the file as the server
+    /// does; a server hands the trainer its own model instead ([`Base::shared`]).
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        Self::load_with(path, true, Quantize::default())
+        Self::load_served(path, Quantize::default())
     }
 
-    /// [`Base::load`] for a server run with `--quantize q`: the frozen matrices in the formats
-    /// that server keeps them in (`tandem_model::load_model` with the same `q`).
+    /// [`Base::load`] for a server run with `--quantize q`: the matrices in the formats that
+    /// server keeps them in (`tandem_model::load_model` with the same `q`).
     pub fn load_served(path: &std::path::Path, q: Quantize) -> Result<Self, String> {
-        Self::load_with(path, true, q)
+        let model = tandem_model::load_model(path, q).map_err(|e| e.to_string())?.model;
+        Self::shared(Arc::new(model))
+    }
+
+    /// The base on the engine's own model: every matrix is read where the engine holds it (one
+    /// copy of the weights for serving and training); only norm weights and biases, a few KB a
+    /// layer, are copied.
+    pub fn shared(model: Arc<Llama>) -> Result<Self, String> {
+        let config = model.config.clone();
+        let matrix =
+            |which: Which| Shared::of(&model, which).ok_or_else(|| format!("the served model has no {which:?}"));
+        let dev = Device::Cpu;
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for (l, layer) in model.layers.iter().enumerate() {
+            let x = &layer.extra;
+            let pair = |a: &Option<Vec<f32>>, b: &Option<Vec<f32>>| match (a, b) {
+                (Some(a), Some(b)) => Some((Arc::new(a.clone()), Arc::new(b.clone()))),
+                _ => None,
+            };
+            let bias = match &x.qkv_bias {
+                Some(b) => Some(Tensor::from_slice(b, (1, b.len()), &dev).map_err(|e| e.to_string())?),
+                None => None,
+            };
+            layers.push(BaseLayer {
+                attn_norm: Arc::new(layer.attn_norm.clone()),
+                ffn_norm: Arc::new(layer.ffn_norm.clone()),
+                qkv: Frozen::Served(matrix(Which::Qkv(l))?),
+                o: Frozen::Served(matrix(Which::O(l))?),
+                gate_up: Frozen::Served(matrix(Which::GateUp(l))?),
+                down: Frozen::Served(matrix(Which::Down(l))?),
+                bias,
+                qk_norm: pair(&x.q_norm, &x.k_norm),
+                post_norms: pair(&x.post_attn_norm, &x.post_ffn_norm),
+            });
+        }
+        let embed = Embedding::Quantized(matrix(Which::Embed)?);
+        let head = HeadWeights::Int8(HeadInt8 { e: matrix(Which::Head)? });
+        let out_norm = Arc::new(model.out_norm.clone());
+        Ok(Self::assemble(config, embed, head, layers, out_norm, true))
     }
 
     /// The base with f32 GEMMs everywhere (exact gradients, for finite-difference checks).
     pub fn load_exact(path: &std::path::Path) -> Result<Self, String> {
-        Self::load_with(path, false, Quantize::default())
-    }
-
-    fn load_with(path: &std::path::Path, int8: bool, quantize: Quantize) -> Result<Self, String> {
         let mut f = WeightSource::open(path).map_err(|e| e.to_string())?;
         let config = f.llama_config().map_err(|e| e.to_string())?;
         let dev = Device::Cpu;
         let tied = !f.has_tensor("output.weight");
-        // A second handle for the served (quantised) matrices, while `t` borrows the first.
-        let mut f2 = WeightSource::open(path).map_err(|e| e.to_string())?;
-        // The frozen products use the inference kernels on the formats the server's `--quantize`
-        // gives each matrix (f32 under `none`), so that they are the server's products.
-        let f2 = &mut Loader { source: &mut f2, quantize };
         let mut t = |name: &str| -> Result<Tensor, String> {
             // Dims outermost first: weights are (out, in); q/k rows in the internal order.
             let (data, dims) = tandem_model::layer_f32(&mut f, &config, name).map_err(|e| e.to_string())?;
             Tensor::from_vec(data, dims, &dev).map_err(|e| e.to_string())
         };
         let embed = t("token_embd.weight")?;
-        let head_name = if tied { "token_embd.weight" } else { "output.weight" };
-        let head = if tied { embed.clone() } else { t(head_name)? };
-        let (v, hd) = head.dims2().map_err(|e| e.to_string())?;
-        let head = if int8 && hd % QK == 0 {
-            let e32 = head.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
-            let et = HeadInt8::transposed(&e32, v, hd);
-            let e = tandem_model::matrix(f2, head_name, v, hd).map_err(|e| e.to_string())?.lanes_only();
-            HeadWeights::Int8(HeadInt8 { e: Arc::new(e), et: Arc::new(Weights::Q8(et)) })
-        } else {
-            HeadWeights::F32(head)
-        };
-        // With the int8 head, token rows come from a quantised matrix too (the head itself when
-        // tied): no f32 copy of the vocabulary is kept.
-        let embed = match (&head, tied) {
-            (HeadWeights::Int8(h), true) => Embedding::Quantized(h.e.clone()),
-            (HeadWeights::Int8(_), false) => Embedding::Quantized(Arc::new(
-                tandem_model::matrix(f2, "token_embd.weight", v, hd).map_err(|e| e.to_string())?.lanes_only(),
-            )),
-            (HeadWeights::F32(_), _) => Embedding::F32(embed),
-        };
+        let head = if tied { embed.clone() } else { t("output.weight")? };
         let mut layers = Vec::with_capacity(config.n_layer);
         for l in 0..config.n_layer {
             let p = format!("blk.{l}");
-            let (mut dense, mut served) = (Vec::with_capacity(7), Vec::with_capacity(7));
-            for name in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
-                let name = format!("{p}.{name}.weight");
-                let d = t(&name)?;
-                let (out, inp) = d.dims2().map_err(|e| e.to_string())?;
-                served.push(if int8 && out % QK == 0 && inp % QK == 0 {
-                    Some(tandem_model::layer_matrix(f2, &config, &name, out, inp).map_err(|e| e.to_string())?)
-                } else {
-                    None
-                });
-                dense.push(d);
-            }
-            // The served matrices in the formats the server stacks q, k, v and gate, up in (a
-            // stack of mixed formats is int8), so that each product is the server's to the bit.
-            for group in [0..3, 4..6] {
-                if served[group.clone()].iter().all(Option::is_some) {
-                    let parts = Weights::stackable(served[group.clone()].iter_mut().filter_map(Option::take).collect());
-                    for (i, m) in group.zip(parts) {
-                        served[i] = Some(m);
-                    }
-                }
-            }
-            let mut w = Vec::with_capacity(7);
-            for (d, m) in dense.into_iter().zip(served) {
-                w.push(match m {
-                    Some(m) => {
-                        let (out, inp) = d.dims2().map_err(|e| e.to_string())?;
-                        let wt = d.t().and_then(|t| t.contiguous()).and_then(|t| t.flatten_all()?.to_vec1::<f32>());
-                        let wt = Q8Matrix::from_f32(&wt.map_err(|e| e.to_string())?, inp, out).lanes_only();
-                        Frozen::Int8 { w: Arc::new(m.lanes_only()), wt: Arc::new(Weights::Q8(wt)) }
-                    }
-                    None => Frozen::F32(d),
-                });
-            }
-            let w: [Frozen; 7] = w.try_into().map_err(|_| "layer weights".to_string())?;
+            let mut stack = |names: &[&str]| -> Result<Frozen, String> {
+                let parts = names.iter().map(|n| t(&format!("{p}.{n}.weight"))).collect::<Result<Vec<_>, _>>()?;
+                Tensor::cat(&parts, 0).map(Frozen::F32).map_err(|e| e.to_string())
+            };
+            let (qkv, o) = (stack(&["attn_q", "attn_k", "attn_v"])?, stack(&["attn_output"])?);
+            let (gate_up, down) = (stack(&["ffn_gate", "ffn_up"])?, stack(&["ffn_down"])?);
             let arch = config.arch;
             let mut v = |name: &str| t(&format!("{p}.{name}")).and_then(vector);
             let bias = if arch.qkv_bias() {
-                let row = |b: Arc<Vec<f32>>| Tensor::from_slice(&b, (1, b.len()), &dev).map_err(|e| e.to_string());
-                Some([row(v("attn_q.bias")?)?, row(v("attn_k.bias")?)?, row(v("attn_v.bias")?)?])
+                let b = [v("attn_q.bias")?, v("attn_k.bias")?, v("attn_v.bias")?].map(|b| b.to_vec()).concat();
+                Some(Tensor::from_vec(b.clone(), (1, b.len()), &dev).map_err(|e| e.to_string())?)
             } else {
                 None
             };
@@ -175,15 +162,31 @@ impl Base {
             layers.push(BaseLayer {
                 attn_norm: v("attn_norm.weight")?,
                 ffn_norm: v("ffn_norm.weight")?,
-                w,
+                qkv,
+                o,
+                gate_up,
+                down,
                 bias,
                 qk_norm,
                 post_norms,
             });
         }
         let out_norm = vector(t("output_norm.weight")?)?;
+        Ok(Self::assemble(config, Embedding::F32(embed), HeadWeights::F32(head), layers, out_norm, false))
+    }
+
+    fn assemble(
+        config: LlamaConfig,
+        embed: Embedding,
+        head: HeadWeights,
+        layers: Vec<BaseLayer>,
+        out_norm: Arc<Vec<f32>>,
+        served: bool,
+    ) -> Self {
+        let (h, f, qd, kvd) = (config.hidden, config.ffn, config.q_dim(), config.kv_dim());
+        let parts = [vec![qd, kvd, kvd].into(), vec![h].into(), vec![f, f].into(), vec![h].into()];
         let (rope, rope_swa) = (RopeTable::global(&config), RopeTable::sliding(&config));
-        Ok(Base { config, embed, head, layers, out_norm, rope, rope_swa, kv_as_cached: int8 })
+        Base { config, embed, head, layers, out_norm, parts, rope, rope_swa, kv_as_cached: served }
     }
 
     /// (in, out) of projection `m` (index into [`Module::ALL`]).
@@ -224,9 +227,16 @@ impl Lora {
     }
 }
 
-/// `x W^T + scale (x A^T) B^T`.
-fn linear(x: &Tensor, w: &Frozen, lora: &(Tensor, Tensor), scale: f64) -> Res<Tensor> {
-    x.contiguous()?.apply_op3(&lora.0, &lora.1, LoraLinear { w: w.clone(), scale })
+/// `x W^T + scale (x A_i^T) B_i^T` in each stacked projection's columns (`parts`).
+fn linear(x: &Tensor, w: &Frozen, pairs: &[&(Tensor, Tensor)], parts: &Arc<[usize]>, scale: f64) -> Res<Tensor> {
+    let (a, b) = match pairs {
+        [(a, b)] => (a.clone(), b.clone()),
+        _ => (
+            Tensor::cat(&pairs.iter().map(|p| &p.0).collect::<Vec<_>>(), 0)?,
+            Tensor::cat(&pairs.iter().map(|p| &p.1).collect::<Vec<_>>(), 0)?,
+        ),
+    };
+    x.contiguous()?.apply_op3(&a, &b, LoraLinear { w: w.clone(), parts: parts.clone(), scale })
 }
 
 fn rms_norm(x: &Tensor, weight: &Arc<Vec<f32>>, eps: f32) -> Res<Tensor> {
@@ -405,15 +415,15 @@ impl<'a> Pass<'a> {
             },
         };
         let h = rms_norm(x, &layer.attn_norm, eps)?;
-        let (mut q, mut k, mut v) = (
-            linear(&h, &layer.w[0], &pairs[0], scale)?,
-            linear(&h, &layer.w[1], &pairs[1], scale)?,
-            linear(&h, &layer.w[2], &pairs[2], scale)?,
-        );
+        let parts = &self.base.parts;
+        let mut qkv = linear(&h, &layer.qkv, &[&pairs[0], &pairs[1], &pairs[2]], &parts[0], scale)?;
         drop(h);
-        if let Some([bq, bk, bv]) = &layer.bias {
-            (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
+        if let Some(bias) = &layer.bias {
+            qkv = qkv.broadcast_add(bias)?;
         }
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let (mut q, mut k, v) = (qkv.narrow(1, 0, qd)?, qkv.narrow(1, qd, kvd)?, qkv.narrow(1, qd + kvd, kvd)?);
+        drop(qkv);
         if let Some((qn, kn)) = &layer.qk_norm {
             // The norm's weight is one head long: the op normalises each head on its own.
             (q, k) = (rms_norm(&q, qn, eps)?, rms_norm(&k, kn, eps)?);
@@ -429,7 +439,7 @@ impl<'a> Pass<'a> {
             None => q.apply_op3(&k, &v, attention)?,
         };
         drop(q);
-        let mut o = linear(&att, &layer.w[3], &pairs[3], scale)?;
+        let mut o = linear(&att, &layer.o, &[&pairs[3]], &parts[1], scale)?;
         drop(att);
         if let Some((post, _)) = &layer.post_norms {
             o = rms_norm(&o, post, eps)?;
@@ -437,12 +447,11 @@ impl<'a> Pass<'a> {
         let x = x.add(&o)?;
         drop(o);
         let h = rms_norm(&x, &layer.ffn_norm, eps)?;
-        let g = linear(&h, &layer.w[4], &pairs[4], scale)?;
-        let u = linear(&h, &layer.w[5], &pairs[5], scale)?;
+        let gate_up = linear(&h, &layer.gate_up, &[&pairs[4], &pairs[5]], &parts[2], scale)?;
         drop(h);
-        let act = g.contiguous()?.apply_op2(&u.contiguous()?, ActMul(c.arch.activation()))?;
-        drop((g, u));
-        let mut d = linear(&act, &layer.w[6], &pairs[6], scale)?;
+        let act = gate_up.apply_op1(ActMul(c.arch.activation()))?;
+        drop(gate_up);
+        let mut d = linear(&act, &layer.down, &[&pairs[6]], &parts[3], scale)?;
         drop(act);
         if let Some((_, post)) = &layer.post_norms {
             d = rms_norm(&d, post, eps)?;

@@ -23,7 +23,7 @@ use std::time::Instant;
 use tandem_core::sequences::{fits_model, tokenize_groups, ModelBounds, RlInputs, TrainedModel};
 use tandem_core::train_config::{KlSource, TrainConfig};
 use tandem_jobs::{ReferencePolicy, TrainError, TrainJob, TrainOutput, TrainSink, TrainTask, Trainer};
-use tandem_model::Quantize;
+use tandem_model::{Llama, Quantize};
 
 /// Most tokens run through forward and backward at once (a row's parts are accumulated): bounds
 /// the activation memory of a step. `make bench-rl` (rows of ~2,048 tokens): parts of 1,024
@@ -45,10 +45,12 @@ pub struct TrainBase {
     pub tokenizer: Arc<dyn TrainTokenizer>,
 }
 
-/// Trains LoRA adapters for the served base models. The frozen base (int8 or f32 products, see
-/// [`Base::load`]) is loaded on first use and kept.
+/// Trains LoRA adapters for the served base models. The frozen base is the engine's own model
+/// when one was handed over ([`LoraTrainer::with_served`]), else loaded on first use and kept.
 pub struct LoraTrainer {
     bases: Vec<TrainBase>,
+    /// The engine's models by base id: the trainer reads their matrices in place.
+    served: BTreeMap<String, Arc<Llama>>,
     loaded: Mutex<BTreeMap<String, Arc<Base>>>,
     pub(crate) part_tokens: usize,
     /// A part, or a cut tree's prefix, longer than this many tokens is recomputed layer by
@@ -98,6 +100,7 @@ impl LoraTrainer {
     pub fn new(bases: Vec<TrainBase>) -> Self {
         LoraTrainer {
             bases,
+            served: BTreeMap::new(),
             loaded: Mutex::new(BTreeMap::new()),
             part_tokens: PART_TOKENS,
             recompute_tokens: None,
@@ -149,6 +152,13 @@ impl LoraTrainer {
         self
     }
 
+    /// Trains base `id` on `model`, the engine's own copy of it: no second copy of the weights,
+    /// and the forward computes on the very matrices the sampler reads (issue 52).
+    pub fn with_served(mut self, id: &str, model: Arc<Llama>) -> Self {
+        self.served.insert(id.to_string(), model);
+        self
+    }
+
     /// Loads bases in the formats a server run with `--quantize q` serves them in.
     pub fn with_quantize(mut self, q: Quantize) -> Self {
         self.quantize = q;
@@ -171,7 +181,11 @@ impl LoraTrainer {
         if let Some(b) = loaded.get(id) {
             return Ok((b.clone(), tb));
         }
-        let b = if self.exact { Base::load_exact(&tb.path) } else { Base::load_served(&tb.path, self.quantize) };
+        let b = match self.served.get(id) {
+            _ if self.exact => Base::load_exact(&tb.path),
+            Some(model) => Base::shared(model.clone()),
+            None => Base::load_served(&tb.path, self.quantize),
+        };
         let b = Arc::new(b.map_err(|e| TrainError::Failed(format!("loading the base model: {e}")))?);
         loaded.insert(id.to_string(), b.clone());
         Ok((b, tb))

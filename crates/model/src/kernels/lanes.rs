@@ -82,6 +82,50 @@ impl Packed {
         p
     }
 
+    /// `W^T` for any weight matrix `w (rows, cols)`: `cols` int8 rows of `rows` values (padded
+    /// with zeros to whole pairs of blocks), quantised per block of [`QK`] symmetrically to
+    /// [-127, 127], written straight into the groups. Each task takes 32 rows of `w` at a time,
+    /// dequantised into a tile that stays in cache, and writes the one block they make of every
+    /// group: no f32 copy of the matrix, no row-major copy to repack. What `dy W` multiplies by
+    /// (`super::through`).
+    pub(super) fn transposed(w: &super::Weights) -> Packed {
+        use rayon::prelude::*;
+        let (rows, cols) = (w.rows(), w.cols());
+        let blocks = rows.next_multiple_of(2 * QK) / QK;
+        let groups = cols.div_ceil(LANES);
+        let mut p = Packed {
+            rows: cols,
+            blocks,
+            // Every byte and scale is written below (padding lanes as 128, which is 0 after the
+            // flip, from zero columns).
+            q: vec![0; groups * blocks * 512],
+            d: vec![0.0; groups * blocks * LANES],
+            d16: Vec::new(),
+            m16: Vec::new(),
+            q4: false,
+        };
+        let (q, d) = (Disjoint(p.q.as_mut_ptr()), Disjoint(p.d.as_mut_ptr()));
+        (0..blocks).into_par_iter().for_each_init(
+            || vec![0f32; QK * cols],
+            |tile, b| {
+                for (i, row) in tile.chunks_exact_mut(cols).enumerate() {
+                    match b * QK + i {
+                        r if r < rows => w.dequantize_row(r, row),
+                        _ => row.fill(0.0),
+                    }
+                }
+                for g in 0..groups {
+                    let gb = g * blocks + b;
+                    // SAFETY: (group, block) `gb` is in bounds (g < groups, b < blocks), and block
+                    // `b` of every group is written by this task alone (one task per block).
+                    let (q, d) = unsafe { (q.slice(gb * 512, 512), d.slice(gb * LANES, LANES)) };
+                    pack_block(tile, cols, g * LANES, q, d);
+                }
+            },
+        );
+        p
+    }
+
     /// int8 rows regrouped, top bit flipped.
     pub fn from_q8(w: &Q8Matrix) -> Packed {
         let (rows, blocks) = (w.rows(), w.cols() / QK);
@@ -142,6 +186,62 @@ impl Packed {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A buffer written by parallel tasks at disjoint places ([`Packed::transposed`]).
+struct Disjoint<T>(*mut T);
+
+// SAFETY: the tasks sharing it write disjoint elements (the caller says how), and the buffer
+// outlives them (its owner is borrowed across the parallel section).
+unsafe impl<T: Send> Send for Disjoint<T> {}
+unsafe impl<T: Send> Sync for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
+    /// # Safety
+    /// `at..at + len` lies in the buffer and no other task touches it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+}
+
+/// One (group, block) of a transposed int8 matrix: columns `k0..k0 + 16` of `tile` (32 rows
+/// `cols` wide; columns past its width count as zero), each quantised over its 32 values, into
+/// the group's 512 bytes (`out`, top bit flipped) and 16 scales (`scales`).
+fn pack_block(tile: &[f32], cols: usize, k0: usize, out: &mut [u8], scales: &mut [f32]) {
+    let width = cols.saturating_sub(k0).min(LANES);
+    // Fixed-size rows, so that the loops below vectorise.
+    let mut rows = [[0f32; LANES]; QK];
+    for (o, row) in rows.iter_mut().enumerate() {
+        row[..width].copy_from_slice(&tile[o * cols + k0..][..width]);
+    }
+    let mut amax = [0f32; LANES];
+    for row in &rows {
+        for (m, x) in amax.iter_mut().zip(row) {
+            *m = m.max(x.abs());
+        }
+    }
+    let scale = amax.map(|m| m / 127.0);
+    let inv = scale.map(|s| if s > 0.0 { 1.0 / s } else { 0.0 });
+    scales.copy_from_slice(&scale);
+    // Round to nearest through the float adder (|v| <= 127, so 1.5 * 2^23 + v holds the rounded
+    // value in its low mantissa bits; ties go to even, where `quantize_into` goes away from zero:
+    // a fresh rounding either way), then the byte with its top bit flipped.
+    let byte = |v: f32| ((v + 12_582_912.0).to_bits() & 0xFF) ^ 0x80;
+    for (step, four) in rows.chunks_exact(4).enumerate() {
+        // Each column's four values of the step as one little-endian word.
+        let mut words = [0u32; LANES];
+        for l in 0..LANES {
+            words[l] = byte(four[0][l] * inv[l])
+                | byte(four[1][l] * inv[l]) << 8
+                | byte(four[2][l] * inv[l]) << 16
+                | byte(four[3][l] * inv[l]) << 24;
+        }
+        for (dst, w) in out[step * 64..(step + 1) * 64].chunks_exact_mut(4).zip(words) {
+            dst.copy_from_slice(&w.to_le_bytes());
         }
     }
 }

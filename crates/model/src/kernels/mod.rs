@@ -41,6 +41,7 @@ mod q8k;
 pub mod sgemm;
 mod simd;
 pub mod team;
+mod through;
 
 pub use adapter::{add_ranks, dots, Bf16, Widen};
 pub use attend::{attend, attend_group, HeadKv, KEY_TILE, MAX_GROUP};
@@ -50,6 +51,7 @@ pub use dense::F32Matrix;
 pub use q4::Q4Matrix;
 pub use q8::{Q8Acts, Q8Matrix, QK};
 pub use q8k::KActs;
+pub use through::{matmul_through, Transposed};
 
 /// A weight matrix in one of the kernels' formats.
 #[derive(Debug, Clone)]

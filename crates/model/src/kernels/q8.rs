@@ -26,15 +26,7 @@ impl Q8Matrix {
         let mut quants = vec![0i8; rows * cols];
         let mut scales = vec![0f32; rows * cols / QK];
         quantize_into(data, &mut quants, &mut scales);
-        Q8Matrix {
-            rows,
-            cols,
-            quants,
-            scales,
-            #[cfg(target_arch = "x86_64")]
-            lanes: None,
-        }
-        .packed()
+        Self::from_parts(quants, scales, rows, cols)
     }
 
     /// From the raw bytes of a GGUF Q8_0 tensor of shape (rows, cols): its blocks are already
@@ -56,17 +48,29 @@ impl Q8Matrix {
             quants.extend(b[2..].iter().map(|q| (*q as i8).max(-127)));
         }
         drop(raw);
-        Some(
-            Q8Matrix {
-                rows,
-                cols,
-                quants,
-                scales,
-                #[cfg(target_arch = "x86_64")]
-                lanes: None,
-            }
-            .packed(),
-        )
+        Some(Self::from_parts(quants, scales, rows, cols))
+    }
+
+    /// From int8 quants (in [-127, 127]) and their block scales, with the lane-packed copy where
+    /// the CPU has AVX2.
+    pub(crate) fn from_parts(quants: Vec<i8>, scales: Vec<f32>, rows: usize, cols: usize) -> Self {
+        assert!(quants.len() == rows * cols && scales.len() * QK == quants.len() && cols.is_multiple_of(QK));
+        Q8Matrix {
+            rows,
+            cols,
+            quants,
+            scales,
+            #[cfg(target_arch = "x86_64")]
+            lanes: None,
+        }
+        .packed()
+    }
+
+    /// A matrix held only as lane-packed groups (built straight into them).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn from_lanes(packed: super::lanes::Packed, rows: usize, cols: usize) -> Self {
+        assert!(packed.rows == rows && packed.blocks * QK == cols);
+        Q8Matrix { rows, cols, quants: Vec::new(), scales: Vec::new(), lanes: Some(std::sync::Arc::new(packed)) }
     }
 
     /// With the lane-packed copy when the CPU has AVX2 (the VNNI and AVX2 lane kernels read it).

@@ -11,24 +11,47 @@ pub struct Operand<'a> {
     pub rows: usize,
     pub cols: usize,
     pub t: bool,
+    /// The row stride of the row-major storage (its width; more for a block of columns).
+    pub ld: usize,
 }
 
 impl<'a> Operand<'a> {
     pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Operand { data, rows, cols, t: false }
+        Operand { data, rows, cols, t: false, ld: cols }
     }
 
     /// The transpose of the row-major (rows, cols) matrix in `data`.
     pub fn transposed(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Operand { data, rows: cols, cols: rows, t: true }
+        Operand { data, rows: cols, cols: rows, t: true, ld: cols }
+    }
+
+    /// The (rows, cols) block of a row-major matrix `ld` wide whose first element is `data[0]`
+    /// (a few columns of a wider matrix, read in place).
+    pub fn columns(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        Operand { data, rows, cols, t: false, ld }
+    }
+
+    /// The transpose of [`Operand::columns`].
+    pub fn columns_transposed(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        Operand { data, rows: cols, cols: rows, t: true, ld }
     }
 
     /// (row stride, column stride) of the operand as used.
     fn strides(&self) -> (isize, isize) {
         if self.t {
-            (1, self.rows as isize)
+            (1, self.ld as isize)
         } else {
-            (self.cols as isize, 1)
+            (self.ld as isize, 1)
+        }
+    }
+
+    /// Values of `data` the operand reaches (one past the last).
+    fn span(&self) -> usize {
+        let (r, c) = if self.t { (self.cols, self.rows) } else { (self.rows, self.cols) };
+        if r == 0 || c == 0 {
+            0
+        } else {
+            (r - 1) * self.ld + c
         }
     }
 }
@@ -38,7 +61,9 @@ impl<'a> Operand<'a> {
 pub fn sgemm(out: &mut [f32], accumulate: bool, alpha: f32, a: Operand, b: Operand) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "inner dimensions differ");
-    assert!(a.data.len() >= m * k && b.data.len() >= k * n && out.len() >= m * n);
+    let wide = |o: &Operand| o.ld >= if o.t { o.rows } else { o.cols };
+    assert!(wide(&a) && wide(&b), "a row stride narrower than the row");
+    assert!(a.data.len() >= a.span() && b.data.len() >= b.span() && out.len() >= m * n);
     let threads = rayon::current_num_threads();
     let parallelism =
         if m * n * k >= 1 << 20 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
@@ -96,5 +121,24 @@ mod tests {
                 assert!((o - w).abs() < 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn blocks_of_columns_read_in_place_match_their_copies() {
+        // a (5, 3) and its transpose as columns 2..5 of a (5, 7) matrix.
+        let (m, k, n, ld, at) = (5, 3, 4, 7, 2);
+        let wide: Vec<f32> = (0..m * ld).map(|i| (i as f32 * 0.53).sin()).collect();
+        let a: Vec<f32> = (0..m * k).map(|i| wide[(i / k) * ld + at + i % k]).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.29).cos()).collect();
+        let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+        sgemm(&mut want, false, 1.0, Operand::new(&a, m, k), Operand::new(&b, k, n));
+        sgemm(&mut got, false, 1.0, Operand::columns(&wide[at..], m, k, ld), Operand::new(&b, k, n));
+        assert_eq!(got, want);
+        // (k, m) a^T times (m, n): the transposed block.
+        let c: Vec<f32> = (0..m * n).map(|i| (i as f32 * 0.71).sin()).collect();
+        let (mut want, mut got) = (vec![0f32; k * n], vec![0f32; k * n]);
+        sgemm(&mut want, false, 1.0, Operand::transposed(&a, m, k), Operand::new(&c, m, n));
+        sgemm(&mut got, false, 1.0, Operand::columns_transposed(&wide[at..], m, k, ld), Operand::new(&c, m, n));
+        assert_eq!(got, want);
     }
 }

@@ -1,7 +1,7 @@
 use super::*;
 
 /// A deterministic pseudo-random sequence (no RNG crate needed for fixtures).
-fn values(n: usize, seed: u32) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(2654435761).max(1);
     (0..n)
         .map(|_| {
