@@ -24,6 +24,7 @@
 
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
+use super::team::Disjoint;
 use super::{Q4Matrix, Q8Acts, Q8Matrix};
 use std::arch::x86_64::*;
 
@@ -104,7 +105,8 @@ impl Packed {
             m16: Vec::new(),
             q4: false,
         };
-        let (q, d) = (Disjoint(p.q.as_mut_ptr()), Disjoint(p.d.as_mut_ptr()));
+        let (q, d) = (Disjoint::new(&mut p.q), Disjoint::new(&mut p.d));
+        let avx512 = super::cpu().avx512f;
         (0..blocks).into_par_iter().for_each_init(
             || vec![0f32; QK * cols],
             |tile, b| {
@@ -116,10 +118,20 @@ impl Packed {
                 }
                 for g in 0..groups {
                     let gb = g * blocks + b;
-                    // SAFETY: (group, block) `gb` is in bounds (g < groups, b < blocks), and block
-                    // `b` of every group is written by this task alone (one task per block).
+                    // SAFETY: block `b` of every group is written by this task alone (one task
+                    // per block); `slice` checks the bounds.
                     let (q, d) = unsafe { (q.slice(gb * 512, 512), d.slice(gb * LANES, LANES)) };
-                    pack_block(tile, cols, g * LANES, q, d);
+                    match avx512 {
+                        Some(token) if g * LANES + LANES <= cols => {
+                            let rows: [&[f32; LANES]; QK] = std::array::from_fn(|o| {
+                                tile[o * cols + g * LANES..][..LANES].try_into().expect("16 columns")
+                            });
+                            let (q, d) = (q.try_into().expect("512 bytes"), d.try_into().expect("16 scales"));
+                            // SAFETY: the token proves AVX-512F; the lengths are in the types.
+                            unsafe { pack_block_avx512(token, &rows, q, d) }
+                        }
+                        _ => pack_block(tile, cols, g * LANES, q, d),
+                    }
                 }
             },
         );
@@ -190,24 +202,6 @@ impl Packed {
     }
 }
 
-/// A buffer written by parallel tasks at disjoint places ([`Packed::transposed`]).
-struct Disjoint<T>(*mut T);
-
-// SAFETY: the tasks sharing it write disjoint elements (the caller says how), and the buffer
-// outlives them (its owner is borrowed across the parallel section).
-unsafe impl<T: Send> Send for Disjoint<T> {}
-unsafe impl<T: Send> Sync for Disjoint<T> {}
-
-impl<T> Disjoint<T> {
-    /// # Safety
-    /// `at..at + len` lies in the buffer and no other task touches it meanwhile.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
-        // SAFETY: as the caller promises.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
-    }
-}
-
 /// One (group, block) of a transposed int8 matrix: columns `k0..k0 + 16` of `tile` (32 rows
 /// `cols` wide; columns past its width count as zero), each quantised over its 32 values, into
 /// the group's 512 bytes (`out`, top bit flipped) and 16 scales (`scales`).
@@ -243,6 +237,45 @@ fn pack_block(tile: &[f32], cols: usize, k0: usize, out: &mut [u8], scales: &mut
         for (dst, w) in out[step * 64..(step + 1) * 64].chunks_exact_mut(4).zip(words) {
             dst.copy_from_slice(&w.to_le_bytes());
         }
+    }
+}
+
+/// [`pack_block`] for a whole group, with AVX-512F: the same numbers (`cvtps` rounds to nearest
+/// even, as the scalar float-adder trick does).
+///
+/// # Safety
+/// The CPU runs AVX-512F (the token).
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_block_avx512(
+    _: super::cpu::Avx512F,
+    rows: &[&[f32; LANES]; QK],
+    out: &mut [u8; 512],
+    scales: &mut [f32; LANES],
+) {
+    let v: [__m512; QK] = std::array::from_fn(|o| {
+        // SAFETY: each row holds 16 floats (its type).
+        unsafe { _mm512_loadu_ps(rows[o].as_ptr()) }
+    });
+    let mut amax = _mm512_setzero_ps();
+    for x in &v {
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(*x));
+    }
+    let scale = _mm512_div_ps(amax, _mm512_set1_ps(127.0));
+    let nonzero = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(scale, _mm512_setzero_ps());
+    let inv = _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0), scale);
+    // SAFETY: `scales` holds 16 floats.
+    unsafe { _mm512_storeu_ps(scales.as_mut_ptr(), scale) };
+    let low = _mm512_set1_epi32(0xFF);
+    for step in 0..8 {
+        let mut word = _mm512_setzero_si512();
+        for e in 0..4 {
+            let q = _mm512_cvtps_epi32(_mm512_mul_ps(v[4 * step + e], inv));
+            let byte = _mm512_and_si512(q, low);
+            word = _mm512_or_si512(word, _mm512_sllv_epi32(byte, _mm512_set1_epi32(8 * e as i32)));
+        }
+        let flipped = _mm512_xor_si512(word, _mm512_set1_epi32(0x8080_8080u32 as i32));
+        // SAFETY: bytes `64 step..64 (step + 1)` lie in the 512.
+        unsafe { _mm512_storeu_si512(out[step * 64..].as_mut_ptr().cast(), flipped) };
     }
 }
 
@@ -457,4 +490,37 @@ unsafe fn q8_tile<const R: usize, const C: usize>(
         }
     }
     acc
+}
+
+#[cfg(test)]
+mod pack_tests {
+    use super::*;
+
+    /// The AVX-512 transposing pack writes the scalar one's bytes and scales exactly, including a
+    /// zero column (scale 0), ties and the extremes.
+    #[test]
+    fn the_vector_pack_equals_the_scalar_one() {
+        let Some(token) = crate::kernels::cpu().avx512f else {
+            eprintln!("SKIPPED: no AVX-512F here");
+            return;
+        };
+        let cols = 48;
+        let values = crate::kernels::tests::values(QK * cols, 11);
+        let mut tile: Vec<f32> = values.iter().map(|v| v * 3.0).collect();
+        for o in 0..QK {
+            tile[o * cols + 5] = 0.0; // a zero column
+            tile[o * cols + 6] = if o == 0 { 127.0 } else { (o as f32 - 16.0) + 0.5 };
+            // ties
+        }
+        for k0 in [0, 16, 32] {
+            let (mut q1, mut d1) = ([0u8; 512], [0f32; LANES]);
+            pack_block(&tile, cols, k0, &mut q1, &mut d1);
+            let rows: [&[f32; LANES]; QK] = std::array::from_fn(|o| tile[o * cols + k0..][..LANES].try_into().unwrap());
+            let (mut q2, mut d2) = ([0u8; 512], [0f32; LANES]);
+            // SAFETY: the token proves AVX-512F.
+            unsafe { pack_block_avx512(token, &rows, &mut q2, &mut d2) };
+            assert_eq!(d1, d2, "scales at {k0}");
+            assert_eq!(q1, q2, "bytes at {k0}");
+        }
+    }
 }
