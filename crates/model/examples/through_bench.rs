@@ -31,7 +31,13 @@ fn main() {
                 w.dequantize_row(r, &mut row);
             }
         });
-        eprintln!("{name}: dequantising every row on one thread {dequant:.2} ms");
+        let format = match w {
+            tandem_model::kernels::Weights::Block(b) => format!("{:?}", b.format()),
+            tandem_model::kernels::Weights::Q8(_) => "int8".into(),
+            tandem_model::kernels::Weights::Q4(_) => "Q4_1".into(),
+            tandem_model::kernels::Weights::F32(_) => "f32".into(),
+        };
+        eprintln!("{name} ({format}): dequantising every row on one thread {dequant:.2} ms");
         let made = Transposed::of(w);
         let product = time(&mut || drop(made.product(&dy, t)));
         let through = time(&mut || drop(matmul_through(w, &dy, t)));

@@ -195,45 +195,72 @@ impl BlockLanes {
         assert!(r < self.rows && out.len() >= self.blocks * QK);
         let (g, lane) = (r / LANES, r % LANES);
         let bb = self.block_bytes();
-        let f = |bits: u16| half::f16::from_bits(bits).to_f32();
-        for b in 0..self.blocks {
-            let base = (g * self.blocks + b) * bb;
-            let mut q = [0u8; QK];
-            for s in 0..4 {
-                for e in 0..4 {
-                    let byte = self.q[base + 64 * s + 4 * lane + e];
-                    q[4 * s + e] = byte & 0x0F;
-                    q[16 + 4 * s + e] = byte >> 4;
-                }
-            }
-            if self.format == BlockFormat::Q6K {
-                for e in 0..4 {
-                    for (pair, values) in crumb_values(e).into_iter().enumerate() {
-                        let byte = self.q[base + 256 + 64 * pair + 4 * lane + e];
-                        for (v, at) in values.into_iter().zip(CRUMB_BITS) {
-                            q[v] |= ((byte >> at) & 3) << 4;
-                        }
-                    }
-                }
-            } else {
-                for plane in 0..planes(self.format) {
-                    for e in 0..4 {
-                        let byte = self.q[base + 256 + 64 * plane + 4 * lane + e];
-                        for s in 0..8 {
-                            q[4 * s + e] |= ((byte >> s) & 1) << (4 + plane);
-                        }
-                    }
-                }
-            }
-            let [(s0, m0), (s1, m1)] = self.half_scales(g, b, lane, f);
-            for v in 0..QK {
-                let (s, m) = if v < 16 { (s0, m0) } else { (s1, m1) };
-                out[b * QK + v] = s * q[v] as f32 + m;
+        let group = &self.q[g * self.blocks * bb..(g + 1) * self.blocks * bb];
+        for (b, (src, block)) in group.chunks_exact(bb).zip(out.chunks_exact_mut(QK)).enumerate() {
+            self.block_values(g, b, lane, src, block.try_into().expect("a block"));
+        }
+    }
+
+    /// The 16 rows of group `g` in f32, each as [`BlockLanes::dequantize_row`] gives it, into
+    /// `out` (16 rows of `blocks * QK` values, row-major; rows past the matrix are left as they
+    /// are), each block's bytes read once for all its lanes.
+    pub fn dequantize_group(&self, g: usize, out: &mut [f32]) {
+        let cols = self.blocks * QK;
+        assert!(g < self.groups() && out.len() >= LANES * cols);
+        let valid = (self.rows - g * LANES).min(LANES);
+        let bb = self.block_bytes();
+        let group = &self.q[g * self.blocks * bb..(g + 1) * self.blocks * bb];
+        for (b, src) in group.chunks_exact(bb).enumerate() {
+            for lane in 0..valid {
+                let block = &mut out[lane * cols + b * QK..][..QK];
+                self.block_values(g, b, lane, src, block.try_into().expect("a block"));
             }
         }
     }
 
-    /// (scale, minimum) of each half of block `b` of row `g * 16 + lane`, as the kernel forms them.
+    /// Block `b` of row `16 g + lane` from the block's bytes `src` (nibbles, then the high bits).
+    fn block_values(&self, g: usize, b: usize, lane: usize, src: &[u8], out: &mut [f32; QK]) {
+        let f = |bits: u16| half::f16::from_bits(bits).to_f32();
+        // Each value's bits in a u32 of its own, each source word read once (a byte array
+        // or-ed into bit by bit stalled on its own stores).
+        let word = |bytes: &[u8]| u32::from_le_bytes(bytes[4 * lane..4 * lane + 4].try_into().expect("4 bytes"));
+        let mut q = [0u32; QK];
+        let (nibbles, high) = src.split_at(256);
+        for (s, chunk) in nibbles.chunks_exact(64).enumerate() {
+            let w = word(chunk);
+            for e in 0..4 {
+                q[4 * s + e] = (w >> (8 * e)) & 0x0F;
+                q[16 + 4 * s + e] = (w >> (8 * e + 4)) & 0x0F;
+            }
+        }
+        if self.format == BlockFormat::Q6K {
+            for (pair, bits) in high.chunks_exact(64).enumerate() {
+                let w = word(bits);
+                for e in 0..4 {
+                    let byte = (w >> (8 * e)) & 0xFF;
+                    for (v, at) in crumb_values(e)[pair].into_iter().zip(CRUMB_BITS) {
+                        q[v] |= ((byte >> at) & 3) << 4;
+                    }
+                }
+            }
+        } else {
+            for (plane, bits) in high.chunks_exact(64).enumerate() {
+                let w = word(bits);
+                for e in 0..4 {
+                    for s in 0..8 {
+                        q[4 * s + e] |= ((w >> (8 * e + s)) & 1) << (4 + plane);
+                    }
+                }
+            }
+        }
+        let [(s0, m0), (s1, m1)] = self.half_scales(g, b, lane, f);
+        let (low, up) = out.split_at_mut(16);
+        for v in 0..16 {
+            low[v] = s0 * q[v] as f32 + m0;
+            up[v] = s1 * q[16 + v] as f32 + m1;
+        }
+    }
+
     fn half_scales(&self, g: usize, b: usize, lane: usize, f: impl Fn(u16) -> f32) -> [(f32, f32); 2] {
         let sb = self.scale_blocks();
         match self.format {

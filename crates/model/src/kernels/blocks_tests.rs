@@ -343,3 +343,27 @@ fn avx2_lanes_equal_vnni_lanes_bit_for_bit() {
         }
     }
 }
+
+/// A lane-packed group read back at once equals its rows read one by one, every format, the last
+/// group partly padding (what the transposed copies of `dy W` read).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_packed_group_read_at_once_equals_its_rows() {
+    for format in FORMATS {
+        let (rows, cols) = (21, cols_for(format));
+        let (m, _) = quantised(format, rows, cols, 4);
+        let Some(lanes) = m.lanes.as_deref() else {
+            eprintln!("SKIPPED: no lane-packed copy on this CPU");
+            return;
+        };
+        for g in 0..rows.div_ceil(16) {
+            let mut group = vec![f32::NAN; 16 * cols];
+            lanes.dequantize_group(g, &mut group);
+            for (lane, got) in group.chunks_exact(cols).enumerate().take(rows - g * 16) {
+                let mut want = vec![0f32; cols];
+                m.dequantize_row(g * 16 + lane, &mut want);
+                assert_eq!(got, &want[..], "{format:?} group {g} lane {lane}");
+            }
+        }
+    }
+}

@@ -110,12 +110,7 @@ impl Packed {
         (0..blocks).into_par_iter().for_each_init(
             || vec![0f32; QK * cols],
             |tile, b| {
-                for (i, row) in tile.chunks_exact_mut(cols).enumerate() {
-                    match b * QK + i {
-                        r if r < rows => w.dequantize_row(r, row),
-                        _ => row.fill(0.0),
-                    }
-                }
+                fill_tile(w, b * QK, tile);
                 for g in 0..groups {
                     let gb = g * blocks + b;
                     // SAFETY: block `b` of every group is written by this task alone (one task
@@ -173,30 +168,106 @@ impl Packed {
         self.q.len() + self.d.len() * 4 + (self.d16.len() + self.m16.len()) * 2
     }
 
+    /// The 16 rows of group `g` in f32, as [`Packed::dequantize_row`] gives each (the same
+    /// arithmetic), into `out` (16 rows of `blocks * QK` values, row-major; rows past the matrix
+    /// are left as they are): each block's bytes read once and in order, rather than four bytes
+    /// of every 64 per row. The transposed copies of `dy W` read matrices back this way.
+    pub fn dequantize_group(&self, g: usize, out: &mut [f32]) {
+        let cols = self.blocks * QK;
+        assert!(g < self.groups() && out.len() >= LANES * cols);
+        let valid = (self.rows - g * LANES).min(LANES);
+        let per = if self.q4 { 256 } else { 512 };
+        let group = &self.q[g * self.blocks * per..(g + 1) * self.blocks * per];
+        for (b, src) in group.chunks_exact(per).enumerate() {
+            let gb = g * self.blocks + b;
+            if self.q4 {
+                let f = |bits: &[u16]| -> [f32; LANES] {
+                    std::array::from_fn(|l| half::f16::from_bits(bits[gb * LANES + l]).to_f32())
+                };
+                let (d, m) = (f(&self.d16), f(&self.m16));
+                for (step, chunk) in src.chunks_exact(64).enumerate() {
+                    for lane in 0..valid {
+                        let row = &mut out[lane * cols + b * QK..][..QK];
+                        for (e, byte) in chunk[lane * 4..lane * 4 + 4].iter().enumerate() {
+                            row[step * 4 + e] = (byte & 0x0F) as f32 * d[lane] + m[lane];
+                            row[16 + step * 4 + e] = (byte >> 4) as f32 * d[lane] + m[lane];
+                        }
+                    }
+                }
+            } else {
+                let d: &[f32; LANES] = self.d[gb * LANES..(gb + 1) * LANES].try_into().expect("16 scales");
+                for (step, chunk) in src.chunks_exact(64).enumerate() {
+                    let chunk: &[u8; 64] = chunk.try_into().expect("64 bytes");
+                    for lane in 0..valid {
+                        let row = &mut out[lane * cols + b * QK + step * 4..][..4];
+                        for (e, v) in row.iter_mut().enumerate() {
+                            *v = ((chunk[lane * 4 + e] ^ 0x80) as i8) as f32 * d[lane];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Row `r` in f32, read from the groups (for matrices that keep no row-major copy).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows && out.len() >= self.blocks * QK);
         let (g, lane) = (r / LANES, r % LANES);
-        for b in 0..self.blocks {
+        // The group's blocks in order, each block's steps as 64-byte chunks of which this row
+        // owns bytes `4 lane..4 lane + 4` (slices, so the loops carry no index checks).
+        let per = if self.q4 { 256 } else { 512 };
+        let group = &self.q[g * self.blocks * per..(g + 1) * self.blocks * per];
+        for (b, (src, block)) in group.chunks_exact(per).zip(out.chunks_exact_mut(QK)).enumerate() {
             let gb = g * self.blocks + b;
-            let block = &mut out[b * QK..(b + 1) * QK];
             if self.q4 {
                 let d = half::f16::from_bits(self.d16[gb * LANES + lane]).to_f32();
                 let m = half::f16::from_bits(self.m16[gb * LANES + lane]).to_f32();
-                for step in 0..4 {
-                    for e in 0..4 {
-                        let byte = self.q[gb * 256 + step * 64 + lane * 4 + e];
-                        block[step * 4 + e] = (byte & 0x0F) as f32 * d + m;
-                        block[16 + step * 4 + e] = (byte >> 4) as f32 * d + m;
+                let (low, high) = block.split_at_mut(16);
+                for (step, chunk) in src.chunks_exact(64).enumerate() {
+                    let four: &[u8; 4] = chunk[lane * 4..lane * 4 + 4].try_into().expect("4 bytes");
+                    for (e, byte) in four.iter().enumerate() {
+                        low[step * 4 + e] = (byte & 0x0F) as f32 * d + m;
+                        high[step * 4 + e] = (byte >> 4) as f32 * d + m;
                     }
                 }
             } else {
                 let d = self.d[gb * LANES + lane];
-                for step in 0..8 {
-                    for e in 0..4 {
-                        block[step * 4 + e] = ((self.q[gb * 512 + step * 64 + lane * 4 + e] ^ 0x80) as i8) as f32 * d;
+                for (chunk, values) in src.chunks_exact(64).zip(block.chunks_exact_mut(4)) {
+                    let four: &[u8; 4] = chunk[lane * 4..lane * 4 + 4].try_into().expect("4 bytes");
+                    for (v, byte) in values.iter_mut().zip(four) {
+                        *v = ((byte ^ 0x80) as i8) as f32 * d;
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Rows `r0..r0 + 32` of `w` into `tile` (32 rows of `w.cols()`), rows past the matrix zero:
+/// lane-packed matrices a group at a time, the others row by row.
+fn fill_tile(w: &super::Weights, r0: usize, tile: &mut [f32]) {
+    use super::Weights;
+    let (rows, cols) = (w.rows(), w.cols());
+    type Group<'a> = Box<dyn Fn(usize, &mut [f32]) + 'a>;
+    let group: Option<Group> = match w {
+        Weights::Q8(m) => m.lanes.as_deref().map(|p| Box::new(|g, out: &mut [f32]| p.dequantize_group(g, out)) as _),
+        Weights::Q4(m) => m.lanes.as_deref().map(|p| Box::new(|g, out: &mut [f32]| p.dequantize_group(g, out)) as _),
+        Weights::Block(m) => m.lanes.as_deref().map(|p| Box::new(|g, out: &mut [f32]| p.dequantize_group(g, out)) as _),
+        Weights::F32(_) => None,
+    };
+    let real = QK.min(rows.saturating_sub(r0));
+    tile[real * cols..].fill(0.0);
+    match group {
+        Some(group) if r0.is_multiple_of(LANES) => {
+            for (i, part) in tile.chunks_exact_mut(LANES * cols).enumerate() {
+                if r0 + i * LANES < rows {
+                    group(r0 / LANES + i, part);
+                }
+            }
+        }
+        _ => {
+            for (i, row) in tile.chunks_exact_mut(cols).take(real).enumerate() {
+                w.dequantize_row(r0 + i, row);
             }
         }
     }
@@ -521,6 +592,29 @@ mod pack_tests {
             unsafe { pack_block_avx512(token, &rows, &mut q2, &mut d2) };
             assert_eq!(d1, d2, "scales at {k0}");
             assert_eq!(q1, q2, "bytes at {k0}");
+        }
+    }
+
+    /// A group read back at once equals its rows read one by one, for Q4_1 and int8 groups,
+    /// the last group partly padding.
+    #[test]
+    fn a_group_read_at_once_equals_its_rows() {
+        let (rows, cols) = (40, 96);
+        let data = crate::kernels::tests::values(rows * cols, 5);
+        let q8 = Packed::from_q8(&Q8Matrix::from_f32(&data, rows, cols));
+        let t = candle_core::Tensor::from_vec(data.clone(), (rows, cols), &candle_core::Device::Cpu).unwrap();
+        let raw = candle_core::quantized::QTensor::quantize(&t, candle_core::quantized::GgmlDType::Q4_1).unwrap();
+        let q4 = Packed::from_q4(&Q4Matrix::from_q4_1_bytes(&raw.data().unwrap(), rows, cols).unwrap());
+        for p in [&q8, &q4] {
+            for g in 0..p.groups() {
+                let mut group = vec![f32::NAN; LANES * cols];
+                p.dequantize_group(g, &mut group);
+                for (lane, got) in group.chunks_exact(cols).enumerate().take(rows - g * LANES) {
+                    let mut want = vec![0f32; cols];
+                    p.dequantize_row(g * LANES + lane, &mut want);
+                    assert_eq!(got, &want[..], "group {g}, lane {lane}");
+                }
+            }
         }
     }
 }
