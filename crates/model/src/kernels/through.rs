@@ -3,9 +3,10 @@
 //! weights it shares with the engine.
 //!
 //! `W (rows, cols)` is stored in blocks along its columns, and `dy W` sums along its rows, so no
-//! stored block lines up with the sum. The matrix is dequantised a panel of rows at a time (a
-//! bounded f32 transient), transposed and quantised to int8 blocks of 32 along its rows, then
-//! multiplied by `dy`, quantised in the same blocks, through the int8 kernels. Building the copy
+//! stored block lines up with the sum. The matrix is read back a few rows at a time (on AVX2 and
+//! VNNI CPUs 32 rows, a tile that stays in cache, written straight into the lane kernels' groups;
+//! elsewhere a bounded f32 panel), transposed and quantised to int8 blocks of 32 along its rows,
+//! then multiplied by `dy`, quantised in the same blocks, through the int8 kernels. Building the copy
 //! costs a few passes over the weights where the product costs `T` multiply-adds per weight; it
 //! lives for one call (a layer's largest is tens of MB on a 1.5B model; the head's, built once per
 //! head op for its chunks, the vocabulary's size in bytes). The numbers are those of the int8
