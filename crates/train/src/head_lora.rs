@@ -12,8 +12,8 @@ use crate::ops::{nonzero_rows, with_values, HeadWeights, Through, HEAD_CHUNK};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
+use tandem_model::kernels;
 use tandem_model::kernels::sgemm::{sgemm, Operand};
-use tandem_model::kernels::{self, Q8Acts};
 
 type Res<T> = candle_core::Result<T>;
 
@@ -151,20 +151,14 @@ impl Bt {
 
 /// `h (c, H) E^T` as (c, V) f32: the exact product, or the served int8 one.
 fn base_logits(head: &HeadWeights, h: &[f32], c: usize, d: Dims) -> Res<Vec<f32>> {
-    let mut out = vec![0f32; c * d.v];
     match head {
         HeadWeights::F32(e) => with_values(e, |e| {
-            sgemm(&mut out, false, 1.0, Operand::new(h, c, d.hd), Operand::transposed(e, d.v, d.hd))
-        })?,
-        HeadWeights::Int8(int8) => {
-            let mut acts = Q8Acts::default();
-            acts.k_quants = int8.e.wants_k_acts();
-            acts.keep_f32 = matches!(*int8.e, kernels::Weights::F32(_));
-            acts.quantize(h, c, d.hd);
-            kernels::matmul(&int8.e, &acts, &mut out);
-        }
+            let mut out = vec![0f32; c * d.v];
+            sgemm(&mut out, false, 1.0, Operand::new(h, c, d.hd), Operand::transposed(e, d.v, d.hd));
+            out
+        }),
+        HeadWeights::Int8(int8) => Ok(crate::linear::quantized_product(&int8.e, h, c)),
     }
-    Ok(out)
 }
 
 /// `E[t_i] - p_i E` for `c` rows of probabilities `p` (consumed), as `c` rows of H.

@@ -9,7 +9,7 @@
 use crate::linear::Shared;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
-use tandem_model::kernels::{self, Q8Acts, Weights};
+use tandem_model::kernels;
 
 /// Rows of the head processed at once: 64 x 49,152 f32 logits = 12 MB per chunk.
 pub(crate) const HEAD_CHUNK: usize = 64;
@@ -71,13 +71,8 @@ impl HeadInt8 {
     /// polynomial (a libm `expf` over 49,152 logits per row was ~4% of a step).
     fn softmax_rows(&self, h: &[f32], rows: usize, targets: &[u32]) -> (Vec<f32>, Vec<(f32, f32, f32)>) {
         use rayon::prelude::*;
-        let (hd, v) = (self.e.cols(), self.e.rows());
-        let mut acts = Q8Acts::default();
-        acts.k_quants = self.e.wants_k_acts();
-        acts.keep_f32 = matches!(*self.e, Weights::F32(_));
-        acts.quantize(&h[..rows * hd], rows, hd);
-        let mut logits = vec![0f32; rows * v];
-        kernels::matmul(&self.e, &acts, &mut logits);
+        let v = self.e.rows();
+        let mut logits = crate::linear::quantized_product(&self.e, h, rows);
         let stats = logits
             .par_chunks_exact_mut(v)
             .zip(targets.par_iter())
@@ -360,7 +355,8 @@ pub(crate) mod tests {
     fn int8_head_keeps_its_gradient_factor_exactly() {
         let (v, hd, n) = (70, 64, 67);
         let head = randn((v, hd), 8).flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let int8 = HeadInt8 { e: Shared::Own(Arc::new(Weights::Q8(kernels::Q8Matrix::from_f32(&head, v, hd)))) };
+        let int8 =
+            HeadInt8 { e: Shared::Own(Arc::new(kernels::Weights::Q8(kernels::Q8Matrix::from_f32(&head, v, hd)))) };
         let x = Var::from_tensor(&randn((n, hd), 9)).unwrap();
         let targets: Vec<u32> = (0..n).map(|i| (i * 11 % v) as u32).collect();
         // The recomputing backward skips the rows without a gradient; the kept factor has them all.

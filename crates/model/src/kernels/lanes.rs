@@ -247,21 +247,28 @@ impl Packed {
 /// lane-packed matrices a group at a time, the others row by row.
 fn fill_tile(w: &super::Weights, r0: usize, tile: &mut [f32]) {
     use super::Weights;
+    /// A matrix's lane-packed groups, of either layout.
+    enum Groups<'a> {
+        Packed(&'a Packed),
+        Blocks(&'a super::blocks_lanes::BlockLanes),
+    }
     let (rows, cols) = (w.rows(), w.cols());
-    type Group<'a> = Box<dyn Fn(usize, &mut [f32]) + 'a>;
-    let group: Option<Group> = match w {
-        Weights::Q8(m) => m.lanes.as_deref().map(|p| Box::new(|g, out: &mut [f32]| p.dequantize_group(g, out)) as _),
-        Weights::Q4(m) => m.lanes.as_deref().map(|p| Box::new(|g, out: &mut [f32]| p.dequantize_group(g, out)) as _),
-        Weights::Block(m) => m.lanes.as_deref().map(|p| Box::new(|g, out: &mut [f32]| p.dequantize_group(g, out)) as _),
+    let groups = match w {
+        Weights::Q8(m) => m.lanes.as_deref().map(Groups::Packed),
+        Weights::Q4(m) => m.lanes.as_deref().map(Groups::Packed),
+        Weights::Block(m) => m.lanes.as_deref().map(Groups::Blocks),
         Weights::F32(_) => None,
     };
     let real = QK.min(rows.saturating_sub(r0));
     tile[real * cols..].fill(0.0);
-    match group {
-        Some(group) if r0.is_multiple_of(LANES) => {
+    match groups {
+        Some(groups) if r0.is_multiple_of(LANES) => {
             for (i, part) in tile.chunks_exact_mut(LANES * cols).enumerate() {
-                if r0 + i * LANES < rows {
-                    group(r0 / LANES + i, part);
+                let g = r0 / LANES + i;
+                match (&groups, r0 + i * LANES < rows) {
+                    (Groups::Packed(p), true) => p.dequantize_group(g, part),
+                    (Groups::Blocks(b), true) => b.dequantize_group(g, part),
+                    (_, false) => {}
                 }
             }
         }

@@ -115,21 +115,24 @@ mod tests {
     use crate::kernels::tests::values;
     use crate::kernels::{BlockFormat, BlockMatrix, F32Matrix, Q4Matrix};
 
-    /// `dy W` in f64 from the matrix's own dequantised rows.
-    fn reference(w: &Weights, dy: &[f32], t: usize) -> Vec<f64> {
+    /// `dy W` in f64 from the matrix's own dequantised rows, and the same sum over magnitudes
+    /// (which bounds the rounding error).
+    fn reference(w: &Weights, dy: &[f32], t: usize) -> (Vec<f64>, Vec<f64>) {
         let (rows, cols) = (w.rows(), w.cols());
         let mut row = vec![0f32; cols];
-        let mut out = vec![0f64; t * cols];
+        let (mut out, mut mag) = (vec![0f64; t * cols], vec![0f64; t * cols]);
         for r in 0..rows {
             w.dequantize_row(r, &mut row);
             for i in 0..t {
                 let g = dy[i * rows + r] as f64;
-                for (o, x) in out[i * cols..(i + 1) * cols].iter_mut().zip(&row) {
+                let span = i * cols..(i + 1) * cols;
+                for ((o, m), x) in out[span.clone()].iter_mut().zip(&mut mag[span]).zip(&row) {
                     *o += g * *x as f64;
+                    *m += g.abs() * x.abs() as f64;
                 }
             }
         }
-        out
+        (out, mag)
     }
 
     fn check(w: &Weights, t: usize) {
@@ -141,21 +144,9 @@ mod tests {
     }
 
     fn check_against(w: &Weights, dy: &[f32], t: usize, got: &[f32]) {
-        let want = reference(w, dy, t);
         // Two int8 roundings per product (~0.4% each on a block's largest value), summed over
-        // the rows: measured against the sum of magnitudes, which bounds the error.
-        let (rows, cols) = (w.rows(), w.cols());
-        let mut row = vec![0f32; cols];
-        let mut mag = vec![0f64; t * cols];
-        for r in 0..rows {
-            w.dequantize_row(r, &mut row);
-            for i in 0..t {
-                let g = dy[i * rows + r].abs() as f64;
-                for (m, x) in mag[i * cols..(i + 1) * cols].iter_mut().zip(&row) {
-                    *m += g * x.abs() as f64;
-                }
-            }
-        }
+        // the rows: measured against the sum of magnitudes.
+        let (want, mag) = reference(w, dy, t);
         for (k, ((g, w), m)) in got.iter().zip(&want).zip(&mag).enumerate() {
             assert!((*g as f64 - w).abs() <= 0.01 * m + 1e-6, "entry {k}: {g} against {w} (magnitude {m})");
         }
