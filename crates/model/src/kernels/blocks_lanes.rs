@@ -205,6 +205,15 @@ impl BlockLanes {
     /// `out` (16 rows of `blocks * QK` values, row-major; rows past the matrix are left as they
     /// are), each block's bytes read once for all its lanes.
     pub fn dequantize_group(&self, g: usize, out: &mut [f32]) {
+        match super::cpu().avx2 {
+            Some(avx2) => super::blocks_lanes_avx2::dequantize_group(avx2, self, g, out),
+            None => self.dequantize_group_scalar(g, out),
+        }
+    }
+
+    /// [`BlockLanes::dequantize_group`] value by value (CPUs without AVX2; the reference the
+    /// vector one is tested against).
+    pub(super) fn dequantize_group_scalar(&self, g: usize, out: &mut [f32]) {
         let cols = self.blocks * QK;
         assert!(g < self.groups() && out.len() >= LANES * cols);
         let valid = (self.rows - g * LANES).min(LANES);

@@ -357,13 +357,21 @@ fn a_packed_group_read_at_once_equals_its_rows() {
             return;
         };
         for g in 0..rows.div_ceil(16) {
-            let mut group = vec![f32::NAN; 16 * cols];
+            // What the CPU reads it with (AVX2 where present), and value by value.
+            let (mut group, mut scalar) = (vec![f32::NAN; 16 * cols], vec![f32::NAN; 16 * cols]);
             lanes.dequantize_group(g, &mut group);
-            for (lane, got) in group.chunks_exact(cols).enumerate().take(rows - g * 16) {
+            lanes.dequantize_group_scalar(g, &mut scalar);
+            for (lane, (got, one_by_one)) in
+                group.chunks_exact(cols).zip(scalar.chunks_exact(cols)).enumerate().take(rows - g * 16)
+            {
                 let mut want = vec![0f32; cols];
                 m.dequantize_row(g * 16 + lane, &mut want);
                 assert_eq!(got, &want[..], "{format:?} group {g} lane {lane}");
+                assert_eq!(one_by_one, &want[..], "{format:?} group {g} lane {lane}, value by value");
             }
+            // Rows past the matrix are left as they were.
+            let valid = (rows - g * 16).min(16);
+            assert!(group[valid * cols..].iter().all(|v| v.is_nan()), "{format:?} group {g}: padding rows written");
         }
     }
 }

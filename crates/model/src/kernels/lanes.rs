@@ -173,6 +173,14 @@ impl Packed {
     /// are left as they are): each block's bytes read once and in order, rather than four bytes
     /// of every 64 per row. The transposed copies of `dy W` read matrices back this way.
     pub fn dequantize_group(&self, g: usize, out: &mut [f32]) {
+        match super::cpu().avx2 {
+            Some(avx2) => super::blocks_lanes_avx2::dequantize_packed_group(avx2, self, g, out),
+            None => self.dequantize_group_scalar(g, out),
+        }
+    }
+
+    /// [`Packed::dequantize_group`] value by value (CPUs without AVX2; the vector one's reference).
+    pub(super) fn dequantize_group_scalar(&self, g: usize, out: &mut [f32]) {
         let cols = self.blocks * QK;
         assert!(g < self.groups() && out.len() >= LANES * cols);
         let valid = (self.rows - g * LANES).min(LANES);
@@ -602,11 +610,12 @@ mod pack_tests {
         }
     }
 
-    /// A group read back at once equals its rows read one by one, for Q4_1 and int8 groups,
-    /// the last group partly padding.
+    /// A group read back at once (with AVX2 where present, and value by value) equals its rows
+    /// read one by one, for Q4_1 and int8 groups, the last group partly padding (13 rows: an
+    /// odd count past the first eight lanes).
     #[test]
     fn a_group_read_at_once_equals_its_rows() {
-        let (rows, cols) = (40, 96);
+        let (rows, cols) = (45, 96);
         let data = crate::kernels::tests::values(rows * cols, 5);
         let q8 = Packed::from_q8(&Q8Matrix::from_f32(&data, rows, cols));
         let t = candle_core::Tensor::from_vec(data.clone(), (rows, cols), &candle_core::Device::Cpu).unwrap();
@@ -614,13 +623,19 @@ mod pack_tests {
         let q4 = Packed::from_q4(&Q4Matrix::from_q4_1_bytes(&raw.data().unwrap(), rows, cols).unwrap());
         for p in [&q8, &q4] {
             for g in 0..p.groups() {
-                let mut group = vec![f32::NAN; LANES * cols];
+                let (mut group, mut scalar) = (vec![f32::NAN; LANES * cols], vec![f32::NAN; LANES * cols]);
                 p.dequantize_group(g, &mut group);
-                for (lane, got) in group.chunks_exact(cols).enumerate().take(rows - g * LANES) {
+                p.dequantize_group_scalar(g, &mut scalar);
+                let valid = (rows - g * LANES).min(LANES);
+                for (lane, (got, one_by_one)) in
+                    group.chunks_exact(cols).zip(scalar.chunks_exact(cols)).enumerate().take(valid)
+                {
                     let mut want = vec![0f32; cols];
                     p.dequantize_row(g * LANES + lane, &mut want);
                     assert_eq!(got, &want[..], "group {g}, lane {lane}");
+                    assert_eq!(one_by_one, &want[..], "group {g}, lane {lane}, value by value");
                 }
+                assert!(group[valid * cols..].iter().all(|v| v.is_nan()), "group {g}: padding rows written");
             }
         }
     }

@@ -23,6 +23,8 @@ pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod blocks_lanes;
 #[cfg(target_arch = "x86_64")]
+mod blocks_lanes_avx2;
+#[cfg(target_arch = "x86_64")]
 mod blocks_simd;
 #[cfg(target_arch = "x86_64")]
 mod blocks_tile;
