@@ -9,6 +9,7 @@ use crate::metrics::EngineMetrics;
 use crate::prefix::PrefixCache;
 use crate::scheduler::{self, Budget, Running, Waiting};
 use crate::sequence::{Seq, SeqId};
+use crate::share;
 use crate::tokenizer::TextTokenizer;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -144,6 +145,9 @@ struct Queued {
     arrival: u64,
     tenant: u64,
     job: Job,
+    /// The prompt's chain hashes in the prefix cache's scope (`PrefixCache::prefix_hashes`),
+    /// made once: admission looks them up, and planning compares waiting prompts by them.
+    hashes: Vec<u64>,
 }
 
 pub(crate) struct EngineLoop {
@@ -290,7 +294,10 @@ impl EngineLoop {
         self.next_id += 1;
         let tenant = crate::sequence::tenant_id(&job.req.tenant);
         let id = SeqId { request: self.next_id, choice: 0 };
-        self.waiting.push(Queued { id, arrival: self.next_id, tenant, job });
+        let req = &job.req;
+        let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
+        let hashes = self.prefix.prefix_hashes(&req.prompt, &req.tenant, adapter_key, req.cache_salt.as_deref());
+        self.waiting.push(Queued { id, arrival: self.next_id, tenant, job, hashes });
     }
 
     fn step(&mut self) {
@@ -454,10 +461,40 @@ impl EngineLoop {
                 position: s.cache.len(),
             })
             .collect();
+        // Requests about to reuse a prefix another one computes this step or the next sit out
+        // (`share`): compared in the order the scheduler admits each tenant's requests.
+        let mut order: Vec<usize> = (0..self.waiting.len()).collect();
+        order.sort_by_key(|&i| (self.waiting[i].job.req.priority, self.waiting[i].arrival));
+        let leaders: Vec<share::Leader> = self
+            .running
+            .iter()
+            .filter(|s| s.prefill_left > 0 && !s.prefix_hashes.is_empty())
+            .map(|s| share::Leader { hashes: &s.prefix_hashes, left: s.prefill_left })
+            .collect();
+        let candidates: Vec<Option<&[u64]>> = order
+            .iter()
+            .map(|&i| {
+                let q = &self.waiting[i];
+                q.job.req.prompt_logprobs.is_none().then_some(&q.hashes[..])
+            })
+            .collect();
+        let sits_out = share::deferred(
+            &leaders,
+            &candidates,
+            self.config.step_tokens,
+            |h| self.prefix.holds(h),
+            |n| self.prefix.keeps(n),
+        );
+        let mut deferred = vec![false; self.waiting.len()];
+        for (&i, d) in order.iter().zip(sits_out) {
+            deferred[i] = d;
+        }
         let mut waiting: Vec<Waiting<SeqId>> = self
             .waiting
             .iter()
-            .map(|q| {
+            .zip(&deferred)
+            .filter(|(_, d)| !**d)
+            .map(|(q, _)| {
                 let p = &q.job.req;
                 Waiting {
                     id: q.id,
@@ -496,12 +533,11 @@ impl EngineLoop {
     /// Moves a waiting request into the running set, reusing a cached prefix if there is one.
     fn admit(&mut self, id: SeqId) {
         let Some(pos) = self.waiting.iter().position(|q| q.id == id) else { return };
-        let q = self.waiting.remove(pos);
+        let mut q = self.waiting.remove(pos);
         self.metrics.dequeued(usize::from(q.job.holds_place));
         let cfg = &self.model.config;
+        let hashes = std::mem::take(&mut q.hashes);
         let req = &q.job.req;
-        let adapter_key = req.adapter.as_ref().map(|a| a.checkpoint_id.as_str());
-        let hashes = self.prefix.prefix_hashes(&req.prompt, &req.tenant, adapter_key, req.cache_salt.as_deref());
         // Prompt logprobs need every prompt position computed, so no cache is reused for them.
         let hit = if req.prompt_logprobs.is_some() {
             None
@@ -587,6 +623,55 @@ mod tests {
             }
         }
         (tokens, None)
+    }
+
+    /// The cached positions a request's `Started` event reports, once it has been admitted.
+    fn cached_tokens(rx: &mut UnboundedReceiver<InferEvent>) -> Option<usize> {
+        while let Ok(ev) = rx.try_recv() {
+            if let InferEvent::Started { cached_tokens } = ev {
+                return Some(cached_tokens);
+            }
+        }
+        None
+    }
+
+    /// Requests arriving together under one long prefix: the first computes it, the others sit
+    /// out its step and take the prefix from the cache (`share`); an unrelated one and another
+    /// tenant's with the same tokens are admitted at once and compute their own.
+    #[test]
+    fn requests_arriving_together_compute_their_shared_prefix_once() {
+        let (mut lp, tx) = tiny_loop();
+        let system: Vec<u32> = (1..=40).collect();
+        let chat = |i: u32| system.iter().copied().chain([50 + i, 60 + i, 70 + i]).collect::<Vec<u32>>();
+        let (mut rxs, mut others) = (Vec::new(), Vec::new());
+        for i in 0..3 {
+            let (j, rx) = job(chat(i));
+            tx.send(j).unwrap();
+            rxs.push(rx);
+        }
+        let (unrelated, rx) = job((100..143).collect());
+        tx.send(unrelated).unwrap();
+        others.push(rx);
+        let (mut elsewhere, rx) = job(chat(0));
+        elsewhere.req.tenant = "b".into();
+        tx.send(elsewhere).unwrap();
+        others.push(rx);
+        assert!(lp.run_once());
+        assert_eq!(cached_tokens(&mut rxs[0]), Some(0), "the first computes the prefix");
+        for rx in &mut others {
+            assert_eq!(cached_tokens(rx), Some(0), "admitted in the first step, nothing to share");
+        }
+        assert_eq!(cached_tokens(&mut rxs[1]), None, "waits for the first's prefix");
+        assert!(lp.run_once());
+        for rx in &mut rxs[1..] {
+            assert_eq!(cached_tokens(rx), Some(40), "the shared prefix from the cache");
+        }
+        for _ in 0..10 {
+            lp.run_once();
+        }
+        for rx in rxs.iter_mut().chain(&mut others) {
+            assert_eq!(drain(rx), (3, Some(false)), "every request is served in full");
+        }
     }
 
     /// A client that leaves while its request waits aborts every choice it asked for.

@@ -24,6 +24,7 @@ pub mod sampler;
 pub mod scheduler;
 mod sequence;
 mod served;
+pub mod share;
 mod spm;
 pub mod stop;
 pub mod template;

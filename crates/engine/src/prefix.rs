@@ -79,6 +79,16 @@ impl PrefixCache {
         None
     }
 
+    /// Whether the prefix whose last chain hash is `hash` is held.
+    pub fn holds(&self, hash: u64) -> bool {
+        self.index.get(&hash).is_some_and(|(id, _)| self.entries.contains_key(id))
+    }
+
+    /// Whether a prompt of `n` positions would be kept ([`PrefixCache::insert`] skips longer ones).
+    pub fn keeps(&self, n: usize) -> bool {
+        n > 0 && n <= self.capacity_tokens
+    }
+
     /// Keeps the KV of a prompt whose blocks hash to `hashes` (cache holds at least those tokens).
     pub fn insert(&mut self, hashes: Vec<u64>, cache: &KvCache) {
         let n = hashes.len();
