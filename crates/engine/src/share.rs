@@ -43,6 +43,9 @@ pub fn deferred(
     cached: impl Fn(u64) -> bool,
     keeps: impl Fn(usize) -> bool,
 ) -> Vec<bool> {
+    if waiting.is_empty() {
+        return Vec::new();
+    }
     // One leader per first MIN_SHARED positions: the running prefills first, then the earliest
     // waiting request. Equal hashes at one position mean equal prompts up to it.
     let mut leaders: HashMap<u64, Leader> = HashMap::new();

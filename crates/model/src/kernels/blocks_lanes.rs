@@ -49,7 +49,8 @@ pub struct BlockLanes {
     pub(super) m16: Vec<u16>,
 }
 
-fn planes(format: BlockFormat) -> usize {
+/// High-bit planes (64 bytes each) after a block's 256 bytes of nibbles.
+pub(super) fn planes(format: BlockFormat) -> usize {
     match format {
         BlockFormat::Q4_0 | BlockFormat::Q4K => 0,
         BlockFormat::Q5_0 | BlockFormat::Q5_1 | BlockFormat::Q5K => 1,

@@ -1,5 +1,6 @@
-//! The block formats' lane groups (`blocks_lanes`) read back to f32 with AVX2: what the
-//! transposed copies of `dy W` (`through.rs`) read the served matrices through.
+//! The lane groups read back to f32 with AVX2 (the block formats' of `blocks_lanes`, and Q4_1's
+//! and int8's of `lanes`): what the transposed copies of `dy W` (`through.rs`) read the served
+//! matrices through.
 //!
 //! Why: read value by value (`BlockLanes::block_values`), a group costs ~1.25 ns a value, and a
 //! training step on Qwen2.5-Coder 0.5B, whose matrices are Q5_0, Q4_K and Q6_K, read its whole
@@ -14,7 +15,7 @@
 #![allow(unsafe_code)]
 
 use super::blocks::BlockFormat;
-use super::blocks_lanes::{BlockLanes, LANES};
+use super::blocks_lanes::{planes, BlockLanes, LANES};
 use super::cpu::Avx2Fma;
 use super::lanes::Packed;
 use super::q8::QK;
@@ -120,7 +121,7 @@ unsafe fn scales(_: Avx2Fma, p: &BlockLanes, g: usize, b: usize) -> Scales {
 /// `(valid - 1) * cols + QK` values; `valid <= 16`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block(_: Avx2Fma, format: BlockFormat, src: &[u8], s: &Scales, valid: usize, out: &mut [f32], cols: usize) {
-    assert!(valid <= LANES && src.len() >= 256 + 64 * high_planes(format));
+    assert!(valid <= LANES && src.len() >= 256 + 64 * planes(format));
     assert!(valid == 0 || out.len() >= (valid - 1) * cols + QK);
     let low4 = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
@@ -145,7 +146,7 @@ unsafe fn block(_: Avx2Fma, format: BlockFormat, src: &[u8], s: &Scales, valid: 
         for step in 0..4 {
             let n = _mm256_loadu_si256(src[64 * step + 32 * h..].as_ptr().cast());
             let (mut lo, mut hi) = (_mm256_and_si256(n, low4), _mm256_and_si256(_mm256_srli_epi32(n, 4), low4));
-            match high_planes(format) {
+            match planes(format) {
                 0 => {}
                 1 => {
                     // Bit s of a plane byte is the fifth bit of value 4s + e (s in 0..8).
@@ -307,13 +308,5 @@ unsafe fn emit(
         if lane + 1 < dst.valid {
             _mm_storeu_ps(out[row + dst.cols..][..4].as_mut_ptr(), _mm256_extractf128_ps(v, 1));
         }
-    }
-}
-
-fn high_planes(format: BlockFormat) -> usize {
-    match format {
-        BlockFormat::Q4_0 | BlockFormat::Q4K => 0,
-        BlockFormat::Q5_0 | BlockFormat::Q5_1 | BlockFormat::Q5K => 1,
-        BlockFormat::Q6K => 2,
     }
 }
