@@ -9,6 +9,9 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use std::path::{Path, PathBuf};
 
+mod hf;
+pub use hf::{write_hf_dir, HfDtype};
+
 pub const HIDDEN: usize = 64;
 pub const FFN: usize = 128;
 pub const HEADS: usize = 4;

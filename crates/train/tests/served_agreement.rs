@@ -70,6 +70,39 @@ fn agreement_holds_under_every_quantize_setting() {
     check(&bundled, Quantize::Q4_1);
 }
 
+/// Hugging Face checkpoint directories (bf16 and f16 safetensors) of every architecture, under
+/// every `--quantize`: the loader turns the half-precision weights into the served formats (int8
+/// by default, f32 under `none`), and the trainer must read those, not the file's values.
+#[test]
+fn agreement_holds_on_checkpoint_directories() {
+    use tandem_model::testing::{write_hf_dir, write_tiny_arch_gguf, HfDtype};
+    use tandem_model::Arch;
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
+        for dtype in [HfDtype::Bf16, HfDtype::F16] {
+            let tmp = tempfile::tempdir().unwrap();
+            let gguf = tmp.path().join("tiny.gguf");
+            write_tiny_arch_gguf(&gguf, arch);
+            let dir = tmp.path().join("hf");
+            std::fs::create_dir(&dir).unwrap();
+            write_hf_dir(&gguf, &dir, dtype);
+            for q in [Quantize::default(), Quantize::Q4_1, Quantize::Q4K, Quantize::None] {
+                eprintln!("{arch:?} {dtype:?}");
+                check(&dir, q);
+            }
+        }
+    }
+    // A real model's directory: Qwen2.5-Coder 0.5B's weights (dequantised from its GGUF) as bf16
+    // safetensors, served under the default `--quantize` (int8 rows).
+    match model_file("TANDEM_TEST_QWEN", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") {
+        Some(qwen) => {
+            let tmp = tempfile::tempdir().unwrap();
+            write_hf_dir(&qwen, tmp.path(), HfDtype::Bf16);
+            check(tmp.path(), Quantize::default());
+        }
+        None => eprintln!("SKIPPED: the Qwen2.5-Coder 0.5B directory (its GGUF is missing)"),
+    }
+}
+
 /// An adapter with every pair and the head's, scored by the training forward of a base loaded
 /// for a server run with `--quantize q`, and by that server's model (prefill, then one token a
 /// step): the same floats.
