@@ -489,12 +489,24 @@ impl Llama {
         }
         kernels::team::for_each_group_mut(&mut out[..rows.len() * out_dim], out_dim, &members, |g, outs| {
             let adapter = adapters[g];
-            let xs: Vec<f32> =
-                members[g].iter().flat_map(|&t| input[t * in_dim..(t + 1) * in_dim].iter().copied()).collect();
+            // The group's input rows: borrowed where they are consecutive (a prompt, or streams
+            // of one checkpoint side by side), else gathered.
+            let rows = &members[g];
+            let consecutive = rows.windows(2).all(|w| w[1] == w[0] + 1);
+            let mut gathered = Vec::new();
+            let xs: &[f32] = if consecutive {
+                &input[rows[0] * in_dim..(rows[rows.len() - 1] + 1) * in_dim]
+            } else {
+                gathered.reserve_exact(rows.len() * in_dim);
+                for &t in rows {
+                    gathered.extend_from_slice(&input[t * in_dim..(t + 1) * in_dim]);
+                }
+                &gathered
+            };
             for (pair, offset) in pick(adapter) {
                 let Some(pair) = pair else { continue };
                 let n = pair.out_dim();
-                let ax = crate::as_served::lora_down(&pair.a, pair.rank, &xs, adapter.scale);
+                let ax = crate::as_served::lora_down(&pair.a, pair.rank, xs, adapter.scale);
                 let mut parts: Vec<&mut [f32]> = outs.iter_mut().map(|row| &mut row[offset..offset + n]).collect();
                 crate::as_served::lora_up(&ax, pair.b_tiles(), &mut parts);
             }

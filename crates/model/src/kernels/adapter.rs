@@ -158,24 +158,44 @@ pub fn add_ranks<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
 }
 
 /// Each row's tile of [`UP_COLS`] outputs stays in registers across all the ranks, so an output is
-/// loaded and stored once rather than once a rank; the tile of B (read from memory once for the
-/// group) is read from L1 for each further row.
+/// loaded and stored once rather than once a rank. Rows and tiles go in blocks of eight registers'
+/// worth (four rows of one tile, two rows of two tiles, or one row of four tiles): an output's
+/// adds form one chain, one add a rank, so a lone tile would wait on the add's latency at every
+/// rank; eight independent chains keep the adders busy. B is taken in strips of four tiles across
+/// all the rows, each strip read from memory once and from L1 for the further blocks of rows. The
+/// blocking changes which outputs are computed together, never an output's own operations.
 #[inline(always)]
 pub(crate) fn add_ranks_generic<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
-    let rank = ax.len() / outs.len();
+    let rows = outs.len();
+    let rank = ax.len() / rows;
     let n = outs[0].len();
-    let whole = n / UP_COLS * UP_COLS;
-    // With several rows, each tile is widened once into f32 (L1) rather than once a row.
-    let mut wide = vec![0f32; if outs.len() > 1 { rank * UP_COLS } else { 0 }];
-    for c in (0..whole).step_by(UP_COLS) {
-        let tile = &b[c * rank..(c + UP_COLS) * rank];
-        if wide.is_empty() {
-            tile_rows(ax, tile, outs, c);
-        } else {
-            wide.iter_mut().zip(tile).for_each(|(w, b)| *w = b.widen());
-            tile_rows(ax, &wide, outs, c);
+    let tiles = n / UP_COLS;
+    // Strips of four tiles (64 outputs, a few KB of B) across all the rows, so that B is read
+    // from memory once and from L1 for the further rows.
+    for c0 in (0..tiles).step_by(4) {
+        let end = tiles.min(c0 + 4);
+        let mut t = 0;
+        while t < rows {
+            let tr = match rows - t {
+                4.. => 4,
+                2 | 3 => 2,
+                _ => 1,
+            };
+            let mut c = c0;
+            while c < end {
+                c += match (tr, end - c) {
+                    (4, _) => block::<4, 1, W>(ax, rank, b, outs, t, c),
+                    (2, 2..) => block::<2, 2, W>(ax, rank, b, outs, t, c),
+                    (2, _) => block::<2, 1, W>(ax, rank, b, outs, t, c),
+                    (_, 4..) => block::<1, 4, W>(ax, rank, b, outs, t, c),
+                    (_, 2..) => block::<1, 2, W>(ax, rank, b, outs, t, c),
+                    _ => block::<1, 1, W>(ax, rank, b, outs, t, c),
+                };
+            }
+            t += tr;
         }
     }
+    let whole = tiles * UP_COLS;
     let (tail, w) = (&b[whole * rank..], n - whole);
     if w > 0 {
         for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
@@ -188,21 +208,45 @@ pub(crate) fn add_ranks_generic<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut 
     }
 }
 
-/// Columns `c..c + UP_COLS` of every row, from one tile of B (`(rank, UP_COLS)`).
+/// Rows `t..t+TR` by tiles `c..c+TC` of B (each `(rank, UP_COLS)`): every output takes its ranks
+/// in order, `o += ax_r * b_r` rounded at each multiply and add. Returns `TC`, the tiles done.
 #[inline(always)]
-fn tile_rows<W: Widen>(ax: &[f32], tile: &[W], outs: &mut [&mut [f32]], c: usize) {
-    let rank = tile.len() / UP_COLS;
-    for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
-        let out: &mut [f32; UP_COLS] = (&mut out[c..c + UP_COLS]).try_into().unwrap();
-        let mut acc = *out;
-        for (a, b) in ax.iter().zip(tile.chunks_exact(UP_COLS)) {
-            let b: &[W; UP_COLS] = b.try_into().unwrap();
-            for l in 0..UP_COLS {
-                acc[l] += a * b[l].widen();
+fn block<const TR: usize, const TC: usize, W: Widen>(
+    ax: &[f32],
+    rank: usize,
+    b: &[W],
+    outs: &mut [&mut [f32]],
+    t: usize,
+    c: usize,
+) -> usize {
+    let span = rank * UP_COLS;
+    let tile: [&[W]; TC] = std::array::from_fn(|j| &b[(c + j) * span..(c + j + 1) * span]);
+    let mut acc = [[[0f32; UP_COLS]; TC]; TR];
+    for (i, acc) in acc.iter_mut().enumerate() {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            acc.copy_from_slice(&outs[t + i][(c + j) * UP_COLS..(c + j + 1) * UP_COLS]);
+        }
+    }
+    for r in 0..rank {
+        let wide: [[f32; UP_COLS]; TC] = std::array::from_fn(|j| {
+            let row: &[W; UP_COLS] = tile[j][r * UP_COLS..(r + 1) * UP_COLS].try_into().unwrap();
+            row.map(|v| v.widen())
+        });
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let a = ax[(t + i) * rank + r];
+            for (acc, wide) in acc.iter_mut().zip(&wide) {
+                for l in 0..UP_COLS {
+                    acc[l] += a * wide[l];
+                }
             }
         }
-        *out = acc;
     }
+    for (i, acc) in acc.iter().enumerate() {
+        for (j, acc) in acc.iter().enumerate() {
+            outs[t + i][(c + j) * UP_COLS..(c + j + 1) * UP_COLS].copy_from_slice(acc);
+        }
+    }
+    TC
 }
 
 #[cfg(test)]
@@ -265,6 +309,28 @@ mod tests {
                     want += d32[t * rank + r] * b[o * rank + r].to_f32();
                 }
                 assert_eq!(got.to_bits(), want.to_bits());
+            }
+        }
+        // Every block shape (four rows of a tile, two of two, one of four, and what is left),
+        // against each output's ranks added in order.
+        for (rows, out) in [(1, 64), (1, 48), (2, 80), (3, 40), (4, 16), (7, 100), (8, 70)] {
+            let b = Bf16::round_all(&values(out * rank, 5));
+            let tiled = b_tiles(&b, rank);
+            let ax = values(rows * rank, 6);
+            let start = values(rows * out, 7);
+            let mut got = start.clone();
+            add_ranks(&ax, &tiled, &mut got.chunks_exact_mut(out).collect::<Vec<_>>());
+            let mut generic = start.clone();
+            add_ranks_generic(&ax, &tiled, &mut generic.chunks_exact_mut(out).collect::<Vec<_>>());
+            for t in 0..rows {
+                for o in 0..out {
+                    let mut want = start[t * out + o];
+                    for r in 0..rank {
+                        want += ax[t * rank + r] * b[o * rank + r].to_f32();
+                    }
+                    assert_eq!(got[t * out + o].to_bits(), want.to_bits(), "{rows} rows of {out}: ({t}, {o})");
+                    assert_eq!(generic[t * out + o].to_bits(), want.to_bits(), "{rows} rows of {out}: ({t}, {o})");
+                }
             }
         }
         // And the generic path, whatever this CPU selects.
