@@ -150,6 +150,11 @@ unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool
     unsafe {
         for b in 0..blocks {
             let base = |r: usize| w.q.as_ptr().add(((g + r) * blocks + b) * bb);
+            // The weights of a tile's first pass come from memory: asked for ahead, as the
+            // AVX2 tiles do (`lanes_avx2::prefetch`); later passes find them in L1.
+            for r in 0..R {
+                super::lanes_avx2::prefetch(base(r).wrapping_add(super::lanes_avx2::PREFETCH_AHEAD), bb);
+            }
             // One pass over the block's four steps: half 0 (low nibbles), 1 (high) or 2 (both).
             macro_rules! pass {
                 ($half:expr) => {{

@@ -491,6 +491,12 @@ unsafe fn q4_tile<const R: usize, const C: usize>(
     // (t + c) * k + b * 32 + 31 an existing activation byte, for every r, c, b below.
     unsafe {
         for b in 0..blocks {
+            // A tile's first pass reads the weights from memory: asked for ahead, as the AVX2
+            // tiles do (`lanes_avx2::prefetch`); later passes find them in L1.
+            for r in 0..R {
+                let at = w.q.as_ptr().wrapping_add(((g + r) * blocks + b) * 256 + super::lanes_avx2::PREFETCH_AHEAD);
+                super::lanes_avx2::prefetch(at, 256);
+            }
             let mut isum = [[_mm512_setzero_si512(); C]; R];
             for step in 0..4 {
                 let mut lo = [_mm512_setzero_si512(); R];
@@ -545,6 +551,10 @@ unsafe fn q8_tile<const R: usize, const C: usize>(
     // SAFETY (whole body): as in q4_tile, with 512 bytes per (group, block).
     unsafe {
         for b in 0..blocks {
+            for r in 0..R {
+                let at = w.q.as_ptr().wrapping_add(((g + r) * blocks + b) * 512 + super::lanes_avx2::PREFETCH_AHEAD);
+                super::lanes_avx2::prefetch(at, 512);
+            }
             let mut isum = [[_mm512_setzero_si512(); C]; R];
             for c in 0..C {
                 // Undo the +128 of every weight byte: -128 * sum(a) of this block, in every lane.

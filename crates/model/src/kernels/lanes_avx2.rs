@@ -88,7 +88,10 @@ pub(super) fn by_row_pairs<const R: usize, const C: usize>(
 /// enough ahead to overlap the two: Qwen2.5-Coder 1.5B's 28 layers at T=1 on two threads took
 /// ~77 ms a pass at 10.5 GB/s, against 20 GB/s that plain loads reach. Asking for the bytes
 /// ~2 KiB (about seven Q4_K blocks of a group) ahead: ~45-55 ms, ~17 GB/s (`matmul_bench
-/// layers 1 2`, distances 512 to 3072 tried; docs/benchmarks.md, session 46).
+/// layers 1 2`, distances 512 to 3072 tried; docs/benchmarks.md, session 46). The AVX-512 VNNI
+/// tiles (`lanes::q4_tile`, `q8_tile`, `blocks_tile`) ask the same way since session 50: on Zen 5
+/// a tile of several activation rows computes fast enough that its first pass over a group
+/// waited on memory (the 1.5B's layers at T=16: ~54 -> ~45 ms a pass; T=4: ~31 -> ~20 ms).
 pub(super) const PREFETCH_AHEAD: usize = 2048;
 
 /// Prefetches `bytes` from `at` into L1, a line at a time. Callers point [`PREFETCH_AHEAD`]
