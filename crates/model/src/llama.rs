@@ -491,14 +491,14 @@ impl Llama {
             let adapter = adapters[g];
             // The group's input rows: borrowed where they are consecutive (a prompt, or streams
             // of one checkpoint side by side), else gathered.
-            let rows = &members[g];
-            let consecutive = rows.windows(2).all(|w| w[1] == w[0] + 1);
+            let group = &members[g];
+            let consecutive = group.windows(2).all(|w| w[1] == w[0] + 1);
             let mut gathered = Vec::new();
             let xs: &[f32] = if consecutive {
-                &input[rows[0] * in_dim..(rows[rows.len() - 1] + 1) * in_dim]
+                &input[group[0] * in_dim..(group[group.len() - 1] + 1) * in_dim]
             } else {
-                gathered.reserve_exact(rows.len() * in_dim);
-                for &t in rows {
+                gathered.reserve_exact(group.len() * in_dim);
+                for &t in group {
                     gathered.extend_from_slice(&input[t * in_dim..(t + 1) * in_dim]);
                 }
                 &gathered

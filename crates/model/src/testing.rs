@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use std::path::{Path, PathBuf};
 
 mod hf;
-pub use hf::{write_hf_dir, HfDtype};
+pub use hf::{write_hf_dir, write_tiny_hf_dir, HfDtype};
 
 pub const HIDDEN: usize = 64;
 pub const FFN: usize = 128;

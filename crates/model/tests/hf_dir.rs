@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::Path;
-use tandem_model::testing::{write_hf_dir, write_tiny_arch_gguf, HfDtype};
+use tandem_model::testing::{write_tiny_hf_dir, HfDtype};
 use tandem_model::{Arch, KvCache, Logits, SeqInput};
 
 fn logits(m: &tandem_model::Llama, tokens: &[u32]) -> Vec<f32> {
@@ -24,11 +24,7 @@ fn a_checkpoint_directory_computes_what_its_gguf_computes() {
         .flat_map(|arch| [(arch, HfDtype::Bf16), (arch, HfDtype::F16)]);
     for (arch, dtype) in cases {
         let tmp = tempfile::tempdir().unwrap();
-        let gguf = tmp.path().join("tiny.gguf");
-        write_tiny_arch_gguf(&gguf, arch);
-        let dir = tmp.path().join("hf");
-        std::fs::create_dir(&dir).unwrap();
-        write_hf_dir(&gguf, &dir, dtype);
+        let (gguf, dir) = write_tiny_hf_dir(tmp.path(), arch, dtype);
 
         let from_gguf = tandem_model::load(&gguf).unwrap();
         let from_dir = tandem_model::load(&dir).unwrap();
@@ -77,11 +73,7 @@ fn a_checkpoint_directory_computes_what_its_gguf_computes() {
 #[test]
 fn hostile_directories_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("tiny.gguf");
-    write_tiny_arch_gguf(&gguf, Arch::Qwen3);
-    let dir = tmp.path().join("hf");
-    std::fs::create_dir(&dir).unwrap();
-    write_hf_dir(&gguf, &dir, HfDtype::Bf16);
+    let (_, dir) = write_tiny_hf_dir(tmp.path(), Arch::Qwen3, HfDtype::Bf16);
     let err = |d: &Path| tandem_model::load(d).err().map(|e| e.to_string()).unwrap_or_default();
     // A shard named outside the directory.
     let index = dir.join("model.safetensors.index.json");

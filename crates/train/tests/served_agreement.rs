@@ -75,16 +75,12 @@ fn agreement_holds_under_every_quantize_setting() {
 /// by default, f32 under `none`), and the trainer must read those, not the file's values.
 #[test]
 fn agreement_holds_on_checkpoint_directories() {
-    use tandem_model::testing::{write_hf_dir, write_tiny_arch_gguf, HfDtype};
+    use tandem_model::testing::{write_hf_dir, write_tiny_hf_dir, HfDtype};
     use tandem_model::Arch;
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
         for dtype in [HfDtype::Bf16, HfDtype::F16] {
             let tmp = tempfile::tempdir().unwrap();
-            let gguf = tmp.path().join("tiny.gguf");
-            write_tiny_arch_gguf(&gguf, arch);
-            let dir = tmp.path().join("hf");
-            std::fs::create_dir(&dir).unwrap();
-            write_hf_dir(&gguf, &dir, dtype);
+            let (_, dir) = write_tiny_hf_dir(tmp.path(), arch, dtype);
             for q in [Quantize::default(), Quantize::Q4_1, Quantize::Q4K, Quantize::None] {
                 eprintln!("{arch:?} {dtype:?}");
                 check(&dir, q);

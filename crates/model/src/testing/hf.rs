@@ -8,7 +8,7 @@
 use crate::arch::pairs_to_halves;
 use crate::{Arch, GgufFile};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The Hugging Face name of a GGUF tensor.
 fn hf_name(arch: Arch, gguf: &str) -> String {
@@ -176,4 +176,14 @@ pub fn write_hf_dir(gguf: &Path, dir: &Path, dtype: HfDtype) {
     )
     .unwrap();
     std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [257, 3]}"#).unwrap();
+}
+
+/// The tiny model of `arch` written into `root` twice: as `tiny.gguf` and, from it, as the
+/// directory `hf` in `dtype`. Returns both paths.
+pub fn write_tiny_hf_dir(root: &Path, arch: Arch, dtype: HfDtype) -> (PathBuf, PathBuf) {
+    let (gguf, dir) = (root.join("tiny.gguf"), root.join("hf"));
+    super::write_tiny_arch_gguf(&gguf, arch);
+    std::fs::create_dir(&dir).unwrap();
+    write_hf_dir(&gguf, &dir, dtype);
+    (gguf, dir)
 }
