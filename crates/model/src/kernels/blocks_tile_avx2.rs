@@ -24,7 +24,7 @@
 use super::blocks_lanes::{BlockLanes, LANES};
 use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
 use super::cpu::{Avx2Fma, SharedOut};
-use super::lanes_avx2::{by_row_pairs, prefetch, store, PREFETCH_AHEAD};
+use super::lanes_avx2::{prefetch, store, PREFETCH_AHEAD};
 use super::q8::QK;
 use super::{KActs, Q8Acts};
 use std::arch::x86_64::*;
@@ -47,7 +47,9 @@ impl super::lanes::GroupTiles for Tiles<'_> {
     #[inline(always)]
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         assert!((g + R) * LANES < self.w.rows + LANES && t + C <= self.a.rows());
-        by_row_pairs::<R, C>(g, t, |g, t| self.group::<2>(g, t, out), |g, t| self.group::<1>(g, t, out));
+        for r in 0..R {
+            self.group::<C>(g + r, t, out);
+        }
     }
 }
 
@@ -59,28 +61,45 @@ impl Tiles<'_> {
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
         // quantisation; each task owns the output columns of its groups.
         unsafe {
-            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| group_tile::<C, F, KQ>(avx2, w, a, k, g, t));
+            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| if C == 1 {
+                lanes_tile::<C, F, KQ, 0, 2>(avx2, w, a, k, g, t)
+            } else {
+                let [h0] = lanes_tile::<C, F, KQ, 0, 1>(avx2, w, a, k, g, t);
+                let [h1] = lanes_tile::<C, F, KQ, 1, 1>(avx2, w, a, k, g, t);
+                [h0, h1]
+            });
             store::<C>(avx2, &acc, g, t, w.rows, out.ptr());
         }
     }
 }
 
-/// Group `g` times activation rows `t..t+C`: per row, lanes 0..8 and 8..16 in two registers.
-/// The passes, halves and epilogues are `blocks_tile::block_tile`'s; see there for why.
+/// Lanes `8*H0..8*(H0+HN)` of group `g` (both halves, or one) times activation rows `t..t+C`
+/// (up to four). The passes and epilogues are `blocks_tile::block_tile`'s; see there for why.
+///
+/// Why a half at a time for several rows: unpacking a step's weights costs three to six
+/// instructions a register, as many as a row's products of it or more, so the more rows meet one
+/// unpacked register the faster the tile (prefill and many streams are bound by these
+/// instructions, not by memory). Both halves of a group for four rows need more than AVX2's
+/// sixteen registers (the kernel spilled at two rows); one half for four rows fits. The price is
+/// a broadcast of the activations per half instead of per group, so the 4-bit formats, whose
+/// unpacking is cheapest, gain least (Q4_K level, Q5_0 and Q6_K ~20% on Zen 3:
+/// `matmul_bench blocks`). One activation row (decode) keeps both halves in one pass: it reads
+/// the group from memory once, where a second pass would read it again from L2.
+/// Each lane's float epilogue is unchanged, so the bits are too.
 ///
 /// # Safety
 /// Group `g` of `w` and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, `F` is
 /// `w.format`'s code, and with `KQ` the format is a K-quant and `k` is `a`'s per-256
 /// quantisation.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
+unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize>(
     _: Avx2Fma,
     w: &BlockLanes,
     a: &Q8Acts,
     k: &KActs,
     g: usize,
     t: usize,
-) -> [[__m256; C]; 2] {
+) -> [[__m256; C]; HN] {
     let (blocks, bb, sb) = (w.blocks, w.block_bytes(), w.scale_blocks());
     let n_planes = planes_of(F);
     let off = offset_of(F);
@@ -88,14 +107,14 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
     let nib = _mm256_set1_epi8(0x0F);
     let (bit4, crumb) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(0x30));
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    let mut acc = [[_mm256_setzero_ps(); C]; HN];
     let aq = if KQ { k.quants().as_ptr() } else { a.quants().as_ptr() };
     let (scales, ss32, ss16) = (a.scales().as_ptr(), a.all_scaled_sums().as_ptr(), a.all_scaled_sums16().as_ptr());
     let (kscales, kpairs, kq6) = (k.scales().as_ptr(), k.pairs().as_ptr(), k.q6_start().as_ptr());
     let f16x8 = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
     let u8x8 = |p: *const u8| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
     let i8x8 = |p: *const u8| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
-    let mut isb = [[_mm256_setzero_si256(); C]; 2];
+    let mut isb = [[_mm256_setzero_si256(); C]; HN];
     // SAFETY (whole body): as in `blocks_tile::block_tile` for group g alone: every (group,
     // block) offset of q and codes, (group, scale block) offset of d16 and m16, activation byte
     // and per-256 entry read below exists; a half h reads bytes 32h..32h+32 of a 64-byte step or
@@ -103,7 +122,7 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
     unsafe {
         for b in 0..blocks {
             let base = w.q.as_ptr().add((g * blocks + b) * bb);
-            if t == 0 {
+            if t == 0 && H0 == 0 {
                 // The first tile of a group streams its weights from memory (see `prefetch`);
                 // the codes come 32 bytes a block, so as far ahead in blocks.
                 prefetch(base.wrapping_add(PREFETCH_AHEAD), bb);
@@ -117,10 +136,11 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                     // The weights' sub-block codes of this block (KQ), each lane's code in both
                     // of its i16 halves, so that `vpmaddwd` widens the pair sums and scales them
                     // in one instruction (VNNI: a sum, then `vpmulld`).
-                    let mut sc16 = [_mm256_setzero_si256(); 2];
+                    let mut sc16 = [_mm256_setzero_si256(); HN];
                     if KQ {
-                        for h in 0..2 {
-                            sc16[h] = if F == Q6K {
+                        for j in 0..HN {
+                            let h = H0 + j;
+                            sc16[j] = if F == Q6K {
                                 let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h);
                                 let x = _mm_loadl_epi64(p as *const __m128i);
                                 _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, x))
@@ -132,76 +152,77 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                     }
                     if KQ && F == Q6K {
                         // Q6_K's offset: -32 * the half's activation sum, times the code.
-                        for h in 0..2 {
-                            let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h);
+                        for j in 0..HN {
+                            let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * (H0 + j));
                             let sc = i8x8(p);
                             for c in 0..C {
                                 let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + HALF));
-                                isb[h][c] = _mm256_add_epi32(isb[h][c], _mm256_mullo_epi32(start, sc));
+                                isb[j][c] = _mm256_add_epi32(isb[j][c], _mm256_mullo_epi32(start, sc));
                             }
                         }
                     }
-                    let mut isum = [[_mm256_setzero_si256(); C]; 2];
+                    let mut isum = [[_mm256_setzero_si256(); C]; HN];
                     // i16 pair sums since the last widening: SPAN steps fit (4 for the 4-bit
                     // formats, 2 with a fifth or sixth bit; see the module's bounds).
-                    let mut p16 = [[_mm256_setzero_si256(); C]; 2];
+                    let mut p16 = [[_mm256_setzero_si256(); C]; HN];
                     let span = if n_planes == 0 && HALF == 2 { 4 } else { 2 };
                     for step in 0..4 {
-                        let mut lo = [_mm256_setzero_si256(); 2];
-                        let mut hi = [_mm256_setzero_si256(); 2];
-                        for h in 0..2 {
+                        let mut lo = [_mm256_setzero_si256(); HN];
+                        let mut hi = [_mm256_setzero_si256(); HN];
+                        for j in 0..HN {
+                            let h = H0 + j;
                             let v = _mm256_loadu_si256(base.add(step * 64 + 32 * h) as *const _);
                             if HALF != 1 {
-                                lo[h] = _mm256_and_si256(v, nib);
+                                lo[j] = _mm256_and_si256(v, nib);
                             }
                             if HALF != 0 {
-                                hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
                             }
                             if n_planes == 2 {
                                 let c = _mm256_loadu_si256(base.add(256 + 64 * (step / 2) + 32 * h) as *const _);
                                 if HALF != 1 {
                                     let l = if step % 2 == 0 { c } else { _mm256_slli_epi16(c, 4) };
-                                    lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(l, crumb));
+                                    lo[j] = _mm256_or_si256(lo[j], _mm256_and_si256(l, crumb));
                                 }
                                 if HALF != 0 {
                                     let s =
                                         if step % 2 == 0 { _mm256_srli_epi16(c, 2) } else { _mm256_slli_epi16(c, 2) };
-                                    hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(s, crumb));
+                                    hi[j] = _mm256_or_si256(hi[j], _mm256_and_si256(s, crumb));
                                 }
                             } else if n_planes == 1 {
                                 let p0 = _mm256_loadu_si256(base.add(256 + 32 * h) as *const _);
                                 let up = _mm256_sll_epi16(p0, _mm_cvtsi32_si128(4 - step as i32));
-                                lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(up, bit4));
+                                lo[j] = _mm256_or_si256(lo[j], _mm256_and_si256(up, bit4));
                                 let down = _mm256_srl_epi16(p0, _mm_cvtsi32_si128(step as i32));
-                                hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(down, bit4));
+                                hi[j] = _mm256_or_si256(hi[j], _mm256_and_si256(down, bit4));
                             }
                         }
                         for c in 0..C {
                             let at = aq.add((t + c) * cols + b * QK + step * 4);
                             let a_lo = _mm256_set1_epi32((at as *const i32).read_unaligned());
                             let a_hi = _mm256_set1_epi32((at.add(16) as *const i32).read_unaligned());
-                            for h in 0..2 {
+                            for j in 0..HN {
                                 let pairs = match HALF {
-                                    0 => _mm256_maddubs_epi16(lo[h], a_lo),
-                                    1 => _mm256_maddubs_epi16(hi[h], a_hi),
+                                    0 => _mm256_maddubs_epi16(lo[j], a_lo),
+                                    1 => _mm256_maddubs_epi16(hi[j], a_hi),
                                     _ => _mm256_add_epi16(
-                                        _mm256_maddubs_epi16(lo[h], a_lo),
-                                        _mm256_maddubs_epi16(hi[h], a_hi),
+                                        _mm256_maddubs_epi16(lo[j], a_lo),
+                                        _mm256_maddubs_epi16(hi[j], a_hi),
                                     ),
                                 };
-                                p16[h][c] = _mm256_add_epi16(p16[h][c], pairs);
+                                p16[j][c] = _mm256_add_epi16(p16[j][c], pairs);
                             }
                         }
                         if (step + 1) % span == 0 {
-                            for h in 0..2 {
+                            for j in 0..HN {
                                 for c in 0..C {
                                     if KQ {
-                                        let scaled = _mm256_madd_epi16(p16[h][c], sc16[h]);
-                                        isb[h][c] = _mm256_add_epi32(isb[h][c], scaled);
+                                        let scaled = _mm256_madd_epi16(p16[j][c], sc16[j]);
+                                        isb[j][c] = _mm256_add_epi32(isb[j][c], scaled);
                                     } else {
-                                        isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(p16[h][c], ones));
+                                        isum[j][c] = _mm256_add_epi32(isum[j][c], _mm256_madd_epi16(p16[j][c], ones));
                                     }
-                                    p16[h][c] = _mm256_setzero_si256();
+                                    p16[j][c] = _mm256_setzero_si256();
                                 }
                             }
                         }
@@ -219,7 +240,8 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                             };
                             sums[c] = _mm256_set1_ps(if off != 0.0 { off * sum } else { sum });
                         }
-                        for h in 0..2 {
+                        for j in 0..HN {
+                            let h = H0 + j;
                             let (s, m) = match F {
                                 Q4_0 | Q5_0 | Q5_1 => {
                                     let at = (g * sb + b) * LANES + 8 * h;
@@ -245,11 +267,11 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                                 }
                             };
                             for c in 0..C {
-                                let q = _mm256_cvtepi32_ps(isum[h][c]);
-                                acc[h][c] = if off != 0.0 {
-                                    _mm256_fmadd_ps(_mm256_fmsub_ps(q, sa[c], sums[c]), s, acc[h][c])
+                                let q = _mm256_cvtepi32_ps(isum[j][c]);
+                                acc[j][c] = if off != 0.0 {
+                                    _mm256_fmadd_ps(_mm256_fmsub_ps(q, sa[c], sums[c]), s, acc[j][c])
                                 } else {
-                                    let acc1 = _mm256_fmadd_ps(q, _mm256_mul_ps(s, sa[c]), acc[h][c]);
+                                    let acc1 = _mm256_fmadd_ps(q, _mm256_mul_ps(s, sa[c]), acc[j][c]);
                                     _mm256_fmadd_ps(m, sums[c], acc1)
                                 };
                             }
@@ -269,19 +291,19 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                 for c in 0..C {
                     kd[c] = _mm256_set1_ps(*kscales.add((t + c) * sb + sbk));
                 }
-                for h in 0..2 {
-                    let at = (g * sb + sbk) * LANES + 8 * h;
+                for j in 0..HN {
+                    let at = (g * sb + sbk) * LANES + 8 * (H0 + j);
                     let d = f16x8(w.d16.as_ptr().add(at));
                     if F == Q6K {
                         for c in 0..C {
-                            acc[h][c] =
-                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb[h][c]), _mm256_mul_ps(d, kd[c]), acc[h][c]);
+                            acc[j][c] =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb[j][c]), _mm256_mul_ps(d, kd[c]), acc[j][c]);
                         }
                     } else {
                         let dmin = f16x8(w.m16.as_ptr().add(at));
                         let mut mins = [_mm256_setzero_si256(); 4];
                         for p in 0..4 {
-                            let pairs = w.codes.as_ptr().add(w.m_at(g, sbk * 8 + 2 * p, 0) + 16 * h);
+                            let pairs = w.codes.as_ptr().add(w.m_at(g, sbk * 8 + 2 * p, 0) + 16 * (H0 + j));
                             mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(pairs as *const __m128i));
                         }
                         for c in 0..C {
@@ -291,13 +313,11 @@ unsafe fn group_tile<const C: usize, const F: u8, const KQ: bool>(
                                 mn = _mm256_add_epi32(mn, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(*sums.add(p))));
                             }
                             let acc1 =
-                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb[h][c]), _mm256_mul_ps(d, kd[c]), acc[h][c]);
-                            acc[h][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(dmin, kd[c]), acc1);
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb[j][c]), _mm256_mul_ps(d, kd[c]), acc[j][c]);
+                            acc[j][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(dmin, kd[c]), acc1);
                         }
                     }
-                    for c in 0..C {
-                        isb[h][c] = _mm256_setzero_si256();
-                    }
+                    isb[j] = [_mm256_setzero_si256(); C];
                 }
             }
         }

@@ -61,9 +61,10 @@ impl GroupTiles for Tiles<'_> {
 /// Walks groups `g..g+R` by rows `t..t+C` as one group by two rows (`two`), and one row (`one`)
 /// for an odd last row: an AVX2 group is two registers where AVX-512's is one, and AVX2 has
 /// sixteen registers where AVX-512 has thirty-two, so the wider tiles the VNNI kernels run
-/// spilled here. Shared by this file's and `blocks_tile_avx2`'s tiles.
+/// spilled here. (`blocks_tile_avx2` runs four rows a half-group instead, which pays where a
+/// fifth or sixth bit makes unpacking dear, Q5_0 and Q6_K, and is level on plain 4-bit Q4_K.)
 #[inline(always)]
-pub(super) fn by_row_pairs<const R: usize, const C: usize>(
+fn by_row_pairs<const R: usize, const C: usize>(
     g: usize,
     t: usize,
     mut two: impl FnMut(usize, usize),
