@@ -30,6 +30,8 @@ mod blocks_simd;
 mod blocks_tile;
 #[cfg(target_arch = "x86_64")]
 mod blocks_tile_avx2;
+#[cfg(target_arch = "x86_64")]
+mod quantize_avx2;
 pub mod causal;
 pub mod cpu;
 mod dense;

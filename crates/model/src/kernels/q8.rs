@@ -227,12 +227,15 @@ impl Q8Acts {
             self.k.quantize(&[], 0, 0);
         }
         #[cfg(target_arch = "x86_64")]
-        let simd = super::has_avx512_vnni();
+        let (simd, avx2) = (super::has_avx512_vnni(), super::cpu::cpu().avx2);
         let row = |(((((x, q), s), sum), ss), ss16): RowParts<'_>| {
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: AVX-512 F/BW were detected; the slices are one row's, sized by `quantize`.
                 unsafe { quantize_row_avx512(x, q, s, sum, ss, ss16) };
+                return;
+            } else if let Some(avx2) = avx2 {
+                super::quantize_avx2::q8_row(avx2, x, q, s, sum, ss, ss16);
                 return;
             }
             quantize_into(x, q, s);

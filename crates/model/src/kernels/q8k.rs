@@ -42,7 +42,7 @@ impl KActs {
         let (q, s) = (Disjoint::new(&mut self.quants), Disjoint::new(&mut self.scales));
         let (p, q6) = (Disjoint::new(&mut self.pairs), Disjoint::new(&mut self.q6_start));
         #[cfg(target_arch = "x86_64")]
-        let simd = super::has_avx512_vnni();
+        let (simd, avx2) = (super::has_avx512_vnni(), super::cpu::cpu().avx2);
         let row = |r: usize| {
             // SAFETY: task r takes row r of each buffer, so no two tasks' slices overlap.
             let (q, s, p, q6) = unsafe {
@@ -58,6 +58,9 @@ impl KActs {
             if simd {
                 // SAFETY: AVX-512 F/BW were detected; the slices are one row's, sized above.
                 unsafe { quantize_row_avx512(x, q, s, p, q6) };
+                return;
+            } else if let Some(avx2) = avx2 {
+                super::quantize_avx2::k_row(avx2, x, q, s, p, q6);
                 return;
             }
             quantize_row(x, q, s, p, q6);
@@ -126,7 +129,7 @@ fn quantize_row(x: &[f32], q: &mut [i8], s: &mut [f32], pairs: &mut [i32], q6: &
 }
 
 /// A super-block's `-32 * sum` per 16 values and its 32-value sums as i16 pairs.
-fn sums(sum16: &[i32], pairs: &mut [i32], q6: &mut [i32]) {
+pub(super) fn sums(sum16: &[i32], pairs: &mut [i32], q6: &mut [i32]) {
     for (q6, s) in q6.iter_mut().zip(sum16) {
         *q6 = -32 * s;
     }
@@ -214,5 +217,12 @@ mod tests {
         let (mut q, mut s, mut p, mut q6) = (vec![0i8; cols], vec![0f32; 3], vec![0i32; 12], vec![0i32; 48]);
         quantize_row(&x, &mut q, &mut s, &mut p, &mut q6);
         assert_eq!((k.row(0).0, k.row(0).1, k.pairs(), k.q6_start()), (&q[..], &s[..], &p[..], &q6[..]));
+        // The AVX2 row too where the CPU has it (the call above took AVX-512 where present).
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = crate::kernels::cpu::cpu().avx2 {
+            let (mut q2, mut s2, mut p2, mut q62) = (vec![0i8; cols], vec![0f32; 3], vec![0i32; 12], vec![0i32; 48]);
+            crate::kernels::quantize_avx2::k_row(avx2, &x, &mut q2, &mut s2, &mut p2, &mut q62);
+            assert_eq!((q2, s2, p2, q62), (q, s, p, q6));
+        }
     }
 }

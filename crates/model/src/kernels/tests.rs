@@ -413,7 +413,8 @@ fn q4_vnni_paths_match_scalar_and_batches_equal_rows() {
     }
 }
 
-/// The AVX-512 activation quantiser equals the scalar one bit for bit (ties, zeros, signs).
+/// The AVX-512 and AVX2 activation quantisers equal the scalar one bit for bit (ties, zeros,
+/// signs).
 #[test]
 fn simd_quantisation_equals_scalar() {
     let (t, k) = (5, 96);
@@ -433,6 +434,21 @@ fn simd_quantisation_equals_scalar() {
         assert_eq!(simd.row(r), (&q[..], &s[..]), "row {r}");
         let sums: Vec<i32> = q.chunks_exact(QK).map(|b| b.iter().map(|v| *v as i32).sum()).collect();
         assert_eq!(simd.sums(r), &sums[..]);
+        // The AVX2 row where the CPU has it (`quantize` took AVX-512 where present).
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = super::cpu::cpu().avx2 {
+            let b = k / QK;
+            let (mut q2, mut s2, mut sums2) = (vec![0i8; k], vec![0f32; b], vec![0i32; b]);
+            let (mut ss, mut ss16) = (vec![0f32; b], vec![0f32; 2 * b]);
+            let x = &x[r * k..(r + 1) * k];
+            super::quantize_avx2::q8_row(avx2, x, &mut q2, &mut s2, &mut sums2, &mut ss, &mut ss16);
+            assert_eq!((&q2, &s2, &sums2), (&q, &s, &sums), "row {r}");
+            let half = |b: usize, h: usize| q[b * QK + 16 * h..b * QK + 16 * h + 16].iter().map(|v| *v as i32).sum::<i32>();
+            for b in 0..b {
+                assert_eq!(ss[b], sums[b] as f32 * s[b]);
+                assert_eq!((ss16[2 * b], ss16[2 * b + 1]), (half(b, 0) as f32 * s[b], half(b, 1) as f32 * s[b]));
+            }
+        }
     }
 }
 
