@@ -30,8 +30,6 @@ mod blocks_simd;
 mod blocks_tile;
 #[cfg(target_arch = "x86_64")]
 mod blocks_tile_avx2;
-#[cfg(target_arch = "x86_64")]
-mod quantize_avx2;
 pub mod causal;
 pub mod cpu;
 mod dense;
@@ -42,6 +40,8 @@ mod lanes_avx2;
 mod q4;
 mod q8;
 mod q8k;
+#[cfg(target_arch = "x86_64")]
+mod quantize_avx2;
 pub mod sgemm;
 mod simd;
 pub mod team;

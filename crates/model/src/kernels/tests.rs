@@ -443,7 +443,8 @@ fn simd_quantisation_equals_scalar() {
             let x = &x[r * k..(r + 1) * k];
             super::quantize_avx2::q8_row(avx2, x, &mut q2, &mut s2, &mut sums2, &mut ss, &mut ss16);
             assert_eq!((&q2, &s2, &sums2), (&q, &s, &sums), "row {r}");
-            let half = |b: usize, h: usize| q[b * QK + 16 * h..b * QK + 16 * h + 16].iter().map(|v| *v as i32).sum::<i32>();
+            let half =
+                |b: usize, h: usize| q[b * QK + 16 * h..b * QK + 16 * h + 16].iter().map(|v| *v as i32).sum::<i32>();
             for b in 0..b {
                 assert_eq!(ss[b], sums[b] as f32 * s[b]);
                 assert_eq!((ss16[2 * b], ss16[2 * b + 1]), (half(b, 0) as f32 * s[b], half(b, 1) as f32 * s[b]));
