@@ -232,20 +232,18 @@ impl Q8Acts {
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: AVX-512 F/BW were detected; the slices are one row's, sized by `quantize`.
-                unsafe { quantize_row_avx512(x, q, s, sum, ss, ss16) };
+                unsafe { quantize_row_avx512(x, q, BlockSums { s, sums: sum, ss, ss16 }) };
                 return;
             } else if let Some(avx2) = avx2 {
-                super::quantize_avx2::q8_row(avx2, x, q, s, sum, ss, ss16);
+                super::quantize_avx2::q8_row(avx2, x, q, BlockSums { s, sums: sum, ss, ss16 });
                 return;
             }
-            quantize_into(x, q, s);
-            for (b, ((sum, ss), d)) in sum.iter_mut().zip(ss.iter_mut()).zip(s.iter()).enumerate() {
+            let mut out = BlockSums { s, sums: sum, ss, ss16 };
+            out.check(x, q);
+            quantize_into(x, q, out.s);
+            for b in 0..out.s.len() {
                 let half = |h: usize| q[b * QK + 16 * h..b * QK + 16 * h + 16].iter().map(|q| *q as i32).sum::<i32>();
-                let (h0, h1) = (half(0), half(1));
-                *sum = h0 + h1;
-                *ss = *sum as f32 * d;
-                ss16[2 * b] = h0 as f32 * d;
-                ss16[2 * b + 1] = h1 as f32 * d;
+                out.put(b, out.s[b], half(0), half(1));
             }
         };
         // Below this many values a rayon split costs more than it saves.
@@ -382,27 +380,12 @@ pub(crate) fn quantize_into(data: &[f32], quants: &mut [i8], scales: &mut [f32])
 /// `copysign(0.5, v)`, truncate), so the quants equal the scalar path's bit for bit. Done in
 /// scalar code it was ~5% of a batched decode step and ~7% of a training step.
 ///
-/// Safety: AVX-512 F/BW present; `x` and `q` hold `s.len()` blocks, `sums` and `ss` `s.len()`,
-/// `ss16` twice that.
+/// Safety: AVX-512 F/BW present (the lengths are checked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_row_avx512(
-    x: &[f32],
-    q: &mut [i8],
-    s: &mut [f32],
-    sums: &mut [i32],
-    ss: &mut [f32],
-    ss16: &mut [f32],
-) {
+unsafe fn quantize_row_avx512(x: &[f32], q: &mut [i8], mut out: BlockSums<'_>) {
     use std::arch::x86_64::*;
-    let blocks = s.len();
-    assert!(
-        x.len() >= blocks * QK
-            && q.len() >= blocks * QK
-            && sums.len() >= blocks
-            && ss.len() >= blocks
-            && ss16.len() >= 2 * blocks
-    );
+    let blocks = out.check(x, q);
     let half = _mm512_set1_epi32(0.5f32.to_bits() as i32);
     let sign = _mm512_set1_epi32(i32::MIN);
     for b in 0..blocks {
@@ -419,17 +402,48 @@ unsafe fn quantize_row_avx512(
             let h1 = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(r1), sign));
             let i0 = _mm512_cvttps_epi32(_mm512_add_ps(r0, _mm512_castsi512_ps(h0)));
             let i1 = _mm512_cvttps_epi32(_mm512_add_ps(r1, _mm512_castsi512_ps(h1)));
-            let out = q.as_mut_ptr().add(b * QK) as *mut __m128i;
-            _mm_storeu_si128(out, _mm512_cvtepi32_epi8(i0));
-            _mm_storeu_si128(out.add(1), _mm512_cvtepi32_epi8(i1));
-            let (h0, h1) = (_mm512_reduce_add_epi32(i0), _mm512_reduce_add_epi32(i1));
-            let sum = h0 + h1;
-            s[b] = d;
-            sums[b] = sum;
-            ss[b] = sum as f32 * d;
-            ss16[2 * b] = h0 as f32 * d;
-            ss16[2 * b + 1] = h1 as f32 * d;
+            let dst = q.as_mut_ptr().add(b * QK) as *mut __m128i;
+            _mm_storeu_si128(dst, _mm512_cvtepi32_epi8(i0));
+            _mm_storeu_si128(dst.add(1), _mm512_cvtepi32_epi8(i1));
+            out.put(b, d, _mm512_reduce_add_epi32(i0), _mm512_reduce_add_epi32(i1));
         }
+    }
+}
+
+/// One activation row's per-block outputs beside its quants: the scales, the block sums, and the
+/// sums times the scale per block and per half block. Every quantiser row (scalar, AVX2,
+/// AVX-512) writes them through [`BlockSums::put`], so the bookkeeping is written once.
+pub(super) struct BlockSums<'a> {
+    pub s: &'a mut [f32],
+    pub sums: &'a mut [i32],
+    pub ss: &'a mut [f32],
+    pub ss16: &'a mut [f32],
+}
+
+impl BlockSums<'_> {
+    /// The row's block count (`s.len()`); panics unless `x`, `q` and the other slices hold
+    /// that many blocks, which the SIMD rows' unchecked reads and writes rely on.
+    pub(super) fn check(&self, x: &[f32], q: &[i8]) -> usize {
+        let blocks = self.s.len();
+        assert!(
+            x.len() >= blocks * QK
+                && q.len() >= blocks * QK
+                && self.sums.len() >= blocks
+                && self.ss.len() >= blocks
+                && self.ss16.len() >= 2 * blocks
+        );
+        blocks
+    }
+
+    /// Block `b`'s scale `d` and the sums of its first and second 16 quants.
+    #[inline]
+    pub(super) fn put(&mut self, b: usize, d: f32, h0: i32, h1: i32) {
+        let sum = h0 + h1;
+        self.s[b] = d;
+        self.sums[b] = sum;
+        self.ss[b] = sum as f32 * d;
+        self.ss16[2 * b] = h0 as f32 * d;
+        self.ss16[2 * b + 1] = h1 as f32 * d;
     }
 }
 

@@ -9,41 +9,20 @@
 #![allow(unsafe_code)]
 
 use super::cpu::Avx2Fma;
-use super::q8::QK;
+use super::q8::{BlockSums, QK};
 use std::arch::x86_64::*;
 
 const QK_K: usize = super::blocks::QK_K;
 
 /// One row per 32 values: quants, scales, block sums, and the sums times the scale per block
-/// and per half block, as `q8::quantize_row_avx512` writes them.
-pub(super) fn q8_row(
-    avx2: Avx2Fma,
-    x: &[f32],
-    q: &mut [i8],
-    s: &mut [f32],
-    sums: &mut [i32],
-    ss: &mut [f32],
-    ss16: &mut [f32],
-) {
-    let blocks = s.len();
-    assert!(
-        x.len() >= blocks * QK
-            && q.len() >= blocks * QK
-            && sums.len() >= blocks
-            && ss.len() >= blocks
-            && ss16.len() >= 2 * blocks
-    );
+/// and per half block, written through [`BlockSums`] as the scalar and AVX-512 rows write them.
+pub(super) fn q8_row(avx2: Avx2Fma, x: &[f32], q: &mut [i8], mut out: BlockSums<'_>) {
+    let blocks = out.check(x, q);
     for b in 0..blocks {
         // SAFETY: the token proves AVX2; 32 floats and 32 bytes at block b are in bounds
         // (asserted above).
         let (d, h0, h1) = unsafe { block(avx2, x.as_ptr().add(b * QK), 1, q.as_mut_ptr().add(b * QK)) };
-        let (h0, h1) = (h0[0], h1[0]);
-        let sum = h0 + h1;
-        s[b] = d;
-        sums[b] = sum;
-        ss[b] = sum as f32 * d;
-        ss16[2 * b] = h0 as f32 * d;
-        ss16[2 * b + 1] = h1 as f32 * d;
+        out.put(b, d, h0[0], h1[0]);
     }
 }
 

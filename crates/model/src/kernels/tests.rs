@@ -441,7 +441,8 @@ fn simd_quantisation_equals_scalar() {
             let (mut q2, mut s2, mut sums2) = (vec![0i8; k], vec![0f32; b], vec![0i32; b]);
             let (mut ss, mut ss16) = (vec![0f32; b], vec![0f32; 2 * b]);
             let x = &x[r * k..(r + 1) * k];
-            super::quantize_avx2::q8_row(avx2, x, &mut q2, &mut s2, &mut sums2, &mut ss, &mut ss16);
+            let out = q8::BlockSums { s: &mut s2, sums: &mut sums2, ss: &mut ss, ss16: &mut ss16 };
+            super::quantize_avx2::q8_row(avx2, x, &mut q2, out);
             assert_eq!((&q2, &s2, &sums2), (&q, &s, &sums), "row {r}");
             let half =
                 |b: usize, h: usize| q[b * QK + 16 * h..b * QK + 16 * h + 16].iter().map(|v| *v as i32).sum::<i32>();
