@@ -41,43 +41,26 @@ impl GroupTiles for Tiles<'_> {
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
         assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
-        // SAFETY (both closures): the token proves the features; the group and rows exist
-        // (asserted; `matmul` asserted the shapes); each task owns its groups' columns.
-        by_row_pairs::<R, C>(
-            g,
-            t,
-            |g, t| unsafe {
-                let acc = if w.q4 { q4_group::<2>(avx2, w, a, g, t) } else { q8_group::<2>(avx2, w, a, g, t) };
-                store::<2>(avx2, &acc, g, t, w.rows, out.ptr());
-            },
-            |g, t| unsafe {
-                let acc = if w.q4 { q4_group::<1>(avx2, w, a, g, t) } else { q8_group::<1>(avx2, w, a, g, t) };
-                store::<1>(avx2, &acc, g, t, w.rows, out.ptr());
-            },
-        );
-    }
-}
-
-/// Walks groups `g..g+R` by rows `t..t+C` as one group by two rows (`two`), and one row (`one`)
-/// for an odd last row: an AVX2 group is two registers where AVX-512's is one, and AVX2 has
-/// sixteen registers where AVX-512 has thirty-two, so the wider tiles the VNNI kernels run
-/// spilled here. (`blocks_tile_avx2` runs four rows a half-group instead, which pays where a
-/// fifth or sixth bit makes unpacking dear, Q5_0 and Q6_K, and is level on plain 4-bit Q4_K.)
-#[inline(always)]
-fn by_row_pairs<const R: usize, const C: usize>(
-    g: usize,
-    t: usize,
-    mut two: impl FnMut(usize, usize),
-    mut one: impl FnMut(usize, usize),
-) {
-    for r in 0..R {
-        let mut c = 0;
-        while c + 2 <= C {
-            two(g + r, t + c);
-            c += 2;
+        // One row (decode) takes both halves of a group in one pass, reading it from memory
+        // once; more rows take a half at a time (see `q4_half`).
+        macro_rules! group {
+            ($kernel:ident, $g:expr) => {
+                if C == 1 {
+                    $kernel::<C, 0, 2>(avx2, w, a, $g, t)
+                } else {
+                    let [h0] = $kernel::<C, 0, 1>(avx2, w, a, $g, t);
+                    let [h1] = $kernel::<C, 1, 1>(avx2, w, a, $g, t);
+                    [h0, h1]
+                }
+            };
         }
-        if c < C {
-            one(g + r, t + c);
+        for r in 0..R {
+            // SAFETY: the token proves the features; the group and rows exist (asserted;
+            // `matmul` asserted the shapes); each task owns its groups' columns.
+            unsafe {
+                let acc = if w.q4 { group!(q4_half, g + r) } else { group!(q8_half, g + r) };
+                store::<C>(avx2, &acc, g + r, t, w.rows, out.ptr());
+            }
         }
     }
 }
@@ -144,23 +127,44 @@ pub(super) unsafe fn store<const C: usize>(
     }
 }
 
-/// Q4_1 group `g` times activation rows `t..t+C`.
+/// Lanes `8*H0..8*(H0+HN)` of Q4_1 group `g` (both halves, or one) times activation rows
+/// `t..t+C` (up to four).
+///
+/// Why a half at a time for several rows: with both halves for two rows LLVM kept a block's
+/// eight activation broadcasts of each row on the stack to reuse them for the second half (16
+/// spilled stores and reloads a block), and the kernel ran ~21 multiply-adds a cycle on Zen 3
+/// where its instructions allow ~38. One half for up to four rows fits AVX2's sixteen registers
+/// (four i16 sums, two unpacked registers, the mask and two broadcasts; the float sums wait in
+/// memory between blocks), as in `blocks_tile_avx2::lanes_tile`. One activation row (decode) keeps both halves in one pass,
+/// reading the group from memory once. The integer sums are exact in any order and each lane's
+/// float epilogue is unchanged, so the bits are those of the VNNI kernel.
 ///
 /// # Safety
-/// Group `g` of `w` (Q4_1) and rows `t..t+C` of `a` exist, and `w.blocks * QK == a.cols()`.
+/// Group `g` of `w` (Q4_1) and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, and
+/// `H0 + HN <= 2`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m256; C]; 2] {
+unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
+    _: Avx2Fma,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
     let blocks = w.blocks;
     let k = blocks * QK;
     let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    // The float sums live in memory, read and written once a block (volatile, so LLVM keeps
+    // them there): in registers they left too few for the block's products, which LLVM then
+    // spilled every step (~70 -> ~77 GMAC/s a thread at 16 rows on Zen 3, `matmul_bench`).
+    let mut acc = [[_mm256_setzero_ps(); C]; HN];
     let (aq, scales, ss) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_scaled_sums().as_ptr());
     // SAFETY (whole body): g * blocks + b indexes an existing (group, block) of 256 bytes and 16
-    // f16 scales and minimums, and (t + c) * k + b * 32 + 31 an existing activation byte.
+    // f16 scales and minimums (a half reads bytes 32h..32h+32 of each 64-byte step, entries
+    // 8h..8h+8), and (t + c) * k + b * 32 + 31 an existing activation byte.
     unsafe {
         for b in 0..blocks {
             let gb = g * blocks + b;
-            if t == 0 {
+            if t == 0 && H0 == 0 {
                 // The first tile of a group streams it (see `prefetch`); the scales and minimums
                 // come 32 bytes a block, so as far ahead in blocks.
                 prefetch(w.q.as_ptr().wrapping_add(gb * 256 + PREFETCH_AHEAD), 256);
@@ -171,35 +175,38 @@ unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
             }
             // The block's four steps stay in i16 (at most 4 * 2 * 2 * 15 * 127 = 30480) and widen
             // once.
-            let mut p16 = [[_mm256_setzero_si256(); C]; 2];
+            let mut p16 = [[_mm256_setzero_si256(); C]; HN];
             for step in 0..4 {
-                let mut lo = [_mm256_setzero_si256(); 2];
-                let mut hi = [_mm256_setzero_si256(); 2];
-                for h in 0..2 {
-                    let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 256 + step * 64 + 32 * h) as *const _);
-                    lo[h] = _mm256_and_si256(v, mask);
-                    hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                let mut lo = [_mm256_setzero_si256(); HN];
+                let mut hi = [_mm256_setzero_si256(); HN];
+                for j in 0..HN {
+                    let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 256 + step * 64 + 32 * (H0 + j)) as *const _);
+                    lo[j] = _mm256_and_si256(v, mask);
+                    hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
                 }
                 for c in 0..C {
                     let at = aq.add((t + c) * k + b * QK + step * 4);
                     let a_lo = _mm256_set1_epi32((at as *const i32).read_unaligned());
                     let a_hi = _mm256_set1_epi32((at.add(16) as *const i32).read_unaligned());
-                    for h in 0..2 {
+                    for j in 0..HN {
                         let pairs =
-                            _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo), _mm256_maddubs_epi16(hi[h], a_hi));
-                        p16[h][c] = _mm256_add_epi16(p16[h][c], pairs);
+                            _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], a_lo), _mm256_maddubs_epi16(hi[j], a_hi));
+                        p16[j][c] = _mm256_add_epi16(p16[j][c], pairs);
                     }
                 }
             }
-            for h in 0..2 {
+            for j in 0..HN {
+                let h = H0 + j;
                 let dv = _mm256_cvtph_ps(_mm_loadu_si128(w.d16.as_ptr().add(gb * LANES + 8 * h) as *const __m128i));
                 let mv = _mm256_cvtph_ps(_mm_loadu_si128(w.m16.as_ptr().add(gb * LANES + 8 * h) as *const __m128i));
                 for c in 0..C {
                     let s = _mm256_set1_ps(*scales.add((t + c) * blocks + b));
                     let sum = _mm256_set1_ps(*ss.add((t + c) * blocks + b));
-                    let isum = _mm256_madd_epi16(p16[h][c], ones);
-                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, s), acc[h][c]);
-                    acc[h][c] = _mm256_fmadd_ps(mv, sum, acc[h][c]);
+                    let isum = _mm256_madd_epi16(p16[j][c], ones);
+                    let at = &mut acc[j][c] as *mut __m256;
+                    let mut v = at.read_volatile();
+                    v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, s), v);
+                    at.write_volatile(_mm256_fmadd_ps(mv, sum, v));
                 }
             }
         }
@@ -207,49 +214,63 @@ unsafe fn q4_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize,
     acc
 }
 
-/// int8 group `g` times activation rows `t..t+C`.
+/// Lanes `8*H0..8*(H0+HN)` of int8 group `g` times activation rows `t..t+C`, laid out as
+/// [`q4_half`] for the same reasons.
 ///
 /// # Safety
-/// As [`q4_group`], for an int8 `w`.
+/// Group `g` of `w` (int8) and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, and
+/// `H0 + HN <= 2`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q8_group<const C: usize>(_: Avx2Fma, w: &Packed, a: &Q8Acts, g: usize, t: usize) -> [[__m256; C]; 2] {
+unsafe fn q8_half<const C: usize, const H0: usize, const HN: usize>(
+    _: Avx2Fma,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
     let blocks = w.blocks;
     let k = blocks * QK;
     let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
-    let mut acc = [[_mm256_setzero_ps(); C]; 2];
+    // In memory between blocks, as in `q4_half`.
+    let mut acc = [[_mm256_setzero_ps(); C]; HN];
     let (aq, scales) = (a.quants().as_ptr(), a.scales().as_ptr());
-    // SAFETY (whole body): as in q4_group, with 512 bytes and 16 f32 scales per (group, block).
+    // SAFETY (whole body): as in q4_half, with 512 bytes and 16 f32 scales per (group, block).
     unsafe {
         for b in 0..blocks {
             let gb = g * blocks + b;
-            if t == 0 {
-                // As in `q4_group`: 512 bytes of weights and 64 of f32 scales a block.
+            if t == 0 && H0 == 0 {
+                // As in `q4_half`: 512 bytes of weights and 64 of f32 scales a block.
                 prefetch(w.q.as_ptr().wrapping_add(gb * 512 + PREFETCH_AHEAD), 512);
                 prefetch((w.d.as_ptr() as *const u8).wrapping_add(gb * 64 + PREFETCH_AHEAD / 8), 64);
             }
-            let mut isum = [[_mm256_setzero_si256(); C]; 2];
+            let mut isum = [[_mm256_setzero_si256(); C]; HN];
             for step in 0..8 {
-                let mut mag = [_mm256_setzero_si256(); 2];
-                let mut wv = [_mm256_setzero_si256(); 2];
-                for h in 0..2 {
-                    let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 512 + step * 64 + 32 * h) as *const _);
-                    wv[h] = _mm256_xor_si256(v, flip);
-                    mag[h] = _mm256_abs_epi8(wv[h]);
+                let mut mag = [_mm256_setzero_si256(); HN];
+                let mut wv = [_mm256_setzero_si256(); HN];
+                for j in 0..HN {
+                    let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 512 + step * 64 + 32 * (H0 + j)) as *const _);
+                    wv[j] = _mm256_xor_si256(v, flip);
+                    mag[j] = _mm256_abs_epi8(wv[j]);
                 }
                 for c in 0..C {
                     let av =
                         _mm256_set1_epi32((aq.add((t + c) * k + b * QK + step * 4) as *const i32).read_unaligned());
-                    for h in 0..2 {
-                        let pairs = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(av, wv[h]));
-                        isum[h][c] = _mm256_add_epi32(isum[h][c], _mm256_madd_epi16(pairs, ones));
+                    for j in 0..HN {
+                        let pairs = _mm256_maddubs_epi16(mag[j], _mm256_sign_epi8(av, wv[j]));
+                        isum[j][c] = _mm256_add_epi32(isum[j][c], _mm256_madd_epi16(pairs, ones));
                     }
                 }
             }
-            for h in 0..2 {
-                let dv = _mm256_loadu_ps(w.d.as_ptr().add(gb * LANES + 8 * h));
+            for j in 0..HN {
+                let dv = _mm256_loadu_ps(w.d.as_ptr().add(gb * LANES + 8 * (H0 + j)));
                 for c in 0..C {
                     let s = _mm256_set1_ps(*scales.add((t + c) * blocks + b));
-                    acc[h][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[h][c]), _mm256_mul_ps(dv, s), acc[h][c]);
+                    let at = &mut acc[j][c] as *mut __m256;
+                    at.write_volatile(_mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(isum[j][c]),
+                        _mm256_mul_ps(dv, s),
+                        at.read_volatile(),
+                    ));
                 }
             }
         }
