@@ -9,11 +9,13 @@
 //!
 //! A 16-row group is two registers of eight lanes. `vpdpbusd` becomes `vpmaddubsw` (unsigned x
 //! signed bytes into i16 pairs) and `vpmaddwd` with ones. Q4_1's products, at most 2 * 15 * 127
-//! a pair, stay in i16 for the block's four steps of both nibbles and widen once. int8 weights are stored with their top bit
-//! flipped (`w + 128`) for `vpdpbusd`; 255 * 127 * 2 would saturate `vpmaddubsw`, so the flip is
-//! undone and the sign moved onto the activations (`|w|` times `a` with `w`'s sign, at most
-//! 2 * 127 * 127), and the lanes start at zero instead of `-128 * sum(a)`. The integer sums are
-//! exact either way and the float epilogue is the VNNI kernel's, so both tiers give equal bits.
+//! a pair, stay in i16 for the block's four steps of both nibbles and widen once. int8 weights
+//! are stored with their top bit flipped (`w + 128`) for `vpdpbusd`; 255 * 127 * 2 would
+//! saturate `vpmaddubsw`, so the flip is undone and the sign moved onto the activations (`|w|`
+//! times `a` with `w`'s sign, at most 2 * 127 * 127), and the lanes start at zero instead of
+//! `-128 * sum(a)`. The integer sums are exact either way and the float epilogue is the VNNI
+//! kernel's, so both tiers give equal bits. Several activation rows take a group one half (eight
+//! lanes) at a time, four rows at once, which fits AVX2's sixteen registers (see `q4_half`).
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
@@ -135,9 +137,10 @@ pub(super) unsafe fn store<const C: usize>(
 /// spilled stores and reloads a block), and the kernel ran ~21 multiply-adds a cycle on Zen 3
 /// where its instructions allow ~38. One half for up to four rows fits AVX2's sixteen registers
 /// (four i16 sums, two unpacked registers, the mask and two broadcasts; the float sums wait in
-/// memory between blocks), as in `blocks_tile_avx2::lanes_tile`. One activation row (decode) keeps both halves in one pass,
-/// reading the group from memory once. The integer sums are exact in any order and each lane's
-/// float epilogue is unchanged, so the bits are those of the VNNI kernel.
+/// memory between blocks), as in `blocks_tile_avx2::lanes_tile`. One activation row (decode)
+/// keeps both halves in one pass, reading the group from memory once. The integer sums are exact
+/// in any order and each lane's float epilogue is unchanged, so the bits are those of the VNNI
+/// kernel.
 ///
 /// # Safety
 /// Group `g` of `w` (Q4_1) and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, and
