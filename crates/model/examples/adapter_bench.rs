@@ -10,7 +10,7 @@
 //! (round * STREAMS + i) mod k, so 64 rotate. Prints the median step time of each, the ratio of
 //! throughputs, and the bytes of the adapters a step reads (their matrices, once each per step)
 //! over the extra time: what a memory-bound adapter pass would cost at that bandwidth. Only the
-//! public model API is used, so the example builds on older commits for a before/after.
+//! public model API is used (`LoraAdapter::new` since session 53).
 
 use std::time::{Duration, Instant};
 use tandem_model::lora::{LoraAdapter, LoraLayer, LoraPair};
@@ -36,7 +36,7 @@ fn adapter(c: &tandem_model::LlamaConfig, rank: usize, seed: u64) -> LoraAdapter
             }
         })
         .collect();
-    LoraAdapter { layers, head: None, scale: 2.0 }
+    LoraAdapter::new(layers, None, 2.0)
 }
 
 fn main() {

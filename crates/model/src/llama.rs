@@ -506,7 +506,7 @@ impl Llama {
             for (pair, offset) in pick(adapter) {
                 let Some(pair) = pair else { continue };
                 let n = pair.out_dim();
-                let ax = crate::as_served::lora_down(&pair.a, pair.rank, xs, adapter.scale);
+                let ax = crate::as_served::lora_down(pair.a(), pair.rank, xs, adapter.scale);
                 let mut parts: Vec<&mut [f32]> = outs.iter_mut().map(|row| &mut row[offset..offset + n]).collect();
                 crate::as_served::lora_up(&ax, pair.b_tiles(), &mut parts);
             }

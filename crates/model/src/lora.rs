@@ -9,39 +9,67 @@
 use crate::kernels::Bf16;
 use crate::{LlamaConfig, ModelError};
 use std::path::Path;
+use std::sync::Arc;
 
-/// One adapted projection: `a` is (r, in), row-major, and B (out, r) is kept in tiles of outputs
+/// One adapted projection: A (r, in), row-major, then B (out, r) in tiles of outputs
 /// (`as_served::b_tiles`), so that `B (A x)` is r `axpy`s over each tile of the output row, kept
 /// in registers, rather than `out` dot products of length r. Both in bf16 (`as_served::stored`):
 /// with many adapters in a batch, decode is bound by the bytes of A and B each step reads.
+///
+/// The two lie one after the other in a buffer that [`LoraAdapter::new`] shares between all of
+/// an adapter's pairs, in the order a forward pass reads them: the kernels ask for the bytes past
+/// the end of what they read (`kernels::adapter_avx2`), and those are then the next matrix's.
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     pub rank: usize,
     pub in_dim: usize,
-    pub a: Vec<Bf16>,
-    b: Vec<Bf16>,
+    out_dim: usize,
+    data: Arc<[Bf16]>,
+    /// Where A starts in `data`; B follows it.
+    at: usize,
 }
 
 impl LoraPair {
     /// From `a` (r, in) and `b` (out, r), both row-major f32 as PEFT stores them (`peft::read`
     /// has checked that r >= 1), rounded to bf16.
     pub fn new(rank: usize, a: Vec<f32>, b: Vec<f32>) -> Self {
-        let b = crate::as_served::stored(&crate::as_served::b_tiles(&b, rank));
-        LoraPair { rank, in_dim: a.len() / rank, a: crate::as_served::stored(&a), b }
+        let (in_dim, out_dim) = (a.len() / rank, b.len() / rank);
+        let mut data = crate::as_served::stored(&a);
+        data.extend(crate::as_served::stored(&crate::as_served::b_tiles(&b, rank)));
+        LoraPair { rank, in_dim, out_dim, data: data.into(), at: 0 }
+    }
+
+    /// A, (r, in) row-major.
+    pub fn a(&self) -> &[Bf16] {
+        &self.data[self.at..self.at + self.rank * self.in_dim]
     }
 
     /// B in tiles of outputs (`as_served::b_tiles`).
     pub fn b_tiles(&self) -> &[Bf16] {
-        &self.b
+        let b = self.at + self.rank * self.in_dim;
+        &self.data[b..b + self.rank * self.out_dim]
     }
 
     pub fn out_dim(&self) -> usize {
-        self.b.len() / self.rank
+        self.out_dim
+    }
+
+    /// The bytes of A and B.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<Bf16>() * self.rank * (self.in_dim + self.out_dim)
     }
 
     /// `out += scale * B (A x)`.
     pub fn apply(&self, x: &[f32], out: &mut [f32], scale: f32) {
-        crate::as_served::lora_row(&self.a, &self.b, self.rank, x, out, scale);
+        crate::as_served::lora_row(self.a(), self.b_tiles(), self.rank, x, out, scale);
+    }
+
+    /// This pair with its matrices copied to the end of `into` (shared as `data` once filled).
+    fn moved(&self, into: &mut Vec<Bf16>) -> (usize, &Self) {
+        let at = into.len();
+        into.extend_from_slice(self.a());
+        into.extend_from_slice(self.b_tiles());
+        (at, self)
     }
 }
 
@@ -57,6 +85,13 @@ pub struct LoraLayer {
     pub down: Option<LoraPair>,
 }
 
+impl LoraLayer {
+    /// The pairs present, in the order the forward pass applies them.
+    pub fn pairs(&self) -> impl Iterator<Item = &LoraPair> {
+        [&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down].into_iter().flatten()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LoraAdapter {
     pub layers: Vec<LoraLayer>,
@@ -67,20 +102,40 @@ pub struct LoraAdapter {
 }
 
 impl LoraAdapter {
+    /// The adapter with all its matrices moved into one buffer, layer by layer in the order the
+    /// forward pass reads them (q, k, v, o, gate, up, down, then the head's pair), each pair's A
+    /// then B. A forward pass then reads an adapter as a few long runs rather than hundreds of
+    /// separately allocated 3-25 KB matrices (see [`LoraPair`]). The values are the pairs'.
+    pub fn new(layers: Vec<LoraLayer>, head: Option<LoraPair>, scale: f32) -> Self {
+        let all = || layers.iter().flat_map(LoraLayer::pairs).chain(head.as_ref());
+        let mut data = Vec::with_capacity(all().map(|p| p.bytes() / std::mem::size_of::<Bf16>()).sum());
+        let placed: Vec<(usize, &LoraPair)> = all().map(|p| p.moved(&mut data)).collect();
+        let data: Arc<[Bf16]> = data.into();
+        let mut placed = placed.into_iter().map(|(at, p)| LoraPair { data: data.clone(), at, ..p.clone() });
+        let mut place = |p: &Option<LoraPair>| p.as_ref().map(|_| placed.next().expect("one placed pair each"));
+        let layers = layers
+            .iter()
+            .map(|l| LoraLayer {
+                q: place(&l.q),
+                k: place(&l.k),
+                v: place(&l.v),
+                o: place(&l.o),
+                gate: place(&l.gate),
+                up: place(&l.up),
+                down: place(&l.down),
+            })
+            .collect();
+        let head = place(&head);
+        LoraAdapter { layers, head, scale }
+    }
+
     pub fn layer(&self, i: usize) -> &LoraLayer {
         &self.layers[i]
     }
 
     /// Memory held by the matrices (what the engine's adapter cache budgets).
     pub fn bytes(&self) -> usize {
-        let pair =
-            |p: &Option<LoraPair>| p.as_ref().map_or(0, |p| std::mem::size_of::<Bf16>() * (p.a.len() + p.b.len()));
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].into_iter().map(pair).sum::<usize>())
-            .sum();
-        layers + pair(&self.head)
+        self.layers.iter().flat_map(LoraLayer::pairs).chain(self.head.as_ref()).map(LoraPair::bytes).sum()
     }
 
     /// Loads a PEFT adapter directory for a model of shape `config` (`crate::peft` reads it;
@@ -97,7 +152,7 @@ impl LoraAdapter {
             })
             .collect();
         let head = peft.head.map(|p| LoraPair::new(rank, p.a, p.b));
-        Ok(LoraAdapter { layers, head, scale: peft.config.scale() as f32 })
+        Ok(LoraAdapter::new(layers, head, peft.config.scale() as f32))
     }
 }
 
@@ -114,7 +169,45 @@ pub fn gguf_to_hf_rows(m: &[f32], heads: usize, head_dim: usize, cols: usize) ->
 
 #[cfg(test)]
 mod tests {
-    use super::LoraPair;
+    use super::{LoraAdapter, LoraLayer, LoraPair};
+
+    #[test]
+    fn an_adapter_holds_its_pairs_in_one_buffer_in_the_order_they_are_read() {
+        let pair = |i: usize, o: usize, s: f32| {
+            let a: Vec<f32> = (0..2 * i).map(|x| s + x as f32).collect();
+            LoraPair::new(2, a, (0..2 * o).map(|x| -s - x as f32).collect())
+        };
+        let layer = |s: f32| LoraLayer {
+            q: Some(pair(3, 4, s)),
+            k: None,
+            v: Some(pair(3, 2, s + 100.0)),
+            down: Some(pair(5, 3, s + 200.0)),
+            ..LoraLayer::default()
+        };
+        let (layers, head) = (vec![layer(0.0), layer(1000.0)], Some(pair(3, 7, 5000.0)));
+        let loose = LoraAdapter { layers: layers.clone(), head: head.clone(), scale: 0.5 };
+        let packed = LoraAdapter::new(layers, head, 0.5);
+        assert_eq!(packed.bytes(), loose.bytes());
+        assert!(packed.layer(1).k.is_none() && packed.layer(1).gate.is_none());
+        let pairs = |a: &LoraAdapter| -> Vec<LoraPair> {
+            a.layers.iter().flat_map(LoraLayer::pairs).chain(a.head.as_ref()).cloned().collect()
+        };
+        let (mut end, mut count) = (None, 0);
+        for (p, q) in pairs(&packed).iter().zip(&pairs(&loose)) {
+            assert_eq!(
+                (p.a(), p.b_tiles(), p.rank, p.in_dim, p.out_dim()),
+                (q.a(), q.b_tiles(), q.rank, q.in_dim, q.out_dim())
+            );
+            // A follows the previous pair's B, and B follows A, in memory.
+            if let Some(end) = end {
+                assert_eq!(p.a().as_ptr(), end);
+            }
+            assert_eq!(p.b_tiles().as_ptr(), p.a().as_ptr_range().end);
+            end = Some(p.b_tiles().as_ptr_range().end);
+            count += 1;
+        }
+        assert_eq!(count, 7);
+    }
 
     #[test]
     fn apply_adds_scaled_b_of_a_x() {

@@ -93,8 +93,8 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
     let pair = |i: usize, o: usize, b: f32| {
         Some(LoraPair::new(8, (0..8 * i).map(|x| ((x % 7) as f32 - 3.0) * 0.01).collect(), vec![b; o * 8]))
     };
-    let adapter = |b: f32| LoraAdapter {
-        layers: (0..c.n_layer)
+    let adapter = |b: f32| {
+        let layers = (0..c.n_layer)
             .map(|_| LoraLayer {
                 q: pair(c.hidden, c.q_dim(), b),
                 k: pair(c.hidden, c.kv_dim(), b),
@@ -104,9 +104,8 @@ fn zero_initialised_lora_equals_the_base_and_a_trained_one_does_not() {
                 up: pair(c.hidden, c.ffn, b),
                 down: pair(c.ffn, c.hidden, b),
             })
-            .collect(),
-        head: None,
-        scale: 2.0,
+            .collect();
+        LoraAdapter::new(layers, None, 2.0)
     };
     let run = |a: Option<&LoraAdapter>| {
         let mut cache = KvCache::new(c.n_layer, c.kv_dim());

@@ -38,6 +38,9 @@ pub trait Widen: Copy + Send + Sync + sealed::Sealed {
 
     /// The slice as bf16, when it is (for the kernels written for that layout).
     fn as_bf16(m: &[Self]) -> Option<&[Bf16]>;
+
+    /// The slice as f32, when it is.
+    fn as_f32(m: &[Self]) -> Option<&[f32]>;
 }
 
 impl Widen for f32 {
@@ -49,6 +52,10 @@ impl Widen for f32 {
     fn as_bf16(_: &[f32]) -> Option<&[Bf16]> {
         None
     }
+
+    fn as_f32(m: &[f32]) -> Option<&[f32]> {
+        Some(m)
+    }
 }
 
 impl Widen for Bf16 {
@@ -59,6 +66,10 @@ impl Widen for Bf16 {
 
     fn as_bf16(m: &[Bf16]) -> Option<&[Bf16]> {
         Some(m)
+    }
+
+    fn as_f32(_: &[Bf16]) -> Option<&[f32]> {
+        None
     }
 }
 
@@ -79,7 +90,7 @@ pub fn dots<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
     assert!(a.len() == rank * n && n > 0 && xs.len().is_multiple_of(n) && out.len() == xs.len() / n * rank);
     // bf16 has its own AVX2 kernel: the generic tiles widened it an element at a time.
     match (cpu().avx2, W::as_bf16(a)) {
-        (Some(avx2), Some(a)) => super::simd::dots_bf16(avx2, a, rank, xs, out),
+        (Some(avx2), Some(a)) => super::adapter_avx2::dots_bf16(avx2, a, rank, xs, out),
         (Some(avx2), None) => super::simd::dots(avx2, a, rank, xs, out),
         (None, _) => dots_generic(a, rank, xs, out),
     }
@@ -151,10 +162,15 @@ pub fn add_ranks<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
     let rank = ax.len() / outs.len().max(1);
     let n = outs.first().map_or(0, |o| o.len());
     assert!(ax.len() == outs.len() * rank && rank > 0 && b.len() == rank * n && outs.iter().all(|o| o.len() == n));
-    match cpu().avx2 {
-        Some(avx2) => super::simd::add_ranks(avx2, ax, b, outs),
-        None => add_ranks_generic(ax, b, outs),
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = cpu().avx2 {
+        match (W::as_bf16(b), W::as_f32(b)) {
+            (Some(b), _) => return super::adapter_avx2::add_ranks(avx2, ax, b, outs),
+            (_, Some(b)) => return super::adapter_avx2::add_ranks(avx2, ax, b, outs),
+            _ => {}
+        }
     }
+    add_ranks_generic(ax, b, outs)
 }
 
 /// Each row's tile of [`UP_COLS`] outputs stays in registers across all the ranks, so an output is
@@ -228,10 +244,12 @@ fn block<const TR: usize, const TC: usize, W: Widen>(
         }
     }
     for r in 0..rank {
-        let wide: [[f32; UP_COLS]; TC] = std::array::from_fn(|j| {
-            let row: &[W; UP_COLS] = tile[j][r * UP_COLS..(r + 1) * UP_COLS].try_into().unwrap();
-            row.map(|v| v.widen())
-        });
+        let mut wide = [[0f32; UP_COLS]; TC];
+        for (wide, tile) in wide.iter_mut().zip(&tile) {
+            for (w, v) in wide.iter_mut().zip(&tile[r * UP_COLS..(r + 1) * UP_COLS]) {
+                *w = v.widen();
+            }
+        }
         for (i, acc) in acc.iter_mut().enumerate() {
             let a = ax[(t + i) * rank + r];
             for (acc, wide) in acc.iter_mut().zip(&wide) {

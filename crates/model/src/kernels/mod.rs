@@ -15,6 +15,8 @@
 use crate::arch::Activation;
 
 pub mod adapter;
+#[cfg(target_arch = "x86_64")]
+mod adapter_avx2;
 
 mod attend;
 #[cfg(target_arch = "x86_64")]

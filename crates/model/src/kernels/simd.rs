@@ -3,7 +3,7 @@
 //! once per call; the kernels' `# Safety` sections say what that is.
 #![allow(unsafe_code)]
 
-use super::adapter::{Bf16, Widen};
+use super::adapter::Widen;
 use super::cpu::Avx2Fma;
 use super::QK;
 use crate::arch::Activation;
@@ -96,40 +96,6 @@ pub(crate) fn dots<W: Widen>(avx2: Avx2Fma, a: &[W], rank: usize, xs: &[f32], ou
     {
         let _ = avx2;
         super::adapter::dots_generic(a, rank, xs, out)
-    }
-}
-
-/// [`super::dots`] on bf16 weights: each entry [`super::adapter::dots_generic`]'s arithmetic
-/// (eight lanes of multiply-then-add, separately rounded, the tail, the fixed lane sum), with
-/// eight weights widened per instruction.
-#[inline]
-pub(crate) fn dots_bf16(avx2: Avx2Fma, a: &[Bf16], rank: usize, xs: &[f32], out: &mut [f32]) {
-    let n = a.len() / rank.max(1);
-    assert!(a.len() == rank * n && n > 0 && xs.len().is_multiple_of(n) && out.len() == xs.len() / n * rank);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the token proves AVX2 and FMA; the lengths are asserted above.
-    unsafe {
-        dots_bf16_avx2(avx2, a, rank, xs, out)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = avx2;
-        super::adapter::dots_generic(a, rank, xs, out)
-    }
-}
-
-/// [`super::add_ranks`] compiled for AVX2 (the same arithmetic, element by element).
-#[inline]
-pub(crate) fn add_ranks<W: Widen>(avx2: Avx2Fma, ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the token proves AVX2 and FMA; the body is safe code on any slices.
-    unsafe {
-        add_ranks_avx2(avx2, ax, b, outs)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = avx2;
-        super::adapter::add_ranks_generic(ax, b, outs)
     }
 }
 
@@ -284,87 +250,6 @@ unsafe fn dot_f32_avx2(_: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2<W: Widen>(_: Avx2Fma, a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
     super::adapter::dots_generic(a, rank, xs, out)
-}
-
-/// [`dots_bf16`]'s tiles of up to two rows by four ranks.
-///
-/// # Safety
-/// `a` holds `rank` rows of `n = a.len() / rank > 0` values, `xs` whole rows of `n`, and `out`
-/// `rank` values a row of `xs` (asserted by [`dots_bf16`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_bf16_avx2(_: Avx2Fma, a: &[Bf16], rank: usize, xs: &[f32], out: &mut [f32]) {
-    use super::adapter::{put, tiles};
-    let n = a.len() / rank;
-    for (t, r, two, four) in tiles(xs.len() / n, rank) {
-        // SAFETY: rows t..t+R of xs and r..r+C of a exist (the tiles' bounds), as the callee needs.
-        unsafe {
-            match (two, four) {
-                (true, true) => put(out, rank, t, r, bf16_tile::<2, 4>(a, n, xs, t, r)),
-                (false, true) => put(out, rank, t, r, bf16_tile::<1, 4>(a, n, xs, t, r)),
-                (true, false) => put(out, rank, t, r, bf16_tile::<2, 1>(a, n, xs, t, r)),
-                (false, false) => put(out, rank, t, r, bf16_tile::<1, 1>(a, n, xs, t, r)),
-            }
-        }
-    }
-}
-
-/// The dots of rows `t..t+R` of `xs` by rows `r..r+C` of `a` (each `n` long), as
-/// `super::dot_tile` computes them: lane `l` of an accumulator adds `w * x` of positions
-/// `8c + l` in order, the tail is summed after, then the lanes in one fixed order.
-///
-/// # Safety
-/// AVX2 is available; rows `t..t+R` of `xs` and `r..r+C` of `a` exist.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn bf16_tile<const R: usize, const C: usize>(
-    a: &[Bf16],
-    n: usize,
-    xs: &[f32],
-    t: usize,
-    r: usize,
-) -> [[f32; C]; R] {
-    let chunks = n / 8;
-    let mut acc = [[_mm256_setzero_ps(); C]; R];
-    let (ap, xp) = (a.as_ptr() as *const u16, xs.as_ptr());
-    for c in 0..chunks {
-        // SAFETY: position 8c + 7 < n, inside row r + j of `a` and row t + i of `xs`.
-        let w: [__m256; C] = std::array::from_fn(|j| unsafe {
-            let raw = _mm_loadu_si128(ap.add((r + j) * n + c * 8) as *const __m128i);
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)))
-        });
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: as above.
-            let x = unsafe { _mm256_loadu_ps(xp.add((t + i) * n + c * 8)) };
-            for (acc, w) in acc.iter_mut().zip(&w) {
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(*w, x));
-            }
-        }
-    }
-    let mut out = [[0f32; C]; R];
-    for i in 0..R {
-        for j in 0..C {
-            let mut s = 0f32;
-            for k in chunks * 8..n {
-                s += a[(r + j) * n + k].to_f32() * xs[(t + i) * n + k];
-            }
-            let mut l = [0f32; 8];
-            // SAFETY: `l` holds eight floats.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[i][j]) };
-            out[i][j] = (l[0] + l[4]) + (l[1] + l[5]) + (l[2] + l[6]) + (l[3] + l[7]) + s;
-        }
-    }
-    out
-}
-
-/// [`super::adapter::add_ranks_generic`] compiled with AVX2/FMA enabled so that it vectorises.
-///
-/// # Safety
-/// None beyond the target features (the body is safe code).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn add_ranks_avx2<W: Widen>(_: Avx2Fma, ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
-    super::adapter::add_ranks_generic(ax, b, outs)
 }
 
 /// [`super::act_mul_generic`] compiled with AVX2/FMA enabled so that it vectorises.
