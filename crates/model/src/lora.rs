@@ -64,12 +64,12 @@ impl LoraPair {
         crate::as_served::lora_row(self.a(), self.b_tiles(), self.rank, x, out, scale);
     }
 
-    /// This pair with its matrices copied to the end of `into` (shared as `data` once filled).
-    fn moved(&self, into: &mut Vec<Bf16>) -> (usize, &Self) {
+    /// Appends A then B to `into`; returns where A starts there.
+    fn copy_into(&self, into: &mut Vec<Bf16>) -> usize {
         let at = into.len();
         into.extend_from_slice(self.a());
         into.extend_from_slice(self.b_tiles());
-        (at, self)
+        at
     }
 }
 
@@ -109,9 +109,15 @@ impl LoraAdapter {
     pub fn new(layers: Vec<LoraLayer>, head: Option<LoraPair>, scale: f32) -> Self {
         let all = || layers.iter().flat_map(LoraLayer::pairs).chain(head.as_ref());
         let mut data = Vec::with_capacity(all().map(|p| p.bytes() / std::mem::size_of::<Bf16>()).sum());
-        let placed: Vec<(usize, &LoraPair)> = all().map(|p| p.moved(&mut data)).collect();
+        let starts: Vec<usize> = all().map(|p| p.copy_into(&mut data)).collect();
         let data: Arc<[Bf16]> = data.into();
-        let mut placed = placed.into_iter().map(|(at, p)| LoraPair { data: data.clone(), at, ..p.clone() });
+        let mut placed = all().zip(starts).map(|(p, at)| LoraPair {
+            rank: p.rank,
+            in_dim: p.in_dim,
+            out_dim: p.out_dim,
+            data: data.clone(),
+            at,
+        });
         let mut place = |p: &Option<LoraPair>| p.as_ref().map(|_| placed.next().expect("one placed pair each"));
         let layers = layers
             .iter()
