@@ -275,8 +275,11 @@ def required_sampled(server):
         calls = [o for o in r["output"] if o["type"] == "function_call"]
         check(len(calls) == 1, f"seed {seed} responses: {r['output']}")
         city_args(calls[0]["arguments"])
+        # `seed` is one of the extras the Messages route passes to the chat request
+        # (docs/messages-api.md); without it this draw was unseeded, and now and then SmolLM2
+        # sampled a city name past the 64-token budget (a call cut at `max_tokens`).
         status, r, _ = server.api("POST", "/v1/messages", {
-            "model": SMOL, "max_tokens": 64, "metadata": {"user_id": str(seed)},
+            "model": SMOL, "max_tokens": 64, "metadata": {"user_id": str(seed)}, "seed": seed,
             "messages": [{"role": "user", "content": "Weather in Paris?"}],
             "tools": [{"name": "get_weather", "description": "Get the weather.",
                        "input_schema": WEATHER["function"]["parameters"]}], "tool_choice": {"type": "any"}})
