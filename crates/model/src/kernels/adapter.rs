@@ -174,22 +174,42 @@ pub fn add_ranks<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
 }
 
 /// Each row's tile of [`UP_COLS`] outputs stays in registers across all the ranks, so an output is
-/// loaded and stored once rather than once a rank. Rows and tiles go in blocks of eight registers'
-/// worth (four rows of one tile, two rows of two tiles, or one row of four tiles): an output's
-/// adds form one chain, one add a rank, so a lone tile would wait on the add's latency at every
-/// rank; eight independent chains keep the adders busy. B is taken in strips of four tiles across
-/// all the rows, each strip read from memory once and from L1 for the further blocks of rows. The
-/// blocking changes which outputs are computed together, never an output's own operations.
+/// loaded and stored once rather than once a rank (the loop is written for that; rustc keeps it
+/// on the stack, which is why AVX2 has its own `block`).
 #[inline(always)]
 pub(crate) fn add_ranks_generic<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
-    let rows = outs.len();
-    let rank = ax.len() / rows;
+    let rank = ax.len() / outs.len();
     let n = outs[0].len();
-    let tiles = n / UP_COLS;
-    // Strips of four tiles (64 outputs, a few KB of B) across all the rows, so that B is read
-    // from memory once and from L1 for the further rows.
+    for_rank_blocks(outs.len(), n / UP_COLS, &mut GenericBlocks { ax, rank, b, outs });
+    add_rest(ax, b, outs);
+}
+
+/// A kernel for the blocks of [`add_ranks`], called by [`for_rank_blocks`].
+pub(crate) trait RankBlocks {
+    /// Before the blocks of the strip of tiles `c0..end`.
+    #[inline(always)]
+    fn strip(&mut self, _c0: usize, _end: usize) {}
+
+    /// Adds their ranks to rows `t..t+TR` by tiles `c..c+TC`: every output takes its ranks in
+    /// order, `o += ax_r * b_r` rounded at each multiply and add.
+    ///
+    /// # Safety
+    /// Rows `t..t+TR` and tiles `c..c+TC` exist (the bounds given to [`for_rank_blocks`]).
+    unsafe fn block<const TR: usize, const TC: usize>(&mut self, t: usize, c: usize);
+}
+
+/// The one walk every `add_ranks` kernel takes over `rows` rows by `tiles` whole tiles of B. Rows
+/// and tiles go in blocks of eight registers' worth (four rows of one tile, two rows of two tiles,
+/// or one row of four tiles): an output's adds form one chain, one add a rank, so a lone tile
+/// would wait on the add's latency at every rank; eight independent chains keep the adders busy.
+/// B is taken in strips of four tiles (64 outputs, a few KB) across all the rows, each strip read
+/// from memory once and from L1 for the further blocks of rows. The blocking changes which
+/// outputs are computed together, never an output's own operations.
+#[inline(always)]
+pub(crate) fn for_rank_blocks<K: RankBlocks>(rows: usize, tiles: usize, k: &mut K) {
     for c0 in (0..tiles).step_by(4) {
         let end = tiles.min(c0 + 4);
+        k.strip(c0, end);
         let mut t = 0;
         while t < rows {
             let tr = match rows - t {
@@ -199,72 +219,90 @@ pub(crate) fn add_ranks_generic<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut 
             };
             let mut c = c0;
             while c < end {
-                c += match (tr, end - c) {
-                    (4, _) => block::<4, 1, W>(ax, rank, b, outs, t, c),
-                    (2, 2..) => block::<2, 2, W>(ax, rank, b, outs, t, c),
-                    (2, _) => block::<2, 1, W>(ax, rank, b, outs, t, c),
-                    (_, 4..) => block::<1, 4, W>(ax, rank, b, outs, t, c),
-                    (_, 2..) => block::<1, 2, W>(ax, rank, b, outs, t, c),
-                    _ => block::<1, 1, W>(ax, rank, b, outs, t, c),
+                let tc = match (tr, end - c) {
+                    (4, _) | (2, 1) | (1, 1) => 1,
+                    (2, _) | (1, 2 | 3) => 2,
+                    _ => 4,
                 };
+                // SAFETY: t + tr <= rows and c + tc <= end <= tiles, as `block` requires.
+                unsafe {
+                    match (tr, tc) {
+                        (4, _) => k.block::<4, 1>(t, c),
+                        (2, 2) => k.block::<2, 2>(t, c),
+                        (2, _) => k.block::<2, 1>(t, c),
+                        (_, 4) => k.block::<1, 4>(t, c),
+                        (_, 2) => k.block::<1, 2>(t, c),
+                        _ => k.block::<1, 1>(t, c),
+                    }
+                }
+                c += tc;
             }
             t += tr;
         }
     }
-    let whole = tiles * UP_COLS;
-    let (tail, w) = (&b[whole * rank..], n - whole);
-    if w > 0 {
-        for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
-            for (a, b) in ax.iter().zip(tail.chunks_exact(w)) {
-                for (o, b) in out[whole..].iter_mut().zip(b) {
-                    *o += a * b.widen();
-                }
+}
+
+/// The outputs past B's last whole tile, held as one `(rank, out % UP_COLS)` tile: each row's
+/// ranks in order, as every kernel's blocks add them.
+#[inline(always)]
+pub(crate) fn add_rest<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
+    let rank = ax.len() / outs.len();
+    let whole = outs[0].len() / UP_COLS * UP_COLS;
+    let w = outs[0].len() - whole;
+    if w == 0 {
+        return;
+    }
+    for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
+        for (a, b) in ax.iter().zip(b[whole * rank..].chunks_exact(w)) {
+            for (o, b) in out[whole..].iter_mut().zip(b) {
+                *o += a * b.widen();
             }
         }
     }
 }
 
-/// Rows `t..t+TR` by tiles `c..c+TC` of B (each `(rank, UP_COLS)`): every output takes its ranks
-/// in order, `o += ax_r * b_r` rounded at each multiply and add. Returns `TC`, the tiles done.
-#[inline(always)]
-fn block<const TR: usize, const TC: usize, W: Widen>(
-    ax: &[f32],
+/// The portable blocks: tiles in arrays, each widened once per rank for all the block's rows.
+struct GenericBlocks<'a, 'o, W> {
+    ax: &'a [f32],
     rank: usize,
-    b: &[W],
-    outs: &mut [&mut [f32]],
-    t: usize,
-    c: usize,
-) -> usize {
-    let span = rank * UP_COLS;
-    let tile: [&[W]; TC] = std::array::from_fn(|j| &b[(c + j) * span..(c + j + 1) * span]);
-    let mut acc = [[[0f32; UP_COLS]; TC]; TR];
-    for (i, acc) in acc.iter_mut().enumerate() {
-        for (j, acc) in acc.iter_mut().enumerate() {
-            acc.copy_from_slice(&outs[t + i][(c + j) * UP_COLS..(c + j + 1) * UP_COLS]);
-        }
-    }
-    for r in 0..rank {
-        let mut wide = [[0f32; UP_COLS]; TC];
-        for (wide, tile) in wide.iter_mut().zip(&tile) {
-            for (w, v) in wide.iter_mut().zip(&tile[r * UP_COLS..(r + 1) * UP_COLS]) {
-                *w = v.widen();
+    b: &'a [W],
+    outs: &'a mut [&'o mut [f32]],
+}
+
+impl<W: Widen> RankBlocks for GenericBlocks<'_, '_, W> {
+    #[inline(always)]
+    unsafe fn block<const TR: usize, const TC: usize>(&mut self, t: usize, c: usize) {
+        let (ax, rank, b) = (self.ax, self.rank, self.b);
+        let span = rank * UP_COLS;
+        let tile: [&[W]; TC] = std::array::from_fn(|j| &b[(c + j) * span..(c + j + 1) * span]);
+        let mut acc = [[[0f32; UP_COLS]; TC]; TR];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                acc.copy_from_slice(&self.outs[t + i][(c + j) * UP_COLS..(c + j + 1) * UP_COLS]);
             }
         }
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let a = ax[(t + i) * rank + r];
-            for (acc, wide) in acc.iter_mut().zip(&wide) {
-                for l in 0..UP_COLS {
-                    acc[l] += a * wide[l];
+        for r in 0..rank {
+            let mut wide = [[0f32; UP_COLS]; TC];
+            for (wide, tile) in wide.iter_mut().zip(&tile) {
+                for (w, v) in wide.iter_mut().zip(&tile[r * UP_COLS..(r + 1) * UP_COLS]) {
+                    *w = v.widen();
+                }
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let a = ax[(t + i) * rank + r];
+                for (acc, wide) in acc.iter_mut().zip(&wide) {
+                    for l in 0..UP_COLS {
+                        acc[l] += a * wide[l];
+                    }
                 }
             }
         }
-    }
-    for (i, acc) in acc.iter().enumerate() {
-        for (j, acc) in acc.iter().enumerate() {
-            outs[t + i][(c + j) * UP_COLS..(c + j + 1) * UP_COLS].copy_from_slice(acc);
+        for (i, acc) in acc.iter().enumerate() {
+            for (j, acc) in acc.iter().enumerate() {
+                self.outs[t + i][(c + j) * UP_COLS..(c + j + 1) * UP_COLS].copy_from_slice(acc);
+            }
         }
     }
-    TC
 }
 
 #[cfg(test)]

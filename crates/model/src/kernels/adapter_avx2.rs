@@ -16,7 +16,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::adapter::{put, tiles, Bf16, Widen, UP_COLS};
+use super::adapter::{add_rest, for_rank_blocks, put, tiles, Bf16, RankBlocks, Widen, UP_COLS};
 use super::cpu::Avx2Fma;
 use super::lanes_avx2::{prefetch, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
@@ -129,116 +129,82 @@ unsafe fn bf16_tile<const R: usize, const C: usize>(
 }
 
 /// `adapter::add_ranks_generic`'s products and order: for each row `i` and output `o`, the ranks
-/// in order, `o = o + ax[i, r] * b[o, r]` with the multiply and the add rounded apart. B is in
-/// `adapter::b_tiles`' layout; rows go in blocks of four (one tile), two (two tiles) or one (four
-/// tiles), eight accumulator registers each, over strips of four tiles so that a strip of B is
-/// read from memory once and from L1 for the further rows.
+/// in order, `o = o + ax[i, r] * b[o, r]` with the multiply and the add rounded apart, over
+/// `adapter::for_rank_blocks`' blocks, B in `adapter::b_tiles`' layout.
 pub(super) fn add_ranks<L: Lanes8>(avx2: Avx2Fma, ax: &[f32], b: &[L], outs: &mut [&mut [f32]]) {
     let rows = outs.len();
     let rank = ax.len() / rows.max(1);
     let n = outs.first().map_or(0, |o| o.len());
     assert!(rows > 0 && rank > 0 && ax.len() == rows * rank && b.len() == rank * n);
     assert!(outs.iter().all(|o| o.len() == n));
-    // SAFETY: the token proves AVX2; the lengths are asserted above, and `block` reads tiles
-    // `c..c+TC < n / UP_COLS` of B and rows `t..t+TR <= rows` of `ax` and `outs`.
-    unsafe { add_ranks_avx2(avx2, ax, b, outs, rank, n) }
+    // SAFETY: the token proves AVX2; the lengths are asserted above, and the walk gives `block`
+    // tiles `c..c+TC <= n / UP_COLS` of B and rows `t..t+TR <= rows` of `ax` and `outs`.
+    unsafe { add_ranks_avx2(Avx2Blocks { _avx2: avx2, ax, rank, b, outs }) }
+    add_rest(ax, b, outs);
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn add_ranks_avx2<L: Lanes8>(_: Avx2Fma, ax: &[f32], b: &[L], outs: &mut [&mut [f32]], rank: usize, n: usize) {
-    let rows = outs.len();
-    let tiles = n / UP_COLS;
-    for c0 in (0..tiles).step_by(4) {
-        let end = tiles.min(c0 + 4);
-        // The strip PREFETCH_AHEAD on, once for all the rows (they read this one from L1).
-        let strip = b.as_ptr().wrapping_add(c0 * rank * UP_COLS) as *const u8;
-        prefetch(strip.wrapping_add(PREFETCH_AHEAD), (end - c0) * rank * UP_COLS * std::mem::size_of::<L>());
-        let mut t = 0;
-        while t < rows {
-            let tr = match rows - t {
-                4.. => 4,
-                2 | 3 => 2,
-                _ => 1,
-            };
-            let mut c = c0;
-            while c < end {
-                // SAFETY: as `add_ranks` states.
-                c += unsafe {
-                    match (tr, end - c) {
-                        (4, _) => block::<4, 1, L>(ax, rank, b, outs, t, c),
-                        (2, 2..) => block::<2, 2, L>(ax, rank, b, outs, t, c),
-                        (2, _) => block::<2, 1, L>(ax, rank, b, outs, t, c),
-                        (_, 4..) => block::<1, 4, L>(ax, rank, b, outs, t, c),
-                        (_, 2..) => block::<1, 2, L>(ax, rank, b, outs, t, c),
-                        _ => block::<1, 1, L>(ax, rank, b, outs, t, c),
-                    }
-                };
-            }
-            t += tr;
-        }
-    }
-    // Outputs past the last whole tile: B holds them as one `(rank, w)` tile.
-    let whole = tiles * UP_COLS;
-    let w = n - whole;
-    if w > 0 {
-        for (i, out) in outs.iter_mut().enumerate() {
-            for r in 0..rank {
-                let a = ax[i * rank + r];
-                for (o, v) in out[whole..].iter_mut().zip(&b[whole * rank + r * w..whole * rank + (r + 1) * w]) {
-                    *o += a * v.widen();
-                }
-            }
-        }
-    }
+unsafe fn add_ranks_avx2<L: Lanes8>(mut k: Avx2Blocks<'_, '_, '_, L>) {
+    let (rows, tiles) = (k.outs.len(), k.outs[0].len() / UP_COLS);
+    for_rank_blocks(rows, tiles, &mut k);
 }
 
-/// Rows `t..t+TR` by tiles `c..c+TC`: each output's sixteen-wide tile in two registers across all
-/// the ranks, loaded and stored once. Returns `TC`.
-///
-/// # Safety
-/// AVX2 is available; rows `t..t+TR` exist in `outs` and `ax`, tiles `c..c+TC` in B.
-#[inline(always)]
-unsafe fn block<const TR: usize, const TC: usize, L: Lanes8>(
-    ax: &[f32],
+/// The AVX2 blocks: each row's sixteen-wide tile of outputs in two registers across all the
+/// ranks, loaded and stored once. Holding the token, they exist only where AVX2 does.
+struct Avx2Blocks<'a, 'b, 'o, L> {
+    _avx2: Avx2Fma,
+    ax: &'a [f32],
     rank: usize,
-    b: &[L],
-    outs: &mut [&mut [f32]],
-    t: usize,
-    c: usize,
-) -> usize {
-    let span = rank * UP_COLS;
-    let o: [*mut f32; TR] = std::array::from_fn(|i| outs[t + i].as_mut_ptr());
-    let mut acc = [[_mm256_setzero_ps(); 8]; TR];
-    // SAFETY (every access below): tiles c..c+TC hold UP_COLS outputs of each row and span
-    // elements of B; rows t..t+TR hold `rank` entries of `ax`.
-    unsafe {
-        for i in 0..TR {
-            for j in 0..TC {
-                let p = o[i].add((c + j) * UP_COLS);
-                acc[i][2 * j] = _mm256_loadu_ps(p);
-                acc[i][2 * j + 1] = _mm256_loadu_ps(p.add(8));
+    b: &'a [L],
+    outs: &'b mut [&'o mut [f32]],
+}
+
+impl<L: Lanes8> RankBlocks for Avx2Blocks<'_, '_, '_, L> {
+    /// Asks for the strip PREFETCH_AHEAD on, once for all the rows (they read this one from L1).
+    #[inline(always)]
+    fn strip(&mut self, c0: usize, end: usize) {
+        let span = self.rank * UP_COLS;
+        let strip = self.b.as_ptr().wrapping_add(c0 * span) as *const u8;
+        prefetch(strip.wrapping_add(PREFETCH_AHEAD), (end - c0) * span * std::mem::size_of::<L>());
+    }
+
+    #[inline(always)]
+    unsafe fn block<const TR: usize, const TC: usize>(&mut self, t: usize, c: usize) {
+        let (ax, rank) = (self.ax, self.rank);
+        let span = rank * UP_COLS;
+        let o: [*mut f32; TR] = std::array::from_fn(|i| self.outs[t + i].as_mut_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 8]; TR];
+        // SAFETY (every access below): AVX2 is available (the token); tiles c..c+TC hold
+        // UP_COLS outputs of each row and span elements of B; rows t..t+TR hold `rank` entries
+        // of `ax`.
+        unsafe {
+            for i in 0..TR {
+                for j in 0..TC {
+                    let p = o[i].add((c + j) * UP_COLS);
+                    acc[i][2 * j] = _mm256_loadu_ps(p);
+                    acc[i][2 * j + 1] = _mm256_loadu_ps(p.add(8));
+                }
             }
-        }
-        let bp = b.as_ptr().add(c * span);
-        let ap = ax.as_ptr().add(t * rank);
-        for r in 0..rank {
-            let a: [__m256; TR] = std::array::from_fn(|i| _mm256_broadcast_ss(&*ap.add(i * rank + r)));
-            for j in 0..TC {
-                let row = bp.add(j * span + r * UP_COLS);
-                let (lo, hi) = (L::load8(row), L::load8(row.add(8)));
-                for i in 0..TR {
-                    acc[i][2 * j] = _mm256_add_ps(acc[i][2 * j], _mm256_mul_ps(a[i], lo));
-                    acc[i][2 * j + 1] = _mm256_add_ps(acc[i][2 * j + 1], _mm256_mul_ps(a[i], hi));
+            let bp = self.b.as_ptr().add(c * span);
+            let ap = ax.as_ptr().add(t * rank);
+            for r in 0..rank {
+                let a: [__m256; TR] = std::array::from_fn(|i| _mm256_broadcast_ss(&*ap.add(i * rank + r)));
+                for j in 0..TC {
+                    let row = bp.add(j * span + r * UP_COLS);
+                    let (lo, hi) = (L::load8(row), L::load8(row.add(8)));
+                    for i in 0..TR {
+                        acc[i][2 * j] = _mm256_add_ps(acc[i][2 * j], _mm256_mul_ps(a[i], lo));
+                        acc[i][2 * j + 1] = _mm256_add_ps(acc[i][2 * j + 1], _mm256_mul_ps(a[i], hi));
+                    }
+                }
+            }
+            for i in 0..TR {
+                for j in 0..TC {
+                    let p = o[i].add((c + j) * UP_COLS);
+                    _mm256_storeu_ps(p, acc[i][2 * j]);
+                    _mm256_storeu_ps(p.add(8), acc[i][2 * j + 1]);
                 }
             }
         }
-        for i in 0..TR {
-            for j in 0..TC {
-                let p = o[i].add((c + j) * UP_COLS);
-                _mm256_storeu_ps(p, acc[i][2 * j]);
-                _mm256_storeu_ps(p.add(8), acc[i][2 * j + 1]);
-            }
-        }
     }
-    TC
 }
