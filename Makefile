@@ -407,10 +407,12 @@ bench-agreement: model model-qwen model-gemma $(TINKER_OK)
 		$(QWEN_MODEL)=Qwen/Qwen2.5-Coder-0.5B-Instruct $(GEMMA_MODEL)=google/gemma-3-270m --json target/bench-agreement.json
 
 ## bench-adapters: 16 streams on 1, 4, 16 and 64 different random LoRA adapters (r8, every projection) against
-## 16 streams on the base, alternating rounds (bench/adapters.py)
+## 16 streams on the base, alternating rounds, with the read bound of each (bench/adapters.py)
 bench-adapters: model $(PYENV_OK)
 	cargo build --release -q --bin tandem
-	$(PYENV)/bin/python bench/adapters.py target/release/tandem $(MODEL)
+	cargo build --release -q -p tandem-model --example matmul_bench
+	$(PYENV)/bin/python bench/adapters.py target/release/tandem $(MODEL) \
+	  --read-gbs $$(target/release/examples/matmul_bench read 2 1100 | awk '{print $$(NF-1)}')
 
 ## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
 bench-gemma: model-gemma

@@ -12,8 +12,12 @@ lands on both. With 64 adapters and 16 streams, each round uses 16 others: the r
 multi-tenant service sees (every tenant's newest checkpoint). Prints tokens/s per configuration
 (medians), the median over rounds of each round's ratio to the base's round after it, with their
 range, and how many adapters the measured rounds read from
-disk (`tandem:lora_adapter_loads_total`; 0 when the cache holds them all). No assertions: a
-measurement.
+disk (`tandem:lora_adapter_loads_total`; 0 when the cache holds them all). With --read-gbs (the
+read bandwidth measured in the same run, `matmul_bench read`; `make bench-adapters` passes it)
+each line ends with the read bound: the base's step (streams over the base's tokens/s, which
+counts the round's prefill too, so the bound is if anything loose) against that step plus the
+bytes of the adapters the step's streams use (held bytes a loaded adapter, from /metrics), read
+once at that bandwidth. No assertions: a measurement.
 """
 
 import argparse
@@ -105,6 +109,7 @@ def main():
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--read-gbs", type=float, help="read bandwidth (GB/s): prints each count's read bound")
     args = p.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     root = tempfile.mkdtemp(prefix="tandem-bench-adapters-")
@@ -139,10 +144,16 @@ def main():
                 paired = sorted(x / y for x, y in zip(ours, theirs))
                 loads, held = cache_state(server)
                 rows.append((k, a, b))
+                bound = ""
+                if args.read_gbs:
+                    step = args.streams / b
+                    read = min(k, args.streams) * held / max(counts) / (args.read_gbs * 1e9)
+                    bound = (f"; read bound {step / (step + read):.2f} ({min(k, args.streams) * held / max(counts) / 1e6:.1f} MB "
+                             f"a step at {args.read_gbs:.1f} GB/s over a {step * 1e3:.1f} ms base step)")
                 print(f"{k:>3} adapters over {args.streams} streams: {a:7.1f} tok/s, base {b:7.1f} tok/s, "
                       f"ratio {statistics.median(paired):.2f} (rounds {paired[0]:.2f}-{paired[-1]:.2f}); "
                       f"{loads - loads_before} adapters read from disk in the measured rounds, "
-                      f"cache holds {held / 2**20:.1f} MiB", flush=True)
+                      f"cache holds {held / 2**20:.1f} MiB{bound}", flush=True)
         finally:
             server.stop()
     finally:

@@ -6,7 +6,8 @@ For each server (OpenAI-compatible `/v1/chat/completions`, non-streaming): prefi
 ~512-token prompt (max_tokens 1), single-stream decode tokens/s over 128 tokens, and aggregate
 generated tokens/s with 1, 4 and 16 concurrent streams of 64 tokens. Rounds alternate between
 servers and medians are reported; prompts start with a fresh random prefix so no prefix cache
-helps. With two servers, the ratios first/second are printed. Peak RSS is read from
+helps. With two servers, the ratio first/second is the median over rounds of each round's ratio,
+with their range. Peak RSS is read from
 /proc/<pid>/status when a PID is given as NAME=URL@PID, after the workload every server runs;
 `--constrained` then runs the JSON-schema phases on the first server alone and prints its peak
 after them too.
@@ -135,10 +136,17 @@ def main():
             for n in (1, 16):
                 s[f"aggregate_{n}_json"].append(aggregate_rate(url, args.key, rng, n, True))
         rss_constrained = peak_rss_mb(pid) if pid else None
-    print(f"{'metric (tok/s, median)':<24}" + "".join(f"{n:>14}" for n, _, _ in servers) + ("     ratio" if len(servers) == 2 else ""))
+    # The ratio is the median over rounds of each round's ratio (the two servers ran one after the
+    # other in a round, under the same load from the host), with their range: the host moved a
+    # server's own figure by 10-20% between rounds, more than between two servers in one round.
+    print(f"{'metric (tok/s, median)':<24}" + "".join(f"{n:>14}" for n, _, _ in servers)
+          + ("     ratio (rounds)" if len(servers) == 2 else ""))
     for m in metrics:
         vals = [statistics.median(samples[n][m]) for n, _, _ in servers]
-        ratio = f"{vals[0] / vals[1]:>10.2f}" if len(vals) == 2 else ""
+        ratio = ""
+        if len(servers) == 2:
+            paired = sorted(x / y for x, y in zip(samples[servers[0][0]][m], samples[servers[1][0]][m]))
+            ratio = f"{statistics.median(paired):>10.2f} ({paired[0]:.2f}-{paired[-1]:.2f})"
         print(f"{m:<24}" + "".join(f"{v:>14.1f}" for v in vals) + ratio)
     if args.constrained:
         first = servers[0][0]
