@@ -77,7 +77,8 @@ pub fn attend_sequence(g: &Heads, q: &[f32], k: &[f32], v: &[f32], out: &mut [f3
 }
 
 /// `out += scale * B (A x)` for one row, in the engine's order: each rank's `scale * (a_r . x)`
-/// (the kernels' dot), then B's column of each rank added across the row, ranks in order. `a` is
+/// (the adapter kernels' dot, fused multiply-adds), then B's column of each rank added across the
+/// row, ranks in order, one fused multiply-add each. `a` is
 /// `(rank, in)` row-major, `b` B in [`b_tiles`]' layout; served adapters hold them in bf16
 /// ([`stored`]), the trainer's exact path in f32.
 pub fn lora_row<W: Widen>(a: &[W], b: &[W], rank: usize, x: &[f32], out: &mut [f32], scale: f32) {

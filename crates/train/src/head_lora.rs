@@ -17,7 +17,7 @@ use tandem_model::kernels::sgemm::{sgemm, Operand};
 
 type Res<T> = candle_core::Result<T>;
 
-/// `(h (N, H), A (r, H)) -> u = scale · h A^T (N, r)`, each entry the kernels' dot times the
+/// `(h (N, H), A (r, H)) -> u = scale · h A^T (N, r)`, each entry the adapter kernels' dot times the
 /// scale, as the server computes a pair's first product (`as_served::lora_down`); the backward is
 /// `dh = scale · g A`, `dA = scale · g^T h`.
 pub struct LoraDown {

@@ -80,8 +80,10 @@ mod sealed {
 }
 
 /// `out[t * rank + r] = dot(a_r, x_t)` for every row `x_t` of `xs` (rows of `a`'s width) and
-/// every row `a_r` of `a` (`rank` of them), each entry [`super::dot`]'s arithmetic on the widened
-/// values, to the bit, computed in tiles of two rows by four ranks: a lone dot waits on its one
+/// every row `a_r` of `a` (`rank` of them), each entry [`super::dot`]'s order on the widened
+/// values (eight lanes along the row, a tail, the lanes summed in one fixed order) with each
+/// multiply-add fused, rounded once (since session 54: the separate multiply and add held these
+/// products to ~27 GMAC/s a thread, fused ~38), computed in tiles of two rows by four ranks: a lone dot waits on its one
 /// chain of adds, a tile keeps eight chains in flight and loads each operand once for several
 /// products. (The adapters' first product, `as_served::lora_down`, which the server runs over a
 /// group of rows on one adapter and the trainer over its rows.)
@@ -104,11 +106,13 @@ pub(crate) fn dots_generic<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut
     for (t, r, two, four) in tiles(xs.len() / n, rank) {
         match (two, four) {
             (true, true) => {
-                put(out, rank, t, r, dot_tile::<2, 4, W>([x(t), x(t + 1)], [w(r), w(r + 1), w(r + 2), w(r + 3)]))
+                put(out, rank, t, r, dot_tile::<2, 4, W, true>([x(t), x(t + 1)], [w(r), w(r + 1), w(r + 2), w(r + 3)]))
             }
-            (false, true) => put(out, rank, t, r, dot_tile::<1, 4, W>([x(t)], [w(r), w(r + 1), w(r + 2), w(r + 3)])),
-            (true, false) => put(out, rank, t, r, dot_tile::<2, 1, W>([x(t), x(t + 1)], [w(r)])),
-            (false, false) => put(out, rank, t, r, dot_tile::<1, 1, W>([x(t)], [w(r)])),
+            (false, true) => {
+                put(out, rank, t, r, dot_tile::<1, 4, W, true>([x(t)], [w(r), w(r + 1), w(r + 2), w(r + 3)]))
+            }
+            (true, false) => put(out, rank, t, r, dot_tile::<2, 1, W, true>([x(t), x(t + 1)], [w(r)])),
+            (false, false) => put(out, rank, t, r, dot_tile::<1, 1, W, true>([x(t)], [w(r)])),
         }
     }
 }
@@ -155,8 +159,8 @@ pub fn b_tiles<T: Copy>(b: &[T], rank: usize) -> Vec<T> {
 }
 
 /// `outs[i][o] += sum_r ax[i * rank + r] * B[o][r]` for each row `i`, B given as [`b_tiles`]:
-/// every output element takes its ranks in order, each a separately rounded multiply then add
-/// (`o += ax_r * b_r`), whatever the number of rows. The adapters' second product
+/// every output element takes its ranks in order, each a fused multiply-add rounded once
+/// (`o = fma(ax_r, b_r, o)`), whatever the number of rows. The adapters' second product
 /// (`as_served::lora_up`).
 pub fn add_ranks<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
     let rank = ax.len() / outs.len().max(1);
@@ -191,7 +195,7 @@ pub(crate) trait RankBlocks {
     fn strip(&mut self, _c0: usize, _end: usize) {}
 
     /// Adds their ranks to rows `t..t+TR` by tiles `c..c+TC`: every output takes its ranks in
-    /// order, `o += ax_r * b_r` rounded at each multiply and add.
+    /// order, `o = fma(ax_r, b_r, o)`.
     ///
     /// # Safety
     /// Rows `t..t+TR` and tiles `c..c+TC` exist (the bounds given to [`for_rank_blocks`]).
@@ -255,7 +259,7 @@ pub(crate) fn add_rest<W: Widen>(ax: &[f32], b: &[W], outs: &mut [&mut [f32]]) {
     for (out, ax) in outs.iter_mut().zip(ax.chunks_exact(rank)) {
         for (a, b) in ax.iter().zip(b[whole * rank..].chunks_exact(w)) {
             for (o, b) in out[whole..].iter_mut().zip(b) {
-                *o += a * b.widen();
+                *o = a.mul_add(b.widen(), *o);
             }
         }
     }
@@ -292,7 +296,7 @@ impl<W: Widen> RankBlocks for GenericBlocks<'_, '_, W> {
                 let a = ax[(t + i) * rank + r];
                 for (acc, wide) in acc.iter_mut().zip(&wide) {
                     for l in 0..UP_COLS {
-                        acc[l] += a * wide[l];
+                        acc[l] = a.mul_add(wide[l], acc[l]);
                     }
                 }
             }
@@ -303,6 +307,21 @@ impl<W: Widen> RankBlocks for GenericBlocks<'_, '_, W> {
             }
         }
     }
+}
+
+/// A dot as the adapter kernels define it, written out for the tests: lane `l` takes positions
+/// `8c + l`, each a fused multiply-add, the tail likewise, then the lanes in one fixed order.
+#[cfg(test)]
+pub(super) fn fused_dot(w: &[f32], x: &[f32]) -> f32 {
+    let chunks = w.len() / 8;
+    let mut acc = [0f32; 8];
+    for c in 0..chunks {
+        for (l, acc) in acc.iter_mut().enumerate() {
+            *acc = w[c * 8 + l].mul_add(x[c * 8 + l], *acc);
+        }
+    }
+    let s = (chunks * 8..w.len()).fold(0f32, |s, k| w[k].mul_add(x[k], s));
+    (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]) + s
 }
 
 #[cfg(test)]
@@ -342,10 +361,10 @@ mod tests {
         dots(&a16, rank, &xs, &mut d16);
         dots(&a32, rank, &xs, &mut d32);
         assert_eq!(d16, d32);
-        // Each entry is the plain dot's.
+        // Each entry is the fused dot written out.
         for t in 0..rows {
             for r in 0..rank {
-                let want = super::super::dot(&a32[r * inp..(r + 1) * inp], &xs[t * inp..(t + 1) * inp]);
+                let want = fused_dot(&a32[r * inp..(r + 1) * inp], &xs[t * inp..(t + 1) * inp]);
                 assert_eq!(d32[t * rank + r].to_bits(), want.to_bits());
             }
         }
@@ -362,7 +381,7 @@ mod tests {
             for (o, got) in row.iter().enumerate() {
                 let mut want = start[t * out + o];
                 for r in 0..rank {
-                    want += d32[t * rank + r] * b[o * rank + r].to_f32();
+                    want = d32[t * rank + r].mul_add(b[o * rank + r].to_f32(), want);
                 }
                 assert_eq!(got.to_bits(), want.to_bits());
             }
@@ -382,7 +401,7 @@ mod tests {
                 for o in 0..out {
                     let mut want = start[t * out + o];
                     for r in 0..rank {
-                        want += ax[t * rank + r] * b[o * rank + r].to_f32();
+                        want = ax[t * rank + r].mul_add(b[o * rank + r].to_f32(), want);
                     }
                     assert_eq!(got[t * out + o].to_bits(), want.to_bits(), "{rows} rows of {out}: ({t}, {o})");
                     assert_eq!(generic[t * out + o].to_bits(), want.to_bits(), "{rows} rows of {out}: ({t}, {o})");

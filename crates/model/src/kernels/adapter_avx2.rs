@@ -48,8 +48,8 @@ impl Lanes8 for Bf16 {
 }
 
 /// `out[t * rank + r] = dot(a_r, x_t)` on bf16 `a`: each entry `adapter::dots_generic`'s
-/// arithmetic (eight lanes of multiply-then-add, separately rounded, the tail, the fixed lane
-/// sum), with eight weights widened per instruction, in tiles of up to two rows by four ranks.
+/// arithmetic (eight lanes of fused multiply-adds, the tail, the fixed lane sum), with eight
+/// weights widened per instruction, in tiles of up to two rows by four ranks.
 pub(super) fn dots_bf16(avx2: Avx2Fma, a: &[Bf16], rank: usize, xs: &[f32], out: &mut [f32]) {
     let n = a.len() / rank.max(1);
     assert!(a.len() == rank * n && n > 0 && xs.len().is_multiple_of(n) && out.len() == xs.len() / n * rank);
@@ -79,8 +79,9 @@ unsafe fn dots_bf16_avx2(_: Avx2Fma, a: &[Bf16], rank: usize, xs: &[f32], out: &
 }
 
 /// The dots of rows `t..t+R` of `xs` by rows `r..r+C` of `a` (each `n` long), as
-/// `super::dot_tile` computes them: lane `l` of an accumulator adds `w * x` of positions
-/// `8c + l` in order, the tail is summed after, then the lanes in one fixed order.
+/// `super::dot_tile` computes them when fused: lane `l` of an accumulator takes `w * x` of
+/// positions `8c + l` in order, one fused multiply-add each, the tail after, then the lanes in
+/// one fixed order.
 ///
 /// # Safety
 /// AVX2 is available; rows `t..t+R` of `xs` and `r..r+C` of `a` exist.
@@ -108,7 +109,7 @@ unsafe fn bf16_tile<const R: usize, const C: usize>(
             // SAFETY: as above.
             let x = unsafe { _mm256_loadu_ps(xp.add((t + i) * n + c * 8)) };
             for (acc, w) in acc.iter_mut().zip(&w) {
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(*w, x));
+                *acc = _mm256_fmadd_ps(*w, x, *acc);
             }
         }
     }
@@ -117,7 +118,7 @@ unsafe fn bf16_tile<const R: usize, const C: usize>(
         for j in 0..C {
             let mut s = 0f32;
             for k in chunks * 8..n {
-                s += a[(r + j) * n + k].to_f32() * xs[(t + i) * n + k];
+                s = a[(r + j) * n + k].to_f32().mul_add(xs[(t + i) * n + k], s);
             }
             let mut l = [0f32; 8];
             // SAFETY: `l` holds eight floats.
@@ -129,7 +130,7 @@ unsafe fn bf16_tile<const R: usize, const C: usize>(
 }
 
 /// `adapter::add_ranks_generic`'s products and order: for each row `i` and output `o`, the ranks
-/// in order, `o = o + ax[i, r] * b[o, r]` with the multiply and the add rounded apart, over
+/// in order, `o = fma(ax[i, r], b[o, r], o)`, over
 /// `adapter::for_rank_blocks`' blocks, B in `adapter::b_tiles`' layout.
 pub(super) fn add_ranks<L: Lanes8>(avx2: Avx2Fma, ax: &[f32], b: &[L], outs: &mut [&mut [f32]]) {
     let rows = outs.len();
@@ -193,8 +194,8 @@ impl<L: Lanes8> RankBlocks for Avx2Blocks<'_, '_, '_, L> {
                     let row = bp.add(j * span + r * UP_COLS);
                     let (lo, hi) = (L::load8(row), L::load8(row.add(8)));
                     for i in 0..TR {
-                        acc[i][2 * j] = _mm256_add_ps(acc[i][2 * j], _mm256_mul_ps(a[i], lo));
-                        acc[i][2 * j + 1] = _mm256_add_ps(acc[i][2 * j + 1], _mm256_mul_ps(a[i], hi));
+                        acc[i][2 * j] = _mm256_fmadd_ps(a[i], lo, acc[i][2 * j]);
+                        acc[i][2 * j + 1] = _mm256_fmadd_ps(a[i], hi, acc[i][2 * j + 1]);
                     }
                 }
             }

@@ -445,14 +445,19 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Eight independent accumulators, so the compiler can vectorise without reassociating.
 #[inline(always)]
 pub(crate) fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
-    dot_tile::<1, 1, f32>([a], [b])[0][0]
+    dot_tile::<1, 1, f32, false>([a], [b])[0][0]
 }
 
 /// The dots of `R` rows by `C` rows, each as [`dot_generic`] computes one: eight lanes of
-/// separately rounded multiply-then-add along the rows, a sequential tail, then the lanes summed
-/// in one fixed order. The tile shape changes only how many chains run at once, never an entry.
+/// multiply-then-add along the rows, a sequential tail, then the lanes summed in one fixed order;
+/// the multiply and the add rounded apart, or with `FUSED` once, as a fused multiply-add (the
+/// adapters' products). The tile shape changes only how many chains run at once, never an entry.
 #[inline(always)]
-pub(crate) fn dot_tile<const R: usize, const C: usize, W: Widen>(xs: [&[f32]; R], ws: [&[W]; C]) -> [[f32; C]; R] {
+pub(crate) fn dot_tile<const R: usize, const C: usize, W: Widen, const FUSED: bool>(
+    xs: [&[f32]; R],
+    ws: [&[W]; C],
+) -> [[f32; C]; R] {
+    let madd = |w: f32, x: f32, acc: f32| if FUSED { w.mul_add(x, acc) } else { acc + w * x };
     let n = xs[0].len();
     let chunks = n / 8;
     let mut acc = [[[0f32; 8]; C]; R];
@@ -462,7 +467,7 @@ pub(crate) fn dot_tile<const R: usize, const C: usize, W: Widen>(xs: [&[f32]; R]
         for i in 0..R {
             for j in 0..C {
                 for l in 0..8 {
-                    acc[i][j][l] += wv[j][l].widen() * xv[i][l];
+                    acc[i][j][l] = madd(wv[j][l].widen(), xv[i][l], acc[i][j][l]);
                 }
             }
         }
@@ -472,7 +477,7 @@ pub(crate) fn dot_tile<const R: usize, const C: usize, W: Widen>(xs: [&[f32]; R]
         for j in 0..C {
             let mut s = 0f32;
             for k in chunks * 8..n {
-                s += ws[j][k].widen() * xs[i][k];
+                s = madd(ws[j][k].widen(), xs[i][k], s);
             }
             let a = &acc[i][j];
             out[i][j] = (a[0] + a[4]) + (a[1] + a[5]) + (a[2] + a[6]) + (a[3] + a[7]) + s;

@@ -84,7 +84,7 @@ pub(crate) fn dot_f32(avx2: Avx2Fma, a: &[f32], b: &[f32]) -> f32 {
     };
 }
 
-/// [`super::dots`] compiled for AVX2 (each entry [`dot_f32`]'s arithmetic).
+/// [`super::dots`] compiled for AVX2 (each entry `adapter::dots_generic`'s fused arithmetic).
 #[inline]
 pub(crate) fn dots<W: Widen>(avx2: Avx2Fma, a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]

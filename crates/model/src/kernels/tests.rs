@@ -67,7 +67,7 @@ fn simd_and_scalar_paths_agree() {
 }
 
 #[test]
-fn tiled_dots_are_each_dot_to_the_bit() {
+fn tiled_dots_are_each_fused_dot_to_the_bit() {
     // Widths with and without a tail, ranks and rows that leave partial tiles.
     for (n, rank, rows) in [(576, 8, 5), (37, 3, 1), (1536, 16, 2), (8, 5, 3), (100, 1, 4)] {
         let (a, xs) = (values(n * rank, n as u32), values(n * rows, rank as u32 + 7));
@@ -75,7 +75,7 @@ fn tiled_dots_are_each_dot_to_the_bit() {
         dots(&a, rank, &xs, &mut out);
         let mut generic = vec![0f32; rows * rank];
         adapter::dots_generic(&a, rank, &xs, &mut generic);
-        // The same on bf16 weights (their own AVX2 kernel) against the dot of the widened values.
+        // The same on bf16 weights (their own AVX2 kernel) against the fused dot of the widened values.
         let a16 = Bf16::round_all(&a);
         let wide: Vec<f32> = a16.iter().map(|v| v.to_f32()).collect();
         let mut out16 = vec![0f32; rows * rank];
@@ -84,10 +84,10 @@ fn tiled_dots_are_each_dot_to_the_bit() {
         adapter::dots_generic(&a16, rank, &xs, &mut generic16);
         for t in 0..rows {
             for r in 0..rank {
-                let one = dot(&a[r * n..(r + 1) * n], &xs[t * n..(t + 1) * n]);
+                let one = adapter::fused_dot(&a[r * n..(r + 1) * n], &xs[t * n..(t + 1) * n]);
                 assert_eq!(out[t * rank + r].to_bits(), one.to_bits(), "n {n}, rank {r}, row {t}");
                 assert_eq!(generic[t * rank + r].to_bits(), one.to_bits(), "generic: n {n}, rank {r}, row {t}");
-                let one16 = dot(&wide[r * n..(r + 1) * n], &xs[t * n..(t + 1) * n]);
+                let one16 = adapter::fused_dot(&wide[r * n..(r + 1) * n], &xs[t * n..(t + 1) * n]);
                 assert_eq!(out16[t * rank + r].to_bits(), one16.to_bits(), "bf16: n {n}, rank {r}, row {t}");
                 assert_eq!(
                     generic16[t * rank + r].to_bits(),
