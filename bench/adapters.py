@@ -147,8 +147,9 @@ def main():
                 bound = ""
                 if args.read_gbs:
                     step = args.streams / b
-                    read = min(k, args.streams) * held / max(counts) / (args.read_gbs * 1e9)
-                    bound = (f"; read bound {step / (step + read):.2f} ({min(k, args.streams) * held / max(counts) / 1e6:.1f} MB "
+                    step_bytes = min(k, args.streams) * held / max(counts)
+                    read = step_bytes / (args.read_gbs * 1e9)
+                    bound = (f"; read bound {step / (step + read):.2f} ({step_bytes / 1e6:.1f} MB "
                              f"a step at {args.read_gbs:.1f} GB/s over a {step * 1e3:.1f} ms base step)")
                 print(f"{k:>3} adapters over {args.streams} streams: {a:7.1f} tok/s, base {b:7.1f} tok/s, "
                       f"ratio {statistics.median(paired):.2f} (rounds {paired[0]:.2f}-{paired[-1]:.2f}); "

@@ -83,9 +83,9 @@ mod sealed {
 /// every row `a_r` of `a` (`rank` of them), each entry [`super::dot`]'s order on the widened
 /// values (eight lanes along the row, a tail, the lanes summed in one fixed order) with each
 /// multiply-add fused, rounded once (since session 54: the separate multiply and add held these
-/// products to ~27 GMAC/s a thread, fused ~38), computed in tiles of two rows by four ranks: a lone dot waits on its one
-/// chain of adds, a tile keeps eight chains in flight and loads each operand once for several
-/// products. (The adapters' first product, `as_served::lora_down`, which the server runs over a
+/// products to ~27 GMAC/s a thread, fused ~38), computed in tiles of two rows by four ranks: a
+/// lone dot waits on its one chain, a tile keeps eight chains in flight and loads each operand
+/// once for several products. (The adapters' first product, `as_served::lora_down`, which the server runs over a
 /// group of rows on one adapter and the trainer over its rows.)
 pub fn dots<W: Widen>(a: &[W], rank: usize, xs: &[f32], out: &mut [f32]) {
     let n = a.len() / rank.max(1);
@@ -204,8 +204,8 @@ pub(crate) trait RankBlocks {
 
 /// The one walk every `add_ranks` kernel takes over `rows` rows by `tiles` whole tiles of B. Rows
 /// and tiles go in blocks of eight registers' worth (four rows of one tile, two rows of two tiles,
-/// or one row of four tiles): an output's adds form one chain, one add a rank, so a lone tile
-/// would wait on the add's latency at every rank; eight independent chains keep the adders busy.
+/// or one row of four tiles): an output's multiply-adds form one chain, one a rank, so a lone
+/// tile would wait on their latency at every rank; eight independent chains keep the units busy.
 /// B is taken in strips of four tiles (64 outputs, a few KB) across all the rows, each strip read
 /// from memory once and from L1 for the further blocks of rows. The blocking changes which
 /// outputs are computed together, never an output's own operations.
