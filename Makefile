@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check wheel test-wheel image test-image
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-avxvnni bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check wheel test-wheel image test-image
 
 all: build
 
@@ -399,6 +399,12 @@ bench-avx2: model model-qwen
 	TIER=avx2 bash bench/run-inference.sh
 	TIER=avx2 MODEL=$(QWEN15_MODEL) bash bench/run-inference.sh
 
+## bench-avxvnni: the same with both servers at AVX2 plus AVX-VNNI (TANDEM_CPU=avxvnni, llama.cpp built with
+## GGML_AVX_VNNI), as on Intel's chips since Alder Lake; needs a CPU with AVX-VNNI
+bench-avxvnni: model model-qwen
+	TIER=avxvnni bash bench/run-inference.sh
+	TIER=avxvnni MODEL=$(QWEN15_MODEL) bash bench/run-inference.sh
+
 ## bench-agreement: the trainer's logprobs against the sampler's (at sampling time and from compute_logprobs)
 ## of one trained adapter, through the tinker SDK, on SmolLM2, Qwen2.5-Coder 0.5B and Gemma 3 270M (bench/agreement.py)
 bench-agreement: model model-qwen model-gemma $(TINKER_OK)
@@ -508,7 +514,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-avx2 bench-agreement bench-adapters bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
+bench-all: bench bench-avx2 bench-avxvnni bench-agreement bench-adapters bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

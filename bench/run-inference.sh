@@ -8,8 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 ROUNDS=${ROUNDS:-3}
-# TIER=avx2: both servers at AVX2 (tandem with TANDEM_CPU=avx2, llama.cpp built without AVX-512).
+# TIER=avx2: both servers at AVX2 (tandem with TANDEM_CPU=avx2, llama.cpp built without AVX-512);
+# TIER=avxvnni: both at AVX2 with AVX-VNNI (Intel's chips since Alder Lake; needs a CPU that has it).
 TIER=${TIER:-native}
+if [ "$TIER" = avxvnni ] && ! grep -qw avx_vnni /proc/cpuinfo; then
+  echo "SKIPPED: TIER=avxvnni, and this CPU has no AVX-VNNI (nothing to compare)" >&2
+  exit 0
+fi
 make -s model MODEL="$MODEL"
 
 source bench/setup.sh
@@ -20,7 +25,7 @@ cargo build --release -p tandem-model --example matmul_bench -q
 
 data=$(mktemp -d)
 tier_env=()
-[ "$TIER" = avx2 ] && tier_env=(TANDEM_CPU=avx2)
+case $TIER in avx2 | avxvnni) tier_env=(TANDEM_CPU="$TIER") ;; esac
 env "${tier_env[@]}" RAYON_NUM_THREADS=2 TANDEM_LOG=warn ./target/release/tandem serve --port 8101 --data-dir "$data" --model "$MODEL" \
   --api-key bench --max-num-seqs 16 >/dev/null &
 tandem_pid=$!

@@ -6,7 +6,9 @@
 LLAMA_VERSION=${LLAMA_VERSION:-0.3.36}
 
 # `llama_server avx2` builds a second server with AVX2 as its highest tier (AVX-512 off), to
-# compare with tandem's `TANDEM_CPU=avx2` on the same machine.
+# compare with tandem's `TANDEM_CPU=avx2` on the same machine; `llama_server avxvnni` a third,
+# AVX2 with AVX-VNNI (as llama.cpp builds for Intel's chips since Alder Lake), for
+# `TANDEM_CPU=avxvnni`.
 llama_server() {
   local tier=${1:-native}
   local venv=target/benchenv
@@ -17,6 +19,7 @@ llama_server() {
   local src=target/llama/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp
   local build=$src/build
   [ "$tier" = avx2 ] && build=$src/build-avx2
+  [ "$tier" = avxvnni ] && build=$src/build-avxvnni
   local server=$build/bin/llama-server
   if [ ! -x "$server" ]; then
     mkdir -p target/llama
@@ -25,15 +28,19 @@ llama_server() {
     # Not GGML_NATIVE: on CPUs that report AMX inside a VM that does not enable it, -march=native
     # code dies with SIGILL. The x86 features are listed instead (AMX left out), the AVX-512 ones
     # only where /proc/cpuinfo has them (an AVX2-only CPU would die on them too).
-    local avx512=OFF vnni=OFF vbmi=OFF bf16=OFF
+    local avx512=OFF vnni=OFF vbmi=OFF bf16=OFF avxvnni=OFF
     grep -qw avx512f /proc/cpuinfo && avx512=ON
     grep -qw avx512_vnni /proc/cpuinfo && vnni=ON
     grep -qw avx512vbmi /proc/cpuinfo && vbmi=ON
     grep -qw avx512_bf16 /proc/cpuinfo && bf16=ON
-    [ "$tier" = avx2 ] && avx512=OFF vnni=OFF vbmi=OFF bf16=OFF
+    grep -qw avx_vnni /proc/cpuinfo && avxvnni=ON
+    case $tier in
+      avx2) avx512=OFF vnni=OFF vbmi=OFF bf16=OFF avxvnni=OFF ;;
+      avxvnni) avx512=OFF vnni=OFF vbmi=OFF bf16=OFF ;;
+    esac
     PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$build" -G Ninja -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
       -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=$avx512 -DGGML_AVX512_VNNI=$vnni -DGGML_AVX512_VBMI=$vbmi \
-      -DGGML_AVX512_BF16=$bf16 -DLLAMA_CURL=OFF \
+      -DGGML_AVX512_BF16=$bf16 -DGGML_AVX_VNNI=$avxvnni -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
     PATH="$PWD/$venv/bin:$PATH" cmake --build "$build" --target llama-server -j2 >/dev/null
   fi

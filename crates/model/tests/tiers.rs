@@ -1,4 +1,4 @@
-//! Every kernel tier (`TANDEM_CPU=avx512|avx2|scalar`) computes the same model: the tier is fixed
+//! Every kernel tier (`TANDEM_CPU=avx512|avxvnni|avx2|scalar`) computes the same model: the tier is fixed
 //! per process, so this test runs its own binary once per tier (the ignored `tier_child` below)
 //! and compares each tier's logits with the naive f32 forward and with the other tiers', on the
 //! bundled model (Q4_1) and, where fetched, Gemma 3 270M (K-quants, Q5_0, Q6_K, Q8_0).
@@ -87,7 +87,7 @@ fn every_tier_computes_the_same_model() {
     let dir = std::env::temp_dir().join(format!("tandem-tiers-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut runs = Vec::new();
-    for tier in ["avx512", "avx2", "scalar"] {
+    for tier in ["avx512", "avxvnni", "avx2", "scalar"] {
         let out = dir.join(tier);
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["tier_child", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])

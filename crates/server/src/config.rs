@@ -108,8 +108,8 @@ pub struct ServeArgs {
     /// (default 1000): 0 gives the cores back at once, at ~30% of single-stream decode speed.
     #[arg(long, env = "TANDEM_ENGINE_SPIN_US")]
     pub engine_spin_us: Option<u64>,
-    /// The highest SIMD tier the kernels use: `avx512` (default: all the CPU has), `avx2` or
-    /// `scalar`, to run or measure the kernels most users' CPUs get.
+    /// The highest SIMD tier the kernels use: `avx512` (default: all the CPU has), `avxvnni`,
+    /// `avx2` or `scalar`, to run or measure the kernels most users' CPUs get.
     #[arg(long, env = "TANDEM_CPU")]
     pub cpu: Option<String>,
     /// Times a training job interrupted by restarts is run again before it is failed.
@@ -358,7 +358,7 @@ impl ServeConfig {
             cpu: match args.cpu.or(file.cpu) {
                 None => tandem_model::kernels::cpu::Tier::Avx512,
                 Some(t) => tandem_model::kernels::cpu::Tier::parse(&t)
-                    .with_context(|| format!("--cpu {t:?}: expected `avx512`, `avx2` or `scalar`"))?,
+                    .with_context(|| format!("--cpu {t:?}: expected `avx512`, `avxvnni`, `avx2` or `scalar`"))?,
             },
             job_max_attempts: args.job_max_attempts.or(file.job_max_attempts).unwrap_or(3).max(1),
             job_lease: match args.job_lease_seconds.or(file.job_lease_seconds).unwrap_or(30.0) {

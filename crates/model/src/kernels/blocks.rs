@@ -349,6 +349,9 @@ pub enum Tier {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2(super::cpu::Avx2Fma),
+    /// AVX2 with AVX-VNNI's 256-bit `vpdpbusd` (the lane tile only; other paths run AVX2's).
+    #[cfg(target_arch = "x86_64")]
+    AvxVnni(super::cpu::AvxVnni),
     #[cfg(target_arch = "x86_64")]
     Vnni(super::cpu::Avx512Vnni),
 }
@@ -359,6 +362,10 @@ impl Tier {
         #[cfg(target_arch = "x86_64")]
         if let Some(vnni) = super::cpu::cpu().vnni {
             return Tier::Vnni(vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avxvnni) = super::cpu::cpu().avxvnni {
+            return Tier::AvxVnni(avxvnni);
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(avx2) = super::cpu::cpu().avx2 {
@@ -372,6 +379,8 @@ impl Tier {
         let mut tiers = vec![Tier::Scalar];
         #[cfg(target_arch = "x86_64")]
         tiers.extend(super::cpu::cpu().avx2.map(Tier::Avx2));
+        #[cfg(target_arch = "x86_64")]
+        tiers.extend(super::cpu::cpu().avxvnni.map(Tier::AvxVnni));
         #[cfg(target_arch = "x86_64")]
         tiers.extend(super::cpu::cpu().vnni.map(Tier::Vnni));
         tiers
@@ -389,7 +398,11 @@ pub fn matmul_blocks(w: &BlockMatrix, a: &super::Q8Acts, out: &mut [f32], tier: 
     }
     #[cfg(target_arch = "x86_64")]
     if let (Tier::Avx2(avx2), Some(packed)) = (tier, w.lanes.as_deref()) {
-        return super::blocks_tile_avx2::matmul(avx2, packed, a, out);
+        return super::blocks_tile_avx2::matmul(avx2, None, packed, a, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Tier::AvxVnni(vnni), Some(packed)) = (tier, w.lanes.as_deref()) {
+        return super::blocks_tile_avx2::matmul(vnni.avx2(), Some(vnni), packed, a, out);
     }
     super::tiled(n_out, t_rows, out, |cols| super::tiles_of(cols, BlockTile(tier, w, a)));
 }
@@ -407,6 +420,8 @@ impl super::TileCall for BlockTile<'_> {
             // SAFETY: the tokens prove the features; the rows exist and the widths agree (asserted).
             #[cfg(target_arch = "x86_64")]
             Tier::Avx2(avx2) => unsafe { super::blocks_simd::tile_avx2::<R, C>(avx2, w, a, n, t) },
+            #[cfg(target_arch = "x86_64")]
+            Tier::AvxVnni(vnni) => unsafe { super::blocks_simd::tile_avx2::<R, C>(vnni.avx2(), w, a, n, t) },
             #[cfg(target_arch = "x86_64")]
             Tier::Vnni(vnni) => unsafe { super::blocks_simd::tile_vnni::<R, C>(vnni, w, a, n, t) },
         }

@@ -18,26 +18,32 @@
 //! sums are exact whichever way they are added, and the float epilogue is the VNNI kernel's
 //! instruction for instruction, so this tier's results equal that tier's bit for bit on the same
 //! weights and activations (`blocks_tests` asserts it where both run).
+//!
+//! Intel's chips since Alder Lake have no AVX-512 but do have AVX-VNNI, `vpdpbusd` on 256 bits:
+//! there (`TANDEM_CPU=avxvnni`, the default on such a CPU) the same tile sums each step's
+//! products with it directly (`lanes_tile_vnni`), and the bits stay the same.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
 use super::blocks_lanes::{BlockLanes, LANES};
 use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
-use super::cpu::{Avx2Fma, SharedOut};
+use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes_avx2::{prefetch, store, PREFETCH_AHEAD};
 use super::q8::QK;
 use super::{KActs, Q8Acts};
 use std::arch::x86_64::*;
 
-/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is.
-pub fn matmul(avx2: Avx2Fma, w: &BlockLanes, a: &Q8Acts, out: &mut [f32]) {
+/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is; with `vnni`, the
+/// products are AVX-VNNI's `vpdpbusd` (see `lanes_tile_vnni`).
+pub fn matmul(avx2: Avx2Fma, vnni: Option<AvxVnni>, w: &BlockLanes, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), w.rows * a.rows());
-    super::lanes::for_each_tile(&Tiles { avx2, w, a, no_k: KActs::default() }, w.groups(), a.rows(), out);
+    super::lanes::for_each_tile(&Tiles { avx2, vnni, w, a, no_k: KActs::default() }, w.groups(), a.rows(), out);
 }
 
 struct Tiles<'a> {
     avx2: Avx2Fma,
+    vnni: Option<AvxVnni>,
     w: &'a BlockLanes,
     a: &'a Q8Acts,
     no_k: KActs,
@@ -57,16 +63,24 @@ impl Tiles<'_> {
     #[inline(always)]
     fn group<const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
-        // SAFETY: the token proves the features; group g and rows t..t+C exist (asserted by the
+        // SAFETY: the tokens prove the features; group g and rows t..t+C exist (asserted by the
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
         // quantisation; each task owns the output columns of its groups.
         unsafe {
-            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| if C == 1 {
-                lanes_tile::<C, F, KQ, 0, 2>(avx2, w, a, k, g, t)
-            } else {
-                let [h0] = lanes_tile::<C, F, KQ, 0, 1>(avx2, w, a, k, g, t);
-                let [h1] = lanes_tile::<C, F, KQ, 1, 1>(avx2, w, a, k, g, t);
-                [h0, h1]
+            macro_rules! halves {
+                ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr) => {
+                    if C == 1 {
+                        $tile::<C, $F, $KQ, 0, 2>($token, w, a, $k, g, t)
+                    } else {
+                        let [h0] = $tile::<C, $F, $KQ, 0, 1>($token, w, a, $k, g, t);
+                        let [h1] = $tile::<C, $F, $KQ, 1, 1>($token, w, a, $k, g, t);
+                        [h0, h1]
+                    }
+                };
+            }
+            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| match self.vnni {
+                Some(vnni) => halves!(lanes_tile_vnni, vnni, F, KQ, k),
+                None => halves!(lanes_tile, avx2, F, KQ, k),
             });
             store::<C>(avx2, &acc, g, t, w.rows, out.ptr());
         }
@@ -94,6 +108,43 @@ impl Tiles<'_> {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize>(
     _: Avx2Fma,
+    w: &BlockLanes,
+    a: &Q8Acts,
+    k: &KActs,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
+    // SAFETY: the caller's; the token proves the features the body's instructions need.
+    unsafe { tile_body::<C, F, KQ, H0, HN, false>(w, a, k, g, t) }
+}
+
+/// [`lanes_tile`] with AVX-VNNI: each step's products go straight into the lanes' i32 sums with
+/// `vpdpbusd`, which replaces `vpmaddubsw`, the i16 additions and the widening `vpmaddwd` (three
+/// to five instructions a step and row, for one or two), and the K-quants' sub-block codes
+/// multiply each block's sum once with `vpmulld`, as the AVX-512 VNNI kernel does. The integer
+/// sums are the same, so the bits are too (`blocks_tests` compares the tiers).
+///
+/// # Safety
+/// As for [`lanes_tile`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn lanes_tile_vnni<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize>(
+    _: AvxVnni,
+    w: &BlockLanes,
+    a: &Q8Acts,
+    k: &KActs,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
+    // SAFETY: the caller's; the token proves the features the body's instructions need.
+    unsafe { tile_body::<C, F, KQ, H0, HN, true>(w, a, k, g, t) }
+}
+
+/// The body of both tiles, inlined into each so that it compiles with its features (`V`: AVX-VNNI).
+///
+/// # Safety
+/// As for [`lanes_tile`], and the CPU runs AVX2, FMA, F16C (and with `V`, AVX-VNNI).
+#[inline(always)]
+unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize, const V: bool>(
     w: &BlockLanes,
     a: &Q8Acts,
     k: &KActs,
@@ -135,29 +186,41 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
                     const HALF: usize = $half;
                     // The weights' sub-block codes of this block (KQ), each lane's code in both
                     // of its i16 halves, so that `vpmaddwd` widens the pair sums and scales them
-                    // in one instruction (VNNI: a sum, then `vpmulld`).
-                    let mut sc16 = [_mm256_setzero_si256(); HN];
+                    // in one instruction (VNNI, and AVX-VNNI here: a block's sum, then `vpmulld`).
+                    // With AVX-VNNI and activations per 256, Q6_K's block is one pass (HALF 2)
+                    // over its two sub-blocks of 16 values, each with its code (`sc16[u]`, u the
+                    // nibble; the i32 sums need no widening between them); else one code.
+                    let q6_both = KQ && F == Q6K && HALF == 2;
+                    let mut sc16 = [[_mm256_setzero_si256(); HN]; 2];
                     if KQ {
-                        for j in 0..HN {
-                            let h = H0 + j;
-                            sc16[j] = if F == Q6K {
-                                let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * h);
-                                let x = _mm_loadl_epi64(p as *const __m128i);
-                                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, x))
-                            } else {
-                                let x = _mm_loadl_epi64(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h) as *const __m128i);
-                                _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x, x))
-                            };
-                        }
-                    }
-                    if KQ && F == Q6K {
-                        // Q6_K's offset: -32 * the half's activation sum, times the code.
-                        for j in 0..HN {
-                            let p = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * (HALF & 1) + 8 * (H0 + j));
-                            let sc = i8x8(p);
-                            for c in 0..C {
-                                let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + HALF));
-                                isb[j][c] = _mm256_add_epi32(isb[j][c], _mm256_mullo_epi32(start, sc));
+                        for u in 0..(if q6_both { 2 } else { 1 }) {
+                            let hb = if q6_both { u } else { HALF & 1 };
+                            for j in 0..HN {
+                                let h = H0 + j;
+                                let q6 = w.codes.as_ptr().add((g * blocks + b) * 32 + 16 * hb + 8 * h);
+                                sc16[u][j] = if V {
+                                    // AVX-VNNI: the code as each lane's i32, for `vpmulld`.
+                                    if F == Q6K {
+                                        i8x8(q6)
+                                    } else {
+                                        u8x8(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h))
+                                    }
+                                } else if F == Q6K {
+                                    let x = _mm_loadl_epi64(q6 as *const __m128i);
+                                    _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, x))
+                                } else {
+                                    let x =
+                                        _mm_loadl_epi64(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h) as *const __m128i);
+                                    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x, x))
+                                };
+                                if F == Q6K {
+                                    // Q6_K's offset: -32 * the half's activation sum, times the code.
+                                    let sc = i8x8(q6);
+                                    for c in 0..C {
+                                        let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + hb));
+                                        isb[j][c] = _mm256_add_epi32(isb[j][c], _mm256_mullo_epi32(start, sc));
+                                    }
+                                }
                             }
                         }
                     }
@@ -166,6 +229,9 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
                     // formats, 2 with a fifth or sixth bit; see the module's bounds).
                     let mut p16 = [[_mm256_setzero_si256(); C]; HN];
                     let span = if n_planes == 0 && HALF == 2 { 4 } else { 2 };
+                    // AVX-VNNI: the block's i32 sums, two a lane (the low and high nibbles', or
+                    // even and odd steps'), so that no `vpdpbusd` waits on the one before.
+                    let mut v32 = [[[_mm256_setzero_si256(); C]; HN]; 2];
                     for step in 0..4 {
                         let mut lo = [_mm256_setzero_si256(); HN];
                         let mut hi = [_mm256_setzero_si256(); HN];
@@ -202,6 +268,18 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
                             let a_lo = _mm256_set1_epi32((at as *const i32).read_unaligned());
                             let a_hi = _mm256_set1_epi32((at.add(16) as *const i32).read_unaligned());
                             for j in 0..HN {
+                                if V {
+                                    let u = step % 2;
+                                    match HALF {
+                                        0 => v32[u][j][c] = _mm256_dpbusd_avx_epi32(v32[u][j][c], lo[j], a_lo),
+                                        1 => v32[u][j][c] = _mm256_dpbusd_avx_epi32(v32[u][j][c], hi[j], a_hi),
+                                        _ => {
+                                            v32[0][j][c] = _mm256_dpbusd_avx_epi32(v32[0][j][c], lo[j], a_lo);
+                                            v32[1][j][c] = _mm256_dpbusd_avx_epi32(v32[1][j][c], hi[j], a_hi);
+                                        }
+                                    }
+                                    continue;
+                                }
                                 let pairs = match HALF {
                                     0 => _mm256_maddubs_epi16(lo[j], a_lo),
                                     1 => _mm256_maddubs_epi16(hi[j], a_hi),
@@ -213,16 +291,32 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
                                 p16[j][c] = _mm256_add_epi16(p16[j][c], pairs);
                             }
                         }
-                        if (step + 1) % span == 0 {
+                        if !V && (step + 1) % span == 0 {
                             for j in 0..HN {
                                 for c in 0..C {
                                     if KQ {
-                                        let scaled = _mm256_madd_epi16(p16[j][c], sc16[j]);
+                                        let scaled = _mm256_madd_epi16(p16[j][c], sc16[0][j]);
                                         isb[j][c] = _mm256_add_epi32(isb[j][c], scaled);
                                     } else {
                                         isum[j][c] = _mm256_add_epi32(isum[j][c], _mm256_madd_epi16(p16[j][c], ones));
                                     }
                                     p16[j][c] = _mm256_setzero_si256();
+                                }
+                            }
+                        }
+                    }
+                    if V {
+                        for j in 0..HN {
+                            for c in 0..C {
+                                let sum = _mm256_add_epi32(v32[0][j][c], v32[1][j][c]);
+                                if q6_both {
+                                    let lo = _mm256_mullo_epi32(v32[0][j][c], sc16[0][j]);
+                                    let hi = _mm256_mullo_epi32(v32[1][j][c], sc16[1][j]);
+                                    isb[j][c] = _mm256_add_epi32(isb[j][c], _mm256_add_epi32(lo, hi));
+                                } else if KQ {
+                                    isb[j][c] = _mm256_add_epi32(isb[j][c], _mm256_mullo_epi32(sum, sc16[0][j]));
+                                } else {
+                                    isum[j][c] = sum;
                                 }
                             }
                         }
@@ -279,7 +373,7 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
                     }
                 }};
             }
-            if F == Q6K {
+            if F == Q6K && !(V && KQ) {
                 pass!(0);
                 pass!(1);
             } else {

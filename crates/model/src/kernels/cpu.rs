@@ -1,6 +1,6 @@
 //! The CPU's SIMD features, detected once per process, as tokens.
 //!
-//! A token (`Avx2Fma`, `Avx512F`, `Avx512Vnni`) can only be obtained from [`cpu`], and only when
+//! A token (`Avx2Fma`, `AvxVnni`, `Avx512F`, `Avx512Vnni`) can only be obtained from [`cpu`], and only when
 //! the feature is there; the `unsafe` SIMD functions take one as an argument, so none can be
 //! called without the detection having succeeded. What remains for each caller to guarantee is
 //! stated in the function's `# Safety` section (slice lengths), and the safe dispatch functions
@@ -11,6 +11,18 @@ use std::sync::OnceLock;
 /// Proof that the CPU runs AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx2Fma(());
+
+/// Proof that the CPU runs AVX2, FMA, F16C and AVX-VNNI: the 256-bit, VEX-encoded `vpdpbusd` of
+/// Intel's chips since Alder Lake (laptops and desktops without AVX-512) and AMD's since Zen 5.
+#[derive(Debug, Clone, Copy)]
+pub struct AvxVnni(());
+
+impl AvxVnni {
+    /// AVX-VNNI implies the AVX2 tier's features (it is only detected with them).
+    pub fn avx2(self) -> Avx2Fma {
+        Avx2Fma(())
+    }
+}
 
 /// Proof that the CPU runs AVX-512F.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +36,7 @@ pub struct Avx512Vnni(());
 #[derive(Debug, Clone, Copy)]
 pub struct Cpu {
     pub avx2: Option<Avx2Fma>,
+    pub avxvnni: Option<AvxVnni>,
     pub avx512f: Option<Avx512F>,
     pub vnni: Option<Avx512Vnni>,
 }
@@ -35,7 +48,10 @@ pub struct Cpu {
 pub enum Tier {
     /// Everything detected (AVX-512 F, and VNNI where present).
     Avx512,
-    /// AVX2, FMA and F16C only, as on every AMD before Zen 4 and Intel's laptop chips.
+    /// AVX2 with AVX-VNNI's byte dot product, as on Intel's laptop and desktop chips since
+    /// Alder Lake.
+    AvxVnni,
+    /// AVX2, FMA and F16C only, as on every AMD before Zen 4 and Intel's chips before Alder Lake.
     Avx2,
     /// No SIMD tokens: the portable Rust loops.
     Scalar,
@@ -45,6 +61,7 @@ impl Tier {
     pub fn parse(s: &str) -> Option<Tier> {
         match s {
             "avx512" => Some(Tier::Avx512),
+            "avxvnni" => Some(Tier::AvxVnni),
             "avx2" => Some(Tier::Avx2),
             "scalar" => Some(Tier::Scalar),
             _ => None,
@@ -57,17 +74,19 @@ impl Cpu {
     pub fn capped(self, tier: Tier) -> Cpu {
         match tier {
             Tier::Avx512 => self,
-            Tier::Avx2 => Cpu { avx512f: None, vnni: None, ..self },
-            Tier::Scalar => Cpu { avx2: None, avx512f: None, vnni: None },
+            Tier::AvxVnni => Cpu { avx512f: None, vnni: None, ..self },
+            Tier::Avx2 => Cpu { avxvnni: None, avx512f: None, vnni: None, ..self },
+            Tier::Scalar => Cpu { avx2: None, avxvnni: None, avx512f: None, vnni: None },
         }
     }
 
     /// The tier these features make up, as [`Tier::parse`] spells it, with VNNI named.
     pub fn name(&self) -> &'static str {
-        match (self.vnni, self.avx512f, self.avx2) {
+        match (self.vnni, self.avx512f, self.avxvnni, self.avx2) {
             (Some(_), ..) => "avx512-vnni",
-            (None, Some(_), _) => "avx512",
-            (None, None, Some(_)) => "avx2",
+            (None, Some(_), ..) => "avx512",
+            (None, None, Some(_), _) => "avxvnni",
+            (None, None, None, Some(_)) => "avx2",
             _ => "scalar",
         }
     }
@@ -102,6 +121,7 @@ fn detect() -> Cpu {
     Cpu {
         // Every AVX2 CPU has F16C; the attention kernels widen f16 keys and values with it.
         avx2: (has!("avx2") && has!("fma") && has!("f16c")).then_some(Avx2Fma(())),
+        avxvnni: (has!("avx2") && has!("fma") && has!("f16c") && has!("avxvnni")).then_some(AvxVnni(())),
         avx512f: has!("avx512f").then_some(Avx512F(())),
         vnni: (has!("avx512f") && has!("avx512bw") && has!("avx512vnni")).then_some(Avx512Vnni(())),
     }
@@ -109,7 +129,7 @@ fn detect() -> Cpu {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Cpu {
-    Cpu { avx2: None, avx512f: None, vnni: None }
+    Cpu { avx2: None, avxvnni: None, avx512f: None, vnni: None }
 }
 
 /// An output buffer that parallel tasks write disjoint elements of, through a raw pointer (the

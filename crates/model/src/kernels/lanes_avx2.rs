@@ -19,21 +19,23 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::cpu::{Avx2Fma, SharedOut};
+use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes::{GroupTiles, Packed, LANES};
 use super::q8::QK;
 use super::Q8Acts;
 use std::arch::x86_64::*;
 
-/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is.
-pub fn matmul(avx2: Avx2Fma, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
+/// `out[t, n] = sum_k w[n, k] * a[t, k]`, driven as `lanes::matmul` is; with `vnni`, the
+/// products are AVX-VNNI's `vpdpbusd` (see `q4_half_vnni`).
+pub fn matmul(avx2: Avx2Fma, vnni: Option<AvxVnni>, w: &Packed, a: &Q8Acts, out: &mut [f32]) {
     assert_eq!(w.blocks * QK, a.cols(), "inner dimensions differ");
     assert_eq!(out.len(), w.rows * a.rows());
-    super::lanes::for_each_tile(&Tiles { avx2, w, a }, w.groups(), a.rows(), out);
+    super::lanes::for_each_tile(&Tiles { avx2, vnni, w, a }, w.groups(), a.rows(), out);
 }
 
 struct Tiles<'a> {
     avx2: Avx2Fma,
+    vnni: Option<AvxVnni>,
     w: &'a Packed,
     a: &'a Q8Acts,
 }
@@ -46,12 +48,12 @@ impl GroupTiles for Tiles<'_> {
         // One row (decode) takes both halves of a group in one pass, reading it from memory
         // once; more rows take a half at a time (see `q4_half`).
         macro_rules! group {
-            ($kernel:ident, $g:expr) => {
+            ($kernel:ident, $token:expr, $g:expr) => {
                 if C == 1 {
-                    $kernel::<C, 0, 2>(avx2, w, a, $g, t)
+                    $kernel::<C, 0, 2>($token, w, a, $g, t)
                 } else {
-                    let [h0] = $kernel::<C, 0, 1>(avx2, w, a, $g, t);
-                    let [h1] = $kernel::<C, 1, 1>(avx2, w, a, $g, t);
+                    let [h0] = $kernel::<C, 0, 1>($token, w, a, $g, t);
+                    let [h1] = $kernel::<C, 1, 1>($token, w, a, $g, t);
                     [h0, h1]
                 }
             };
@@ -60,7 +62,12 @@ impl GroupTiles for Tiles<'_> {
             // SAFETY: the token proves the features; the group and rows exist (asserted;
             // `matmul` asserted the shapes); each task owns its groups' columns.
             unsafe {
-                let acc = if w.q4 { group!(q4_half, g + r) } else { group!(q8_half, g + r) };
+                let acc = match (self.vnni, w.q4) {
+                    (Some(vnni), true) => group!(q4_half_vnni, vnni, g + r),
+                    (Some(vnni), false) => group!(q8_half_vnni, vnni, g + r),
+                    (None, true) => group!(q4_half, avx2, g + r),
+                    (None, false) => group!(q8_half, avx2, g + r),
+                };
                 store::<C>(avx2, &acc, g + r, t, w.rows, out.ptr());
             }
         }
@@ -153,6 +160,40 @@ unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
     g: usize,
     t: usize,
 ) -> [[__m256; C]; HN] {
+    // SAFETY: the caller's; the token proves the features the body's instructions need.
+    unsafe { q4_body::<C, H0, HN, false>(w, a, g, t) }
+}
+
+/// [`q4_half`] with AVX-VNNI (Intel's chips since Alder Lake): `vpdpbusd` adds each step's
+/// products to the lanes' i32 sums, in place of `vpmaddubsw`, two i16 additions and the block's
+/// widening. The same integers, so the same bits.
+///
+/// # Safety
+/// As for [`q4_half`].
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn q4_half_vnni<const C: usize, const H0: usize, const HN: usize>(
+    _: AvxVnni,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
+    // SAFETY: the caller's; the token proves the features the body's instructions need.
+    unsafe { q4_body::<C, H0, HN, true>(w, a, g, t) }
+}
+
+/// The body of both Q4_1 tiles, inlined into each so that it compiles with its features (`V`:
+/// AVX-VNNI).
+///
+/// # Safety
+/// As for [`q4_half`], and the CPU runs AVX2, FMA, F16C (and with `V`, AVX-VNNI).
+#[inline(always)]
+unsafe fn q4_body<const C: usize, const H0: usize, const HN: usize, const V: bool>(
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
     let blocks = w.blocks;
     let k = blocks * QK;
     let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
@@ -179,6 +220,9 @@ unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
             // The block's four steps stay in i16 (at most 4 * 2 * 2 * 15 * 127 = 30480) and widen
             // once.
             let mut p16 = [[_mm256_setzero_si256(); C]; HN];
+            // AVX-VNNI: the low and high nibbles' i32 sums apart, so that no `vpdpbusd` waits
+            // on the one before.
+            let mut v32 = [[[_mm256_setzero_si256(); C]; HN]; 2];
             for step in 0..4 {
                 let mut lo = [_mm256_setzero_si256(); HN];
                 let mut hi = [_mm256_setzero_si256(); HN];
@@ -192,6 +236,11 @@ unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
                     let a_lo = _mm256_set1_epi32((at as *const i32).read_unaligned());
                     let a_hi = _mm256_set1_epi32((at.add(16) as *const i32).read_unaligned());
                     for j in 0..HN {
+                        if V {
+                            v32[0][j][c] = _mm256_dpbusd_avx_epi32(v32[0][j][c], lo[j], a_lo);
+                            v32[1][j][c] = _mm256_dpbusd_avx_epi32(v32[1][j][c], hi[j], a_hi);
+                            continue;
+                        }
                         let pairs =
                             _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], a_lo), _mm256_maddubs_epi16(hi[j], a_hi));
                         p16[j][c] = _mm256_add_epi16(p16[j][c], pairs);
@@ -205,7 +254,11 @@ unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
                 for c in 0..C {
                     let s = _mm256_set1_ps(*scales.add((t + c) * blocks + b));
                     let sum = _mm256_set1_ps(*ss.add((t + c) * blocks + b));
-                    let isum = _mm256_madd_epi16(p16[j][c], ones);
+                    let isum = if V {
+                        _mm256_add_epi32(v32[0][j][c], v32[1][j][c])
+                    } else {
+                        _mm256_madd_epi16(p16[j][c], ones)
+                    };
                     let at = &mut acc[j][c] as *mut __m256;
                     let mut v = at.read_volatile();
                     v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, s), v);
@@ -231,6 +284,38 @@ unsafe fn q8_half<const C: usize, const H0: usize, const HN: usize>(
     g: usize,
     t: usize,
 ) -> [[__m256; C]; HN] {
+    // SAFETY: the caller's; the token proves the features the body's instructions need.
+    unsafe { q8_body::<C, H0, HN, false>(w, a, g, t) }
+}
+
+/// [`q8_half`] with AVX-VNNI: `vpdpbusd` of `|w|` and the signed activations, in place of
+/// `vpmaddubsw`, the widening `vpmaddwd` and the addition. The same integers, so the same bits.
+///
+/// # Safety
+/// As for [`q8_half`].
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn q8_half_vnni<const C: usize, const H0: usize, const HN: usize>(
+    _: AvxVnni,
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
+    // SAFETY: the caller's; the token proves the features the body's instructions need.
+    unsafe { q8_body::<C, H0, HN, true>(w, a, g, t) }
+}
+
+/// The body of both int8 tiles (`V`: AVX-VNNI), inlined into each.
+///
+/// # Safety
+/// As for [`q8_half`], and the CPU runs AVX2 and FMA (and with `V`, AVX-VNNI).
+#[inline(always)]
+unsafe fn q8_body<const C: usize, const H0: usize, const HN: usize, const V: bool>(
+    w: &Packed,
+    a: &Q8Acts,
+    g: usize,
+    t: usize,
+) -> [[__m256; C]; HN] {
     let blocks = w.blocks;
     let k = blocks * QK;
     let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
@@ -247,6 +332,8 @@ unsafe fn q8_half<const C: usize, const H0: usize, const HN: usize>(
                 prefetch((w.d.as_ptr() as *const u8).wrapping_add(gb * 64 + PREFETCH_AHEAD / 8), 64);
             }
             let mut isum = [[_mm256_setzero_si256(); C]; HN];
+            // AVX-VNNI: even and odd steps' sums apart, so that no `vpdpbusd` waits on the last.
+            let mut v32 = [[[_mm256_setzero_si256(); C]; HN]; 2];
             for step in 0..8 {
                 let mut mag = [_mm256_setzero_si256(); HN];
                 let mut wv = [_mm256_setzero_si256(); HN];
@@ -259,8 +346,21 @@ unsafe fn q8_half<const C: usize, const H0: usize, const HN: usize>(
                     let av =
                         _mm256_set1_epi32((aq.add((t + c) * k + b * QK + step * 4) as *const i32).read_unaligned());
                     for j in 0..HN {
-                        let pairs = _mm256_maddubs_epi16(mag[j], _mm256_sign_epi8(av, wv[j]));
+                        let signed = _mm256_sign_epi8(av, wv[j]);
+                        if V {
+                            let u = step % 2;
+                            v32[u][j][c] = _mm256_dpbusd_avx_epi32(v32[u][j][c], mag[j], signed);
+                            continue;
+                        }
+                        let pairs = _mm256_maddubs_epi16(mag[j], signed);
                         isum[j][c] = _mm256_add_epi32(isum[j][c], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            if V {
+                for j in 0..HN {
+                    for c in 0..C {
+                        isum[j][c] = _mm256_add_epi32(v32[0][j][c], v32[1][j][c]);
                     }
                 }
             }

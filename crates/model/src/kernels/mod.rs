@@ -213,7 +213,7 @@ pub fn matmul_q4(w: &Q4Matrix, a: &Q8Acts, out: &mut [f32]) {
     }
     #[cfg(target_arch = "x86_64")]
     if let (Some(packed), Some(avx2)) = (w.lanes.as_deref(), cpu().avx2) {
-        return lanes_avx2::matmul(avx2, packed, a, out);
+        return lanes_avx2::matmul(avx2, cpu().avxvnni, packed, a, out);
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {
@@ -378,7 +378,7 @@ pub fn matmul_q8(w: &Q8Matrix, a: &Q8Acts, out: &mut [f32]) {
     }
     #[cfg(target_arch = "x86_64")]
     if let (Some(packed), Some(avx2)) = (w.lanes.as_deref(), cpu().avx2) {
-        return lanes_avx2::matmul(avx2, packed, a, out);
+        return lanes_avx2::matmul(avx2, cpu().avxvnni, packed, a, out);
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = cpu().vnni.filter(|_| (w.cols() / QK).is_multiple_of(2)) {

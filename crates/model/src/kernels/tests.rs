@@ -503,20 +503,29 @@ fn lanes_only_matrices_compute_the_same() {
 /// The AVX2 lane kernels (Q4_1 and int8) against their arithmetic written out in scalar code:
 /// per lane and activation row, each block's exact integer sum scaled by one fused multiply-add
 /// (and Q4_1's minimum's term by another), blocks in order. Bit for bit, on CPUs without VNNI too
-/// (where the test below cannot run), for every tile shape: rows 1, 2, 4 and what is left.
+/// (where the test below cannot run), for every tile shape: rows 1, 2, 4 and what is left; with
+/// AVX-VNNI's products too where the CPU has them.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_lanes_equal_their_epilogue_in_scalar() {
     let Some(avx2) = cpu().avx2 else {
         return;
     };
-    for (k, t) in [(64, 1), (96, 2), (576, 4), (96, 7), (576, 11)] {
+    let mut products = vec![None];
+    match cpu().avxvnni {
+        Some(v) => products.push(Some(v)),
+        None => eprintln!("SKIPPED for AVX-VNNI: this CPU has none"),
+    }
+    for (k, t, vnni) in [(64, 1), (96, 2), (576, 4), (96, 7), (576, 11)]
+        .into_iter()
+        .flat_map(|(k, t)| products.iter().map(move |v| (k, t, *v)))
+    {
         let n = 45;
         let q4 = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 46), n, k).unwrap();
         let mut a = Q8Acts::default();
         a.quantize(&values(t * k, 47), t, k);
         let mut got = vec![0f32; t * n];
-        lanes_avx2::matmul(avx2, q4.lanes.as_deref().unwrap(), &a, &mut got);
+        lanes_avx2::matmul(avx2, vnni, q4.lanes.as_deref().unwrap(), &a, &mut got);
         for ti in 0..t {
             let (aq, as_) = a.row(ti);
             for ni in 0..n {
@@ -533,12 +542,12 @@ fn avx2_lanes_equal_their_epilogue_in_scalar() {
                     acc = (isum as f32).mul_add(d[b] * as_[b], acc);
                     acc = m[b].mul_add(a.scaled_sums(ti)[b], acc);
                 }
-                assert_eq!(got[ti * n + ni].to_bits(), acc.to_bits(), "k {k}, t {t}: ({ti}, {ni})");
+                assert_eq!(got[ti * n + ni].to_bits(), acc.to_bits(), "k {k}, t {t}, {vnni:?}: ({ti}, {ni})");
             }
         }
         // int8, each block's largest magnitude at 127 (the sign trick's edge).
         let q8 = Q8Matrix::from_f32(&values(n * k, 48), n, k);
-        lanes_avx2::matmul(avx2, q8.lanes.as_deref().unwrap(), &a, &mut got);
+        lanes_avx2::matmul(avx2, vnni, q8.lanes.as_deref().unwrap(), &a, &mut got);
         for ti in 0..t {
             let (aq, as_) = a.row(ti);
             for ni in 0..n {
@@ -548,7 +557,7 @@ fn avx2_lanes_equal_their_epilogue_in_scalar() {
                     let isum: i32 = (b * QK..(b + 1) * QK).map(|i| wq[i] as i32 * aq[i] as i32).sum();
                     acc = (isum as f32).mul_add(ws[b] * as_[b], acc);
                 }
-                assert_eq!(got[ti * n + ni].to_bits(), acc.to_bits(), "int8, k {k}, t {t}: ({ti}, {ni})");
+                assert_eq!(got[ti * n + ni].to_bits(), acc.to_bits(), "int8, k {k}, t {t}, {vnni:?}: ({ti}, {ni})");
             }
         }
     }
@@ -571,7 +580,7 @@ fn avx2_lanes_equal_vnni_lanes_bit_for_bit() {
         a.quantize(&values(t * k, 45), t, k);
         for packed in [q4.lanes.as_deref().unwrap(), q8.lanes.as_deref().unwrap()] {
             let (mut x, mut y) = (vec![0f32; t * n], vec![0f32; t * n]);
-            lanes_avx2::matmul(avx2, packed, &a, &mut x);
+            lanes_avx2::matmul(avx2, None, packed, &a, &mut x);
             lanes::matmul(vnni, packed, &a, &mut y);
             assert_eq!(x, y, "k {k}");
         }
