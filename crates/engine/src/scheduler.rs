@@ -17,7 +17,8 @@
 //!   (decode tokens and prefill chunks alike); then, in time (`fair::Cost`: a token deep in a
 //!   long context costs its attention), the slowdown guard caps each tenant's work at the step's
 //!   fixed part plus the cheapest other tenant's, so no tenant's work runs slower than `1 / k` of
-//!   its speed alone with `k` tenants busy, and the step is capped at `max_step_seconds` (time
+//!   its speed alone with `k` tenants busy, and the step is capped at `max_step_seconds` (or ten
+//!   times the step's fixed part, `fair::step_cap`; time
 //!   water-filled between tenants). Within a tenant: decodes first (the least recently served first, so its
 //!   streams take turns when it has more than its share), then prompts by (priority, arrival).
 //!
@@ -25,7 +26,7 @@
 //! request may also preempt running sequences of its own tenant with strictly lower priority
 //! (larger `priority`, the latest arrivals first), as vLLM's priority scheduling does.
 
-use crate::fair::{guard_caps, water_fill, water_fill_time, Cost};
+use crate::fair::{guard_caps, step_cap, water_fill, water_fill_time, Cost};
 use std::collections::BTreeMap;
 
 /// A running sequence as the scheduler sees it. `Id` is the engine's sequence id (the scheduler
@@ -77,7 +78,8 @@ pub struct Budget {
     /// What a step costs (`fair::StepCost`), for the slowdown guard and the step's time cap.
     pub cost: Cost,
     /// The longest a step may be planned to take (so a request arriving during it waits at most
-    /// that long for its first chunk); each sequence with work keeps at least one token.
+    /// that long for its first chunk), stretched to ten times the step's fixed part where that is
+    /// longer (`fair::step_cap`); each sequence with work keeps at least one token.
     pub max_step_seconds: f64,
 }
 
@@ -227,8 +229,9 @@ fn grant_tokens<Id: Copy + Ord>(
         credit_out.insert(*tenant, allowance - spent);
     }
     let now = costs(&items);
-    if cost.a + now.iter().sum::<f64>() > budget.max_step_seconds {
-        for (v, cap) in items.iter_mut().zip(water_fill_time(&now, budget.max_step_seconds - cost.a)) {
+    let max_step = step_cap(budget.max_step_seconds, cost.a);
+    if cost.a + now.iter().sum::<f64>() > max_step {
+        for (v, cap) in items.iter_mut().zip(water_fill_time(&now, max_step - cost.a)) {
             take_seconds(v, cap, &cost, true);
         }
     }
@@ -598,6 +601,10 @@ mod tests {
         let plan = schedule_with(&both, &[], &b, &plan.credits);
         assert_eq!(plan.work, vec![(1, 1), (2, 30)]);
         assert!((plan.credits[&1] - (3.0 * 0.000465 - 0.001001)).abs() < 1e-12);
+        // A model whose step's fixed part is 50 ms and a token 11 ms (Qwen 1.5B on AVX2): the cap
+        // stretches to 0.5 s, and a lone prompt gets (0.5 - 0.05) / 0.011 = 40.9 -> 40 tokens.
+        let big = Budget { cost: Cost { a: 0.05, c: 0.011, e: 0.0, f: 0.0 }, ..b };
+        assert_eq!(schedule(&[run(1, 512, 0)], &[], &big).work, vec![(1, 40)]);
         // A decode deep in a context counts too: 31 streams at 4,000 positions against one at 40.
         let guarded = Budget { cost: Cost { a: 0.004, c: 0.001, e: 0.001, f: 0.0 }, ..b };
         let mut running: Vec<Running> =
