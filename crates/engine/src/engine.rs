@@ -178,8 +178,9 @@ const PRIOR_COST: crate::fair::Cost = crate::fair::Cost { a: 0.004, c: 0.001, e:
 /// The longest a step is planned to take: a request that arrives during a step waits at most
 /// about this long before its own first chunk runs (a 512-token chunk deep in a long context
 /// would otherwise take seconds). On a model whose step's fixed part (reading the weights) is
-/// longer than a tenth of this, the cap stretches to ten times that part (`fair::step_cap`), so
-/// that a long prompt alone loses at most a tenth of its prefill speed to its chunking.
+/// longer than a tenth of this, a step of one tenant's work alone stretches to ten times that
+/// part (`fair::step_cap`), so that a long prompt alone loses at most a tenth of its prefill
+/// speed to its chunking.
 const MAX_STEP_SECONDS: f64 = 0.25;
 
 impl EngineLoop {

@@ -122,7 +122,10 @@ pub fn guard_caps(costs: &[f64], a: f64) -> Vec<f64> {
 /// tokens and a lone 512-token prompt took 30 steps, ~25% longer than in one pass (prefill
 /// through HTTP 69 tok/s against 88 in process; a 7B model's steps would have held one token).
 /// Capping at ten times `a` keeps the fixed part at a tenth of a full step on any model; a
-/// request arriving during one waits at most ten of that model's decode steps, or 2 s.
+/// request arriving during one waits at most ten of that model's decode steps, or 2 s. The
+/// scheduler stretches only a step of one tenant's work: with two or more in it the slowdown
+/// guard and 0.25 s hold, so a victim's decodes beside an attacker's long prompts are not slowed
+/// further (docs/benchmarks.md, session 56).
 pub fn step_cap(max_step: f64, a: f64) -> f64 {
     max_step.max((10.0 * a).min(STRETCHED_STEP_MAX))
 }

@@ -17,8 +17,8 @@
 //!   (decode tokens and prefill chunks alike); then, in time (`fair::Cost`: a token deep in a
 //!   long context costs its attention), the slowdown guard caps each tenant's work at the step's
 //!   fixed part plus the cheapest other tenant's, so no tenant's work runs slower than `1 / k` of
-//!   its speed alone with `k` tenants busy, and the step is capped at `max_step_seconds` (or ten
-//!   times the step's fixed part, `fair::step_cap`; time
+//!   its speed alone with `k` tenants busy, and the step is capped at `max_step_seconds` (or,
+//!   for one tenant's work alone, ten times the step's fixed part, `fair::step_cap`; time
 //!   water-filled between tenants). Within a tenant: decodes first (the least recently served first, so its
 //!   streams take turns when it has more than its share), then prompts by (priority, arrival).
 //!
@@ -79,7 +79,8 @@ pub struct Budget {
     pub cost: Cost,
     /// The longest a step may be planned to take (so a request arriving during it waits at most
     /// that long for its first chunk), stretched to ten times the step's fixed part where that is
-    /// longer (`fair::step_cap`); each sequence with work keeps at least one token.
+    /// longer when the step holds one tenant's work alone (`fair::step_cap`); each sequence with
+    /// work keeps at least one token.
     pub max_step_seconds: f64,
 }
 
@@ -229,7 +230,9 @@ fn grant_tokens<Id: Copy + Ord>(
         credit_out.insert(*tenant, allowance - spent);
     }
     let now = costs(&items);
-    let max_step = step_cap(budget.max_step_seconds, cost.a);
+    // Stretched only for a step of one tenant's work: with others in it, their tokens and
+    // arrivals keep the short cap (the stretch would slow their decodes too).
+    let max_step = if tenants.len() == 1 { step_cap(budget.max_step_seconds, cost.a) } else { budget.max_step_seconds };
     if cost.a + now.iter().sum::<f64>() > max_step {
         for (v, cap) in items.iter_mut().zip(water_fill_time(&now, max_step - cost.a)) {
             take_seconds(v, cap, &cost, true);
@@ -605,6 +608,10 @@ mod tests {
         // stretches to 0.5 s, and a lone prompt gets (0.5 - 0.05) / 0.011 = 40.9 -> 40 tokens.
         let big = Budget { cost: Cost { a: 0.05, c: 0.011, e: 0.0, f: 0.0 }, ..b };
         assert_eq!(schedule(&[run(1, 512, 0)], &[], &big).work, vec![(1, 40)]);
+        // Two tenants' prompts keep the 0.25 s cap: 0.2 s for tokens, 0.1 s each, 9 tokens each
+        // (the stretched cap would give each 20).
+        let other = Running { tenant: 2, ..run(2, 512, 0) };
+        assert_eq!(schedule(&[run(1, 512, 0), other], &[], &big).work, vec![(1, 9), (2, 9)]);
         // A decode deep in a context counts too: 31 streams at 4,000 positions against one at 40.
         let guarded = Budget { cost: Cost { a: 0.004, c: 0.001, e: 0.001, f: 0.0 }, ..b };
         let mut running: Vec<Running> =
