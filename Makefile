@@ -54,8 +54,8 @@ run: model build
 # Hugging Face's safetensors (with numpy) that reads exported adapters, and the `gguf` package that
 # reads merged models, pinned, in a virtualenv of their own (created once).
 PYENV := target/pyenv
-OPENAI_VERSION := 3.54.0
-ANTHROPIC_VERSION := 2.12.0
+OPENAI_VERSION := 3.63.0
+ANTHROPIC_VERSION := 2.17.0
 PROMETHEUS_VERSION := 0.26.0
 SAFETENSORS_VERSION := 0.8.0
 NUMPY_VERSION := 2.4.6
@@ -261,10 +261,10 @@ $(ART18ENV)/.ok-$(ART18_VERSION):
 
 # The agent frameworks of tests/python/test_agents.py on Python 3.12, each pinned at its newest
 # release when the suite was written (docs/chat-api.md lists them). instructor 1.17 caps jiter
-# below what openai 3.57 needs, so it has a virtualenv of its own with the openai it resolves.
+# below what openai 3.57 and later need, so it has a virtualenv of its own with the openai it resolves.
 AGENTSENV := target/agentsenv
-AGENTS_PINS := openai==3.57.0 anthropic==2.15.0 openai-agents==0.24.0 langchain-core==1.8.3 \
-	langchain-openai==1.7.4 langchain-anthropic==1.7.10 litellm==1.110.2 "pydantic-ai-slim[openai]==2.68.0"
+AGENTS_PINS := openai==3.63.0 anthropic==2.17.0 openai-agents==0.24.0 langchain-core==1.8.3 \
+	langchain-openai==1.8.1 langchain-anthropic==1.7.10 litellm==1.110.2 "pydantic-ai-slim[openai]==2.78.0"
 INSTRUCTORENV := target/instructorenv
 INSTRUCTOR_PINS := instructor==1.17.0 openai==3.3.0
 AGENTS_OK := $(AGENTSENV)/.ok-$(shell echo '$(AGENTS_PINS)' | md5sum | cut -c1-12)
