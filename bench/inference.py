@@ -104,6 +104,9 @@ def main():
     ap.add_argument("--gguf", help="the model file: prints decode against the memory-bandwidth limit")
     ap.add_argument("--read-gbs", type=float,
                     help="the read bandwidth decode is bounded by (matmul_bench read); without it, a copy's")
+    ap.add_argument("--compute-limit", type=float,
+                    help="the tok/s the tier's int8 multiply instruction alone allows (matmul_bench peak): "
+                         "prints prefill and 16 streams against it")
     ap.add_argument("--constrained", action="store_true",
                     help="also measure decode with a JSON-schema constraint (first server only)")
     args = ap.parse_args()
@@ -169,6 +172,14 @@ def main():
         print(f"\nmemory: {how} bandwidth {bw:.1f} GB/s, weights {size / 1e6:.0f} MB per token -> decode limit "
               f"{limit:.0f} tok/s; " + ", ".join(
                   f"{n} decode_1 at {statistics.median(samples[n]['decode_1']) / limit:.0%} of it" for n, _, _ in servers))
+    if args.compute_limit:
+        # Prefill and many streams multiply every weight by many rows: compute, not memory, bounds
+        # them. The limit is the multiply instruction's own rate (matmul_bench peak), so a kernel
+        # that also unpacks, widens and scales stays well under it.
+        lim = args.compute_limit
+        print(f"compute: int8 multiply instruction alone -> limit {lim:.0f} tok/s; " + ", ".join(
+            f"{n} prefill_512 at {statistics.median(samples[n]['prefill_512']) / lim:.0%} of it, "
+            f"aggregate_16 at {statistics.median(samples[n]['aggregate_16']) / lim:.0%}" for n, _, _ in servers))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ if [ "$TIER" = avxvnni ] && ! grep -qw avx_vnni /proc/cpuinfo; then
   echo "SKIPPED: TIER=avxvnni, and this CPU has no AVX-VNNI (nothing to compare)" >&2
   exit 0
 fi
-make -s model MODEL="$MODEL"
+# Fetched by its own make target when missing (`make bench-avx2` and the others fetch theirs first:
+# `make model MODEL=<a Qwen file>` would make warn of two recipes for one file).
+[ -f "$MODEL" ] || make -s model MODEL="$MODEL"
 
 source bench/setup.sh
 server=$(llama_server "$TIER")
@@ -35,7 +37,12 @@ trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8101 && wait_healthy 8102
 echo "kernel tier: $TIER"
 read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
+# Prefill's and many streams' bound: the tier's int8 multiply instruction alone, two threads.
+peak=$(env "${tier_env[@]}" target/release/examples/matmul_bench peak 2 "$MODEL")
+echo "$peak"
+compute=$(sed -n 's/.*compute limit \([0-9.]*\) tok\/s.*/\1/p' <<<"$peak")
 python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
+  ${compute:+--compute-limit "$compute"} \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
 # The first greedy tokens of a few prompts, side by side (docs/benchmarks.md: where they part).
 python3 bench/greedy_match.py http://127.0.0.1:8101 http://127.0.0.1:8102 --key bench

@@ -133,6 +133,31 @@ fn layers(t: usize, threads: usize, repeat: bool) {
     });
 }
 
+/// `matmul_bench peak [THREADS] [MODEL]`: the tier's int8 multiply instruction alone on THREADS
+/// threads (2) at once (`kernels::peak`), and with a GGUF, its matrices' multiply-adds a token
+/// (every 2-D weight of its layers; the head runs for a prompt's last token only) and so the
+/// compute limit of prefill and of many streams, which `bench/inference.py` prints beside them.
+fn peak(threads: usize, model: Option<String>) {
+    let Some(p) = tandem_model::kernels::peak::int8_peak(threads) else {
+        println!("peak: the scalar tier has no int8 multiply instruction");
+        return;
+    };
+    let rate = p.products_per_sec;
+    print!("peak {}, threads={threads}: {:.1} G products/s", p.instruction, rate / 1e9);
+    if let Some(path) = model {
+        let mut file = std::fs::File::open(&path).expect("the model file");
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file).expect("a GGUF file");
+        let macs: usize = content
+            .tensor_infos
+            .iter()
+            .filter(|(name, info)| name.starts_with("blk.") && info.shape.dims().len() == 2)
+            .map(|(_, info)| info.shape.elem_count())
+            .sum();
+        print!(", {:.3} GMAC a token -> compute limit {:.1} tok/s", macs as f64 / 1e9, rate / macs as f64);
+    }
+    println!();
+}
+
 fn main() {
     let arg = |i: usize, default: usize| std::env::args().nth(i).and_then(|t| t.parse().ok()).unwrap_or(default);
     let mode = std::env::args().nth(1);
@@ -140,6 +165,7 @@ fn main() {
         Some("read") => return read(arg(2, 2), arg(3, 1024)),
         Some("layers") => return layers(arg(2, 16), arg(3, 2), arg(4, 0) == 1),
         Some("stream") => return stream(arg(2, 2)),
+        Some("peak") => return peak(arg(2, 2), std::env::args().nth(3)),
         _ => {}
     }
     rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
@@ -170,8 +196,14 @@ fn main() {
                 all
             }
         };
-        for (name, w) in &cases {
-            for t in [1usize, 16, 128] {
+        // ONLY=q4_k (a prefix of the case's name) and ROWS=128 narrow the run, for `perf`.
+        let only = std::env::var("ONLY").unwrap_or_default();
+        let rows: Vec<usize> = match std::env::var("ROWS").ok().and_then(|r| r.parse().ok()) {
+            Some(r) => vec![r],
+            None => vec![1, 16, 128],
+        };
+        for (name, w) in cases.iter().filter(|(name, _)| name.starts_with(&only)) {
+            for &t in &rows {
                 let mut a = Q8Acts::default();
                 a.k_quants = std::env::var_os("PER32").is_none();
                 a.quantize(&pseudo(t * w.cols(), 7), t, w.cols());

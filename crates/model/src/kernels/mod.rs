@@ -39,6 +39,7 @@ mod dense;
 mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod lanes_avx2;
+pub mod peak;
 mod q4;
 mod q8;
 mod q8k;
