@@ -6,7 +6,8 @@
 #     tests/data/llamacpp_qwen.json, the fixture the parity tests in `make test` compare against
 #     (commit it when it changes: it is what llama.cpp said, not what tandem says);
 #  2. runs bench/inference.py (prefill, decode, 16 streams, peak RSS) against both servers, with
-#     decode's bound from the read bandwidth (`matmul_bench read`).
+#     decode's bound from the read bandwidth (`matmul_bench read`), and prefill's and the 16
+#     streams' from the int8 multiply instruction alone (`matmul_bench peak`).
 # QWEN_FILES=... picks the files (default both); RECORD=0 skips step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,11 @@ for MODEL in $QWEN_FILES; do
     python3 bench/record_llamacpp.py http://127.0.0.1:8102 "$(basename "$MODEL")" tests/data/llamacpp_qwen.json
   fi
   read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
+  peak=$(target/release/examples/matmul_bench peak 2 "$MODEL")
+  echo "$peak"
+  compute=$(sed -n 's/.*compute limit \([0-9.]*\) tok\/s.*/\1/p' <<<"$peak")
   python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
+    ${compute:+--compute-limit "$compute"} \
     "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"
   kill $tandem_pid $llama_pid 2>/dev/null; wait $tandem_pid $llama_pid 2>/dev/null || true
   rm -rf "$data"
