@@ -37,10 +37,7 @@ trap 'kill $tandem_pid $llama_pid 2>/dev/null; rm -rf "$data"' EXIT
 wait_healthy 8101 && wait_healthy 8102
 echo "kernel tier: $TIER"
 read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
-# Prefill's and many streams' bound: the tier's int8 multiply instruction alone, two threads.
-peak=$(env "${tier_env[@]}" target/release/examples/matmul_bench peak 2 "$MODEL")
-echo "$peak"
-compute=$(sed -n 's/.*compute limit \([0-9.]*\) tok\/s.*/\1/p' <<<"$peak")
+compute=$(compute_limit "$MODEL" "${tier_env[@]}")
 python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
   ${compute:+--compute-limit "$compute"} \
   "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"

@@ -35,9 +35,7 @@ for MODEL in $QWEN_FILES; do
     python3 bench/record_llamacpp.py http://127.0.0.1:8102 "$(basename "$MODEL")" tests/data/llamacpp_qwen.json
   fi
   read_gbs=$(target/release/examples/matmul_bench read 2 $(( $(stat -c %s "$MODEL") >> 20 )) | awk '{print $(NF-1)}')
-  peak=$(target/release/examples/matmul_bench peak 2 "$MODEL")
-  echo "$peak"
-  compute=$(sed -n 's/.*compute limit \([0-9.]*\) tok\/s.*/\1/p' <<<"$peak")
+  compute=$(compute_limit "$MODEL")
   python3 bench/inference.py --rounds "$ROUNDS" --key bench --constrained --gguf "$MODEL" --read-gbs "$read_gbs" \
     ${compute:+--compute-limit "$compute"} \
     "tandem=http://127.0.0.1:8101@$tandem_pid" "llama.cpp=http://127.0.0.1:8102@$llama_pid"

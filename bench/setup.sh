@@ -74,3 +74,15 @@ wait_healthy() {
   echo "the server on port $1 did not start" >&2
   return 1
 }
+
+# Prefill's and many streams' bound for the GGUF $1: the kernel tier's int8 multiply instruction
+# alone on two threads over the model's multiply-adds a token (`matmul_bench peak`, built by the
+# caller). Further arguments are environment settings for it (TANDEM_CPU=avx2: the tier the
+# server runs). Prints the measurement to stderr and the limit in tok/s (nothing if none).
+compute_limit() {
+  local model=$1 peak
+  shift
+  peak=$(env "$@" target/release/examples/matmul_bench peak 2 "$model")
+  echo "$peak" >&2
+  sed -n 's/.*compute limit \([0-9.]*\) tok\/s.*/\1/p' <<<"$peak"
+}
