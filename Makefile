@@ -8,7 +8,7 @@ DATA_DIR ?= data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 CARGO ?= cargo
-.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-avxvnni bench-agreement bench-adapters bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check wheel test-wheel image test-image
+.PHONY: test-deps test-build all model model-gemma model-qwen tokenizers build run test test-cookbook check fmt clean bench bench-avx2 bench-avxvnni bench-agreement bench-adapters bench-adapter-share bench-long bench-pipeline bench-gemma bench-qwen bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-cluster bench-tools bench-rl-tools bench-all reliability reliability-postgres fuzz-smoke k8s-check wheel test-wheel image test-image
 
 all: build
 
@@ -420,6 +420,12 @@ bench-adapters: model $(PYENV_OK)
 	$(PYENV)/bin/python bench/adapters.py target/release/tandem $(MODEL) \
 	  --read-gbs $$(target/release/examples/matmul_bench read 2 1100 | awk '{print $$(NF-1)}')
 
+## bench-adapter-share: a victim entity's stream on its adapter alone and while another entity rotates 64
+## adapters through a 32 MiB adapter cache (bench/adapter_share.py); BASELINE=<older tandem> runs it side by side
+bench-adapter-share: model $(PYENV_OK)
+	cargo build --release -q --bin tandem
+	$(PYENV)/bin/python bench/adapter_share.py target/release/tandem $(MODEL) $(if $(BASELINE),--baseline $(BASELINE))
+
 ## bench-gemma: the same inference benchmark and greedy comparison on Gemma 3 270M
 bench-gemma: model-gemma
 	MODEL=$(GEMMA_MODEL) bash bench/run-inference.sh
@@ -514,7 +520,7 @@ bench-cluster: model
 	$(CARGO) build --bin tandem
 	python3 bench/cluster.py target/debug/tandem $(MODEL) $(PG_ADMIN_URL)
 
-bench-all: bench bench-avx2 bench-avxvnni bench-agreement bench-adapters bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
+bench-all: bench bench-avx2 bench-avxvnni bench-agreement bench-adapters bench-adapter-share bench-long bench-gemma bench-qwen bench-tools bench-rl-tools bench-fairness bench-training bench-rl bench-rl-trl bench-rl-tinker bench-tinker-victim bench-tinker-step bench-tinker-memory bench-pipeline bench-cluster
 
 ## check: formatting and lints
 check:

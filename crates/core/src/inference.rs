@@ -172,6 +172,8 @@ pub struct AdapterRef {
     /// The name requests give it in `model` (vLLM's LoRA name): what `vllm:lora_requests_info`
     /// lists, so that a router can send a request to the node already running its adapter.
     pub name: String,
+    /// The entity whose adapter it is (the adapter cache shares its budget between entities).
+    pub owner: String,
     pub path: std::path::PathBuf,
     /// For an adapter loaded at run time (`/v1/load_lora_adapter`): the `--lora-root` its files
     /// must resolve under, checked with the size caps below at every read (a cached copy may be

@@ -70,7 +70,7 @@ impl AdapterCache {
 
     /// The checkpoint's adapter, read from disk the first time (blocking).
     fn load(&self, a: &AdapterRef, base: &Llama) -> Result<Arc<LoraAdapter>, SubmitError> {
-        let slot = self.ledger().slot(&a.checkpoint_id);
+        let slot = self.ledger().slot(&a.checkpoint_id, &a.owner);
         let mut loaded = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(adapter) = loaded.as_ref() {
             return Ok(adapter.clone());
@@ -93,11 +93,11 @@ impl AdapterCache {
         Ok(adapter)
     }
 
-    /// Keeps an adapter the caller loaded already.
-    fn insert(&self, checkpoint_id: &str, adapter: Arc<LoraAdapter>) {
+    /// Keeps `owner`'s adapter the caller loaded already.
+    fn insert(&self, checkpoint_id: &str, owner: &str, adapter: Arc<LoraAdapter>) {
         let bytes = adapter.bytes();
         self.loads.inc();
-        self.update(|l| l.put(checkpoint_id, adapter, bytes));
+        self.update(|l| l.put(checkpoint_id, owner, adapter, bytes));
     }
 
     pub fn forget(&self, checkpoint_id: &str) {
@@ -336,7 +336,7 @@ impl ServedModel for Served {
             let dir = a.path.display().to_string();
             e.to_string().replace(&format!("{dir}/"), "").replace(&format!("{dir}: "), "").replace(&dir, "the adapter")
         })?;
-        self.shared.adapters.insert(&a.checkpoint_id, Arc::new(adapter));
+        self.shared.adapters.insert(&a.checkpoint_id, &a.owner, Arc::new(adapter));
         Ok(())
     }
 
@@ -413,7 +413,13 @@ mod tests {
         std::fs::write(at.join("adapter_config.json"), "{}").unwrap();
         std::fs::write(at.join("adapter_model.safetensors"), "w").unwrap();
         let root = root.canonicalize().unwrap();
-        let a = AdapterRef { checkpoint_id: "x".into(), name: "x".into(), path: at.clone(), confined_to: Some(root) };
+        let a = AdapterRef {
+            checkpoint_id: "x".into(),
+            name: "x".into(),
+            owner: "e".into(),
+            path: at.clone(),
+            confined_to: Some(root),
+        };
         assert_eq!(check_confined(&a), Ok(()));
         // Swapped for a link to a file outside the root after the load: refused at the next read.
         std::fs::write(dir.path().join("secret"), "s").unwrap();

@@ -113,12 +113,14 @@ async fn batching_lora_and_cancellation_on_a_tiny_model() {
     let zero = AdapterRef {
         checkpoint_id: "zero".into(),
         name: "zero".into(),
+        owner: "e".into(),
         path: dir.path().join("zero"),
         confined_to: None,
     };
     let trained = AdapterRef {
         checkpoint_id: "trained".into(),
         name: "trained".into(),
+        owner: "e".into(),
         path: dir.path().join("trained"),
         confined_to: None,
     };
@@ -337,6 +339,7 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
     let late = AdapterRef {
         checkpoint_id: "late".into(),
         name: "late".into(),
+        owner: "e".into(),
         path: dir.path().join("late"),
         confined_to: None,
     };
@@ -355,7 +358,13 @@ async fn adapters_load_before_submit_and_failures_are_retried() {
             let path = dir.path().join(format!("c{i}"));
             write_adapter(&path, 0.1 * i as f32);
             let (m, prompt) = (m.clone(), prompt.to_vec());
-            let adapter = AdapterRef { checkpoint_id: format!("c{i}"), name: format!("c{i}"), path, confined_to: None };
+            let adapter = AdapterRef {
+                checkpoint_id: format!("c{i}"),
+                name: format!("c{i}"),
+                owner: "e".into(),
+                path,
+                confined_to: None,
+            };
             std::thread::spawn(move || m.prepare(request(&prompt, 4, Some(adapter))).map(|_| ()))
         })
         .collect();
@@ -388,7 +397,13 @@ async fn the_adapter_cache_is_bounded_by_bytes() {
         .map(|i| {
             let path = dir.path().join(format!("a{i}"));
             write_adapter(&path, 0.1 * (i + 1) as f32);
-            AdapterRef { checkpoint_id: format!("a{i}"), name: format!("a{i}"), path, confined_to: None }
+            AdapterRef {
+                checkpoint_id: format!("a{i}"),
+                name: format!("a{i}"),
+                owner: "e".into(),
+                path,
+                confined_to: None,
+            }
         })
         .collect();
     let mut held_one = 0.0;
@@ -412,6 +427,41 @@ async fn the_adapter_cache_is_bounded_by_bytes() {
         assert!(held_one > 0.0);
         assert_eq!(held, if budget.is_some() { held_one } else { 2.0 * held_one }, "budget {budget:?}");
     }
+}
+
+/// The cache's budget is shared between entities: another entity rotating more adapters than
+/// the cache holds takes back its own, not the victim's (with one least-recently-used order the
+/// victim's adapter, the oldest, was the first to go and was read again on its next request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_entitys_adapter_rotation_does_not_evict_anothers() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&gguf);
+    let adapter = |id: &str, owner: &str, b: f32| {
+        let path = dir.path().join(id);
+        write_adapter(&path, b);
+        AdapterRef { checkpoint_id: id.into(), name: id.into(), owner: owner.into(), path, confined_to: None }
+    };
+    let victim = adapter("v", "victim", 0.3);
+    let rotation: Vec<AdapterRef> =
+        (0..4).map(|i| adapter(&format!("a{i}"), "attacker", 0.1 * (i + 1) as f32)).collect();
+    let mut engine = Engine::new();
+    engine.add_path("tiny", &gguf, Default::default(), EngineConfig::default()).unwrap();
+    let m = engine.models()[0].clone();
+    tokens(submit(&m, request(&[1, 2, 3], 2, Some(victim.clone()))).unwrap()).await;
+    let one = metric(&metrics_text(&engine), "tandem:lora_adapter_cache_bytes");
+    assert!(one > 0.0);
+    // Room for two and a half adapters (all are the same size).
+    engine.set_adapter_cache_bytes((2.5 * one) as usize);
+    for turn in 0..6 {
+        tokens(submit(&m, request(&[1, 2, 3], 2, Some(rotation[turn % 4].clone()))).unwrap()).await;
+    }
+    let text = metrics_text(&engine);
+    assert_eq!(metric(&text, "tandem:lora_adapter_loads_total"), 7.0, "every turn of the rotation reads");
+    tokens(submit(&m, request(&[1, 2, 3], 2, Some(victim))).unwrap()).await;
+    let text = metrics_text(&engine);
+    assert_eq!(metric(&text, "tandem:lora_adapter_loads_total"), 7.0, "the victim's adapter was still held");
+    assert_eq!(metric(&text, "tandem:lora_adapter_cache_bytes"), 2.0 * one);
 }
 
 /// Target logprobs and alternative draws come from the same rows as the prompt logprobs: a

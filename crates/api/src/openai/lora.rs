@@ -215,6 +215,7 @@ pub async fn load(
     }
     let shown = body.lora_path.clone();
     let (root, base_model, lora_name) = (root.to_path_buf(), base.clone(), body.lora_name.clone());
+    let entity = caller.entity.clone();
     // File-system checks and the load itself are blocking.
     let adapter = tokio::task::spawn_blocking(move || -> Result<AdapterRef, ApiError> {
         let not_found = || {
@@ -233,6 +234,7 @@ pub async fn load(
         let adapter = AdapterRef {
             checkpoint_id: format!("runtime-lora-{}", uuid::Uuid::new_v4()),
             name: lora_name,
+            owner: entity,
             path: dir,
             confined_to: Some(root),
         };

@@ -218,6 +218,7 @@ pub async fn resolve(state: &AppState, entity: &str, model: Option<&str>) -> Res
         adapter: Some(AdapterRef {
             checkpoint_id: checkpoint_id.to_string(),
             name: model.to_string(),
+            owner: entity.to_string(),
             path,
             confined_to: None,
         }),

@@ -422,7 +422,7 @@ async fn run_import(
 ) -> Result<Checkpoint, ApiError> {
     let id = tandem_core::new_id();
     let relative = tandem_store::CheckpointDir::relative_path(model.id, id);
-    let (dir, rel) = (state.checkpoints().dir().clone(), relative.clone());
+    let (dir, rel, owner) = (state.checkpoints().dir().clone(), relative.clone(), model.entity.clone());
     // Unpack, write durably and check against the base model (which loads and caches it, so it
     // is served at once), off the async workers; each copy is dropped once the next exists.
     let written = tokio::task::spawn_blocking(move || -> Result<i64, ApiError> {
@@ -435,6 +435,7 @@ async fn run_import(
         let adapter = tandem_core::inference::AdapterRef {
             checkpoint_id: id.to_string(),
             name: id.to_string(),
+            owner,
             path,
             confined_to: None,
         };
