@@ -12,6 +12,7 @@
 //! - [`tokenizer_dir`]: a model's tokenizer as files a Hugging Face client loads offline.
 
 pub mod adapter_cache;
+pub mod adapter_loads;
 mod engine;
 pub mod fair;
 pub mod grammar;

@@ -2,6 +2,7 @@
 //! constraint compiler and adapter loader, and the queue of its engine loop.
 
 use crate::adapter_cache::Ledger;
+use crate::adapter_loads::Loads;
 use crate::engine::Job;
 use crate::grammar::Grammars;
 use crate::metrics::EngineMetrics;
@@ -36,6 +37,7 @@ impl Default for Shared {
         let families = crate::metrics::Families::default();
         let adapters = AdapterCache {
             ledger: Mutex::new(Ledger::new(crate::adapter_cache::DEFAULT_BYTES)),
+            reads: Arc::default(),
             loads: families.adapter_loads.clone(),
             bytes: families.adapter_bytes.clone(),
         };
@@ -46,6 +48,8 @@ impl Default for Shared {
 /// Adapters recently used, kept loaded within a byte budget (`adapter_cache`).
 pub(crate) struct AdapterCache {
     ledger: Mutex<Ledger<LoraAdapter>>,
+    /// Where adapters are read from disk: one at a time, in turn by entity (`adapter_loads`).
+    reads: Arc<Loads>,
     /// `tandem:lora_adapter_loads` and `tandem:lora_adapter_cache_bytes`.
     loads: prometheus_client::metrics::counter::Counter,
     bytes: prometheus_client::metrics::gauge::Gauge,
@@ -81,7 +85,7 @@ impl AdapterCache {
             tracing::error!(checkpoint = %a.checkpoint_id, error = %why, "a runtime adapter's files no longer pass");
             return Err(SubmitError::Invalid(format!("this adapter cannot be loaded: {why}")));
         }
-        let adapter = LoraAdapter::load(&a.path, &base.config).map_err(|e| {
+        let adapter = self.read(a, base).map_err(|e| {
             tracing::error!(checkpoint = %a.checkpoint_id, error = %e, "cannot load a checkpoint's adapter");
             SubmitError::Invalid("this checkpoint's adapter cannot be loaded (the server logged why)".into())
         })?;
@@ -91,6 +95,14 @@ impl AdapterCache {
         drop(loaded);
         self.update(|l| l.loaded(&a.checkpoint_id, &slot, adapter.bytes()));
         Ok(adapter)
+    }
+
+    /// Reads `a` from disk in its owner's turn on the loader thread (`adapter_loads`).
+    fn read(&self, a: &AdapterRef, base: &Llama) -> Result<LoraAdapter, tandem_model::ModelError> {
+        let (path, config) = (a.path.clone(), base.config.clone());
+        self.reads
+            .run(&a.owner, move || LoraAdapter::load(&path, &config))
+            .unwrap_or_else(|| Err(tandem_model::ModelError::Adapter("reading the adapter panicked".into())))
     }
 
     /// Keeps `owner`'s adapter the caller loaded already.
@@ -331,7 +343,7 @@ impl ServedModel for Served {
 
     fn load_adapter(&self, a: &AdapterRef) -> Result<(), String> {
         check_confined(a)?;
-        let adapter = LoraAdapter::load(&a.path, &self.model.config).map_err(|e| {
+        let adapter = self.shared.adapters.read(a, &self.model).map_err(|e| {
             // The messages name the directory; the caller knows it by its own name.
             let dir = a.path.display().to_string();
             e.to_string().replace(&format!("{dir}/"), "").replace(&format!("{dir}: "), "").replace(&dir, "the adapter")

@@ -17,6 +17,7 @@ pub mod llama;
 pub mod lora;
 pub mod merge;
 pub mod peft;
+pub mod priority;
 pub mod source;
 pub mod testing;
 

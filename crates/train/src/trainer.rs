@@ -85,16 +85,11 @@ fn training_pool() -> rayon::ThreadPool {
         .unwrap_or_else(|_| rayon::ThreadPoolBuilder::new().build().expect("a thread pool"))
 }
 
-#[cfg(target_os = "linux")]
 fn lower_priority() {
-    // Per thread on Linux: PRIO_PROCESS with a thread id.
-    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), TRAIN_NICE) {
+    if let Err(e) = tandem_model::priority::set_this_thread(TRAIN_NICE) {
         tracing::warn!(error = %e, "could not lower the priority of a training thread");
     }
 }
-
-#[cfg(not(target_os = "linux"))]
-fn lower_priority() {}
 
 impl LoraTrainer {
     pub fn new(bases: Vec<TrainBase>) -> Self {

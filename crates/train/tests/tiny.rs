@@ -639,13 +639,9 @@ fn precalculated_logprobs_start_the_ratio_at_one() {
 fn training_threads_run_at_a_lower_priority() {
     let (_dir, path) = tiny();
     let t = LoraTrainer::new(vec![TrainBase { id: "tiny".into(), path, tokenizer: Arc::new(Bytes) }]);
-    let nice = t.on_training_threads(|| rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap());
+    let nice = t.on_training_threads(|| tandem_model::priority::of_this_thread().unwrap());
     assert_eq!(nice, tandem_train::trainer::TRAIN_NICE);
-    assert_eq!(
-        rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap(),
-        0,
-        "the caller keeps its priority"
-    );
+    assert_eq!(tandem_model::priority::of_this_thread().unwrap(), 0, "the caller keeps its priority");
 }
 
 /// Groups without reward variance train nothing: `training_started` with 0 sequences, no step,
