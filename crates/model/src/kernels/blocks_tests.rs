@@ -84,7 +84,8 @@ fn unpacking_equals_candles_dequantisation() {
 
 #[test]
 fn every_tier_equals_the_dequantised_product_and_batches_exactly() {
-    // 37 rows (the tiles' one-row tail), 13 activation rows (tiles of 8, 4 and 1).
+    // 37 rows (the tiles' one-row tail), 13 activation rows (tiles of 8, 4 and 1; on AVX2 the
+    // tiles after a group's first read the unpacked bytes it kept, where a row alone unpacks).
     let (rows, t_rows) = (37, 13);
     for format in FORMATS {
         let cols = cols_for(format);

@@ -19,12 +19,17 @@
 //! instruction for instruction, so this tier's results equal that tier's bit for bit on the same
 //! weights and activations (`blocks_tests` asserts it where both run).
 //!
+//! With eight or more activation rows the formats with a fifth or sixth bit (Q5_0, Q5_1, Q5_K,
+//! Q6_K) unpack each group once, in its first tile, and keep the unpacked registers for the
+//! group's other tiles ([`KEEP`]); Q6_K's offset is one `vpmaddwd` a block and row.
+//!
 //! Intel's chips since Alder Lake have no AVX-512 but do have AVX-VNNI, `vpdpbusd` on 256 bits:
 //! there (`TANDEM_CPU=avxvnni`, the default on such a CPU) the same tile sums each step's
 //! products with it directly (`lanes_tile_vnni`), and the bits stay the same.
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
+use super::blocks::BlockFormat;
 use super::blocks_lanes::{BlockLanes, LANES};
 use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
 use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
@@ -54,27 +59,88 @@ impl super::lanes::GroupTiles for Tiles<'_> {
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         assert!((g + R) * LANES < self.w.rows + LANES && t + C <= self.a.rows());
         for r in 0..R {
-            self.group::<C>(g + r, t, out);
+            self.group::<C>(g + r, r, t, out);
         }
     }
 }
 
+/// Activation rows from which a group's unpacked bytes are kept for the tiles after its first
+/// (see [`Unpacked`]); below, each tile unpacks what it reads.
+const KEEP_ROWS: usize = 8;
+
+thread_local! {
+    /// Each thread's unpacked groups, one slot per group of a tile (see [`Unpacked`]).
+    static UNPACKED: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One unpacked register's bytes, aligned as the register.
+#[derive(Clone, Copy)]
+#[repr(align(32))]
+struct Line(#[allow(dead_code)] [u8; 32]);
+
+/// What a tile does with the group's unpacked bytes: unpacks them (few rows: a decode step),
+/// unpacks and keeps them (the first tile of a group), or reads the kept ones.
+///
+/// Why: with many rows (prefill, many streams) each group meets every row in tiles of four, and
+/// each tile unpacked the same weights again: for the formats with bit planes four to six vector
+/// instructions a register, shared by only four rows' products. The first tile writes each
+/// step's unpacked registers (`lo` and `hi`, 64 bytes a step and half) to a per-thread buffer
+/// (at most ~290 KB a thread at the 1.5B's 8,960 columns) and the others load them: Q6_K and
+/// Q5_0 ~1.3x at 128 rows on Zen 3 (`matmul_bench blocks`, `shapes`). The bytes are those the
+/// tile would compute, so the sums and bits are unchanged (`blocks_tests` compares a batch with
+/// its rows alone).
+const UNPACK: u8 = 0;
+const KEEP: u8 = 1;
+const KEPT: u8 = 2;
+
 impl Tiles<'_> {
     #[inline(always)]
-    fn group<const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
+    fn group<const C: usize>(&self, g: usize, slot: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
+        // The 4-bit formats unpack in three instructions a register, fewer than loading twice
+        // their bytes from L2 costs at the 1.5B's shapes (Q4_K 90 -> 67 GMAC/s at 17920x1536
+        // when kept): they unpack in every tile.
+        let four_bit = matches!(w.format, BlockFormat::Q4_0 | BlockFormat::Q4K);
+        let mode = if four_bit || a.rows() < KEEP_ROWS {
+            UNPACK
+        } else if t == 0 {
+            KEEP
+        } else {
+            KEPT
+        };
+        // Slot `slot` of this thread's buffer holds group g's bytes from its first tile on: the
+        // driver runs a group's tiles in order of t on one thread, each tile's groups in the
+        // same slots, and nothing else between them on this thread touches the buffer.
+        let per_slot = w.blocks * 16;
+        let buf = if mode == UNPACK {
+            std::ptr::null_mut()
+        } else {
+            UNPACKED.with_borrow_mut(|b| {
+                if b.len() < 2 * per_slot {
+                    b.resize(2 * per_slot, Line([0; 32]));
+                }
+                b.as_mut_ptr().wrapping_add(slot * per_slot) as *mut u8
+            })
+        };
         // SAFETY: the tokens prove the features; group g and rows t..t+C exist (asserted by the
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
         // quantisation; each task owns the output columns of its groups.
         unsafe {
             macro_rules! halves {
-                ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr) => {
+                ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr, $P:expr) => {
                     if C == 1 {
-                        $tile::<C, $F, $KQ, 0, 2>($token, w, a, $k, g, t)
+                        $tile::<C, $F, $KQ, 0, 2, { $P }>($token, w, a, $k, g, t, buf)
                     } else {
-                        let [h0] = $tile::<C, $F, $KQ, 0, 1>($token, w, a, $k, g, t);
-                        let [h1] = $tile::<C, $F, $KQ, 1, 1>($token, w, a, $k, g, t);
+                        let [h0] = $tile::<C, $F, $KQ, 0, 1, { $P }>($token, w, a, $k, g, t, buf);
+                        let [h1] = $tile::<C, $F, $KQ, 1, 1, { $P }>($token, w, a, $k, g, t, buf);
                         [h0, h1]
+                    }
+                };
+                ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr) => {
+                    match mode {
+                        UNPACK => halves!($tile, $token, $F, $KQ, $k, UNPACK),
+                        KEEP => halves!($tile, $token, $F, $KQ, $k, KEEP),
+                        _ => halves!($tile, $token, $F, $KQ, $k, KEPT),
                     }
                 };
             }
@@ -106,16 +172,17 @@ impl Tiles<'_> {
 /// `w.format`'s code, and with `KQ` the format is a K-quant and `k` is `a`'s per-256
 /// quantisation.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize>(
+unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize, const P: u8>(
     _: Avx2Fma,
     w: &BlockLanes,
     a: &Q8Acts,
     k: &KActs,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m256; C]; HN] {
     // SAFETY: the caller's; the token proves the features the body's instructions need.
-    unsafe { tile_body::<C, F, KQ, H0, HN, false>(w, a, k, g, t) }
+    unsafe { tile_body::<C, F, KQ, H0, HN, P, false>(w, a, k, g, t, buf) }
 }
 
 /// [`lanes_tile`] with AVX-VNNI: each step's products go straight into the lanes' i32 sums with
@@ -127,16 +194,17 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
 /// # Safety
 /// As for [`lanes_tile`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn lanes_tile_vnni<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize>(
+unsafe fn lanes_tile_vnni<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize, const P: u8>(
     _: AvxVnni,
     w: &BlockLanes,
     a: &Q8Acts,
     k: &KActs,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m256; C]; HN] {
     // SAFETY: the caller's; the token proves the features the body's instructions need.
-    unsafe { tile_body::<C, F, KQ, H0, HN, true>(w, a, k, g, t) }
+    unsafe { tile_body::<C, F, KQ, H0, HN, P, true>(w, a, k, g, t, buf) }
 }
 
 /// The body of both tiles, inlined into each so that it compiles with its features (`V`: AVX-VNNI).
@@ -144,12 +212,21 @@ unsafe fn lanes_tile_vnni<const C: usize, const F: u8, const KQ: bool, const H0:
 /// # Safety
 /// As for [`lanes_tile`], and the CPU runs AVX2, FMA, F16C (and with `V`, AVX-VNNI).
 #[inline(always)]
-unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize, const V: bool>(
+unsafe fn tile_body<
+    const C: usize,
+    const F: u8,
+    const KQ: bool,
+    const H0: usize,
+    const HN: usize,
+    const P: u8,
+    const V: bool,
+>(
     w: &BlockLanes,
     a: &Q8Acts,
     k: &KActs,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m256; C]; HN] {
     let (blocks, bb, sb) = (w.blocks, w.block_bytes(), w.scale_blocks());
     let n_planes = planes_of(F);
@@ -162,6 +239,7 @@ unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize
     let aq = if KQ { k.quants().as_ptr() } else { a.quants().as_ptr() };
     let (scales, ss32, ss16) = (a.scales().as_ptr(), a.all_scaled_sums().as_ptr(), a.all_scaled_sums16().as_ptr());
     let (kscales, kpairs, kq6) = (k.scales().as_ptr(), k.pairs().as_ptr(), k.q6_start().as_ptr());
+    let kneg = k.q6_neg().as_ptr();
     let f16x8 = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
     let u8x8 = |p: *const u8| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
     let i8x8 = |p: *const u8| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
@@ -173,7 +251,7 @@ unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize
     unsafe {
         for b in 0..blocks {
             let base = w.q.as_ptr().add((g * blocks + b) * bb);
-            if t == 0 && H0 == 0 {
+            if t == 0 && H0 == 0 && P != KEPT {
                 // The first tile of a group streams its weights from memory (see `prefetch`);
                 // the codes come 32 bytes a block, so as far ahead in blocks.
                 prefetch(base.wrapping_add(PREFETCH_AHEAD), bb);
@@ -213,8 +291,9 @@ unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize
                                         _mm_loadl_epi64(w.codes.as_ptr().add(w.sc_at(g, b) + 8 * h) as *const __m128i);
                                     _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(x, x))
                                 };
-                                if F == Q6K {
-                                    // Q6_K's offset: -32 * the half's activation sum, times the code.
+                                if V && F == Q6K {
+                                    // Q6_K's offset: -32 * the half's activation sum, times the code
+                                    // (without AVX-VNNI, once a block: `q6_offset`).
                                     let sc = i8x8(q6);
                                     for c in 0..C {
                                         let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + hb));
@@ -237,6 +316,17 @@ unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize
                         let mut hi = [_mm256_setzero_si256(); HN];
                         for j in 0..HN {
                             let h = H0 + j;
+                            // This step's unpacked registers of half h in the kept group.
+                            let kept = buf.wrapping_add(((b * 4 + step) * 2 + h) * 64) as *mut __m256i;
+                            if P == KEPT {
+                                if HALF != 1 {
+                                    lo[j] = _mm256_loadu_si256(kept);
+                                }
+                                if HALF != 0 {
+                                    hi[j] = _mm256_loadu_si256(kept.add(1));
+                                }
+                                continue;
+                            }
                             let v = _mm256_loadu_si256(base.add(step * 64 + 32 * h) as *const _);
                             if HALF != 1 {
                                 lo[j] = _mm256_and_si256(v, nib);
@@ -261,6 +351,14 @@ unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize
                                 lo[j] = _mm256_or_si256(lo[j], _mm256_and_si256(up, bit4));
                                 let down = _mm256_srl_epi16(p0, _mm_cvtsi32_si128(step as i32));
                                 hi[j] = _mm256_or_si256(hi[j], _mm256_and_si256(down, bit4));
+                            }
+                            if P == KEEP {
+                                if HALF != 1 {
+                                    _mm256_storeu_si256(kept, lo[j]);
+                                }
+                                if HALF != 0 {
+                                    _mm256_storeu_si256(kept.add(1), hi[j]);
+                                }
                             }
                         }
                         for c in 0..C {
@@ -372,6 +470,21 @@ unsafe fn tile_body<const C: usize, const F: u8, const KQ: bool, const H0: usize
                         }
                     }
                 }};
+            }
+            if KQ && F == Q6K && !V {
+                // Q6_K's offset, -32 * each 16 values' activation sum times their code, for both
+                // sub-blocks of the block in one `vpmaddwd` a row: the codes times 32 (at most
+                // 4,096 in magnitude) as each lane's i16 pair, the rows' `-sum` pairs (at most
+                // 2,032) broadcast. The sum is the two `vpmulld` products', exactly.
+                for j in 0..HN {
+                    let q6 = w.codes.as_ptr().add((g * blocks + b) * 32 + 8 * (H0 + j));
+                    let (c0, c1) = (_mm_loadl_epi64(q6 as *const __m128i), _mm_loadl_epi64(q6.add(16) as *const __m128i));
+                    let codes = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(c0, c1)), 5);
+                    for c in 0..C {
+                        let neg = (kneg.add((t + c) * cols / 16 + 2 * b) as *const i32).read_unaligned();
+                        isb[j][c] = _mm256_add_epi32(isb[j][c], _mm256_madd_epi16(codes, _mm256_set1_epi32(neg)));
+                    }
+                }
             }
             if F == Q6K && !(V && KQ) {
                 pass!(0);

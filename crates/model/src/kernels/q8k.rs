@@ -10,7 +10,7 @@
 //! Per row and super-block this keeps: the quants (`x / d` rounded, `d = max|x| / 127`), `d`,
 //! the eight 32-value sums of the quants as i16 pairs (the minimum's term of Q4_K/Q5_K, one
 //! `vpdpwssd` per two sub-blocks), and per 16 values `-32 * sum` (Q6_K's offset, the start of its
-//! integer sums).
+//! integer sums) and `-sum` as an i16 (the same offset for the AVX2 tile's `vpmaddwd`).
 
 use super::blocks::QK_K;
 
@@ -24,6 +24,9 @@ pub struct KActs {
     pairs: Vec<i32>,
     /// Per (row, 16 values): `-32 * sum of the quants`.
     q6_start: Vec<i32>,
+    /// Per (row, 16 values): `-sum of the quants` (|sum| <= 16 * 127: an i16), so that a 32-bit
+    /// load at an even index is a 32-value block's two offsets as one i16 pair.
+    q6_neg: Vec<i16>,
 }
 
 impl KActs {
@@ -38,32 +41,45 @@ impl KActs {
         self.scales.resize(rows * supers, 0.0);
         self.pairs.resize(rows * supers * 4, 0);
         self.q6_start.resize(rows * cols / 16, 0);
+        self.q6_neg.resize(rows * cols / 16, 0);
         use super::team::Disjoint;
         let (q, s) = (Disjoint::new(&mut self.quants), Disjoint::new(&mut self.scales));
         let (p, q6) = (Disjoint::new(&mut self.pairs), Disjoint::new(&mut self.q6_start));
+        let q6n = Disjoint::new(&mut self.q6_neg);
         #[cfg(target_arch = "x86_64")]
         let (simd, avx2) = (super::has_avx512_vnni(), super::cpu::cpu().avx2);
         let row = |r: usize| {
             // SAFETY: task r takes row r of each buffer, so no two tasks' slices overlap.
-            let (q, s, p, q6) = unsafe {
+            let (q, s, p, q6, q6n) = unsafe {
                 (
                     q.slice(r * cols, cols),
                     s.slice(r * supers, supers),
                     p.slice(r * supers * 4, supers * 4),
                     q6.slice(r * cols / 16, cols / 16),
+                    q6n.slice(r * cols / 16, cols / 16),
                 )
             };
             let x = &data[r * cols..(r + 1) * cols];
             #[cfg(target_arch = "x86_64")]
-            if simd {
+            let done = if simd {
                 // SAFETY: AVX-512 F/BW were detected; the slices are one row's, sized above.
                 unsafe { quantize_row_avx512(x, q, s, p, q6) };
-                return;
+                true
             } else if let Some(avx2) = avx2 {
                 super::quantize_avx2::k_row(avx2, x, q, s, p, q6);
-                return;
+                true
+            } else {
+                false
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            if !done {
+                quantize_row(x, q, s, p, q6);
             }
-            quantize_row(x, q, s, p, q6);
+            for (n, start) in q6n.iter_mut().zip(q6.iter()) {
+                // `-32 * sum` is exact, so the shift is `-sum` exactly.
+                *n = (start >> 5) as i16;
+            }
         };
         // Below this many values a split costs more than it saves (as for `Q8Acts`).
         if rows > 1 && rows * cols >= 32 * 1024 {
@@ -99,6 +115,11 @@ impl KActs {
     /// Per (row, 16 values): `-32 * sum`.
     pub(crate) fn q6_start(&self) -> &[i32] {
         &self.q6_start
+    }
+
+    /// Per (row, 16 values): `-sum` as an i16.
+    pub(crate) fn q6_neg(&self) -> &[i16] {
+        &self.q6_neg
     }
 
     /// One row's quants and super-block scales (for the reference products in tests).
@@ -203,6 +224,7 @@ mod tests {
         assert!(q[256..].iter().all(|&v| v == 0));
         let sum = |a: usize, n: usize| q[a..a + n].iter().map(|&v| v as i32).sum::<i32>();
         assert_eq!(k.q6_start()[1], -32 * sum(16, 16));
+        assert_eq!((k.q6_neg()[1] as i32, k.q6_neg()[2] as i32), (-sum(16, 16), -sum(32, 16)));
         let p = k.pairs()[1];
         assert_eq!(((p & 0xFFFF) as i16 as i32, p >> 16), (sum(64, 32), sum(96, 32)));
         assert_eq!(k.pairs()[4..], [0; 4]);
