@@ -194,7 +194,14 @@ unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usiz
 /// # Safety
 /// As for [`lanes_tile`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn lanes_tile_vnni<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize, const P: u8>(
+unsafe fn lanes_tile_vnni<
+    const C: usize,
+    const F: u8,
+    const KQ: bool,
+    const H0: usize,
+    const HN: usize,
+    const P: u8,
+>(
     _: AvxVnni,
     w: &BlockLanes,
     a: &Q8Acts,
@@ -478,7 +485,8 @@ unsafe fn tile_body<
                 // 2,032) broadcast. The sum is the two `vpmulld` products', exactly.
                 for j in 0..HN {
                     let q6 = w.codes.as_ptr().add((g * blocks + b) * 32 + 8 * (H0 + j));
-                    let (c0, c1) = (_mm_loadl_epi64(q6 as *const __m128i), _mm_loadl_epi64(q6.add(16) as *const __m128i));
+                    let (c0, c1) =
+                        (_mm_loadl_epi64(q6 as *const __m128i), _mm_loadl_epi64(q6.add(16) as *const __m128i));
                     let codes = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(c0, c1)), 5);
                     for c in 0..C {
                         let neg = (kneg.add((t + c) * cols / 16 + 2 * b) as *const i32).read_unaligned();
