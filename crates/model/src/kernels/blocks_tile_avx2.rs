@@ -124,7 +124,9 @@ impl Tiles<'_> {
         };
         // SAFETY: the tokens prove the features; group g and rows t..t+C exist (asserted by the
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
-        // quantisation; each task owns the output columns of its groups.
+        // quantisation; each task owns the output columns of its groups; `buf`, unless
+        // unpacking, is this thread's slot of 512 bytes a block, which the group's KEEP tile
+        // filled before any KEPT tile of it reads (see above).
         unsafe {
             macro_rules! halves {
                 ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr, $P:expr) => {
@@ -170,7 +172,8 @@ impl Tiles<'_> {
 /// # Safety
 /// Group `g` of `w` and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, `F` is
 /// `w.format`'s code, and with `KQ` the format is a K-quant and `k` is `a`'s per-256
-/// quantisation.
+/// quantisation. With `P` KEEP, `buf` has `512 * w.blocks` writable bytes; with KEPT, those
+/// bytes were written by a KEEP tile of the same group (and both halves, or the halves read).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lanes_tile<const C: usize, const F: u8, const KQ: bool, const H0: usize, const HN: usize, const P: u8>(
     _: Avx2Fma,
@@ -254,7 +257,8 @@ unsafe fn tile_body<
     // SAFETY (whole body): as in `blocks_tile::block_tile` for group g alone: every (group,
     // block) offset of q and codes, (group, scale block) offset of d16 and m16, activation byte
     // and per-256 entry read below exists; a half h reads bytes 32h..32h+32 of a 64-byte step or
-    // plane, and entries 8h..8h+8 of 16 lanes.
+    // plane, and entries 8h..8h+8 of 16 lanes; a kept step's registers lie at
+    // `64 * (2 * (4b + step) + h)` in `buf`, under `512 * blocks` (the caller's).
     unsafe {
         for b in 0..blocks {
             let base = w.q.as_ptr().add((g * blocks + b) * bb);
