@@ -21,7 +21,7 @@
 //!
 //! With eight or more activation rows the formats with a fifth or sixth bit (Q5_0, Q5_1, Q5_K,
 //! Q6_K) unpack each group once, in its first tile, and keep the unpacked registers for the
-//! group's other tiles ([`KEEP`]); Q6_K's offset is one `vpmaddwd` a block and row.
+//! group's other tiles (see [`UNPACK`]); Q6_K's offset is one `vpmaddwd` a block and row.
 //!
 //! Intel's chips since Alder Lake have no AVX-512 but do have AVX-VNNI, `vpdpbusd` on 256 bits:
 //! there (`TANDEM_CPU=avxvnni`, the default on such a CPU) the same tile sums each step's
@@ -29,8 +29,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::blocks::BlockFormat;
-use super::blocks_lanes::{BlockLanes, LANES};
+use super::blocks_lanes::{planes, BlockLanes, LANES};
 use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
 use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes_avx2::{prefetch, store, PREFETCH_AHEAD};
@@ -65,11 +64,11 @@ impl super::lanes::GroupTiles for Tiles<'_> {
 }
 
 /// Activation rows from which a group's unpacked bytes are kept for the tiles after its first
-/// (see [`Unpacked`]); below, each tile unpacks what it reads.
+/// (see [`UNPACK`]); below, each tile unpacks what it reads.
 const KEEP_ROWS: usize = 8;
 
 thread_local! {
-    /// Each thread's unpacked groups, one slot per group of a tile (see [`Unpacked`]).
+    /// Each thread's unpacked groups, one slot per group of a tile (see [`UNPACK`]).
     static UNPACKED: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -97,11 +96,10 @@ impl Tiles<'_> {
     #[inline(always)]
     fn group<const C: usize>(&self, g: usize, slot: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
-        // The 4-bit formats unpack in three instructions a register, fewer than loading twice
-        // their bytes from L2 costs at the 1.5B's shapes (Q4_K 90 -> 67 GMAC/s at 17920x1536
-        // when kept): they unpack in every tile.
-        let four_bit = matches!(w.format, BlockFormat::Q4_0 | BlockFormat::Q4K);
-        let mode = if four_bit || a.rows() < KEEP_ROWS {
+        // The 4-bit formats (no bit planes) unpack in three instructions a register, fewer than
+        // loading twice their bytes from L2 costs at the 1.5B's shapes (Q4_K 90 -> 67 GMAC/s at
+        // 17920x1536 when kept): they unpack in every tile.
+        let mode = if planes(w.format) == 0 || a.rows() < KEEP_ROWS {
             UNPACK
         } else if t == 0 {
             KEEP
@@ -304,7 +302,7 @@ unsafe fn tile_body<
                                 };
                                 if V && F == Q6K {
                                     // Q6_K's offset: -32 * the half's activation sum, times the code
-                                    // (without AVX-VNNI, once a block: `q6_offset`).
+                                    // (without AVX-VNNI, once a block, before the passes).
                                     let sc = i8x8(q6);
                                     for c in 0..C {
                                         let start = _mm256_set1_epi32(*kq6.add((t + c) * cols / 16 + 2 * b + hb));
