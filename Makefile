@@ -341,6 +341,9 @@ test: test-build
 	@# Hugging Face's ids and jinja2's renders, which crates/engine/tests/real_tokenizers.rs compares with.
 	$(PYENV)/bin/python tests/python/tokenizer_reference.py $(TOKENIZERS) target/tokenizer-reference.json $(QWEN_MODEL)
 	TANDEM_TEST_MODEL=$(abspath $(MODEL)) TANDEM_TEST_GEMMA=$(abspath $(GEMMA_MODEL)) $(CARGO) test --workspace --all-targets
+	@# The kernels again with every format's unpacked groups kept and with none (the default
+	@# depends on the CPU's vendor: crates/model/src/kernels/blocks_tile.rs, `keeps`).
+	for keep in all none; do TANDEM_KEEP_UNPACKED=$$keep $(CARGO) test -q -p tandem-model --lib kernels:: || exit 1; done
 	node --test crates/api/src/dashboard/assets/
 	$(K8SENV)/bin/python deploy/k8s/check.py $(K8SENV)/debian/usr/bin/kubectl $(K8SENV)/bin/kubernetes-validate
 	@# cargo test already built target/debug/tandem for the server's integration tests; a separate

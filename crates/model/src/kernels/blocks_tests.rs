@@ -325,8 +325,9 @@ fn avx2_lanes_equal_vnni_lanes_bit_for_bit() {
         eprintln!("SKIPPED: fewer than two lane tiers on this CPU");
         return;
     };
-    // 45 rows: two whole groups and a third of 13 (the stores' partial halves).
-    let (rows, t_rows) = (45, 7);
+    // 45 rows: two whole groups and a third of 13 (the stores' partial halves); 13 activation
+    // rows: tiles of 4 and a tail of 1, which read the groups' kept unpacked bytes (`UNPACK`).
+    let (rows, t_rows) = (45, 13);
     for format in FORMATS {
         let cols = 2 * cols_for(format);
         let m = quantised(format, rows, cols, 6).0.lanes_only();

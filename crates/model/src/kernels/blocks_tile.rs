@@ -4,7 +4,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::blocks_lanes::{BlockLanes, LANES};
+use super::blocks_lanes::{planes, BlockLanes, LANES};
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
 use super::{KActs, Q8Acts};
@@ -31,11 +31,18 @@ impl super::lanes::GroupTiles for Tiles<'_> {
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (vnni, w, a) = (self.vnni, self.w, self.a);
         assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
+        // `buf`, unless unpacking, is this thread's two slots of `KEPT_BLOCK` bytes a block, the
+        // groups' KEEP tile filled before any KEPT tile of them reads (see `kept`).
+        let (mode, buf) = kept(keeps(planes(w.format)), a.rows(), t, w.blocks);
         // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
         // `matmul` asserted the shapes); `k`, when used, is `a`'s own quantisation (same
-        // shape); each task owns the output columns of its groups.
+        // shape); each task owns the output columns of its groups; and `buf` below.
         unsafe {
-            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| block_tile::<R, C, F, KQ>(vnni, w, a, k, g, t));
+            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| match mode {
+                UNPACK => block_tile::<R, C, F, KQ, UNPACK>(vnni, w, a, k, g, t, buf),
+                KEEP => block_tile::<R, C, F, KQ, KEEP>(vnni, w, a, k, g, t, buf),
+                _ => block_tile::<R, C, F, KQ, KEPT>(vnni, w, a, k, g, t, buf),
+            });
             super::lanes::store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
         }
     }
@@ -102,6 +109,95 @@ pub(super) const fn offset_of(f: u8) -> f32 {
     }
 }
 
+/// What a tile does with its groups' unpacked bytes: unpacks them (few rows: a decode step),
+/// unpacks and keeps them (a group's first tile), or reads the kept ones (its later tiles).
+///
+/// Why: with many rows (prefill, many streams) each group meets every row in tiles of four, and
+/// each tile unpacked the same weights again: for the formats with bit planes four to six vector
+/// instructions a register, shared by only four rows' products. The first tile writes each
+/// step's unpacked registers (`lo` and `hi`) to a per-thread buffer (512 bytes a group and
+/// block: at most ~290 KB a thread at the 1.5B's 8,960 columns) and the others load them. The
+/// bytes are those the tile would compute, so the sums and bits are unchanged (`blocks_tests`
+/// compares a batch with its rows alone). Which formats are kept: see `keeps`.
+pub(super) const UNPACK: u8 = 0;
+pub(super) const KEEP: u8 = 1;
+pub(super) const KEPT: u8 = 2;
+
+/// Activation rows from which a group's unpacked bytes are kept for the tiles after its first
+/// (see [`UNPACK`]); below, each tile unpacks what it reads.
+const KEEP_ROWS: usize = 8;
+
+/// Bytes of one group's unpacked block in the kept buffer: four steps of both nibbles' 16 lanes.
+pub(super) const KEPT_BLOCK: usize = 512;
+
+thread_local! {
+    /// Each thread's unpacked groups: two slots, one per group of a tile (see [`UNPACK`]).
+    static UNPACKED: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// 64 unpacked bytes, aligned as an AVX-512 register (and so as two AVX2 ones).
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Line(#[allow(dead_code)] [u8; 64]);
+
+/// Which formats' groups the tiles keep (`TANDEM_KEEP_UNPACKED`, read once): the block formats
+/// and Q4_1 (`lanes::q4_tile`, 4-bit).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// None: every tile unpacks (the baseline, for measuring).
+    None,
+    /// The formats with bit planes (Q5_0, Q5_1, Q5_K, Q6_K): four to six instructions a
+    /// register unpacked, more than reading it back from L2 costs on every CPU measured.
+    Planes,
+    /// Every format: the 4-bit ones too, which unpack in three instructions a register.
+    All,
+}
+
+/// The 4-bit formats are kept on Intel's CPUs and not on AMD's, as measured: on a Sapphire
+/// Rapids class Xeon kept Q4_K ran ~1.2x at the 1.5B's shapes with 128 rows in every tier
+/// (AVX-512 VNNI 167 -> 200 GMAC/s at 17920x1536, AVX-VNNI 116 -> 137, AVX2 100 -> 115), and on
+/// Zen 3's AVX2 tile 0.75x (90 -> 67: reading the bytes back from L2 cost more than unpacking
+/// them). Zen 4 and 5 were not measured with it (`TANDEM_KEEP_UNPACKED=all|planes|none`).
+/// `planes`: the format's bit planes (`blocks_lanes::planes`; 0 for the 4-bit formats).
+pub(super) fn keeps(planes: usize) -> bool {
+    static KEEP: std::sync::OnceLock<Keep> = std::sync::OnceLock::new();
+    let keep = *KEEP.get_or_init(|| match std::env::var("TANDEM_KEEP_UNPACKED").as_deref() {
+        Ok("none") => Keep::None,
+        Ok("planes") => Keep::Planes,
+        Ok("all") => Keep::All,
+        _ if super::cpu::intel() => Keep::All,
+        _ => Keep::Planes,
+    });
+    match keep {
+        Keep::None => false,
+        Keep::Planes => planes > 0,
+        Keep::All => true,
+    }
+}
+
+/// The mode of the tile at activation row `t` of a matmul of `rows` rows over `blocks` blocks,
+/// when the format is kept (`keep`, from [`keeps`]), and with KEEP or KEPT this thread's buffer: two slots of `KEPT_BLOCK * blocks` bytes (null
+/// when unpacking).
+///
+/// A slot holds a group's bytes from its first tile to its last: the driver
+/// (`lanes::for_each_tile`) runs a group's tiles in order of t on one thread, each tile's groups
+/// in the same slots, and nothing else between them on this thread touches the buffer. It grows
+/// only when too small for the matmul (`Vec::resize` keeps the content), which every tile of one
+/// matmul asks the same of.
+pub(super) fn kept(keep: bool, rows: usize, t: usize, blocks: usize) -> (u8, *mut u8) {
+    if rows < KEEP_ROWS || !keep {
+        return (UNPACK, std::ptr::null_mut());
+    }
+    let lines = 2 * blocks * KEPT_BLOCK / size_of::<Line>();
+    let buf = UNPACKED.with_borrow_mut(|b| {
+        if b.len() < lines {
+            b.resize(lines, Line([0; 64]));
+        }
+        b.as_mut_ptr() as *mut u8
+    });
+    (if t == 0 { KEEP } else { KEPT }, buf)
+}
+
 /// Groups `g..g+R` times activation rows `t..t+C`: 16 outputs per register.
 ///
 /// Q6_K gives a block's two halves (values 0..16 and 16..32) their own scales, so it runs a
@@ -118,15 +214,18 @@ pub(super) const fn offset_of(f: u8) -> f32 {
 /// # Safety
 /// Groups `g..g+R` of `w` and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, `F` is
 /// `w.format`'s code, and with `KQ` the format is a K-quant and `k` is `a`'s per-256
-/// quantisation.
+/// quantisation. With `P` KEEP, `buf` has `2 * KEPT_BLOCK * w.blocks` writable bytes; with
+/// KEPT, the first `R * KEPT_BLOCK * w.blocks` of them were written by a KEEP tile of the same
+/// groups.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool>(
+unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool, const P: u8>(
     _: Avx512Vnni,
     w: &BlockLanes,
     a: &Q8Acts,
     k: &KActs,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m512; C]; R] {
     let (blocks, bb, sb) = (w.blocks, w.block_bytes(), w.scale_blocks());
     let n_planes = planes_of(F);
@@ -146,14 +245,17 @@ unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool
     // SAFETY (whole body): (g + r) * blocks + b indexes an existing (group, block) of q and codes,
     // (g + r) * sb + scale block an existing one of d16 and m16, (t + c) * cols + b * 32 + 31 an
     // existing activation byte, and with `KQ` (t + c) * sb + b / 8 an existing super-block of
-    // `k`, for every r, c, b below.
+    // `k`, for every r, c, b below; a kept step's two registers lie at
+    // `128 * ((r * blocks + b) * 4 + step)` in `buf`, under `R * KEPT_BLOCK * blocks`.
     unsafe {
         for b in 0..blocks {
             let base = |r: usize| w.q.as_ptr().add(((g + r) * blocks + b) * bb);
             // The weights of a tile's first pass come from memory: asked for ahead, as the
             // AVX2 tiles do (`lanes_avx2::prefetch`); later passes find them in L1.
             for r in 0..R {
-                super::lanes_avx2::prefetch(base(r).wrapping_add(super::lanes_avx2::PREFETCH_AHEAD), bb);
+                if P != KEPT {
+                    super::lanes_avx2::prefetch(base(r).wrapping_add(super::lanes_avx2::PREFETCH_AHEAD), bb);
+                }
             }
             // One pass over the block's four steps: half 0 (low nibbles), 1 (high) or 2 (both).
             macro_rules! pass {
@@ -173,6 +275,17 @@ unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool
                         let mut lo = [_mm512_setzero_si512(); R];
                         let mut hi = [_mm512_setzero_si512(); R];
                         for r in 0..R {
+                            // This step's unpacked registers of group g + r, when kept.
+                            let kept = buf.wrapping_add(((r * blocks + b) * 4 + step) * 128) as *mut __m512i;
+                            if P == KEPT {
+                                if HALF != 1 {
+                                    lo[r] = _mm512_loadu_si512(kept as *const _);
+                                }
+                                if HALF != 0 {
+                                    hi[r] = _mm512_loadu_si512(kept.add(1) as *const _);
+                                }
+                                continue;
+                            }
                             let v = _mm512_loadu_si512(base(r).add(step * 64) as *const _);
                             if HALF != 1 {
                                 lo[r] = _mm512_and_si512(v, nib);
@@ -204,6 +317,14 @@ unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool
                                 lo[r] = _mm512_or_si512(lo[r], _mm512_and_si512(up, bit4));
                                 let down = _mm512_srl_epi16(p0, _mm_cvtsi32_si128(step as i32));
                                 hi[r] = _mm512_or_si512(hi[r], _mm512_and_si512(down, bit4));
+                            }
+                            if P == KEEP {
+                                if HALF != 1 {
+                                    _mm512_storeu_si512(kept as *mut _, lo[r]);
+                                }
+                                if HALF != 0 {
+                                    _mm512_storeu_si512(kept.add(1) as *mut _, hi[r]);
+                                }
                             }
                         }
                         for c in 0..C {

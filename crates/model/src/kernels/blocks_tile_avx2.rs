@@ -30,7 +30,9 @@
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
 use super::blocks_lanes::{planes, BlockLanes, LANES};
-use super::blocks_tile::{for_format, offset_of, planes_of, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K};
+use super::blocks_tile::{
+    for_format, keeps, kept, offset_of, planes_of, KEEP, KEPT, KEPT_BLOCK, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K, UNPACK,
+};
 use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes_avx2::{prefetch, store, PREFETCH_AHEAD};
 use super::q8::QK;
@@ -63,63 +65,13 @@ impl super::lanes::GroupTiles for Tiles<'_> {
     }
 }
 
-/// Activation rows from which a group's unpacked bytes are kept for the tiles after its first
-/// (see [`UNPACK`]); below, each tile unpacks what it reads.
-const KEEP_ROWS: usize = 8;
-
-thread_local! {
-    /// Each thread's unpacked groups, one slot per group of a tile (see [`UNPACK`]).
-    static UNPACKED: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// One unpacked register's bytes, aligned as the register.
-#[derive(Clone, Copy)]
-#[repr(align(32))]
-struct Line(#[allow(dead_code)] [u8; 32]);
-
-/// What a tile does with the group's unpacked bytes: unpacks them (few rows: a decode step),
-/// unpacks and keeps them (the first tile of a group), or reads the kept ones.
-///
-/// Why: with many rows (prefill, many streams) each group meets every row in tiles of four, and
-/// each tile unpacked the same weights again: for the formats with bit planes four to six vector
-/// instructions a register, shared by only four rows' products. The first tile writes each
-/// step's unpacked registers (`lo` and `hi`, 64 bytes a step and half) to a per-thread buffer
-/// (at most ~290 KB a thread at the 1.5B's 8,960 columns) and the others load them: Q6_K and
-/// Q5_0 ~1.3x at 128 rows on Zen 3 (`matmul_bench blocks`, `shapes`). The bytes are those the
-/// tile would compute, so the sums and bits are unchanged (`blocks_tests` compares a batch with
-/// its rows alone).
-const UNPACK: u8 = 0;
-const KEEP: u8 = 1;
-const KEPT: u8 = 2;
-
 impl Tiles<'_> {
     #[inline(always)]
     fn group<const C: usize>(&self, g: usize, slot: usize, t: usize, out: &SharedOut) {
         let (avx2, w, a) = (self.avx2, self.w, self.a);
-        // The 4-bit formats (no bit planes) unpack in three instructions a register, fewer than
-        // loading twice their bytes from L2 costs at the 1.5B's shapes (Q4_K 90 -> 67 GMAC/s at
-        // 17920x1536 when kept): they unpack in every tile.
-        let mode = if planes(w.format) == 0 || a.rows() < KEEP_ROWS {
-            UNPACK
-        } else if t == 0 {
-            KEEP
-        } else {
-            KEPT
-        };
-        // Slot `slot` of this thread's buffer holds group g's bytes from its first tile on: the
-        // driver runs a group's tiles in order of t on one thread, each tile's groups in the
-        // same slots, and nothing else between them on this thread touches the buffer.
-        let per_slot = w.blocks * 16;
-        let buf = if mode == UNPACK {
-            std::ptr::null_mut()
-        } else {
-            UNPACKED.with_borrow_mut(|b| {
-                if b.len() < 2 * per_slot {
-                    b.resize(2 * per_slot, Line([0; 32]));
-                }
-                b.as_mut_ptr().wrapping_add(slot * per_slot) as *mut u8
-            })
-        };
+        // Slot `slot` of the buffer is group g's (see `blocks_tile::kept`).
+        let (mode, buf) = kept(keeps(planes(w.format)), a.rows(), t, w.blocks);
+        let buf = buf.wrapping_add(slot * w.blocks * KEPT_BLOCK);
         // SAFETY: the tokens prove the features; group g and rows t..t+C exist (asserted by the
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
         // quantisation; each task owns the output columns of its groups; `buf`, unless

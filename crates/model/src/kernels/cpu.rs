@@ -115,6 +115,24 @@ pub fn limit(tier: Tier) -> Result<&'static Cpu, String> {
     Ok(now)
 }
 
+/// Whether the CPU is Intel's (CPUID's vendor string), for the few choices that measured
+/// differently on Intel's and AMD's cores (`blocks_tile::keeps`).
+pub fn intel() -> bool {
+    static INTEL: OnceLock<bool> = OnceLock::new();
+    *INTEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+            #[allow(unused_unsafe)]
+            let id = unsafe { std::arch::x86_64::__cpuid(0) };
+            // "GenuineIntel", in EBX, EDX, ECX.
+            (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Cpu {
     use std::is_x86_feature_detected as has;

@@ -22,6 +22,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
+use super::blocks_tile::{keeps, kept, KEEP, KEPT, UNPACK};
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
 use super::team::Disjoint;
@@ -437,9 +438,19 @@ impl GroupTiles for Tiles<'_> {
         assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
         // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
         // `matmul` asserted the output's shape); each task owns the output columns of its groups,
-        // so writes never overlap.
+        // so writes never overlap; `buf` is this thread's kept groups (`blocks_tile::kept`).
         unsafe {
-            let acc = if w.q4 { q4_tile::<R, C>(vnni, w, a, g, t) } else { q8_tile::<R, C>(vnni, w, a, g, t) };
+            let acc = if w.q4 {
+                // Unpacked once a group with many rows, where the CPU gains (`blocks_tile::kept`).
+                let (mode, buf) = kept(keeps(0), a.rows(), t, w.blocks);
+                match mode {
+                    UNPACK => q4_tile::<R, C, UNPACK>(vnni, w, a, g, t, buf),
+                    KEEP => q4_tile::<R, C, KEEP>(vnni, w, a, g, t, buf),
+                    _ => q4_tile::<R, C, KEPT>(vnni, w, a, g, t, buf),
+                }
+            } else {
+                q8_tile::<R, C>(vnni, w, a, g, t)
+            };
             store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
         }
     }
@@ -473,14 +484,17 @@ pub(crate) unsafe fn store<const R: usize, const C: usize>(
 /// Q4_1 groups `g..g+R` times activation rows `t..t+C`: 16 outputs per register.
 ///
 /// # Safety
-/// Groups `g..g+R` of `w` and rows `t..t+C` of `a` exist, and `w.blocks * QK == a.cols()`.
+/// Groups `g..g+R` of `w` and rows `t..t+C` of `a` exist, and `w.blocks * QK == a.cols()`; with
+/// `P` KEEP `buf` has `R * KEPT_BLOCK * w.blocks` writable bytes, with KEPT a KEEP tile of the
+/// same groups wrote them (`blocks_tile::kept`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_tile<const R: usize, const C: usize>(
+unsafe fn q4_tile<const R: usize, const C: usize, const P: u8>(
     _: Avx512Vnni,
     w: &Packed,
     a: &Q8Acts,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m512; C]; R] {
     let blocks = w.blocks;
     let k = blocks * QK;
@@ -488,12 +502,13 @@ unsafe fn q4_tile<const R: usize, const C: usize>(
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     let (aq, scales, ss) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_scaled_sums().as_ptr());
     // SAFETY (whole body): (g + r) * blocks + b indexes an existing (group, block), and
-    // (t + c) * k + b * 32 + 31 an existing activation byte, for every r, c, b below.
+    // (t + c) * k + b * 32 + 31 an existing activation byte, for every r, c, b below; a kept
+    // step's two registers lie at `128 * ((r * blocks + b) * 4 + step)` in `buf`.
     unsafe {
         for b in 0..blocks {
             // A tile's first pass reads the weights from memory: asked for ahead, as the AVX2
             // tiles do (`lanes_avx2::prefetch`); later passes find them in L1.
-            for r in 0..R {
+            for r in (0..R).filter(|_| P != KEPT) {
                 let at = w.q.as_ptr().wrapping_add(((g + r) * blocks + b) * 256 + super::lanes_avx2::PREFETCH_AHEAD);
                 super::lanes_avx2::prefetch(at, 256);
             }
@@ -502,9 +517,19 @@ unsafe fn q4_tile<const R: usize, const C: usize>(
                 let mut lo = [_mm512_setzero_si512(); R];
                 let mut hi = [_mm512_setzero_si512(); R];
                 for r in 0..R {
+                    let kept = buf.wrapping_add(((r * blocks + b) * 4 + step) * 128) as *mut __m512i;
+                    if P == KEPT {
+                        lo[r] = _mm512_loadu_si512(kept as *const _);
+                        hi[r] = _mm512_loadu_si512(kept.add(1) as *const _);
+                        continue;
+                    }
                     let v = _mm512_loadu_si512(w.q.as_ptr().add(((g + r) * blocks + b) * 256 + step * 64) as *const _);
                     lo[r] = _mm512_and_si512(v, mask);
                     hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                    if P == KEEP {
+                        _mm512_storeu_si512(kept as *mut _, lo[r]);
+                        _mm512_storeu_si512(kept.add(1) as *mut _, hi[r]);
+                    }
                 }
                 for c in 0..C {
                     let base = aq.add((t + c) * k + b * QK + step * 4);

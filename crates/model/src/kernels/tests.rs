@@ -383,12 +383,13 @@ fn q8_vnni_paths_match_scalar_and_batches_equal_rows() {
 
 /// The Q4_1 matmul on the AVX-512 VNNI paths where the CPU has them (lane-packed, any block
 /// count; row tiles, even block counts): every entry close to the scalar reference, and a batch
-/// equal to its rows one at a time bit for bit (37 weight rows and 7 activation rows leave
-/// remainders in both tile dimensions, and a padded group of 16 rows).
+/// equal to its rows one at a time bit for bit (37 weight rows and 13 activation rows leave
+/// remainders in both tile dimensions, and a padded group of 16 rows; with 13 the tiles after a
+/// group's first may read its kept unpacked bytes, `blocks_tile::kept`).
 #[test]
 fn q4_vnni_paths_match_scalar_and_batches_equal_rows() {
     for (k, lanes) in [(64, true), (96, true), (576, true), (64, false), (576, false)] {
-        let (n, t) = (37, 7);
+        let (n, t) = (37, 13);
         let w = Q4Matrix::from_q4_1_bytes(&q4_bytes(n, k, 13), n, k).unwrap();
         let w = if lanes { w } else { w.without_lanes() };
         let x = values(t * k, 14);
