@@ -31,12 +31,12 @@ impl super::lanes::GroupTiles for Tiles<'_> {
     fn tile<const R: usize, const C: usize>(&self, g: usize, t: usize, out: &SharedOut) {
         let (vnni, w, a) = (self.vnni, self.w, self.a);
         assert!((g + R) * LANES < w.rows + LANES && t + C <= a.rows());
-        // `buf`, unless unpacking, is this thread's two slots of `KEPT_BLOCK` bytes a block, the
-        // groups' KEEP tile filled before any KEPT tile of them reads (see `kept`).
         let (mode, buf) = kept(keeps(planes(w.format)), a.rows(), t, w.blocks);
         // SAFETY: the token proves the features; groups g..g+R and rows t..t+C exist (asserted;
         // `matmul` asserted the shapes); `k`, when used, is `a`'s own quantisation (same
-        // shape); each task owns the output columns of its groups; and `buf` below.
+        // shape); each task owns the output columns of its groups; `buf`, unless unpacking, is
+        // this thread's two slots of `KEPT_BLOCK` bytes a block, which the groups' KEEP tile
+        // filled before any KEPT tile of them reads (see `kept`).
         unsafe {
             let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| match mode {
                 UNPACK => block_tile::<R, C, F, KQ, UNPACK>(vnni, w, a, k, g, t, buf),
@@ -176,8 +176,8 @@ pub(super) fn keeps(planes: usize) -> bool {
 }
 
 /// The mode of the tile at activation row `t` of a matmul of `rows` rows over `blocks` blocks,
-/// when the format is kept (`keep`, from [`keeps`]), and with KEEP or KEPT this thread's buffer: two slots of `KEPT_BLOCK * blocks` bytes (null
-/// when unpacking).
+/// where the format is kept (`keep`, from [`keeps`]), and with KEEP or KEPT this thread's
+/// buffer: two slots of `KEPT_BLOCK * blocks` bytes (null when unpacking).
 ///
 /// A slot holds a group's bytes from its first tile to its last: the driver
 /// (`lanes::for_each_tile`) runs a group's tiles in order of t on one thread, each tile's groups
