@@ -141,7 +141,7 @@ thread_local! {
 struct Line(#[allow(dead_code)] [u8; 64]);
 
 /// Which formats' groups the tiles keep (`TANDEM_KEEP_UNPACKED`, read once): the block formats
-/// and Q4_1 (`lanes::q4_tile`, 4-bit).
+/// and Q4_1 (`lanes::q4_tile`, `lanes_avx2::q4_body`; 4-bit).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Keep {
     /// None: every tile unpacks (the baseline, for measuring).

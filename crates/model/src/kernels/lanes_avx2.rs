@@ -19,6 +19,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
+use super::blocks_tile::{keeps, kept, KEEP, KEPT, KEPT_BLOCK, UNPACK};
 use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes::{GroupTiles, Packed, LANES};
 use super::q8::QK;
@@ -48,24 +49,39 @@ impl GroupTiles for Tiles<'_> {
         // One row (decode) takes both halves of a group in one pass, reading it from memory
         // once; more rows take a half at a time (see `q4_half`).
         macro_rules! group {
-            ($kernel:ident, $token:expr, $g:expr) => {
+            ($kernel:ident, $token:expr, $g:expr $(, $p:expr, $buf:expr)?) => {
                 if C == 1 {
-                    $kernel::<C, 0, 2>($token, w, a, $g, t)
+                    $kernel::<C, 0, 2 $(, { $p })?>($token, w, a, $g, t $(, $buf)?)
                 } else {
-                    let [h0] = $kernel::<C, 0, 1>($token, w, a, $g, t);
-                    let [h1] = $kernel::<C, 1, 1>($token, w, a, $g, t);
+                    let [h0] = $kernel::<C, 0, 1 $(, { $p })?>($token, w, a, $g, t $(, $buf)?);
+                    let [h1] = $kernel::<C, 1, 1 $(, { $p })?>($token, w, a, $g, t $(, $buf)?);
                     [h0, h1]
                 }
             };
         }
+        // Q4_1's groups unpacked once with many rows, where the CPU gains (`blocks_tile::kept`).
+        let (mode, buf) = kept(w.q4 && keeps(0), a.rows(), t, w.blocks);
+        macro_rules! q4 {
+            ($kernel:ident, $token:expr, $g:expr, $buf:expr) => {
+                match mode {
+                    UNPACK => group!($kernel, $token, $g, UNPACK, $buf),
+                    KEEP => group!($kernel, $token, $g, KEEP, $buf),
+                    _ => group!($kernel, $token, $g, KEPT, $buf),
+                }
+            };
+        }
         for r in 0..R {
+            // Slot r of the buffer is group g + r's.
+            let buf = buf.wrapping_add(r * w.blocks * KEPT_BLOCK);
             // SAFETY: the token proves the features; the group and rows exist (asserted;
-            // `matmul` asserted the shapes); each task owns its groups' columns.
+            // `matmul` asserted the shapes); each task owns its groups' columns; `buf`, unless
+            // unpacking, is this thread's slot of `KEPT_BLOCK` bytes a block, which the group's
+            // KEEP tile filled before any KEPT tile of it reads (`blocks_tile::kept`).
             unsafe {
                 let acc = match (self.vnni, w.q4) {
-                    (Some(vnni), true) => group!(q4_half_vnni, vnni, g + r),
+                    (Some(vnni), true) => q4!(q4_half_vnni, vnni, g + r, buf),
                     (Some(vnni), false) => group!(q8_half_vnni, vnni, g + r),
-                    (None, true) => group!(q4_half, avx2, g + r),
+                    (None, true) => q4!(q4_half, avx2, g + r, buf),
                     (None, false) => group!(q8_half, avx2, g + r),
                 };
                 store::<C>(avx2, &acc, g + r, t, w.rows, out.ptr());
@@ -151,17 +167,19 @@ pub(super) unsafe fn store<const C: usize>(
 ///
 /// # Safety
 /// Group `g` of `w` (Q4_1) and rows `t..t+C` of `a` exist, `w.blocks * QK == a.cols()`, and
-/// `H0 + HN <= 2`.
+/// `H0 + HN <= 2`. With `P` KEEP, `buf` has `KEPT_BLOCK * w.blocks` writable bytes; with KEPT,
+/// a KEEP tile of the same group wrote the halves read (`blocks_tile::kept`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
+unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize, const P: u8>(
     _: Avx2Fma,
     w: &Packed,
     a: &Q8Acts,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m256; C]; HN] {
     // SAFETY: the caller's; the token proves the features the body's instructions need.
-    unsafe { q4_body::<C, H0, HN, false>(w, a, g, t) }
+    unsafe { q4_body::<C, H0, HN, P, false>(w, a, g, t, buf) }
 }
 
 /// [`q4_half`] with AVX-VNNI (Intel's chips since Alder Lake): `vpdpbusd` adds each step's
@@ -171,15 +189,16 @@ unsafe fn q4_half<const C: usize, const H0: usize, const HN: usize>(
 /// # Safety
 /// As for [`q4_half`].
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn q4_half_vnni<const C: usize, const H0: usize, const HN: usize>(
+unsafe fn q4_half_vnni<const C: usize, const H0: usize, const HN: usize, const P: u8>(
     _: AvxVnni,
     w: &Packed,
     a: &Q8Acts,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m256; C]; HN] {
     // SAFETY: the caller's; the token proves the features the body's instructions need.
-    unsafe { q4_body::<C, H0, HN, true>(w, a, g, t) }
+    unsafe { q4_body::<C, H0, HN, P, true>(w, a, g, t, buf) }
 }
 
 /// The body of both Q4_1 tiles, inlined into each so that it compiles with its features (`V`:
@@ -188,11 +207,12 @@ unsafe fn q4_half_vnni<const C: usize, const H0: usize, const HN: usize>(
 /// # Safety
 /// As for [`q4_half`], and the CPU runs AVX2, FMA, F16C (and with `V`, AVX-VNNI).
 #[inline(always)]
-unsafe fn q4_body<const C: usize, const H0: usize, const HN: usize, const V: bool>(
+unsafe fn q4_body<const C: usize, const H0: usize, const HN: usize, const P: u8, const V: bool>(
     w: &Packed,
     a: &Q8Acts,
     g: usize,
     t: usize,
+    buf: *mut u8,
 ) -> [[__m256; C]; HN] {
     let blocks = w.blocks;
     let k = blocks * QK;
@@ -204,11 +224,12 @@ unsafe fn q4_body<const C: usize, const H0: usize, const HN: usize, const V: boo
     let (aq, scales, ss) = (a.quants().as_ptr(), a.scales().as_ptr(), a.all_scaled_sums().as_ptr());
     // SAFETY (whole body): g * blocks + b indexes an existing (group, block) of 256 bytes and 16
     // f16 scales and minimums (a half reads bytes 32h..32h+32 of each 64-byte step, entries
-    // 8h..8h+8), and (t + c) * k + b * 32 + 31 an existing activation byte.
+    // 8h..8h+8), and (t + c) * k + b * 32 + 31 an existing activation byte; a kept step's
+    // registers of half h lie at `64 * (2 * (4b + step) + h)` in `buf`, under `512 * blocks`.
     unsafe {
         for b in 0..blocks {
             let gb = g * blocks + b;
-            if t == 0 && H0 == 0 {
+            if t == 0 && H0 == 0 && P != KEPT {
                 // The first tile of a group streams it (see `prefetch`); the scales and minimums
                 // come 32 bytes a block, so as far ahead in blocks.
                 prefetch(w.q.as_ptr().wrapping_add(gb * 256 + PREFETCH_AHEAD), 256);
@@ -227,9 +248,20 @@ unsafe fn q4_body<const C: usize, const H0: usize, const HN: usize, const V: boo
                 let mut lo = [_mm256_setzero_si256(); HN];
                 let mut hi = [_mm256_setzero_si256(); HN];
                 for j in 0..HN {
+                    // As `blocks_tile_avx2`'s tile lays a kept step out: half h's lo then hi.
+                    let kept = buf.wrapping_add(((b * 4 + step) * 2 + H0 + j) * 64) as *mut __m256i;
+                    if P == KEPT {
+                        lo[j] = _mm256_loadu_si256(kept);
+                        hi[j] = _mm256_loadu_si256(kept.add(1));
+                        continue;
+                    }
                     let v = _mm256_loadu_si256(w.q.as_ptr().add(gb * 256 + step * 64 + 32 * (H0 + j)) as *const _);
                     lo[j] = _mm256_and_si256(v, mask);
                     hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                    if P == KEEP {
+                        _mm256_storeu_si256(kept, lo[j]);
+                        _mm256_storeu_si256(kept.add(1), hi[j]);
+                    }
                 }
                 for c in 0..C {
                     let at = aq.add((t + c) * k + b * QK + step * 4);
