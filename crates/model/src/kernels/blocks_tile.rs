@@ -38,11 +38,10 @@ impl super::lanes::GroupTiles for Tiles<'_> {
         // this thread's two slots of `KEPT_BLOCK` bytes a block, which the groups' KEEP tile
         // filled before any KEPT tile of them reads (see `kept`).
         unsafe {
-            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| match mode {
-                UNPACK => block_tile::<R, C, F, KQ, UNPACK>(vnni, w, a, k, g, t, buf),
-                KEEP => block_tile::<R, C, F, KQ, KEEP>(vnni, w, a, k, g, t, buf),
-                _ => block_tile::<R, C, F, KQ, KEPT>(vnni, w, a, k, g, t, buf),
-            });
+            let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| for_mode!(
+                mode,
+                |P| block_tile::<R, C, F, KQ, P>(vnni, w, a, k, g, t, buf)
+            ));
             super::lanes::store::<R, C>(vnni, &acc, g, t, w.rows, out.ptr());
         }
     }
@@ -122,6 +121,29 @@ pub(super) const fn offset_of(f: u8) -> f32 {
 pub(super) const UNPACK: u8 = 0;
 pub(super) const KEEP: u8 = 1;
 pub(super) const KEPT: u8 = 2;
+
+/// `$call` with the tile's mode (from [`kept`]) bound to the const `$p`: the one dispatch of every
+/// tile that keeps groups.
+macro_rules! for_mode {
+    ($mode:expr, |$p:ident| $call:expr) => {{
+        use super::blocks_tile::{KEEP, KEPT, UNPACK};
+        match $mode {
+            UNPACK => {
+                const $p: u8 = UNPACK;
+                $call
+            }
+            KEEP => {
+                const $p: u8 = KEEP;
+                $call
+            }
+            _ => {
+                const $p: u8 = KEPT;
+                $call
+            }
+        }
+    }};
+}
+pub(super) use for_mode;
 
 /// Activation rows from which a group's unpacked bytes are kept for the tiles after its first
 /// (see [`UNPACK`]); below, each tile unpacks what it reads.
@@ -252,10 +274,8 @@ unsafe fn block_tile<const R: usize, const C: usize, const F: u8, const KQ: bool
             let base = |r: usize| w.q.as_ptr().add(((g + r) * blocks + b) * bb);
             // The weights of a tile's first pass come from memory: asked for ahead, as the
             // AVX2 tiles do (`lanes_avx2::prefetch`); later passes find them in L1.
-            for r in 0..R {
-                if P != KEPT {
-                    super::lanes_avx2::prefetch(base(r).wrapping_add(super::lanes_avx2::PREFETCH_AHEAD), bb);
-                }
+            for r in (0..R).filter(|_| P != KEPT) {
+                super::lanes_avx2::prefetch(base(r).wrapping_add(super::lanes_avx2::PREFETCH_AHEAD), bb);
             }
             // One pass over the block's four steps: half 0 (low nibbles), 1 (high) or 2 (both).
             macro_rules! pass {

@@ -31,7 +31,7 @@
 
 use super::blocks_lanes::{planes, BlockLanes, LANES};
 use super::blocks_tile::{
-    for_format, keeps, kept, offset_of, planes_of, KEEP, KEPT, KEPT_BLOCK, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K, UNPACK,
+    for_format, for_mode, keeps, kept, offset_of, planes_of, KEEP, KEPT, KEPT_BLOCK, Q4K, Q4_0, Q5K, Q5_0, Q5_1, Q6K,
 };
 use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes_avx2::{prefetch, store, PREFETCH_AHEAD};
@@ -76,7 +76,7 @@ impl Tiles<'_> {
         // caller; `matmul` asserted the shapes); `k`, when used, is `a`'s own per-256
         // quantisation; each task owns the output columns of its groups; `buf`, unless
         // unpacking, is this thread's slot of 512 bytes a block, which the group's KEEP tile
-        // filled before any KEPT tile of it reads (see above).
+        // filled before any KEPT tile of it reads (see `blocks_tile::kept`).
         unsafe {
             macro_rules! halves {
                 ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr, $P:expr) => {
@@ -89,11 +89,7 @@ impl Tiles<'_> {
                     }
                 };
                 ($tile:ident, $token:expr, $F:ident, $KQ:ident, $k:expr) => {
-                    match mode {
-                        UNPACK => halves!($tile, $token, $F, $KQ, $k, UNPACK),
-                        KEEP => halves!($tile, $token, $F, $KQ, $k, KEEP),
-                        _ => halves!($tile, $token, $F, $KQ, $k, KEPT),
-                    }
+                    for_mode!(mode, |P| halves!($tile, $token, $F, $KQ, $k, P))
                 };
             }
             let acc = for_format!(w.format, a, &self.no_k, |F, KQ, k| match self.vnni {

@@ -22,7 +22,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::blocks_tile::{keeps, kept, KEEP, KEPT, UNPACK};
+use super::blocks_tile::{for_mode, keeps, kept, KEEP, KEPT};
 use super::cpu::{Avx512Vnni, SharedOut};
 use super::q8::QK;
 use super::team::Disjoint;
@@ -443,11 +443,7 @@ impl GroupTiles for Tiles<'_> {
             let acc = if w.q4 {
                 // Unpacked once a group with many rows, where the CPU gains (`blocks_tile::kept`).
                 let (mode, buf) = kept(keeps(0), a.rows(), t, w.blocks);
-                match mode {
-                    UNPACK => q4_tile::<R, C, UNPACK>(vnni, w, a, g, t, buf),
-                    KEEP => q4_tile::<R, C, KEEP>(vnni, w, a, g, t, buf),
-                    _ => q4_tile::<R, C, KEPT>(vnni, w, a, g, t, buf),
-                }
+                for_mode!(mode, |P| q4_tile::<R, C, P>(vnni, w, a, g, t, buf))
             } else {
                 q8_tile::<R, C>(vnni, w, a, g, t)
             };

@@ -19,7 +19,7 @@
 #![allow(unsafe_code)]
 #![allow(clippy::needless_range_loop)] // register arrays indexed as in the math
 
-use super::blocks_tile::{keeps, kept, KEEP, KEPT, KEPT_BLOCK, UNPACK};
+use super::blocks_tile::{for_mode, keeps, kept, KEEP, KEPT, KEPT_BLOCK};
 use super::cpu::{Avx2Fma, AvxVnni, SharedOut};
 use super::lanes::{GroupTiles, Packed, LANES};
 use super::q8::QK;
@@ -61,15 +61,6 @@ impl GroupTiles for Tiles<'_> {
         }
         // Q4_1's groups unpacked once with many rows, where the CPU gains (`blocks_tile::kept`).
         let (mode, buf) = kept(w.q4 && keeps(0), a.rows(), t, w.blocks);
-        macro_rules! q4 {
-            ($kernel:ident, $token:expr, $g:expr, $buf:expr) => {
-                match mode {
-                    UNPACK => group!($kernel, $token, $g, UNPACK, $buf),
-                    KEEP => group!($kernel, $token, $g, KEEP, $buf),
-                    _ => group!($kernel, $token, $g, KEPT, $buf),
-                }
-            };
-        }
         for r in 0..R {
             // Slot r of the buffer is group g + r's.
             let buf = buf.wrapping_add(r * w.blocks * KEPT_BLOCK);
@@ -79,9 +70,9 @@ impl GroupTiles for Tiles<'_> {
             // KEEP tile filled before any KEPT tile of it reads (`blocks_tile::kept`).
             unsafe {
                 let acc = match (self.vnni, w.q4) {
-                    (Some(vnni), true) => q4!(q4_half_vnni, vnni, g + r, buf),
+                    (Some(vnni), true) => for_mode!(mode, |P| group!(q4_half_vnni, vnni, g + r, P, buf)),
                     (Some(vnni), false) => group!(q8_half_vnni, vnni, g + r),
-                    (None, true) => q4!(q4_half, avx2, g + r, buf),
+                    (None, true) => for_mode!(mode, |P| group!(q4_half, avx2, g + r, P, buf)),
                     (None, false) => group!(q8_half, avx2, g + r),
                 };
                 store::<C>(avx2, &acc, g + r, t, w.rows, out.ptr());
